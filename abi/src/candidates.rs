@@ -1,0 +1,172 @@
+//! Stage one writes one [`Candidate`] per (row, sample, vocab tile) and, when the pipeline
+//! wants a logsumexp, one [`LsePartial`] per (row, tile). Stage two ([`StageTwo`]) reduces them.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Index of a tile in which every token was excluded (masked, banned or `-inf`).
+pub const INDEX_NONE: u32 = u32::MAX;
+/// Index of a tile that met a non-finite raw logit (NaN or ±inf from the matmul).
+pub const INDEX_NONFINITE: u32 = u32::MAX - 1;
+
+/// One tile's winner for one (row, sample).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct Candidate {
+    /// Perturbed score (transformed logit + Gumbel noise; the logit for greedy rows).
+    pub score: f32,
+    /// Global vocabulary index, or [`INDEX_NONE`] / [`INDEX_NONFINITE`].
+    pub index: u32,
+    /// The winner's transformed logit, without noise.
+    pub logit: f32,
+}
+
+/// One tile's online-softmax state for one row: `max` and `Σ exp(x − max)` over its tokens.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct LsePartial {
+    pub max: f32,
+    pub sum: f32,
+}
+
+impl LsePartial {
+    pub const EMPTY: LsePartial = LsePartial { max: f32::NEG_INFINITY, sum: 0.0 };
+}
+
+/// A row that cannot be sampled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RowError {
+    #[error("row {row}: every token is masked, banned or -inf, so there is nothing to sample")]
+    AllMasked { row: usize },
+    #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf)")]
+    NonFinite { row: usize },
+}
+
+/// The layout of one launch's candidate buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageTwo {
+    pub batch: usize,
+    pub samples: usize,
+    pub tiles: usize,
+}
+
+/// The final samples of one launch, row-major `[B, samples]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowResult {
+    pub tokens: Vec<u32>,
+    pub scores: Vec<f32>,
+    /// Transformed logit of each sampled token.
+    pub logits: Vec<f32>,
+    /// Per row, when the launch computed partials.
+    pub logsumexp: Option<Vec<f32>>,
+}
+
+impl StageTwo {
+    /// Number of vocab tiles of `tile` tokens covering `vocab`.
+    pub fn tiles_for(vocab: usize, tile: usize) -> usize {
+        vocab.div_ceil(tile)
+    }
+
+    pub fn candidate_count(&self) -> usize {
+        self.batch * self.samples * self.tiles
+    }
+
+    /// Slot of (row, sample, tile) in the candidate buffer.
+    pub fn slot(&self, row: usize, sample: usize, tile: usize) -> usize {
+        (row * self.samples + sample) * self.tiles + tile
+    }
+
+    /// Whether `a` beats `b`: higher score, ties to the lower index (so the result is
+    /// independent of reduction order).
+    pub fn beats(a: &Candidate, b: &Candidate) -> bool {
+        a.score > b.score || (a.score == b.score && a.index < b.index)
+    }
+
+    /// Reduces the candidates of every row and sample; any row error fails the launch.
+    pub fn reduce(&self, candidates: &[Candidate], lse: Option<&[LsePartial]>) -> Result<RowResult, RowError> {
+        assert_eq!(candidates.len(), self.candidate_count(), "candidate buffer does not match its layout");
+        let n = self.batch * self.samples;
+        let mut out = RowResult {
+            tokens: Vec::with_capacity(n),
+            scores: Vec::with_capacity(n),
+            logits: Vec::with_capacity(n),
+            logsumexp: lse.map(|_| Vec::with_capacity(self.batch)),
+        };
+        for row in 0..self.batch {
+            for sample in 0..self.samples {
+                let tiles = &candidates[self.slot(row, sample, 0)..][..self.tiles];
+                let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
+                for c in tiles {
+                    match c.index {
+                        INDEX_NONFINITE => return Err(RowError::NonFinite { row }),
+                        INDEX_NONE => {}
+                        _ if best.index == INDEX_NONE || Self::beats(c, &best) => best = *c,
+                        _ => {}
+                    }
+                }
+                if best.index == INDEX_NONE {
+                    return Err(RowError::AllMasked { row });
+                }
+                out.tokens.push(best.index);
+                out.scores.push(best.score);
+                out.logits.push(best.logit);
+            }
+            if let (Some(lse), Some(dst)) = (lse, out.logsumexp.as_mut()) {
+                dst.push(merge_logsumexp(&lse[row * self.tiles..][..self.tiles]) as f32);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `log Σ_t sum_t · exp(max_t)` over tile partials, in f64.
+pub fn merge_logsumexp(partials: &[LsePartial]) -> f64 {
+    let m = partials.iter().map(|p| f64::from(p.max)).fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    let s: f64 = partials
+        .iter()
+        .filter(|p| p.max > f32::NEG_INFINITY)
+        .map(|p| f64::from(p.sum) * (f64::from(p.max) - m).exp())
+        .sum();
+    m + s.ln()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(score: f32, index: u32) -> Candidate {
+        Candidate { score, index, logit: score }
+    }
+
+    #[test]
+    fn reduce_picks_max_and_breaks_ties_low() {
+        let s = StageTwo { batch: 2, samples: 1, tiles: 3 };
+        let cands = [c(1.0, 5), c(2.0, 9), c(2.0, 7), c(-1.0, 0), c(0.0, INDEX_NONE), c(-0.5, 20)];
+        let r = s.reduce(&cands, None).unwrap();
+        assert_eq!(r.tokens, vec![7, 20]);
+        assert_eq!(r.scores, vec![2.0, -0.5]);
+    }
+
+    #[test]
+    fn reduce_reports_bad_rows() {
+        let s = StageTwo { batch: 2, samples: 1, tiles: 2 };
+        let masked = [c(1.0, 1), c(0.0, 2), c(0.0, INDEX_NONE), c(0.0, INDEX_NONE)];
+        assert_eq!(s.reduce(&masked, None), Err(RowError::AllMasked { row: 1 }));
+        let nan = [c(1.0, 1), c(0.0, INDEX_NONFINITE), c(0.0, 3), c(0.0, 4)];
+        assert_eq!(s.reduce(&nan, None), Err(RowError::NonFinite { row: 0 }));
+    }
+
+    #[test]
+    fn logsumexp_merges_partials() {
+        let xs = [0.5f64, -1.0, 3.0, 2.0];
+        let want = xs.iter().map(|x| x.exp()).sum::<f64>().ln();
+        let p = |a: &[f64]| {
+            let m = a.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            LsePartial { max: m as f32, sum: a.iter().map(|x| (x - m).exp()).sum::<f64>() as f32 }
+        };
+        let got = merge_logsumexp(&[p(&xs[..1]), LsePartial::EMPTY, p(&xs[1..])]);
+        assert!((got - want).abs() < 1e-6);
+    }
+}

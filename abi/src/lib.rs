@@ -1,0 +1,17 @@
+//! The contract every flashsample backend implements, written once.
+//!
+//! - [`rng`]: the counter-based noise (Philox-4x32-10, counter from row, sample and
+//!   vocabulary index) and the exact f32 algorithm that turns its bits into Gumbel noise.
+//! - [`math`]: the f32 `ln`, `exp` and `tanh` algorithms that every backend emits op for op
+//!   (explicit fused multiply-adds, no approximations), so CPU and GPU noise is bit-identical.
+//! - [`candidates`]: the stage-one output layout (per row, sample and vocab tile) and the
+//!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
+//! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
+
+pub mod candidates;
+pub mod math;
+pub mod params;
+pub mod rng;
+
+pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+pub use params::{ParamError, SamplingParams, TemperatureArg};

@@ -1,0 +1,161 @@
+use serde::{Deserialize, Serialize};
+
+/// Element type of a matmul operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<DType> {
+        match s {
+            "bf16" => Some(DType::BF16),
+            "f16" => Some(DType::F16),
+            "f32" => Some(DType::F32),
+            _ => None,
+        }
+    }
+}
+
+/// An f32 constant held by its bits, so pipelines are `Eq + Hash` and print exactly.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct F32(pub u32);
+
+impl F32 {
+    pub fn new(v: f32) -> Self {
+        F32(v.to_bits())
+    }
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
+}
+
+impl std::fmt::Debug for F32 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.get())
+    }
+}
+
+/// A rank-2 matmul operand: `name: dtype[rows, cols]` with symbolic dimension names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Operand {
+    pub name: String,
+    pub dtype: DType,
+    /// Symbolic names of the two dimensions, e.g. `["B", "D"]`.
+    pub dims: [String; 2],
+}
+
+/// Where the temperature comes from. A temperature of 0 makes that row greedy.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Temperature {
+    /// A constant baked into the kernel.
+    Const(F32),
+    /// One f32 for the whole batch, passed at launch.
+    Scalar { operand: String },
+    /// One f32 per row (`[B]`), passed at launch.
+    PerRow { operand: String },
+}
+
+/// An elementwise transform of one logit, applied in declaration order in the epilogue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Transform {
+    /// `logit / T` (per row); rows with `T = 0` are sampled greedily.
+    Temperature(Temperature),
+    /// `logit + bias[v]` with an f32 `[V]` operand (`-inf` bans a token).
+    Bias { operand: String },
+    /// Keep only tokens whose bit is set in a `[B, ceil(V/32)]` u32 bitset (bit `v%32` of word `v/32`).
+    /// Masked tokens are excluded from sampling whatever transforms follow.
+    Mask { operand: String },
+    /// Exclude per-row lists of banned token ids. Same exclusion semantics as [`Transform::Mask`].
+    Ban { operand: String },
+    /// `cap · tanh(logit / cap)`, Gemma-style soft-capping.
+    Softcap { cap: F32 },
+}
+
+/// How the token is chosen from the transformed logits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Sampler {
+    /// Exact sampling from `softmax(logits)` by Gumbel-max, `samples` independent draws per row.
+    GumbelMax { seed: String, samples: u32 },
+    /// Greedy `argmax(logits)`.
+    Argmax,
+}
+
+/// Extra per-row outputs beside the sampled token ids.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Outputs {
+    /// The winning (perturbed) score of each sample.
+    pub score: bool,
+    /// `logsumexp` of the row's transformed logits (over unmasked tokens).
+    pub logsumexp: bool,
+    /// The sampled token's log-probability under `softmax(logits)`.
+    pub logprob: bool,
+}
+
+/// A validated-or-not sampling pipeline; see the crate docs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pipeline {
+    pub name: String,
+    /// `[B, D]` hidden states.
+    pub hidden: Operand,
+    /// `[V, D]` LM-head weights.
+    pub weights: Operand,
+    pub transforms: Vec<Transform>,
+    pub sampler: Sampler,
+    pub outputs: Outputs,
+}
+
+impl Pipeline {
+    /// Stable 64-bit fingerprint of the canonical text form: equal pipelines hash equal
+    /// across processes and compiler versions, so it can key on-disk kernel caches.
+    pub fn fingerprint(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(self.to_string().as_bytes())
+    }
+
+    pub fn temperature(&self) -> Option<&Temperature> {
+        self.transforms.iter().find_map(|t| match t {
+            Transform::Temperature(t) => Some(t),
+            _ => None,
+        })
+    }
+
+    pub fn has_mask(&self) -> bool {
+        self.transforms.iter().any(|t| matches!(t, Transform::Mask { .. } | Transform::Ban { .. }))
+    }
+
+    pub fn has_bias(&self) -> bool {
+        self.transforms.iter().any(|t| matches!(t, Transform::Bias { .. }))
+    }
+
+    /// Draws per row (1 for greedy).
+    pub fn samples_per_row(&self) -> u32 {
+        match self.sampler {
+            Sampler::GumbelMax { samples, .. } => samples,
+            Sampler::Argmax => 1,
+        }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        matches!(self.sampler, Sampler::Argmax)
+    }
+
+    /// Whether the kernel must accumulate the row's online logsumexp.
+    pub fn needs_logsumexp(&self) -> bool {
+        self.outputs.logsumexp || self.outputs.logprob
+    }
+}

@@ -1,0 +1,286 @@
+//! The canonical text form: one statement per line, in the order the kernel applies them.
+//!
+//! ```text
+//! pipeline QwenSampler
+//!   hidden: bf16[B, D]
+//!   weights: bf16[V, D]
+//!   logits = matmul(hidden, weights)
+//!   logits = temperature(logits, per_row temperature)
+//!   logits = bias(logits, bias)
+//!   logits = mask(logits, allowed)
+//!   logits = softcap(logits, 30)
+//!   sample = gumbel_max(logits, seed, samples=1)
+//!   outputs(score, logsumexp)
+//! ```
+
+use crate::{DType, IrError, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
+use std::fmt;
+
+/// Why IR text did not parse.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    #[error("line {line}: {message}")]
+    Syntax { line: usize, message: String },
+    #[error("invalid pipeline: {0}")]
+    Invalid(#[from] IrError),
+}
+
+impl fmt::Display for Pipeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "pipeline {}", self.name)?;
+        for op in [&self.hidden, &self.weights] {
+            writeln!(f, "  {}: {}[{}, {}]", op.name, op.dtype.name(), op.dims[0], op.dims[1])?;
+        }
+        writeln!(f, "  logits = matmul({}, {})", self.hidden.name, self.weights.name)?;
+        for t in &self.transforms {
+            match t {
+                Transform::Temperature(Temperature::Const(v)) => {
+                    writeln!(f, "  logits = temperature(logits, {:?})", v.get())?
+                }
+                Transform::Temperature(Temperature::Scalar { operand }) => {
+                    writeln!(f, "  logits = temperature(logits, scalar {operand})")?
+                }
+                Transform::Temperature(Temperature::PerRow { operand }) => {
+                    writeln!(f, "  logits = temperature(logits, per_row {operand})")?
+                }
+                Transform::Bias { operand } => writeln!(f, "  logits = bias(logits, {operand})")?,
+                Transform::Mask { operand } => writeln!(f, "  logits = mask(logits, {operand})")?,
+                Transform::Ban { operand } => writeln!(f, "  logits = ban(logits, {operand})")?,
+                Transform::Softcap { cap } => writeln!(f, "  logits = softcap(logits, {:?})", cap.get())?,
+            }
+        }
+        match &self.sampler {
+            Sampler::GumbelMax { seed, samples } => {
+                writeln!(f, "  sample = gumbel_max(logits, {seed}, samples={samples})")?
+            }
+            Sampler::Argmax => writeln!(f, "  sample = argmax(logits)")?,
+        }
+        let o = self.outputs;
+        let names: Vec<&str> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
+            .into_iter()
+            .filter_map(|(on, n)| on.then_some(n))
+            .collect();
+        if !names.is_empty() {
+            writeln!(f, "  outputs({})", names.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+struct Line<'a> {
+    number: usize,
+    text: &'a str,
+}
+
+impl Line<'_> {
+    fn err<T>(&self, message: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError::Syntax { line: self.number, message: message.into() })
+    }
+
+    /// `head(arg, arg, ...)` → args, checking the head.
+    fn call<'s>(&self, s: &'s str, head: &str) -> Result<Vec<&'s str>, ParseError> {
+        let inner = s
+            .strip_prefix(head)
+            .and_then(|r| r.trim_start().strip_prefix('('))
+            .and_then(|r| r.trim_end().strip_suffix(')'));
+        match inner {
+            Some(inner) => Ok(inner.split(',').map(str::trim).filter(|a| !a.is_empty()).collect()),
+            None => self.err(format!("expected `{head}(...)`, found `{s}`")),
+        }
+    }
+
+    fn f32(&self, s: &str) -> Result<F32, ParseError> {
+        match s.parse::<f32>() {
+            Ok(v) => Ok(F32::new(v)),
+            Err(_) => self.err(format!("`{s}` is not a number")),
+        }
+    }
+
+    fn operand(&self) -> Result<Operand, ParseError> {
+        let Some((name, ty)) = self.text.split_once(':') else {
+            return self.err("expected `name: dtype[rows, cols]`");
+        };
+        let ty = ty.trim();
+        let Some((dtype, dims)) = ty.split_once('[') else {
+            return self.err("expected `dtype[rows, cols]`");
+        };
+        let Some(dtype) = DType::from_name(dtype.trim()) else {
+            return self.err(format!("unknown dtype `{}` (expected bf16, f16 or f32)", dtype.trim()));
+        };
+        let dims: Vec<&str> = dims.trim_end_matches(']').split(',').map(str::trim).collect();
+        let [rows, cols] = dims.as_slice() else {
+            return self.err("operands are rank 2: `dtype[rows, cols]`");
+        };
+        Ok(Operand { name: name.trim().to_string(), dtype, dims: [rows.to_string(), cols.to_string()] })
+    }
+}
+
+impl Pipeline {
+    /// Parses the canonical text form and validates the result.
+    pub fn parse(text: &str) -> Result<Pipeline, ParseError> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| Line { number: i + 1, text: l.split("//").next().unwrap_or("").trim() })
+            .filter(|l| !l.text.is_empty());
+        let missing = |what: &str| ParseError::Syntax { line: 0, message: format!("missing {what}") };
+
+        let head = lines.next().ok_or_else(|| missing("`pipeline NAME`"))?;
+        let Some(name) = head.text.strip_prefix("pipeline ") else {
+            return head.err("expected `pipeline NAME`");
+        };
+        let hidden = lines.next().ok_or_else(|| missing("hidden operand"))?.operand()?;
+        let weights = lines.next().ok_or_else(|| missing("weights operand"))?.operand()?;
+        let mm = lines.next().ok_or_else(|| missing("matmul"))?;
+        let Some(rhs) = mm.text.strip_prefix("logits = ") else {
+            return mm.err("expected `logits = matmul(hidden, weights)`");
+        };
+        let args = mm.call(rhs, "matmul")?;
+        if args != [hidden.name.as_str(), weights.name.as_str()] {
+            return mm.err("matmul must take the hidden operand, then the weights operand");
+        }
+
+        let mut transforms = Vec::new();
+        let mut sampler = None;
+        let mut outputs = Outputs::default();
+        for line in lines {
+            let t = line.text;
+            if let Some(rhs) = t.strip_prefix("logits = ") {
+                if sampler.is_some() {
+                    return line.err("transforms must come before the sampler");
+                }
+                let op = rhs.split('(').next().unwrap_or("").trim();
+                let args = line.call(rhs, op)?;
+                let [first, arg] = args.as_slice() else {
+                    return line.err(format!("`{op}` takes (logits, argument)"));
+                };
+                if *first != "logits" {
+                    return line.err(format!("`{op}` must apply to `logits`"));
+                }
+                transforms.push(match op {
+                    "temperature" => Transform::Temperature(if let Some(o) = arg.strip_prefix("per_row ") {
+                        Temperature::PerRow { operand: o.trim().into() }
+                    } else if let Some(o) = arg.strip_prefix("scalar ") {
+                        Temperature::Scalar { operand: o.trim().into() }
+                    } else {
+                        Temperature::Const(line.f32(arg)?)
+                    }),
+                    "bias" => Transform::Bias { operand: arg.to_string() },
+                    "mask" => Transform::Mask { operand: arg.to_string() },
+                    "ban" => Transform::Ban { operand: arg.to_string() },
+                    "softcap" => Transform::Softcap { cap: line.f32(arg)? },
+                    other => return line.err(format!("unknown transform `{other}`")),
+                });
+            } else if let Some(rhs) = t.strip_prefix("sample = ") {
+                if sampler.is_some() {
+                    return line.err("a pipeline has exactly one sampler");
+                }
+                sampler = Some(if rhs.starts_with("argmax") {
+                    line.call(rhs, "argmax")?;
+                    Sampler::Argmax
+                } else {
+                    let args = line.call(rhs, "gumbel_max")?;
+                    let [_, seed, samples] = args.as_slice() else {
+                        return line.err("expected `gumbel_max(logits, SEED, samples=N)`");
+                    };
+                    let samples = samples
+                        .strip_prefix("samples=")
+                        .and_then(|n| n.trim().parse().ok())
+                        .ok_or(ParseError::Syntax { line: line.number, message: "expected `samples=N`".into() })?;
+                    Sampler::GumbelMax { seed: seed.to_string(), samples }
+                });
+            } else if t.starts_with("outputs") {
+                for o in line.call(t, "outputs")? {
+                    match o {
+                        "score" => outputs.score = true,
+                        "logsumexp" => outputs.logsumexp = true,
+                        "logprob" => outputs.logprob = true,
+                        other => return line.err(format!("unknown output `{other}`")),
+                    }
+                }
+            } else {
+                return line.err(format!("unknown statement `{t}`"));
+            }
+        }
+        let pipeline = Pipeline {
+            name: name.trim().to_string(),
+            hidden,
+            weights,
+            transforms,
+            sampler: sampler.ok_or_else(|| missing("sampler (`sample = ...`)"))?,
+            outputs,
+        };
+        pipeline.validate()?;
+        Ok(pipeline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PipelineBuilder;
+
+    fn qwen() -> Pipeline {
+        PipelineBuilder::new("QwenSampler", DType::BF16, DType::BF16)
+            .temperature_per_row("temperature")
+            .bias("bias")
+            .mask("allowed")
+            .ban("banned")
+            .softcap(30.0)
+            .gumbel("seed", 2)
+            .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn text_round_trips() {
+        for p in [
+            qwen(),
+            PipelineBuilder::new("G", DType::F16, DType::F32).temperature_const(0.7).argmax().build().unwrap(),
+            PipelineBuilder::new("S", DType::F32, DType::BF16).temperature_scalar("t").build().unwrap(),
+        ] {
+            let text = p.to_string();
+            assert_eq!(Pipeline::parse(&text).unwrap(), p, "{text}");
+            assert_eq!(Pipeline::parse(&text).unwrap().fingerprint(), p.fingerprint());
+        }
+    }
+
+    #[test]
+    fn snapshot_ir_text() {
+        insta::assert_snapshot!("qwen_sampler", qwen().to_string());
+        insta::assert_snapshot!(
+            "greedy_f16",
+            PipelineBuilder::new("Greedy", DType::F16, DType::F16).softcap(15.0).argmax().build().unwrap().to_string()
+        );
+        insta::assert_snapshot!(
+            "scalar_temperature_logprob",
+            PipelineBuilder::new("Chat", DType::BF16, DType::BF16)
+                .temperature_scalar("t")
+                .outputs(Outputs { score: false, logsumexp: false, logprob: true })
+                .build()
+                .unwrap()
+                .to_string()
+        );
+    }
+
+    #[test]
+    fn fingerprint_distinguishes_pipelines() {
+        let a = qwen();
+        let mut b = qwen();
+        b.transforms.pop();
+        assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn rejects_bad_text() {
+        let bad = qwen().to_string().replace("softcap(logits, 30.0)", "softcap(logits, -1.0)");
+        assert!(matches!(Pipeline::parse(&bad), Err(ParseError::Invalid(IrError::InvalidSoftcap { .. }))));
+        let bad = qwen().to_string().replace("softcap", "frobnicate");
+        assert!(matches!(Pipeline::parse(&bad), Err(ParseError::Syntax { line: 9, .. })), "{:?}", Pipeline::parse(&bad));
+        let bad = qwen().to_string().replace("weights: bf16[V, D]", "weights: bf16[V, K]");
+        assert!(matches!(Pipeline::parse(&bad), Err(ParseError::Invalid(IrError::ContractionMismatch { .. }))));
+        let dup = qwen().to_string().replace("bias(logits, bias)", "bias(logits, allowed)");
+        assert!(matches!(Pipeline::parse(&dup), Err(ParseError::Invalid(IrError::DuplicateOperand { .. }))));
+    }
+}

@@ -1,0 +1,143 @@
+use crate::{Pipeline, Sampler, Temperature, Transform, MAX_SAMPLES_PER_ROW};
+use std::collections::HashSet;
+
+/// Where in a pipeline an [`IrError`] was found, so front ends can point at the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    Name,
+    Hidden,
+    Weights,
+    /// Index into [`Pipeline::transforms`].
+    Transform(usize),
+    Sampler,
+}
+
+/// Why a pipeline is invalid.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum IrError {
+    #[error("`{name}` is not a valid identifier")]
+    InvalidName { name: String, at: Location },
+    #[error(
+        "shape mismatch: matmul contracts `{hidden}[.., {hidden_dim}]` with `{weights}[.., {weights_dim}]`; \
+         the hidden dimension must be the same symbol in both operands"
+    )]
+    ContractionMismatch { hidden: String, hidden_dim: String, weights: String, weights_dim: String },
+    #[error("the batch dimension `{0}` of the hidden states cannot also be the vocabulary dimension")]
+    BatchIsVocab(String),
+    #[error("operand name `{name}` is used twice")]
+    DuplicateOperand { name: String, at: Location },
+    #[error("`{kind}` appears twice; a pipeline takes at most one")]
+    DuplicateTransform { kind: &'static str, at: usize },
+    #[error("softcap must be finite and > 0, got {cap}")]
+    InvalidSoftcap { cap: f32, at: usize },
+    #[error("a constant temperature must be finite and >= 0, got {value}")]
+    InvalidTemperature { value: f32, at: usize },
+    #[error("samples per row must be in 1..={max}, got {samples}", max = MAX_SAMPLES_PER_ROW)]
+    InvalidSampleCount { samples: u32 },
+}
+
+impl IrError {
+    pub fn location(&self) -> Location {
+        match self {
+            IrError::InvalidName { at, .. } | IrError::DuplicateOperand { at, .. } => *at,
+            IrError::ContractionMismatch { .. } => Location::Weights,
+            IrError::BatchIsVocab(_) => Location::Weights,
+            IrError::DuplicateTransform { at, .. }
+            | IrError::InvalidSoftcap { at, .. }
+            | IrError::InvalidTemperature { at, .. } => Location::Transform(*at),
+            IrError::InvalidSampleCount { .. } => Location::Sampler,
+        }
+    }
+}
+
+pub(crate) fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn transform_kind(t: &Transform) -> &'static str {
+    match t {
+        Transform::Temperature(_) => "temperature",
+        Transform::Bias { .. } => "bias",
+        Transform::Mask { .. } => "mask",
+        Transform::Ban { .. } => "ban",
+        Transform::Softcap { .. } => "softcap",
+    }
+}
+
+impl Pipeline {
+    /// Checks every rule a backend relies on; backends call this before lowering.
+    pub fn validate<'a>(&'a self) -> Result<(), IrError> {
+        let name_ok = |name: &str, at: Location| {
+            if is_identifier(name) {
+                Ok(())
+            } else {
+                Err(IrError::InvalidName { name: name.to_string(), at })
+            }
+        };
+        name_ok(&self.name, Location::Name)?;
+        for (op, at) in [(&self.hidden, Location::Hidden), (&self.weights, Location::Weights)] {
+            name_ok(&op.name, at)?;
+            for d in &op.dims {
+                name_ok(d, at)?;
+            }
+        }
+        if self.hidden.dims[1] != self.weights.dims[1] {
+            return Err(IrError::ContractionMismatch {
+                hidden: self.hidden.name.clone(),
+                hidden_dim: self.hidden.dims[1].clone(),
+                weights: self.weights.name.clone(),
+                weights_dim: self.weights.dims[1].clone(),
+            });
+        }
+        if self.hidden.dims[0] == self.weights.dims[0] || self.hidden.dims[0] == self.hidden.dims[1] {
+            return Err(IrError::BatchIsVocab(self.hidden.dims[0].clone()));
+        }
+
+        let mut names: HashSet<&'a str> = HashSet::new();
+        let mut claim = |name: &'a str, at: Location| -> Result<(), IrError> {
+            name_ok(name, at)?;
+            if !names.insert(name) {
+                return Err(IrError::DuplicateOperand { name: name.to_string(), at });
+            }
+            Ok(())
+        };
+        claim(&self.hidden.name, Location::Hidden)?;
+        claim(&self.weights.name, Location::Weights)?;
+
+        let mut kinds: HashSet<&'static str> = HashSet::new();
+        for (i, t) in self.transforms.iter().enumerate() {
+            let at = Location::Transform(i);
+            if !kinds.insert(transform_kind(t)) {
+                return Err(IrError::DuplicateTransform { kind: transform_kind(t), at: i });
+            }
+            match t {
+                Transform::Temperature(Temperature::Const(v)) => {
+                    let v = v.get();
+                    if !(v.is_finite() && v >= 0.0) {
+                        return Err(IrError::InvalidTemperature { value: v, at: i });
+                    }
+                }
+                Transform::Temperature(Temperature::Scalar { operand })
+                | Transform::Temperature(Temperature::PerRow { operand })
+                | Transform::Bias { operand }
+                | Transform::Mask { operand }
+                | Transform::Ban { operand } => claim(operand, at)?,
+                Transform::Softcap { cap } => {
+                    let c = cap.get();
+                    if !(c.is_finite() && c > 0.0) {
+                        return Err(IrError::InvalidSoftcap { cap: c, at: i });
+                    }
+                }
+            }
+        }
+        if let Sampler::GumbelMax { seed, samples } = &self.sampler {
+            claim(seed, Location::Sampler)?;
+            if *samples == 0 || *samples > MAX_SAMPLES_PER_ROW {
+                return Err(IrError::InvalidSampleCount { samples: *samples });
+            }
+        }
+        Ok(())
+    }
+}
