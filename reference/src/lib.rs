@@ -1,1 +1,318 @@
-//! placeholder
+//! Float64 ground truth for every flashsample IR op.
+//!
+//! Plain loops, no tiling, no shortcuts: the logits of each row are computed in f64 from
+//! the exact values of the bf16/f16/f32 inputs, transformed in pipeline order, perturbed
+//! with the same Philox bits every backend uses ([`flashsample_abi::rng::gumbel_f64`]) and
+//! maximized. Each result carries an error bound derived from f32 accumulation error, so
+//! tests can demand pathwise equality: a backend's sample must be the reference's token
+//! unless the top two perturbed scores are closer than the bound.
+
+use flashsample_abi::{
+    math::{EXP_MIN_INPUT, TANH_SATURATE},
+    rng::{gumbel_f64, noise_bits, GUMBEL_F32_ABS_ERROR},
+    ParamError, RowError, SamplingParams,
+};
+use flashsample_ir::{Pipeline, Transform};
+use rayon::prelude::*;
+
+/// A matmul element whose exact value the reference reads.
+pub trait ToF64: Copy + Send + Sync {
+    fn to_f64(self) -> f64;
+}
+impl ToF64 for half::bf16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl ToF64 for half::f16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl ToF64 for f32 {
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+/// One launch's inputs, as the reference sees them.
+pub struct Problem<'a, H, W> {
+    pub pipeline: &'a Pipeline,
+    pub hidden: &'a [H],
+    pub weights: &'a [W],
+    pub batch: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    pub params: &'a SamplingParams<'a>,
+}
+
+/// Why the reference could not sample.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ReferenceError {
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error(transparent)]
+    Row(#[from] RowError),
+    #[error("shape: {0}")]
+    Shape(String),
+}
+
+/// The reference result of one (row, sample).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleReference {
+    pub token: u32,
+    /// Highest perturbed score.
+    pub score: f64,
+    /// Second-highest perturbed score (`-inf` if only one token is allowed).
+    pub runner_up: f64,
+    /// Transformed logit of `token`.
+    pub logit: f64,
+    /// Bound on |f32 backend score − f64 score| for any token of this row.
+    pub bound: f64,
+}
+
+/// One row's transformed logits, f64, with `-inf` for excluded tokens, and their error bounds.
+#[derive(Clone, Debug)]
+pub struct RowLogits {
+    pub logits: Vec<f64>,
+    /// Per token: bound on |f32 transformed logit − f64 transformed logit|.
+    pub bounds: Vec<f64>,
+    pub greedy: bool,
+}
+
+const U: f64 = 1.0 / 16_777_216.0; // f32 unit roundoff, 2^-24
+
+impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
+    fn check(&self) -> Result<(), ReferenceError> {
+        if self.hidden.len() != self.batch * self.dim || self.weights.len() != self.vocab * self.dim {
+            return Err(ReferenceError::Shape(format!(
+                "hidden has {} elements, weights {}; expected {}x{} and {}x{}",
+                self.hidden.len(),
+                self.weights.len(),
+                self.batch,
+                self.dim,
+                self.vocab,
+                self.dim
+            )));
+        }
+        self.params.validate(self.pipeline, self.batch, self.vocab)?;
+        Ok(())
+    }
+
+    /// Transformed logits of `row` (DESIGN.md steps 1–4) with per-token f32 error bounds.
+    pub fn row_logits(&self, row: usize) -> Result<RowLogits, ReferenceError> {
+        self.check()?;
+        let t = self.params.row_temperature(self.pipeline, row);
+        let greedy = self.pipeline.is_greedy() || t == 0.0;
+        let allowed = self.params.allowed_bitset(self.batch, self.vocab);
+        let words = self.vocab.div_ceil(32);
+        let h: Vec<f64> = self.hidden[row * self.dim..][..self.dim].iter().map(|x| x.to_f64()).collect();
+        // γ_n bound of an n-term f32 dot product in any order (Higham), n = D + 2 for the
+        // extra rounding of non-exact products and the final reduction.
+        let n = (self.dim + 2) as f64;
+        let gamma = n * U / (1.0 - n * U);
+        let per_token: Vec<(f64, f64)> = (0..self.vocab)
+            .into_par_iter()
+            .map(|v| {
+                let w = &self.weights[v * self.dim..][..self.dim];
+                let (mut raw, mut abs) = (0.0f64, 0.0f64);
+                for (hd, wd) in h.iter().zip(w) {
+                    let p = hd * wd.to_f64();
+                    raw += p;
+                    abs += p.abs();
+                }
+                if !raw.is_finite() {
+                    return (f64::NAN, 0.0);
+                }
+                let (mut x, mut err) = (raw, gamma * abs);
+                for tr in &self.pipeline.transforms {
+                    match tr {
+                        Transform::Temperature(_) if t != 0.0 => {
+                            let inv = 1.0 / f64::from(t);
+                            err = err * inv * (1.0 + U) + (x * inv).abs() * 3.0 * U;
+                            x *= inv;
+                        }
+                        Transform::Bias { .. } => {
+                            x += f64::from(self.params.bias.map_or(0.0, |b| b[v]));
+                            err += x.abs() * U;
+                        }
+                        Transform::Softcap { cap } => {
+                            let c = f64::from(cap.get());
+                            // c·tanh(x/c) is 1-Lipschitz; tanh_f32 is within 2.5e-7 absolute.
+                            err += x.abs() * U + c * (2.5e-7 + 2.0 * U);
+                            x = c * (x / c).tanh();
+                            // f32 tanh saturates to exactly 1 past TANH_SATURATE.
+                            if (x / c).abs() > f64::from(TANH_SATURATE).tanh() {
+                                err += c * (1.0 - f64::from(TANH_SATURATE).tanh());
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let ok = allowed.as_ref().is_none_or(|bits| bits[row * words + v / 32] >> (v % 32) & 1 == 1);
+                if ok {
+                    (x, err)
+                } else {
+                    (f64::NEG_INFINITY, 0.0)
+                }
+            })
+            .collect();
+        if per_token.iter().any(|(x, _)| x.is_nan()) {
+            return Err(RowError::NonFinite { row }.into());
+        }
+        let (logits, bounds) = per_token.into_iter().unzip();
+        Ok(RowLogits { logits, bounds, greedy })
+    }
+
+    /// `softmax` of `row`'s transformed logits: the distribution every sampler must draw from.
+    pub fn probabilities(&self, row: usize) -> Result<Vec<f64>, ReferenceError> {
+        let rl = self.row_logits(row)?;
+        let lse = logsumexp(&rl.logits);
+        if lse == f64::NEG_INFINITY {
+            return Err(RowError::AllMasked { row }.into());
+        }
+        Ok(rl.logits.iter().map(|x| (x - lse).exp()).collect())
+    }
+
+    /// Reference samples of `rows` (every sample of each), in order, and their logsumexps.
+    pub fn sample_rows(&self, rows: &[usize]) -> Result<(Vec<SampleReference>, Vec<f64>), ReferenceError> {
+        let mut out = Vec::new();
+        let mut lses = Vec::new();
+        for &row in rows {
+            let rl = self.row_logits(row)?;
+            let lse = logsumexp(&rl.logits);
+            if lse == f64::NEG_INFINITY {
+                return Err(RowError::AllMasked { row }.into());
+            }
+            lses.push(lse);
+            for sample in 0..self.pipeline.samples_per_row() {
+                let (mut best, mut second, mut token) = (f64::NEG_INFINITY, f64::NEG_INFINITY, u32::MAX);
+                let mut bound = 0.0f64;
+                for (v, &x) in rl.logits.iter().enumerate() {
+                    if x == f64::NEG_INFINITY {
+                        continue;
+                    }
+                    let (s, b) = if rl.greedy {
+                        (x, rl.bounds[v])
+                    } else {
+                        let g = gumbel_f64(noise_bits(self.params.seed, row as u32, sample, v as u32));
+                        (x + g, rl.bounds[v] + GUMBEL_F32_ABS_ERROR + (x + g).abs() * U)
+                    };
+                    bound = bound.max(b);
+                    if s > best {
+                        second = best;
+                        best = s;
+                        token = v as u32;
+                    } else if s > second {
+                        second = s;
+                    }
+                }
+                out.push(SampleReference { token, score: best, runner_up: second, logit: rl.logits[token as usize], bound });
+            }
+        }
+        Ok((out, lses))
+    }
+
+    /// Reference samples for every row.
+    pub fn sample_all(&self) -> Result<(Vec<SampleReference>, Vec<f64>), ReferenceError> {
+        self.sample_rows(&(0..self.batch).collect::<Vec<_>>())
+    }
+}
+
+/// Stable f64 logsumexp; `-inf` entries are skipped, all `-inf` gives `-inf`.
+pub fn logsumexp(xs: &[f64]) -> f64 {
+    let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return m;
+    }
+    m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+/// Tolerance for an f32 backend's logsumexp against [`logsumexp`]: the logit bound plus the
+/// rounding of an f32 sum of `vocab` terms and of `exp_f32`'s underflow cut-off.
+pub fn logsumexp_tolerance(logit_bound: f64, vocab: usize) -> f64 {
+    logit_bound + (vocab as f64 + 8.0) * U + (f64::from(EXP_MIN_INPUT)).exp() * vocab as f64
+}
+
+/// A backend's answer for one (row, sample) checked against the reference, pathwise.
+pub fn check_pathwise(reference: &SampleReference, token: u32, score: f32) -> Result<(), String> {
+    let score = f64::from(score);
+    if (score - reference.score).abs() > reference.bound {
+        return Err(format!(
+            "score {score} is {} away from the reference maximum {} (bound {})",
+            (score - reference.score).abs(),
+            reference.score,
+            reference.bound
+        ));
+    }
+    let near_tie = reference.score - reference.runner_up <= 2.0 * reference.bound;
+    if token != reference.token && !near_tie {
+        return Err(format!(
+            "token {token} but the reference samples {} (score {}, runner-up {}, bound {})",
+            reference.token, reference.score, reference.runner_up, reference.bound
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsample_abi::TemperatureArg;
+    use flashsample_ir::{DType, PipelineBuilder};
+
+    #[test]
+    fn greedy_picks_the_largest_logit() {
+        let p = PipelineBuilder::new("G", DType::F32, DType::F32).argmax().build().unwrap();
+        let hidden = [1.0f32, 2.0];
+        let weights = [1.0f32, 0.0, 0.0, 1.0, -1.0, 0.0];
+        let params = SamplingParams::default();
+        let prob = Problem { pipeline: &p, hidden: &hidden, weights: &weights, batch: 1, dim: 2, vocab: 3, params: &params };
+        let (s, lse) = prob.sample_all().unwrap();
+        assert_eq!(s[0].token, 1);
+        assert_eq!(s[0].score, 2.0);
+        let want = (1f64.exp() + 2f64.exp() + (-1f64).exp()).ln();
+        assert!((lse[0] - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn temperature_zero_row_is_greedy_and_masks_exclude() {
+        let p = PipelineBuilder::new("T", DType::F32, DType::F32)
+            .temperature_per_row("t")
+            .mask("allowed")
+            .build()
+            .unwrap();
+        let hidden = [1.0f32, 1.0];
+        let weights = [3.0f32, 2.0, 1.0];
+        let temps = [0.0f32, 1.0];
+        let mask = [0b110u32, 0b001];
+        let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), mask: Some(&mask), seed: 1, ..Default::default() };
+        let prob = Problem { pipeline: &p, hidden: &hidden, weights: &weights, batch: 2, dim: 1, vocab: 3, params: &params };
+        let (s, _) = prob.sample_all().unwrap();
+        assert_eq!(s[0].token, 1, "greedy over allowed {{1, 2}}");
+        assert_eq!(s[1].token, 0, "only token 0 allowed");
+        assert_eq!(s[1].runner_up, f64::NEG_INFINITY);
+        let all_masked = [0u32, 1];
+        let params = SamplingParams { mask: Some(&all_masked), ..params };
+        let prob = Problem { params: &params, ..prob };
+        assert_eq!(prob.sample_all().unwrap_err(), ReferenceError::Row(RowError::AllMasked { row: 0 }));
+    }
+
+    #[test]
+    fn nan_hidden_is_an_error() {
+        let p = PipelineBuilder::new("N", DType::F32, DType::F32).build().unwrap();
+        let params = SamplingParams::default();
+        let prob = Problem { pipeline: &p, hidden: &[f32::NAN], weights: &[1.0f32, 2.0], batch: 1, dim: 1, vocab: 2, params: &params };
+        assert_eq!(prob.sample_all().unwrap_err(), ReferenceError::Row(RowError::NonFinite { row: 0 }));
+    }
+
+    #[test]
+    fn pathwise_check_accepts_near_ties_only() {
+        let r = SampleReference { token: 3, score: 1.0, runner_up: 0.5, logit: 0.0, bound: 0.01 };
+        assert!(check_pathwise(&r, 3, 1.005).is_ok());
+        assert!(check_pathwise(&r, 4, 1.0).is_err());
+        assert!(check_pathwise(&r, 3, 1.02).is_err());
+        let tie = SampleReference { runner_up: 0.995, ..r };
+        assert!(check_pathwise(&tie, 4, 0.999).is_ok());
+    }
+}
