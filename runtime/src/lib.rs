@@ -1,1 +1,24 @@
-//! placeholder
+//! flashsample: fused LM-head sampling. Declare a pipeline with [`flashsample!`] (or build a
+//! [`ir::Pipeline`] at run time), pick a [`Device`], and [`Sampler::sample`] draws tokens
+//! straight from hidden states and LM-head weights without writing the `[B, V]` logits.
+//!
+//! This crate is the public facade: devices, typed matrix arguments, the sampler that
+//! validates inputs, chooses a tile config, compiles (and caches) the kernel for the device
+//! and reduces its per-tile candidates into [`Samples`].
+
+mod cpu;
+mod device;
+mod error;
+mod sampler;
+mod tensor;
+
+pub use device::Device;
+pub use error::{Error, Result};
+pub use flashsample_abi::{ParamError, RowError, SamplingParams, TemperatureArg};
+pub use flashsample_macros::flashsample;
+pub use half::{bf16, f16};
+pub use sampler::{Sampler, Samples};
+pub use tensor::{Element, Matrix, Tensor};
+
+/// The pipeline IR, re-exported for builders and the macro's expansion.
+pub use flashsample_ir as ir;

@@ -1,1 +1,170 @@
-//! placeholder
+//! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
+//! float64 reference, and the pathwise and chi-square checks every backend must pass.
+
+use flashsample::{bf16, f16, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
+use flashsample_ir::{DType, Pipeline, Temperature, Transform};
+use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand_distr::{Distribution, Normal};
+
+/// A matrix in one dtype, with its exact values as f32 for the reference.
+pub struct MatrixData {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    bf16: Vec<bf16>,
+    f16: Vec<f16>,
+    pub exact: Vec<f32>,
+}
+
+impl MatrixData {
+    /// Gaussian entries of standard deviation `std`, rounded to `dtype`.
+    pub fn random(rng: &mut StdRng, dtype: DType, rows: usize, cols: usize, std: f32) -> Self {
+        let normal = Normal::new(0.0f32, std).expect("finite std");
+        let raw: Vec<f32> = (0..rows * cols).map(|_| normal.sample(rng)).collect();
+        Self::from_f32(dtype, rows, cols, &raw)
+    }
+
+    pub fn from_f32(dtype: DType, rows: usize, cols: usize, raw: &[f32]) -> Self {
+        let mut m = MatrixData { dtype, rows, cols, bf16: vec![], f16: vec![], exact: vec![] };
+        match dtype {
+            DType::BF16 => {
+                m.bf16 = raw.iter().map(|&x| bf16::from_f32(x)).collect();
+                m.exact = m.bf16.iter().map(|x| x.to_f32()).collect();
+            }
+            DType::F16 => {
+                m.f16 = raw.iter().map(|&x| f16::from_f32(x)).collect();
+                m.exact = m.f16.iter().map(|x| x.to_f32()).collect();
+            }
+            DType::F32 => m.exact = raw.to_vec(),
+        }
+        m
+    }
+
+    pub fn tensor(&self) -> Tensor<'_> {
+        let t = match self.dtype {
+            DType::BF16 => Tensor::host(&self.bf16, self.rows, self.cols),
+            DType::F16 => Tensor::host(&self.f16, self.rows, self.cols),
+            DType::F32 => Tensor::host(&self.exact, self.rows, self.cols),
+        };
+        t.expect("fixture shapes are consistent")
+    }
+}
+
+/// One random launch: matrices and every run-time parameter a pipeline may declare.
+pub struct Case {
+    pub batch: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    pub hidden: MatrixData,
+    pub weights: MatrixData,
+    pub temperatures: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub mask: Vec<u32>,
+    pub banned: Vec<Vec<u32>>,
+    pub seed: u64,
+}
+
+impl Case {
+    /// Random inputs for `pipeline`; logits have a standard deviation of about `logit_std`.
+    pub fn random(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, seed: u64, logit_std: f32) -> Case {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let hidden = MatrixData::random(&mut rng, pipeline.hidden.dtype, batch, dim, 1.0);
+        let weights = MatrixData::random(&mut rng, pipeline.weights.dtype, vocab, dim, logit_std / (dim as f32).sqrt());
+        // A few greedy rows (temperature 0) among tempered ones.
+        let temperatures = (0..batch).map(|r| if r % 7 == 3 { 0.0 } else { rng.random_range(0.3..1.5) }).collect();
+        let bias = (0..vocab).map(|v| if v % 11 == 5 { f32::NEG_INFINITY } else { rng.random_range(-1.0..1.0) }).collect();
+        let words = vocab.div_ceil(32);
+        let mut mask: Vec<u32> = (0..batch * words).map(|_| rng.random::<u32>() | rng.random::<u32>()).collect();
+        for row in 0..batch {
+            mask[row * words] |= 1; // keep every row samplable: token 0 is never banned or biased away
+        }
+        let banned = (0..batch).map(|_| (0..3).map(|_| rng.random_range(0..vocab as u32)).filter(|&t| t != 0).collect()).collect();
+        Case { batch, dim, vocab, hidden, weights, temperatures, bias, mask, banned, seed: rng.random() }
+    }
+
+    pub fn params(&self, pipeline: &Pipeline) -> SamplingParams<'_> {
+        let has = |f: fn(&Transform) -> bool| pipeline.transforms.iter().any(f);
+        SamplingParams {
+            temperature: match pipeline.temperature() {
+                Some(Temperature::PerRow { .. }) => TemperatureArg::PerRow(&self.temperatures),
+                Some(Temperature::Scalar { .. }) => TemperatureArg::Scalar(self.temperatures[0]),
+                _ => TemperatureArg::None,
+            },
+            bias: has(|t| matches!(t, Transform::Bias { .. })).then_some(&self.bias[..]),
+            mask: has(|t| matches!(t, Transform::Mask { .. })).then_some(&self.mask[..]),
+            banned: has(|t| matches!(t, Transform::Ban { .. })).then_some(&self.banned[..]),
+            seed: self.seed,
+        }
+    }
+
+    pub fn run(&self, sampler: &Sampler) -> flashsample::Result<Samples> {
+        sampler.sample(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()))
+    }
+
+    /// Checks `samples` row by row against the float64 reference: tokens pathwise (except
+    /// near-ties within the derived bound), scores within the bound, logsumexp and logprobs too.
+    pub fn check(&self, pipeline: &Pipeline, samples: &Samples, rows: &[usize]) -> Result<(), String> {
+        let params = self.params(pipeline);
+        let problem = Problem {
+            pipeline,
+            hidden: &self.hidden.exact,
+            weights: &self.weights.exact,
+            batch: self.batch,
+            dim: self.dim,
+            vocab: self.vocab,
+            params: &params,
+        };
+        let (refs, lses) = problem.sample_rows(rows).map_err(|e| format!("reference failed: {e}"))?;
+        let s = samples.samples_per_row;
+        let scores = samples.scores.as_ref().ok_or("test pipelines must declare outputs(score)")?;
+        for (i, &row) in rows.iter().enumerate() {
+            for k in 0..s {
+                let r = &refs[i * s + k];
+                let slot = row * s + k;
+                check_pathwise(r, samples.tokens[slot], scores[slot])
+                    .map_err(|e| format!("row {row} sample {k}: {e}"))?;
+                if let Some(lp) = &samples.logprobs {
+                    let want = r.logit - lses[i];
+                    let tol = 2.0 * logsumexp_tolerance(r.bound, self.vocab);
+                    if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
+                        return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
+                    }
+                }
+            }
+            if let Some(lse) = &samples.logsumexp {
+                let tol = logsumexp_tolerance(refs[i * s].bound, self.vocab);
+                if (f64::from(lse[row]) - lses[i]).abs() > tol {
+                    return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], lses[i]));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pearson's chi-square statistic of `counts` against `probs`, pooling cells whose expected
+/// count is below 5 (the usual validity rule), and the p-value under the null.
+pub fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, f64) {
+    use statrs::distribution::{ChiSquared, ContinuousCDF};
+    let n: u64 = counts.iter().sum();
+    let (mut stat, mut cells) = (0.0, 0usize);
+    let (mut pooled_obs, mut pooled_exp) = (0.0, 0.0);
+    for (&c, &p) in counts.iter().zip(probs) {
+        let e = p * n as f64;
+        if e < 5.0 {
+            pooled_obs += c as f64;
+            pooled_exp += e;
+            continue;
+        }
+        stat += (c as f64 - e).powi(2) / e;
+        cells += 1;
+    }
+    if pooled_exp > 0.0 {
+        stat += (pooled_obs - pooled_exp).powi(2) / pooled_exp.max(1e-12);
+        cells += 1;
+    }
+    let df = (cells.max(2) - 1) as f64;
+    let p = 1.0 - ChiSquared::new(df).expect("df > 0").cdf(stat);
+    (stat, p)
+}

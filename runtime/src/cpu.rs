@@ -1,0 +1,67 @@
+//! The CPU device: Cranelift-JIT'd stage one, `abi::StageTwo` on the host.
+
+use crate::{sampler::Shape, tensor::widen_to_f32, Error, Result, Samples, Tensor};
+use flashsample_abi::{Candidate, LsePartial, SamplingParams, StageTwo};
+use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_ir::Pipeline;
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct CpuBackend {
+    pipeline: Arc<Pipeline>,
+    threads: usize,
+    /// Compiled kernels by config; a handful at most (one per shape bucket in use).
+    kernels: Mutex<Vec<(CpuConfig, Arc<CpuKernel>)>>,
+}
+
+impl CpuBackend {
+    pub fn new(pipeline: Arc<Pipeline>, threads: usize) -> Self {
+        CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()) }
+    }
+
+    fn config_for(&self, shape: Shape) -> CpuConfig {
+        let mut c = CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab);
+        c.threads = self.threads;
+        c
+    }
+
+    fn kernel(&self, config: &CpuConfig) -> Result<Arc<CpuKernel>> {
+        // A poisoned lock only means another thread panicked mid-insert; the Vec is still valid.
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, k)) = kernels.iter().find(|(c, _)| c == config) {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(CpuKernel::compile(&self.pipeline, config)?);
+        kernels.push((config.clone(), k.clone()));
+        Ok(k)
+    }
+
+    pub fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape) -> Result<Samples> {
+        let on_host = |t: &Tensor<'_>| {
+            t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })
+        };
+        let (hidden_bytes, weight_bytes) = (on_host(hidden)?, on_host(weights)?);
+        let kernel = self.kernel(&self.config_for(shape))?;
+        let p = &self.pipeline;
+        let layout = StageTwo { batch: shape.batch, samples: p.samples_per_row() as usize, tiles: kernel.tiles(shape.vocab) };
+        let hidden_f32 = widen_to_f32(hidden.dtype, hidden_bytes);
+        let temperatures = params.row_temperatures(p, shape.batch);
+        let allowed = params.allowed_bitset(shape.batch, shape.vocab);
+        let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONE, logit: f32::NAN }; layout.candidate_count()];
+        let mut lse = p.needs_logsumexp().then(|| vec![LsePartial::EMPTY; shape.batch * layout.tiles]);
+        kernel.launch(CpuLaunch {
+            hidden: &hidden_f32,
+            weights: weight_bytes,
+            batch: shape.batch,
+            dim: shape.dim,
+            vocab: shape.vocab,
+            temperatures: &temperatures,
+            bias: params.bias,
+            allowed: allowed.as_deref(),
+            seed: params.seed,
+            candidates: &mut candidates,
+            lse: lse.as_deref_mut(),
+        })?;
+        let reduced = layout.reduce(&candidates, lse.as_deref())?;
+        Ok(Samples::from_reduced(p, shape.batch, reduced))
+    }
+}

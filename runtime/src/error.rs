@@ -1,0 +1,30 @@
+use flashsample_ir::DType;
+
+/// Everything that can go wrong between a pipeline and its samples.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid pipeline: {0}")]
+    Pipeline(#[from] flashsample_ir::IrError),
+    #[error("invalid pipeline text: {0}")]
+    PipelineText(#[from] flashsample_ir::ParseError),
+    #[error(transparent)]
+    Param(#[from] flashsample_abi::ParamError),
+    #[error(transparent)]
+    Row(#[from] flashsample_abi::RowError),
+    #[error("empty batch: the hidden states have 0 rows")]
+    EmptyBatch,
+    #[error("empty {0}: it must have at least one element along every dimension")]
+    EmptyOperand(&'static str),
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    #[error("dtype mismatch: `{operand}` is declared {expected:?} but {got:?} was passed")]
+    DType { operand: &'static str, expected: DType, got: DType },
+    #[error("{0} holds {1} elements, which does not match its {2} x {3} shape")]
+    Length(&'static str, usize, usize, usize),
+    #[error("CPU code generation failed: {0}")]
+    CpuCodegen(#[from] flashsample_codegen_cpu::CpuCodegenError),
+    #[error("tensor lives on {tensor} but the sampler runs on {sampler}")]
+    WrongDevice { tensor: String, sampler: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,122 @@
+use crate::{cpu::CpuBackend, Device, Error, Result, Tensor};
+use flashsample_abi::{RowResult, SamplingParams};
+use flashsample_ir::Pipeline;
+use std::sync::Arc;
+
+/// Shapes of one launch, checked against each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Shape {
+    pub batch: usize,
+    pub dim: usize,
+    pub vocab: usize,
+}
+
+/// Sampled tokens of one launch, row-major `[batch, samples_per_row]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Samples {
+    pub batch: usize,
+    pub samples_per_row: usize,
+    pub tokens: Vec<u32>,
+    /// Winning perturbed score of each sample, if the pipeline declares `outputs(score)`.
+    pub scores: Option<Vec<f32>>,
+    /// Per-row logsumexp of the transformed logits, if declared.
+    pub logsumexp: Option<Vec<f32>>,
+    /// Log-probability of each sampled token, if declared.
+    pub logprobs: Option<Vec<f32>>,
+}
+
+impl Samples {
+    /// The samples of one row.
+    pub fn row(&self, row: usize) -> &[u32] {
+        &self.tokens[row * self.samples_per_row..][..self.samples_per_row]
+    }
+
+    pub(crate) fn from_reduced(pipeline: &Pipeline, batch: usize, r: RowResult) -> Samples {
+        let s = pipeline.samples_per_row() as usize;
+        let logprobs = match (&r.logsumexp, pipeline.outputs.logprob) {
+            (Some(lse), true) => Some(r.logits.iter().enumerate().map(|(i, l)| l - lse[i / s]).collect()),
+            _ => None,
+        };
+        Samples {
+            batch,
+            samples_per_row: s,
+            tokens: r.tokens,
+            scores: pipeline.outputs.score.then_some(r.scores),
+            logsumexp: if pipeline.outputs.logsumexp { r.logsumexp } else { None },
+            logprobs,
+        }
+    }
+}
+
+enum Backend {
+    Cpu(CpuBackend),
+}
+
+/// A compiled pipeline bound to a device: validates inputs, launches, reduces.
+pub struct Sampler {
+    pipeline: Arc<Pipeline>,
+    device: Device,
+    backend: Backend,
+}
+
+impl Sampler {
+    /// Validates `pipeline` and prepares it for `device` (kernels compile lazily per shape).
+    pub fn new(pipeline: Pipeline, device: &Device) -> Result<Sampler> {
+        pipeline.validate()?;
+        let pipeline = Arc::new(pipeline);
+        let backend = match device {
+            Device::Cpu { threads } => Backend::Cpu(CpuBackend::new(pipeline.clone(), *threads)),
+        };
+        Ok(Sampler { pipeline, device: device.clone(), backend })
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Samples `pipeline.samples_per_row()` tokens for each row of `hidden` (`[B, D]`) against
+    /// `weights` (`[V, D]`).
+    pub fn sample(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Samples> {
+        let shape = self.check(&hidden, &weights, params)?;
+        match &self.backend {
+            Backend::Cpu(cpu) => cpu.sample(&hidden, &weights, params, shape),
+        }
+    }
+
+    fn check(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>) -> Result<Shape> {
+        let p = &self.pipeline;
+        for (t, op, name) in [(hidden, &p.hidden, "hidden"), (weights, &p.weights, "weights")] {
+            if t.dtype != op.dtype {
+                return Err(Error::DType { operand: name, expected: op.dtype, got: t.dtype });
+            }
+        }
+        if hidden.rows == 0 {
+            return Err(Error::EmptyBatch);
+        }
+        if hidden.cols == 0 {
+            return Err(Error::EmptyOperand("hidden dimension"));
+        }
+        if weights.rows == 0 {
+            return Err(Error::EmptyOperand("vocabulary"));
+        }
+        if hidden.cols != weights.cols {
+            return Err(Error::Shape(format!(
+                "matmul contracts hidden [{}, {}] with weights [{}, {}]: {} != {}",
+                hidden.rows, hidden.cols, weights.rows, weights.cols, hidden.cols, weights.cols
+            )));
+        }
+        if weights.rows >= INDEX_LIMIT {
+            return Err(Error::Shape(format!("vocabulary of {} tokens exceeds the supported {INDEX_LIMIT}", weights.rows)));
+        }
+        let shape = Shape { batch: hidden.rows, dim: hidden.cols, vocab: weights.rows };
+        params.validate(p, shape.batch, shape.vocab)?;
+        Ok(shape)
+    }
+}
+
+/// Token ids must stay below the candidate sentinels (`abi::INDEX_NONFINITE`).
+const INDEX_LIMIT: usize = (u32::MAX - 1) as usize;

@@ -1,0 +1,285 @@
+//! The Cranelift CPU backend against the float64 reference: pathwise on random shapes,
+//! chi-square against softmax, and every edge case and bad input.
+
+use flashsample::{Device, Error, RowError, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_tests::{chi_square, Case, MatrixData};
+use proptest::prelude::*;
+
+const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
+const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false };
+
+/// The pipelines the property tests draw from: every transform, sampler and dtype.
+fn pipelines() -> Vec<Pipeline> {
+    vec![
+        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(),
+        PipelineBuilder::new("Qwen", DType::BF16, DType::BF16)
+            .temperature_per_row("temperature")
+            .bias("bias")
+            .mask("allowed")
+            .ban("banned")
+            .softcap(30.0)
+            .gumbel("seed", 3)
+            .outputs(ALL_OUTPUTS)
+            .build()
+            .unwrap(),
+        PipelineBuilder::new("Gemma", DType::F16, DType::F16)
+            .softcap(3.0)
+            .temperature_scalar("t")
+            .outputs(ALL_OUTPUTS)
+            .build()
+            .unwrap(),
+        PipelineBuilder::new("Greedy", DType::F32, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
+        PipelineBuilder::new("Full32", DType::F32, DType::F32).temperature_const(0.8).mask("m").outputs(SCORE).build().unwrap(),
+    ]
+}
+
+fn cpu() -> Device {
+    Device::cpu()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Same seed ⇒ same sample as the reference, row by row, for random shapes including
+    /// V not a multiple of any tile, B in 1..70 and odd D.
+    #[test]
+    fn pathwise_against_reference(
+        which in 0usize..5,
+        batch in 1usize..70,
+        dim in prop::sample::select(vec![1usize, 3, 7, 31, 64, 129, 200]),
+        vocab in 1usize..1500,
+        seed in any::<u64>(),
+    ) {
+        let pipeline = &pipelines()[which];
+        let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+        let case = Case::random(pipeline, batch, dim, vocab, seed, 3.0);
+        let samples = case.run(&sampler).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let rows: Vec<usize> = (0..batch).collect();
+        case.check(pipeline, &samples, &rows).map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+fn pathwise_at_qwen_scale() {
+    // Full Qwen vocabulary at a reduced hidden size: the shape the main job runs.
+    let pipeline = &pipelines()[1];
+    let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+    let case = Case::random(pipeline, 4, 256, 151_936, 7, 4.0);
+    let samples = case.run(&sampler).unwrap();
+    case.check(pipeline, &samples, &[0, 1, 2, 3]).unwrap();
+}
+
+/// Draws `rows` identical rows (each row gets independent noise) for several seeds and
+/// tests token frequencies against the reference softmax.
+fn draw_counts(pipeline: &Pipeline, case: &mut Case, seeds: u64) -> (Vec<u64>, Vec<f64>) {
+    let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+    let mut counts = vec![0u64; case.vocab];
+    for s in 0..seeds {
+        case.seed = 1000 + s;
+        let samples = case.run(&sampler).unwrap();
+        for &t in &samples.tokens {
+            counts[t as usize] += 1;
+        }
+    }
+    let params = case.params(pipeline);
+    let problem = flashsample_reference::Problem {
+        pipeline,
+        hidden: &case.hidden.exact,
+        weights: &case.weights.exact,
+        batch: case.batch,
+        dim: case.dim,
+        vocab: case.vocab,
+        params: &params,
+    };
+    (counts, problem.probabilities(0).unwrap())
+}
+
+/// A case whose rows are all the same hidden state, so every row samples one distribution.
+fn identical_rows(pipeline: &Pipeline, batch: usize, vocab: usize, logit_std: f32) -> Case {
+    let mut case = Case::random(pipeline, batch, 8, vocab, 42, logit_std);
+    let first: Vec<f32> = case.hidden.exact[..8].to_vec();
+    let rows: Vec<f32> = (0..batch).flat_map(|_| first.iter().cloned()).collect();
+    case.hidden = MatrixData::from_f32(pipeline.hidden.dtype, batch, 8, &rows);
+    case.temperatures.iter_mut().for_each(|t| *t = 0.7);
+    for row in 0..batch {
+        case.banned[row] = case.banned[0].clone();
+        let words = vocab.div_ceil(32);
+        for w in 0..words {
+            case.mask[row * words + w] = case.mask[w];
+        }
+    }
+    case
+}
+
+const SIGNIFICANCE: f64 = 1e-3;
+
+#[test]
+fn chi_square_for_every_transform() {
+    let cases = [
+        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 4).build().unwrap(),
+        PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap(),
+        PipelineBuilder::new("Bias", DType::BF16, DType::BF16).bias("b").build().unwrap(),
+        PipelineBuilder::new("Mask", DType::BF16, DType::BF16).mask("m").ban("banned").build().unwrap(),
+        PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5).build().unwrap(),
+    ];
+    for pipeline in &cases {
+        let mut case = identical_rows(pipeline, 2000, 12, 1.5);
+        let (counts, probs) = draw_counts(pipeline, &mut case, 5);
+        let (stat, p) = chi_square(&counts, &probs);
+        assert!(p > SIGNIFICANCE, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
+    }
+}
+
+#[test]
+fn chi_square_detects_a_wrong_distribution() {
+    // Power check: samples at temperature 0.7 must be rejected as samples of temperature 1.
+    let pipeline = PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap();
+    let mut case = identical_rows(&pipeline, 2000, 12, 1.5);
+    let (counts, _) = draw_counts(&pipeline, &mut case, 5);
+    case.temperatures.iter_mut().for_each(|t| *t = 1.0);
+    let params = case.params(&pipeline);
+    let problem = flashsample_reference::Problem {
+        pipeline: &pipeline,
+        hidden: &case.hidden.exact,
+        weights: &case.weights.exact,
+        batch: case.batch,
+        dim: case.dim,
+        vocab: case.vocab,
+        params: &params,
+    };
+    let (stat, p) = chi_square(&counts, &problem.probabilities(0).unwrap());
+    assert!(p < SIGNIFICANCE, "chi-square failed to reject the wrong temperature: {stat}, p = {p}");
+}
+
+fn plain() -> Pipeline {
+    PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap()
+}
+
+#[test]
+fn one_row_one_token_vocabulary() {
+    let p = plain();
+    let case = Case::random(&p, 1, 5, 1, 3, 1.0);
+    let s = case.run(&Sampler::new(p.clone(), &cpu()).unwrap()).unwrap();
+    assert_eq!(s.tokens, vec![0]);
+}
+
+#[test]
+fn all_but_one_token_masked() {
+    let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
+    let mut case = Case::random(&p, 3, 16, 300, 5, 2.0);
+    case.mask.iter_mut().for_each(|w| *w = 0);
+    let words = 300usize.div_ceil(32);
+    for (row, keep) in [(0usize, 299usize), (1, 0), (2, 137)] {
+        case.mask[row * words + keep / 32] |= 1 << (keep % 32);
+    }
+    let s = case.run(&Sampler::new(p, &cpu()).unwrap()).unwrap();
+    assert_eq!(s.tokens, vec![299, 0, 137]);
+}
+
+#[test]
+fn fully_masked_row_is_an_error_naming_the_row() {
+    let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
+    let mut case = Case::random(&p, 4, 16, 100, 5, 2.0);
+    let words = 100usize.div_ceil(32);
+    case.mask[2 * words..3 * words].iter_mut().for_each(|w| *w = 0);
+    match case.run(&Sampler::new(p, &cpu()).unwrap()) {
+        Err(Error::Row(RowError::AllMasked { row: 2 })) => {}
+        other => panic!("expected AllMasked for row 2, got {other:?}"),
+    }
+}
+
+#[test]
+fn nan_hidden_state_is_an_error_naming_the_row() {
+    let p = plain();
+    let mut case = Case::random(&p, 3, 16, 100, 5, 2.0);
+    let mut h = case.hidden.exact.clone();
+    h[16 + 3] = f32::NAN;
+    case.hidden = MatrixData::from_f32(DType::BF16, 3, 16, &h);
+    match case.run(&Sampler::new(p, &cpu()).unwrap()) {
+        Err(Error::Row(RowError::NonFinite { row: 1 })) => {}
+        other => panic!("expected NonFinite for row 1, got {other:?}"),
+    }
+}
+
+#[test]
+fn temperature_zero_is_greedy() {
+    let p = PipelineBuilder::new("T", DType::BF16, DType::BF16).temperature_per_row("t").outputs(SCORE).build().unwrap();
+    let mut case = Case::random(&p, 9, 32, 777, 11, 2.0);
+    case.temperatures.iter_mut().for_each(|t| *t = 0.0);
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let a = case.run(&sampler).unwrap();
+    case.seed ^= 0xdead_beef;
+    let b = case.run(&sampler).unwrap();
+    assert_eq!(a.tokens, b.tokens, "greedy rows must not depend on the seed");
+    let params = case.params(&p);
+    let problem = flashsample_reference::Problem {
+        pipeline: &p,
+        hidden: &case.hidden.exact,
+        weights: &case.weights.exact,
+        batch: 9,
+        dim: 32,
+        vocab: 777,
+        params: &params,
+    };
+    for row in 0..9 {
+        let logits = problem.row_logits(row).unwrap().logits;
+        let (argmax, best) = logits.iter().enumerate().fold((0, f64::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
+        let second = logits.iter().enumerate().filter(|&(i, _)| i != argmax).map(|(_, &x)| x).fold(f64::NEG_INFINITY, f64::max);
+        if best - second > 1e-3 {
+            assert_eq!(a.tokens[row] as usize, argmax, "row {row}");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_samples_different_seed_different_samples() {
+    let p = plain();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let mut case = Case::random(&p, 32, 16, 5000, 1, 0.5);
+    let a = case.run(&sampler).unwrap();
+    assert_eq!(a, case.run(&sampler).unwrap());
+    case.seed += 1;
+    assert_ne!(a.tokens, case.run(&sampler).unwrap().tokens);
+}
+
+#[test]
+fn thread_count_does_not_change_samples() {
+    let p = pipelines()[1].clone();
+    let case = Case::random(&p, 5, 40, 3000, 9, 2.0);
+    let one = case.run(&Sampler::new(p.clone(), &Device::cpu_with_threads(1)).unwrap()).unwrap();
+    let two = case.run(&Sampler::new(p, &Device::cpu_with_threads(2)).unwrap()).unwrap();
+    assert_eq!(one, two);
+}
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let p = PipelineBuilder::new("T", DType::BF16, DType::BF16).temperature_per_row("t").bias("b").build().unwrap();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let case = Case::random(&p, 2, 8, 50, 1, 1.0);
+    let params = case.params(&p);
+    let empty: Vec<flashsample::bf16> = vec![];
+    let err = |r: flashsample::Result<_>| r.unwrap_err().to_string();
+
+    let e = err(sampler.sample(Tensor::host(&empty, 0, 8).unwrap(), case.weights.tensor(), &params));
+    assert!(e.contains("empty batch"), "{e}");
+    let other = MatrixData::random(&mut rand::SeedableRng::seed_from_u64(1), DType::BF16, 50, 9, 1.0);
+    let e = err(sampler.sample(case.hidden.tensor(), other.tensor(), &params));
+    assert!(e.contains("shape mismatch") && e.contains("8 != 9"), "{e}");
+    let f32w = MatrixData::random(&mut rand::SeedableRng::seed_from_u64(1), DType::F32, 50, 8, 1.0);
+    let e = err(sampler.sample(case.hidden.tensor(), f32w.tensor(), &params));
+    assert!(e.contains("dtype mismatch") && e.contains("weights"), "{e}");
+    let short_bias = [0.0f32; 3];
+    let e = err(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { bias: Some(&short_bias), ..params }));
+    assert!(e.contains("`bias` has 3 elements, expected 50"), "{e}");
+    let neg = [-1.0f32, 1.0];
+    let e = err(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { temperature: TemperatureArg::PerRow(&neg), ..params }));
+    assert!(e.contains("temperature of row 0 is -1"), "{e}");
+    let mut nan_bias = case.bias.clone();
+    nan_bias[4] = f32::NAN;
+    let e = err(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { bias: Some(&nan_bias), ..params }));
+    assert!(e.contains("bias[4] is NaN"), "{e}");
+    let e = err(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { bias: None, ..params }));
+    assert!(e.contains("declares `bias`"), "{e}");
+    assert!(Tensor::host(&empty, 2, 8).is_err(), "length/shape mismatch must be rejected");
+}
