@@ -1,6 +1,12 @@
 //! The CPU device: Cranelift-JIT'd stage one, `abi::StageTwo` on the host.
 
-use crate::{sampler::Shape, tensor::widen_to_f32, Error, Result, Samples, Tensor};
+use crate::{
+    sampler::Shape,
+    tensor::widen_to_f32,
+    tuning::{self, DeviceIdentity, ShapeKey},
+    Error, Result, Samples, Tensor,
+};
+use std::collections::HashMap;
 use flashsample_abi::{Candidate, LsePartial, SamplingParams, StageTwo};
 use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
@@ -11,17 +17,37 @@ pub(crate) struct CpuBackend {
     threads: usize,
     /// Compiled kernels by config; a handful at most (one per shape bucket in use).
     kernels: Mutex<Vec<(CpuConfig, Arc<CpuKernel>)>>,
+    /// Config per shape, so tuning files are read once per shape, not once per launch.
+    configs: Mutex<HashMap<Shape, CpuConfig>>,
 }
 
 impl CpuBackend {
     pub fn new(pipeline: Arc<Pipeline>, threads: usize) -> Self {
-        CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()) }
+        CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()), configs: Mutex::new(HashMap::new()) }
     }
 
-    fn config_for(&self, shape: Shape) -> CpuConfig {
-        let mut c = CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab);
-        c.threads = self.threads;
-        c
+    pub fn identity(&self) -> DeviceIdentity {
+        DeviceIdentity::this_cpu(self.threads)
+    }
+
+    pub fn heuristic(&self, shape: Shape) -> CpuConfig {
+        CpuConfig { threads: self.threads, ..CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab) }
+    }
+
+    pub fn config_for(&self, shape: Shape) -> CpuConfig {
+        let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        configs
+            .entry(shape)
+            .or_insert_with(|| {
+                let key = ShapeKey { dtype: self.pipeline.weights.dtype, vocab: shape.vocab, dim: shape.dim, batch: shape.batch };
+                let found = tuning::lookup::<CpuConfig>(&self.identity(), &key);
+                tuning::warn_once(&found.warnings);
+                match found.config.filter(|c| c.validate().is_ok()) {
+                    Some(c) => CpuConfig { threads: self.threads, ..c },
+                    None => self.heuristic(shape),
+                }
+            })
+            .clone()
     }
 
     fn kernel(&self, config: &CpuConfig) -> Result<Arc<CpuKernel>> {
@@ -35,12 +61,20 @@ impl CpuBackend {
         Ok(k)
     }
 
-    pub fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape) -> Result<Samples> {
+    pub fn sample(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &CpuConfig,
+    ) -> Result<Samples> {
         let on_host = |t: &Tensor<'_>| {
             t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })
         };
         let (hidden_bytes, weight_bytes) = (on_host(hidden)?, on_host(weights)?);
-        let kernel = self.kernel(&self.config_for(shape))?;
+        config.validate()?;
+        let kernel = self.kernel(config)?;
         let p = &self.pipeline;
         let layout = StageTwo { batch: shape.batch, samples: p.samples_per_row() as usize, tiles: kernel.tiles(shape.vocab) };
         let hidden_f32 = widen_to_f32(hidden.dtype, hidden_bytes);

@@ -23,6 +23,8 @@ pub enum Error {
     Length(&'static str, usize, usize, usize),
     #[error("CPU code generation failed: {0}")]
     CpuCodegen(#[from] flashsample_codegen_cpu::CpuCodegenError),
+    #[error("the kernel config is for another backend than this sampler's ({sampler})")]
+    ConfigBackend { sampler: String },
     #[error("tensor lives on {tensor} but the sampler runs on {sampler}")]
     WrongDevice { tensor: String, sampler: String },
 }

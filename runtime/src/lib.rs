@@ -11,13 +11,15 @@ mod device;
 mod error;
 mod sampler;
 mod tensor;
+pub mod tuning;
 
 pub use device::Device;
 pub use error::{Error, Result};
 pub use flashsample_abi::{ParamError, RowError, SamplingParams, TemperatureArg};
 pub use flashsample_macros::flashsample;
 pub use half::{bf16, f16};
-pub use sampler::{Sampler, Samples};
+pub use sampler::{KernelConfig, Sampler, Samples};
+pub use flashsample_codegen_cpu::CpuConfig;
 pub use tensor::{Element, Matrix, Tensor};
 
 /// The pipeline IR, re-exported for builders and the macro's expansion.

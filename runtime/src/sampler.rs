@@ -1,4 +1,5 @@
-use crate::{cpu::CpuBackend, Device, Error, Result, Tensor};
+use crate::{cpu::CpuBackend, tuning::DeviceIdentity, Device, Error, Result, Tensor};
+use flashsample_codegen_cpu::CpuConfig;
 use flashsample_abi::{RowResult, SamplingParams};
 use flashsample_ir::Pipeline;
 use std::sync::Arc;
@@ -48,6 +49,13 @@ impl Samples {
     }
 }
 
+/// A backend's tile config: what the autotuner searches and the tuning file stores.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "backend", rename_all = "lowercase")]
+pub enum KernelConfig {
+    Cpu(CpuConfig),
+}
+
 enum Backend {
     Cpu(CpuBackend),
 }
@@ -79,11 +87,84 @@ impl Sampler {
     }
 
     /// Samples `pipeline.samples_per_row()` tokens for each row of `hidden` (`[B, D]`) against
-    /// `weights` (`[V, D]`).
+    /// `weights` (`[V, D]`), with the tuned (or heuristic) config for this shape.
     pub fn sample(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Samples> {
         let shape = self.check(&hidden, &weights, params)?;
+        let config = self.config_for(shape.batch, shape.dim, shape.vocab);
+        self.launch(&hidden, &weights, params, shape, &config)
+    }
+
+    /// [`Sampler::sample`] with an explicit config (the autotuner's entry point).
+    pub fn sample_with(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: &KernelConfig,
+    ) -> Result<Samples> {
+        let shape = self.check(&hidden, &weights, params)?;
+        self.launch(&hidden, &weights, params, shape, config)
+    }
+
+    /// Median-free raw timings (seconds) of `reps` launches with `config` after `warmup`:
+    /// wall clock around each complete launch on the CPU.
+    pub fn time_with(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: &KernelConfig,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>> {
+        let shape = self.check(&hidden, &weights, params)?;
+        for _ in 0..warmup {
+            self.launch(&hidden, &weights, params, shape, config)?;
+        }
+        (0..reps)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                self.launch(&hidden, &weights, params, shape, config).map(|_| t.elapsed().as_secs_f64())
+            })
+            .collect()
+    }
+
+    /// The config [`Sampler::sample`] uses for this shape: the tuning file's nearest entry for
+    /// this device, else the backend heuristic.
+    pub fn config_for(&self, batch: usize, dim: usize, vocab: usize) -> KernelConfig {
+        let shape = Shape { batch, dim, vocab };
         match &self.backend {
-            Backend::Cpu(cpu) => cpu.sample(&hidden, &weights, params, shape),
+            Backend::Cpu(cpu) => KernelConfig::Cpu(cpu.config_for(shape)),
+        }
+    }
+
+    /// The backend's documented fallback heuristic for this shape.
+    pub fn heuristic_config(&self, batch: usize, dim: usize, vocab: usize) -> KernelConfig {
+        let shape = Shape { batch, dim, vocab };
+        match &self.backend {
+            Backend::Cpu(cpu) => KernelConfig::Cpu(cpu.heuristic(shape)),
+        }
+    }
+
+    /// The identity tuning files key this sampler's device by.
+    pub fn device_identity(&self) -> DeviceIdentity {
+        match &self.backend {
+            Backend::Cpu(cpu) => cpu.identity(),
+        }
+    }
+
+    fn launch(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &KernelConfig,
+    ) -> Result<Samples> {
+        match (&self.backend, config) {
+            (Backend::Cpu(cpu), KernelConfig::Cpu(c)) => cpu.sample(hidden, weights, params, shape, c),
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::ConfigBackend { sampler: self.device.describe() }),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
-use flashsample::{bf16, f16, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
+use flashsample::{bf16, f16, KernelConfig, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -102,8 +102,21 @@ impl Case {
         sampler.sample(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()))
     }
 
+    pub fn run_with(&self, sampler: &Sampler, config: &KernelConfig) -> flashsample::Result<Samples> {
+        sampler.sample_with(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()), config)
+    }
+
+    /// Median seconds of `reps` launches with `config` after `warmup`.
+    pub fn median_secs(&self, sampler: &Sampler, config: &KernelConfig, warmup: usize, reps: usize) -> flashsample::Result<f64> {
+        let params = self.params(sampler.pipeline());
+        let mut t = sampler.time_with(self.hidden.tensor(), self.weights.tensor(), &params, config, warmup, reps.max(1))?;
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
     /// Checks `samples` row by row against the float64 reference: tokens pathwise (except
-    /// near-ties within the derived bound), scores within the bound, logsumexp and logprobs too.
+    /// near-ties within the derived bound), scores within the bound (when the pipeline
+    /// returns them), logsumexp and logprobs too.
     pub fn check(&self, pipeline: &Pipeline, samples: &Samples, rows: &[usize]) -> Result<(), String> {
         let params = self.params(pipeline);
         let problem = Problem {
@@ -117,12 +130,12 @@ impl Case {
         };
         let (refs, lses) = problem.sample_rows(rows).map_err(|e| format!("reference failed: {e}"))?;
         let s = samples.samples_per_row;
-        let scores = samples.scores.as_ref().ok_or("test pipelines must declare outputs(score)")?;
         for (i, &row) in rows.iter().enumerate() {
             for k in 0..s {
                 let r = &refs[i * s + k];
                 let slot = row * s + k;
-                check_pathwise(r, samples.tokens[slot], scores[slot])
+                let score = samples.scores.as_ref().map_or(r.score as f32, |s| s[slot]);
+                check_pathwise(r, samples.tokens[slot], score)
                     .map_err(|e| format!("row {row} sample {k}: {e}"))?;
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - lses[i];

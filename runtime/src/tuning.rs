@@ -1,0 +1,324 @@
+//! Tuning files: the kernel config that won per device and shape bucket, written by
+//! `flashsample-autotune` and read by the runtime.
+//!
+//! Lookup order: the file named by `$FLASHSAMPLE_TUNING`, then
+//! `$XDG_CACHE_HOME/flashsample/tuning.json` (or `~/.cache/flashsample/tuning.json`), then the
+//! defaults shipped in this crate (`runtime/tuning/*.json`). A file that is missing is skipped
+//! silently; one that is corrupt, of another schema, or has no section for this device is
+//! skipped with a warning on stderr. With no entry, backends use their documented heuristic.
+
+use flashsample_ir::DType;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Version of the tuning-file layout; files of another version are ignored with a warning.
+pub const TUNING_SCHEMA: u32 = 1;
+/// Environment variable naming a tuning file.
+pub const TUNING_ENV: &str = "FLASHSAMPLE_TUNING";
+
+/// Tuning files shipped with the crate, measured on the named devices.
+const SHIPPED: &[(&str, &str)] = &[("runtime/tuning/h200.json", include_str!("../tuning/h200.json"))];
+
+/// What a tuning section is valid for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum DeviceIdentity {
+    Cpu { model: String, threads: usize },
+    Cuda { name: String, compute_capability: (u32, u32), sm_count: u32 },
+}
+
+impl std::fmt::Display for DeviceIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceIdentity::Cpu { model, threads } => write!(f, "{model} ({threads} threads)"),
+            DeviceIdentity::Cuda { name, compute_capability: (a, b), sm_count } => {
+                write!(f, "{name} (sm_{a}{b}, {sm_count} SMs)")
+            }
+        }
+    }
+}
+
+impl DeviceIdentity {
+    /// This machine's CPU, from `/proc/cpuinfo` where it exists.
+    pub fn this_cpu(threads: usize) -> DeviceIdentity {
+        let model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()))
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        DeviceIdentity::Cpu { model, threads }
+    }
+}
+
+/// The shape a config was tuned for.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShapeKey {
+    pub dtype: DType,
+    pub vocab: usize,
+    pub dim: usize,
+    pub batch: usize,
+}
+
+impl ShapeKey {
+    /// Distance between shapes in log space; batch matters most, then vocab and hidden size.
+    fn distance(&self, other: &ShapeKey) -> f64 {
+        let l = |a: usize, b: usize| ((a.max(1) as f64) / (b.max(1) as f64)).ln().abs();
+        l(self.batch, other.batch) + 0.5 * l(self.vocab, other.vocab) + 0.5 * l(self.dim, other.dim)
+    }
+}
+
+/// One measured config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// A backend config (`CpuConfig` or `GpuConfig`) as JSON.
+    pub config: serde_json::Value,
+    pub median_us: f64,
+}
+
+/// The result of tuning one shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningEntry {
+    pub shape: ShapeKey,
+    pub best: Measured,
+    /// The best few, fastest first.
+    pub top: Vec<Measured>,
+    /// The fallback heuristic's config and time at this shape, for comparison.
+    pub heuristic: Measured,
+}
+
+/// All entries of one device.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceTuning {
+    pub device: DeviceIdentity,
+    pub entries: Vec<TuningEntry>,
+}
+
+/// A tuning file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningFile {
+    pub schema: u32,
+    pub devices: Vec<DeviceTuning>,
+}
+
+/// Why a tuning file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TuningError {
+    #[error("cannot read tuning file {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("tuning file {path} is corrupt: {source}")]
+    Corrupt { path: PathBuf, source: serde_json::Error },
+    #[error("tuning file {path} has schema {found}; this flashsample reads schema {TUNING_SCHEMA}")]
+    Schema { path: PathBuf, found: u32 },
+}
+
+impl Default for TuningFile {
+    fn default() -> Self {
+        TuningFile { schema: TUNING_SCHEMA, devices: Vec::new() }
+    }
+}
+
+impl TuningFile {
+    pub fn parse(text: &str, path: &Path) -> Result<TuningFile, TuningError> {
+        let file: TuningFile =
+            serde_json::from_str(text).map_err(|source| TuningError::Corrupt { path: path.to_path_buf(), source })?;
+        if file.schema != TUNING_SCHEMA {
+            return Err(TuningError::Schema { path: path.to_path_buf(), found: file.schema });
+        }
+        Ok(file)
+    }
+
+    pub fn load(path: &Path) -> Result<TuningFile, TuningError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TuningError::Io { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Writes atomically (temp file + rename), so an interrupted run never leaves a torn file.
+    pub fn save(&self, path: &Path) -> Result<(), TuningError> {
+        let io = |source| TuningError::Io { path: path.to_path_buf(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(self).map_err(|source| TuningError::Corrupt { path: path.to_path_buf(), source })?;
+        std::fs::write(&tmp, text + "\n").map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    pub fn device(&self, device: &DeviceIdentity) -> Option<&DeviceTuning> {
+        self.devices.iter().find(|d| &d.device == device)
+    }
+
+    /// Inserts or replaces the entry for `entry.shape` of `device`.
+    pub fn upsert(&mut self, device: &DeviceIdentity, entry: TuningEntry) {
+        let section = match self.devices.iter().position(|d| &d.device == device) {
+            Some(i) => &mut self.devices[i],
+            None => {
+                self.devices.push(DeviceTuning { device: device.clone(), entries: Vec::new() });
+                self.devices.last_mut().expect("just pushed")
+            }
+        };
+        section.entries.retain(|e| e.shape != entry.shape);
+        section.entries.push(entry);
+    }
+}
+
+impl DeviceTuning {
+    /// The best config of the nearest tuned shape bucket with the same dtype.
+    pub fn nearest<C: DeserializeOwned>(&self, shape: &ShapeKey) -> Option<C> {
+        self.entries
+            .iter()
+            .filter(|e| e.shape.dtype == shape.dtype)
+            .min_by(|a, b| a.shape.distance(shape).total_cmp(&b.shape.distance(shape)))
+            .and_then(|e| serde_json::from_value(e.best.config.clone()).ok())
+    }
+}
+
+fn standard_path() -> Option<PathBuf> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("flashsample").join("tuning.json"))
+}
+
+/// Result of looking up a config: the config if any file had one, and the warnings met.
+#[derive(Debug, Default)]
+pub struct Lookup<C> {
+    pub config: Option<C>,
+    pub source: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Looks `shape` up for `device` in the tuning files, in the documented order.
+pub fn lookup<C: DeserializeOwned>(device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
+    lookup_from(std::env::var_os(TUNING_ENV).map(PathBuf::from), standard_path(), device, shape)
+}
+
+/// [`lookup`] with the user-named and standard paths given (the user-named one must exist).
+fn lookup_from<C: DeserializeOwned>(env: Option<PathBuf>, standard: Option<PathBuf>, device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
+    let mut out = Lookup { config: None, source: None, warnings: Vec::new() };
+    let mut candidates: Vec<(String, Result<TuningFile, TuningError>)> = Vec::new();
+    for path in env.iter().chain(standard.iter()) {
+        match TuningFile::load(path) {
+            Err(TuningError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound && Some(path) != env.as_ref() => {}
+            r => candidates.push((path.display().to_string(), r)),
+        }
+    }
+    for (name, text) in SHIPPED {
+        candidates.push((name.to_string(), TuningFile::parse(text, Path::new(name))));
+    }
+    for (name, file) in candidates {
+        match file {
+            Err(e) => out.warnings.push(format!("{e}; using the next tuning source")),
+            Ok(file) => match file.device(device) {
+                Some(section) => {
+                    if let Some(c) = section.nearest::<C>(shape) {
+                        out.config = Some(c);
+                        out.source = Some(name);
+                        return out;
+                    }
+                }
+                None if !name.starts_with("runtime/tuning/") => {
+                    out.warnings.push(format!("tuning file {name} has no section for {device}; ignoring it"))
+                }
+                None => {}
+            },
+        }
+    }
+    out
+}
+
+/// Prints each distinct warning once per process.
+pub(crate) fn warn_once(warnings: &[String]) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = seen.get_or_insert_with(HashSet::new);
+    for w in warnings {
+        if seen.insert(w.clone()) {
+            eprintln!("flashsample: warning: {w}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(batch: usize, tile: u32) -> TuningEntry {
+        let m = Measured { config: serde_json::json!({ "tile": tile }), median_us: 1.0 };
+        TuningEntry { shape: ShapeKey { dtype: DType::BF16, vocab: 151_936, dim: 4096, batch }, best: m.clone(), top: vec![m.clone()], heuristic: m }
+    }
+
+    #[derive(Deserialize, Debug, PartialEq)]
+    struct Cfg {
+        tile: u32,
+    }
+
+    fn cpu() -> DeviceIdentity {
+        DeviceIdentity::Cpu { model: "test".into(), threads: 2 }
+    }
+
+    #[test]
+    fn round_trip_and_nearest_bucket() {
+        let dir = std::env::temp_dir().join(format!("fs-tuning-{}", std::process::id()));
+        let path = dir.join("t.json");
+        let mut f = TuningFile::default();
+        for (b, t) in [(1, 10), (16, 20), (256, 30)] {
+            f.upsert(&cpu(), entry(b, t));
+        }
+        f.upsert(&cpu(), entry(16, 21));
+        f.save(&path).unwrap();
+        let g = TuningFile::load(&path).unwrap();
+        assert_eq!(f, g);
+        let s = g.device(&cpu()).unwrap();
+        assert_eq!(s.entries.len(), 3);
+        let at = |batch| s.nearest::<Cfg>(&ShapeKey { dtype: DType::BF16, vocab: 150_000, dim: 4096, batch });
+        assert_eq!(at(1), Some(Cfg { tile: 10 }));
+        assert_eq!(at(12), Some(Cfg { tile: 21 }));
+        assert_eq!(at(100), Some(Cfg { tile: 30 }));
+        assert_eq!(s.nearest::<Cfg>(&ShapeKey { dtype: DType::F16, vocab: 1, dim: 1, batch: 1 }), None);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn corrupt_and_foreign_files_are_errors_not_panics() {
+        let p = Path::new("x.json");
+        assert!(matches!(TuningFile::parse("{ not json", p), Err(TuningError::Corrupt { .. })));
+        assert!(matches!(TuningFile::parse(r#"{"schema": 99, "devices": []}"#, p), Err(TuningError::Schema { found: 99, .. })));
+        assert!(matches!(TuningFile::parse(r#"{"schema": 1, "devices": [{"device": {"kind": "tpu"}}]}"#, p), Err(TuningError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn lookup_falls_back_with_warnings() {
+        let dir = std::env::temp_dir().join(format!("fs-lookup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let shape = ShapeKey { dtype: DType::BF16, vocab: 1000, dim: 64, batch: 4 };
+        let corrupt = dir.join("corrupt.json");
+        std::fs::write(&corrupt, "{ \"schema\": 1, \"devices\": [ truncated").unwrap();
+        let other = dir.join("other.json");
+        let mut f = TuningFile::default();
+        f.upsert(&DeviceIdentity::Cpu { model: "another cpu".into(), threads: 64 }, entry(4, 7));
+        f.save(&other).unwrap();
+        let missing = dir.join("missing.json");
+
+        let l: Lookup<Cfg> = lookup_from(Some(corrupt), Some(other.clone()), &cpu(), &shape);
+        assert_eq!(l.config, None);
+        assert!(l.warnings[0].contains("corrupt"), "{:?}", l.warnings);
+        assert!(l.warnings[1].contains("no section for test (2 threads)"), "{:?}", l.warnings);
+        let l: Lookup<Cfg> = lookup_from(Some(missing), None, &cpu(), &shape);
+        assert!(l.warnings[0].contains("cannot read"), "{:?}", l.warnings);
+        f.upsert(&cpu(), entry(8, 9));
+        f.save(&other).unwrap();
+        let l: Lookup<Cfg> = lookup_from(None, Some(other), &cpu(), &shape);
+        assert_eq!(l.config, Some(Cfg { tile: 9 }));
+        assert!(l.warnings.is_empty());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn shipped_defaults_parse() {
+        for (name, text) in SHIPPED {
+            TuningFile::parse(text, Path::new(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}
