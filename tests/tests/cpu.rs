@@ -283,3 +283,52 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.contains("declares `bias`"), "{e}");
     assert!(Tensor::host(&empty, 2, 8).is_err(), "length/shape mismatch must be rejected");
 }
+
+mod declared_with_the_macro {
+    use super::*;
+    use flashsample::{bf16, flashsample, Matrix};
+
+    flashsample! {
+        /// A Qwen-style sampler declared the way users do.
+        pub pipeline QwenSampler {
+            hidden: bf16[B, D], weights: bf16[V, D];
+            logits = matmul(hidden, weights);
+            logits = logits / temperature[B];
+            logits = logits + bias[V];
+            logits = mask(logits, allowed[B, V]);
+            logits = softcap(logits, 30.0);
+            sample = gumbel_argmax(logits, seed, samples = 2);
+            outputs(score, logsumexp);
+        }
+    }
+
+    #[test]
+    fn macro_pipeline_samples_like_the_builder_pipeline() {
+        let built = PipelineBuilder::new("QwenSampler", DType::BF16, DType::BF16)
+            .temperature_per_row("temperature")
+            .bias("bias")
+            .mask("allowed")
+            .softcap(30.0)
+            .gumbel("seed", 2)
+            .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+            .build()
+            .unwrap();
+        assert_eq!(QwenSampler::pipeline(), built);
+        let case = Case::random(&built, 6, 24, 999, 3, 2.0);
+        let ours = QwenSampler::new(&cpu()).unwrap();
+        let h: Vec<bf16> = case.hidden.exact.iter().map(|&x| bf16::from_f32(x)).collect();
+        let w: Vec<bf16> = case.weights.exact.iter().map(|&x| bf16::from_f32(x)).collect();
+        let samples = ours
+            .sample(
+                Matrix::new(&h, 6, 24).unwrap(),
+                Matrix::new(&w, 999, 24).unwrap(),
+                &case.temperatures,
+                &case.bias,
+                &case.mask,
+                case.seed,
+            )
+            .unwrap();
+        assert_eq!(samples, case.run(&Sampler::new(built.clone(), &cpu()).unwrap()).unwrap());
+        case.check(&built, &samples, &[0, 1, 2, 3, 4, 5]).unwrap();
+    }
+}
