@@ -81,6 +81,26 @@ impl StageTwo {
         a.score > b.score || (a.score == b.score && a.index < b.index)
     }
 
+    /// The winning candidate of (row, sample) over all tiles: `Ok(None)` if every tile was
+    /// empty, `Err` if any tile met a non-finite logit.
+    pub fn winner(&self, candidates: &[Candidate], row: usize, sample: usize) -> Result<Option<Candidate>, RowError> {
+        let mut best: Option<Candidate> = None;
+        for c in &candidates[self.slot(row, sample, 0)..][..self.tiles] {
+            match c.index {
+                INDEX_NONFINITE => return Err(RowError::NonFinite { row }),
+                INDEX_NONE => {}
+                _ if best.is_none_or(|b| Self::beats(c, &b)) => best = Some(*c),
+                _ => {}
+            }
+        }
+        Ok(best)
+    }
+
+    /// The row's logsumexp over all tiles' partials, in f64 (`-inf` if nothing was allowed).
+    pub fn logsumexp(&self, lse: &[LsePartial], row: usize) -> f64 {
+        merge_logsumexp(&lse[row * self.tiles..][..self.tiles])
+    }
+
     /// Reduces the candidates of every row and sample; any row error fails the launch.
     pub fn reduce(&self, candidates: &[Candidate], lse: Option<&[LsePartial]>) -> Result<RowResult, RowError> {
         assert_eq!(candidates.len(), self.candidate_count(), "candidate buffer does not match its layout");
@@ -93,25 +113,13 @@ impl StageTwo {
         };
         for row in 0..self.batch {
             for sample in 0..self.samples {
-                let tiles = &candidates[self.slot(row, sample, 0)..][..self.tiles];
-                let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
-                for c in tiles {
-                    match c.index {
-                        INDEX_NONFINITE => return Err(RowError::NonFinite { row }),
-                        INDEX_NONE => {}
-                        _ if best.index == INDEX_NONE || Self::beats(c, &best) => best = *c,
-                        _ => {}
-                    }
-                }
-                if best.index == INDEX_NONE {
-                    return Err(RowError::AllMasked { row });
-                }
+                let best = self.winner(candidates, row, sample)?.ok_or(RowError::AllMasked { row })?;
                 out.tokens.push(best.index);
                 out.scores.push(best.score);
                 out.logits.push(best.logit);
             }
             if let (Some(lse), Some(dst)) = (lse, out.logsumexp.as_mut()) {
-                dst.push(merge_logsumexp(&lse[row * self.tiles..][..self.tiles]) as f32);
+                dst.push(self.logsumexp(lse, row) as f32);
             }
         }
         Ok(out)

@@ -7,11 +7,13 @@
 //! - [`candidates`]: the stage-one output layout (per row, sample and vocab tile) and the
 //!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
+//! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 
 pub mod candidates;
 pub mod math;
 pub mod params;
 pub mod rng;
+pub mod sharded;
 
 pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 pub use params::{ParamError, SamplingParams, TemperatureArg};
