@@ -61,6 +61,43 @@ impl CpuBackend {
         Ok(k)
     }
 
+    /// Stage one of one launch over `weights` (global vocabulary offset `offset`, which only
+    /// shifts the returned token ids): the candidates, their layout and the lse partials.
+    pub fn stage_one(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        allowed: Option<&[u32]>,
+        shape: Shape,
+        config: &CpuConfig,
+    ) -> Result<StageOne> {
+        let weight_bytes =
+            weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
+        config.validate()?;
+        let kernel = self.kernel(config)?;
+        let p = &self.pipeline;
+        let layout = StageTwo { batch: shape.batch, samples: p.samples_per_row() as usize, tiles: kernel.tiles(shape.vocab) };
+        let temperatures = params.row_temperatures(p, shape.batch);
+        // Poisoned, so a slot the kernel failed to write cannot pass for a sample.
+        let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONFINITE, logit: f32::NAN }; layout.candidate_count()];
+        let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
+        kernel.launch(CpuLaunch {
+            hidden: hidden_f32,
+            weights: weight_bytes,
+            batch: shape.batch,
+            dim: shape.dim,
+            vocab: shape.vocab,
+            temperatures: &temperatures,
+            bias: params.bias,
+            allowed,
+            seed: params.seed,
+            candidates: &mut candidates,
+            lse: lse.as_deref_mut(),
+        })?;
+        Ok(StageOne { layout, candidates, lse })
+    }
+
     pub fn sample(
         &self,
         hidden: &Tensor<'_>,
@@ -69,33 +106,23 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<Samples> {
-        let on_host = |t: &Tensor<'_>| {
-            t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })
-        };
-        let (hidden_bytes, weight_bytes) = (on_host(hidden)?, on_host(weights)?);
-        config.validate()?;
-        let kernel = self.kernel(config)?;
-        let p = &self.pipeline;
-        let layout = StageTwo { batch: shape.batch, samples: p.samples_per_row() as usize, tiles: kernel.tiles(shape.vocab) };
-        let hidden_f32 = widen_to_f32(hidden.dtype, hidden_bytes);
-        let temperatures = params.row_temperatures(p, shape.batch);
+        let hidden_f32 = host_f32(hidden)?;
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
-        let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONE, logit: f32::NAN }; layout.candidate_count()];
-        let mut lse = p.needs_logsumexp().then(|| vec![LsePartial::EMPTY; shape.batch * layout.tiles]);
-        kernel.launch(CpuLaunch {
-            hidden: &hidden_f32,
-            weights: weight_bytes,
-            batch: shape.batch,
-            dim: shape.dim,
-            vocab: shape.vocab,
-            temperatures: &temperatures,
-            bias: params.bias,
-            allowed: allowed.as_deref(),
-            seed: params.seed,
-            candidates: &mut candidates,
-            lse: lse.as_deref_mut(),
-        })?;
-        let reduced = layout.reduce(&candidates, lse.as_deref())?;
-        Ok(Samples::from_reduced(p, shape.batch, reduced))
+        let one = self.stage_one(&hidden_f32, weights, params, allowed.as_deref(), shape, config)?;
+        let reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
+        Ok(Samples::from_reduced(&self.pipeline, shape.batch, reduced))
     }
+}
+
+/// What stage one left for stage two.
+pub(crate) struct StageOne {
+    pub layout: StageTwo,
+    pub candidates: Vec<Candidate>,
+    pub lse: Option<Vec<LsePartial>>,
+}
+
+/// A host tensor's elements widened to f32 (the CPU kernel's hidden-state format).
+pub(crate) fn host_f32(t: &Tensor<'_>) -> Result<Vec<f32>> {
+    let bytes = t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })?;
+    Ok(widen_to_f32(t.dtype, bytes))
 }

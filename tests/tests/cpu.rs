@@ -332,3 +332,93 @@ mod declared_with_the_macro {
         case.check(&built, &samples, &[0, 1, 2, 3, 4, 5]).unwrap();
     }
 }
+
+mod sharded {
+    use super::*;
+    use flashsample::ShardedSampler;
+
+    /// Splits `case`'s weights into shards of the given sizes.
+    fn shards(case: &Case, sizes: &[usize]) -> Vec<MatrixData> {
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                let rows = &case.weights.exact[start * case.dim..(start + n) * case.dim];
+                start += n;
+                MatrixData::from_f32(case.weights.dtype, n, case.dim, rows)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sharded_sampling_is_exact_in_distribution() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .mask("m")
+            .gumbel("seed", 2)
+            .outputs(Outputs { score: false, logsumexp: true, logprob: true })
+            .build()
+            .unwrap();
+        let vocab = 40;
+        for sizes in [vec![17, 23], vec![1, 9, 4, 13, 2, 3, 7, 1], vec![10, 10, 10, 10]] {
+            let mut case = identical_rows(&p, 1500, vocab, 1.5);
+            // Mask shard 0 entirely for every row (a fully masked shard), plus scattered tokens.
+            let words = vocab.div_ceil(32);
+            for row in 0..case.batch {
+                for t in 0..sizes[0] {
+                    case.mask[row * words + t / 32] &= !(1 << (t % 32));
+                }
+                case.mask[row * words + (vocab - 1) / 32] |= 1 << ((vocab - 1) % 32);
+            }
+            let sampler = ShardedSampler::new(p.clone(), &cpu()).unwrap();
+            let parts = shards(&case, &sizes);
+            let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+            let mut counts = vec![0u64; vocab];
+            for seed in 0..4 {
+                case.seed = 77 + seed;
+                let s = sampler.sample(case.hidden.tensor(), &tensors, &case.params(&p)).unwrap();
+                for &t in &s.tokens {
+                    assert!((t as usize) >= sizes[0], "token {t} is in the fully masked shard");
+                    counts[t as usize] += 1;
+                }
+                // The merged logsumexp is the unsharded one.
+                let params = case.params(&p);
+                let problem = flashsample_reference::Problem {
+                    pipeline: &p,
+                    hidden: &case.hidden.exact,
+                    weights: &case.weights.exact,
+                    batch: case.batch,
+                    dim: case.dim,
+                    vocab,
+                    params: &params,
+                };
+                let want = flashsample_reference::logsumexp(&problem.row_logits(0).unwrap().logits);
+                let lse = s.logsumexp.as_ref().unwrap();
+                assert!((f64::from(lse[0]) - want).abs() < 1e-4, "{} vs {want}", lse[0]);
+            }
+            let params = case.params(&p);
+            let problem = flashsample_reference::Problem {
+                pipeline: &p,
+                hidden: &case.hidden.exact,
+                weights: &case.weights.exact,
+                batch: case.batch,
+                dim: case.dim,
+                vocab,
+                params: &params,
+            };
+            let (stat, pv) = chi_square(&counts, &problem.probabilities(0).unwrap());
+            assert!(pv > SIGNIFICANCE, "shards {sizes:?}: chi-square {stat:.1}, p = {pv:.2e}, counts {counts:?}");
+        }
+    }
+
+    #[test]
+    fn every_shard_masked_is_an_error() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16).mask("m").build().unwrap();
+        let mut case = Case::random(&p, 2, 8, 64, 1, 1.0);
+        case.mask[2..4].iter_mut().for_each(|w| *w = 0);
+        let parts = shards(&case, &[30, 34]);
+        let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+        let err = ShardedSampler::new(p.clone(), &cpu()).unwrap().sample(case.hidden.tensor(), &tensors, &case.params(&p));
+        assert!(matches!(err, Err(Error::Row(RowError::AllMasked { row: 1 }))), "{err:?}");
+    }
+}
