@@ -1,0 +1,402 @@
+//! The CUDA backend of one sampler: config choice, kernel lookup, launch of both stages on
+//! the device's stream, read-back and the mapping of stage two's status to row errors.
+
+use super::{
+    cache::{self, LoadedKernel},
+    device::drv,
+    ptx::{self, Geometry},
+    CudaDevice, DeviceTensor,
+};
+use crate::{
+    sampler::Shape,
+    tensor::Storage,
+    tuning::{self, DeviceIdentity, ShapeKey},
+    Error, Result, Samples, Tensor,
+};
+use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use flashsample_abi::{Candidate, LsePartial, RowError, RowResult, SamplingParams, StageTwo};
+use flashsample_codegen_ptx::GpuConfig;
+use flashsample_ir::Pipeline;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
+fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+}
+
+/// Dynamic shared memory a block gets without opting in (CUDA's fixed default).
+const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
+
+/// Stage two's per-row status codes (DESIGN.md "GPU").
+const STATUS_OK: u32 = 0;
+const STATUS_ALL_MASKED: u32 = 1;
+const STATUS_NONFINITE: u32 = 2;
+
+pub(crate) struct CudaBackend {
+    pipeline: Arc<Pipeline>,
+    device: Arc<CudaDevice>,
+    /// Config per shape, so the tuning files are read once per shape.
+    configs: Mutex<HashMap<Shape, GpuConfig>>,
+    /// Device buffers reused across launches (they only grow).
+    scratch: Mutex<Scratch>,
+}
+
+/// A growable device buffer.
+#[derive(Default)]
+struct Buf(Option<CudaSlice<u8>>);
+
+impl Buf {
+    /// Address of a buffer of at least `bytes` bytes.
+    fn ensure(&mut self, dev: &CudaDevice, bytes: usize) -> Result<u64> {
+        if self.0.as_ref().is_none_or(|b| b.len() < bytes) {
+            self.0 = None; // free first: the old one may be large
+            self.0 = Some(dev.alloc_bytes(bytes.next_power_of_two())?);
+        }
+        let b = self.0.as_ref().ok_or_else(|| Error::Cuda("scratch buffer missing".into()))?;
+        Ok(b.device_ptr(dev.stream()).0)
+    }
+    fn upload(&mut self, dev: &CudaDevice, bytes: &[u8]) -> Result<u64> {
+        let ptr = self.ensure(dev, bytes.len())?;
+        if let Some(b) = self.0.as_mut() {
+            let mut view = b.slice_mut(0..bytes.len());
+            dev.stream().memcpy_htod(bytes, &mut view).map_err(drv("cuMemcpyHtoDAsync"))?;
+        }
+        Ok(ptr)
+    }
+    fn download(&self, dev: &CudaDevice, bytes: usize) -> Result<Vec<u8>> {
+        let b = self.0.as_ref().ok_or_else(|| Error::Cuda("scratch buffer missing".into()))?;
+        dev.stream().clone_dtoh(&b.slice(0..bytes)).map_err(drv("cuMemcpyDtoHAsync"))
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    temperatures: Buf,
+    bias: Buf,
+    allowed: Buf,
+    candidates: Buf,
+    lse: Buf,
+    tokens: Buf,
+    scores: Buf,
+    logits: Buf,
+    out_lse: Buf,
+    status: Buf,
+}
+
+/// Everything one launch passes to the kernels, plus the host data that must outlive the
+/// queued copies and the temporary uploads of host operands.
+struct Launch {
+    hidden: u64,
+    weights: Vec<u64>,
+    temperatures: u64,
+    bias: u64,
+    allowed: u64,
+    candidates: u64,
+    lse: u64,
+    tokens: u64,
+    scores: u64,
+    logits: u64,
+    out_lse: u64,
+    status: u64,
+    seed: u64,
+    shape: Shape,
+    samples: usize,
+    geometry: Geometry,
+    _host: Vec<Vec<u8>>,
+    _uploads: Vec<DeviceTensor>,
+}
+
+impl CudaBackend {
+    pub fn new(pipeline: Arc<Pipeline>, device: Arc<CudaDevice>) -> Self {
+        CudaBackend { pipeline, device, configs: Mutex::new(HashMap::new()), scratch: Mutex::new(Scratch::default()) }
+    }
+
+    pub fn identity(&self) -> DeviceIdentity {
+        DeviceIdentity::Cuda {
+            name: self.device.name().to_string(),
+            compute_capability: self.device.compute_capability(),
+            sm_count: self.device.sm_count(),
+        }
+    }
+
+    pub fn heuristic(&self, shape: Shape) -> GpuConfig {
+        GpuConfig::heuristic(&self.pipeline, shape.batch, shape.dim, shape.vocab, self.device.limits())
+    }
+
+    /// The tuning file's nearest valid entry for this device, else the heuristic.
+    pub fn config_for(&self, shape: Shape) -> GpuConfig {
+        let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        configs
+            .entry(shape)
+            .or_insert_with(|| {
+                let key = ShapeKey { dtype: self.pipeline.weights.dtype, vocab: shape.vocab, dim: shape.dim, batch: shape.batch };
+                let found = tuning::lookup::<GpuConfig>(&self.identity(), &key);
+                tuning::warn_once(&found.warnings);
+                match found.config.filter(|c| c.validate(&self.pipeline, self.device.limits()).is_ok()) {
+                    Some(c) => c,
+                    None => self.heuristic(shape),
+                }
+            })
+            .clone()
+    }
+
+    fn kernel(&self, config: &GpuConfig) -> Result<Arc<LoadedKernel>> {
+        config.validate(&self.pipeline, self.device.limits())?;
+        cache::kernel(&self.device, &self.pipeline, config)
+    }
+
+    /// Device address of a matmul operand; host operands are uploaded (kept in `uploads`).
+    fn operand(&self, t: &Tensor<'_>, uploads: &mut Vec<DeviceTensor>) -> Result<u64> {
+        match t.storage {
+            Storage::Device(d) => {
+                if d.device().ordinal() != self.device.ordinal() {
+                    return Err(Error::WrongDevice { tensor: d.location(), sampler: self.device.describe() });
+                }
+                Ok(d.address())
+            }
+            Storage::Host(bytes) => {
+                let up = self.device.upload_bytes(t.dtype, bytes, t.rows, t.cols)?;
+                let a = up.address();
+                uploads.push(up);
+                Ok(a)
+            }
+        }
+    }
+
+    /// Uploads the launch's arguments and sizes the output buffers.
+    fn prepare(
+        &self,
+        scratch: &mut Scratch,
+        hidden: &Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+    ) -> Result<Launch> {
+        let p = &self.pipeline;
+        let dev = &*self.device;
+        let samples = p.samples_per_row() as usize;
+        let geometry = ptx::geometry(config, shape.batch, shape.vocab, samples);
+        let layout = StageTwo { batch: shape.batch, samples, tiles: geometry.tiles };
+        let mut uploads = Vec::new();
+        let hidden_ptr = self.operand(hidden, &mut uploads)?;
+        let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut uploads)).collect::<Result<Vec<_>>>()?;
+        let temperatures: Vec<u8> = bytemuck::cast_slice(&params.row_temperatures(p, shape.batch)).to_vec();
+        let bias: Option<Vec<u8>> = params.bias.map(|b| bytemuck::cast_slice(b).to_vec());
+        let allowed: Option<Vec<u8>> = params.allowed_bitset(shape.batch, shape.vocab).map(|a| bytemuck::cast_slice(&a).to_vec());
+        let temperatures_ptr = scratch.temperatures.upload(dev, &temperatures)?;
+        let bias_ptr = match &bias {
+            Some(b) => scratch.bias.upload(dev, b)?,
+            None => 0,
+        };
+        let allowed_ptr = match &allowed {
+            Some(a) => scratch.allowed.upload(dev, a)?,
+            None => 0,
+        };
+        let n = shape.batch * samples;
+        let lse_ptr = if p.needs_logsumexp() {
+            scratch.lse.ensure(dev, shape.batch * layout.tiles * std::mem::size_of::<LsePartial>())?
+        } else {
+            0
+        };
+        let out_lse = if p.needs_logsumexp() { scratch.out_lse.ensure(dev, shape.batch * 4)? } else { 0 };
+        let launch = Launch {
+            hidden: hidden_ptr,
+            weights: weight_ptrs,
+            temperatures: temperatures_ptr,
+            bias: bias_ptr,
+            allowed: allowed_ptr,
+            candidates: scratch.candidates.ensure(dev, layout.candidate_count() * std::mem::size_of::<Candidate>())?,
+            lse: lse_ptr,
+            tokens: scratch.tokens.ensure(dev, n * 4)?,
+            scores: scratch.scores.ensure(dev, n * 4)?,
+            logits: scratch.logits.ensure(dev, n * 4)?,
+            out_lse,
+            status: scratch.status.ensure(dev, shape.batch * 4)?,
+            seed: params.seed,
+            shape,
+            samples,
+            geometry,
+            _host: [Some(temperatures), bias, allowed].into_iter().flatten().collect(),
+            _uploads: uploads,
+        };
+        Ok(launch)
+    }
+
+    fn launch_stage1(&self, k: &LoadedKernel, l: &Launch, weights: u64) -> Result<()> {
+        let g = &l.geometry;
+        if g.stage1_smem > DEFAULT_SMEM_LIMIT {
+            // Blocks get more than 48 KB of dynamic shared memory only after opting in.
+            k.stage1
+                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.stage1_smem as i32)
+                .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+        }
+        let (batch, dim, vocab) = (l.shape.batch as u32, l.shape.dim as u32, l.shape.vocab as u32);
+        let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
+        let stream = self.device.stream();
+        let mut b = stream.launch_builder(&k.stage1);
+        b.arg(&l.hidden)
+            .arg(&weights)
+            .arg(&l.temperatures)
+            .arg(&l.bias)
+            .arg(&l.allowed)
+            .arg(&l.candidates)
+            .arg(&l.lse)
+            .arg(&l.seed)
+            .arg(&batch)
+            .arg(&dim)
+            .arg(&vocab);
+        // SAFETY: the arguments match DESIGN.md's stage-one signature; every buffer is sized
+        // from the same geometry the kernel was generated for.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
+        Ok(())
+    }
+
+    fn launch_stage2(&self, k: &LoadedKernel, l: &Launch) -> Result<()> {
+        let g = &l.geometry;
+        let (batch, samples, tiles) = (l.shape.batch as u32, l.samples as u32, g.tiles as u32);
+        let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
+        let stream = self.device.stream();
+        let mut b = stream.launch_builder(&k.stage2);
+        b.arg(&l.candidates)
+            .arg(&l.lse)
+            .arg(&batch)
+            .arg(&samples)
+            .arg(&tiles)
+            .arg(&l.tokens)
+            .arg(&l.scores)
+            .arg(&l.logits)
+            .arg(&l.out_lse)
+            .arg(&l.status);
+        // SAFETY: as for stage one, with DESIGN.md's stage-two signature.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
+        Ok(())
+    }
+
+    /// Waits for the stream, naming what was queued if it faulted.
+    fn sync(&self, after: &'static str) -> Result<()> {
+        self.device.stream().synchronize().map_err(|e| Error::Cuda(format!("cuStreamSynchronize after {after}: {}", super::device::driver_error_text(&e))))
+    }
+
+    pub fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
+        let kernel = self.kernel(config)?;
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config)?;
+        self.launch_stage1(&kernel, &l, l.weights[0])?;
+        self.launch_stage2(&kernel, &l)?;
+        let n = shape.batch * l.samples;
+        let dev = &*self.device;
+        let status: Vec<u32> = from_bytes(&scratch.status.download(dev, shape.batch * 4)?);
+        let tokens: Vec<u32> = from_bytes(&scratch.tokens.download(dev, n * 4)?);
+        let scores: Vec<f32> = from_bytes(&scratch.scores.download(dev, n * 4)?);
+        let logits: Vec<f32> = from_bytes(&scratch.logits.download(dev, n * 4)?);
+        let logsumexp = if self.pipeline.needs_logsumexp() {
+            Some(from_bytes::<f32>(&scratch.out_lse.download(dev, shape.batch * 4)?))
+        } else {
+            None
+        };
+        self.sync("flashsample_stage1 + flashsample_stage2")?;
+        drop(l);
+        for (row, &s) in status.iter().enumerate() {
+            match s {
+                STATUS_OK => {}
+                STATUS_ALL_MASKED => return Err(RowError::AllMasked { row }.into()),
+                STATUS_NONFINITE => return Err(RowError::NonFinite { row }.into()),
+                other => return Err(Error::Cuda(format!("flashsample_stage2 wrote unknown status {other} for row {row}"))),
+            }
+        }
+        let reduced = RowResult { tokens, scores, logits, logsumexp };
+        Ok(Samples::from_reduced(&self.pipeline, shape.batch, reduced))
+    }
+
+    /// Device time in seconds of stage one + stage two, per launch, for `reps` launches after
+    /// `warmup`, cycling through `weights` (rotating buffers keep the L2 cache from holding
+    /// the weights between launches). Launches are queued back to back and bracketed by
+    /// events, so host launch overhead is not part of the numbers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<f64>> {
+        if weights.is_empty() {
+            return Err(Error::EmptyOperand("weights list"));
+        }
+        let kernel = self.kernel(config)?;
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config)?;
+        for i in 0..warmup {
+            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
+            self.launch_stage2(&kernel, &l)?;
+        }
+        self.sync("warm-up launches")?;
+        let ctx = self.device.context();
+        let stream = self.device.stream();
+        let mut events = Vec::with_capacity(reps + 1);
+        let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
+        let first = new_event()?;
+        first.record(stream).map_err(drv("cuEventRecord"))?;
+        events.push(first);
+        for i in 0..reps {
+            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
+            self.launch_stage2(&kernel, &l)?;
+            let e = new_event()?;
+            e.record(stream).map_err(drv("cuEventRecord"))?;
+            events.push(e);
+        }
+        self.sync("timed launches")?;
+        events
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e-3).map_err(drv("cuEventElapsedTime")))
+            .collect()
+    }
+
+    /// Runs stage one alone into a candidate buffer pre-filled with `poison` (and an LSE
+    /// buffer of NaNs), and returns both buffers as written, for tests that check every slot.
+    pub fn debug_stage1(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        poison: Candidate,
+    ) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
+        let kernel = self.kernel(config)?;
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config)?;
+        let layout = StageTwo { batch: shape.batch, samples: l.samples, tiles: l.geometry.tiles };
+        let dev = &*self.device;
+        let cand_poison = vec![poison; layout.candidate_count()];
+        scratch.candidates.upload(dev, bytemuck::cast_slice(&cand_poison))?;
+        let lse_poison = vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles];
+        if self.pipeline.needs_logsumexp() {
+            scratch.lse.upload(dev, bytemuck::cast_slice(&lse_poison))?;
+        }
+        self.launch_stage1(&kernel, &l, l.weights[0])?;
+        let cands: Vec<Candidate> =
+            from_bytes(&scratch.candidates.download(dev, layout.candidate_count() * std::mem::size_of::<Candidate>())?);
+        let lse = if self.pipeline.needs_logsumexp() {
+            Some(from_bytes(&scratch.lse.download(dev, lse_poison.len() * std::mem::size_of::<LsePartial>())?))
+        } else {
+            None
+        };
+        self.sync("flashsample_stage1")?;
+        Ok((layout, cands, lse))
+    }
+
+    /// Whether the kernel for `config` is loaded from the on-disk PTX cache (compiling or
+    /// loading it now if needed).
+    pub fn kernel_from_disk(&self, config: &GpuConfig) -> Result<bool> {
+        Ok(self.kernel(config)?.from_disk)
+    }
+}
