@@ -1,0 +1,475 @@
+//! The CUDA backend on a real GPU against the float64 reference and the CPU backend.
+//!
+//! Every test opens `cuda:0` first; without a driver or a device it prints `SKIPPED: <reason>`
+//! to stderr and returns, so this binary passes (vacuously) on CI machines without a GPU.
+//! On a GPU: pathwise checks at the Qwen3-8B LM-head shape and odd shapes, bf16 and f16,
+//! every transform; tokens identical to the CPU backend on small shapes; chi-square against
+//! softmax; every stage-one candidate slot written (poisoned buffer); typed row errors.
+
+use flashsample::{
+    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, KernelConfig, Matrix, RowError, Sampler, SamplingParams,
+    Tensor,
+};
+use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_tests::{chi_square, Case, MatrixData};
+use std::sync::{Arc, Mutex};
+
+const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
+const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false };
+
+/// The GPU, or `None` after printing why the test is skipped.
+fn gpu() -> Option<(Device, Arc<CudaDevice>)> {
+    match Device::cuda(0) {
+        Ok(d) => {
+            let Device::Cuda(c) = &d else { unreachable!("Device::cuda returns a CUDA device") };
+            let c = c.clone();
+            Some((d, c))
+        }
+        Err(e @ (Error::NoCudaDriver | Error::NoCudaDevice { .. })) => {
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+        Err(e) => panic!("opening cuda:0 failed: {e}"),
+    }
+}
+
+macro_rules! gpu_or_skip {
+    () => {
+        match gpu() {
+            Some(g) => g,
+            None => return,
+        }
+    };
+}
+
+/// Big shapes use most of the GPU's memory bandwidth and the host's cores for the reference;
+/// running two at once only slows both (and doubles host memory), so they take turns.
+static BIG: Mutex<()> = Mutex::new(());
+
+fn upload(dev: &Arc<CudaDevice>, m: &MatrixData) -> DeviceTensor {
+    // `exact` holds values already rounded to the dtype, so converting back is lossless.
+    let t = match m.dtype {
+        DType::BF16 => dev.upload(&m.exact.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), m.rows, m.cols),
+        DType::F16 => dev.upload(&m.exact.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), m.rows, m.cols),
+        DType::F32 => dev.upload(&m.exact, m.rows, m.cols),
+    };
+    t.expect("upload")
+}
+
+/// The first `b` rows of `big` (same weights, bias and seed), weights left empty: swap
+/// `big.weights` in for reference checks.
+fn prefix(big: &Case, b: usize) -> Case {
+    let words = big.vocab.div_ceil(32);
+    Case {
+        batch: b,
+        dim: big.dim,
+        vocab: big.vocab,
+        hidden: MatrixData::from_f32(big.hidden.dtype, b, big.dim, &big.hidden.exact[..b * big.dim]),
+        weights: MatrixData::from_f32(big.weights.dtype, 0, big.dim, &[]),
+        temperatures: big.temperatures[..b].to_vec(),
+        bias: big.bias.clone(),
+        mask: big.mask[..b * words].to_vec(),
+        banned: big.banned[..b].to_vec(),
+        seed: big.seed,
+    }
+}
+
+/// A few rows of a batch: first, last, and a greedy one (temperature 0 every 7th row from 3).
+fn rows_to_check(b: usize) -> Vec<usize> {
+    let mut rows = vec![0, b - 1];
+    if b > 3 {
+        rows.push(3);
+    }
+    rows.sort();
+    rows.dedup();
+    rows
+}
+
+/// Samples every batch size with device-resident weights and checks a few rows pathwise.
+fn pathwise_batches(pipeline: &Pipeline, vocab: usize, dim: usize, batches: &[usize], seed: u64) {
+    let (device, dev) = gpu_or_skip!();
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let max_b = *batches.iter().max().unwrap();
+    let mut big = Case::random(pipeline, max_b, dim, vocab, seed, 4.0);
+    let weights = upload(&dev, &big.weights);
+    let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
+    for &b in batches {
+        let mut sub = prefix(&big, b);
+        let params = sub.params(pipeline);
+        let samples = sampler
+            .sample(sub.hidden.tensor(), Tensor::device(&weights), &params)
+            .unwrap_or_else(|e| panic!("{} B={b} V={vocab} D={dim}: {e}", pipeline.name));
+        assert_eq!(samples.tokens.len(), b * pipeline.samples_per_row() as usize);
+        std::mem::swap(&mut sub.weights, &mut big.weights);
+        let checked = sub.check(pipeline, &samples, &rows_to_check(b));
+        std::mem::swap(&mut sub.weights, &mut big.weights);
+        if let Err(e) = checked {
+            panic!("{} B={b} V={vocab} D={dim}: {e}", pipeline.name);
+        }
+        eprintln!("ok: {} B={b} V={vocab} D={dim} config {:?}", pipeline.name, sampler.config_for(b, dim, vocab));
+    }
+}
+
+fn qwen(dtype: DType, samples: u32) -> Pipeline {
+    PipelineBuilder::new("Qwen", dtype, dtype)
+        .temperature_per_row("temperature")
+        .bias("bias")
+        .mask("allowed")
+        .ban("banned")
+        .softcap(30.0)
+        .gumbel("seed", samples)
+        .outputs(ALL_OUTPUTS)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn pathwise_qwen3_lm_head_bf16() {
+    // The Qwen3-8B LM head: V = 151936, D = 4096, every transform, 4 samples, logsumexp.
+    pathwise_batches(&qwen(DType::BF16, 4), 151_936, 4096, &[1, 3, 8, 17, 64, 256], 11);
+}
+
+#[test]
+fn pathwise_plain_bf16_qwen_shape() {
+    let p = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
+    pathwise_batches(&p, 151_936, 4096, &[1, 64, 256], 12);
+}
+
+#[test]
+fn pathwise_f16_gpt2_vocab() {
+    // An odd vocabulary (GPT-2's 50257) in f16, Gemma-style softcap and scalar temperature.
+    let p = PipelineBuilder::new("Gemma", DType::F16, DType::F16)
+        .softcap(3.0)
+        .temperature_scalar("t")
+        .outputs(ALL_OUTPUTS)
+        .build()
+        .unwrap();
+    pathwise_batches(&p, 50_257, 4096, &[1, 3, 17, 64], 13);
+}
+
+#[test]
+fn pathwise_f16_qwen_shape_all_transforms() {
+    pathwise_batches(&qwen(DType::F16, 1), 151_936, 4096, &[8, 256], 14);
+}
+
+#[test]
+fn pathwise_odd_shapes() {
+    // Vocabularies that are no multiple of any tile, a million-token one, a 1-token one,
+    // and small hidden sizes.
+    let pipelines = [
+        qwen(DType::BF16, 4),
+        PipelineBuilder::new("Greedy", DType::BF16, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
+        PipelineBuilder::new("Mask", DType::F16, DType::F16).mask("m").gumbel("seed", 2).outputs(SCORE).build().unwrap(),
+    ];
+    let shapes = [(1usize, 64usize), (7, 64), (1000, 128), (1003, 256), (50_257, 512), (1_000_003, 256), (131_071, 1024)];
+    for p in &pipelines {
+        for &(vocab, dim) in &shapes {
+            pathwise_batches(p, vocab, dim, &[1, 5, 33], vocab as u64 ^ dim as u64);
+        }
+    }
+}
+
+/// The CPU and GPU backends draw from the same Philox noise, so on small problems whose
+/// logits both compute to the same f32 values they sample the same tokens. Where f32
+/// rounding of the two accumulation orders may differ, only a near-tie (per the reference
+/// bound) may change the token.
+#[test]
+fn gpu_tokens_match_cpu_tokens() {
+    let (device, _dev) = gpu_or_skip!();
+    let pipelines = [
+        qwen(DType::BF16, 3),
+        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 2).outputs(SCORE).build().unwrap(),
+        PipelineBuilder::new("Gemma", DType::F16, DType::F16).softcap(3.0).temperature_scalar("t").outputs(ALL_OUTPUTS).build().unwrap(),
+        PipelineBuilder::new("Greedy", DType::BF16, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
+    ];
+    let (mut total, mut differ) = (0usize, 0usize);
+    for p in &pipelines {
+        let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+        let gpu = Sampler::new(p.clone(), &device).unwrap();
+        for (i, &(batch, dim, vocab)) in [(1usize, 16usize, 10usize), (5, 64, 1000), (17, 128, 4099), (64, 64, 20_000), (3, 256, 151_936)].iter().enumerate() {
+            let case = Case::random(p, batch, dim, vocab, 100 + i as u64, 3.0);
+            let c = case.run(&cpu).unwrap_or_else(|e| panic!("cpu {}: {e}", p.name));
+            let g = case.run(&gpu).unwrap_or_else(|e| panic!("gpu {} B={batch} D={dim} V={vocab}: {e}", p.name));
+            total += c.tokens.len();
+            let mismatched: Vec<usize> = (0..c.tokens.len()).filter(|&k| c.tokens[k] != g.tokens[k]).collect();
+            if !mismatched.is_empty() {
+                differ += mismatched.len();
+                let rows: Vec<usize> = mismatched.iter().map(|k| k / c.samples_per_row).collect();
+                // Each differing token must be a near-tie that both backends resolve legally.
+                case.check(p, &g, &rows).unwrap_or_else(|e| panic!("{} B={batch} D={dim} V={vocab}: gpu {e}", p.name));
+                case.check(p, &c, &rows).unwrap_or_else(|e| panic!("{} B={batch} D={dim} V={vocab}: cpu {e}", p.name));
+            }
+            if let (Some(cs), Some(gs)) = (&c.scores, &g.scores) {
+                for k in 0..cs.len() {
+                    if c.tokens[k] == g.tokens[k] {
+                        let tol = 1e-4 * cs[k].abs().max(1.0);
+                        assert!((cs[k] - gs[k]).abs() <= tol, "{} slot {k}: cpu score {} gpu {}", p.name, cs[k], gs[k]);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{differ} of {total} tokens differ between CPU and GPU (near-ties only)");
+    assert!(differ * 100 <= total, "{differ} of {total} tokens differ: more than near-ties explain");
+}
+
+/// A case whose rows are all the same hidden state, so every row samples one distribution.
+fn identical_rows(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, logit_std: f32) -> Case {
+    let mut case = Case::random(pipeline, batch, dim, vocab, 42, logit_std);
+    let first: Vec<f32> = case.hidden.exact[..dim].to_vec();
+    let rows: Vec<f32> = (0..batch).flat_map(|_| first.iter().cloned()).collect();
+    case.hidden = MatrixData::from_f32(pipeline.hidden.dtype, batch, dim, &rows);
+    case.temperatures.iter_mut().for_each(|t| *t = 0.7);
+    let words = vocab.div_ceil(32);
+    for row in 0..batch {
+        case.banned[row] = case.banned[0].clone();
+        for w in 0..words {
+            case.mask[row * words + w] = case.mask[w];
+        }
+    }
+    case
+}
+
+#[test]
+fn chi_square_for_every_transform() {
+    let (device, _dev) = gpu_or_skip!();
+    let cases = [
+        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 4).build().unwrap(),
+        PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap(),
+        PipelineBuilder::new("Bias", DType::BF16, DType::BF16).bias("b").build().unwrap(),
+        PipelineBuilder::new("Mask", DType::BF16, DType::BF16).mask("m").ban("banned").build().unwrap(),
+        PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5).build().unwrap(),
+    ];
+    for pipeline in &cases {
+        let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
+        let mut case = identical_rows(pipeline, 2000, 64, 12, 1.5);
+        let mut counts = vec![0u64; case.vocab];
+        for s in 0..5 {
+            case.seed = 1000 + s;
+            for &t in &case.run(&sampler).unwrap().tokens {
+                counts[t as usize] += 1;
+            }
+        }
+        let params = case.params(pipeline);
+        let problem = flashsample_reference::Problem {
+            pipeline,
+            hidden: &case.hidden.exact,
+            weights: &case.weights.exact,
+            batch: case.batch,
+            dim: case.dim,
+            vocab: case.vocab,
+            params: &params,
+        };
+        let probs = problem.probabilities(0).unwrap();
+        let (stat, p) = chi_square(&counts, &probs);
+        assert!(p > 1e-3, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
+        eprintln!("ok: chi-square {} p = {p:.3}", pipeline.name);
+    }
+}
+
+const POISON_INDEX: u32 = 0xDEAD_BEEF;
+
+/// Stage one must write every (row, sample, tile) slot and every LSE partial: run it into a
+/// NaN-poisoned buffer, then check each slot and that reducing the slots on the host gives
+/// what the full GPU launch returns.
+#[test]
+fn stage_one_writes_every_candidate_slot() {
+    let (device, _dev) = gpu_or_skip!();
+    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
+    for (p, batch, dim, vocab) in [
+        (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize),
+        (qwen(DType::BF16, 4), 17, 256, 151_936),
+        (qwen(DType::F16, 1), 64, 128, 50_257),
+        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 256, 128, 32_001),
+        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 1, 64, 7),
+    ] {
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, 77, 3.0);
+        let params = case.params(&p);
+        let what = format!("{} B={batch} D={dim} V={vocab}", p.name);
+        let (layout, cands, lse) =
+            cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, None, poison)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(layout.candidate_count(), cands.len());
+        for row in 0..batch {
+            for s in 0..layout.samples {
+                for tile in 0..layout.tiles {
+                    let c = cands[layout.slot(row, s, tile)];
+                    let at = format!("{what}: slot (row {row}, sample {s}, tile {tile} of {})", layout.tiles);
+                    assert_ne!(c.index, POISON_INDEX, "{at} never written");
+                    match c.index {
+                        INDEX_NONE | INDEX_NONFINITE => {}
+                        v => {
+                            assert!((v as usize) < vocab, "{at}: index {v} outside the vocabulary");
+                            assert!(!c.score.is_nan() && !c.logit.is_nan(), "{at}: index {v} with NaN score/logit {c:?}");
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(lse) = &lse {
+            assert_eq!(lse.len(), batch * layout.tiles);
+            for (i, l) in lse.iter().enumerate() {
+                assert!(!l.max.is_nan() && !l.sum.is_nan(), "{what}: LSE partial {i} (row {}, tile {}) never written: {l:?}", i / layout.tiles, i % layout.tiles);
+            }
+        }
+        let host = layout.reduce(&cands, lse.as_deref()).unwrap_or_else(|e| panic!("{what}: host reduce: {e}"));
+        let full = case.run(&sampler).unwrap();
+        assert_eq!(host.tokens, full.tokens, "{what}: stage two on the GPU disagrees with the host reduction of stage one");
+        if let (Some(h), Some(g)) = (&host.logsumexp, &full.logsumexp) {
+            for r in 0..batch {
+                assert!((h[r] - g[r]).abs() <= 1e-4 * h[r].abs().max(1.0), "{what}: row {r} logsumexp host {} gpu {}", h[r], g[r]);
+            }
+        }
+        eprintln!("ok: every slot written, {what}, {} tiles", layout.tiles);
+    }
+}
+
+#[test]
+fn fully_masked_row_is_an_error_naming_the_row() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
+    let mut case = Case::random(&p, 4, 64, 1000, 5, 2.0);
+    let words = 1000usize.div_ceil(32);
+    case.mask[2 * words..3 * words].iter_mut().for_each(|w| *w = 0);
+    match case.run(&Sampler::new(p, &device).unwrap()) {
+        Err(Error::Row(RowError::AllMasked { row: 2 })) => {}
+        other => panic!("expected AllMasked for row 2, got {other:?}"),
+    }
+}
+
+#[test]
+fn all_but_one_token_masked() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
+    let vocab = 151_936usize;
+    let mut case = Case::random(&p, 3, 64, vocab, 5, 2.0);
+    case.mask.iter_mut().for_each(|w| *w = 0);
+    let words = vocab.div_ceil(32);
+    for (row, keep) in [(0usize, vocab - 1), (1, 0), (2, 77_777)] {
+        case.mask[row * words + keep / 32] |= 1 << (keep % 32);
+    }
+    let s = case.run(&Sampler::new(p, &device).unwrap()).unwrap();
+    assert_eq!(s.tokens, vec![vocab as u32 - 1, 0, 77_777]);
+}
+
+#[test]
+fn nan_hidden_state_is_an_error_naming_the_row() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("P", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
+    let mut case = Case::random(&p, 3, 64, 1000, 5, 2.0);
+    let mut h = case.hidden.exact.clone();
+    h[64 + 3] = f32::NAN;
+    case.hidden = MatrixData::from_f32(DType::BF16, 3, 64, &h);
+    match case.run(&Sampler::new(p, &device).unwrap()) {
+        Err(Error::Row(RowError::NonFinite { row: 1 })) => {}
+        other => panic!("expected NonFinite for row 1, got {other:?}"),
+    }
+}
+
+#[test]
+fn infinite_weight_is_an_error() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("P", DType::F16, DType::F16).build().unwrap();
+    let mut case = Case::random(&p, 2, 64, 500, 5, 2.0);
+    let mut w = case.weights.exact.clone();
+    w[123 * 64] = f32::INFINITY;
+    case.weights = MatrixData::from_f32(DType::F16, 500, 64, &w);
+    match case.run(&Sampler::new(p, &device).unwrap()) {
+        Err(Error::Row(RowError::NonFinite { row: 0 })) => {}
+        other => panic!("expected NonFinite for row 0, got {other:?}"),
+    }
+}
+
+#[test]
+fn mixed_dtypes_are_sampled_or_rejected_clearly() {
+    let (device, _dev) = gpu_or_skip!();
+    // Tensor cores need one 16-bit dtype for both operands; f32 × bf16 either runs (a SIMT
+    // path) and is correct, or fails with a PTX codegen error that says why.
+    let p = PipelineBuilder::new("Mixed", DType::F32, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let case = Case::random(&p, 3, 64, 999, 5, 2.0);
+    match case.run(&sampler) {
+        Ok(s) => case.check(&p, &s, &[0, 1, 2]).unwrap(),
+        Err(e @ (Error::PtxCodegen(_) | Error::Unsupported(_))) => {
+            let msg = e.to_string();
+            eprintln!("f32 x bf16 rejected: {msg}");
+            assert!(msg.contains("f32") || msg.contains("dtype") || msg.contains("F32"), "unclear error: {msg}");
+        }
+        Err(e) => panic!("f32 x bf16 gave an unexpected error: {e}"),
+    }
+}
+
+#[test]
+fn device_tensors_match_host_tensors_and_stay_on_their_device() {
+    let (device, dev) = gpu_or_skip!();
+    let p = qwen(DType::BF16, 2);
+    let case = Case::random(&p, 9, 128, 30_000, 21, 3.0);
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let params = case.params(&p);
+    let host = sampler.sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    let (h, w) = (upload(&dev, &case.hidden), upload(&dev, &case.weights));
+    let on_device = sampler.sample(Tensor::device(&h), Tensor::device(&w), &params).unwrap();
+    assert_eq!(host, on_device);
+    let typed = Matrix::<bf16>::on_device(&w).unwrap();
+    assert_eq!(sampler.sample(Tensor::device(&h), typed.into(), &params).unwrap(), host);
+    assert!(matches!(Matrix::<f16>::on_device(&w), Err(Error::DType { .. })));
+    // A CPU sampler cannot read GPU memory.
+    let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    assert!(matches!(cpu.sample(Tensor::device(&h), Tensor::device(&w), &params), Err(Error::WrongDevice { .. })));
+    // Round trip of the bytes.
+    let back = w.to_host_bytes().unwrap();
+    let want: Vec<bf16> = case.weights.exact.iter().map(|&x| bf16::from_f32(x)).collect();
+    assert_eq!(back, bytemuck_bytes(&want));
+    // Same seed, same samples; another seed, other samples.
+    assert_eq!(sampler.sample(case.hidden.tensor(), Tensor::device(&w), &params).unwrap(), host);
+    let other = SamplingParams { seed: params.seed ^ 1, ..params };
+    assert_ne!(sampler.sample(case.hidden.tensor(), Tensor::device(&w), &other).unwrap().tokens, host.tokens);
+}
+
+fn bytemuck_bytes(xs: &[bf16]) -> Vec<u8> {
+    xs.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+#[test]
+fn device_reports_itself() {
+    let (device, dev) = gpu_or_skip!();
+    let (major, _) = dev.compute_capability();
+    assert!(major >= 8, "opened a GPU below sm_80: {}", device.describe());
+    assert!(dev.sm_count() > 0);
+    eprintln!("device: {} limits {:?}", device.describe(), dev.limits());
+    // Opening the same ordinal again shares the device (one stream, one kernel cache).
+    let Device::Cuda(again) = Device::cuda(0).unwrap() else { unreachable!() };
+    assert!(Arc::ptr_eq(&dev, &again));
+    match Device::cuda(4096) {
+        Err(Error::NoCudaDevice { ordinal: 4096, count }) => assert!(count >= 1),
+        other => panic!("expected NoCudaDevice for ordinal 4096, got {other:?}"),
+    }
+}
+
+/// The on-disk PTX cache: after any launch the kernel's PTX is in `cuda::cache_dir()`. When
+/// `FLASHSAMPLE_EXPECT_DISK_CACHE=1` (a second run of this test in a fresh process), the
+/// kernel must come from that file rather than from the compiler.
+#[test]
+fn ptx_disk_cache() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("DiskCache", DType::BF16, DType::BF16).gumbel("seed", 1).outputs(SCORE).build().unwrap();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let case = Case::random(&p, 2, 64, 1000, 3, 2.0);
+    case.run(&sampler).unwrap();
+    let config: KernelConfig = sampler.config_for(2, 64, 1000);
+    let from_disk = cuda::debug_kernel_from_disk(&sampler, &config).unwrap();
+    if std::env::var("FLASHSAMPLE_EXPECT_DISK_CACHE").as_deref() == Ok("1") {
+        assert!(from_disk, "the second process compiled the kernel again instead of loading the cached PTX");
+    }
+    let Some(dir) = cuda::cache_dir() else { return };
+    let files: Vec<_> = std::fs::read_dir(dir.join("ptx")).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let ours = format!("{:016x}", p.fingerprint());
+    assert!(
+        files.iter().any(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&ours))),
+        "no cached PTX for fingerprint {ours} in {}: {files:?}",
+        dir.display()
+    );
+    eprintln!("ok: PTX cache in {} (this process loaded it from disk: {from_disk})", dir.display());
+}
