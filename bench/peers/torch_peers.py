@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Unfused PyTorch peers of flashsample's fused LM-head sampler, timed on the same GPU.
+
+For each (D, V) and batch B, with bf16 hidden states [B, D] and weights [V, D]:
+  matmul    cuBLAS `H @ W.T` alone (bf16 logits, materialized)
+  compiled  torch.compile'd matmul + softmax(logits / T) + torch.multinomial
+  gumbel    cuBLAS matmul + Gumbel-argmax on the materialized logits (eager)
+and a large device-to-device copy (bytes read + written / time) as the bandwidth ceiling.
+
+Timing: CUDA events between back-to-back calls (no host sync inside the timed loop), after
+warm-up, median over `--reps`, cycling through `--rotate` weight buffers so L2 never holds
+the previous call's weights. Prints a table, or one JSON object with --json.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+
+def parse_shapes(s):
+    out = []
+    for item in s.split(","):
+        d, v = item.split(":")
+        out.append((int(d), int(v)))
+    return out
+
+
+def time_calls(fn, args_list, warmup, reps):
+    """Median milliseconds of fn(*args) over reps calls, cycling args_list."""
+    for i in range(warmup):
+        fn(*args_list[i % len(args_list)])
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(reps + 1)]
+    events[0].record()
+    for i in range(reps):
+        fn(*args_list[i % len(args_list)])
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(reps))
+
+
+def copy_bandwidth(nbytes, reps):
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_calls(lambda: dst.copy_(src), [()], 5, reps)
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def matmul(h, w, t):
+    return h @ w.T
+
+
+def softmax_multinomial(h, w, t):
+    logits = (h @ w.T).float() / t[:, None]
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1)
+
+
+def gumbel_argmax(h, w, t):
+    logits = (h @ w.T).float() / t[:, None]
+    u = torch.rand_like(logits)
+    return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="4096:151936,8192:128256")
+    ap.add_argument("--batches", default="1,4,16,64,128,256")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rotate", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    a = ap.parse_args()
+
+    torch.manual_seed(0)
+    # One compiled graph per batch size and shape; the default recompile limit (8) is too few.
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+    compiled = torch.compile(softmax_multinomial, dynamic=False)
+
+    out = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0),
+        "copy_bytes_per_s": copy_bandwidth(2 << 30, 20),
+        "results": [],
+    }
+    batches = [int(b) for b in a.batches.split(",")]
+    for d, v in parse_shapes(a.shapes):
+        ws = [(torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * (3.0 / d ** 0.5)) for _ in range(a.rotate)]
+        for b in batches:
+            h = torch.randn(b, d, device="cuda", dtype=torch.bfloat16)
+            t = torch.rand(b, device="cuda", dtype=torch.float32) + 0.5
+            args = [(h, w, t) for w in ws]
+            row = {"dim": d, "vocab": v, "batch": b}
+            row["matmul_ms"] = time_calls(matmul, args, a.warmup, a.reps)
+            row["gumbel_ms"] = time_calls(gumbel_argmax, args, a.warmup, a.reps)
+            if not a.no_compile:
+                compiled(*args[0])  # compile outside the timed loop
+                row["compiled_ms"] = time_calls(compiled, args, a.warmup, a.reps)
+            out["results"].append(row)
+            print(f"peers: D={d} V={v} B={b} {row}", file=sys.stderr, flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['device']}, torch {out['torch']}, copy {out['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+        for r in out["results"]:
+            print(r)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+//! GPU benchmark: the fused LM-head sampler (stage one + stage two, CUDA events) against
+//! the memory floor (weight bytes / device-to-device copy bandwidth, measured in this run)
+//! and unfused PyTorch peers run in the same invocation (`bench/peers/torch_peers.py`:
+//! cuBLAS matmul alone, torch.compile'd matmul + softmax + multinomial, cuBLAS matmul +
+//! Gumbel-argmax). Prints one markdown table with ratios and the targets, hit or missed.
+
+use clap::Parser;
+use cudarc::driver::{result, sys, DevicePtr};
+use flashsample::{bf16, ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample_bench::print_table;
+use flashsample_ir::DType;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::process::Command;
+
+#[derive(Parser)]
+struct Args {
+    /// `D:V` pairs.
+    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
+    shapes: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256")]
+    batches: Vec<usize>,
+    #[arg(long, default_value_t = 50)]
+    reps: usize,
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// Weight buffers cycled through, so L2 never holds the previous launch's weights.
+    #[arg(long, default_value_t = 3)]
+    rotate: usize,
+    /// Python interpreter with PyTorch for the peers; `none` skips them.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    #[arg(long, default_value = "bench/peers/torch_peers.py")]
+    peers_script: String,
+    /// Also write the merged results as JSON here.
+    #[arg(long)]
+    json_out: Option<String>,
+}
+
+/// Deterministic, fast pseudo-normal bf16 values (sum of 4 uniforms), `std` scaled.
+fn random_bf16(n: usize, std: f32, seed: u64) -> Vec<bf16> {
+    let mut out = vec![bf16::ZERO; n];
+    out.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+        let mut s = seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut next = || {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for x in chunk.iter_mut() {
+            let r = next();
+            let u: f32 = (0..4).map(|k| ((r >> (16 * k)) & 0xffff) as f32 / 65536.0).sum::<f32>() - 2.0;
+            *x = bf16::from_f32(u * std * 1.732);
+        }
+    });
+    out
+}
+
+fn median(mut t: Vec<f64>) -> f64 {
+    t.sort_by(f64::total_cmp);
+    t[t.len() / 2]
+}
+
+/// Device-to-device copy bandwidth, bytes read + written per second (median of 20).
+fn copy_bandwidth(dev: &flashsample::CudaDevice, src: &flashsample::DeviceTensor) -> flashsample::Result<f64> {
+    let cuda = |e: result::DriverError| flashsample::Error::Cuda(format!("copy bandwidth: {e:?}"));
+    let stream = dev.stream();
+    let bytes = src.bytes();
+    // SAFETY: fully overwritten by the copies below before anything reads it (nothing does).
+    let dst = unsafe { stream.alloc::<u8>(bytes) }.map_err(cuda)?;
+    let (dst_ptr, _g) = dst.device_ptr(stream);
+    let mut times = Vec::new();
+    for i in 0..25 {
+        let a = dev.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda)?;
+        let b = dev.context().new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda)?;
+        a.record(stream).map_err(cuda)?;
+        // SAFETY: both buffers live on this stream's context and hold `bytes` bytes.
+        unsafe { result::memcpy_dtod_async(dst_ptr, src.device_address(), bytes, stream.cu_stream()) }.map_err(cuda)?;
+        b.record(stream).map_err(cuda)?;
+        let ms = a.elapsed_ms(&b).map_err(cuda)?;
+        if i >= 5 {
+            times.push(2.0 * bytes as f64 / (f64::from(ms) * 1e-3));
+        }
+    }
+    Ok(median(times))
+}
+
+struct Row {
+    dim: usize,
+    vocab: usize,
+    batch: usize,
+    fused_s: f64,
+    floor_s: f64,
+    config: String,
+}
+
+fn main() {
+    let args = Args::parse();
+    let device = match Device::cuda(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("gpu_bench: no GPU to benchmark: {e}");
+            std::process::exit(2);
+        }
+    };
+    let Device::Cuda(dev) = &device else { unreachable!() };
+    println!("device: {}", device.describe());
+    let shapes: Vec<(usize, usize)> = args
+        .shapes
+        .iter()
+        .map(|s| {
+            let (d, v) = s.split_once(':').expect("shape as D:V");
+            (d.parse().expect("D"), v.parse().expect("V"))
+        })
+        .collect();
+    let pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .gumbel("seed", 1)
+        .build()
+        .expect("bench pipeline");
+    let sampler = Sampler::new(pipeline, &device).expect("sampler");
+    let mut rows = Vec::new();
+    let mut copy_bw = 0.0f64;
+    for &(dim, vocab) in &shapes {
+        let host_w = random_bf16(vocab * dim, 3.0 / (dim as f32).sqrt(), 7);
+        let weights: Vec<_> = (0..args.rotate.max(1))
+            .map(|_| dev.upload(&host_w, vocab, dim).expect("upload weights"))
+            .collect();
+        drop(host_w);
+        let bw = copy_bandwidth(dev, &weights[0]).expect("copy bandwidth");
+        copy_bw = copy_bw.max(bw);
+        let wbytes = (vocab * dim * 2) as f64;
+        eprintln!("D={dim} V={vocab}: copy bandwidth {:.2} TB/s, weights {:.2} GB", bw / 1e12, wbytes / 1e9);
+        let wt: Vec<Tensor<'_>> = weights.iter().map(Tensor::device).collect();
+        for &batch in &args.batches {
+            let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+            let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
+            let config = sampler.config_for(batch, dim, vocab);
+            let ht = Tensor::host(&hidden, batch, dim).expect("hidden");
+            // A correctness smoke check before timing: the launch succeeds and returns B tokens.
+            let s = sampler.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("D={dim} V={vocab} B={batch}: {e}"));
+            assert_eq!(s.tokens.len(), batch);
+            let t = flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+                .unwrap_or_else(|e| panic!("timing D={dim} V={vocab} B={batch}: {e}"));
+            let fused_s = median(t);
+            let config = match &config {
+                KernelConfig::Cuda(c) => format!("{c:?}"),
+                other => format!("{other:?}"),
+            };
+            eprintln!("fused D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
+            rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config });
+        }
+    }
+
+    let peers = run_peers(&args);
+    let mut table = Vec::new();
+    let mut json_rows = Vec::new();
+    let fmt = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}", s * 1e6));
+    let ratio = |a: Option<f64>, b: f64| a.map_or("-".to_string(), |a| format!("{:.2}x", a / b));
+    for r in &rows {
+        let p = peers.as_ref().and_then(|p| p.get(&(r.dim, r.vocab, r.batch)));
+        let get = |k: &str| p.and_then(|m| m.get(k)).copied();
+        let (mm, comp, gum) = (get("matmul_ms").map(|x| x * 1e-3), get("compiled_ms").map(|x| x * 1e-3), get("gumbel_ms").map(|x| x * 1e-3));
+        let over_floor = r.fused_s / r.floor_s;
+        let target = if r.batch <= 64 {
+            let floor_ok = over_floor <= 1.10;
+            let comp_ok = comp.map(|c| c / r.fused_s >= 1.3);
+            format!(
+                "floor<=1.10x {} / >=1.3x compile {}",
+                if floor_ok { "HIT" } else { "MISS" },
+                match comp_ok {
+                    Some(true) => "HIT",
+                    Some(false) => "MISS",
+                    None => "n/a",
+                }
+            )
+        } else if r.batch == 256 {
+            match gum.map(|g| r.fused_s < g) {
+                Some(true) => "faster than cuBLAS+Gumbel HIT".to_string(),
+                Some(false) => "faster than cuBLAS+Gumbel MISS".to_string(),
+                None => "n/a".to_string(),
+            }
+        } else {
+            String::new()
+        };
+        table.push(vec![
+            r.dim.to_string(),
+            r.vocab.to_string(),
+            r.batch.to_string(),
+            format!("{:.1}", r.fused_s * 1e6),
+            format!("{:.1}", r.floor_s * 1e6),
+            format!("{over_floor:.2}x"),
+            fmt(mm),
+            fmt(comp),
+            ratio(comp, r.fused_s),
+            fmt(gum),
+            ratio(gum, r.fused_s),
+            target,
+        ]);
+        json_rows.push(format!(
+            "{{\"dim\":{},\"vocab\":{},\"batch\":{},\"fused_us\":{:.3},\"floor_us\":{:.3},\"matmul_us\":{},\"compiled_us\":{},\"gumbel_us\":{},\"config\":{:?}}}",
+            r.dim,
+            r.vocab,
+            r.batch,
+            r.fused_s * 1e6,
+            r.floor_s * 1e6,
+            mm.map_or("null".into(), |x| format!("{:.3}", x * 1e6)),
+            comp.map_or("null".into(), |x| format!("{:.3}", x * 1e6)),
+            gum.map_or("null".into(), |x| format!("{:.3}", x * 1e6)),
+            r.config
+        ));
+    }
+    if let Some(path) = &args.json_out {
+        let text = format!("{{\"copy_bytes_per_s\":{copy_bw:.0},\"rows\":[{}]}}\n", json_rows.join(","));
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("gpu_bench: cannot write {path}: {e}");
+        }
+    }
+    println!();
+    println!(
+        "{}; copy bandwidth (read+write) {:.2} TB/s; times are medians of {} launches (us), {} rotating weight buffers",
+        device.describe(),
+        copy_bw / 1e12,
+        args.reps.max(50),
+        args.rotate
+    );
+    print_table(
+        &["D", "V", "B", "fused", "floor", "fused/floor", "cuBLAS mm", "compile+softmax+multinomial", "speedup", "cuBLAS+Gumbel", "speedup", "target"],
+        &table,
+    );
+}
+
+type PeerMap = HashMap<(usize, usize, usize), HashMap<String, f64>>;
+
+/// Runs the PyTorch peers in a child process and indexes their medians by shape.
+fn run_peers(args: &Args) -> Option<PeerMap> {
+    if args.python == "none" {
+        return None;
+    }
+    let batches: Vec<String> = args.batches.iter().map(|b| b.to_string()).collect();
+    let out = Command::new(&args.python)
+        .arg(&args.peers_script)
+        .arg("--json")
+        .arg("--shapes")
+        .arg(args.shapes.join(","))
+        .arg("--batches")
+        .arg(batches.join(","))
+        .arg("--reps")
+        .arg(args.reps.max(50).to_string())
+        .arg("--warmup")
+        .arg(args.warmup.to_string())
+        .arg("--rotate")
+        .arg(args.rotate.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let out = match out {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            eprintln!("gpu_bench: peers failed ({}); table has no peer columns", o.status);
+            return None;
+        }
+        Err(e) => {
+            eprintln!("gpu_bench: cannot run {}: {e}; table has no peer columns", args.python);
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'))?;
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    if let Some(bw) = v.get("copy_bytes_per_s").and_then(|x| x.as_f64()) {
+        eprintln!("peers: torch {} copy bandwidth {:.2} TB/s", v.get("torch").and_then(|x| x.as_str()).unwrap_or("?"), bw / 1e12);
+    }
+    let mut map = PeerMap::new();
+    for r in v.get("results")?.as_array()? {
+        let key = |k: &str| r.get(k).and_then(|x| x.as_u64()).map(|x| x as usize);
+        let (Some(d), Some(vv), Some(b)) = (key("dim"), key("vocab"), key("batch")) else { continue };
+        let times = ["matmul_ms", "compiled_ms", "gumbel_ms"]
+            .iter()
+            .filter_map(|k| r.get(*k).and_then(|x| x.as_f64()).map(|x| (k.to_string(), x)))
+            .collect();
+        map.insert((d, vv, b), times);
+    }
+    Some(map)
+}
