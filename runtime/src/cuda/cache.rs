@@ -184,3 +184,45 @@ fn jit_error_log(device: &CudaDevice, text: &str) -> Option<String> {
     let s = String::from_utf8_lossy(&log[..end]).trim().to_string();
     (!s.is_empty()).then_some(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key { ordinal: 0, fingerprint: 0xabc, config: "{\"t\":1}".into(), arch: "sm90".into(), compiler: "0.1.0+x/y" }
+    }
+
+    #[test]
+    fn file_names_are_plain_and_key_specific() {
+        let k = key();
+        let name = k.file_name();
+        assert!(name.starts_with("0000000000000abc-sm90-"), "{name}");
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)), "{name}");
+        let other = Key { config: "{\"t\":2}".into(), ..key() };
+        assert_ne!(other.file_name(), name);
+    }
+
+    #[test]
+    fn round_trip_and_mismatched_header() {
+        let dir = std::env::temp_dir().join(format!("flashsample-cache-test-{}", std::process::id()));
+        let path = dir.join("ptx").join(key().file_name());
+        write_cached(&path, &key(), ".version 8.0\n");
+        assert_eq!(read_cached(&path, &key()).as_deref(), Some(".version 8.0\n"));
+        // Same file name, different full key (as after a hash collision): not used.
+        let other = Key { config: "{\"t\":3}".into(), ..key() };
+        assert_eq!(read_cached(&path, &other), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unwritable_or_missing_cache_is_not_an_error() {
+        // A path under a regular file cannot be created: write_cached only warns.
+        let file = std::env::temp_dir().join(format!("flashsample-cache-file-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        let path = file.join("ptx").join("k.ptx");
+        write_cached(&path, &key(), "ptx");
+        assert_eq!(read_cached(&path, &key()), None);
+        let _ = std::fs::remove_file(&file);
+    }
+}
