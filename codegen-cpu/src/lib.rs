@@ -1,1 +1,16 @@
-//! placeholder
+//! Lowers a flashsample [`Pipeline`](flashsample_ir::Pipeline) to Cranelift IR and JITs the
+//! fused, multi-threaded CPU stage-one kernel: matmul, transforms, Gumbel noise and the
+//! per-tile argmax (plus logsumexp partials) in one pass over the weights.
+//!
+//! The semantics are DESIGN.md's "Semantics every backend implements", steps 1–7; the
+//! noise and the transcendentals are emitted op for op as `flashsample_abi` writes them.
+
+mod config;
+mod error;
+mod kernel;
+mod lower;
+mod math;
+
+pub use config::CpuConfig;
+pub use error::CpuCodegenError;
+pub use kernel::{CpuKernel, CpuLaunch};

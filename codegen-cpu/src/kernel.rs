@@ -1,0 +1,315 @@
+use crate::config::CpuConfig;
+use crate::lower::{self, Plan};
+use crate::CpuCodegenError;
+use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module};
+use flashsample_abi::{Candidate, LsePartial, StageTwo};
+use flashsample_ir::{DType, Pipeline};
+use rayon::prelude::*;
+
+/// What the JIT'd function reads; every field is 8 bytes so the lowering's offsets are plain.
+/// Pointers of inputs the pipeline does not declare are null and never read.
+#[repr(C)]
+pub(crate) struct KernelArgs {
+    /// `[B, D]` f32; for 16-bit weights each whole 8-element chunk is stored even elements
+    /// first, then odd ones, matching how the kernel splits 8 packed weights into two f32x4.
+    pub hidden: *const f32,
+    pub weights: *const u8,
+    /// `[B]`: `1 / T`, or 1 for greedy rows (so the multiply is the identity).
+    pub row_scale: *const f32,
+    /// `[B]`: 1 where `T == 0`.
+    pub row_greedy: *const u32,
+    pub bias: *const f32,
+    pub allowed: *const u32,
+    pub candidates: *mut Candidate,
+    pub lse: *mut LsePartial,
+    pub seed: u64,
+    pub batch: u64,
+    pub dim: u64,
+    pub vocab: u64,
+    pub tiles: u64,
+}
+
+type KernelFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64);
+
+/// The args shared by the worker threads of one launch.
+struct SharedArgs(*const KernelArgs);
+// SAFETY: the kernel only reads through the input pointers, and concurrent calls write
+// disjoint candidate and lse slots (each tile belongs to exactly one call).
+unsafe impl Sync for SharedArgs {}
+unsafe impl Send for SharedArgs {}
+impl SharedArgs {
+    fn get(&self) -> *const KernelArgs {
+        self.0
+    }
+}
+
+/// Owns the JIT'd code; frees it when the kernel is dropped.
+struct JitCode(Option<JITModule>);
+// SAFETY: after finalization the module is never touched again except to free it, and the
+// code it holds is immutable.
+unsafe impl Send for JitCode {}
+unsafe impl Sync for JitCode {}
+impl Drop for JitCode {
+    fn drop(&mut self) {
+        if let Some(module) = self.0.take() {
+            // SAFETY: the only pointer into this code is `CpuKernel::entry`, dropped with it.
+            unsafe { module.free_memory() };
+        }
+    }
+}
+
+/// The inputs and outputs of one stage-one launch (see DESIGN.md, "CPU stage one").
+pub struct CpuLaunch<'a> {
+    /// `[batch, dim]`, already widened to f32 by the runtime.
+    pub hidden: &'a [f32],
+    /// `[vocab, dim]` raw little-endian elements of `pipeline.weights.dtype`.
+    pub weights: &'a [u8],
+    pub batch: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    /// `[batch]` effective temperatures (`SamplingParams::row_temperatures`).
+    pub temperatures: &'a [f32],
+    /// `[vocab]`.
+    pub bias: Option<&'a [f32]>,
+    /// `[batch, ceil(vocab / 32)]` allowed-token bitset.
+    pub allowed: Option<&'a [u32]>,
+    pub seed: u64,
+    /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.
+    pub candidates: &'a mut [Candidate],
+    /// `[batch * tiles]`, iff `pipeline.needs_logsumexp()`.
+    pub lse: Option<&'a mut [LsePartial]>,
+}
+
+/// A compiled stage-one kernel for one pipeline and config, with its own thread pool.
+pub struct CpuKernel {
+    entry: KernelFn,
+    clif: String,
+    pipeline: Pipeline,
+    config: CpuConfig,
+    pool: rayon::ThreadPool,
+    _code: JitCode,
+}
+
+impl std::fmt::Debug for CpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuKernel").field("pipeline", &self.pipeline.name).field("config", &self.config).finish()
+    }
+}
+
+fn compile_error(e: impl std::fmt::Debug) -> CpuCodegenError {
+    CpuCodegenError::Compile(format!("{e:?}"))
+}
+
+fn check_host() -> Result<(), CpuCodegenError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Cranelift lowers `fma` to a libcall and `nearest`/`insertlane` to slow paths without these.
+        if !std::is_x86_feature_detected!("fma") {
+            return Err(CpuCodegenError::MissingHostFeature("fma"));
+        }
+        if !std::is_x86_feature_detected!("sse4.1") {
+            return Err(CpuCodegenError::MissingHostFeature("sse4.1"));
+        }
+    }
+    Ok(())
+}
+
+impl CpuKernel {
+    /// Lowers and JITs the stage-one kernel of `pipeline` for `config`.
+    pub fn compile(pipeline: &Pipeline, config: &CpuConfig) -> Result<CpuKernel, CpuCodegenError> {
+        pipeline.validate()?;
+        config.validate()?;
+        check_host()?;
+
+        let mut flags = settings::builder();
+        for (name, value) in [("opt_level", "speed"), ("use_colocated_libcalls", "false"), ("is_pic", "false")] {
+            flags.set(name, value).map_err(compile_error)?;
+        }
+        let isa = cranelift_native::builder()
+            .map_err(|msg| CpuCodegenError::UnsupportedHost(msg.to_string()))?
+            .finish(settings::Flags::new(flags))
+            .map_err(compile_error)?;
+        let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));
+        if module.target_config().pointer_type() != types::I64 {
+            return Err(CpuCodegenError::UnsupportedHost("the kernel needs 64-bit pointers".into()));
+        }
+
+        let mut sig = module.make_signature();
+        sig.params.extend([AbiParam::new(types::I64); 3]);
+        let id = module.declare_function("flashsample_stage1", Linkage::Local, &sig).map_err(compile_error)?;
+        let mut ctx = module.make_context();
+        ctx.func.signature = sig;
+        ctx.func.name = UserFuncName::user(0, id.as_u32());
+        let plan = Plan::new(pipeline, config.row_block, config.vocab_tile);
+        let mut fctx = FunctionBuilderContext::new();
+        lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
+        let clif = ctx.func.display().to_string();
+        module.define_function(id, &mut ctx).map_err(compile_error)?;
+        module.clear_context(&mut ctx);
+        module.finalize_definitions().map_err(compile_error)?;
+        let code = module.get_finalized_function(id);
+        // SAFETY: the function was declared with this signature in the default (C) call convention.
+        let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads)
+            .thread_name(|i| format!("flashsample-cpu-{i}"))
+            .build()
+            .map_err(|e| CpuCodegenError::ThreadPool(e.to_string()))?;
+        Ok(CpuKernel {
+            entry,
+            clif,
+            pipeline: pipeline.clone(),
+            config: config.clone(),
+            pool,
+            _code: JitCode(Some(module)),
+        })
+    }
+
+    /// The kernel's CLIF as built, before Cranelift's optimizations.
+    pub fn clif(&self) -> &str {
+        &self.clif
+    }
+
+    pub fn config(&self) -> &CpuConfig {
+        &self.config
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Vocab tiles covering `vocab` tokens.
+    pub fn tiles(&self, vocab: usize) -> usize {
+        StageTwo::tiles_for(vocab, self.config.vocab_tile as usize)
+    }
+
+    /// Runs stage one over all tiles on the kernel's thread pool.
+    pub fn launch(&self, a: CpuLaunch<'_>) -> Result<(), CpuCodegenError> {
+        let p = &self.pipeline;
+        // Token and row indices travel as u32 (the candidate index, the Philox counter).
+        if a.vocab > INDEX_LIMIT {
+            return Err(CpuCodegenError::TooLarge { what: "vocab", value: a.vocab, max: INDEX_LIMIT });
+        }
+        if a.batch > u32::MAX as usize {
+            return Err(CpuCodegenError::TooLarge { what: "batch", value: a.batch, max: u32::MAX as usize });
+        }
+        let esize = p.weights.dtype.size_bytes();
+        let hidden_len = checked(a.batch, a.dim, "hidden")?;
+        let weights_len = checked(checked(a.vocab, a.dim, "weights")?, esize, "weights")?;
+        expect_len("hidden", a.hidden.len(), hidden_len)?;
+        expect_len("weights", a.weights.len(), weights_len)?;
+        expect_len("temperatures", a.temperatures.len(), a.batch)?;
+        let bias = match (p.has_bias(), a.bias) {
+            (true, Some(b)) => {
+                expect_len("bias", b.len(), a.vocab)?;
+                b.as_ptr()
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("bias")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("bias")),
+            (false, None) => std::ptr::null(),
+        };
+        let allowed = match (p.has_mask(), a.allowed) {
+            (true, Some(m)) => {
+                expect_len("allowed", m.len(), checked(a.batch, a.vocab.div_ceil(32), "allowed")?)?;
+                m.as_ptr()
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("allowed")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("allowed")),
+            (false, None) => std::ptr::null(),
+        };
+        let tiles = self.tiles(a.vocab);
+        let samples = p.samples_per_row() as usize;
+        let layout = StageTwo { batch: a.batch, samples, tiles };
+        let count = checked(checked(a.batch, samples, "candidates")?, tiles, "candidates")?;
+        expect_len("candidates", a.candidates.len(), count)?;
+        debug_assert_eq!(count, layout.candidate_count());
+        let lse = match (p.needs_logsumexp(), a.lse) {
+            (true, Some(l)) => {
+                expect_len("lse", l.len(), checked(a.batch, tiles, "lse")?)?;
+                l.as_mut_ptr()
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("lse")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("lse")),
+            (false, None) => std::ptr::null_mut(),
+        };
+        if a.batch == 0 || a.vocab == 0 {
+            return Ok(());
+        }
+
+        let hidden = match p.weights.dtype {
+            DType::F32 => std::borrow::Cow::Borrowed(a.hidden),
+            DType::BF16 | DType::F16 => std::borrow::Cow::Owned(even_odd_chunks(a.hidden, a.dim)),
+        };
+        let row_scale: Vec<f32> =
+            a.temperatures.iter().map(|&t| if t != 0.0 { 1.0f32 / t } else { 1.0 }).collect();
+        let row_greedy: Vec<u32> = a.temperatures.iter().map(|&t| u32::from(t == 0.0)).collect();
+        let args = KernelArgs {
+            hidden: hidden.as_ptr(),
+            weights: a.weights.as_ptr(),
+            row_scale: row_scale.as_ptr(),
+            row_greedy: row_greedy.as_ptr(),
+            bias,
+            allowed,
+            candidates: a.candidates.as_mut_ptr(),
+            lse,
+            seed: a.seed,
+            batch: a.batch as u64,
+            dim: a.dim as u64,
+            vocab: a.vocab as u64,
+            tiles: tiles as u64,
+        };
+        let shared = SharedArgs(&args);
+        let tasks = tiles.min(self.config.threads * 4);
+        let run = |task: usize| {
+            let begin = (tiles * task / tasks) as u64;
+            let end = (tiles * (task + 1) / tasks) as u64;
+            // SAFETY: every pointer in `args` covers the length checked above for this shape,
+            // the buffers outlive the call, and tasks cover disjoint tile ranges.
+            unsafe { (self.entry)(shared.get(), begin, end) };
+        };
+        if tasks == 1 {
+            run(0);
+        } else {
+            self.pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run));
+        }
+        Ok(())
+    }
+}
+
+/// Largest vocabulary whose indices stay clear of `INDEX_NONFINITE` and `INDEX_NONE`.
+const INDEX_LIMIT: usize = flashsample_abi::INDEX_NONFINITE as usize;
+
+fn checked(a: usize, b: usize, what: &'static str) -> Result<usize, CpuCodegenError> {
+    a.checked_mul(b).ok_or(CpuCodegenError::TooLarge { what, value: usize::MAX, max: isize::MAX as usize })
+}
+
+fn expect_len(what: &'static str, got: usize, expected: usize) -> Result<(), CpuCodegenError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(CpuCodegenError::Length { what, expected, got })
+    }
+}
+
+/// The hidden layout the 16-bit weight path expects: within each whole 8-element chunk of a
+/// row, elements 0,2,4,6 then 1,3,5,7; the `dim % 8` tail as is.
+fn even_odd_chunks(hidden: &[f32], dim: usize) -> Vec<f32> {
+    let mut out = hidden.to_vec();
+    if dim == 0 {
+        return out;
+    }
+    for (src, dst) in hidden.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            for k in 0..4 {
+                d[k] = s[2 * k];
+                d[4 + k] = s[2 * k + 1];
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,820 @@
+//! The stage-one kernel as one Cranelift function,
+//! `fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64)`.
+//!
+//! Loop nest: tile → vocab quad (4 tokens) → register block of `row_block` hidden rows.
+//! A quad's four weight rows (4·D elements) stay in L1 while every row block streams past
+//! them, so W is read from memory once per launch whatever the batch. Each block
+//! accumulates `rows × 4` f32x4 partial dot products, reduces them to one f32x4 of 4 logits
+//! per row and parks those in a small stack buffer; one shared epilogue then runs per row.
+//! A tile's running winner per (row, sample) and its running logsumexp partial live in the
+//! output slots themselves, so nothing of size `[B, V]` ever exists.
+
+use crate::kernel::KernelArgs;
+use crate::math::{self, fconst, i32x4_lanes, iconst};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{
+    types, Block, Function, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Value,
+};
+use cranelift_codegen::isa::TargetFrontendConfig;
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_ir::{DType, Pipeline, Sampler, Transform};
+use std::mem::{offset_of, size_of};
+
+/// One elementwise step of the epilogue, in pipeline order.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Step {
+    Temperature,
+    Bias,
+    Softcap(f32),
+}
+
+/// What the lowering needs to know about a pipeline and a config.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub dtype: DType,
+    pub samples: u32,
+    pub row_block: u32,
+    pub vocab_tile: u32,
+    /// Sampler `Argmax`: no noise is emitted at all.
+    pub argmax: bool,
+    /// A temperature transform exists, so rows with `T == 0` are greedy.
+    pub has_temperature: bool,
+    pub steps: Vec<Step>,
+    pub has_mask: bool,
+    pub has_bias: bool,
+    pub needs_lse: bool,
+}
+
+impl Plan {
+    pub fn new(pipeline: &Pipeline, row_block: u32, vocab_tile: u32) -> Plan {
+        let steps = pipeline
+            .transforms
+            .iter()
+            .filter_map(|t| match t {
+                Transform::Temperature(_) => Some(Step::Temperature),
+                Transform::Bias { .. } => Some(Step::Bias),
+                Transform::Softcap { cap } => Some(Step::Softcap(cap.get())),
+                Transform::Mask { .. } | Transform::Ban { .. } => None,
+            })
+            .collect();
+        Plan {
+            dtype: pipeline.weights.dtype,
+            samples: pipeline.samples_per_row(),
+            row_block,
+            vocab_tile,
+            argmax: matches!(pipeline.sampler, Sampler::Argmax),
+            has_temperature: pipeline.temperature().is_some(),
+            steps,
+            has_mask: pipeline.has_mask(),
+            has_bias: pipeline.has_bias(),
+            needs_lse: pipeline.needs_logsumexp(),
+        }
+    }
+}
+
+const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
+const LSE_BYTES: i64 = size_of::<flashsample_abi::LsePartial>() as i64;
+const I64: types::Type = types::I64;
+const I32: types::Type = types::I32;
+const F32: types::Type = types::F32;
+const F32X4: types::Type = types::F32X4;
+const I32X4: types::Type = types::I32X4;
+
+/// Loads from the caller's buffers: in bounds (the launch checked the lengths) but unaligned.
+fn data() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+/// Loads and stores of the args struct and of the kernel's own stack slots.
+fn own() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+/// Builds the kernel body into `func`, whose signature is `(i64, i64, i64)`.
+pub(crate) fn build(func: &mut Function, fctx: &mut FunctionBuilderContext, plan: &Plan, target: TargetFrontendConfig) {
+    let mut b = FunctionBuilder::new(func, fctx);
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let params = b.block_params(entry).to_vec();
+    let mut k = Lowering::new(b, plan, params[0]);
+    k.emit(params[1], params[2]);
+    k.b.seal_all_blocks();
+    k.b.finalize(target);
+}
+
+/// Per-launch values loaded once at entry; they dominate the whole function.
+struct Launch {
+    hidden: Value,
+    weights: Value,
+    row_scale: Value,
+    row_greedy: Value,
+    bias: Value,
+    allowed: Value,
+    candidates: Value,
+    lse: Value,
+    key: [Value; 2],
+    batch: Value,
+    vocab: Value,
+    tiles: Value,
+    /// Bytes of one hidden row (f32).
+    hidden_row: Value,
+    /// Bytes of one weight row.
+    weight_row: Value,
+    /// Bytes of the hidden-row prefix covered by whole 8-element chunks.
+    chunk_bytes: Value,
+    /// Bytes of a whole hidden row, where the scalar tail stops.
+    dim_bytes: Value,
+    /// Weight-row byte offset where the scalar tail starts.
+    weight_tail_start: Value,
+    last_token: Value,
+    mask_words: Value,
+}
+
+/// Per-quad values, defined at the quad's head.
+struct Quad {
+    v: Value,
+    weight_rows: [Value; 4],
+    /// Bit k set iff token `v + k` exists (`< vocab`).
+    valid_bits: Value,
+    bias: Option<Value>,
+}
+
+struct Lowering<'a, 'p> {
+    b: FunctionBuilder<'a>,
+    plan: &'p Plan,
+    args: Value,
+    tile: Variable,
+    row: Variable,
+    epi_row: Variable,
+    epi_end: Variable,
+    logits_slot: StackSlot,
+    scratch_slot: StackSlot,
+}
+
+impl<'a, 'p> Lowering<'a, 'p> {
+    fn new(mut b: FunctionBuilder<'a>, plan: &'p Plan, args: Value) -> Self {
+        let tile = b.declare_var(I64);
+        let row = b.declare_var(I64);
+        let epi_row = b.declare_var(I64);
+        let epi_end = b.declare_var(I64);
+        let logits_slot =
+            b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16 * plan.row_block, 4));
+        let scratch_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 4));
+        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot }
+    }
+
+    fn arg(&mut self, offset: usize) -> Value {
+        let args = self.args;
+        self.b.ins().load(I64, own(), args, offset as i32)
+    }
+
+    fn load_launch(&mut self) -> Launch {
+        let hidden = self.arg(offset_of!(KernelArgs, hidden));
+        let weights = self.arg(offset_of!(KernelArgs, weights));
+        let row_scale = self.arg(offset_of!(KernelArgs, row_scale));
+        let row_greedy = self.arg(offset_of!(KernelArgs, row_greedy));
+        let bias = self.arg(offset_of!(KernelArgs, bias));
+        let allowed = self.arg(offset_of!(KernelArgs, allowed));
+        let candidates = self.arg(offset_of!(KernelArgs, candidates));
+        let lse = self.arg(offset_of!(KernelArgs, lse));
+        let seed = self.arg(offset_of!(KernelArgs, seed));
+        let batch = self.arg(offset_of!(KernelArgs, batch));
+        let dim = self.arg(offset_of!(KernelArgs, dim));
+        let vocab = self.arg(offset_of!(KernelArgs, vocab));
+        let tiles = self.arg(offset_of!(KernelArgs, tiles));
+        let b = &mut self.b;
+        let seed_lo = b.ins().ireduce(I32, seed);
+        let seed_hi64 = b.ins().ushr_imm_u(seed, 32);
+        let seed_hi = b.ins().ireduce(I32, seed_hi64);
+        let hidden_row = b.ins().ishl_imm_u(dim, 2);
+        let esize = self.plan.dtype.size_bytes() as i64;
+        let weight_row = b.ins().imul_imm_s(dim, esize);
+        let chunk_elems = b.ins().band_imm_s(dim, !7i64);
+        let chunk_bytes = b.ins().ishl_imm_u(chunk_elems, 2);
+        let weight_tail_start = b.ins().imul_imm_s(chunk_elems, esize);
+        let last_token = b.ins().iadd_imm_s(vocab, -1);
+        let vocab_31 = b.ins().iadd_imm_s(vocab, 31);
+        let mask_words = b.ins().ushr_imm_u(vocab_31, 5);
+        Launch {
+            hidden,
+            weights,
+            row_scale,
+            row_greedy,
+            bias,
+            allowed,
+            candidates,
+            lse,
+            key: [seed_lo, seed_hi],
+            batch,
+            vocab,
+            tiles,
+            hidden_row,
+            weight_row,
+            chunk_bytes,
+            dim_bytes: hidden_row,
+            weight_tail_start,
+            last_token,
+            mask_words,
+        }
+    }
+
+    /// `for i in begin..end { body(i) }`, leaving the builder after the loop.
+    fn counted_loop(&mut self, begin: Value, end: Value, body: impl FnOnce(&mut Self, Value)) {
+        let var = self.b.declare_var(I64);
+        self.b.def_var(var, begin);
+        let head = self.b.create_block();
+        let body_block = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let i = self.b.use_var(var);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, i, end);
+        self.b.ins().brif(more, body_block, &[], done, &[]);
+        self.b.switch_to_block(body_block);
+        body(self, i);
+        let next = self.b.ins().iadd_imm_s(i, 1);
+        self.b.def_var(var, next);
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(done);
+    }
+
+    /// `body(s)` for every sample `s`; no loop when there is one sample.
+    fn for_samples(&mut self, body: impl FnOnce(&mut Self, Value)) {
+        let zero = self.b.ins().iconst(I64, 0);
+        if self.plan.samples == 1 {
+            body(self, zero);
+        } else {
+            let n = self.b.ins().iconst(I64, i64::from(self.plan.samples));
+            self.counted_loop(zero, n, body);
+        }
+    }
+
+    /// Address of candidate slot (row, sample, tile).
+    fn candidate_addr(&mut self, l: &Launch, row: Value, sample: Value) -> Value {
+        let tile = self.b.use_var(self.tile);
+        let b = &mut self.b;
+        let rs = b.ins().imul_imm_s(row, i64::from(self.plan.samples));
+        let rs = b.ins().iadd(rs, sample);
+        let slot = b.ins().imul(rs, l.tiles);
+        let slot = b.ins().iadd(slot, tile);
+        let off = b.ins().imul_imm_s(slot, CANDIDATE_BYTES);
+        b.ins().iadd(l.candidates, off)
+    }
+
+    fn lse_addr(&mut self, l: &Launch, row: Value) -> Value {
+        let tile = self.b.use_var(self.tile);
+        let b = &mut self.b;
+        let slot = b.ins().imul(row, l.tiles);
+        let slot = b.ins().iadd(slot, tile);
+        let off = b.ins().imul_imm_s(slot, LSE_BYTES);
+        b.ins().iadd(l.lse, off)
+    }
+
+    fn store_candidate(&mut self, addr: Value, score: Value, index: Value, logit: Value) {
+        let flags = data();
+        self.b.ins().store(flags, score, addr, 0);
+        self.b.ins().store(flags, index, addr, 4);
+        self.b.ins().store(flags, logit, addr, 8);
+    }
+
+    fn emit(&mut self, tile_begin: Value, tile_end: Value) {
+        let l = self.load_launch();
+        self.b.def_var(self.tile, tile_begin);
+        let tile_head = self.b.create_block();
+        let tile_body = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(tile_head, &[]);
+
+        self.b.switch_to_block(tile_head);
+        let tile = self.b.use_var(self.tile);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, tile, tile_end);
+        self.b.ins().brif(more, tile_body, &[], exit, &[]);
+
+        self.b.switch_to_block(tile_body);
+        self.emit_tile(&l, tile);
+        let next = self.b.ins().iadd_imm_s(tile, 1);
+        self.b.def_var(self.tile, next);
+        self.b.ins().jump(tile_head, &[]);
+
+        self.b.switch_to_block(exit);
+        self.b.ins().return_(&[]);
+    }
+
+    fn emit_tile(&mut self, l: &Launch, tile: Value) {
+        let vt = i64::from(self.plan.vocab_tile);
+        let v_begin = self.b.ins().imul_imm_s(tile, vt);
+        let v_tile_end = self.b.ins().iadd_imm_s(v_begin, vt);
+        let v_end = self.b.ins().umin(v_tile_end, l.vocab);
+
+        // Every slot of this tile starts empty; a tile with nothing allowed stays that way.
+        let zero = self.b.ins().iconst(I64, 0);
+        self.counted_loop(zero, l.batch, |k, row| {
+            k.for_samples(|k, s| {
+                let addr = k.candidate_addr(l, row, s);
+                let neg_inf = k.b.ins().f32const(f32::NEG_INFINITY);
+                let none = k.b.ins().iconst(I32, i64::from(INDEX_NONE));
+                k.store_candidate(addr, neg_inf, none, neg_inf);
+            });
+            if k.plan.needs_lse {
+                let addr = k.lse_addr(l, row);
+                let neg_inf = k.b.ins().f32const(f32::NEG_INFINITY);
+                let zero = k.b.ins().f32const(0.0);
+                k.b.ins().store(data(), neg_inf, addr, 0);
+                k.b.ins().store(data(), zero, addr, 4);
+            }
+        });
+
+        let v_var = self.b.declare_var(I64);
+        self.b.def_var(v_var, v_begin);
+        let quad_head = self.b.create_block();
+        let quad_body = self.b.create_block();
+        let quad_next = self.b.create_block();
+        let tile_done = self.b.create_block();
+        self.b.ins().jump(quad_head, &[]);
+
+        self.b.switch_to_block(quad_head);
+        let v = self.b.use_var(v_var);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, v, v_end);
+        self.b.ins().brif(more, quad_body, &[], tile_done, &[]);
+
+        self.b.switch_to_block(quad_body);
+        let quad = self.emit_quad_head(l, v);
+        self.emit_row_blocks(l, &quad, quad_next);
+
+        self.b.switch_to_block(quad_next);
+        let next = self.b.ins().iadd_imm_s(v, 4);
+        self.b.def_var(v_var, next);
+        self.b.ins().jump(quad_head, &[]);
+
+        self.b.switch_to_block(tile_done);
+    }
+
+    fn emit_quad_head(&mut self, l: &Launch, v: Value) -> Quad {
+        let b = &mut self.b;
+        // Tokens past the vocabulary read the last row (never out of bounds) and are masked off.
+        let mut tokens = [v; 4];
+        let mut weight_rows = [v; 4];
+        for j in 0..4 {
+            let t = b.ins().iadd_imm_s(v, j as i64);
+            tokens[j] = b.ins().umin(t, l.last_token);
+            let off = b.ins().imul(tokens[j], l.weight_row);
+            weight_rows[j] = b.ins().iadd(l.weights, off);
+        }
+        let remaining = b.ins().isub(l.vocab, v);
+        let full = b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, remaining, 4);
+        let one = b.ins().iconst(I64, 1);
+        let partial = b.ins().ishl(one, remaining);
+        let partial = b.ins().iadd_imm_s(partial, -1);
+        let partial = b.ins().ireduce(I32, partial);
+        let all = b.ins().iconst(I32, 0xf);
+        let valid_bits = b.ins().select(full, all, partial);
+        let bias = if self.plan.has_bias {
+            let mut vec = None;
+            for (j, &t) in tokens.iter().enumerate() {
+                let off = b.ins().ishl_imm_u(t, 2);
+                let addr = b.ins().iadd(l.bias, off);
+                let x = b.ins().load(F32, data(), addr, 0);
+                vec = Some(match vec {
+                    None => b.ins().scalar_to_vector(F32X4, x),
+                    Some(acc) => b.ins().insertlane(acc, x, j as u8),
+                });
+            }
+            vec
+        } else {
+            None
+        };
+        Quad { v, weight_rows, valid_bits, bias }
+    }
+
+    /// Full row blocks, then one remainder block, then `done`.
+    fn emit_row_blocks(&mut self, l: &Launch, q: &Quad, done: Block) {
+        let rb = self.plan.row_block as usize;
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.row, zero);
+        let dispatch = self.b.create_block();
+        let epi_head = self.b.create_block();
+        let blocks: Vec<Block> = (0..=rb).map(|_| self.b.create_block()).collect();
+        self.b.ins().jump(dispatch, &[]);
+
+        self.b.switch_to_block(dispatch);
+        let row = self.b.use_var(self.row);
+        let rem = self.b.ins().isub(l.batch, row);
+        let is_full = self.b.ins().icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, rem, rb as i64);
+        let mut check = self.b.create_block();
+        self.b.ins().brif(is_full, blocks[rb], &[], check, &[]);
+        for (rows, &block) in blocks.iter().enumerate().take(rb).skip(1) {
+            self.b.switch_to_block(check);
+            let next_check = self.b.create_block();
+            let is_rows = self.b.ins().icmp_imm_u(IntCC::Equal, rem, rows as i64);
+            self.b.ins().brif(is_rows, block, &[], next_check, &[]);
+            check = next_check;
+        }
+        self.b.switch_to_block(check);
+        self.b.ins().jump(done, &[]);
+
+        for (rows, &block) in blocks.iter().enumerate().skip(1) {
+            self.b.switch_to_block(block);
+            let row = self.b.use_var(self.row);
+            self.emit_matmul_block(l, q, row, rows);
+            let end = self.b.ins().iadd_imm_s(row, rows as i64);
+            self.b.def_var(self.epi_row, row);
+            self.b.def_var(self.epi_end, end);
+            self.b.ins().jump(epi_head, &[]);
+        }
+        // blocks[0] is never a target (rem == 0 goes to `done`); give it a body so it is filled.
+        self.b.switch_to_block(blocks[0]);
+        self.b.ins().jump(done, &[]);
+
+        self.b.switch_to_block(epi_head);
+        let epi_row = self.b.use_var(self.epi_row);
+        let epi_end = self.b.use_var(self.epi_end);
+        let epi_body = self.b.create_block();
+        let epi_done = self.b.create_block();
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, epi_row, epi_end);
+        self.b.ins().brif(more, epi_body, &[], epi_done, &[]);
+
+        self.b.switch_to_block(epi_body);
+        let epi_next = self.b.create_block();
+        self.emit_epilogue(l, q, epi_row, epi_next);
+        self.b.switch_to_block(epi_next);
+        let next = self.b.ins().iadd_imm_s(epi_row, 1);
+        self.b.def_var(self.epi_row, next);
+        self.b.ins().jump(epi_head, &[]);
+
+        self.b.switch_to_block(epi_done);
+        self.b.def_var(self.row, epi_end);
+        self.b.ins().jump(dispatch, &[]);
+    }
+
+    /// Two f32x4 of weights from 8 consecutive elements of one weight row, in the lane order of
+    /// the hidden chunk layout (16-bit types: even elements, then odd; f32: natural order).
+    fn load_weight_chunk(&mut self, row: Value, offset: Value) -> (Value, Value) {
+        let b = &mut self.b;
+        let addr = b.ins().iadd(row, offset);
+        match self.plan.dtype {
+            DType::F32 => {
+                let a = b.ins().load(F32X4, data(), addr, 0);
+                let c = b.ins().load(F32X4, data(), addr, 16);
+                (a, c)
+            }
+            DType::BF16 => {
+                let x = b.ins().load(I32X4, data(), addr, 0);
+                let even = b.ins().ishl_imm_u(x, 16);
+                let high_half = iconst(b, I32X4, 0xffff_0000);
+                let odd = b.ins().band(x, high_half);
+                (math::from_bits(b, even), math::from_bits(b, odd))
+            }
+            DType::F16 => {
+                let x = b.ins().load(I32X4, data(), addr, 0);
+                let low_half = iconst(b, I32X4, 0xffff);
+                let even = b.ins().band(x, low_half);
+                let odd = b.ins().ushr_imm_u(x, 16);
+                (math::f16_to_f32(b, even), math::f16_to_f32(b, odd))
+            }
+        }
+    }
+
+    /// One weight element at `row + offset`, widened to f32.
+    fn load_weight_scalar(&mut self, row: Value, offset: Value) -> Value {
+        let b = &mut self.b;
+        let addr = b.ins().iadd(row, offset);
+        match self.plan.dtype {
+            DType::F32 => b.ins().load(F32, data(), addr, 0),
+            DType::BF16 => {
+                let x = b.ins().uload16(I32, data(), addr, 0);
+                let bits = b.ins().ishl_imm_u(x, 16);
+                math::from_bits(b, bits)
+            }
+            DType::F16 => {
+                let x = b.ins().uload16(I32, data(), addr, 0);
+                math::f16_to_f32(b, x)
+            }
+        }
+    }
+
+    /// Logits of `rows` hidden rows starting at `row0` for the quad, into the logits slot.
+    fn emit_matmul_block(&mut self, l: &Launch, q: &Quad, row0: Value, rows: usize) {
+        let esize = self.plan.dtype.size_bytes() as i64;
+        let hidden_rows: Vec<Value> = (0..rows)
+            .map(|i| {
+                let r = self.b.ins().iadd_imm_s(row0, i as i64);
+                let off = self.b.ins().imul(r, l.hidden_row);
+                self.b.ins().iadd(l.hidden, off)
+            })
+            .collect();
+        let zero_vec = fconst(&mut self.b, F32X4, 0.0);
+        let acc: Vec<[Variable; 4]> = (0..rows)
+            .map(|_| {
+                [0; 4].map(|_| {
+                    let var = self.b.declare_var(F32X4);
+                    self.b.def_var(var, zero_vec);
+                    var
+                })
+            })
+            .collect();
+        let tail_acc: Vec<Variable> = (0..rows)
+            .map(|_| {
+                let var = self.b.declare_var(F32X4);
+                self.b.def_var(var, zero_vec);
+                var
+            })
+            .collect();
+
+        // Whole 8-element chunks.
+        let h_off = self.b.declare_var(I64);
+        let w_off = self.b.declare_var(I64);
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(h_off, zero);
+        self.b.def_var(w_off, zero);
+        let chunk_loop = self.b.create_block();
+        let chunks_done = self.b.create_block();
+        let any = self.b.ins().icmp_imm_u(IntCC::NotEqual, l.chunk_bytes, 0);
+        self.b.ins().brif(any, chunk_loop, &[], chunks_done, &[]);
+
+        self.b.switch_to_block(chunk_loop);
+        let ho = self.b.use_var(h_off);
+        let wo = self.b.use_var(w_off);
+        let h_addrs: Vec<Value> = hidden_rows.iter().map(|&h| self.b.ins().iadd(h, ho)).collect();
+        for j in 0..4 {
+            let (wa, wb) = self.load_weight_chunk(q.weight_rows[j], wo);
+            for i in 0..rows {
+                // A load per use lets the backend fold it into the FMA as a memory operand.
+                let ha = self.b.ins().load(F32X4, data(), h_addrs[i], 0);
+                let a = self.b.use_var(acc[i][j]);
+                let a = self.b.ins().fma(ha, wa, a);
+                let hb = self.b.ins().load(F32X4, data(), h_addrs[i], 16);
+                let a = self.b.ins().fma(hb, wb, a);
+                self.b.def_var(acc[i][j], a);
+            }
+        }
+        let ho_next = self.b.ins().iadd_imm_s(ho, 32);
+        let wo_next = self.b.ins().iadd_imm_s(wo, 8 * esize);
+        self.b.def_var(h_off, ho_next);
+        self.b.def_var(w_off, wo_next);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ho_next, l.chunk_bytes);
+        self.b.ins().brif(more, chunk_loop, &[], chunks_done, &[]);
+
+        // The last `dim % 8` elements, one at a time across the quad's four rows.
+        self.b.switch_to_block(chunks_done);
+        self.b.def_var(h_off, l.chunk_bytes);
+        self.b.def_var(w_off, l.weight_tail_start);
+        let tail_loop = self.b.create_block();
+        let tail_done = self.b.create_block();
+        let any = self.b.ins().icmp(IntCC::UnsignedLessThan, l.chunk_bytes, l.dim_bytes);
+        self.b.ins().brif(any, tail_loop, &[], tail_done, &[]);
+
+        self.b.switch_to_block(tail_loop);
+        let ho = self.b.use_var(h_off);
+        let wo = self.b.use_var(w_off);
+        let mut w = None;
+        for j in 0..4 {
+            let x = self.load_weight_scalar(q.weight_rows[j], wo);
+            w = Some(match w {
+                None => self.b.ins().scalar_to_vector(F32X4, x),
+                Some(acc) => self.b.ins().insertlane(acc, x, j as u8),
+            });
+        }
+        let w = w.expect("four lanes were inserted");
+        for i in 0..rows {
+            let addr = self.b.ins().iadd(hidden_rows[i], ho);
+            let h = self.b.ins().load(F32, data(), addr, 0);
+            let h = self.b.ins().splat(F32X4, h);
+            let a = self.b.use_var(tail_acc[i]);
+            let a = self.b.ins().fma(h, w, a);
+            self.b.def_var(tail_acc[i], a);
+        }
+        let ho_next = self.b.ins().iadd_imm_s(ho, 4);
+        let wo_next = self.b.ins().iadd_imm_s(wo, esize);
+        self.b.def_var(h_off, ho_next);
+        self.b.def_var(w_off, wo_next);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ho_next, l.dim_bytes);
+        self.b.ins().brif(more, tail_loop, &[], tail_done, &[]);
+
+        self.b.switch_to_block(tail_done);
+        for i in 0..rows {
+            let parts = acc[i].map(|v| self.b.use_var(v));
+            let sum = math::transpose_sum(&mut self.b, parts);
+            let tail = self.b.use_var(tail_acc[i]);
+            let logits = self.b.ins().fadd(sum, tail);
+            self.b.ins().stack_store(I64, logits, self.logits_slot, (16 * i) as i32);
+        }
+    }
+
+    /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.
+    fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
+        let block_row = self.b.use_var(self.row);
+        let b = &mut self.b;
+        let slot_addr = b.ins().stack_addr(I64, self.logits_slot, 0);
+        let local = b.ins().isub(row, block_row);
+        let local_off = b.ins().ishl_imm_u(local, 4);
+        let addr = b.ins().iadd(slot_addr, local_off);
+        let raw = b.ins().load(F32X4, own(), addr, 0);
+
+        // Step 2: a NaN/inf raw logit of an existing token poisons the (row, tile) for every sample.
+        let raw_bits = math::to_bits(b, raw);
+        let exp_mask = iconst(b, I32X4, 0x7f80_0000);
+        let exp = b.ins().band(raw_bits, exp_mask);
+        let nonfinite = b.ins().icmp(IntCC::Equal, exp, exp_mask);
+        let nonfinite = b.ins().vhigh_bits(I32, nonfinite);
+        let nonfinite = b.ins().band(nonfinite, q.valid_bits);
+        let poison = b.create_block();
+        let finite = b.create_block();
+        b.set_cold_block(poison);
+        b.ins().brif(nonfinite, poison, &[], finite, &[]);
+
+        self.b.switch_to_block(poison);
+        // score = +inf makes the marker sticky: no later token of the tile can beat it.
+        self.for_samples(|k, s| {
+            let addr = k.candidate_addr(l, row, s);
+            let inf = k.b.ins().f32const(f32::INFINITY);
+            let nan = k.b.ins().f32const(f32::NAN);
+            let index = k.b.ins().iconst(I32, i64::from(INDEX_NONFINITE));
+            k.store_candidate(addr, inf, index, nan);
+        });
+        self.b.ins().jump(next, &[]);
+
+        self.b.switch_to_block(finite);
+        // Step 3.
+        let mut x = raw;
+        for step in self.plan.steps.clone() {
+            let b = &mut self.b;
+            x = match step {
+                Step::Temperature => {
+                    let off = b.ins().ishl_imm_u(row, 2);
+                    let addr = b.ins().iadd(l.row_scale, off);
+                    let scale = b.ins().load(F32, data(), addr, 0);
+                    let scale = b.ins().splat(F32X4, scale);
+                    b.ins().fmul(x, scale)
+                }
+                Step::Bias => {
+                    let bias = q.bias.expect("bias vector is loaded when the pipeline has a bias");
+                    b.ins().fadd(x, bias)
+                }
+                Step::Softcap(cap) => math::softcap_f32(b, x, cap),
+            };
+        }
+
+        // Step 4.
+        let b = &mut self.b;
+        let allowed_bits = if self.plan.has_mask {
+            let word = b.ins().ushr_imm_u(q.v, 5);
+            let base = b.ins().imul(row, l.mask_words);
+            let word = b.ins().iadd(base, word);
+            let off = b.ins().ishl_imm_u(word, 2);
+            let addr = b.ins().iadd(l.allowed, off);
+            let bits = b.ins().load(I32, data(), addr, 0);
+            let shift = b.ins().band_imm_s(q.v, 31);
+            let shift = b.ins().ireduce(I32, shift);
+            let bits = b.ins().ushr(bits, shift);
+            b.ins().band(bits, q.valid_bits)
+        } else {
+            q.valid_bits
+        };
+        let lane_bits = i32x4_lanes(b, [1, 2, 4, 8]);
+        let splat_bits = b.ins().splat(I32X4, allowed_bits);
+        let masked = b.ins().band(splat_bits, lane_bits);
+        let zero_vec = iconst(b, I32X4, 0);
+        let allowed = b.ins().icmp(IntCC::NotEqual, masked, zero_vec);
+
+        if self.plan.needs_lse {
+            self.emit_lse(l, row, x, allowed);
+        }
+
+        // Steps 5 and 6, per sample.
+        let greedy = if self.plan.has_temperature && !self.plan.argmax {
+            let off = self.b.ins().ishl_imm_u(row, 2);
+            let addr = self.b.ins().iadd(l.row_greedy, off);
+            Some(self.b.ins().load(I32, data(), addr, 0))
+        } else {
+            None
+        };
+        self.for_samples(|k, s| {
+            let score = if k.plan.argmax {
+                x
+            } else {
+                let score_var = k.b.declare_var(F32X4);
+                let noisy = k.b.create_block();
+                let join = k.b.create_block();
+                if let Some(g) = greedy {
+                    let greedy_block = k.b.create_block();
+                    k.b.ins().brif(g, greedy_block, &[], noisy, &[]);
+                    k.b.switch_to_block(greedy_block);
+                    k.b.def_var(score_var, x);
+                    k.b.ins().jump(join, &[]);
+                } else {
+                    k.b.ins().jump(noisy, &[]);
+                }
+                k.b.switch_to_block(noisy);
+                let b = &mut k.b;
+                let quad_index = b.ins().ushr_imm_u(q.v, 2);
+                let c0 = b.ins().ireduce(I32, quad_index);
+                let c1 = b.ins().ireduce(I32, row);
+                let c2 = b.ins().ireduce(I32, s);
+                let c3 = b.ins().iconst(I32, 0);
+                let words = math::philox4x32_10(b, [c0, c1, c2, c3], l.key);
+                let mut bits = b.ins().scalar_to_vector(I32X4, words[0]);
+                for (lane, &w) in words.iter().enumerate().skip(1) {
+                    bits = b.ins().insertlane(bits, w, lane as u8);
+                }
+                let noise = math::gumbel_f32(b, bits);
+                let noisy_score = b.ins().fadd(x, noise);
+                k.b.def_var(score_var, noisy_score);
+                k.b.ins().jump(join, &[]);
+                k.b.switch_to_block(join);
+                k.b.use_var(score_var)
+            };
+            k.emit_select(l, q, row, s, score, x, allowed);
+        });
+        self.b.ins().jump(next, &[]);
+    }
+
+    /// Step 6: fold this quad's best allowed token into the running winner of (row, sample, tile).
+    fn emit_select(&mut self, l: &Launch, q: &Quad, row: Value, s: Value, score: Value, x: Value, allowed: Value) {
+        let addr = self.candidate_addr(l, row, s);
+        let b = &mut self.b;
+        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+        let above = b.ins().fcmp(FloatCC::GreaterThan, score, neg_inf);
+        let eligible = b.ins().band(above, allowed);
+        let scores = math::select(b, eligible, score, neg_inf);
+        let best_here = math::hmax(b, scores);
+        let best_so_far = b.ins().load(F32, data(), addr, 0);
+        // Strictly greater: on a tie the earlier (lower) token of an earlier quad keeps the slot.
+        let better = b.ins().fcmp(FloatCC::GreaterThan, best_here, best_so_far);
+        let update = b.create_block();
+        let done = b.create_block();
+        b.ins().brif(better, update, &[], done, &[]);
+
+        b.switch_to_block(update);
+        let splat = b.ins().splat(F32X4, best_here);
+        let winners = b.ins().fcmp(FloatCC::Equal, scores, splat);
+        let winners = b.ins().vhigh_bits(I32, winners);
+        // The lowest winning lane: ties inside the quad go to the lower token.
+        let lane = b.ins().ctz(winners);
+        b.ins().stack_store(I64, score, self.scratch_slot, 0);
+        b.ins().stack_store(I64, x, self.scratch_slot, 16);
+        let lane64 = b.ins().uextend(I64, lane);
+        let lane_off = b.ins().ishl_imm_u(lane64, 2);
+        let base = b.ins().stack_addr(I64, self.scratch_slot, 0);
+        let lane_addr = b.ins().iadd(base, lane_off);
+        let win_score = b.ins().load(F32, own(), lane_addr, 0);
+        let win_logit = b.ins().load(F32, own(), lane_addr, 16);
+        let v32 = b.ins().ireduce(I32, q.v);
+        let index = b.ins().iadd(v32, lane);
+        self.store_candidate(addr, win_score, index, win_logit);
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+    }
+
+    /// Step 7: online `(max, Σ exp(x − max))` over the quad's allowed tokens with `x > -inf`.
+    fn emit_lse(&mut self, l: &Launch, row: Value, x: Value, allowed: Value) {
+        let addr = self.lse_addr(l, row);
+        let b = &mut self.b;
+        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
+        let counted = b.ins().band(above, allowed);
+        let xs = math::select(b, counted, x, neg_inf);
+        let quad_max = math::hmax(b, xs);
+        let neg_inf_s = b.ins().f32const(f32::NEG_INFINITY);
+        let any = b.ins().fcmp(FloatCC::GreaterThan, quad_max, neg_inf_s);
+        let update = b.create_block();
+        let done = b.create_block();
+        b.ins().brif(any, update, &[], done, &[]);
+
+        b.switch_to_block(update);
+        let max_var = b.declare_var(F32);
+        let sum_var = b.declare_var(F32);
+        let old_max = b.ins().load(F32, data(), addr, 0);
+        let old_sum = b.ins().load(F32, data(), addr, 4);
+        b.def_var(max_var, old_max);
+        b.def_var(sum_var, old_sum);
+        let rescale = b.create_block();
+        let accumulate = b.create_block();
+        let new_max = b.ins().fcmp(FloatCC::GreaterThan, quad_max, old_max);
+        b.ins().brif(new_max, rescale, &[], accumulate, &[]);
+
+        b.switch_to_block(rescale);
+        let delta = b.ins().fsub(old_max, quad_max);
+        let factor = math::exp_f32(b, delta);
+        let scaled = b.ins().fmul(old_sum, factor);
+        b.def_var(max_var, quad_max);
+        b.def_var(sum_var, scaled);
+        b.ins().jump(accumulate, &[]);
+
+        b.switch_to_block(accumulate);
+        let m = b.use_var(max_var);
+        let sum = b.use_var(sum_var);
+        let ms = b.ins().splat(F32X4, m);
+        let shifted = b.ins().fsub(x, ms);
+        let e = math::exp_f32(b, shifted);
+        let zero = fconst(b, F32X4, 0.0);
+        let e = math::select(b, counted, e, zero);
+        let quad_sum = math::hsum(b, e);
+        let sum = b.ins().fadd(sum, quad_sum);
+        b.ins().store(data(), m, addr, 0);
+        b.ins().store(data(), sum, addr, 4);
+        b.ins().jump(done, &[]);
+        b.switch_to_block(done);
+    }
+}
