@@ -153,11 +153,11 @@ impl CudaBackend {
                 if d.device().ordinal() != self.device.ordinal() {
                     return Err(Error::WrongDevice { tensor: d.location(), sampler: self.device.describe() });
                 }
-                Ok(d.address())
+                Ok(d.device_address())
             }
             Storage::Host(bytes) => {
                 let up = self.device.upload_bytes(t.dtype, bytes, t.rows, t.cols)?;
-                let a = up.address();
+                let a = up.device_address();
                 uploads.push(up);
                 Ok(a)
             }

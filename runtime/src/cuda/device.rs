@@ -249,8 +249,9 @@ impl DeviceTensor {
     pub(crate) fn location(&self) -> String {
         format!("cuda:{}", self.device.ordinal)
     }
-    /// The buffer's device address, as kernels take it.
-    pub(crate) fn address(&self) -> u64 {
+    /// The buffer's device address (for interop: copies, other libraries' kernels). Valid
+    /// while `self` lives; work on it should be ordered on [`CudaDevice::stream`].
+    pub fn device_address(&self) -> u64 {
         // Event tracking is off (one stream), so the returned guard records nothing.
         let (ptr, _guard) = self.buf.device_ptr(&self.device.stream);
         ptr
