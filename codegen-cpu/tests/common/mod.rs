@@ -1,0 +1,260 @@
+//! A scalar Rust model of DESIGN.md's stage-one semantics, built from `flashsample_abi`,
+//! and the helpers the tests share.
+#![allow(dead_code)]
+
+use flashsample_abi::math::{exp_f32, softcap_f32};
+use flashsample_abi::rng::{gumbel_f32, noise_bits};
+use flashsample_abi::{Candidate, LsePartial, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_ir::{DType, Pipeline, Sampler, Transform};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// One launch's inputs, owned.
+#[derive(Clone, Debug)]
+pub struct Inputs {
+    pub batch: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    pub dtype: DType,
+    pub hidden: Vec<f32>,
+    pub weights: Vec<u8>,
+    pub temperatures: Vec<f32>,
+    pub bias: Option<Vec<f32>>,
+    pub allowed: Option<Vec<u32>>,
+    pub seed: u64,
+}
+
+pub fn encode(dtype: DType, x: f32) -> Vec<u8> {
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(x).to_bits().to_le_bytes().to_vec(),
+        DType::F16 => half::f16::from_f32(x).to_bits().to_le_bytes().to_vec(),
+        DType::F32 => x.to_le_bytes().to_vec(),
+    }
+}
+
+pub fn weight(inp: &Inputs, v: usize, d: usize) -> f32 {
+    let size = inp.dtype.size_bytes();
+    let at = (v * inp.dim + d) * size;
+    let bytes = &inp.weights[at..at + size];
+    match inp.dtype {
+        DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
+        DType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
+        DType::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+    }
+}
+
+pub fn raw_logit(inp: &Inputs, r: usize, v: usize) -> f32 {
+    (0..inp.dim).fold(0.0f32, |acc, d| inp.hidden[r * inp.dim + d].mul_add(weight(inp, v, d), acc))
+}
+
+/// The transformed logit `x` of DESIGN.md step 3.
+pub fn transformed(p: &Pipeline, inp: &Inputs, r: usize, v: usize, raw: f32) -> f32 {
+    let mut x = raw;
+    for t in &p.transforms {
+        match t {
+            Transform::Temperature(_) => {
+                let t = inp.temperatures[r];
+                if t != 0.0 {
+                    x *= 1.0f32 / t;
+                }
+            }
+            Transform::Bias { .. } => x += inp.bias.as_ref().unwrap()[v],
+            Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
+            Transform::Mask { .. } | Transform::Ban { .. } => {}
+        }
+    }
+    x
+}
+
+pub fn is_allowed(inp: &Inputs, r: usize, v: usize) -> bool {
+    match &inp.allowed {
+        None => true,
+        Some(bits) => bits[r * inp.vocab.div_ceil(32) + v / 32] >> (v % 32) & 1 == 1,
+    }
+}
+
+pub fn is_greedy(p: &Pipeline, inp: &Inputs, r: usize) -> bool {
+    matches!(p.sampler, Sampler::Argmax) || (p.temperature().is_some() && inp.temperatures[r] == 0.0)
+}
+
+pub fn score(p: &Pipeline, inp: &Inputs, r: usize, s: usize, v: usize, x: f32) -> f32 {
+    if is_greedy(p, inp, r) {
+        x
+    } else {
+        x + gumbel_f32(noise_bits(inp.seed, r as u32, s as u32, v as u32))
+    }
+}
+
+/// What the model says one tile of one row holds.
+#[derive(Clone, Debug)]
+pub struct TileModel {
+    pub nonfinite: bool,
+    /// `(v, x, allowed)` per token of the tile.
+    pub tokens: Vec<(usize, f32, bool)>,
+    pub lse: LsePartial,
+}
+
+pub fn tile_model(p: &Pipeline, inp: &Inputs, tile_size: usize, r: usize, tile: usize) -> TileModel {
+    let begin = tile * tile_size;
+    let end = (begin + tile_size).min(inp.vocab);
+    let mut nonfinite = false;
+    let mut tokens = Vec::new();
+    for v in begin..end {
+        let raw = raw_logit(inp, r, v);
+        nonfinite |= !raw.is_finite();
+        tokens.push((v, transformed(p, inp, r, v, raw), is_allowed(inp, r, v)));
+    }
+    let counted: Vec<f32> = tokens.iter().filter(|t| t.2 && t.1 > f32::NEG_INFINITY).map(|t| t.1).collect();
+    let lse = if counted.is_empty() {
+        LsePartial::EMPTY
+    } else {
+        let max = counted.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        LsePartial { max, sum: counted.iter().map(|&x| exp_f32(x - max)).sum() }
+    };
+    TileModel { nonfinite, tokens, lse }
+}
+
+/// The model's candidate for (row, sample) of a tile: DESIGN.md step 6.
+pub fn model_candidate(p: &Pipeline, inp: &Inputs, t: &TileModel, r: usize, s: usize) -> Candidate {
+    let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
+    for &(v, x, allowed) in &t.tokens {
+        let sc = score(p, inp, r, s, v, x);
+        if allowed && sc > best.score {
+            best = Candidate { score: sc, index: v as u32, logit: x };
+        }
+    }
+    if t.nonfinite {
+        best.index = INDEX_NONFINITE;
+    }
+    best
+}
+
+pub const POISON_INDEX: u32 = 0xDEAD_BEEF;
+
+/// Runs the kernel with poisoned output buffers.
+pub fn run(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Candidate>, Option<Vec<LsePartial>>) {
+    let tiles = kernel.tiles(inp.vocab);
+    let layout = StageTwo { batch: inp.batch, samples: p.samples_per_row() as usize, tiles };
+    let mut cands = vec![Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN }; layout.candidate_count()];
+    let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; inp.batch * tiles]);
+    kernel
+        .launch(CpuLaunch {
+            hidden: &inp.hidden,
+            weights: &inp.weights,
+            batch: inp.batch,
+            dim: inp.dim,
+            vocab: inp.vocab,
+            temperatures: &inp.temperatures,
+            bias: inp.bias.as_deref(),
+            allowed: inp.allowed.as_deref(),
+            seed: inp.seed,
+            candidates: &mut cands,
+            lse: lse.as_deref_mut(),
+        })
+        .expect("launch");
+    (cands, lse)
+}
+
+/// How far the kernel's f32 dot product may drift from the model's sequential one.
+pub fn tolerance(inp: &Inputs, x: f32) -> f32 {
+    2e-5 * (inp.dim as f32 + 4.0) * (1.0 + x.abs())
+}
+
+/// Checks every candidate and lse partial against the model. `exact`: scores, logits and
+/// indices must match bit for bit (for inputs where every product and sum is exact).
+pub fn check(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs, exact: bool) {
+    let tile_size = kernel.config().vocab_tile as usize;
+    let (cands, lse) = run(kernel, p, inp);
+    let tiles = kernel.tiles(inp.vocab);
+    let samples = p.samples_per_row() as usize;
+    let layout = StageTwo { batch: inp.batch, samples, tiles };
+    let ctx = |r: usize, s: usize, t: usize| format!("{} {:?} B={} D={} V={} row {r} sample {s} tile {t}", p, kernel.config(), inp.batch, inp.dim, inp.vocab);
+    for r in 0..inp.batch {
+        for t in 0..tiles {
+            let tm = tile_model(p, inp, tile_size, r, t);
+            for s in 0..samples {
+                let got = cands[layout.slot(r, s, t)];
+                let want = model_candidate(p, inp, &tm, r, s);
+                if want.index == INDEX_NONFINITE || want.index == INDEX_NONE {
+                    assert_eq!(got.index, want.index, "{}: got {got:?}", ctx(r, s, t));
+                    continue;
+                }
+                assert!(got.index != INDEX_NONE && got.index != INDEX_NONFINITE && got.index != POISON_INDEX,
+                    "{}: got {got:?}, want {want:?}", ctx(r, s, t));
+                if exact {
+                    assert_eq!(
+                        (got.index, got.score.to_bits(), got.logit.to_bits()),
+                        (want.index, want.score.to_bits(), want.logit.to_bits()),
+                        "{}: got {got:?}, want {want:?}", ctx(r, s, t)
+                    );
+                    continue;
+                }
+                let tol = tolerance(inp, want.score);
+                assert!((got.score - want.score).abs() <= tol, "{}: got {got:?}, want {want:?}", ctx(r, s, t));
+                if got.index != want.index {
+                    // A near-tie: the kernel's token must score (in the model) within tolerance of the best.
+                    let &(v, x, allowed) = tm.tokens.iter().find(|tok| tok.0 == got.index as usize)
+                        .unwrap_or_else(|| panic!("{}: index {} outside the tile", ctx(r, s, t), got.index));
+                    let alt = score(p, inp, r, s, v, x);
+                    assert!(allowed && (alt - want.score).abs() <= 2.0 * tol,
+                        "{}: got {got:?}, want {want:?} (model score of got {alt})", ctx(r, s, t));
+                    assert!((got.logit - x).abs() <= tol, "{}: got {got:?}, model logit {x}", ctx(r, s, t));
+                } else {
+                    assert!((got.logit - want.logit).abs() <= tolerance(inp, want.logit), "{}: got {got:?}, want {want:?}", ctx(r, s, t));
+                }
+            }
+            if let Some(lse) = &lse {
+                let got = lse[r * tiles + t];
+                let want = tm.lse;
+                if tm.nonfinite {
+                    continue;
+                }
+                if want.max == f32::NEG_INFINITY {
+                    assert_eq!((got.max, got.sum), (want.max, want.sum), "lse {}", ctx(r, 0, t));
+                } else {
+                    // Compare the partials' logsumexp: max and sum trade off under near-ties.
+                    let (g, w) = (got.max as f64 + (got.sum as f64).ln(), want.max as f64 + (want.sum as f64).ln());
+                    let tol = tolerance(inp, want.max) as f64 + 1e-5 * (1.0 + w.abs());
+                    assert!((g - w).abs() <= tol, "lse {}: got {got:?}, want {want:?}", ctx(r, 0, t));
+                    assert!(got.sum >= 1.0 - 1e-5 && got.sum <= tm.tokens.len() as f32 + 1e-3, "lse {}: {got:?}", ctx(r, 0, t));
+                }
+            }
+        }
+    }
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// Random inputs for a pipeline: values in [-1, 1], temperatures in {0, 0.5, 1, 1.7}
+/// (0 only with a temperature transform), ~30 % banned tokens and ~10 % -inf bias.
+pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, vocab: usize) -> Inputs {
+    let dtype = p.weights.dtype;
+    let hidden = (0..batch * dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let weights = (0..vocab * dim).flat_map(|_| encode(dtype, rng.random_range(-1.0f32..1.0))).collect();
+    let temperatures = (0..batch)
+        .map(|_| if p.temperature().is_some() { [0.0, 0.5, 1.0, 1.7][rng.random_range(0..4)] } else { 1.0 })
+        .collect();
+    let bias = p.has_bias().then(|| {
+        (0..vocab).map(|_| if rng.random_bool(0.1) { f32::NEG_INFINITY } else { rng.random_range(-2.0f32..2.0) }).collect()
+    });
+    let allowed = p.has_mask().then(|| {
+        let words = vocab.div_ceil(32);
+        let mut bits = vec![0u32; batch * words];
+        for r in 0..batch {
+            for v in 0..vocab {
+                if rng.random_bool(0.7) {
+                    bits[r * words + v / 32] |= 1 << (v % 32);
+                }
+            }
+        }
+        bits
+    });
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random() }
+}
+
+pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {
+    CpuKernel::compile(p, &CpuConfig { vocab_tile, row_block, threads }).expect("compile")
+}
