@@ -1,0 +1,128 @@
+//! Config validation, launch argument checking and the CLIF snapshot.
+
+mod common;
+
+use common::*;
+use flashsample_abi::{Candidate, LsePartial};
+use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_ir::{DType, Outputs, PipelineBuilder};
+
+#[test]
+fn config_validation_names_the_field() {
+    let ok = CpuConfig { vocab_tile: 64, row_block: 2, threads: 2 };
+    assert!(ok.validate().is_ok());
+    for (cfg, field) in [
+        (CpuConfig { vocab_tile: 6, ..ok.clone() }, "vocab_tile"),
+        (CpuConfig { vocab_tile: 0, ..ok.clone() }, "vocab_tile"),
+        (CpuConfig { row_block: 0, ..ok.clone() }, "row_block"),
+        (CpuConfig { row_block: 9, ..ok.clone() }, "row_block"),
+        (CpuConfig { threads: 0, ..ok.clone() }, "threads"),
+    ] {
+        match cfg.validate() {
+            Err(CpuCodegenError::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{cfg:?}: {other:?}"),
+        }
+        let p = PipelineBuilder::new("P", DType::F32, DType::BF16).build().unwrap();
+        assert!(matches!(CpuKernel::compile(&p, &cfg), Err(CpuCodegenError::InvalidConfig { .. })));
+    }
+}
+
+#[test]
+fn heuristic_configs_are_valid_and_roundtrip_through_serde() {
+    for (b, d, v) in [(1, 4096, 151_936), (16, 1024, 151_936), (3, 7, 5), (64, 8, 1)] {
+        let cfg = CpuConfig::heuristic(b, d, v);
+        cfg.validate().unwrap();
+        let json = serde_json::to_string(&cfg).unwrap();
+        assert_eq!(serde_json::from_str::<CpuConfig>(&json).unwrap(), cfg);
+    }
+}
+
+#[test]
+fn invalid_pipelines_are_errors() {
+    let p = PipelineBuilder::new("P", DType::F32, DType::BF16).softcap(-1.0).build_unchecked();
+    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1 };
+    assert!(matches!(CpuKernel::compile(&p, &cfg), Err(CpuCodegenError::Pipeline(_))));
+}
+
+#[test]
+fn launch_rejects_mismatched_buffers() {
+    let p = PipelineBuilder::new("P", DType::F32, DType::BF16)
+        .bias("b")
+        .gumbel("seed", 2)
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false })
+        .build()
+        .unwrap();
+    let kernel = compile(&p, 8, 2, 1);
+    let (batch, dim, vocab) = (3usize, 5usize, 20usize);
+    let tiles = kernel.tiles(vocab);
+    assert_eq!(tiles, 3);
+    let hidden = vec![0.5f32; batch * dim];
+    let weights = vec![0u8; vocab * dim * 2];
+    let temps = vec![1.0f32; batch];
+    let bias = vec![0.0f32; vocab];
+    let mask = vec![u32::MAX; batch];
+    let mut cands = vec![Candidate { score: 0.0, index: 0, logit: 0.0 }; batch * 2 * tiles];
+    let mut lse = vec![LsePartial::EMPTY; batch * tiles];
+    let launch = |hidden: &[f32], weights: &[u8], temps: &[f32], bias: Option<&[f32]>, allowed: Option<&[u32]>,
+                  cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
+        kernel.launch(CpuLaunch {
+            hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
+        })
+    };
+    assert!(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands, Some(&mut lse)).is_ok());
+    let length = |r: Result<(), CpuCodegenError>| match r {
+        Err(CpuCodegenError::Length { what, .. }) => what,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(length(launch(&hidden[1..], &weights, &temps, Some(&bias), None, &mut cands, Some(&mut lse))), "hidden");
+    assert_eq!(length(launch(&hidden, &weights[2..], &temps, Some(&bias), None, &mut cands, Some(&mut lse))), "weights");
+    assert_eq!(length(launch(&hidden, &weights, &temps[1..], Some(&bias), None, &mut cands, Some(&mut lse))), "temperatures");
+    assert_eq!(length(launch(&hidden, &weights, &temps, Some(&bias[1..]), None, &mut cands, Some(&mut lse))), "bias");
+    assert_eq!(length(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands[1..], Some(&mut lse))), "candidates");
+    assert_eq!(length(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands, Some(&mut lse[1..]))), "lse");
+    assert!(matches!(launch(&hidden, &weights, &temps, None, None, &mut cands, Some(&mut lse)), Err(CpuCodegenError::Missing("bias"))));
+    assert!(matches!(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands, None), Err(CpuCodegenError::Missing("lse"))));
+    assert!(matches!(
+        launch(&hidden, &weights, &temps, Some(&bias), Some(&mask), &mut cands, Some(&mut lse)),
+        Err(CpuCodegenError::Unexpected("allowed"))
+    ));
+}
+
+#[test]
+fn empty_launches_write_nothing() {
+    let p = PipelineBuilder::new("P", DType::F32, DType::F32).argmax().build().unwrap();
+    let kernel = compile(&p, 8, 2, 2);
+    let mut none: [Candidate; 0] = [];
+    for (batch, vocab) in [(0, 10), (2, 0)] {
+        kernel
+            .launch(CpuLaunch {
+                hidden: &vec![0.0; batch * 3],
+                weights: &vec![0; vocab * 3 * 4],
+                batch,
+                dim: 3,
+                vocab,
+                temperatures: &vec![1.0; batch],
+                bias: None,
+                allowed: None,
+                seed: 0,
+                candidates: &mut none,
+                lse: None,
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn clif_snapshot() {
+    let p = PipelineBuilder::new("Snap", DType::F32, DType::BF16)
+        .temperature_per_row("t")
+        .mask("m")
+        .gumbel("seed", 1)
+        .build()
+        .unwrap();
+    let cfg = CpuConfig { vocab_tile: 16, row_block: 2, threads: 1 };
+    let a = CpuKernel::compile(&p, &cfg).unwrap();
+    let b = CpuKernel::compile(&p, &cfg).unwrap();
+    assert_eq!(a.clif(), b.clif(), "CLIF is deterministic");
+    insta::assert_snapshot!(a.clif());
+}
