@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: GPU tests, compute-sanitizer, benchmark. Binaries are built
+# elsewhere and carried in .carry/ (gpu = the tests/tests/gpu.rs binary, gpu_bench).
+# STAGES picks what runs (default: all); logs go to $OUT, a short summary is printed last.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"info tests cache sanitizer bench"}
+SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
+BIN=.carry
+export FLASHSAMPLE_CACHE_DIR=/tmp/flashsample-cache
+summary=()
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if has info; then
+  { date -u; nvidia-smi; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; } >"$OUT/info.txt" 2>&1
+  summary+=("gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)")
+fi
+if has tests; then
+  start=$SECONDS
+  "$BIN/gpu" --test-threads=4 ${TEST_FILTER:-} >"$OUT/tests.log" 2>&1
+  rc=$?
+  summary+=("tests rc=$rc ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/tests.log" | tail -1)")
+  summary+=("$(grep -E '^test .* FAILED$' "$OUT/tests.log" | head -20)")
+fi
+if has cache; then
+  FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$BIN/gpu" ptx_disk_cache --exact --nocapture >"$OUT/cache.log" 2>&1
+  summary+=("disk cache second process rc=$?: $(grep -E 'ok: PTX|panicked' "$OUT/cache.log" | head -2)")
+fi
+if has sanitizer; then
+  start=$SECONDS
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu" "$SAN_FILTER" --test-threads=1 >"$OUT/sanitizer.log" 2>&1
+  summary+=("memcheck rc=$? ($((SECONDS - start)) s): $(grep -E 'ERROR SUMMARY|test result' "$OUT/sanitizer.log" | tr '\n' ' ')")
+fi
+if has peers; then
+  PYTHONUNBUFFERED=1 python3 bench/peers/torch_peers.py --json ${PEER_ARGS:-} >"$OUT/peers.json" 2>"$OUT/peers.log"
+  summary+=("peers rc=$?")
+fi
+if has bench; then
+  start=$SECONDS
+  "$BIN/gpu_bench" --json-out "$OUT/bench.json" ${BENCH_ARGS:-} >"$OUT/bench.txt" 2>"$OUT/bench.log"
+  summary+=("bench rc=$? ($((SECONDS - start)) s)")
+fi
+echo "=================== summary"
+printf '%s\n' "${summary[@]}"
+[ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
+true
