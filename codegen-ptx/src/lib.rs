@@ -1,1 +1,115 @@
-//! placeholder
+//! `flashsample-codegen-ptx`: lowers a [`flashsample_ir::Pipeline`] and a [`GpuConfig`] to
+//! PTX through LLVM's NVPTX backend (via inkwell) — the stage-one kernel
+//! (`flashsample_stage1`: tensor-core `logitsᵀ = W·Hᵀ` with the fused sampling epilogue) and
+//! the stage-two kernel (`flashsample_stage2`: the reduction over vocab tiles).
+//!
+//! Generation needs neither a GPU nor `ptxas`; the runtime loads the PTX with the driver.
+//! Kernel parameters and semantics are those of DESIGN.md ("GPU"); launch geometry comes
+//! from [`GpuConfig`] ([`GpuConfig::grid`], [`GpuConfig::block`], [`GpuConfig::smem_bytes`],
+//! [`GpuConfig::stage2_grid`], [`GpuConfig::stage2_block_threads`]).
+
+mod config;
+mod ir;
+mod math;
+mod stage1;
+mod stage2;
+
+pub use config::{uses_tensor_cores, Arch, GpuConfig, GpuLimits, MAX_ACCUMULATORS_PER_THREAD, STAGE2_THREADS};
+
+use flashsample_ir::{DType, IrError, Pipeline};
+use inkwell::{
+    context::Context,
+    memory_buffer::MemoryBuffer,
+    passes::PassBuilderOptions,
+    targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple},
+    OptimizationLevel,
+};
+
+/// Changes whenever the generated code may change, so cached PTX from another version is
+/// never loaded.
+pub const COMPILER_VERSION: &str = concat!("flashsample-codegen-ptx ", env!("CARGO_PKG_VERSION"), " gen 1");
+
+/// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).
+pub const PTX_FEATURES: &str = "+ptx80";
+
+/// Why a pipeline or config could not be lowered.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PtxError {
+    #[error("invalid pipeline: {0}")]
+    Pipeline(#[from] IrError),
+    #[error("invalid GPU config: `{knob}`: {reason}")]
+    InvalidConfig { knob: &'static str, reason: String },
+    #[error("GPU config needs {needed} {what}, the device allows {limit}")]
+    OverLimit { what: &'static str, needed: u32, limit: u32 },
+    #[error("compute capability {}.{} is not supported (flashsample needs sm_80 or newer: mma.sync bf16, ldmatrix, cp.async)", compute_capability.0, compute_capability.1)]
+    UnsupportedArch { compute_capability: (u32, u32) },
+    #[error("hidden {hidden:?} × weights {weights:?}: {reason}")]
+    UnsupportedDtypes { hidden: DType, weights: DType, reason: &'static str },
+    #[error("LLVM failed: {0}")]
+    Llvm(String),
+}
+
+/// A compiled pipeline: one PTX module holding both kernels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompiledPtx {
+    pub ptx: String,
+    /// Entry name of the stage-one kernel (`flashsample_stage1`).
+    pub stage1: &'static str,
+    /// Entry name of the stage-two kernel (`flashsample_stage2`).
+    pub stage2: &'static str,
+    /// The config the stage-one kernel was specialised for (its geometry must be used).
+    pub config: GpuConfig,
+    pub arch: Arch,
+}
+
+/// The LLVM IR text of the module (both kernels), before optimisation. For inspection.
+pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxError> {
+    config.validate_shape(pipeline)?;
+    let mut m = String::from(ir::PRELUDE);
+    m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
+    m.push_str("@fs_smem = external addrspace(3) global [0 x i8], align 16\n");
+    m.push_str(stage2::SCRATCH_DECL);
+    m.push('\n');
+    m.push_str(&math::helpers());
+    m.push_str(&stage1::emit(pipeline, config));
+    m.push('\n');
+    m.push_str(&stage2::emit());
+    Ok(m)
+}
+
+/// Lowers `pipeline` with `config` to PTX for `arch`. Validates the config's shape (not the
+/// device limits: call [`GpuConfig::validate`] with the device's [`GpuLimits`] first).
+pub fn compile(pipeline: &Pipeline, config: &GpuConfig, arch: Arch) -> Result<CompiledPtx, PtxError> {
+    let text = llvm_ir(pipeline, config)?;
+    let ptx = ir_to_ptx(&text, arch)?;
+    Ok(CompiledPtx { ptx, stage1: stage1::NAME, stage2: stage2::NAME, config: config.clone(), arch })
+}
+
+/// Parses LLVM IR text, optimises it at O3 and emits PTX.
+fn ir_to_ptx(text: &str, arch: Arch) -> Result<String, PtxError> {
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
+    let target = Target::from_triple(&triple).map_err(|e| PtxError::Llvm(e.to_string()))?;
+    let machine = target
+        .create_target_machine(
+            &triple,
+            arch.sm_name(),
+            PTX_FEATURES,
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| PtxError::Llvm(format!("no NVPTX target machine for {}", arch.sm_name())))?;
+    let context = Context::create();
+    let buffer = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), "flashsample");
+    let module = context.create_module_from_ir(buffer).map_err(|e| PtxError::Llvm(e.to_string()))?;
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    module.verify().map_err(|e| PtxError::Llvm(e.to_string()))?;
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|e| PtxError::Llvm(e.to_string()))?;
+    let out = machine
+        .write_to_memory_buffer(&module, FileType::Assembly)
+        .map_err(|e| PtxError::Llvm(e.to_string()))?;
+    String::from_utf8(out.as_slice().to_vec()).map_err(|e| PtxError::Llvm(e.to_string()))
+}

@@ -1,0 +1,316 @@
+//! Tile configurations of the stage-one kernel, their validation against device limits,
+//! the launch geometry they imply, and the autotuner's search space.
+
+use crate::PtxError;
+use flashsample_ir::{DType, Pipeline};
+use serde::{Deserialize, Serialize};
+
+/// The PTX target a module is generated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Arch {
+    /// Ampere / Ada (`.target sm_80`): mma.sync bf16/f16, ldmatrix, cp.async.
+    Sm80,
+    /// Hopper (`.target sm_90`); the PTX uses no `sm_90a` features, so it JIT-compiles forward.
+    Sm90,
+}
+
+impl Arch {
+    /// The target for a compute capability: 8.x → `Sm80`, 9.x and newer → `Sm90`.
+    pub fn from_compute_capability(cc: (u32, u32)) -> Result<Arch, PtxError> {
+        match cc.0 {
+            8 => Ok(Arch::Sm80),
+            9.. => Ok(Arch::Sm90),
+            _ => Err(PtxError::UnsupportedArch { compute_capability: cc }),
+        }
+    }
+
+    pub fn sm_name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90 => "sm_90",
+        }
+    }
+}
+
+/// Device limits, as the runtime reads them from the driver. Codegen reads no other
+/// source of architectural limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuLimits {
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, bytes.
+    pub max_shared_per_block_optin: u32,
+    pub max_threads_per_block: u32,
+    pub max_regs_per_block: u32,
+}
+
+impl GpuLimits {
+    /// An H200 (sm 9.0, 132 SMs, 227 KiB opt-in shared memory per block), as recorded from
+    /// its driver; for tests and offline enumeration.
+    pub const H200: GpuLimits = GpuLimits {
+        compute_capability: (9, 0),
+        sm_count: 132,
+        max_shared_per_block_optin: 232_448,
+        max_threads_per_block: 1024,
+        max_regs_per_block: 65_536,
+    };
+}
+
+/// One stage-one tile configuration. A CTA computes a `vocab_tile × batch_tile` block of
+/// logits and the candidates of that vocab tile for `batch_tile` rows.
+///
+/// - `vocab_tile`: vocabulary rows per CTA and the candidate-buffer tile
+///   ([`GpuConfig::tiles`]). A multiple of `32 · warps`: each warp owns
+///   `vocab_tile / warps` rows in blocks of 32 (two m16 MMA tiles, so that every thread owns
+///   whole quads of 4 consecutive tokens: one Philox call per quad).
+/// - `batch_tile`: batch rows per CTA (the MMA `n`), a multiple of 8, at most 128.
+/// - `k_step`: hidden-dimension elements per pipeline stage (64 or 128; tensor path).
+/// - `warps`: warps per CTA; they split the vocab tile.
+/// - `stages`: depth of the `cp.async` shared-memory ring (2..=8) for the tensor-core
+///   path; `1` selects the SIMT path (no ring, any dtypes; required for f32 or mixed dtypes).
+/// - `persistent`: launch `min(work items, ctas_per_sm · SMs)` CTAs that loop over the
+///   (vocab tile, batch tile) work items instead of one CTA per item.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuConfig {
+    pub vocab_tile: u32,
+    pub batch_tile: u32,
+    pub k_step: u32,
+    pub warps: u32,
+    pub stages: u32,
+    pub persistent: bool,
+}
+
+/// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
+pub const MAX_ACCUMULATORS_PER_THREAD: u32 = 128;
+/// Threads of the stage-two kernel (one CTA per batch row).
+pub const STAGE2_THREADS: u32 = 256;
+
+/// Whether a pipeline's dtypes run on tensor cores (same 16-bit dtype on both operands).
+pub fn uses_tensor_cores(pipeline: &Pipeline) -> bool {
+    pipeline.hidden.dtype == pipeline.weights.dtype && matches!(pipeline.hidden.dtype, DType::BF16 | DType::F16)
+}
+
+fn bad(knob: &'static str, reason: impl Into<String>) -> PtxError {
+    PtxError::InvalidConfig { knob, reason: reason.into() }
+}
+
+impl GpuConfig {
+    /// Whether this config runs the tensor-core (mma.sync) path; `stages == 1` is SIMT.
+    pub fn is_tensor(&self) -> bool {
+        self.stages >= 2
+    }
+
+    pub fn block_threads(&self) -> u32 {
+        self.warps * 32
+    }
+
+    /// 32-row vocab blocks per warp (each thread owns one quad of each).
+    pub(crate) fn quads_per_thread(&self) -> u32 {
+        self.vocab_tile / (32 * self.warps)
+    }
+
+    /// f32 accumulators per thread: 4 tokens per quad × 2 columns per 8-column n tile.
+    pub fn accumulators_per_thread(&self) -> u32 {
+        self.quads_per_thread() * 4 * (self.batch_tile / 8) * 2
+    }
+
+    /// Bytes of one ring stage: the W tile then the H tile, `k_step` elements per row.
+    pub(crate) fn stage_bytes(&self) -> u32 {
+        (self.vocab_tile + self.batch_tile) * self.k_step * 2
+    }
+
+    /// Bytes of the epilogue's cross-warp scratch (aliases the ring once the k loop is done):
+    /// per (warp, column) score, index, logit, lse max, lse sum, non-finite flag.
+    pub(crate) fn scratch_bytes(&self) -> u32 {
+        self.warps * self.batch_tile * 4 * 6
+    }
+
+    /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
+    /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
+    pub fn smem_bytes(&self) -> u32 {
+        let ring = if self.is_tensor() { self.stages * self.stage_bytes() } else { 0 };
+        ring.max(self.scratch_bytes())
+    }
+
+    /// Candidate-buffer tiles for `vocab` tokens: `ceil(vocab / vocab_tile)`.
+    pub fn tiles(&self, vocab: usize) -> usize {
+        vocab.div_ceil(self.vocab_tile as usize)
+    }
+
+    /// Batch tiles for `batch` rows.
+    pub fn batch_tiles(&self, batch: usize) -> usize {
+        batch.div_ceil(self.batch_tile as usize)
+    }
+
+    /// Resident CTAs per SM a persistent launch plans for: as many as fit 1024 threads
+    /// (every sm_80+ SM holds at least that many) and the opt-in shared memory, at least 1.
+    pub fn ctas_per_sm(&self) -> u32 {
+        (1024 / self.block_threads()).clamp(1, 4)
+    }
+
+    /// Stage-one grid `(x, y, z)`: `(tiles, batch tiles, 1)`, or for a persistent config
+    /// `(min(tiles · batch tiles, ctas_per_sm · sm_count), 1, 1)`. Zero-sized when
+    /// `batch` or `vocab` is 0 (do not launch). The block is `(block_threads(), 1, 1)`.
+    pub fn grid(&self, batch: usize, vocab: usize, sm_count: u32) -> (u32, u32, u32) {
+        let (tiles, btiles) = (self.tiles(vocab) as u64, self.batch_tiles(batch) as u64);
+        if self.persistent {
+            let items = tiles * btiles;
+            let ctas = items.min(u64::from(self.ctas_per_sm()) * u64::from(sm_count.max(1)));
+            (ctas as u32, 1, 1)
+        } else {
+            (tiles as u32, btiles as u32, 1)
+        }
+    }
+
+    pub fn block(&self) -> (u32, u32, u32) {
+        (self.block_threads(), 1, 1)
+    }
+
+    /// Stage-two grid: one CTA per batch row.
+    pub fn stage2_grid(&self, batch: usize) -> (u32, u32, u32) {
+        (batch as u32, 1, 1)
+    }
+
+    pub fn stage2_block_threads(&self) -> u32 {
+        STAGE2_THREADS
+    }
+
+    /// Rough per-thread register need, for pruning (accumulators + addressing + epilogue).
+    pub(crate) fn estimated_registers(&self) -> u32 {
+        self.accumulators_per_thread() + 72
+    }
+
+    /// Checks what code generation relies on, independent of the device.
+    pub fn validate_shape(&self, pipeline: &Pipeline) -> Result<(), PtxError> {
+        pipeline.validate()?;
+        if !(1..=32).contains(&self.warps) {
+            return Err(bad("warps", format!("{} warps; 1..=32", self.warps)));
+        }
+        if self.vocab_tile == 0 || self.vocab_tile % (32 * self.warps) != 0 {
+            return Err(bad(
+                "vocab_tile",
+                format!("{} is not a positive multiple of 32 · warps = {}", self.vocab_tile, 32 * self.warps),
+            ));
+        }
+        if self.batch_tile == 0 || self.batch_tile % 8 != 0 || self.batch_tile > 128 {
+            return Err(bad("batch_tile", format!("{} is not a multiple of 8 in 8..=128 (mma n = 8)", self.batch_tile)));
+        }
+        if self.batch_tile > self.block_threads() {
+            return Err(bad("batch_tile", format!("{} exceeds the {} threads that reduce it", self.batch_tile, self.block_threads())));
+        }
+        if self.accumulators_per_thread() > MAX_ACCUMULATORS_PER_THREAD {
+            return Err(bad(
+                "vocab_tile",
+                format!(
+                    "{} accumulators per thread (vocab_tile·batch_tile / (32·warps)); at most {MAX_ACCUMULATORS_PER_THREAD}",
+                    self.accumulators_per_thread()
+                ),
+            ));
+        }
+        if self.is_tensor() {
+            if !uses_tensor_cores(pipeline) {
+                return Err(PtxError::UnsupportedDtypes {
+                    hidden: pipeline.hidden.dtype,
+                    weights: pipeline.weights.dtype,
+                    reason: "tensor cores (stages >= 2) need hidden and weights of the same 16-bit dtype; use stages = 1 (SIMT)",
+                });
+            }
+            if !matches!(self.k_step, 64 | 128) {
+                return Err(bad("k_step", format!("{}; the tensor path takes 64 or 128 (swizzled 128-byte rows)", self.k_step)));
+            }
+            if self.stages > 8 {
+                return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
+            }
+        } else if self.stages != 1 {
+            return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
+        }
+        Ok(())
+    }
+
+    /// Prunes configs that cannot run on a device: bad shapes, dtype mixes without a path,
+    /// shared memory, threads or registers over the limits.
+    pub fn validate(&self, pipeline: &Pipeline, limits: &GpuLimits) -> Result<(), PtxError> {
+        Arch::from_compute_capability(limits.compute_capability)?;
+        self.validate_shape(pipeline)?;
+        if self.block_threads() > limits.max_threads_per_block {
+            return Err(PtxError::OverLimit {
+                what: "threads per block",
+                needed: self.block_threads(),
+                limit: limits.max_threads_per_block,
+            });
+        }
+        if self.smem_bytes() > limits.max_shared_per_block_optin {
+            return Err(PtxError::OverLimit {
+                what: "shared memory per block (bytes)",
+                needed: self.smem_bytes(),
+                limit: limits.max_shared_per_block_optin,
+            });
+        }
+        let regs = self.estimated_registers();
+        if regs > 255 || regs * self.block_threads() > limits.max_regs_per_block {
+            return Err(PtxError::OverLimit {
+                what: "registers per block (estimated)",
+                needed: regs * self.block_threads(),
+                limit: limits.max_regs_per_block.min(255 * self.block_threads()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The documented fallback when no tuned config exists:
+    /// - f32 or mixed dtypes: SIMT, 4 warps, 128 × 8 tile.
+    /// - batch ≤ 8 (memory-bound GEMV): 8 warps split a 256-row vocab tile, batch tile 8,
+    ///   k_step 64, 4 stages (≈ 135 KB of `cp.async` in flight per SM).
+    /// - batch ≤ 32: 4 warps, 128 × 32, k_step 64, 4 stages.
+    /// - larger: 4 warps, 128 × 64, k_step 64, 4 stages.
+    ///
+    /// Stages are reduced until shared memory fits `limits`. `dim` is unused today.
+    pub fn heuristic(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, limits: &GpuLimits) -> GpuConfig {
+        let _ = (dim, vocab);
+        if !uses_tensor_cores(pipeline) {
+            return GpuConfig { vocab_tile: 128, batch_tile: 8, k_step: 64, warps: 4, stages: 1, persistent: false };
+        }
+        let (vocab_tile, batch_tile, warps) = match batch {
+            0..=8 => (256, 8, 8),
+            9..=32 => (128, 32, 4),
+            _ => (128, 64, 4),
+        };
+        let mut c = GpuConfig { vocab_tile, batch_tile, k_step: 64, warps, stages: 4, persistent: false };
+        while c.stages > 2 && c.smem_bytes() > limits.max_shared_per_block_optin {
+            c.stages -= 1;
+        }
+        c
+    }
+
+    /// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`].
+    pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
+        let mut out = Vec::new();
+        let tensor = uses_tensor_cores(pipeline);
+        for warps in [4u32, 8] {
+            for quads in [1u32, 2, 4] {
+                for batch_tile in [8u32, 16, 32, 64, 128] {
+                    let (k_steps, stages): (&[u32], &[u32]) =
+                        if tensor { (&[64, 128], &[2, 3, 4, 6]) } else { (&[64], &[1]) };
+                    for &k_step in k_steps {
+                        for &stages in stages {
+                            for persistent in [false, true] {
+                                let c = GpuConfig {
+                                    vocab_tile: 32 * warps * quads,
+                                    batch_tile,
+                                    k_step,
+                                    warps,
+                                    stages,
+                                    persistent,
+                                };
+                                if c.validate(pipeline, limits).is_ok() {
+                                    out.push(c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}

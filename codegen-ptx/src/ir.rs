@@ -1,0 +1,211 @@
+//! A small LLVM-IR text writer: fresh SSA names, entry-block allocas for mutable values
+//! (promoted to registers by `mem2reg`), structured loops and ifs, and the NVPTX inline
+//! assembly and intrinsics the kernels use.
+//!
+//! The kernels are emitted as textual LLVM IR and parsed by LLVM (through inkwell), so the
+//! generated code reads like the PTX it becomes and every instruction is visible in review.
+
+use std::fmt::Write;
+
+/// An f32 constant in LLVM's exact hexadecimal form (the f32 value widened to f64 bits).
+pub(crate) fn f32c(v: f32) -> String {
+    format!("0x{:016X}", f64::from(v).to_bits())
+}
+
+/// One function body under construction.
+pub(crate) struct Func {
+    allocas: String,
+    body: String,
+    next: u32,
+}
+
+impl Func {
+    pub(crate) fn new() -> Self {
+        Func { allocas: String::new(), body: String::new(), next: 0 }
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}{}", self.next)
+    }
+
+    /// Emits `%vN = rhs` and returns `%vN`.
+    pub(crate) fn v(&mut self, rhs: impl AsRef<str>) -> String {
+        let name = self.fresh("%v");
+        let _ = writeln!(self.body, "  {name} = {}", rhs.as_ref());
+        name
+    }
+
+    /// Emits a statement without a result.
+    pub(crate) fn s(&mut self, stmt: impl AsRef<str>) {
+        let _ = writeln!(self.body, "  {}", stmt.as_ref());
+    }
+
+    pub(crate) fn label(&mut self, hint: &str) -> String {
+        self.fresh(&format!("{hint}."))
+    }
+
+    pub(crate) fn place(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+
+    pub(crate) fn br(&mut self, label: &str) {
+        self.s(format!("br label %{label}"));
+    }
+
+    /// A mutable value of type `ty` (an entry-block alloca) initialised here to `init`.
+    pub(crate) fn var(&mut self, ty: &str, init: &str) -> Var {
+        let ptr = self.fresh("%m");
+        let _ = writeln!(self.allocas, "  {ptr} = alloca {ty}");
+        let var = Var { ptr, ty: ty.to_string() };
+        self.set(&var, init);
+        var
+    }
+
+    pub(crate) fn get(&mut self, var: &Var) -> String {
+        self.v(format!("load {}, ptr {}", var.ty, var.ptr))
+    }
+
+    pub(crate) fn set(&mut self, var: &Var, value: &str) {
+        self.s(format!("store {} {value}, ptr {}", var.ty, var.ptr));
+    }
+
+    /// `for (i = start; i < end (unsigned); i += step) body(i)`; all i32.
+    pub(crate) fn for_loop(&mut self, start: &str, end: &str, step: &str, body: impl FnOnce(&mut Func, &str)) {
+        let i = self.var("i32", start);
+        let head = self.label("loop");
+        let inner = self.label("body");
+        let exit = self.label("done");
+        self.br(&head);
+        self.place(&head);
+        let iv = self.get(&i);
+        let go = self.v(format!("icmp ult i32 {iv}, {end}"));
+        self.s(format!("br i1 {go}, label %{inner}, label %{exit}"));
+        self.place(&inner);
+        body(self, &iv);
+        let nx = self.v(format!("add i32 {iv}, {step}"));
+        self.set(&i, &nx);
+        self.br(&head);
+        self.place(&exit);
+    }
+
+    pub(crate) fn if_then(&mut self, cond: &str, then: impl FnOnce(&mut Func)) {
+        let yes = self.label("then");
+        let join = self.label("endif");
+        self.s(format!("br i1 {cond}, label %{yes}, label %{join}"));
+        self.place(&yes);
+        then(self);
+        self.br(&join);
+        self.place(&join);
+    }
+
+    pub(crate) fn if_else(&mut self, cond: &str, then: impl FnOnce(&mut Func), otherwise: impl FnOnce(&mut Func)) {
+        let yes = self.label("then");
+        let no = self.label("else");
+        let join = self.label("endif");
+        self.s(format!("br i1 {cond}, label %{yes}, label %{no}"));
+        self.place(&yes);
+        then(self);
+        self.br(&join);
+        self.place(&no);
+        otherwise(self);
+        self.br(&join);
+        self.place(&join);
+    }
+
+    /// The function text: `header {` entry allocas, body, `}`.
+    pub(crate) fn finish(self, header: &str) -> String {
+        format!("{header} {{\nentry:\n{}{}}}\n", self.allocas, self.body)
+    }
+
+    // ---- integer and address helpers (i32 unless stated) ----
+
+    pub(crate) fn add(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("add i32 {a}, {b}"))
+    }
+    pub(crate) fn mul(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("mul i32 {a}, {b}"))
+    }
+    pub(crate) fn ult(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("icmp ult i32 {a}, {b}"))
+    }
+    pub(crate) fn and1(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("and i1 {a}, {b}"))
+    }
+    pub(crate) fn sel(&mut self, ty: &str, c: &str, a: &str, b: &str) -> String {
+        self.v(format!("select i1 {c}, {ty} {a}, {ty} {b}"))
+    }
+    /// `base + index * scale` bytes on a global pointer, index widened to i64.
+    pub(crate) fn gaddr(&mut self, base: &str, index64: &str, scale: u32) -> String {
+        let off = self.v(format!("mul i64 {index64}, {scale}"));
+        self.v(format!("getelementptr i8, ptr addrspace(1) {base}, i64 {off}"))
+    }
+    pub(crate) fn zext64(&mut self, a: &str) -> String {
+        self.v(format!("zext i32 {a} to i64"))
+    }
+    /// A shared-memory byte pointer at i32 offset `off` from the kernel's shared buffer.
+    pub(crate) fn saddr(&mut self, buffer: &str, off: &str) -> String {
+        self.v(format!("getelementptr i8, ptr addrspace(3) {buffer}, i32 {off}"))
+    }
+
+    // ---- f32 arithmetic with explicit IEEE round-to-nearest (never contracted) ----
+
+    pub(crate) fn fadd(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("call float @llvm.nvvm.add.rn.f(float {a}, float {b})"))
+    }
+    pub(crate) fn fmul(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("call float @llvm.nvvm.mul.rn.f(float {a}, float {b})"))
+    }
+    pub(crate) fn fdiv(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("call float @llvm.nvvm.div.rn.f(float {a}, float {b})"))
+    }
+    pub(crate) fn fma(&mut self, a: &str, b: &str, c: &str) -> String {
+        self.v(format!("call float @llvm.nvvm.fma.rn.f(float {a}, float {b}, float {c})"))
+    }
+
+    // ---- warp and block primitives ----
+
+    pub(crate) fn shfl_xor_i32(&mut self, v: &str, mask: u32) -> String {
+        self.v(format!("call i32 @llvm.nvvm.shfl.sync.bfly.i32(i32 -1, i32 {v}, i32 {mask}, i32 31)"))
+    }
+    pub(crate) fn shfl_xor_f32(&mut self, v: &str, mask: u32) -> String {
+        let i = self.v(format!("bitcast float {v} to i32"));
+        let o = self.shfl_xor_i32(&i, mask);
+        self.v(format!("bitcast i32 {o} to float"))
+    }
+    pub(crate) fn barrier(&mut self) {
+        self.s("call void asm sideeffect \"bar.sync 0;\", \"~{memory}\"() #1");
+    }
+    pub(crate) fn sreg(&mut self, name: &str) -> String {
+        self.v(format!("call i32 @llvm.nvvm.read.ptx.sreg.{name}()"))
+    }
+}
+
+/// A mutable value: an alloca and its type.
+pub(crate) struct Var {
+    ptr: String,
+    ty: String,
+}
+
+/// Declarations every module needs (intrinsics, attribute groups).
+pub(crate) const PRELUDE: &str = r#"target triple = "nvptx64-nvidia-cuda"
+
+declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()
+declare i32 @llvm.nvvm.shfl.sync.bfly.i32(i32, i32, i32, i32)
+declare float @llvm.nvvm.add.rn.f(float, float)
+declare float @llvm.nvvm.mul.rn.f(float, float)
+declare float @llvm.nvvm.div.rn.f(float, float)
+declare float @llvm.nvvm.fma.rn.f(float, float, float)
+declare float @llvm.fabs.f32(float)
+declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.copysign.f32(float, float)
+declare float @llvm.roundeven.f32(float)
+
+attributes #0 = { alwaysinline nounwind }
+attributes #1 = { convergent nounwind }
+"#;

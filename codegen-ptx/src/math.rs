@@ -1,0 +1,151 @@
+//! The noise and transcendental functions as LLVM IR, op for op as `flashsample_abi`
+//! writes them: every multiply-add is an explicit `fma.rn`, every other f32 operation an
+//! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
+//! therefore bit-identical.
+
+use crate::ir::{f32c, Func};
+use flashsample_abi::math::{
+    EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E, TANH_SATURATE,
+};
+use flashsample_abi::rng::{PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25};
+
+/// `abi::math::ln_f32`.
+fn ln_f32() -> String {
+    let mut f = Func::new();
+    let bits = f.v("bitcast float %x to i32");
+    let t = f.v(format!("sub i32 {bits}, {LN_REDUCE_BITS}"));
+    let ti = f.v(format!("ashr i32 {t}, 23"));
+    let e = f.v(format!("sitofp i32 {ti} to float"));
+    let mant = f.v(format!("and i32 {t}, 8388607"));
+    let mb = f.v(format!("add i32 {mant}, {LN_REDUCE_BITS}"));
+    let m = f.v(format!("bitcast i32 {mb} to float"));
+    let fm1 = f.fadd(&m, &f32c(-1.0));
+    let den = f.fadd(&f32c(2.0), &fm1);
+    let s = f.fdiv(&fm1, &den);
+    let z = f.fmul(&s, &s);
+    let p = f.fma(&z, &f32c(LN_C9), &f32c(LN_C7));
+    let p = f.fma(&z, &p, &f32c(LN_C5));
+    let p = f.fma(&z, &p, &f32c(LN_C3));
+    let s2 = f.fadd(&s, &s);
+    let s2z = f.fmul(&s2, &z);
+    let ln_m = f.fma(&s2z, &p, &s2);
+    let lo = f.fma(&e, &f32c(LN2_LO), &ln_m);
+    let r = f.fma(&e, &f32c(LN2_HI), &lo);
+    f.s(format!("ret float {r}"));
+    f.finish("define internal float @fs_ln_f32(float %x) #0")
+}
+
+/// `abi::math::exp_f32`.
+fn exp_f32() -> String {
+    let mut f = Func::new();
+    let xc = f.v(format!("call float @llvm.maxnum.f32(float %x, float {})", f32c(EXP_MIN_INPUT)));
+    let xl = f.fmul(&xc, &f32c(LOG2_E));
+    let n = f.v(format!("call float @llvm.roundeven.f32(float {xl})"));
+    let nn = f.v(format!("fneg float {n}"));
+    let r = f.fma(&nn, &f32c(LN2_HI), &xc);
+    let r = f.fma(&nn, &f32c(LN2_LO), &r);
+    let p = f.fma(&r, &f32c(EXP_C[5]), &f32c(EXP_C[4]));
+    let p = f.fma(&r, &p, &f32c(EXP_C[3]));
+    let p = f.fma(&r, &p, &f32c(EXP_C[2]));
+    let p = f.fma(&r, &p, &f32c(EXP_C[1]));
+    let p = f.fma(&r, &p, &f32c(EXP_C[0]));
+    let p = f.fma(&r, &p, &f32c(1.0));
+    let p = f.fma(&r, &p, &f32c(1.0));
+    // `n as i32` saturates in Rust; n is within [-126, 128] for every input this is used on.
+    let ni = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {n})"));
+    let nb = f.v(format!("add i32 {ni}, 127"));
+    let sb = f.v(format!("shl i32 {nb}, 23"));
+    let scale = f.v(format!("bitcast i32 {sb} to float"));
+    let y = f.fmul(&p, &scale);
+    let under = f.v(format!("fcmp olt float %x, {}", f32c(EXP_MIN_INPUT)));
+    let r = f.v(format!("select i1 {under}, float 0.0, float {y}"));
+    f.s(format!("ret float {r}"));
+    f.finish("define internal float @fs_exp_f32(float %x) #0")
+}
+
+/// `abi::math::softcap_f32` (with `tanh_f32` inlined).
+fn softcap_f32() -> String {
+    let mut f = Func::new();
+    let y = f.fdiv("%x", "%cap");
+    let ay = f.v(format!("call float @llvm.fabs.f32(float {y})"));
+    let a = f.v(format!("call float @llvm.minnum.f32(float {ay}, float {})", f32c(TANH_SATURATE)));
+    let a2 = f.fadd(&a, &a);
+    let e = f.v(format!("call float @fs_exp_f32(float {a2})"));
+    let e1 = f.fadd(&e, &f32c(1.0));
+    let q = f.fdiv(&f32c(2.0), &e1);
+    let nq = f.v(format!("fneg float {q}"));
+    let t = f.fadd(&f32c(1.0), &nq);
+    let th = f.v(format!("call float @llvm.copysign.f32(float {t}, float {y})"));
+    let r = f.fmul("%cap", &th);
+    f.s(format!("ret float {r}"));
+    f.finish("define internal float @fs_softcap_f32(float %x, float %cap) #0")
+}
+
+/// `abi::rng::gumbel_f32`.
+fn gumbel_f32() -> String {
+    let mut f = Func::new();
+    let k = f.v("lshr i32 %bits, 8");
+    let k2 = f.v(format!("shl i32 {k}, 1"));
+    let n = f.v(format!("or i32 {k2}, 1"));
+    let nf = f.v(format!("uitofp i32 {n} to float"));
+    let nu = f.v(format!("fptoui float {nf} to i32"));
+    let residual = f.v(format!("sub i32 {n}, {nu}"));
+    let uh = f.fmul(&nf, &f32c(TWO_POW_M25));
+    let rf = f.v(format!("sitofp i32 {residual} to float"));
+    let ul = f.fmul(&rf, &f32c(TWO_POW_M25));
+    let lnu = f.v(format!("call float @fs_ln_f32(float {uh})"));
+    let q = f.fdiv(&ul, &uh);
+    let sum = f.fadd(&lnu, &q);
+    let e = f.v(format!("fneg float {sum}"));
+    let le = f.v(format!("call float @fs_ln_f32(float {e})"));
+    let r = f.v(format!("fneg float {le}"));
+    f.s(format!("ret float {r}"));
+    f.finish("define internal float @fs_gumbel_f32(i32 %bits) #0")
+}
+
+/// `abi::rng::philox4x32_10`, returning the four output words.
+fn philox() -> String {
+    let mut f = Func::new();
+    let mut c = ["%c0".to_string(), "%c1".to_string(), "%c2".to_string(), "%c3".to_string()];
+    let mut k = ["%k0".to_string(), "%k1".to_string()];
+    for round in 0..PHILOX_ROUNDS {
+        if round > 0 {
+            k[0] = f.add(&k[0], &(PHILOX_W0 as i32).to_string());
+            k[1] = f.add(&k[1], &(PHILOX_W1 as i32).to_string());
+        }
+        let mul = |f: &mut Func, m: u32, x: &str| {
+            let xw = f.v(format!("zext i32 {x} to i64"));
+            let p = f.v(format!("mul i64 {xw}, {m}"));
+            let hi = f.v(format!("lshr i64 {p}, 32"));
+            let hi = f.v(format!("trunc i64 {hi} to i32"));
+            let lo = f.v(format!("trunc i64 {p} to i32"));
+            (hi, lo)
+        };
+        let (hi0, lo0) = mul(&mut f, PHILOX_M0, &c[0]);
+        let (hi1, lo1) = mul(&mut f, PHILOX_M1, &c[2]);
+        let x0 = f.v(format!("xor i32 {hi1}, {}", c[1]));
+        let x0 = f.v(format!("xor i32 {x0}, {}", k[0]));
+        let x2 = f.v(format!("xor i32 {hi0}, {}", c[3]));
+        let x2 = f.v(format!("xor i32 {x2}, {}", k[1]));
+        c = [x0, lo1, x2, lo0];
+    }
+    let ty = "{ i32, i32, i32, i32 }";
+    let mut agg = "undef".to_string();
+    for (i, w) in c.iter().enumerate() {
+        agg = f.v(format!("insertvalue {ty} {agg}, i32 {w}, {i}"));
+    }
+    f.s(format!("ret {ty} {agg}"));
+    f.finish(&format!(
+        "define internal {ty} @fs_philox(i32 %c0, i32 %c1, i32 %c2, i32 %c3, i32 %k0, i32 %k1) #0"
+    ))
+}
+
+/// All math helpers of a module.
+pub(crate) fn helpers() -> String {
+    let mut out = String::from("declare i32 @llvm.fptosi.sat.i32.f32(float)\n\n");
+    for f in [ln_f32(), exp_f32(), softcap_f32(), gumbel_f32(), philox()] {
+        out.push_str(&f);
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,778 @@
+//! The stage-one kernel `flashsample_stage1`: `logitsᵀ = W·Hᵀ` for one (vocab tile, batch
+//! tile) work item per loop iteration, then the fused epilogue (DESIGN.md steps 2–7).
+//!
+//! Thread ownership (both paths): lane = 4·g + t; warp `w` owns vocab rows
+//! `[w·32P, (w+1)·32P)` of the tile in `P` blocks of 32; in block `p` the thread owns the quad
+//! of tokens `p·32 + 4g + o` (o = 0..4) and the batch columns `8n + 2t + j` (j = 0, 1) of every
+//! 8-column n tile. On the tensor path that is the m16n8k16 accumulator layout with the
+//! 32 W rows of a block permuted across its two m tiles (ldmatrix takes per-lane row
+//! addresses): MMA row `g` of m tile `2p + h` reads W row `4g + 2h`, row `g + 8` reads `4g + 2h + 1`.
+//! So each thread needs one Philox call per (quad, column, sample).
+
+use crate::config::GpuConfig;
+use crate::ir::{f32c, Func, Var};
+use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_ir::{DType, Pipeline, Transform};
+
+pub(crate) const NAME: &str = "flashsample_stage1";
+
+const NEG_INF: &str = "0xFFF0000000000000";
+
+/// Per-thread values every part of the kernel uses.
+struct Thread {
+    tid: String,
+    warp: String,
+    lane: String,
+    g: String,
+    t: String,
+}
+
+/// One work item: its vocab tile index, first vocab row and first batch row.
+struct Item {
+    vtile: String,
+    vtiles: String,
+    v0: String,
+    b0: String,
+}
+
+struct Gen<'a> {
+    p: &'a Pipeline,
+    c: &'a GpuConfig,
+    /// 32-row blocks per warp (quads per thread).
+    quads: u32,
+    /// 8-column n tiles per CTA.
+    ntiles: u32,
+}
+
+impl Gen<'_> {
+    /// Index of the accumulator for (quad p, token o, n tile n, column j).
+    fn acc_index(&self, p: u32, o: u32, n: u32, j: u32) -> usize {
+        (((p * 4 + o) * self.ntiles + n) * 2 + j) as usize
+    }
+
+    fn acc_count(&self) -> usize {
+        (self.quads * 4 * self.ntiles * 2) as usize
+    }
+
+    fn warp_rows(&self) -> u32 {
+        self.c.vocab_tile / self.c.warps
+    }
+}
+
+/// Loads one element of a `dtype` matrix at element index `index64` and widens it to f32.
+fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
+    match dtype {
+        DType::F32 => {
+            let a = f.gaddr(base, index64, 4);
+            f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
+        }
+        DType::BF16 => {
+            let a = f.gaddr(base, index64, 2);
+            let h = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
+            let w = f.v(format!("zext i16 {h} to i32"));
+            let s = f.v(format!("shl i32 {w}, 16"));
+            f.v(format!("bitcast i32 {s} to float"))
+        }
+        DType::F16 => {
+            let a = f.gaddr(base, index64, 2);
+            let h = f.v(format!("load half, ptr addrspace(1) {a}, align 2"));
+            f.v(format!("fpext half {h} to float"))
+        }
+    }
+}
+
+pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
+    let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8 };
+    let mut f = Func::new();
+    let tid = f.sreg("tid.x");
+    let warp = f.v(format!("lshr i32 {tid}, 5"));
+    let lane = f.v(format!("and i32 {tid}, 31"));
+    let lg = f.v(format!("lshr i32 {lane}, 2"));
+    let lt = f.v(format!("and i32 {lane}, 3"));
+    let th = Thread { tid, warp, lane, g: lg, t: lt };
+
+    let vt = c.vocab_tile;
+    let bt = c.batch_tile;
+    let vt_up = f.add("%vocab", &(vt - 1).to_string());
+    let vtiles = f.v(format!("udiv i32 {vt_up}, {vt}"));
+    let bt_up = f.add("%batch", &(bt - 1).to_string());
+    let btiles = f.v(format!("udiv i32 {bt_up}, {bt}"));
+    let items = f.mul(&vtiles, &btiles);
+    // Non-persistent grids are (tiles, batch tiles): one item per CTA. Persistent grids are
+    // (n, 1): CTA i takes items i, i + n, ...
+    let cx = f.sreg("ctaid.x");
+    let cy = f.sreg("ctaid.y");
+    let nx = f.sreg("nctaid.x");
+    let ny = f.sreg("nctaid.y");
+    let cyx = f.mul(&cy, &nx);
+    let item0 = f.add(&cx, &cyx);
+    let stride = f.mul(&nx, &ny);
+
+    f.for_loop(&item0, &items, &stride, |f, item| {
+        let vtile = f.v(format!("urem i32 {item}, {vtiles}"));
+        let btile = f.v(format!("udiv i32 {item}, {vtiles}"));
+        let v0 = f.mul(&vtile, &vt.to_string());
+        let b0 = f.mul(&btile, &bt.to_string());
+        let it = Item { vtile, vtiles: vtiles.clone(), v0, b0 };
+        let acc = if c.is_tensor() { g.tensor_mainloop(f, &th, &it) } else { g.simt_mainloop(f, &th, &it) };
+        g.epilogue(f, &th, &it, &acc);
+        // The next item's loads overwrite the scratch this item's epilogue read.
+        f.barrier();
+    });
+    f.s("ret void");
+    let header = format!(
+        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %hidden, \
+         ptr addrspace(1) noalias readonly %weights, ptr addrspace(1) noalias readonly %temperatures, \
+         ptr addrspace(1) noalias readonly %bias, ptr addrspace(1) noalias readonly %allowed, \
+         ptr addrspace(1) noalias %candidates, ptr addrspace(1) noalias %lse, i64 %seed, \
+         i32 %batch, i32 %dim, i32 %vocab) \"nvvm.maxntid\"=\"{}\"",
+        c.block_threads()
+    );
+    f.finish(&header)
+}
+
+impl Gen<'_> {
+    /// SIMT: each thread accumulates its own (token, column) pairs straight from global
+    /// memory (L1-cached), any dtypes, any D.
+    fn simt_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<String> {
+        let acc: Vec<Var> = (0..self.acc_count()).map(|_| f.var("float", "0.0")).collect();
+        let dim64 = f.zext64("%dim");
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let mut w_rows = Vec::new();
+        for p in 0..self.quads {
+            for o in 0..4 {
+                let v = f.add(&it.v0, &warp_base);
+                let v = f.add(&v, &(p * 32 + o).to_string());
+                let v = f.add(&v, &g4);
+                let ok = f.ult(&v, "%vocab");
+                // Out-of-range rows read row 0; their logits are excluded in the epilogue.
+                let ve = f.sel("i32", &ok, &v, "0");
+                let ve = f.zext64(&ve);
+                w_rows.push(f.v(format!("mul i64 {ve}, {dim64}")));
+            }
+        }
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        let mut h_rows = Vec::new();
+        for n in 0..self.ntiles {
+            for j in 0..2 {
+                let r = f.add(&it.b0, &(n * 8 + j).to_string());
+                let r = f.add(&r, &t2);
+                let ok = f.ult(&r, "%batch");
+                let re = f.sel("i32", &ok, &r, "0");
+                let re = f.zext64(&re);
+                h_rows.push(f.v(format!("mul i64 {re}, {dim64}")));
+            }
+        }
+        let (wd, hd) = (self.p.weights.dtype, self.p.hidden.dtype);
+        f.for_loop("0", "%dim", "1", |f, k| {
+            let k64 = f.zext64(k);
+            let w: Vec<String> = w_rows
+                .iter()
+                .map(|row| {
+                    let i = f.v(format!("add i64 {row}, {k64}"));
+                    load_elem(f, "%weights", &i, wd)
+                })
+                .collect();
+            let h: Vec<String> = h_rows
+                .iter()
+                .map(|row| {
+                    let i = f.v(format!("add i64 {row}, {k64}"));
+                    load_elem(f, "%hidden", &i, hd)
+                })
+                .collect();
+            for p in 0..self.quads {
+                for o in 0..4 {
+                    for n in 0..self.ntiles {
+                        for j in 0..2 {
+                            let a = &acc[self.acc_index(p, o, n, j)];
+                            let cur = f.get(a);
+                            let wv = &w[(p * 4 + o) as usize];
+                            let hv = &h[(n * 2 + j) as usize];
+                            let nv = f.v(format!("call float @llvm.fma.f32(float {wv}, float {hv}, float {cur})"));
+                            f.set(a, &nv);
+                        }
+                    }
+                }
+            }
+        });
+        acc.iter().map(|a| f.get(a)).collect()
+    }
+
+    /// Tensor cores: a `stages`-deep cp.async ring of (W tile, H tile) k slices in shared
+    /// memory, ldmatrix fragments, mma.sync m16n8k16 with f32 accumulators.
+    ///
+    /// Shared layout of a stage: W tile `vocab_tile` rows then H tile `batch_tile` rows, each
+    /// row `k_step` elements (128 or 256 bytes) of 16-byte chunks. Chunk `c` of row `r` is
+    /// stored at chunk `c ^ s(r)` with `s(r) = (r >> 2) & 7` for W and `r & 7` for H, so the 8
+    /// row addresses of every ldmatrix phase (W rows 4g + const, H rows n..n+7) fall in 8
+    /// distinct bank groups.
+    fn tensor_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<String> {
+        let c = self.c;
+        let ks = c.k_step;
+        let cpr = ks / 8; // 16-byte chunks per row
+        let row_bytes = ks * 2;
+        let w_tile_bytes = c.vocab_tile * row_bytes;
+        let stage_bytes = c.stage_bytes();
+        let mtiles = self.quads * 2;
+
+        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4).map(|_| f.var("float", "0.0")).collect();
+        let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i64");
+        let ks_up = f.add("%dim", &(ks - 1).to_string());
+        let ktiles = f.v(format!("udiv i32 {ks_up}, {ks}"));
+        // cp.async needs 16-byte aligned global chunks: rows of D·2 bytes with D % 8 == 0 and
+        // 16-byte aligned bases. Otherwise the same ring is filled by predicated 2-byte loads.
+        let d7 = f.v("and i32 %dim, 7");
+        let d_ok = f.v(format!("icmp eq i32 {d7}, 0"));
+        let hi = f.v("ptrtoint ptr addrspace(1) %hidden to i64");
+        let wi = f.v("ptrtoint ptr addrspace(1) %weights to i64");
+        let hw = f.v(format!("or i64 {hi}, {wi}"));
+        let hw = f.v(format!("and i64 {hw}, 15"));
+        let p_ok = f.v(format!("icmp eq i64 {hw}, 0"));
+        let aligned = f.and1(&d_ok, &p_ok);
+
+        let load_stage = |f: &mut Func, kt: &str, slot: &str| {
+            let kbase = f.mul(kt, &ks.to_string());
+            let slot_off = f.mul(slot, &stage_bytes.to_string());
+            let chunks = |f: &mut Func, asynchronous: bool| {
+                for (is_w, rows, tile_off, base_row, limit, ptr) in [
+                    (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
+                    (false, c.batch_tile, w_tile_bytes, &it.b0, "%batch", "%hidden"),
+                ] {
+                    let n_chunks = rows * cpr;
+                    let nthr = c.block_threads();
+                    for u in 0..n_chunks.div_ceil(nthr) {
+                        let i = f.add(&th.tid, &(u * nthr).to_string());
+                        let body = |f: &mut Func| {
+                            let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
+                            let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
+                            let s = if is_w { f.v(format!("lshr i32 {row}, 2")) } else { row.clone() };
+                            let s = f.v(format!("and i32 {s}, 7"));
+                            let sw = f.v(format!("xor i32 {cc}, {s}"));
+                            let ro = f.mul(&row, &row_bytes.to_string());
+                            let so = f.v(format!("shl i32 {sw}, 4"));
+                            let dst = f.add(&slot_off, &ro);
+                            let dst = f.add(&dst, &so);
+                            let dst = f.add(&dst, &tile_off.to_string());
+                            let gr = f.add(base_row, &row);
+                            let row_ok = f.ult(&gr, limit);
+                            let c8 = f.v(format!("shl i32 {cc}, 3"));
+                            let k = f.add(&kbase, &c8);
+                            let gr64 = f.zext64(&gr);
+                            let d64 = f.zext64("%dim");
+                            let row_elem = f.v(format!("mul i64 {gr64}, {d64}"));
+                            if asynchronous {
+                                let k_ok = f.ult(&k, "%dim");
+                                let ok = f.and1(&row_ok, &k_ok);
+                                let k64 = f.zext64(&k);
+                                let e = f.v(format!("add i64 {row_elem}, {k64}"));
+                                let e = f.sel("i64", &ok, &e, "0");
+                                let src = f.gaddr(ptr, &e, 2);
+                                let d64 = f.zext64(&dst);
+                                let d64 = f.v(format!("add i64 {smem}, {d64}"));
+                                // src-size 0 zero-fills the chunk: rows past V or B, k past D.
+                                let size = f.sel("i32", &ok, "16", "0");
+                                f.s(format!(
+                                    "call void asm sideeffect \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \
+                                     \"l,l,r,~{{memory}}\"(i64 {d64}, ptr addrspace(1) {src}, i32 {size}) #1"
+                                ));
+                            } else {
+                                let mut halves = Vec::new();
+                                for e in 0..8 {
+                                    let ke = f.add(&k, &e.to_string());
+                                    let k_ok = f.ult(&ke, "%dim");
+                                    let ok = f.and1(&row_ok, &k_ok);
+                                    let k64 = f.zext64(&ke);
+                                    let ix = f.v(format!("add i64 {row_elem}, {k64}"));
+                                    let ix = f.sel("i64", &ok, &ix, "0");
+                                    let a = f.gaddr(ptr, &ix, 2);
+                                    let v = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
+                                    let v = f.sel("i16", &ok, &v, "0");
+                                    halves.push(f.v(format!("zext i16 {v} to i32")));
+                                }
+                                let mut vec = "undef".to_string();
+                                for w in 0..4 {
+                                    let hi = f.v(format!("shl i32 {}, 16", halves[2 * w + 1]));
+                                    let word = f.v(format!("or i32 {}, {hi}", halves[2 * w]));
+                                    vec = f.v(format!("insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"));
+                                }
+                                let sa = f.saddr("@fs_smem", &dst);
+                                f.s(format!("store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"));
+                            }
+                        };
+                        if (u + 1) * nthr > n_chunks {
+                            let inr = f.ult(&i, &n_chunks.to_string());
+                            f.if_then(&inr, body);
+                        } else {
+                            body(f);
+                        }
+                    }
+                }
+            };
+            f.if_else(&aligned, |f| chunks(f, true), |f| chunks(f, false));
+        };
+        let commit = |f: &mut Func| f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
+
+        // Prologue: stages − 1 slices in flight (always commit, so group counting is static).
+        for s in 0..c.stages - 1 {
+            let in_range = f.ult(&s.to_string(), &ktiles);
+            f.if_then(&in_range, |f| load_stage(f, &s.to_string(), &s.to_string()));
+            commit(f);
+        }
+        let dtype = match self.p.weights.dtype {
+            DType::F16 => "f16",
+            _ => "bf16",
+        };
+        let m = f.v(format!("and i32 {}, 15", th.lane));
+        let m7 = f.v(format!("and i32 {m}, 7"));
+        let mhi = f.v(format!("lshr i32 {m}, 3"));
+        let khalf_a = f.v(format!("lshr i32 {}, 4", th.lane));
+        let l7 = f.v(format!("and i32 {}, 7", th.lane));
+        let khalf_b = f.v(format!("lshr i32 {}, 3", th.lane));
+        let khalf_b = f.v(format!("and i32 {khalf_b}, 1"));
+        let nsel = f.v(format!("lshr i32 {}, 4", th.lane));
+        let warp_row = f.mul(&th.warp, &self.warp_rows().to_string());
+        let m7x4 = f.v(format!("shl i32 {m7}, 2"));
+        let a_row_base = f.add(&warp_row, &m7x4);
+        let a_row_base = f.add(&a_row_base, &mhi);
+
+        f.for_loop("0", &ktiles, "1", |f, kt| {
+            f.s(format!(
+                "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
+                c.stages - 2
+            ));
+            // Slice kt has landed for every thread, and everyone is done reading the slot
+            // the prefetch below overwrites (consumed at iteration kt − 1).
+            f.barrier();
+            let pf = f.add(kt, &(c.stages - 1).to_string());
+            let pf_ok = f.ult(&pf, &ktiles);
+            f.if_then(&pf_ok, |f| {
+                let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
+                load_stage(f, &pf, &slot);
+            });
+            commit(f);
+            let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
+            let slot_off = f.mul(&slot, &stage_bytes.to_string());
+            let slot_addr = f.zext64(&slot_off);
+            let slot_addr = f.v(format!("add i64 {smem}, {slot_addr}"));
+            let ldm = |f: &mut Func, x: u32, byte_off: &str| -> Vec<String> {
+                let off = f.zext64(byte_off);
+                let a = f.v(format!("add i64 {slot_addr}, {off}"));
+                let (outs, regs) = if x == 4 {
+                    ("{ i32, i32, i32, i32 }", "{$0,$1,$2,$3}, [$4]")
+                } else {
+                    ("{ i32, i32 }", "{$0,$1}, [$2]")
+                };
+                let cons = if x == 4 { "=r,=r,=r,=r,l,~{memory}" } else { "=r,=r,l,~{memory}" };
+                let r = f.v(format!(
+                    "call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{x}.shared.b16 {regs};\", \"{cons}\"(i64 {a}) #1"
+                ));
+                (0..x).map(|i| f.v(format!("extractvalue {outs} {r}, {i}"))).collect()
+            };
+            for kk in 0..ks / 16 {
+                // A fragments: lane l gives MMA row l & 15 of k half l >> 4.
+                let mut a_frag = Vec::new();
+                let ca = f.add(&khalf_a, &(kk * 2).to_string());
+                let swa = f.v(format!("xor i32 {ca}, {m7}"));
+                let swa = f.v(format!("shl i32 {swa}, 4"));
+                for mt in 0..mtiles {
+                    let row = f.add(&a_row_base, &((mt >> 1) * 32 + 2 * (mt & 1)).to_string());
+                    let ro = f.mul(&row, &row_bytes.to_string());
+                    let off = f.add(&ro, &swa);
+                    a_frag.push(ldm(f, 4, &off));
+                }
+                // B fragments: H rows n (batch), k contiguous = mma's col-major B.
+                let cb = f.add(&khalf_b, &(kk * 2).to_string());
+                let swb = f.v(format!("xor i32 {cb}, {l7}"));
+                let swb = f.v(format!("shl i32 {swb}, 4"));
+                let mut b_frag: Vec<Vec<String>> = Vec::new();
+                let mut n = 0;
+                while n < self.ntiles {
+                    let pair = n + 1 < self.ntiles;
+                    let nrow = if pair {
+                        let sel = f.add(&nsel, &n.to_string());
+                        let s8 = f.v(format!("shl i32 {sel}, 3"));
+                        f.add(&s8, &l7)
+                    } else {
+                        f.add(&l7, &(n * 8).to_string())
+                    };
+                    let ro = f.mul(&nrow, &row_bytes.to_string());
+                    let off = f.add(&ro, &swb);
+                    let off = f.add(&off, &w_tile_bytes.to_string());
+                    let r = ldm(f, if pair { 4 } else { 2 }, &off);
+                    b_frag.push(r[0..2].to_vec());
+                    if pair {
+                        b_frag.push(r[2..4].to_vec());
+                    }
+                    n += if pair { 2 } else { 1 };
+                }
+                for mt in 0..mtiles {
+                    for n in 0..self.ntiles {
+                        let base = ((mt * self.ntiles + n) * 4) as usize;
+                        let cur: Vec<String> = (0..4).map(|i| f.get(&acc[base + i])).collect();
+                        let a = &a_frag[mt as usize];
+                        let b = &b_frag[n as usize];
+                        let r = f.v(format!(
+                            "call {{ float, float, float, float }} asm \"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 \
+                             {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \
+                             \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\"(i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, \
+                             float {}, float {}, float {}, float {}) #1",
+                            a[0], a[1], a[2], a[3], b[0], b[1], cur[0], cur[1], cur[2], cur[3]
+                        ));
+                        for i in 0..4 {
+                            let v = f.v(format!("extractvalue {{ float, float, float, float }} {r}, {i}"));
+                            f.set(&acc[base + i], &v);
+                        }
+                    }
+                }
+            }
+        });
+        f.s("call void asm sideeffect \"cp.async.wait_group 0;\", \"~{memory}\"() #1");
+        // The epilogue's scratch aliases the ring.
+        f.barrier();
+
+        // Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column).
+        let mut out = vec![String::new(); self.acc_count()];
+        for mt in 0..mtiles {
+            for n in 0..self.ntiles {
+                for i in 0..4u32 {
+                    let v = f.get(&acc[((mt * self.ntiles + n) * 4 + i) as usize]);
+                    out[self.acc_index(mt >> 1, 2 * (mt & 1) + (i >> 1), n, i & 1)] = v;
+                }
+            }
+        }
+        out
+    }
+
+    /// DESIGN.md steps 2–7 on the thread's accumulators, then the cross-warp reduction.
+    fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[String]) {
+        let c = self.c;
+        let p = self.p;
+        let bt = c.batch_tile;
+        let e = c.warps * bt; // scratch entries
+        let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) = (0, 4 * e, 8 * e, 12 * e, 16 * e, 20 * e);
+        let has_temp = p.temperature().is_some();
+        let has_bias = p.has_bias();
+        let has_mask = p.has_mask();
+        let lse = p.needs_logsumexp();
+        let samples = p.samples_per_row();
+
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+
+        // Columns: (n, j) → batch row r.
+        struct Col {
+            col: String,
+            row: String,
+            row_safe: String,
+            inv_t: String,
+            t_zero: String,
+            greedy: String,
+        }
+        let mut cols = Vec::new();
+        for n in 0..self.ntiles {
+            for j in 0..2 {
+                let col = f.add(&t2, &(n * 8 + j).to_string());
+                let row = f.add(&it.b0, &col);
+                let ok = f.ult(&row, "%batch");
+                let row_safe = f.sel("i32", &ok, &row, "0");
+                let (inv_t, t_zero) = if has_temp {
+                    let r64 = f.zext64(&row_safe);
+                    let a = f.gaddr("%temperatures", &r64, 4);
+                    let tv = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                    let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
+                    (f.fdiv(&f32c(1.0), &tv), z)
+                } else {
+                    (String::new(), "false".to_string())
+                };
+                let greedy = if p.is_greedy() { "true".to_string() } else { t_zero.clone() };
+                cols.push(Col { col, row, row_safe, inv_t, t_zero, greedy });
+            }
+        }
+        let words = f.add("%vocab", "31");
+        let words = f.v(format!("lshr i32 {words}, 5"));
+
+        // Transformed logits x (−inf when excluded) and the non-finite flag per column.
+        let mut x = vec![String::new(); self.acc_count()];
+        let mut nonfinite = vec!["false".to_string(); cols.len()];
+        let mut quad_base = Vec::new();
+        for q in 0..self.quads {
+            let qb = f.add(&it.v0, &warp_base);
+            let qb = f.add(&qb, &(q * 32).to_string());
+            let qb = f.add(&qb, &g4);
+            let mask_words: Vec<String> = if has_mask {
+                let qok = f.ult(&qb, "%vocab");
+                let qs = f.sel("i32", &qok, &qb, "0");
+                let wcol = f.v(format!("lshr i32 {qs}, 5"));
+                cols.iter()
+                    .map(|cl| {
+                        let wi = f.mul(&cl.row_safe, &words);
+                        let wi = f.add(&wi, &wcol);
+                        let wi = f.zext64(&wi);
+                        let a = f.gaddr("%allowed", &wi, 4);
+                        f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            for o in 0..4 {
+                let v = f.add(&qb, &o.to_string());
+                let v_ok = f.ult(&v, "%vocab");
+                let bias = if has_bias {
+                    let vs = f.sel("i32", &v_ok, &v, "0");
+                    let v64 = f.zext64(&vs);
+                    let a = f.gaddr("%bias", &v64, 4);
+                    f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
+                } else {
+                    String::new()
+                };
+                let bit = f.v(format!("and i32 {v}, 31"));
+                for (ci, cl) in cols.iter().enumerate() {
+                    let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+                    let idx = self.acc_index(q, o, n, j);
+                    let raw = acc[idx].clone();
+                    let abs = f.v(format!("call float @llvm.fabs.f32(float {raw})"));
+                    let bad = f.v(format!("fcmp ueq float {abs}, 0x7FF0000000000000"));
+                    let bad = f.and1(&bad, &v_ok);
+                    nonfinite[ci] = f.v(format!("or i1 {}, {bad}", nonfinite[ci]));
+                    let mut xv = raw;
+                    for tr in &p.transforms {
+                        match tr {
+                            Transform::Temperature(_) => {
+                                let scaled = f.fmul(&xv, &cl.inv_t);
+                                xv = f.sel("float", &cl.t_zero, &xv, &scaled);
+                            }
+                            Transform::Bias { .. } => xv = f.fadd(&xv, &bias),
+                            Transform::Softcap { cap } => {
+                                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c(cap.get())))
+                            }
+                            Transform::Mask { .. } | Transform::Ban { .. } => {}
+                        }
+                    }
+                    let mut ok = v_ok.clone();
+                    if has_mask {
+                        let sh = f.v(format!("lshr i32 {}, {bit}", mask_words[ci]));
+                        let b = f.v(format!("trunc i32 {sh} to i1"));
+                        ok = f.and1(&ok, &b);
+                    }
+                    x[idx] = f.sel("float", &ok, &xv, NEG_INF);
+                }
+            }
+            quad_base.push(qb);
+        }
+
+        let lane_lt4 = f.ult(&th.lane, "4");
+        let scratch_slot = |f: &mut Func, warp: &str, col: &str| -> String {
+            let s = f.mul(warp, &bt.to_string());
+            let s = f.add(&s, col);
+            f.v(format!("shl i32 {s}, 2"))
+        };
+        let st_shared = |f: &mut Func, ty: &str, region: u32, slot4: &str, v: &str| {
+            let off = f.add(slot4, &region.to_string());
+            let a = f.saddr("@fs_smem", &off);
+            f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
+        };
+        let ld_shared = |f: &mut Func, ty: &str, region: u32, slot4: &str| -> String {
+            let off = f.add(slot4, &region.to_string());
+            let a = f.saddr("@fs_smem", &off);
+            f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
+        };
+        let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
+            let m = f.v(format!("call float @llvm.maxnum.f32(float {m1}, float {m2})"));
+            let mut parts = Vec::new();
+            for (mi, si) in [(m1, s1), (m2, s2)] {
+                let nm = f.v(format!("fneg float {m}"));
+                let d = f.fadd(mi, &nm);
+                let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                let sc = f.fmul(si, &ex);
+                let live = f.v(format!("fcmp ogt float {mi}, {NEG_INF}"));
+                parts.push(f.sel("float", &live, &sc, "0.0"));
+            }
+            let s = f.fadd(&parts[0], &parts[1]);
+            (m, s)
+        };
+
+        // Phase A: non-finite flags and logsumexp partials per column, reduced over the 8
+        // lanes sharing t (xor 4, 8, 16), then written per warp.
+        let mut lse_parts = Vec::new();
+        for (ci, _) in cols.iter().enumerate() {
+            let flag = f.v(format!("zext i1 {} to i32", nonfinite[ci]));
+            let mut flag = flag;
+            for sh in [4, 8, 16] {
+                let o = f.shfl_xor_i32(&flag, sh);
+                flag = f.v(format!("or i32 {flag}, {o}"));
+            }
+            let mut part = None;
+            if lse {
+                let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+                let xs: Vec<&String> =
+                    (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
+                let mut m = NEG_INF.to_string();
+                for xv in &xs {
+                    m = f.v(format!("call float @llvm.maxnum.f32(float {m}, float {xv})"));
+                }
+                let nm = f.v(format!("fneg float {m}"));
+                let mut s = "0.0".to_string();
+                for xv in &xs {
+                    let d = f.fadd(xv, &nm);
+                    let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                    let live = f.v(format!("fcmp ogt float {xv}, {NEG_INF}"));
+                    let ex = f.sel("float", &live, &ex, "0.0");
+                    s = f.fadd(&s, &ex);
+                }
+                for sh in [4, 8, 16] {
+                    let om = f.shfl_xor_f32(&m, sh);
+                    let os = f.shfl_xor_f32(&s, sh);
+                    (m, s) = combine(f, &m, &s, &om, &os);
+                }
+                part = Some((m, s));
+            }
+            lse_parts.push((flag, part));
+        }
+        f.if_then(&lane_lt4, |f| {
+            for (ci, cl) in cols.iter().enumerate() {
+                let slot = scratch_slot(f, &th.warp, &cl.col);
+                st_shared(f, "i32", sc_flag, &slot, &lse_parts[ci].0);
+                if let Some((m, s)) = &lse_parts[ci].1 {
+                    st_shared(f, "float", sc_max, &slot, m);
+                    st_shared(f, "float", sc_sum, &slot, s);
+                }
+            }
+        });
+        f.barrier();
+        let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
+        if lse {
+            f.if_then(&tid_lt_bt, |f| {
+                let (mut m, mut s) = (NEG_INF.to_string(), "0.0".to_string());
+                for w in 0..c.warps {
+                    let slot = scratch_slot(f, &w.to_string(), &th.tid);
+                    let wm = ld_shared(f, "float", sc_max, &slot);
+                    let ws = ld_shared(f, "float", sc_sum, &slot);
+                    (m, s) = combine(f, &m, &s, &wm, &ws);
+                }
+                let row = f.add(&it.b0, &th.tid);
+                let row_ok = f.ult(&row, "%batch");
+                let lse_ok = f.v("icmp ne ptr addrspace(1) %lse, null");
+                let ok = f.and1(&row_ok, &lse_ok);
+                f.if_then(&ok, |f| {
+                    let i = f.mul(&row, &it.vtiles);
+                    let i = f.add(&i, &it.vtile);
+                    let i64v = f.zext64(&i);
+                    let a = f.gaddr("%lse", &i64v, 8);
+                    f.s(format!("store float {m}, ptr addrspace(1) {a}, align 4"));
+                    let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    f.s(format!("store float {s}, ptr addrspace(1) {a2}, align 4"));
+                });
+            });
+        }
+
+        // Phase B, per sample: the thread's best token per column (ascending v, strict >, so
+        // ties keep the lower index), then the 8 lanes of the column, then the warps.
+        let seed_lo = f.v("trunc i64 %seed to i32");
+        let seed_hi = f.v("lshr i64 %seed, 32");
+        let seed_hi = f.v(format!("trunc i64 {seed_hi} to i32"));
+        let none = INDEX_NONE as i32;
+        let beats = |f: &mut Func, s1: &str, i1: &str, s2: &str, i2: &str| -> String {
+            let gt = f.v(format!("fcmp ogt float {s1}, {s2}"));
+            let eq = f.v(format!("fcmp oeq float {s1}, {s2}"));
+            let lo = f.v(format!("icmp ult i32 {i1}, {i2}"));
+            let tie = f.and1(&eq, &lo);
+            f.v(format!("or i1 {gt}, {tie}"))
+        };
+        f.for_loop("0", &samples.to_string(), "1", |f, s| {
+            let mut best = Vec::new();
+            for (ci, cl) in cols.iter().enumerate() {
+                let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+                let (mut bs, mut bi, mut bl) = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+                for q in 0..self.quads {
+                    let noise: Vec<String> = if p.is_greedy() {
+                        Vec::new()
+                    } else {
+                        let ctr = f.v(format!("lshr i32 {}, 2", quad_base[q as usize]));
+                        let ty = "{ i32, i32, i32, i32 }";
+                        let r = f.v(format!(
+                            "call {ty} @fs_philox(i32 {ctr}, i32 {}, i32 {s}, i32 0, i32 {seed_lo}, i32 {seed_hi})",
+                            cl.row
+                        ));
+                        (0..4)
+                            .map(|w| {
+                                let bits = f.v(format!("extractvalue {ty} {r}, {w}"));
+                                f.v(format!("call float @fs_gumbel_f32(i32 {bits})"))
+                            })
+                            .collect()
+                    };
+                    for o in 0..4 {
+                        let xv = &x[self.acc_index(q, o, n, j)];
+                        let score = if p.is_greedy() {
+                            xv.clone()
+                        } else {
+                            let noisy = f.fadd(xv, &noise[o as usize]);
+                            f.sel("float", &cl.greedy, xv, &noisy)
+                        };
+                        let v = f.add(&quad_base[q as usize], &o.to_string());
+                        let better = f.v(format!("fcmp ogt float {score}, {bs}"));
+                        bs = f.sel("float", &better, &score, &bs);
+                        bi = f.sel("i32", &better, &v, &bi);
+                        bl = f.sel("float", &better, xv, &bl);
+                    }
+                }
+                for sh in [4, 8, 16] {
+                    let os = f.shfl_xor_f32(&bs, sh);
+                    let oi = f.shfl_xor_i32(&bi, sh);
+                    let ol = f.shfl_xor_f32(&bl, sh);
+                    let take = beats(f, &os, &oi, &bs, &bi);
+                    bs = f.sel("float", &take, &os, &bs);
+                    bi = f.sel("i32", &take, &oi, &bi);
+                    bl = f.sel("float", &take, &ol, &bl);
+                }
+                best.push((bs, bi, bl));
+            }
+            f.if_then(&lane_lt4, |f| {
+                for (ci, cl) in cols.iter().enumerate() {
+                    let slot = scratch_slot(f, &th.warp, &cl.col);
+                    st_shared(f, "float", sc_score, &slot, &best[ci].0);
+                    st_shared(f, "i32", sc_index, &slot, &best[ci].1);
+                    st_shared(f, "float", sc_logit, &slot, &best[ci].2);
+                }
+            });
+            f.barrier();
+            f.if_then(&tid_lt_bt, |f| {
+                let (mut bs, mut bi, mut bl) = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+                let mut flag = "0".to_string();
+                for w in 0..c.warps {
+                    let slot = scratch_slot(f, &w.to_string(), &th.tid);
+                    let ws = ld_shared(f, "float", sc_score, &slot);
+                    let wi = ld_shared(f, "i32", sc_index, &slot);
+                    let wl = ld_shared(f, "float", sc_logit, &slot);
+                    let wf = ld_shared(f, "i32", sc_flag, &slot);
+                    flag = f.v(format!("or i32 {flag}, {wf}"));
+                    let take = beats(f, &ws, &wi, &bs, &bi);
+                    bs = f.sel("float", &take, &ws, &bs);
+                    bi = f.sel("i32", &take, &wi, &bi);
+                    bl = f.sel("float", &take, &wl, &bl);
+                }
+                let nf = f.v(format!("icmp ne i32 {flag}, 0"));
+                let index = f.sel("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
+                let row = f.add(&it.b0, &th.tid);
+                let row_ok = f.ult(&row, "%batch");
+                f.if_then(&row_ok, |f| {
+                    let slot = f.mul(&row, &samples.to_string());
+                    let slot = f.add(&slot, s);
+                    let slot = f.mul(&slot, &it.vtiles);
+                    let slot = f.add(&slot, &it.vtile);
+                    let s64 = f.zext64(&slot);
+                    let a = f.gaddr("%candidates", &s64, 12);
+                    f.s(format!("store float {bs}, ptr addrspace(1) {a}, align 4"));
+                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    f.s(format!("store i32 {index}, ptr addrspace(1) {a1}, align 4"));
+                    let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
+                    f.s(format!("store float {bl}, ptr addrspace(1) {a2}, align 4"));
+                });
+            });
+            // The next sample rewrites the scratch just read.
+            f.barrier();
+        });
+    }
+}

@@ -1,0 +1,220 @@
+//! The stage-two kernel `flashsample_stage2`: one CTA of [`STAGE2_THREADS`] per batch row
+//! reduces the row's candidates over tiles (max score, ties to the lower index; any
+//! `INDEX_NONFINITE` tile → status 2; no candidate → status 1) and merges the logsumexp
+//! partials in f32.
+
+use crate::config::STAGE2_THREADS;
+use crate::ir::Func;
+use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+
+pub(crate) const NAME: &str = "flashsample_stage2";
+const NEG_INF: &str = "0xFFF0000000000000";
+const WARPS: u32 = STAGE2_THREADS / 32;
+
+/// Static shared scratch: per warp score, index, logit, flag (4 × 8 words).
+pub(crate) const SCRATCH_DECL: &str = "@fs_stage2_scratch = internal addrspace(3) global [32 x i32] undef, align 4\n";
+
+fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
+    let i = f.add(warp, &(field * WARPS).to_string());
+    f.v(format!("getelementptr i32, ptr addrspace(3) @fs_stage2_scratch, i32 {i}"))
+}
+
+pub(crate) fn emit() -> String {
+    let mut f = Func::new();
+    let row = f.sreg("ctaid.x");
+    let tid = f.sreg("tid.x");
+    let warp = f.v(format!("lshr i32 {tid}, 5"));
+    let lane = f.v(format!("and i32 {tid}, 31"));
+    let in_batch = f.ult(&row, "%batch");
+    let none = INDEX_NONE as i32;
+    let nonfinite = INDEX_NONFINITE as i32;
+
+    let beats = |f: &mut Func, s1: &str, i1: &str, s2: &str, i2: &str| -> String {
+        let gt = f.v(format!("fcmp ogt float {s1}, {s2}"));
+        let eq = f.v(format!("fcmp oeq float {s1}, {s2}"));
+        let lo = f.v(format!("icmp ult i32 {i1}, {i2}"));
+        let tie = f.and1(&eq, &lo);
+        f.v(format!("or i1 {gt}, {tie}"))
+    };
+    let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
+        let m = f.v(format!("call float @llvm.maxnum.f32(float {m1}, float {m2})"));
+        let mut parts = Vec::new();
+        for (mi, si) in [(m1, s1), (m2, s2)] {
+            let nm = f.v(format!("fneg float {m}"));
+            let d = f.fadd(mi, &nm);
+            let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+            let sc = f.fmul(si, &ex);
+            let live = f.v(format!("fcmp ogt float {mi}, {NEG_INF}"));
+            parts.push(f.sel("float", &live, &sc, "0.0"));
+        }
+        let s = f.fadd(&parts[0], &parts[1]);
+        (m, s)
+    };
+
+    // The grid is exactly `batch` CTAs; the guard keeps a larger grid harmless.
+    f.if_then(&in_batch, |f| {
+        let status = f.var("i32", "0");
+        let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
+        let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
+        f.for_loop("0", "%samples", "1", |f, s| {
+            let bs = f.var("float", NEG_INF);
+            let bi = f.var("i32", &none.to_string());
+            let bl = f.var("float", NEG_INF);
+            let flag = f.var("i32", "0");
+            let base = f.mul(&row, "%samples");
+            let base = f.add(&base, s);
+            let base = f.mul(&base, "%tiles");
+            f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+                let slot = f.add(&base, tile);
+                let s64 = f.zext64(&slot);
+                let a = f.gaddr("%candidates", &s64, 12);
+                let cs = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                let ci = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
+                let cl = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
+                let is_nf = f.v(format!("icmp eq i32 {ci}, {nonfinite}"));
+                let is_none = f.v(format!("icmp eq i32 {ci}, {none}"));
+                let fl = f.get(&flag);
+                let nf32 = f.v(format!("zext i1 {is_nf} to i32"));
+                let fl = f.v(format!("or i32 {fl}, {nf32}"));
+                f.set(&flag, &fl);
+                let real = f.v(format!("or i1 {is_nf}, {is_none}"));
+                let real = f.v(format!("xor i1 {real}, true"));
+                let (s0, i0, l0) = (f.get(&bs), f.get(&bi), f.get(&bl));
+                let b = beats(f, &cs, &ci, &s0, &i0);
+                let take = f.and1(&real, &b);
+                let v = f.sel("float", &take, &cs, &s0);
+                f.set(&bs, &v);
+                let v = f.sel("i32", &take, &ci, &i0);
+                f.set(&bi, &v);
+                let v = f.sel("float", &take, &cl, &l0);
+                f.set(&bl, &v);
+            });
+            let (mut s1, mut i1, mut l1, mut fl) = (f.get(&bs), f.get(&bi), f.get(&bl), f.get(&flag));
+            for sh in [16, 8, 4, 2, 1] {
+                let os = f.shfl_xor_f32(&s1, sh);
+                let oi = f.shfl_xor_i32(&i1, sh);
+                let ol = f.shfl_xor_f32(&l1, sh);
+                let of = f.shfl_xor_i32(&fl, sh);
+                fl = f.v(format!("or i32 {fl}, {of}"));
+                let take = beats(f, &os, &oi, &s1, &i1);
+                s1 = f.sel("float", &take, &os, &s1);
+                i1 = f.sel("i32", &take, &oi, &i1);
+                l1 = f.sel("float", &take, &ol, &l1);
+            }
+            f.if_then(&lane0, |f| {
+                for (field, ty, v) in [(0, "float", &s1), (1, "i32", &i1), (2, "float", &l1), (3, "i32", &fl)] {
+                    let a = scratch(f, field, &warp);
+                    f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
+                }
+            });
+            f.barrier();
+            f.if_then(&tid0, |f| {
+                let (mut s2, mut i2, mut l2, mut f2) =
+                    (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string(), "0".to_string());
+                for w in 0..WARPS {
+                    let w = w.to_string();
+                    let ld = |f: &mut Func, field: u32, ty: &str| {
+                        let a = scratch(f, field, &w);
+                        f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
+                    };
+                    let (ws, wi, wl, wf) = (ld(f, 0, "float"), ld(f, 1, "i32"), ld(f, 2, "float"), ld(f, 3, "i32"));
+                    f2 = f.v(format!("or i32 {f2}, {wf}"));
+                    let take = beats(f, &ws, &wi, &s2, &i2);
+                    s2 = f.sel("float", &take, &ws, &s2);
+                    i2 = f.sel("i32", &take, &wi, &i2);
+                    l2 = f.sel("float", &take, &wl, &l2);
+                }
+                let out = f.mul(&row, "%samples");
+                let out = f.add(&out, s);
+                let o64 = f.zext64(&out);
+                for (ptr, ty, v) in [("%out_tokens", "i32", &i2), ("%out_scores", "float", &s2), ("%out_logits", "float", &l2)] {
+                    let a = f.gaddr(ptr, &o64, 4);
+                    f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
+                }
+                // Status: non-finite anywhere (2) wins over an empty sample (1).
+                let nf = f.v(format!("icmp ne i32 {f2}, 0"));
+                let empty = f.v(format!("icmp eq i32 {i2}, {none}"));
+                let this = f.sel("i32", &empty, "1", "0");
+                let this = f.sel("i32", &nf, "2", &this);
+                let cur = f.get(&status);
+                let hi = f.v(format!("icmp ugt i32 {this}, {cur}"));
+                let st = f.sel("i32", &hi, &this, &cur);
+                f.set(&status, &st);
+            });
+            // The next sample rewrites the scratch just read.
+            f.barrier();
+        });
+
+        f.if_then(&tid0, |f| {
+            let st = f.get(&status);
+            let r64 = f.zext64(&row);
+            let a = f.gaddr("%out_status", &r64, 4);
+            f.s(format!("store i32 {st}, ptr addrspace(1) {a}, align 4"));
+        });
+
+        let lse_in = f.v("icmp ne ptr addrspace(1) %lse, null");
+        let lse_out = f.v("icmp ne ptr addrspace(1) %out_lse, null");
+        let both = f.and1(&lse_in, &lse_out);
+        // Uniform over the CTA, so the barrier inside is safe.
+        f.if_then(&both, |f| {
+            let m = f.var("float", NEG_INF);
+            let sm = f.var("float", "0.0");
+            let base = f.mul(&row, "%tiles");
+            f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+                let i = f.add(&base, tile);
+                let i64v = f.zext64(&i);
+                let a = f.gaddr("%lse", &i64v, 8);
+                let pm = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                let ps = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
+                let (m0, s0) = (f.get(&m), f.get(&sm));
+                let (m1, s1) = combine(f, &m0, &s0, &pm, &ps);
+                f.set(&m, &m1);
+                f.set(&sm, &s1);
+            });
+            let (mut m1, mut s1) = (f.get(&m), f.get(&sm));
+            for sh in [16, 8, 4, 2, 1] {
+                let om = f.shfl_xor_f32(&m1, sh);
+                let os = f.shfl_xor_f32(&s1, sh);
+                (m1, s1) = combine(f, &m1, &s1, &om, &os);
+            }
+            f.if_then(&lane0, |f| {
+                for (field, v) in [(0, &m1), (1, &s1)] {
+                    let a = scratch(f, field, &warp);
+                    f.s(format!("store float {v}, ptr addrspace(3) {a}, align 4"));
+                }
+            });
+            f.barrier();
+            f.if_then(&tid0, |f| {
+                let (mut m2, mut s2) = (NEG_INF.to_string(), "0.0".to_string());
+                for w in 0..WARPS {
+                    let w = w.to_string();
+                    let a = scratch(f, 0, &w);
+                    let wm = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+                    let a = scratch(f, 1, &w);
+                    let ws = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+                    (m2, s2) = combine(f, &m2, &s2, &wm, &ws);
+                }
+                // lse = m + ln(s); s ≥ 1 whenever m is finite (the max tile contributes ≥ 1).
+                let live = f.v(format!("fcmp ogt float {m2}, {NEG_INF}"));
+                let safe = f.sel("float", &live, &s2, "1.0");
+                let ln = f.v(format!("call float @fs_ln_f32(float {safe})"));
+                let l = f.fadd(&m2, &ln);
+                let l = f.sel("float", &live, &l, NEG_INF);
+                let r64 = f.zext64(&row);
+                let a = f.gaddr("%out_lse", &r64, 4);
+                f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
+            });
+        });
+    });
+    f.s("ret void");
+    f.finish(&format!(
+        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %candidates, \
+         ptr addrspace(1) noalias readonly %lse, i32 %batch, i32 %samples, i32 %tiles, \
+         ptr addrspace(1) noalias %out_tokens, ptr addrspace(1) noalias %out_scores, \
+         ptr addrspace(1) noalias %out_logits, ptr addrspace(1) noalias %out_lse, \
+         ptr addrspace(1) noalias %out_status) \"nvvm.maxntid\"=\"{STAGE2_THREADS}\""
+    ))
+}
