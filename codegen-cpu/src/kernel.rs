@@ -14,8 +14,7 @@ use rayon::prelude::*;
 /// Pointers of inputs the pipeline does not declare are null and never read.
 #[repr(C)]
 pub(crate) struct KernelArgs {
-    /// `[B, D]` f32; for 16-bit weights each whole 8-element chunk is stored even elements
-    /// first, then odd ones, matching how the kernel splits 8 packed weights into two f32x4.
+    /// `[B, D]` f32 in the kernel's blocked layout (`hidden_blocks`).
     pub hidden: *const f32,
     pub weights: *const u8,
     /// `[B]`: `1 / T`, or 1 for greedy rows (so the multiply is the identity).
@@ -148,7 +147,9 @@ impl CpuKernel {
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
+        ctx.set_disasm(std::env::var_os("FS_DISASM").is_some());
         module.define_function(id, &mut ctx).map_err(compile_error)?;
+        if let Some(v) = ctx.compiled_code().and_then(|c| c.vcode.clone()) { std::fs::write("/tmp/kernel.disasm", v).ok(); }
         module.clear_context(&mut ctx);
         module.finalize_definitions().map_err(compile_error)?;
         let code = module.get_finalized_function(id);
@@ -241,10 +242,8 @@ impl CpuKernel {
             return Ok(());
         }
 
-        let hidden = match p.weights.dtype {
-            DType::F32 => std::borrow::Cow::Borrowed(a.hidden),
-            DType::BF16 | DType::F16 => std::borrow::Cow::Owned(even_odd_chunks(a.hidden, a.dim)),
-        };
+        let even_odd = matches!(p.weights.dtype, DType::BF16 | DType::F16);
+        let hidden = hidden_blocks(a.hidden, a.batch, a.dim, self.config.row_block as usize, even_odd);
         let row_scale: Vec<f32> =
             a.temperatures.iter().map(|&t| if t != 0.0 { 1.0f32 / t } else { 1.0 }).collect();
         let row_greedy: Vec<u32> = a.temperatures.iter().map(|&t| u32::from(t == 0.0)).collect();
@@ -296,18 +295,32 @@ fn expect_len(what: &'static str, got: usize, expected: usize) -> Result<(), Cpu
     }
 }
 
-/// The hidden layout the 16-bit weight path expects: within each whole 8-element chunk of a
-/// row, elements 0,2,4,6 then 1,3,5,7; the `dim % 8` tail as is.
-fn even_odd_chunks(hidden: &[f32], dim: usize) -> Vec<f32> {
-    let mut out = hidden.to_vec();
-    if dim == 0 {
-        return out;
-    }
-    for (src, dst) in hidden.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
-            for k in 0..4 {
-                d[k] = s[2 * k];
-                d[4 + k] = s[2 * k + 1];
+/// The hidden layout the kernel reads: rows grouped into the kernel's row blocks (full blocks
+/// of `row_block` from row 0, then the remainder), each block occupying its rows' `rows · dim`
+/// floats as `[chunk][row][8]` for the whole 8-element chunks, then `[tail element][row]`.
+/// With `even_odd` (16-bit weights) each 8-element chunk holds elements 0,2,4,6 then 1,3,5,7,
+/// matching how the kernel splits 8 packed weights into two f32x4 with one op each.
+fn hidden_blocks(hidden: &[f32], batch: usize, dim: usize, row_block: usize, even_odd: bool) -> Vec<f32> {
+    let mut out = vec![0.0f32; batch * dim];
+    let full = dim / 8 * 8;
+    for r0 in (0..batch).step_by(row_block) {
+        let rows = row_block.min(batch - r0);
+        let block = &mut out[r0 * dim..(r0 + rows) * dim];
+        for i in 0..rows {
+            let src = &hidden[(r0 + i) * dim..(r0 + i + 1) * dim];
+            for (c, chunk) in src[..full].chunks_exact(8).enumerate() {
+                let dst = &mut block[(c * rows + i) * 8..][..8];
+                if even_odd {
+                    for k in 0..4 {
+                        dst[k] = chunk[2 * k];
+                        dst[4 + k] = chunk[2 * k + 1];
+                    }
+                } else {
+                    dst.copy_from_slice(chunk);
+                }
+            }
+            for (t, &x) in src[full..].iter().enumerate() {
+                block[rows * full + t * rows + i] = x;
             }
         }
     }

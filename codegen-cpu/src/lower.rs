@@ -81,8 +81,17 @@ const F32: types::Type = types::F32;
 const F32X4: types::Type = types::F32X4;
 const I32X4: types::Type = types::I32X4;
 
-/// Loads from the caller's buffers: in bounds (the launch checked the lengths) but unaligned.
-fn data() -> MemFlagsData {
+/// Loads from the caller's input buffers: in bounds (the launch checked the lengths), unaligned,
+/// and never written while the kernel runs. `notrap` + `readonly` + `can_move` makes them pure to the egraph,
+/// which then places each load next to its one use (the FMA), where the backend folds it into a
+/// memory operand. (A may-trap load would stay at its place at the loop top, and the values of
+/// every load of the body would be live at once and spill.)
+fn input() -> MemFlagsData {
+    MemFlagsData::new().with_notrap().with_readonly().with_can_move()
+}
+
+/// Loads and stores of the candidate and lse slots (read-modify-write).
+fn output() -> MemFlagsData {
     MemFlagsData::new().with_notrap()
 }
 
@@ -273,7 +282,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
     }
 
     fn store_candidate(&mut self, addr: Value, score: Value, index: Value, logit: Value) {
-        let flags = data();
+        let flags = output();
         self.b.ins().store(flags, score, addr, 0);
         self.b.ins().store(flags, index, addr, 4);
         self.b.ins().store(flags, logit, addr, 8);
@@ -321,8 +330,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let addr = k.lse_addr(l, row);
                 let neg_inf = k.b.ins().f32const(f32::NEG_INFINITY);
                 let zero = k.b.ins().f32const(0.0);
-                k.b.ins().store(data(), neg_inf, addr, 0);
-                k.b.ins().store(data(), zero, addr, 4);
+                k.b.ins().store(output(), neg_inf, addr, 0);
+                k.b.ins().store(output(), zero, addr, 4);
             }
         });
 
@@ -375,7 +384,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             for (j, &t) in tokens.iter().enumerate() {
                 let off = b.ins().ishl_imm_u(t, 2);
                 let addr = b.ins().iadd(l.bias, off);
-                let x = b.ins().load(F32, data(), addr, 0);
+                let x = b.ins().load(F32, input(), addr, 0);
                 vec = Some(match vec {
                     None => b.ins().scalar_to_vector(F32X4, x),
                     Some(acc) => b.ins().insertlane(acc, x, j as u8),
@@ -455,19 +464,19 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let addr = b.ins().iadd(row, offset);
         match self.plan.dtype {
             DType::F32 => {
-                let a = b.ins().load(F32X4, data(), addr, 0);
-                let c = b.ins().load(F32X4, data(), addr, 16);
+                let a = b.ins().load(F32X4, input(), addr, 0);
+                let c = b.ins().load(F32X4, input(), addr, 16);
                 (a, c)
             }
             DType::BF16 => {
-                let x = b.ins().load(I32X4, data(), addr, 0);
+                let x = b.ins().load(I32X4, input(), addr, 0);
                 let even = b.ins().ishl_imm_u(x, 16);
                 let high_half = iconst(b, I32X4, 0xffff_0000);
                 let odd = b.ins().band(x, high_half);
                 (math::from_bits(b, even), math::from_bits(b, odd))
             }
             DType::F16 => {
-                let x = b.ins().load(I32X4, data(), addr, 0);
+                let x = b.ins().load(I32X4, input(), addr, 0);
                 let low_half = iconst(b, I32X4, 0xffff);
                 let even = b.ins().band(x, low_half);
                 let odd = b.ins().ushr_imm_u(x, 16);
@@ -481,29 +490,31 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let b = &mut self.b;
         let addr = b.ins().iadd(row, offset);
         match self.plan.dtype {
-            DType::F32 => b.ins().load(F32, data(), addr, 0),
+            DType::F32 => b.ins().load(F32, input(), addr, 0),
             DType::BF16 => {
-                let x = b.ins().uload16(I32, data(), addr, 0);
+                let x = b.ins().uload16(I32, input(), addr, 0);
                 let bits = b.ins().ishl_imm_u(x, 16);
                 math::from_bits(b, bits)
             }
             DType::F16 => {
-                let x = b.ins().uload16(I32, data(), addr, 0);
+                let x = b.ins().uload16(I32, input(), addr, 0);
                 math::f16_to_f32(b, x)
             }
         }
     }
 
     /// Logits of `rows` hidden rows starting at `row0` for the quad, into the logits slot.
+    ///
+    /// The block's hidden rows are interleaved by chunk (see `KernelArgs::hidden`), so one
+    /// pointer with immediate offsets reaches every row. Each of the quad's 4 weight rows gets
+    /// its own copy of that pointer: the loads then differ as far as Cranelift can tell, so it
+    /// folds each into its FMA as a memory operand instead of merging them into registers that
+    /// the 4·rows accumulators need.
     fn emit_matmul_block(&mut self, l: &Launch, q: &Quad, row0: Value, rows: usize) {
         let esize = self.plan.dtype.size_bytes() as i64;
-        let hidden_rows: Vec<Value> = (0..rows)
-            .map(|i| {
-                let r = self.b.ins().iadd_imm_s(row0, i as i64);
-                let off = self.b.ins().imul(r, l.hidden_row);
-                self.b.ins().iadd(l.hidden, off)
-            })
-            .collect();
+        let k = rows as i64;
+        let block_off = self.b.ins().imul(row0, l.hidden_row);
+        let block = self.b.ins().iadd(l.hidden, block_off);
         let zero_vec = fconst(&mut self.b, F32X4, 0.0);
         let acc: Vec<[Variable; 4]> = (0..rows)
             .map(|_| {
@@ -522,51 +533,62 @@ impl<'a, 'p> Lowering<'a, 'p> {
             })
             .collect();
 
-        // Whole 8-element chunks.
-        let h_off = self.b.declare_var(I64);
+        // Whole 8-element chunks: `rows` × 32 bytes of hidden per chunk.
+        let h_ptrs = [0; 4].map(|_| {
+            let var = self.b.declare_var(I64);
+            self.b.def_var(var, block);
+            var
+        });
         let w_off = self.b.declare_var(I64);
         let zero = self.b.ins().iconst(I64, 0);
-        self.b.def_var(h_off, zero);
         self.b.def_var(w_off, zero);
+        let chunk_region = self.b.ins().imul_imm_s(l.chunk_bytes, k);
+        let chunk_end = self.b.ins().iadd(block, chunk_region);
         let chunk_loop = self.b.create_block();
         let chunks_done = self.b.create_block();
         let any = self.b.ins().icmp_imm_u(IntCC::NotEqual, l.chunk_bytes, 0);
         self.b.ins().brif(any, chunk_loop, &[], chunks_done, &[]);
 
         self.b.switch_to_block(chunk_loop);
-        let ho = self.b.use_var(h_off);
         let wo = self.b.use_var(w_off);
-        let h_addrs: Vec<Value> = hidden_rows.iter().map(|&h| self.b.ins().iadd(h, ho)).collect();
+        let mut next_h = zero;
         for j in 0..4 {
+            let hp = self.b.use_var(h_ptrs[j]);
             let (wa, wb) = self.load_weight_chunk(q.weight_rows[j], wo);
             for i in 0..rows {
-                // A load per use lets the backend fold it into the FMA as a memory operand.
-                let ha = self.b.ins().load(F32X4, data(), h_addrs[i], 0);
+                let off = 32 * i as i32;
+                let ha = self.b.ins().load(F32X4, input(), hp, off);
                 let a = self.b.use_var(acc[i][j]);
                 let a = self.b.ins().fma(ha, wa, a);
-                let hb = self.b.ins().load(F32X4, data(), h_addrs[i], 16);
+                let hb = self.b.ins().load(F32X4, input(), hp, off + 16);
                 let a = self.b.ins().fma(hb, wb, a);
                 self.b.def_var(acc[i][j], a);
             }
+            let hp_next = self.b.ins().iadd_imm_s(hp, 32 * k);
+            self.b.def_var(h_ptrs[j], hp_next);
+            if j == 0 {
+                next_h = hp_next;
+            }
         }
-        let ho_next = self.b.ins().iadd_imm_s(ho, 32);
         let wo_next = self.b.ins().iadd_imm_s(wo, 8 * esize);
-        self.b.def_var(h_off, ho_next);
         self.b.def_var(w_off, wo_next);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ho_next, l.chunk_bytes);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, next_h, chunk_end);
         self.b.ins().brif(more, chunk_loop, &[], chunks_done, &[]);
 
         // The last `dim % 8` elements, one at a time across the quad's four rows.
         self.b.switch_to_block(chunks_done);
-        self.b.def_var(h_off, l.chunk_bytes);
+        let t_ptr = self.b.declare_var(I64);
+        self.b.def_var(t_ptr, chunk_end);
         self.b.def_var(w_off, l.weight_tail_start);
+        let block_region = self.b.ins().imul_imm_s(l.dim_bytes, k);
+        let block_end = self.b.ins().iadd(block, block_region);
         let tail_loop = self.b.create_block();
         let tail_done = self.b.create_block();
-        let any = self.b.ins().icmp(IntCC::UnsignedLessThan, l.chunk_bytes, l.dim_bytes);
+        let any = self.b.ins().icmp(IntCC::UnsignedLessThan, chunk_end, block_end);
         self.b.ins().brif(any, tail_loop, &[], tail_done, &[]);
 
         self.b.switch_to_block(tail_loop);
-        let ho = self.b.use_var(h_off);
+        let tp = self.b.use_var(t_ptr);
         let wo = self.b.use_var(w_off);
         let mut w = None;
         for j in 0..4 {
@@ -578,18 +600,17 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
         let w = w.expect("four lanes were inserted");
         for i in 0..rows {
-            let addr = self.b.ins().iadd(hidden_rows[i], ho);
-            let h = self.b.ins().load(F32, data(), addr, 0);
+            let h = self.b.ins().load(F32, input(), tp, 4 * i as i32);
             let h = self.b.ins().splat(F32X4, h);
             let a = self.b.use_var(tail_acc[i]);
             let a = self.b.ins().fma(h, w, a);
             self.b.def_var(tail_acc[i], a);
         }
-        let ho_next = self.b.ins().iadd_imm_s(ho, 4);
+        let tp_next = self.b.ins().iadd_imm_s(tp, 4 * k);
         let wo_next = self.b.ins().iadd_imm_s(wo, esize);
-        self.b.def_var(h_off, ho_next);
+        self.b.def_var(t_ptr, tp_next);
         self.b.def_var(w_off, wo_next);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, ho_next, l.dim_bytes);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, tp_next, block_end);
         self.b.ins().brif(more, tail_loop, &[], tail_done, &[]);
 
         self.b.switch_to_block(tail_done);
@@ -644,7 +665,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 Step::Temperature => {
                     let off = b.ins().ishl_imm_u(row, 2);
                     let addr = b.ins().iadd(l.row_scale, off);
-                    let scale = b.ins().load(F32, data(), addr, 0);
+                    let scale = b.ins().load(F32, input(), addr, 0);
                     let scale = b.ins().splat(F32X4, scale);
                     b.ins().fmul(x, scale)
                 }
@@ -664,7 +685,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let word = b.ins().iadd(base, word);
             let off = b.ins().ishl_imm_u(word, 2);
             let addr = b.ins().iadd(l.allowed, off);
-            let bits = b.ins().load(I32, data(), addr, 0);
+            let bits = b.ins().load(I32, input(), addr, 0);
             let shift = b.ins().band_imm_s(q.v, 31);
             let shift = b.ins().ireduce(I32, shift);
             let bits = b.ins().ushr(bits, shift);
@@ -686,7 +707,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let greedy = if self.plan.has_temperature && !self.plan.argmax {
             let off = self.b.ins().ishl_imm_u(row, 2);
             let addr = self.b.ins().iadd(l.row_greedy, off);
-            Some(self.b.ins().load(I32, data(), addr, 0))
+            Some(self.b.ins().load(I32, input(), addr, 0))
         } else {
             None
         };
@@ -739,7 +760,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let eligible = b.ins().band(above, allowed);
         let scores = math::select(b, eligible, score, neg_inf);
         let best_here = math::hmax(b, scores);
-        let best_so_far = b.ins().load(F32, data(), addr, 0);
+        let best_so_far = b.ins().load(F32, output(), addr, 0);
         // Strictly greater: on a tie the earlier (lower) token of an earlier quad keeps the slot.
         let better = b.ins().fcmp(FloatCC::GreaterThan, best_here, best_so_far);
         let update = b.create_block();
@@ -785,8 +806,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.switch_to_block(update);
         let max_var = b.declare_var(F32);
         let sum_var = b.declare_var(F32);
-        let old_max = b.ins().load(F32, data(), addr, 0);
-        let old_sum = b.ins().load(F32, data(), addr, 4);
+        let old_max = b.ins().load(F32, output(), addr, 0);
+        let old_sum = b.ins().load(F32, output(), addr, 4);
         b.def_var(max_var, old_max);
         b.def_var(sum_var, old_sum);
         let rescale = b.create_block();
@@ -812,8 +833,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let e = math::select(b, counted, e, zero);
         let quad_sum = math::hsum(b, e);
         let sum = b.ins().fadd(sum, quad_sum);
-        b.ins().store(data(), m, addr, 0);
-        b.ins().store(data(), sum, addr, 4);
+        b.ins().store(output(), m, addr, 0);
+        b.ins().store(output(), sum, addr, 4);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }
