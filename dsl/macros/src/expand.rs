@@ -1,0 +1,152 @@
+//! Expansion: a validated pipeline → a typed sampler struct over the `::flashsample` facade.
+
+use crate::ast::Input;
+use crate::lower::{lower, Errors, Lowered};
+use flashsample_ir::{DType, Pipeline, Sampler, Temperature, Transform};
+use proc_macro2::TokenStream;
+use quote::quote;
+
+/// Expands a whole `flashsample!` invocation. Every pipeline is checked; if any is invalid
+/// the result is all their errors together (and nothing else, so no follow-on errors).
+pub fn expand(tokens: TokenStream) -> syn::Result<TokenStream> {
+    let input: Input = syn::parse2(tokens)?;
+    let mut errors = Errors::default();
+    let mut out = TokenStream::new();
+    for def in &input.pipelines {
+        match lower(def).and_then(|l| generate(&l)) {
+            Ok(tokens) => out.extend(tokens),
+            Err(e) => errors.push(e),
+        }
+    }
+    errors.finish()?;
+    Ok(out)
+}
+
+fn element(dtype: DType) -> TokenStream {
+    match dtype {
+        DType::BF16 => quote!(::flashsample::bf16),
+        DType::F16 => quote!(::flashsample::f16),
+        DType::F32 => quote!(::core::primitive::f32),
+    }
+}
+
+fn generate(l: &Lowered) -> syn::Result<TokenStream> {
+    let p = &l.pipeline;
+    let ir = p.to_string();
+    // `pipeline()` parses this text at run time; make sure now that it means the same pipeline.
+    if Pipeline::parse(&ir).as_ref() != Ok(p) {
+        return Err(syn::Error::new_spanned(
+            &l.def.name,
+            format!("flashsample! internal error: the IR text does not round-trip:\n{ir}"),
+        ));
+    }
+    let attrs = &l.def.attrs;
+    let vis = &l.def.vis;
+    let name = &l.def.name;
+
+    let (hidden, weights) = (&l.hidden.name, &l.weights.name);
+    let (he, we) = (element(p.hidden.dtype), element(p.weights.dtype));
+    let mut params = vec![
+        quote!(#hidden: ::flashsample::Matrix<'_, #he>),
+        quote!(#weights: ::flashsample::Matrix<'_, #we>),
+    ];
+    let (b, d, v) = (&p.hidden.dims[0], &p.hidden.dims[1], &p.weights.dims[0]);
+    let mut docs = vec![
+        format!("- `{hidden}`: `[{b}, {d}]` {} hidden states", p.hidden.dtype.name()),
+        format!("- `{weights}`: `[{v}, {d}]` {} LM-head weights", p.weights.dtype.name()),
+    ];
+    let mut temperature = quote!(::flashsample::TemperatureArg::None);
+    let none = quote!(::core::option::Option::None);
+    let (mut bias, mut mask, mut banned) = (none.clone(), none.clone(), none);
+    for (t, src) in p.transforms.iter().zip(&l.transforms) {
+        let Some(op) = &src.operand else { continue }; // constants take no argument
+        let (ty, doc) = match t {
+            Transform::Temperature(Temperature::Scalar { .. }) => {
+                temperature = quote!(::flashsample::TemperatureArg::Scalar(#op));
+                (quote!(::core::primitive::f32), "one temperature for every row (0 = greedy)".to_string())
+            }
+            Transform::Temperature(Temperature::PerRow { .. }) => {
+                temperature = quote!(::flashsample::TemperatureArg::PerRow(#op));
+                (quote!(&[::core::primitive::f32]), format!("`[{b}]` per-row temperatures (0 = greedy row)"))
+            }
+            Transform::Bias { .. } => {
+                bias = quote!(::core::option::Option::Some(#op));
+                (quote!(&[::core::primitive::f32]), format!("`[{v}]` additive logit bias (`-inf` bans a token)"))
+            }
+            Transform::Mask { .. } => {
+                mask = quote!(::core::option::Option::Some(#op));
+                (
+                    quote!(&[::core::primitive::u32]),
+                    format!("`[{b}, ceil({v}/32)]` allowed-token bitset: bit `v % 32` of word `v / 32`"),
+                )
+            }
+            Transform::Ban { .. } => {
+                banned = quote!(::core::option::Option::Some(#op));
+                (quote!(&[::std::vec::Vec<::core::primitive::u32>]), format!("`{b}` lists of banned token ids"))
+            }
+            Transform::Temperature(Temperature::Const(_)) | Transform::Softcap { .. } => continue,
+        };
+        params.push(quote!(#op: #ty));
+        docs.push(format!("- `{op}`: {doc}"));
+    }
+    let seed = match (&p.sampler, &l.sampler.seed) {
+        (Sampler::GumbelMax { .. }, Some(seed)) => {
+            params.push(quote!(#seed: ::core::primitive::u64));
+            docs.push(format!("- `{seed}`: Philox seed of the Gumbel noise"));
+            quote!(#seed)
+        }
+        _ => quote!(0), // greedy: the seed is never read
+    };
+    let sample_doc = format!(
+        "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
+         Arguments, in declaration order:\n{}",
+        p.samples_per_row(),
+        docs.join("\n")
+    );
+    let ir_doc = format!("The pipeline's canonical IR text, validated when this crate was compiled:\n\n```text\n{ir}```");
+
+    Ok(quote! {
+        #(#attrs)*
+        #vis struct #name {
+            inner: ::flashsample::Sampler,
+        }
+
+        impl #name {
+            #[doc = #ir_doc]
+            pub const IR: &'static str = #ir;
+
+            /// The pipeline, parsed from [`Self::IR`].
+            pub fn pipeline() -> ::flashsample::ir::Pipeline {
+                // `IR` passed `Pipeline::validate` and round-tripped through `Pipeline::parse`
+                // when the macro expanded, so this cannot fail.
+                ::flashsample::ir::Pipeline::parse(Self::IR).expect("flashsample!: IR validated at compile time")
+            }
+
+            /// Compiles (or fetches from the kernel cache) this pipeline's kernels for `device`.
+            pub fn new(device: &::flashsample::Device) -> ::flashsample::Result<Self> {
+                ::core::result::Result::Ok(Self { inner: ::flashsample::Sampler::new(Self::pipeline(), device)? })
+            }
+
+            /// The untyped sampler underneath.
+            pub fn sampler(&self) -> &::flashsample::Sampler {
+                &self.inner
+            }
+
+            #[doc = #sample_doc]
+            #[allow(clippy::too_many_arguments)]
+            pub fn sample(&self, #(#params),*) -> ::flashsample::Result<::flashsample::Samples> {
+                self.inner.sample(
+                    #hidden.into(),
+                    #weights.into(),
+                    &::flashsample::SamplingParams {
+                        temperature: #temperature,
+                        bias: #bias,
+                        mask: #mask,
+                        banned: #banned,
+                        seed: #seed,
+                    },
+                )
+            }
+        }
+    })
+}

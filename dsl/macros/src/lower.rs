@@ -1,0 +1,512 @@
+//! Lowering: syntax tree → [`flashsample_ir::Pipeline`], every error at the tokens that caused it.
+//!
+//! The macro checks what only the surface syntax knows (op names, statement order, operand
+//! shapes like `bias[V]`), gathering all such errors; then the real IR validator runs, and its
+//! [`IrError`] is mapped back to source tokens through the spans kept here. The rules thus
+//! live in one place (`flashsample_ir::validate`) and the macro cannot drift from the runtime.
+
+use crate::ast::{Arg, BinOp, Call, Expr, OperandDecl, PipelineDef, SpanRange, Stmt};
+use flashsample_ir::{
+    DType, IrError, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32, MAX_SAMPLES_PER_ROW,
+};
+use syn::Ident;
+
+/// Op names a statement may call (for the "unknown op" message).
+const OPS: &str = "`matmul`, `mask`, `ban`, `softcap`, `gumbel_argmax`, `argmax` \
+                   (temperature and bias are written `logits / temperature[B]` and `logits + bias[V]`)";
+
+const USED_BEFORE_DEFINED: &str =
+    "`logits` is used before it is defined: the first statement must be `logits = matmul(hidden, weights);`";
+
+/// Errors gathered while lowering one pipeline, reported together.
+#[derive(Default)]
+pub struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, e: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+    pub fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// Where one IR transform was written.
+pub struct TransformSrc {
+    pub stmt: SpanRange,
+    /// The runtime operand's name as written, so generated parameters carry the user's span.
+    pub operand: Option<Ident>,
+    /// The constant (temperature or cap).
+    pub value: Option<SpanRange>,
+}
+
+/// Where the sampler was written.
+pub struct SamplerSrc {
+    pub stmt: SpanRange,
+    pub seed: Option<Ident>,
+    pub samples: Option<SpanRange>,
+}
+
+/// A validated pipeline and where each of its parts was written.
+pub struct Lowered<'a> {
+    pub def: &'a PipelineDef,
+    pub pipeline: Pipeline,
+    pub hidden: &'a OperandDecl,
+    pub weights: &'a OperandDecl,
+    /// Parallel to `pipeline.transforms`.
+    pub transforms: Vec<TransformSrc>,
+    pub sampler: SamplerSrc,
+}
+
+/// The symbolic batch and vocabulary dimensions, `None` where the declaration was broken
+/// (its error is already reported; shape checks against it would only add noise).
+struct Dims {
+    batch: Option<String>,
+    vocab: Option<String>,
+}
+
+pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
+    let mut errors = Errors::default();
+    let [hidden, weights] = match def.operands.as_slice() {
+        [h, w] => [h, w],
+        ops => {
+            return Err(def.operands_range.error(format!(
+                "a pipeline declares exactly two operands, `hidden: dtype[B, D], weights: dtype[V, D]`; found {}",
+                ops.len()
+            )))
+        }
+    };
+    let hidden_op = operand(hidden, &mut errors);
+    let weights_op = operand(weights, &mut errors);
+    if let (Some(h), Some(w)) = (&hidden_op, &weights_op) {
+        if h.dims[1] != w.dims[1] {
+            // Checked here as well as by the IR so it is reported together with the other errors.
+            let e = IrError::ContractionMismatch {
+                hidden: h.name.clone(),
+                hidden_dim: h.dims[1].clone(),
+                weights: w.name.clone(),
+                weights_dim: w.dims[1].clone(),
+            };
+            errors.push(syn::Error::new_spanned(&weights.dims[1], e));
+        }
+    }
+    let dims = Dims {
+        batch: hidden_op.as_ref().map(|o| o.dims[0].clone()),
+        vocab: weights_op.as_ref().map(|o| o.dims[0].clone()),
+    };
+
+    let mut matmul_seen = false;
+    let mut sampler_seen = false;
+    let mut transforms = Vec::new();
+    let mut srcs = Vec::new();
+    let mut sampler: Option<(Sampler, SamplerSrc)> = None;
+    let mut outputs: Option<Outputs> = None;
+    for stmt in &def.stmts {
+        let range = stmt.range();
+        match stmt {
+            Stmt::Assign { target, expr, .. } if target == "logits" => {
+                if let Expr::Call(c) = expr {
+                    if c.func == "matmul" {
+                        if sampler_seen {
+                            errors.push(range.error("only `outputs(...)` may follow the sampler"));
+                        } else if matmul_seen {
+                            errors.push(range.error("`logits` is already defined: a pipeline has one `matmul`, first"));
+                        } else if let Err(e) = check_matmul(c, hidden, weights) {
+                            errors.push(e);
+                        }
+                        matmul_seen = true;
+                        continue;
+                    }
+                    if c.func == "gumbel_argmax" || c.func == "argmax" {
+                        errors.push(syn::Error::new_spanned(
+                            target,
+                            format!("a sampler assigns `sample`: write `sample = {}(...);`", c.func),
+                        ));
+                        continue;
+                    }
+                    if !["mask", "ban", "softcap"].iter().any(|op| c.func == op) {
+                        errors.push(unknown_op(&c.func));
+                        continue;
+                    }
+                }
+                if sampler_seen {
+                    errors.push(range.error("only `outputs(...)` may follow the sampler"));
+                } else if !matmul_seen {
+                    errors.push(range.error(USED_BEFORE_DEFINED));
+                }
+                match transform(expr, range, &dims) {
+                    Ok((t, src)) => {
+                        transforms.push(t);
+                        srcs.push(src);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            Stmt::Assign { target, expr, .. } if target == "sample" => match expr {
+                Expr::Call(c) if c.func == "gumbel_argmax" || c.func == "argmax" => {
+                    if sampler_seen {
+                        errors.push(range.error("a second sampler: a pipeline has exactly one `sample = ...;`"));
+                    } else if !matmul_seen {
+                        errors.push(range.error(USED_BEFORE_DEFINED));
+                    }
+                    match lower_sampler(c, range) {
+                        Ok(s) if !sampler_seen => sampler = Some(s),
+                        Ok(_) => {}
+                        Err(e) => errors.push(e),
+                    }
+                    sampler_seen = true;
+                }
+                Expr::Call(c) if !["matmul", "mask", "ban", "softcap"].iter().any(|op| c.func == op) => {
+                    errors.push(unknown_op(&c.func))
+                }
+                _ => errors.push(range.error(
+                    "`sample = ...` takes a sampler: `gumbel_argmax(logits, seed, samples = N)` or `argmax(logits)`",
+                )),
+            },
+            Stmt::Assign { target, .. } => errors.push(syn::Error::new_spanned(
+                target,
+                format!("cannot assign `{target}`: statements assign `logits` (matmul, transforms) or `sample` (the sampler)"),
+            )),
+            Stmt::Call { call, .. } if call.func == "outputs" => {
+                if !sampler_seen {
+                    errors.push(range.error("`outputs(...)` comes after the sampler"));
+                }
+                if outputs.is_some() {
+                    errors.push(range.error("`outputs(...)` appears twice: list every output in one"));
+                }
+                match lower_outputs(call) {
+                    Ok(o) => {
+                        outputs.get_or_insert(o);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+            Stmt::Call { call, .. } => errors.push(syn::Error::new_spanned(
+                &call.func,
+                format!(
+                    "expected `logits = ...;`, `sample = ...;` or `outputs(...);`, found a bare `{}(...)` call",
+                    call.func
+                ),
+            )),
+        }
+    }
+    if !matmul_seen && errors.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            &def.name,
+            format!("pipeline `{}` has no `logits = matmul(hidden, weights);`", def.name),
+        ));
+    }
+    if !sampler_seen {
+        errors.push(syn::Error::new_spanned(
+            &def.name,
+            format!(
+                "pipeline `{}` has no sampler: end it with `sample = gumbel_argmax(logits, seed, samples = 1);` \
+                 or `sample = argmax(logits);`",
+                def.name
+            ),
+        ));
+    }
+    errors.finish()?;
+    // Every `None` here was reported above, so this is unreachable; still an error, not a panic.
+    let (Some(hidden_op), Some(weights_op), Some((sampler, sampler_src))) = (hidden_op, weights_op, sampler) else {
+        return Err(syn::Error::new_spanned(&def.name, "flashsample! internal error: incomplete pipeline"));
+    };
+    let lowered = Lowered {
+        def,
+        pipeline: Pipeline {
+            name: def.name.to_string(),
+            hidden: hidden_op,
+            weights: weights_op,
+            transforms,
+            sampler,
+            outputs: outputs.unwrap_or_default(),
+        },
+        hidden,
+        weights,
+        transforms: srcs,
+        sampler: sampler_src,
+    };
+    match lowered.pipeline.validate() {
+        Ok(()) => Ok(lowered),
+        Err(e) => Err(ir_error_span(&e, &lowered).error(&e)),
+    }
+}
+
+fn unknown_op(func: &Ident) -> syn::Error {
+    syn::Error::new_spanned(func, format!("unknown op `{func}`; expected one of {OPS}"))
+}
+
+/// `name: dtype[rows, cols]` → IR operand, or `None` after reporting why not.
+fn operand(decl: &OperandDecl, errors: &mut Errors) -> Option<Operand> {
+    let dtype = DType::from_name(&decl.dtype.to_string());
+    if dtype.is_none() {
+        errors.push(syn::Error::new_spanned(
+            &decl.dtype,
+            format!("unknown dtype `{}`; expected `bf16`, `f16` or `f32`", decl.dtype),
+        ));
+    }
+    let dims: Vec<String> = decl.dims.iter().map(Ident::to_string).collect();
+    let dims: Option<[String; 2]> = dims.try_into().ok();
+    if dims.is_none() {
+        errors.push(
+            SpanRange(decl.bracket.span.open(), decl.bracket.span.close()).error(format!(
+                "operands are rank 2, `{}: dtype[rows, cols]`; found {} dimension(s)",
+                decl.name,
+                decl.dims.len()
+            )),
+        );
+    }
+    Some(Operand { name: decl.name.to_string(), dtype: dtype?, dims: dims? })
+}
+
+fn check_matmul(c: &Call, hidden: &OperandDecl, weights: &OperandDecl) -> syn::Result<()> {
+    let expected = format!("matmul takes the declared operands in declaration order: `matmul({}, {})`", hidden.name, weights.name);
+    let args: Vec<&Arg> = c.args.iter().collect();
+    let [a, b] = args.as_slice() else { return Err(c.range().error(expected)) };
+    for (arg, decl) in [(a, hidden), (b, weights)] {
+        match arg {
+            Arg::Ident(i) if *i == decl.name => {}
+            Arg::Ident(i) if *i != hidden.name && *i != weights.name => {
+                return Err(syn::Error::new_spanned(
+                    i,
+                    format!("`{i}` is not a declared operand; {expected}"),
+                ))
+            }
+            other => return Err(other.range().error(expected)),
+        }
+    }
+    Ok(())
+}
+
+/// Checks `name[dims]` against the expected symbolic shape.
+fn check_shape(arg: &Arg, what: &str, example: &str, expected: &[&Option<String>]) -> syn::Result<Ident> {
+    let (name, bracket, dims) = match arg {
+        Arg::Indexed { name, bracket, dims } => (name, bracket, dims),
+        Arg::Ident(i) => return Err(syn::Error::new_spanned(i, format!("declare the shape of `{i}`: {what}, `{example}`"))),
+        other => return Err(other.range().error(format!("expected a runtime operand: {what}, `{example}`"))),
+    };
+    let Some(expected) = expected.iter().map(|d| d.as_deref()).collect::<Option<Vec<&str>>>() else {
+        return Ok(name.clone()); // the declaration is broken and already reported
+    };
+    let found: Vec<String> = dims.iter().map(Ident::to_string).collect();
+    if found != expected {
+        return Err(SpanRange(bracket.span.open(), bracket.span.close()).error(format!(
+            "wrong shape for `{name}`: {what} is `[{}]`, found `[{}]`",
+            expected.join(", "),
+            found.join(", ")
+        )));
+    }
+    Ok(name.clone())
+}
+
+fn expect_logits(arg: &Arg, op: &str) -> syn::Result<()> {
+    if arg.is_ident("logits") {
+        Ok(())
+    } else {
+        Err(arg.range().error(format!("`{op}` applies to `logits`")))
+    }
+}
+
+fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transform, TransformSrc)> {
+    let batch = &dims.batch;
+    let vocab = &dims.vocab;
+    let src = |operand: Option<Ident>, value: Option<SpanRange>| TransformSrc { stmt, operand, value };
+    match expr {
+        Expr::Binary { lhs, op, rhs } => {
+            if lhs != "logits" {
+                return Err(syn::Error::new_spanned(lhs, format!("transforms apply to `logits`, found `{lhs}`")));
+            }
+            match (op, rhs) {
+                (BinOp::Div, Arg::Number(n)) => {
+                    Ok((Transform::Temperature(Temperature::Const(F32::new(n.f32()?))), src(None, Some(n.range()))))
+                }
+                (BinOp::Div, Arg::Ident(i)) => Ok((
+                    Transform::Temperature(Temperature::Scalar { operand: i.to_string() }),
+                    src(Some(i.clone()), None),
+                )),
+                (BinOp::Div, arg @ Arg::Indexed { .. }) => {
+                    let name = check_shape(arg, "a per-row temperature (one f32 per row of the hidden states)", "temperature[B]", &[batch])?;
+                    Ok((Transform::Temperature(Temperature::PerRow { operand: name.to_string() }), src(Some(name), None)))
+                }
+                (BinOp::Div, other) => Err(other.range().error(
+                    "a temperature is a constant (`logits / 0.7`), a scalar operand (`logits / temperature`) \
+                     or a per-row operand (`logits / temperature[B]`)",
+                )),
+                (BinOp::Add, arg) => {
+                    let name = check_shape(arg, "an additive bias (one f32 per vocabulary token)", "bias[V]", &[vocab])?;
+                    Ok((Transform::Bias { operand: name.to_string() }, src(Some(name), None)))
+                }
+                (BinOp::Other(c, span), _) => Err(SpanRange::single(*span).error(format!(
+                    "unsupported operator `{c}`: `logits / temperature` scales, `logits + bias[V]` adds a bias"
+                ))),
+            }
+        }
+        Expr::Call(c) => {
+            let func = c.func.to_string();
+            let usage = match func.as_str() {
+                "mask" => "mask(logits, allowed[B, V])",
+                "ban" => "ban(logits, banned[B])",
+                _ => "softcap(logits, 30.0)",
+            };
+            let args: Vec<&Arg> = c.args.iter().collect();
+            let [first, arg] = args.as_slice() else {
+                return Err(c.range().error(format!("`{func}` takes two arguments: `{usage}`")));
+            };
+            expect_logits(first, &func)?;
+            match func.as_str() {
+                "mask" => {
+                    let name = check_shape(arg, "an allowed-token mask", "allowed[B, V]", &[batch, vocab])?;
+                    Ok((Transform::Mask { operand: name.to_string() }, src(Some(name), None)))
+                }
+                "ban" => {
+                    let name = check_shape(arg, "banned-token lists (one list per row)", "banned[B]", &[batch])?;
+                    Ok((Transform::Ban { operand: name.to_string() }, src(Some(name), None)))
+                }
+                _ => match arg {
+                    Arg::Number(n) => Ok((Transform::Softcap { cap: F32::new(n.f32()?) }, src(None, Some(n.range())))),
+                    other => Err(other.range().error(format!("the cap is a constant: `{usage}`"))),
+                },
+            }
+        }
+    }
+}
+
+fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)> {
+    let args: Vec<&Arg> = c.args.iter().collect();
+    if c.func == "argmax" {
+        let [first] = args.as_slice() else { return Err(c.range().error("expected `argmax(logits)`")) };
+        expect_logits(first, "argmax")?;
+        return Ok((Sampler::Argmax, SamplerSrc { stmt, seed: None, samples: None }));
+    }
+    let usage = "expected `gumbel_argmax(logits, seed, samples = N)`";
+    let (first, seed, samples) = match args.as_slice() {
+        [first, seed] => (first, seed, None),
+        [first, seed, samples] => (first, seed, Some(samples)),
+        _ => return Err(c.range().error(usage)),
+    };
+    expect_logits(first, "gumbel_argmax")?;
+    let Arg::Ident(seed) = seed else {
+        return Err(seed.range().error("the seed is a runtime `u64` operand: name it, e.g. `seed`"));
+    };
+    let (count, range) = match samples {
+        None => (1, None),
+        Some(Arg::Named { name, value }) if name == "samples" => (value.u32()?, Some(value.range())),
+        Some(Arg::Named { name, .. }) => {
+            return Err(syn::Error::new_spanned(name, format!("unknown argument `{name}`; {usage}")))
+        }
+        Some(other) => return Err(other.range().error(usage)),
+    };
+    if let Some(range) = range {
+        if count == 0 || count > MAX_SAMPLES_PER_ROW {
+            return Err(range.error(IrError::InvalidSampleCount { samples: count }));
+        }
+    }
+    Ok((Sampler::GumbelMax { seed: seed.to_string(), samples: count }, SamplerSrc { stmt, seed: Some(seed.clone()), samples: range }))
+}
+
+fn lower_outputs(c: &Call) -> syn::Result<Outputs> {
+    let mut o = Outputs::default();
+    if c.args.is_empty() {
+        return Err(c.range().error("`outputs` lists at least one of `score`, `logsumexp`, `logprob`"));
+    }
+    for arg in &c.args {
+        let flag = match arg {
+            Arg::Ident(i) if i == "score" => &mut o.score,
+            Arg::Ident(i) if i == "logsumexp" => &mut o.logsumexp,
+            Arg::Ident(i) if i == "logprob" => &mut o.logprob,
+            other => {
+                return Err(other.range().error("unknown output; expected any of `score`, `logsumexp`, `logprob`"))
+            }
+        };
+        if std::mem::replace(flag, true) {
+            return Err(arg.range().error("this output is listed twice"));
+        }
+    }
+    Ok(o)
+}
+
+/// Mirror of `flashsample_ir`'s `Location`, which that crate does not re-export (its
+/// `validate` module is private), so it is read through its derived `Debug` form.
+#[derive(Debug, PartialEq)]
+enum Loc {
+    Name,
+    Hidden,
+    Weights,
+    Transform(usize),
+    Sampler,
+}
+
+fn location(e: &IrError) -> Loc {
+    let s = format!("{:?}", e.location());
+    match s.as_str() {
+        "Name" => Loc::Name,
+        "Hidden" => Loc::Hidden,
+        "Weights" => Loc::Weights,
+        "Sampler" => Loc::Sampler,
+        other => match other.strip_prefix("Transform(").and_then(|r| r.strip_suffix(')')).and_then(|n| n.parse().ok()) {
+            Some(i) => Loc::Transform(i),
+            None => Loc::Name,
+        },
+    }
+}
+
+/// The tokens an [`IrError`] is about.
+fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
+    let ident = |i: &Ident| SpanRange::single(i.span());
+    // Within an operand declaration, the token spelling `name` (the name or a dimension).
+    let in_decl = |decl: &OperandDecl, name: &str| {
+        std::iter::once(&decl.name).chain(decl.dims.iter()).find(|i| *i == name).map_or(decl.range(), ident)
+    };
+    let transform = |i: usize| l.transforms.get(i);
+    match e {
+        IrError::ContractionMismatch { .. } => ident(&l.weights.dims[1]),
+        IrError::BatchIsVocab(_) => {
+            if l.pipeline.hidden.dims[0] == l.pipeline.weights.dims[0] {
+                ident(&l.weights.dims[0])
+            } else {
+                ident(&l.hidden.dims[1])
+            }
+        }
+        IrError::DuplicateTransform { at, .. } => transform(*at).map_or(l.sampler.stmt, |t| t.stmt),
+        IrError::InvalidSoftcap { at, .. } | IrError::InvalidTemperature { at, .. } => {
+            transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
+        }
+        IrError::InvalidSampleCount { .. } => l.sampler.samples.unwrap_or(l.sampler.stmt),
+        IrError::InvalidName { name, .. } | IrError::DuplicateOperand { name, .. } => match location(e) {
+            Loc::Name => ident(&l.def.name),
+            Loc::Hidden => in_decl(l.hidden, name),
+            Loc::Weights => in_decl(l.weights, name),
+            Loc::Transform(i) => transform(i).map_or(l.sampler.stmt, |t| t.operand.as_ref().map_or(t.stmt, ident)),
+            Loc::Sampler => l.sampler.seed.as_ref().map_or(l.sampler.stmt, ident),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn location_mirror_reads_every_ir_location() {
+        // Builds IR errors at each location through the real validator.
+        let p = |f: &dyn Fn(&mut Pipeline)| {
+            let mut p = flashsample_ir::PipelineBuilder::new("P", DType::BF16, DType::BF16)
+                .bias("b")
+                .mask("m")
+                .build_unchecked();
+            f(&mut p);
+            location(&p.validate().unwrap_err())
+        };
+        assert_eq!(p(&|p| p.name = "1x".into()), Loc::Name);
+        assert_eq!(p(&|p| p.hidden.name = "1x".into()), Loc::Hidden);
+        assert_eq!(p(&|p| p.weights.name = "hidden".into()), Loc::Weights);
+        assert_eq!(p(&|p| p.transforms[1] = Transform::Mask { operand: "b".into() }), Loc::Transform(1));
+        assert_eq!(p(&|p| p.sampler = Sampler::GumbelMax { seed: "m".into(), samples: 1 }), Loc::Sampler);
+    }
+}
