@@ -93,9 +93,10 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         (Sampler::GumbelMax { .. }, Some(seed)) => {
             params.push(quote!(#seed: ::core::primitive::u64));
             docs.push(format!("- `{seed}`: Philox seed of the Gumbel noise"));
-            quote!(#seed)
+            // Field shorthand when the operand is named `seed` (clippy: redundant_field_names).
+            if seed == "seed" { quote!(#seed) } else { quote!(seed: #seed) }
         }
-        _ => quote!(0), // greedy: the seed is never read
+        _ => quote!(seed: 0), // greedy: the seed is never read
     };
     let sample_doc = format!(
         "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
@@ -143,7 +144,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                         bias: #bias,
                         mask: #mask,
                         banned: #banned,
-                        seed: #seed,
+                        #seed,
                     },
                 )
             }

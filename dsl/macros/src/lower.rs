@@ -128,6 +128,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                             target,
                             format!("a sampler assigns `sample`: write `sample = {}(...);`", c.func),
                         ));
+                        sampler_seen = true;
                         continue;
                     }
                     if !["mask", "ban", "softcap"].iter().any(|op| c.func == op) {
@@ -149,6 +150,8 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                 }
             }
             Stmt::Assign { target, expr, .. } if target == "sample" => match expr {
+                // Any `sample = ...` counts as the sampler, so one bad sampler is one error, not
+                // also "no sampler" and "outputs before the sampler".
                 Expr::Call(c) if c.func == "gumbel_argmax" || c.func == "argmax" => {
                     if sampler_seen {
                         errors.push(range.error("a second sampler: a pipeline has exactly one `sample = ...;`"));
@@ -163,11 +166,15 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     sampler_seen = true;
                 }
                 Expr::Call(c) if !["matmul", "mask", "ban", "softcap"].iter().any(|op| c.func == op) => {
-                    errors.push(unknown_op(&c.func))
+                    errors.push(unknown_op(&c.func));
+                    sampler_seen = true;
                 }
-                _ => errors.push(range.error(
-                    "`sample = ...` takes a sampler: `gumbel_argmax(logits, seed, samples = N)` or `argmax(logits)`",
-                )),
+                _ => {
+                    errors.push(range.error(
+                        "`sample = ...` takes a sampler: `gumbel_argmax(logits, seed, samples = N)` or `argmax(logits)`",
+                    ));
+                    sampler_seen = true;
+                }
             },
             Stmt::Assign { target, .. } => errors.push(syn::Error::new_spanned(
                 target,
