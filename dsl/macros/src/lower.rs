@@ -96,10 +96,9 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             errors.push(syn::Error::new_spanned(&weights.dims[1], e));
         }
     }
-    let dims = Dims {
-        batch: hidden_op.as_ref().map(|o| o.dims[0].clone()),
-        vocab: weights_op.as_ref().map(|o| o.dims[0].clone()),
-    };
+    // From the declarations' dims alone, so a bad dtype does not hide shape errors.
+    let rows = |d: &OperandDecl| (d.dims.len() == 2).then(|| d.dims[0].to_string());
+    let dims = Dims { batch: rows(hidden), vocab: rows(weights) };
 
     let mut matmul_seen = false;
     let mut sampler_seen = false;

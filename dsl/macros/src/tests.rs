@@ -381,12 +381,14 @@ fn independent_errors_are_reported_together() {
     let src = QWEN
         .replace("hidden: bf16", "hidden: bf8")
         .replace("logits = softcap(logits, 30.0);", "logits = frobnicate(logits);")
-        .replace("bias[V]", "bias[B]");
+        .replace("bias[V]", "bias[B]")
+        .replace("temperature[B]", "temperature[V]");
     let errs = errors(&src);
     let msgs: Vec<&str> = errs.iter().map(|e| e.0.as_str()).collect();
-    assert_eq!(errs.len(), 3, "{msgs:#?}");
+    assert_eq!(errs.len(), 4, "{msgs:#?}");
     assert!(msgs[0].contains("unknown dtype `bf8`"));
-    assert!(msgs[1].contains("wrong shape for `bias`"));
-    assert!(msgs[2].contains("unknown op `frobnicate`"));
-    assert_eq!(errs[2].1, start(&src, "frobnicate"));
+    assert!(msgs[1].contains("wrong shape for `temperature`"), "a bad dtype must not hide shape errors");
+    assert!(msgs[2].contains("wrong shape for `bias`"));
+    assert!(msgs[3].contains("unknown op `frobnicate`"));
+    assert_eq!(errs[3].1, start(&src, "frobnicate"));
 }

@@ -1,0 +1,13 @@
+use flashsample::flashsample;
+
+flashsample! {
+    pub pipeline Sampler {
+        hidden: bf16[B, D], weights: bf16[V, D];
+        logits = matmul(hidden, weights);
+        logits = logits + bias[V];
+        logits = mask(logits, bias[B, V]);
+        sample = gumbel_argmax(logits, seed, samples = 1);
+    }
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use flashsample::flashsample;
+
+flashsample! {
+    pub pipeline Sampler {
+        hidden: bf16[B, D], weights: bf16[V, D];
+        logits = matmul(hidden, weights);
+        logits = softcap(logits, -1.0);
+        sample = gumbel_argmax(logits, seed, samples = 1);
+    }
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use flashsample::flashsample;
+
+flashsample! {
+    pub pipeline Sampler {
+        hidden: bf16[B, D], weights: bf16[V, D];
+        logits = matmul(hidden, weights);
+        sample = gumbel_argmax(logits, seed, samples = 1);
+        sample = argmax(logits);
+    }
+}
+
+fn main() {}
