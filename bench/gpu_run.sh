@@ -8,6 +8,10 @@ mkdir -p "$OUT"
 STAGES=${STAGES:-"info tests cache sanitizer bench"}
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
+for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
+chmod +x "$BIN"/gpu "$BIN"/gpu_bench 2>/dev/null
+# Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
 export FLASHSAMPLE_CACHE_DIR=/tmp/flashsample-cache
 summary=()
 has() { [[ " $STAGES " == *" $1 "* ]]; }

@@ -177,7 +177,7 @@ impl CudaBackend {
         let p = &self.pipeline;
         let dev = &*self.device;
         let samples = p.samples_per_row() as usize;
-        let geometry = ptx::geometry(config, shape.batch, shape.vocab, samples);
+        let geometry = ptx::geometry(config, shape.batch, shape.vocab, self.device.sm_count());
         let layout = StageTwo { batch: shape.batch, samples, tiles: geometry.tiles };
         let mut uploads = Vec::new();
         let hidden_ptr = self.operand(hidden, &mut uploads)?;

@@ -20,19 +20,16 @@ pub(crate) struct DeviceAttributes {
 /// The PTX target for a compute capability; `None` below 8.0 (no mma.sync bf16, ldmatrix,
 /// cp.async). Hopper-class (9.x) gets sm_90; Ampere/Ada (8.x) sm_80. Newer chips get sm_90
 /// PTX, which the driver JIT-compiles forward (it uses no arch-specific `a` features).
+/// The mapping is codegen's (`Arch::from_compute_capability`), so the two never disagree.
 pub(crate) fn arch_for(cc: (u32, u32)) -> Option<Arch> {
-    match cc.0 {
-        0..=7 => None,
-        8 => Some(Arch::Sm80),
-        _ => Some(Arch::Sm90),
-    }
+    Arch::from_compute_capability(cc).ok()
 }
 
 pub(crate) fn limits_from(a: &DeviceAttributes) -> GpuLimits {
     GpuLimits {
         compute_capability: a.compute_capability,
         sm_count: a.sm_count,
-        max_smem_per_block_optin: a.max_smem_per_block_optin,
+        max_shared_per_block_optin: a.max_smem_per_block_optin,
         max_threads_per_block: a.max_threads_per_block,
         max_regs_per_block: a.max_regs_per_block,
     }
@@ -49,10 +46,9 @@ pub(crate) struct Geometry {
     pub stage2_block: u32,
 }
 
-pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, samples: usize) -> Geometry {
-    let _ = samples;
+pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, sm_count: u32) -> Geometry {
     Geometry {
-        stage1_grid: config.grid(batch, vocab),
+        stage1_grid: config.grid(batch, vocab, sm_count),
         stage1_block: config.block_threads(),
         stage1_smem: config.smem_bytes(),
         tiles: config.tiles(vocab),
