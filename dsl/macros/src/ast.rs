@@ -68,9 +68,14 @@ impl Parse for PipelineDef {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let attrs = input.call(Attribute::parse_outer)?;
         let vis: Visibility = input.parse()?;
-        let kw: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), "expected `pipeline Name { ... }`"))?;
+        let kw: Ident = input
+            .parse()
+            .map_err(|e| syn::Error::new(e.span(), "expected `pipeline Name { ... }`"))?;
         if kw != "pipeline" {
-            return Err(syn::Error::new_spanned(&kw, format!("expected `pipeline`, found `{kw}`")));
+            return Err(syn::Error::new_spanned(
+                &kw,
+                format!("expected `pipeline`, found `{kw}`"),
+            ));
         }
         let name: Ident = input.parse()?;
         let body;
@@ -97,7 +102,14 @@ impl Parse for PipelineDef {
         while !body.is_empty() {
             stmts.push(body.parse()?);
         }
-        Ok(PipelineDef { attrs, vis, name, operands, operands_range: SpanRange(first, last), stmts })
+        Ok(PipelineDef {
+            attrs,
+            vis,
+            name,
+            operands,
+            operands_range: SpanRange(first, last),
+            stmts,
+        })
     }
 }
 
@@ -117,15 +129,20 @@ impl OperandDecl {
 
 impl Parse for OperandDecl {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let name: Ident = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "expected an operand declaration `name: dtype[rows, cols]`")
-        })?;
+        let name: Ident = input
+            .parse()
+            .map_err(|e| syn::Error::new(e.span(), "expected an operand declaration `name: dtype[rows, cols]`"))?;
         input.parse::<Token![:]>()?;
         let dtype: Ident = input.parse()?;
         let content;
         let bracket = bracketed!(content in input);
         let dims = Punctuated::parse_terminated(&content)?;
-        Ok(OperandDecl { name, dtype, bracket, dims })
+        Ok(OperandDecl {
+            name,
+            dtype,
+            bracket,
+            dims,
+        })
     }
 }
 
@@ -149,15 +166,25 @@ impl Stmt {
 impl Parse for Stmt {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let head: Ident = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "expected a statement: `logits = ...;`, `sample = ...;` or `outputs(...);`")
+            syn::Error::new(
+                e.span(),
+                "expected a statement: `logits = ...;`, `sample = ...;` or `outputs(...);`",
+            )
         })?;
         if input.peek(Token![=]) {
             input.parse::<Token![=]>()?;
             let expr = input.parse()?;
-            Ok(Stmt::Assign { target: head, expr, semi: input.parse()? })
+            Ok(Stmt::Assign {
+                target: head,
+                expr,
+                semi: input.parse()?,
+            })
         } else if input.peek(token::Paren) {
             let call = Call::parse_after(head, input)?;
-            Ok(Stmt::Call { call, semi: input.parse()? })
+            Ok(Stmt::Call {
+                call,
+                semi: input.parse()?,
+            })
         } else {
             Err(input.error("expected `=` or `(`"))
         }
@@ -179,9 +206,15 @@ impl Parse for Expr {
             return Ok(Expr::Call(Call::parse_after(head, input)?));
         }
         let op = if input.peek(Token![/]) {
-            { input.parse::<Token![/]>()?; BinOp::Div }
+            {
+                input.parse::<Token![/]>()?;
+                BinOp::Div
+            }
         } else if input.peek(Token![+]) {
-            { input.parse::<Token![+]>()?; BinOp::Add }
+            {
+                input.parse::<Token![+]>()?;
+                BinOp::Add
+            }
         } else if input.peek(Token![-]) {
             BinOp::Other('-', input.parse::<Token![-]>()?.span)
         } else if input.peek(Token![*]) {
@@ -189,7 +222,11 @@ impl Parse for Expr {
         } else {
             return Err(input.error("expected `op(...)`, `logits / temperature` or `logits + bias[V]`"));
         };
-        Ok(Expr::Binary { lhs: head, op, rhs: input.parse()? })
+        Ok(Expr::Binary {
+            lhs: head,
+            op,
+            rhs: input.parse()?,
+        })
     }
 }
 
@@ -223,7 +260,11 @@ pub enum Arg {
     /// `logits`, `seed`, a scalar `temperature`.
     Ident(Ident),
     /// `bias[V]`, `allowed[B, V]`.
-    Indexed { name: Ident, bracket: token::Bracket, dims: Punctuated<Ident, Token![,]> },
+    Indexed {
+        name: Ident,
+        bracket: token::Bracket,
+        dims: Punctuated<Ident, Token![,]>,
+    },
     /// `30.0`, `-1.0`, `1`.
     Number(Number),
     /// `samples = 2`.
@@ -250,7 +291,10 @@ impl Parse for Arg {
             return Ok(Arg::Number(input.parse()?));
         }
         let name: Ident = input.parse().map_err(|e| {
-            syn::Error::new(e.span(), "expected an argument: a name, `name[dims]`, a number or `samples = N`")
+            syn::Error::new(
+                e.span(),
+                "expected an argument: a name, `name[dims]`, a number or `samples = N`",
+            )
         })?;
         if input.peek(token::Bracket) {
             let content;
@@ -259,7 +303,10 @@ impl Parse for Arg {
             Ok(Arg::Indexed { name, bracket, dims })
         } else if input.peek(Token![=]) {
             input.parse::<Token![=]>()?;
-            Ok(Arg::Named { name, value: input.parse()? })
+            Ok(Arg::Named {
+                name,
+                value: input.parse()?,
+            })
         } else {
             Ok(Arg::Ident(name))
         }
@@ -296,7 +343,11 @@ impl Number {
 
 impl Parse for Number {
     fn parse(input: ParseStream) -> syn::Result<Self> {
-        let neg = if input.peek(Token![-]) { Some(input.parse::<Token![-]>()?.span) } else { None };
+        let neg = if input.peek(Token![-]) {
+            Some(input.parse::<Token![-]>()?.span)
+        } else {
+            None
+        };
         let lit: Lit = input.parse()?;
         match lit {
             Lit::Float(_) | Lit::Int(_) => Ok(Number { neg, lit }),

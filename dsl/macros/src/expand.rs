@@ -63,15 +63,24 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         let (ty, doc) = match t {
             Transform::Temperature(Temperature::Scalar { .. }) => {
                 temperature = quote!(::flashsample::TemperatureArg::Scalar(#op));
-                (quote!(::core::primitive::f32), "one temperature for every row (0 = greedy)".to_string())
+                (
+                    quote!(::core::primitive::f32),
+                    "one temperature for every row (0 = greedy)".to_string(),
+                )
             }
             Transform::Temperature(Temperature::PerRow { .. }) => {
                 temperature = quote!(::flashsample::TemperatureArg::PerRow(#op));
-                (quote!(&[::core::primitive::f32]), format!("`[{b}]` per-row temperatures (0 = greedy row)"))
+                (
+                    quote!(&[::core::primitive::f32]),
+                    format!("`[{b}]` per-row temperatures (0 = greedy row)"),
+                )
             }
             Transform::Bias { .. } => {
                 bias = quote!(::core::option::Option::Some(#op));
-                (quote!(&[::core::primitive::f32]), format!("`[{v}]` additive logit bias (`-inf` bans a token)"))
+                (
+                    quote!(&[::core::primitive::f32]),
+                    format!("`[{v}]` additive logit bias (`-inf` bans a token)"),
+                )
             }
             Transform::Mask { .. } => {
                 mask = quote!(::core::option::Option::Some(#op));
@@ -82,7 +91,10 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             }
             Transform::Ban { .. } => {
                 banned = quote!(::core::option::Option::Some(#op));
-                (quote!(&[::std::vec::Vec<::core::primitive::u32>]), format!("`{b}` lists of banned token ids"))
+                (
+                    quote!(&[::std::vec::Vec<::core::primitive::u32>]),
+                    format!("`{b}` lists of banned token ids"),
+                )
             }
             Transform::Temperature(Temperature::Const(_)) | Transform::Softcap { .. } => continue,
         };
@@ -94,7 +106,11 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             params.push(quote!(#seed: ::core::primitive::u64));
             docs.push(format!("- `{seed}`: Philox seed of the Gumbel noise"));
             // Field shorthand when the operand is named `seed` (clippy: redundant_field_names).
-            if seed == "seed" { quote!(#seed) } else { quote!(seed: #seed) }
+            if seed == "seed" {
+                quote!(#seed)
+            } else {
+                quote!(seed: #seed)
+            }
         }
         _ => quote!(seed: 0), // greedy: the seed is never read
     };
@@ -104,7 +120,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         p.samples_per_row(),
         docs.join("\n")
     );
-    let ir_doc = format!("The pipeline's canonical IR text, validated when this crate was compiled:\n\n```text\n{ir}```");
+    let ir_doc =
+        format!("The pipeline's canonical IR text, validated when this crate was compiled:\n\n```text\n{ir}```");
 
     Ok(quote! {
         #(#attrs)*

@@ -32,5 +32,7 @@ mod tests;
 /// Declares one or more sampling pipelines; see the crate docs for the syntax.
 #[proc_macro]
 pub fn flashsample(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
-    expand::expand(input.into()).unwrap_or_else(syn::Error::into_compile_error).into()
+    expand::expand(input.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
 }

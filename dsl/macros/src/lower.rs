@@ -98,7 +98,10 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     }
     // From the declarations' dims alone, so a bad dtype does not hide shape errors.
     let rows = |d: &OperandDecl| (d.dims.len() == 2).then(|| d.dims[0].to_string());
-    let dims = Dims { batch: rows(hidden), vocab: rows(weights) };
+    let dims = Dims {
+        batch: rows(hidden),
+        vocab: rows(weights),
+    };
 
     let mut matmul_seen = false;
     let mut sampler_seen = false;
@@ -221,7 +224,10 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     errors.finish()?;
     // Every `None` here was reported above, so this is unreachable; still an error, not a panic.
     let (Some(hidden_op), Some(weights_op), Some((sampler, sampler_src))) = (hidden_op, weights_op, sampler) else {
-        return Err(syn::Error::new_spanned(&def.name, "flashsample! internal error: incomplete pipeline"));
+        return Err(syn::Error::new_spanned(
+            &def.name,
+            "flashsample! internal error: incomplete pipeline",
+        ));
     };
     let lowered = Lowered {
         def,
@@ -268,13 +274,22 @@ fn operand(decl: &OperandDecl, errors: &mut Errors) -> Option<Operand> {
             )),
         );
     }
-    Some(Operand { name: decl.name.to_string(), dtype: dtype?, dims: dims? })
+    Some(Operand {
+        name: decl.name.to_string(),
+        dtype: dtype?,
+        dims: dims?,
+    })
 }
 
 fn check_matmul(c: &Call, hidden: &OperandDecl, weights: &OperandDecl) -> syn::Result<()> {
-    let expected = format!("matmul takes the declared operands in declaration order: `matmul({}, {})`", hidden.name, weights.name);
+    let expected = format!(
+        "matmul takes the declared operands in declaration order: `matmul({}, {})`",
+        hidden.name, weights.name
+    );
     let args: Vec<&Arg> = c.args.iter().collect();
-    let [a, b] = args.as_slice() else { return Err(c.range().error(expected)) };
+    let [a, b] = args.as_slice() else {
+        return Err(c.range().error(expected));
+    };
     for (arg, decl) in [(a, hidden), (b, weights)] {
         match arg {
             Arg::Ident(i) if *i == decl.name => {}
@@ -294,8 +309,17 @@ fn check_matmul(c: &Call, hidden: &OperandDecl, weights: &OperandDecl) -> syn::R
 fn check_shape(arg: &Arg, what: &str, example: &str, expected: &[&Option<String>]) -> syn::Result<Ident> {
     let (name, bracket, dims) = match arg {
         Arg::Indexed { name, bracket, dims } => (name, bracket, dims),
-        Arg::Ident(i) => return Err(syn::Error::new_spanned(i, format!("declare the shape of `{i}`: {what}, `{example}`"))),
-        other => return Err(other.range().error(format!("expected a runtime operand: {what}, `{example}`"))),
+        Arg::Ident(i) => {
+            return Err(syn::Error::new_spanned(
+                i,
+                format!("declare the shape of `{i}`: {what}, `{example}`"),
+            ))
+        }
+        other => {
+            return Err(other
+                .range()
+                .error(format!("expected a runtime operand: {what}, `{example}`")))
+        }
     };
     let Some(expected) = expected.iter().map(|d| d.as_deref()).collect::<Option<Vec<&str>>>() else {
         return Ok(name.clone()); // the declaration is broken and already reported
@@ -326,27 +350,51 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
     match expr {
         Expr::Binary { lhs, op, rhs } => {
             if lhs != "logits" {
-                return Err(syn::Error::new_spanned(lhs, format!("transforms apply to `logits`, found `{lhs}`")));
+                return Err(syn::Error::new_spanned(
+                    lhs,
+                    format!("transforms apply to `logits`, found `{lhs}`"),
+                ));
             }
             match (op, rhs) {
-                (BinOp::Div, Arg::Number(n)) => {
-                    Ok((Transform::Temperature(Temperature::Const(F32::new(n.f32()?))), src(None, Some(n.range()))))
-                }
+                (BinOp::Div, Arg::Number(n)) => Ok((
+                    Transform::Temperature(Temperature::Const(F32::new(n.f32()?))),
+                    src(None, Some(n.range())),
+                )),
                 (BinOp::Div, Arg::Ident(i)) => Ok((
                     Transform::Temperature(Temperature::Scalar { operand: i.to_string() }),
                     src(Some(i.clone()), None),
                 )),
                 (BinOp::Div, arg @ Arg::Indexed { .. }) => {
-                    let name = check_shape(arg, "a per-row temperature (one f32 per row of the hidden states)", "temperature[B]", &[batch])?;
-                    Ok((Transform::Temperature(Temperature::PerRow { operand: name.to_string() }), src(Some(name), None)))
+                    let name = check_shape(
+                        arg,
+                        "a per-row temperature (one f32 per row of the hidden states)",
+                        "temperature[B]",
+                        &[batch],
+                    )?;
+                    Ok((
+                        Transform::Temperature(Temperature::PerRow {
+                            operand: name.to_string(),
+                        }),
+                        src(Some(name), None),
+                    ))
                 }
                 (BinOp::Div, other) => Err(other.range().error(
                     "a temperature is a constant (`logits / 0.7`), a scalar operand (`logits / temperature`) \
                      or a per-row operand (`logits / temperature[B]`)",
                 )),
                 (BinOp::Add, arg) => {
-                    let name = check_shape(arg, "an additive bias (one f32 per vocabulary token)", "bias[V]", &[vocab])?;
-                    Ok((Transform::Bias { operand: name.to_string() }, src(Some(name), None)))
+                    let name = check_shape(
+                        arg,
+                        "an additive bias (one f32 per vocabulary token)",
+                        "bias[V]",
+                        &[vocab],
+                    )?;
+                    Ok((
+                        Transform::Bias {
+                            operand: name.to_string(),
+                        },
+                        src(Some(name), None),
+                    ))
                 }
                 (BinOp::Other(c, span), _) => Err(SpanRange::single(*span).error(format!(
                     "unsupported operator `{c}`: `logits / temperature` scales, `logits + bias[V]` adds a bias"
@@ -368,14 +416,29 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
             match func.as_str() {
                 "mask" => {
                     let name = check_shape(arg, "an allowed-token mask", "allowed[B, V]", &[batch, vocab])?;
-                    Ok((Transform::Mask { operand: name.to_string() }, src(Some(name), None)))
+                    Ok((
+                        Transform::Mask {
+                            operand: name.to_string(),
+                        },
+                        src(Some(name), None),
+                    ))
                 }
                 "ban" => {
                     let name = check_shape(arg, "banned-token lists (one list per row)", "banned[B]", &[batch])?;
-                    Ok((Transform::Ban { operand: name.to_string() }, src(Some(name), None)))
+                    Ok((
+                        Transform::Ban {
+                            operand: name.to_string(),
+                        },
+                        src(Some(name), None),
+                    ))
                 }
                 _ => match arg {
-                    Arg::Number(n) => Ok((Transform::Softcap { cap: F32::new(n.f32()?) }, src(None, Some(n.range())))),
+                    Arg::Number(n) => Ok((
+                        Transform::Softcap {
+                            cap: F32::new(n.f32()?),
+                        },
+                        src(None, Some(n.range())),
+                    )),
                     other => Err(other.range().error(format!("the cap is a constant: `{usage}`"))),
                 },
             }
@@ -386,9 +449,18 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
 fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)> {
     let args: Vec<&Arg> = c.args.iter().collect();
     if c.func == "argmax" {
-        let [first] = args.as_slice() else { return Err(c.range().error("expected `argmax(logits)`")) };
+        let [first] = args.as_slice() else {
+            return Err(c.range().error("expected `argmax(logits)`"));
+        };
         expect_logits(first, "argmax")?;
-        return Ok((Sampler::Argmax, SamplerSrc { stmt, seed: None, samples: None }));
+        return Ok((
+            Sampler::Argmax,
+            SamplerSrc {
+                stmt,
+                seed: None,
+                samples: None,
+            },
+        ));
     }
     let usage = "expected `gumbel_argmax(logits, seed, samples = N)`";
     let (first, seed, samples) = match args.as_slice() {
@@ -398,13 +470,18 @@ fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)
     };
     expect_logits(first, "gumbel_argmax")?;
     let Arg::Ident(seed) = seed else {
-        return Err(seed.range().error("the seed is a runtime `u64` operand: name it, e.g. `seed`"));
+        return Err(seed
+            .range()
+            .error("the seed is a runtime `u64` operand: name it, e.g. `seed`"));
     };
     let (count, range) = match samples {
         None => (1, None),
         Some(Arg::Named { name, value }) if name == "samples" => (value.u32()?, Some(value.range())),
         Some(Arg::Named { name, .. }) => {
-            return Err(syn::Error::new_spanned(name, format!("unknown argument `{name}`; {usage}")))
+            return Err(syn::Error::new_spanned(
+                name,
+                format!("unknown argument `{name}`; {usage}"),
+            ))
         }
         Some(other) => return Err(other.range().error(usage)),
     };
@@ -413,13 +490,25 @@ fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)
             return Err(range.error(IrError::InvalidSampleCount { samples: count }));
         }
     }
-    Ok((Sampler::GumbelMax { seed: seed.to_string(), samples: count }, SamplerSrc { stmt, seed: Some(seed.clone()), samples: range }))
+    Ok((
+        Sampler::GumbelMax {
+            seed: seed.to_string(),
+            samples: count,
+        },
+        SamplerSrc {
+            stmt,
+            seed: Some(seed.clone()),
+            samples: range,
+        },
+    ))
 }
 
 fn lower_outputs(c: &Call) -> syn::Result<Outputs> {
     let mut o = Outputs::default();
     if c.args.is_empty() {
-        return Err(c.range().error("`outputs` lists at least one of `score`, `logsumexp`, `logprob`"));
+        return Err(c
+            .range()
+            .error("`outputs` lists at least one of `score`, `logsumexp`, `logprob`"));
     }
     for arg in &c.args {
         let flag = match arg {
@@ -427,7 +516,9 @@ fn lower_outputs(c: &Call) -> syn::Result<Outputs> {
             Arg::Ident(i) if i == "logsumexp" => &mut o.logsumexp,
             Arg::Ident(i) if i == "logprob" => &mut o.logprob,
             other => {
-                return Err(other.range().error("unknown output; expected any of `score`, `logsumexp`, `logprob`"))
+                return Err(other
+                    .range()
+                    .error("unknown output; expected any of `score`, `logsumexp`, `logprob`"))
             }
         };
         if std::mem::replace(flag, true) {
@@ -455,7 +546,11 @@ fn location(e: &IrError) -> Loc {
         "Hidden" => Loc::Hidden,
         "Weights" => Loc::Weights,
         "Sampler" => Loc::Sampler,
-        other => match other.strip_prefix("Transform(").and_then(|r| r.strip_suffix(')')).and_then(|n| n.parse().ok()) {
+        other => match other
+            .strip_prefix("Transform(")
+            .and_then(|r| r.strip_suffix(')'))
+            .and_then(|n| n.parse().ok())
+        {
             Some(i) => Loc::Transform(i),
             None => Loc::Name,
         },
@@ -467,7 +562,10 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
     let ident = |i: &Ident| SpanRange::single(i.span());
     // Within an operand declaration, the token spelling `name` (the name or a dimension).
     let in_decl = |decl: &OperandDecl, name: &str| {
-        std::iter::once(&decl.name).chain(decl.dims.iter()).find(|i| *i == name).map_or(decl.range(), ident)
+        std::iter::once(&decl.name)
+            .chain(decl.dims.iter())
+            .find(|i| *i == name)
+            .map_or(decl.range(), ident)
     };
     let transform = |i: usize| l.transforms.get(i);
     match e {
@@ -512,7 +610,16 @@ mod tests {
         assert_eq!(p(&|p| p.name = "1x".into()), Loc::Name);
         assert_eq!(p(&|p| p.hidden.name = "1x".into()), Loc::Hidden);
         assert_eq!(p(&|p| p.weights.name = "hidden".into()), Loc::Weights);
-        assert_eq!(p(&|p| p.transforms[1] = Transform::Mask { operand: "b".into() }), Loc::Transform(1));
-        assert_eq!(p(&|p| p.sampler = Sampler::GumbelMax { seed: "m".into(), samples: 1 }), Loc::Sampler);
+        assert_eq!(
+            p(&|p| p.transforms[1] = Transform::Mask { operand: "b".into() }),
+            Loc::Transform(1)
+        );
+        assert_eq!(
+            p(&|p| p.sampler = Sampler::GumbelMax {
+                seed: "m".into(),
+                samples: 1
+            }),
+            Loc::Sampler
+        );
     }
 }

@@ -32,8 +32,11 @@ fn ir(src: &str) -> Pipeline {
     p
 }
 
-/// Each error of `src` as (message, start line, start column, end line, end column).
-fn errors(src: &str) -> Vec<(String, (usize, usize), (usize, usize))> {
+/// One reported error: message, (line, column) of its start and of its end.
+type Found = (String, (usize, usize), (usize, usize));
+
+/// Each error of `src`.
+fn errors(src: &str) -> Vec<Found> {
     let e = match expand(tokens(src)) {
         Ok(out) => panic!("expected an error, got {out}"),
         Err(e) => e,
@@ -51,7 +54,11 @@ fn errors(src: &str) -> Vec<(String, (usize, usize), (usize, usize))> {
 /// (`end = false`) or just past its end (`end = true`).
 fn pos(src: &str, needle: &str, nth: usize, end: bool) -> (usize, usize) {
     let plain = needle.replace('|', "");
-    let at = src.match_indices(&plain).nth(nth).unwrap_or_else(|| panic!("`{plain}` #{nth} not in source")).0;
+    let at = src
+        .match_indices(&plain)
+        .nth(nth)
+        .unwrap_or_else(|| panic!("`{plain}` #{nth} not in source"))
+        .0;
     let offset = match needle.find('|') {
         Some(i) => i,
         None if end => plain.len(),
@@ -95,7 +102,11 @@ fn full_pipeline_matches_the_builder() {
         .ban("banned")
         .softcap(30.0)
         .gumbel("seed", 1)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: true })
+        .outputs(Outputs {
+            score: true,
+            logsumexp: true,
+            logprob: true,
+        })
         .build()
         .unwrap();
     assert_eq!(ir(QWEN), built);
@@ -106,11 +117,21 @@ fn temperature_forms() {
     let src = |t: &str| {
         format!("pipeline QwenSampler {{ hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights); logits = logits / {t}; sample = gumbel_argmax(logits, seed, samples = 1); }}")
     };
-    assert_eq!(ir(&src("temperature")), qwen_builder().temperature_scalar("temperature").build().unwrap());
-    assert_eq!(ir(&src("t[B]")), qwen_builder().temperature_per_row("t").build().unwrap());
+    assert_eq!(
+        ir(&src("temperature")),
+        qwen_builder().temperature_scalar("temperature").build().unwrap()
+    );
+    assert_eq!(
+        ir(&src("t[B]")),
+        qwen_builder().temperature_per_row("t").build().unwrap()
+    );
     assert_eq!(ir(&src("0.7")), qwen_builder().temperature_const(0.7).build().unwrap());
     assert_eq!(ir(&src("2")), qwen_builder().temperature_const(2.0).build().unwrap());
-    assert_eq!(ir(&src("0.0")), qwen_builder().temperature_const(0.0).build().unwrap(), "0 = greedy is valid");
+    assert_eq!(
+        ir(&src("0.0")),
+        qwen_builder().temperature_const(0.0).build().unwrap(),
+        "0 = greedy is valid"
+    );
 }
 
 #[test]
@@ -123,8 +144,16 @@ fn argmax_dtypes_names_and_order() {
         sample = argmax(logits);
     }");
     let built = PipelineBuilder::new("Greedy", DType::F32, DType::F16)
-        .hidden(Operand { name: "h".into(), dtype: DType::F32, dims: ["N".into(), "K".into()] })
-        .weights(Operand { name: "w".into(), dtype: DType::F16, dims: ["Vocab".into(), "K".into()] })
+        .hidden(Operand {
+            name: "h".into(),
+            dtype: DType::F32,
+            dims: ["N".into(), "K".into()],
+        })
+        .weights(Operand {
+            name: "w".into(),
+            dtype: DType::F16,
+            dims: ["Vocab".into(), "K".into()],
+        })
         .softcap(15.0)
         .bias("b")
         .argmax()
@@ -141,19 +170,33 @@ fn samples_default_count_outputs_subset_and_semicolon_operands() {
         sample = gumbel_argmax(logits, rng);
         outputs(logprob);
     }");
-    let want = qwen_builder().gumbel("rng", 1).outputs(Outputs { logprob: true, ..Outputs::default() });
+    let want = qwen_builder().gumbel("rng", 1).outputs(Outputs {
+        logprob: true,
+        ..Outputs::default()
+    });
     assert_eq!(p, want.build().unwrap());
-    let p = ir("pipeline QwenSampler { hidden: bf16[B, D], weights: bf16[V, D],; logits = matmul(hidden, weights);
-                sample = gumbel_argmax(logits, seed, samples = 64); outputs(logsumexp, score,); }");
-    let want = qwen_builder().gumbel("seed", 64).outputs(Outputs { score: true, logsumexp: true, logprob: false });
+    let p = ir(
+        "pipeline QwenSampler { hidden: bf16[B, D], weights: bf16[V, D],; logits = matmul(hidden, weights);
+                sample = gumbel_argmax(logits, seed, samples = 64); outputs(logsumexp, score,); }",
+    );
+    let want = qwen_builder().gumbel("seed", 64).outputs(Outputs {
+        score: true,
+        logsumexp: true,
+        logprob: false,
+    });
     assert_eq!(p, want.build().unwrap());
 }
 
 #[test]
 fn constants_round_to_the_nearest_f32() {
-    let p = ir("pipeline P { hidden: f32[B, D], weights: f32[V, D]; logits = matmul(hidden, weights);
-                logits = logits / 0.1; logits = softcap(logits, 1e1); sample = argmax(logits); }");
-    let built = PipelineBuilder::new("P", DType::F32, DType::F32).temperature_const(0.1).softcap(10.0).argmax();
+    let p = ir(
+        "pipeline P { hidden: f32[B, D], weights: f32[V, D]; logits = matmul(hidden, weights);
+                logits = logits / 0.1; logits = softcap(logits, 1e1); sample = argmax(logits); }",
+    );
+    let built = PipelineBuilder::new("P", DType::F32, DType::F32)
+        .temperature_const(0.1)
+        .softcap(10.0)
+        .argmax();
     assert_eq!(p, built.build().unwrap());
 }
 
@@ -186,17 +229,31 @@ fn expansion_shapes_the_sample_signature() {
     assert!(out.contains("TemperatureArg::PerRow(temperature)"), "{out}");
     assert!(out.contains("seed: ::core::primitive::u64"), "{out}");
     let constant = pretty(
-        expand(tokens("pipeline C { hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights);
-                       logits = logits / 0.7; sample = argmax(logits); }"))
+        expand(tokens(
+            "pipeline C { hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights);
+                       logits = logits / 0.7; sample = argmax(logits); }",
+        ))
         .unwrap(),
     );
-    assert!(constant.contains("temperature: ::flashsample::TemperatureArg::None"), "{constant}");
+    assert!(
+        constant.contains("temperature: ::flashsample::TemperatureArg::None"),
+        "{constant}"
+    );
     assert!(constant.contains("bias: ::core::option::Option::None"), "{constant}");
     assert!(constant.contains("seed: 0"), "{constant}");
-    let renamed = expand(tokens(&QWEN.replace("logits, seed,", "logits, rng,"))).unwrap().to_string();
+    let renamed = expand(tokens(&QWEN.replace("logits, seed,", "logits, rng,")))
+        .unwrap()
+        .to_string();
     assert!(renamed.contains("seed : rng"), "{renamed}");
     // Only the two matrices: constants and argmax take no argument.
-    let sig = constant.split("pub fn sample(").nth(1).unwrap().split(')').next().unwrap().to_string();
+    let sig = constant
+        .split("pub fn sample(")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .to_string();
     assert_eq!(sig.matches(':').count() - sig.matches("::").count() * 2, 2, "{sig}");
 }
 
@@ -223,7 +280,12 @@ fn several_pipelines_in_one_invocation() {
 #[test]
 fn unknown_op() {
     let src = QWEN.replace("logits = softcap(logits, 30.0);", "logits = frobnicate(logits);");
-    assert_error(&src, "unknown op `frobnicate`; expected one of `matmul`, `mask`", ("frobnicate", 0), Some(("frobnicate", 0)));
+    assert_error(
+        &src,
+        "unknown op `frobnicate`; expected one of `matmul`, `mask`",
+        ("frobnicate", 0),
+        Some(("frobnicate", 0)),
+    );
     let src = QWEN.replace("sample = gumbel_argmax", "sample = top_k");
     assert_error(&src, "unknown op `top_k`", ("top_k", 0), None);
 }
@@ -231,7 +293,12 @@ fn unknown_op() {
 #[test]
 fn shape_mismatch_points_at_the_weights_contraction_dim() {
     let src = QWEN.replace("weights: bf16[V, D]", "weights: bf16[V, K]");
-    assert_error(&src, "shape mismatch: matmul contracts `hidden[.., D]` with `weights[.., K]`", ("K", 0), Some(("K", 0)));
+    assert_error(
+        &src,
+        "shape mismatch: matmul contracts `hidden[.., D]` with `weights[.., K]`",
+        ("K", 0),
+        Some(("K", 0)),
+    );
 }
 
 #[test]
@@ -267,10 +334,23 @@ fn transform_before_matmul() {
         "logits = matmul(hidden, weights);\n        logits = logits / temperature[B];",
         "logits = mask(logits, allowed[B, V]);\n        logits = matmul(hidden, weights);",
     );
-    let src = src.replace("        logits = mask(logits, allowed[B, V]);\n        logits = ban", "        logits = ban");
-    assert_error(&src, "`logits` is used before it is defined", ("logits = mask", 0), Some(("allowed[B, V]);", 0)));
+    let src = src.replace(
+        "        logits = mask(logits, allowed[B, V]);\n        logits = ban",
+        "        logits = ban",
+    );
+    assert_error(
+        &src,
+        "`logits` is used before it is defined",
+        ("logits = mask", 0),
+        Some(("allowed[B, V]);", 0)),
+    );
     let src = "pipeline P { hidden: bf16[B, D], weights: bf16[V, D]; sample = argmax(logits); }";
-    assert_error(src, "used before it is defined", ("sample", 0), Some(("argmax(logits);", 0)));
+    assert_error(
+        src,
+        "used before it is defined",
+        ("sample", 0),
+        Some(("argmax(logits);", 0)),
+    );
 }
 
 #[test]
@@ -278,7 +358,12 @@ fn matmul_operands_must_be_the_declared_ones() {
     let src = QWEN.replace("matmul(hidden, weights)", "matmul(hidden, lm_head)");
     assert_error(&src, "`lm_head` is not a declared operand", ("lm_head", 0), None);
     let src = QWEN.replace("matmul(hidden, weights)", "matmul(weights, hidden)");
-    assert_error(&src, "in declaration order: `matmul(hidden, weights)`", ("matmul(|weights", 0), Some(("matmul(weights|", 0)));
+    assert_error(
+        &src,
+        "in declaration order: `matmul(hidden, weights)`",
+        ("matmul(|weights", 0),
+        Some(("matmul(weights|", 0)),
+    );
     let src = QWEN.replace("matmul(hidden, weights)", "matmul(hidden)");
     assert_error(&src, "declaration order", ("matmul", 0), Some(("matmul(hidden)", 0)));
     let src = QWEN.replace("logits = logits / temperature[B];", "logits = matmul(hidden, weights);");
@@ -288,25 +373,56 @@ fn matmul_operands_must_be_the_declared_ones() {
 #[test]
 fn sampler_count_and_position() {
     let src = QWEN.replace("outputs(score, logsumexp, logprob);", "sample = argmax(logits);");
-    assert_error(&src, "a second sampler", ("sample = argmax", 0), Some(("argmax(logits);", 0)));
+    assert_error(
+        &src,
+        "a second sampler",
+        ("sample = argmax", 0),
+        Some(("argmax(logits);", 0)),
+    );
     let src = QWEN.replace("        sample = gumbel_argmax(logits, seed, samples = 1);\n", "");
     let errs = errors(&src);
     assert_eq!(errs.len(), 2, "{errs:#?}"); // no sampler, and `outputs` before it
-    assert!(errs[0].0.contains("`outputs(...)` comes after the sampler"), "{errs:#?}");
+    assert!(
+        errs[0].0.contains("`outputs(...)` comes after the sampler"),
+        "{errs:#?}"
+    );
     assert!(errs[1].0.contains("has no sampler"), "{errs:#?}");
     assert_eq!(errs[1].1, start(&src, "QwenSampler"));
     let src = QWEN.replace("outputs(score, logsumexp, logprob);", "logits = softcap(logits, 2.0);");
-    assert_error(&src, "only `outputs(...)` may follow the sampler", ("logits = softcap(logits, 2.0)", 0), None);
+    assert_error(
+        &src,
+        "only `outputs(...)` may follow the sampler",
+        ("logits = softcap(logits, 2.0)", 0),
+        None,
+    );
     let src = QWEN.replace("sample = gumbel_argmax", "logits = gumbel_argmax");
-    assert_error(&src, "a sampler assigns `sample`", ("logits = gumbel", 0), Some(("logits", 11)));
-    let src = QWEN.replace("sample = gumbel_argmax(logits, seed, samples = 1)", "sample = ban(logits, banned[B])");
-    assert_error(&src, "`sample = ...` takes a sampler", ("sample = ban", 0), Some(("banned[B]);", 1)));
+    assert_error(
+        &src,
+        "a sampler assigns `sample`",
+        ("logits = gumbel", 0),
+        Some(("logits", 11)),
+    );
+    let src = QWEN.replace(
+        "sample = gumbel_argmax(logits, seed, samples = 1)",
+        "sample = ban(logits, banned[B])",
+    );
+    assert_error(
+        &src,
+        "`sample = ...` takes a sampler",
+        ("sample = ban", 0),
+        Some(("banned[B]);", 1)),
+    );
 }
 
 #[test]
 fn sample_counts() {
     let src = QWEN.replace("samples = 1", "samples = 0");
-    assert_error(&src, "samples per row must be in 1..=64, got 0", ("samples = |0", 0), Some(("samples = 0", 0)));
+    assert_error(
+        &src,
+        "samples per row must be in 1..=64, got 0",
+        ("samples = |0", 0),
+        Some(("samples = 0", 0)),
+    );
     let src = QWEN.replace("samples = 1", "samples = 65");
     assert_error(&src, "got 65", ("65", 0), None);
     let src = QWEN.replace("samples = 1", "samples = -1");
@@ -320,7 +436,12 @@ fn sample_counts() {
 #[test]
 fn unknown_dtype_and_bad_declarations() {
     let src = QWEN.replace("hidden: bf16", "hidden: bf8");
-    assert_error(&src, "unknown dtype `bf8`; expected `bf16`, `f16` or `f32`", ("bf8", 0), Some(("bf8", 0)));
+    assert_error(
+        &src,
+        "unknown dtype `bf8`; expected `bf16`, `f16` or `f32`",
+        ("bf8", 0),
+        Some(("bf8", 0)),
+    );
     let src = QWEN.replace("weights: bf16[V, D]", "weights: bf16[V, D, E]");
     assert_error(&src, "operands are rank 2", ("[V, D, E]", 0), Some(("[V, D, E]", 0)));
     let src = QWEN.replace("weights: bf16[V, D];", "weights: bf16[V, D], extra: f32[V, D];");
@@ -331,20 +452,42 @@ fn unknown_dtype_and_bad_declarations() {
 fn ir_errors_map_to_their_tokens() {
     // Constants checked by `Pipeline::validate`, pointed at by `IrError::location()`.
     let src = QWEN.replace("softcap(logits, 30.0)", "softcap(logits, -1.0)");
-    assert_error(&src, "softcap must be finite and > 0, got -1", ("-1.0", 0), Some(("-1.0", 0)));
+    assert_error(
+        &src,
+        "softcap must be finite and > 0, got -1",
+        ("-1.0", 0),
+        Some(("-1.0", 0)),
+    );
     let src = QWEN.replace("logits / temperature[B]", "logits / -0.5");
-    assert_error(&src, "a constant temperature must be finite and >= 0", ("-0.5", 0), Some(("-0.5", 0)));
+    assert_error(
+        &src,
+        "a constant temperature must be finite and >= 0",
+        ("-0.5", 0),
+        Some(("-0.5", 0)),
+    );
     let src = QWEN.replace("logits = ban(logits, banned[B]);", "logits = softcap(logits, 2.0);");
-    assert_error(&src, "`softcap` appears twice", ("logits = softcap(logits, 30.0)", 0), Some(("30.0);", 0)));
+    assert_error(
+        &src,
+        "`softcap` appears twice",
+        ("logits = softcap(logits, 30.0)", 0),
+        Some(("30.0);", 0)),
+    );
 }
 
 #[test]
 fn duplicate_operand_names() {
     let src = QWEN.replace("ban(logits, banned[B])", "ban(logits, temperature[B])");
-    assert_error(&src, "operand name `temperature` is used twice", ("temperature", 1), Some(("temperature", 1)));
+    assert_error(
+        &src,
+        "operand name `temperature` is used twice",
+        ("temperature", 1),
+        Some(("temperature", 1)),
+    );
     let src = QWEN.replace("gumbel_argmax(logits, seed,", "gumbel_argmax(logits, bias,");
     assert_error(&src, "operand name `bias` is used twice", ("bias", 1), None);
-    let src = QWEN.replace("weights: bf16[V, D]", "hidden: bf16[V, D]").replace("matmul(hidden, weights)", "matmul(hidden, hidden)");
+    let src = QWEN
+        .replace("weights: bf16[V, D]", "hidden: bf16[V, D]")
+        .replace("matmul(hidden, weights)", "matmul(hidden, hidden)");
     assert_error(&src, "operand name `hidden` is used twice", ("hidden", 1), None);
 }
 
@@ -353,18 +496,31 @@ fn malformed_statements() {
     let src = QWEN.replace("logits = logits + bias[V];", "logits = logits * bias[V];");
     assert_error(&src, "unsupported operator `*`", ("*", 0), None);
     let src = QWEN.replace("logits = logits + bias[V];", "logits = scores + bias[V];");
-    assert_error(&src, "transforms apply to `logits`, found `scores`", ("scores", 0), None);
+    assert_error(
+        &src,
+        "transforms apply to `logits`, found `scores`",
+        ("scores", 0),
+        None,
+    );
     let src = QWEN.replace("logits = logits + bias[V];", "probs = logits + bias[V];");
     assert_error(&src, "cannot assign `probs`", ("probs", 0), None);
     let src = QWEN.replace("logits = logits + bias[V];", "mask(logits, allowed[B, V]);");
-    assert_error(&src, "found a bare `mask(...)` call", ("mask(logits, allowed[B, V]);", 0), None);
+    assert_error(
+        &src,
+        "found a bare `mask(...)` call",
+        ("mask(logits, allowed[B, V]);", 0),
+        None,
+    );
     let src = QWEN.replace("mask(logits, allowed[B, V])", "mask(allowed[B, V])");
     assert_error(&src, "`mask` takes two arguments", ("mask", 0), None);
     let src = QWEN.replace("outputs(score, logsumexp, logprob)", "outputs(score, entropy)");
     assert_error(&src, "unknown output", ("entropy", 0), None);
     let src = QWEN.replace("outputs(score, logsumexp, logprob)", "outputs(score, score)");
     assert_error(&src, "listed twice", ("score", 1), None);
-    let src = QWEN.replace("outputs(score, logsumexp, logprob);", "outputs(score); outputs(logprob);");
+    let src = QWEN.replace(
+        "outputs(score, logsumexp, logprob);",
+        "outputs(score); outputs(logprob);",
+    );
     assert_error(&src, "`outputs(...)` appears twice", ("outputs(logprob)", 0), None);
     let src = "pipeline P { hidden: bf16[B, D], weights: bf16[V, D]; }";
     let errs = errors(src);
@@ -387,7 +543,10 @@ fn independent_errors_are_reported_together() {
     let msgs: Vec<&str> = errs.iter().map(|e| e.0.as_str()).collect();
     assert_eq!(errs.len(), 4, "{msgs:#?}");
     assert!(msgs[0].contains("unknown dtype `bf8`"));
-    assert!(msgs[1].contains("wrong shape for `temperature`"), "a bad dtype must not hide shape errors");
+    assert!(
+        msgs[1].contains("wrong shape for `temperature`"),
+        "a bad dtype must not hide shape errors"
+    );
     assert!(msgs[2].contains("wrong shape for `bias`"));
     assert!(msgs[3].contains("unknown op `frobnicate`"));
     assert_eq!(errs[3].1, start(&src, "frobnicate"));
