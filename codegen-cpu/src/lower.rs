@@ -73,6 +73,16 @@ impl Plan {
     }
 }
 
+/// An upper bound on `abi::rng::gumbel_f32` over all 2³² inputs: the exact maximum over the
+/// top 2¹⁶ uniforms (where the maximum lies), and at least the ~5.5 that all smaller ones stay under.
+pub(crate) fn gumbel_upper_bound() -> f32 {
+    static BOUND: std::sync::OnceLock<f32> = std::sync::OnceLock::new();
+    *BOUND.get_or_init(|| {
+        // gumbel_f32 reads only bits >> 8, so k covers every input.
+        ((1u32 << 24) - (1 << 16)..1 << 24).map(|k| flashsample_abi::rng::gumbel_f32(k << 8)).fold(6.0f32, f32::max)
+    })
+}
+
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<flashsample_abi::LsePartial>() as i64;
 const I64: types::Type = types::I64;
@@ -503,6 +513,37 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
     }
 
+    /// `count` consecutive 8-element chunks of the quad's weights against the block's hidden
+    /// rows, advancing the pointer variables past them.
+    fn emit_chunks(&mut self, q: &Quad, acc: &[[Variable; 4]], h_ptrs: &[Variable; 4], w_off: Variable, rows: usize, count: usize) {
+        let esize = self.plan.dtype.size_bytes() as i64;
+        let k = rows as i64;
+        let wo = self.b.use_var(w_off);
+        for c in 0..count as i64 {
+            let w_chunk = if c == 0 { wo } else { self.b.ins().iadd_imm_s(wo, 8 * esize * c) };
+            for j in 0..4 {
+                let hp = self.b.use_var(h_ptrs[j]);
+                let (wa, wb) = self.load_weight_chunk(q.weight_rows[j], w_chunk);
+                for (i, acc_row) in acc.iter().enumerate().take(rows) {
+                    let off = (32 * (c * k + i as i64)) as i32;
+                    let ha = self.b.ins().load(F32X4, input(), hp, off);
+                    let a = self.b.use_var(acc_row[j]);
+                    let a = self.b.ins().fma(ha, wa, a);
+                    let hb = self.b.ins().load(F32X4, input(), hp, off + 16);
+                    let a = self.b.ins().fma(hb, wb, a);
+                    self.b.def_var(acc_row[j], a);
+                }
+            }
+        }
+        for &var in h_ptrs {
+            let hp = self.b.use_var(var);
+            let next = self.b.ins().iadd_imm_s(hp, 32 * k * count as i64);
+            self.b.def_var(var, next);
+        }
+        let next = self.b.ins().iadd_imm_s(wo, 8 * esize * count as i64);
+        self.b.def_var(w_off, next);
+    }
+
     /// Logits of `rows` hidden rows starting at `row0` for the quad, into the logits slot.
     ///
     /// The block's hidden rows are interleaved by chunk (see `KernelArgs::hidden`), so one
@@ -533,7 +574,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
             })
             .collect();
 
-        // Whole 8-element chunks: `rows` × 32 bytes of hidden per chunk.
+        // Whole 8-element chunks: `rows` × 32 bytes of hidden per chunk, two chunks per
+        // iteration (after one lone chunk when their count is odd) to halve the loop overhead.
         let h_ptrs = [0; 4].map(|_| {
             let var = self.b.declare_var(I64);
             self.b.def_var(var, block);
@@ -544,36 +586,27 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.b.def_var(w_off, zero);
         let chunk_region = self.b.ins().imul_imm_s(l.chunk_bytes, k);
         let chunk_end = self.b.ins().iadd(block, chunk_region);
-        let chunk_loop = self.b.create_block();
+        let lone_chunk = self.b.create_block();
+        let pair_check = self.b.create_block();
+        let pair_loop = self.b.create_block();
         let chunks_done = self.b.create_block();
-        let any = self.b.ins().icmp_imm_u(IntCC::NotEqual, l.chunk_bytes, 0);
-        self.b.ins().brif(any, chunk_loop, &[], chunks_done, &[]);
+        let odd = self.b.ins().band_imm_s(l.chunk_bytes, 32);
+        self.b.ins().brif(odd, lone_chunk, &[], pair_check, &[]);
 
-        self.b.switch_to_block(chunk_loop);
-        let wo = self.b.use_var(w_off);
-        let mut next_h = zero;
-        for j in 0..4 {
-            let hp = self.b.use_var(h_ptrs[j]);
-            let (wa, wb) = self.load_weight_chunk(q.weight_rows[j], wo);
-            for i in 0..rows {
-                let off = 32 * i as i32;
-                let ha = self.b.ins().load(F32X4, input(), hp, off);
-                let a = self.b.use_var(acc[i][j]);
-                let a = self.b.ins().fma(ha, wa, a);
-                let hb = self.b.ins().load(F32X4, input(), hp, off + 16);
-                let a = self.b.ins().fma(hb, wb, a);
-                self.b.def_var(acc[i][j], a);
-            }
-            let hp_next = self.b.ins().iadd_imm_s(hp, 32 * k);
-            self.b.def_var(h_ptrs[j], hp_next);
-            if j == 0 {
-                next_h = hp_next;
-            }
-        }
-        let wo_next = self.b.ins().iadd_imm_s(wo, 8 * esize);
-        self.b.def_var(w_off, wo_next);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, next_h, chunk_end);
-        self.b.ins().brif(more, chunk_loop, &[], chunks_done, &[]);
+        self.b.switch_to_block(lone_chunk);
+        self.emit_chunks(q, &acc, &h_ptrs, w_off, rows, 1);
+        self.b.ins().jump(pair_check, &[]);
+
+        self.b.switch_to_block(pair_check);
+        let hp = self.b.use_var(h_ptrs[0]);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
+        self.b.ins().brif(more, pair_loop, &[], chunks_done, &[]);
+
+        self.b.switch_to_block(pair_loop);
+        self.emit_chunks(q, &acc, &h_ptrs, w_off, rows, 2);
+        let hp = self.b.use_var(h_ptrs[0]);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
+        self.b.ins().brif(more, pair_loop, &[], chunks_done, &[]);
 
         // The last `dim % 8` elements, one at a time across the quad's four rows.
         self.b.switch_to_block(chunks_done);
@@ -711,10 +744,33 @@ impl<'a, 'p> Lowering<'a, 'p> {
         } else {
             None
         };
+        // The best score this quad could reach: its best eligible logit plus the largest noise
+        // `gumbel_f32` can return. Rounding is monotone, so when even that does not beat the
+        // running winner, no token of the quad can, and its Philox and Gumbel work is skipped.
+        let reachable = if self.plan.argmax {
+            None
+        } else {
+            let b = &mut self.b;
+            let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+            let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
+            let eligible = b.ins().band(above, allowed);
+            let xs = math::select(b, eligible, x, neg_inf);
+            let x_max = math::hmax(b, xs);
+            let noise_max = b.ins().f32const(gumbel_upper_bound());
+            Some(b.ins().fadd(x_max, noise_max))
+        };
         self.for_samples(|k, s| {
+            let sample_done = k.b.create_block();
             let score = if k.plan.argmax {
                 x
             } else {
+                let addr = k.candidate_addr(l, row, s);
+                let best_so_far = k.b.ins().load(F32, output(), addr, 0);
+                let reachable = reachable.expect("computed for sampling pipelines");
+                let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
+                let contender = k.b.create_block();
+                k.b.ins().brif(hopeless, sample_done, &[], contender, &[]);
+                k.b.switch_to_block(contender);
                 let score_var = k.b.declare_var(F32X4);
                 let noisy = k.b.create_block();
                 let join = k.b.create_block();
@@ -747,6 +803,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 k.b.use_var(score_var)
             };
             k.emit_select(l, q, row, s, score, x, allowed);
+            k.b.ins().jump(sample_done, &[]);
+            k.b.switch_to_block(sample_done);
         });
         self.b.ins().jump(next, &[]);
     }
@@ -837,5 +895,23 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().store(output(), sum, addr, 4);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gumbel_upper_bound;
+    use flashsample_abi::rng::gumbel_f32;
+
+    #[test]
+    fn gumbel_bound_covers_every_input() {
+        let bound = gumbel_upper_bound();
+        assert!(bound > 17.0 && bound < 18.0, "{bound}");
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..1_000_000 {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            assert!(gumbel_f32(x) <= bound);
+        }
+        assert_eq!(gumbel_f32(u32::MAX), bound);
     }
 }

@@ -330,3 +330,19 @@ fn results_do_not_depend_on_the_config() {
         assert_eq!(r, &results[0]);
     }
 }
+
+/// Wide logit ranges make most quads unable to beat their tile's running winner even with the
+/// largest possible noise; the kernel skips their noise, which must not change any candidate.
+#[test]
+fn skipping_hopeless_quads_changes_nothing() {
+    let mut rng = rng(10);
+    for dtype in DTYPES {
+        let p = &pipelines(dtype)[1];
+        let kernel = compile(p, 64, 3, 2);
+        let mut inp = random_inputs(p, &mut rng, 5, 24, 700);
+        for h in &mut inp.hidden {
+            *h *= 12.0;
+        }
+        check(&kernel, p, &inp, false);
+    }
+}
