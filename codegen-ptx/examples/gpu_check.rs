@@ -389,7 +389,8 @@ fn bench_big(ctx: &Arc<CudaContext>) {
     let (tp, bp, ap) = (temps.device_ptr(&stream).0, bias.device_ptr(&stream).0, allowed.device_ptr(&stream).0);
     let (cp, lp, op) = (cand.device_ptr(&stream).0, lse.device_ptr(&stream).0, out.device_ptr(&stream).0);
     let bytes = (v * d * 2) as f64;
-    for batch in [1usize, 8, 32, 64, 256] {
+    let batches: Vec<usize> = std::env::var("BATCHES").map(|b| b.split(',').map(|x| x.parse().unwrap()).collect()).unwrap_or(vec![1, 8, 32, 64, 256]);
+    for batch in batches {
         let mut configs = vec![GpuConfig::heuristic(&p, batch, d, v, &GpuLimits::H200)];
         let all = GpuConfig::enumerate(&p, &GpuLimits::H200);
         let fits: Vec<GpuConfig> = all.into_iter().filter(|c| (batch <= 8) == (c.batch_tile == 8) && c.batch_tile as usize <= batch.max(8) * 2).collect();
@@ -434,6 +435,11 @@ fn bench_big(ctx: &Arc<CudaContext>) {
             }
             stream.synchronize().unwrap();
             let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+            let attr = |a| unsafe { cudarc::driver::result::function::get_function_attribute(k1.cu_function(), a) }.unwrap_or(-1);
+            let regs = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS);
+            let local = attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES);
+            let occ = k1.occupancy_max_active_blocks_per_multiprocessor(c.block_threads(), smem as usize, None).unwrap_or(0);
+            println!("  B={batch} {us:8.1} us stage1 {us1:8.1} regs {regs} local {local} ctas/SM {occ} {c:?}");
             results.push((us, us1, c));
         }
         let heur = results.first().cloned();

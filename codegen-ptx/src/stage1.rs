@@ -98,8 +98,8 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     let bt_up = f.add("%batch", &(bt - 1).to_string());
     let btiles = f.v(format!("udiv i32 {bt_up}, {bt}"));
     let items = f.mul(&vtiles, &btiles);
-    // Non-persistent grids are (tiles, batch tiles): one item per CTA. Persistent grids are
-    // (n, 1): CTA i takes items i, i + n, ...
+    // Non-persistent grids are (tiles, batch tiles): one item per CTA, numbered linearly.
+    // Persistent grids are (n, 1): CTA i takes items i, i + n, ...
     let cx = f.sreg("ctaid.x");
     let cy = f.sreg("ctaid.y");
     let nx = f.sreg("nctaid.x");
@@ -109,8 +109,10 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     let stride = f.mul(&nx, &ny);
 
     f.for_loop(&item0, &items, &stride, |f, item| {
-        let vtile = f.v(format!("urem i32 {item}, {vtiles}"));
-        let btile = f.v(format!("udiv i32 {item}, {vtiles}"));
+        // Batch tiles vary fastest, so the CTAs sharing a W tile run together and W is read
+        // from HBM about once (the others hit L2).
+        let btile = f.v(format!("urem i32 {item}, {btiles}"));
+        let vtile = f.v(format!("udiv i32 {item}, {btiles}"));
         let v0 = f.mul(&vtile, &vt.to_string());
         let b0 = f.mul(&btile, &bt.to_string());
         let it = Item { vtile, vtiles: vtiles.clone(), v0, b0 };
