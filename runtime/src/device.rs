@@ -1,8 +1,13 @@
+use crate::cuda::CudaDevice;
+use std::sync::Arc;
+
 /// Where a [`crate::Sampler`] runs.
 #[derive(Clone, Debug)]
 pub enum Device {
     /// Cranelift-JIT'd kernels on this machine's cores.
     Cpu { threads: usize },
+    /// An NVIDIA GPU (compute capability 8.0 or newer) through the CUDA driver.
+    Cuda(Arc<CudaDevice>),
 }
 
 impl Device {
@@ -15,9 +20,17 @@ impl Device {
         Device::Cpu { threads: threads.max(1) }
     }
 
+    /// CUDA device `ordinal`: `Error::NoCudaDriver` without libcuda, `Error::NoCudaDevice`
+    /// if there is no such device, `Error::UnsupportedGpu` below compute capability 8.0.
+    /// Each ordinal is opened once per process; later calls share it (one stream, one cache).
+    pub fn cuda(ordinal: usize) -> crate::Result<Device> {
+        CudaDevice::open(ordinal).map(Device::Cuda)
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Device::Cpu { threads } => format!("cpu ({threads} threads)"),
+            Device::Cuda(d) => d.describe(),
         }
     }
 }

@@ -25,8 +25,21 @@ pub enum Error {
     CpuCodegen(#[from] flashsample_codegen_cpu::CpuCodegenError),
     #[error("the kernel config is for another backend than this sampler's ({sampler})")]
     ConfigBackend { sampler: String },
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("tensor lives on {tensor} but the sampler runs on {sampler}")]
     WrongDevice { tensor: String, sampler: String },
+    #[error("libcuda not found: no NVIDIA driver on this machine")]
+    NoCudaDriver,
+    #[error("no CUDA device {ordinal}: the driver reports {count} device(s)")]
+    NoCudaDevice { ordinal: usize, count: usize },
+    #[error("unsupported GPU {name} (compute capability {}.{}): {reason}", compute_capability.0, compute_capability.1)]
+    UnsupportedGpu { name: String, compute_capability: (u32, u32), reason: String },
+    /// A CUDA driver call failed; the message names the call.
+    #[error("CUDA driver error: {0}")]
+    Cuda(String),
+    #[error("PTX code generation failed: {0}")]
+    PtxCodegen(#[from] flashsample_codegen_ptx::PtxError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,9 +7,11 @@
 //! and reduces its per-tile candidates into [`Samples`].
 
 mod cpu;
+pub mod cuda;
 mod device;
 mod error;
 mod sampler;
+mod sharded;
 mod tensor;
 pub mod tuning;
 
@@ -20,7 +22,10 @@ pub use flashsample_macros::flashsample;
 pub use half::{bf16, f16};
 pub use sampler::{KernelConfig, Sampler, Samples};
 pub use flashsample_codegen_cpu::CpuConfig;
+pub use sharded::ShardedSampler;
 pub use tensor::{Element, Matrix, Tensor};
+pub use cuda::{CudaDevice, DeviceTensor};
+pub use flashsample_codegen_ptx::GpuConfig;
 
 /// The pipeline IR, re-exported for builders and the macro's expansion.
 pub use flashsample_ir as ir;

@@ -1,4 +1,5 @@
-use crate::{cpu::CpuBackend, tuning::DeviceIdentity, Device, Error, Result, Tensor};
+use crate::{cpu::CpuBackend, cuda::CudaBackend, tuning::DeviceIdentity, Device, Error, Result, Tensor};
+use flashsample_codegen_ptx::GpuConfig;
 use flashsample_codegen_cpu::CpuConfig;
 use flashsample_abi::{RowResult, SamplingParams};
 use flashsample_ir::Pipeline;
@@ -54,10 +55,12 @@ impl Samples {
 #[serde(tag = "backend", rename_all = "lowercase")]
 pub enum KernelConfig {
     Cpu(CpuConfig),
+    Cuda(GpuConfig),
 }
 
-enum Backend {
+pub(crate) enum Backend {
     Cpu(CpuBackend),
+    Cuda(CudaBackend),
 }
 
 /// A compiled pipeline bound to a device: validates inputs, launches, reduces.
@@ -74,6 +77,7 @@ impl Sampler {
         let pipeline = Arc::new(pipeline);
         let backend = match device {
             Device::Cpu { threads } => Backend::Cpu(CpuBackend::new(pipeline.clone(), *threads)),
+            Device::Cuda(dev) => Backend::Cuda(CudaBackend::new(pipeline.clone(), dev.clone())),
         };
         Ok(Sampler { pipeline, device: device.clone(), backend })
     }
@@ -107,7 +111,8 @@ impl Sampler {
     }
 
     /// Median-free raw timings (seconds) of `reps` launches with `config` after `warmup`:
-    /// wall clock around each complete launch on the CPU.
+    /// wall clock around each complete launch on the CPU; on CUDA, device time (events) of
+    /// stage one + stage two only, inputs uploaded once before the timed launches.
     pub fn time_with(
         &self,
         hidden: Tensor<'_>,
@@ -118,6 +123,9 @@ impl Sampler {
         reps: usize,
     ) -> Result<Vec<f64>> {
         let shape = self.check(&hidden, &weights, params)?;
+        if let (Backend::Cuda(cuda), KernelConfig::Cuda(c)) = (&self.backend, config) {
+            return cuda.time(&hidden, &[weights], params, shape, c, warmup, reps);
+        }
         for _ in 0..warmup {
             self.launch(&hidden, &weights, params, shape, config)?;
         }
@@ -135,6 +143,7 @@ impl Sampler {
         let shape = Shape { batch, dim, vocab };
         match &self.backend {
             Backend::Cpu(cpu) => KernelConfig::Cpu(cpu.config_for(shape)),
+            Backend::Cuda(cuda) => KernelConfig::Cuda(cuda.config_for(shape)),
         }
     }
 
@@ -143,6 +152,7 @@ impl Sampler {
         let shape = Shape { batch, dim, vocab };
         match &self.backend {
             Backend::Cpu(cpu) => KernelConfig::Cpu(cpu.heuristic(shape)),
+            Backend::Cuda(cuda) => KernelConfig::Cuda(cuda.heuristic(shape)),
         }
     }
 
@@ -150,6 +160,7 @@ impl Sampler {
     pub fn device_identity(&self) -> DeviceIdentity {
         match &self.backend {
             Backend::Cpu(cpu) => cpu.identity(),
+            Backend::Cuda(cuda) => cuda.identity(),
         }
     }
 
@@ -163,40 +174,57 @@ impl Sampler {
     ) -> Result<Samples> {
         match (&self.backend, config) {
             (Backend::Cpu(cpu), KernelConfig::Cpu(c)) => cpu.sample(hidden, weights, params, shape, c),
-            #[allow(unreachable_patterns)]
+            (Backend::Cuda(cuda), KernelConfig::Cuda(c)) => cuda.sample(hidden, weights, params, shape, c),
             _ => Err(Error::ConfigBackend { sampler: self.device.describe() }),
         }
     }
 
+    /// The CUDA backend, for the `cuda` module's benchmark and debug entry points.
+    pub(crate) fn cuda_backend(&self) -> Option<&CudaBackend> {
+        match &self.backend {
+            Backend::Cuda(c) => Some(c),
+            Backend::Cpu(_) => None,
+        }
+    }
+
+    /// Validates inputs against the pipeline; the shape of the launch.
+    pub(crate) fn check_inputs(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>) -> Result<Shape> {
+        self.check(hidden, weights, params)
+    }
+
     fn check(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>) -> Result<Shape> {
-        let p = &self.pipeline;
-        for (t, op, name) in [(hidden, &p.hidden, "hidden"), (weights, &p.weights, "weights")] {
-            if t.dtype != op.dtype {
-                return Err(Error::DType { operand: name, expected: op.dtype, got: t.dtype });
-            }
-        }
-        if hidden.rows == 0 {
-            return Err(Error::EmptyBatch);
-        }
-        if hidden.cols == 0 {
-            return Err(Error::EmptyOperand("hidden dimension"));
-        }
-        if weights.rows == 0 {
-            return Err(Error::EmptyOperand("vocabulary"));
-        }
-        if hidden.cols != weights.cols {
-            return Err(Error::Shape(format!(
-                "matmul contracts hidden [{}, {}] with weights [{}, {}]: {} != {}",
-                hidden.rows, hidden.cols, weights.rows, weights.cols, hidden.cols, weights.cols
-            )));
-        }
-        if weights.rows >= INDEX_LIMIT {
-            return Err(Error::Shape(format!("vocabulary of {} tokens exceeds the supported {INDEX_LIMIT}", weights.rows)));
-        }
-        let shape = Shape { batch: hidden.rows, dim: hidden.cols, vocab: weights.rows };
-        params.validate(p, shape.batch, shape.vocab)?;
+        let shape = check_operands(&self.pipeline, hidden, weights)?;
+        params.validate(&self.pipeline, shape.batch, shape.vocab)?;
         Ok(shape)
     }
+}
+
+/// Checks the two matmul operands against the pipeline and each other.
+pub(crate) fn check_operands(p: &Pipeline, hidden: &Tensor<'_>, weights: &Tensor<'_>) -> Result<Shape> {
+    for (t, op, name) in [(hidden, &p.hidden, "hidden"), (weights, &p.weights, "weights")] {
+        if t.dtype != op.dtype {
+            return Err(Error::DType { operand: name, expected: op.dtype, got: t.dtype });
+        }
+    }
+    if hidden.rows == 0 {
+        return Err(Error::EmptyBatch);
+    }
+    if hidden.cols == 0 {
+        return Err(Error::EmptyOperand("hidden dimension"));
+    }
+    if weights.rows == 0 {
+        return Err(Error::EmptyOperand("vocabulary"));
+    }
+    if hidden.cols != weights.cols {
+        return Err(Error::Shape(format!(
+            "matmul contracts hidden [{}, {}] with weights [{}, {}]: {} != {}",
+            hidden.rows, hidden.cols, weights.rows, weights.cols, hidden.cols, weights.cols
+        )));
+    }
+    if weights.rows >= INDEX_LIMIT {
+        return Err(Error::Shape(format!("vocabulary of {} tokens exceeds the supported {INDEX_LIMIT}", weights.rows)));
+    }
+    Ok(Shape { batch: hidden.rows, dim: hidden.cols, vocab: weights.rows })
 }
 
 /// Token ids must stay below the candidate sentinels (`abi::INDEX_NONFINITE`).

@@ -30,6 +30,8 @@ impl Element for f32 {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Storage<'a> {
     Host(&'a [u8]),
+    /// Already on a GPU ([`crate::CudaDevice::upload`]).
+    Device(&'a crate::DeviceTensor),
 }
 
 /// An untyped row-major matrix argument: dtype, shape and storage.
@@ -46,6 +48,10 @@ impl<'a> Tensor<'a> {
     pub fn host<T: Element>(data: &'a [T], rows: usize, cols: usize) -> Result<Self> {
         Ok(Matrix::new(data, rows, cols)?.into())
     }
+    /// A matrix already on a GPU; its dtype and shape are the upload's.
+    pub fn device(t: &'a crate::DeviceTensor) -> Self {
+        Tensor { dtype: t.dtype(), rows: t.rows(), cols: t.cols(), storage: Storage::Device(t) }
+    }
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -59,11 +65,13 @@ impl<'a> Tensor<'a> {
     pub(crate) fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.storage {
             Storage::Host(b) => Some(b),
+            Storage::Device(_) => None,
         }
     }
     pub(crate) fn location(&self) -> String {
         match self.storage {
             Storage::Host(_) => "the host".to_string(),
+            Storage::Device(t) => t.location(),
         }
     }
 }
@@ -85,6 +93,14 @@ impl<'a, T: Element> Matrix<'a, T> {
             tensor: Tensor { dtype: T::DTYPE, rows, cols, storage: Storage::Host(bytemuck::cast_slice(data)) },
             _element: PhantomData,
         })
+    }
+
+    /// Views a GPU tensor as a typed matrix; fails if it was uploaded as another dtype.
+    pub fn on_device(t: &'a crate::DeviceTensor) -> Result<Self> {
+        if t.dtype() != T::DTYPE {
+            return Err(Error::DType { operand: "device tensor", expected: T::DTYPE, got: t.dtype() });
+        }
+        Ok(Matrix { tensor: Tensor::device(t), _element: PhantomData })
     }
 }
 
