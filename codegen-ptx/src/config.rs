@@ -186,13 +186,13 @@ impl GpuConfig {
         if !(1..=32).contains(&self.warps) {
             return Err(bad("warps", format!("{} warps; 1..=32", self.warps)));
         }
-        if self.vocab_tile == 0 || self.vocab_tile % (32 * self.warps) != 0 {
+        if self.vocab_tile == 0 || !self.vocab_tile.is_multiple_of(32 * self.warps) {
             return Err(bad(
                 "vocab_tile",
                 format!("{} is not a positive multiple of 32 · warps = {}", self.vocab_tile, 32 * self.warps),
             ));
         }
-        if self.batch_tile == 0 || self.batch_tile % 8 != 0 || self.batch_tile > 128 {
+        if self.batch_tile == 0 || !self.batch_tile.is_multiple_of(8) || self.batch_tile > 128 {
             return Err(bad("batch_tile", format!("{} is not a multiple of 8 in 8..=128 (mma n = 8)", self.batch_tile)));
         }
         if self.batch_tile > self.block_threads() {

@@ -208,4 +208,5 @@ declare float @llvm.roundeven.f32(float)
 
 attributes #0 = { alwaysinline nounwind }
 attributes #1 = { convergent nounwind }
+attributes #2 = { noinline nounwind }
 "#;

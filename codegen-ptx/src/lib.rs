@@ -62,15 +62,26 @@ pub struct CompiledPtx {
     pub arch: Arch,
 }
 
+/// Code-generation choices that do not change results (only speed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CodegenOptions {
+    /// Call the per-token noise / exp / softcap functions instead of inlining them.
+    pub outline_math: bool,
+}
+
 /// The LLVM IR text of the module (both kernels), before optimisation. For inspection.
 pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxError> {
+    llvm_ir_with(pipeline, config, CodegenOptions::default())
+}
+
+fn llvm_ir_with(pipeline: &Pipeline, config: &GpuConfig, options: CodegenOptions) -> Result<String, PtxError> {
     config.validate_shape(pipeline)?;
     let mut m = String::from(ir::PRELUDE);
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
     m.push_str("@fs_smem = external addrspace(3) global [0 x i8], align 16\n");
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
-    m.push_str(&math::helpers());
+    m.push_str(&math::helpers(options.outline_math));
     m.push_str(&stage1::emit(pipeline, config));
     m.push('\n');
     m.push_str(&stage2::emit());
@@ -80,7 +91,12 @@ pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxErr
 /// Lowers `pipeline` with `config` to PTX for `arch`. Validates the config's shape (not the
 /// device limits: call [`GpuConfig::validate`] with the device's [`GpuLimits`] first).
 pub fn compile(pipeline: &Pipeline, config: &GpuConfig, arch: Arch) -> Result<CompiledPtx, PtxError> {
-    let text = llvm_ir(pipeline, config)?;
+    compile_with(pipeline, config, arch, CodegenOptions::default())
+}
+
+/// [`compile`] with explicit [`CodegenOptions`].
+pub fn compile_with(pipeline: &Pipeline, config: &GpuConfig, arch: Arch, options: CodegenOptions) -> Result<CompiledPtx, PtxError> {
+    let text = llvm_ir_with(pipeline, config, options)?;
     let ptx = ir_to_ptx(&text, arch)?;
     Ok(CompiledPtx { ptx, stage1: stage1::NAME, stage2: stage2::NAME, config: config.clone(), arch })
 }

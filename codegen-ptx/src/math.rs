@@ -36,7 +36,7 @@ fn ln_f32() -> String {
 }
 
 /// `abi::math::exp_f32`.
-fn exp_f32() -> String {
+fn exp_f32(attr: &str) -> String {
     let mut f = Func::new();
     let xc = f.v(format!("call float @llvm.maxnum.f32(float %x, float {})", f32c(EXP_MIN_INPUT)));
     let xl = f.fmul(&xc, &f32c(LOG2_E));
@@ -60,11 +60,11 @@ fn exp_f32() -> String {
     let under = f.v(format!("fcmp olt float %x, {}", f32c(EXP_MIN_INPUT)));
     let r = f.v(format!("select i1 {under}, float 0.0, float {y}"));
     f.s(format!("ret float {r}"));
-    f.finish("define internal float @fs_exp_f32(float %x) #0")
+    f.finish(&format!("define internal float @fs_exp_f32(float %x) {attr}"))
 }
 
 /// `abi::math::softcap_f32` (with `tanh_f32` inlined).
-fn softcap_f32() -> String {
+fn softcap_f32(attr: &str) -> String {
     let mut f = Func::new();
     let y = f.fdiv("%x", "%cap");
     let ay = f.v(format!("call float @llvm.fabs.f32(float {y})"));
@@ -78,11 +78,11 @@ fn softcap_f32() -> String {
     let th = f.v(format!("call float @llvm.copysign.f32(float {t}, float {y})"));
     let r = f.fmul("%cap", &th);
     f.s(format!("ret float {r}"));
-    f.finish("define internal float @fs_softcap_f32(float %x, float %cap) #0")
+    f.finish(&format!("define internal float @fs_softcap_f32(float %x, float %cap) {attr}"))
 }
 
 /// `abi::rng::gumbel_f32`.
-fn gumbel_f32() -> String {
+fn gumbel_f32(attr: &str) -> String {
     let mut f = Func::new();
     let k = f.v("lshr i32 %bits, 8");
     let k2 = f.v(format!("shl i32 {k}, 1"));
@@ -100,11 +100,11 @@ fn gumbel_f32() -> String {
     let le = f.v(format!("call float @fs_ln_f32(float {e})"));
     let r = f.v(format!("fneg float {le}"));
     f.s(format!("ret float {r}"));
-    f.finish("define internal float @fs_gumbel_f32(i32 %bits) #0")
+    f.finish(&format!("define internal float @fs_gumbel_f32(i32 %bits) {attr}"))
 }
 
 /// `abi::rng::philox4x32_10`, returning the four output words.
-fn philox() -> String {
+fn philox(attr: &str) -> String {
     let mut f = Func::new();
     let mut c = ["%c0".to_string(), "%c1".to_string(), "%c2".to_string(), "%c3".to_string()];
     let mut k = ["%k0".to_string(), "%k1".to_string()];
@@ -136,14 +136,17 @@ fn philox() -> String {
     }
     f.s(format!("ret {ty} {agg}"));
     f.finish(&format!(
-        "define internal {ty} @fs_philox(i32 %c0, i32 %c1, i32 %c2, i32 %c3, i32 %k0, i32 %k1) #0"
+        "define internal {ty} @fs_philox(i32 %c0, i32 %c1, i32 %c2, i32 %c3, i32 %k0, i32 %k1) {attr}"
     ))
 }
 
-/// All math helpers of a module.
-pub(crate) fn helpers() -> String {
+/// All math helpers of a module. `outline` keeps the per-token functions (noise, exp,
+/// softcap) out of line (`#2`, noinline), so the unrolled epilogue stays small enough for
+/// the instruction cache; otherwise everything is inlined (`#0`).
+pub(crate) fn helpers(outline: bool) -> String {
+    let attr = if outline { "#2" } else { "#0" };
     let mut out = String::from("declare i32 @llvm.fptosi.sat.i32.f32(float)\n\n");
-    for f in [ln_f32(), exp_f32(), softcap_f32(), gumbel_f32(), philox()] {
+    for f in [ln_f32(), exp_f32(attr), softcap_f32(attr), gumbel_f32(attr), philox(attr)] {
         out.push_str(&f);
         out.push('\n');
     }
