@@ -147,9 +147,7 @@ impl CpuKernel {
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
-        ctx.set_disasm(std::env::var_os("FS_DISASM").is_some());
         module.define_function(id, &mut ctx).map_err(compile_error)?;
-        if let Some(v) = ctx.compiled_code().and_then(|c| c.vcode.clone()) { std::fs::write("/tmp/kernel.disasm", v).ok(); }
         module.clear_context(&mut ctx);
         module.finalize_definitions().map_err(compile_error)?;
         let code = module.get_finalized_function(id);

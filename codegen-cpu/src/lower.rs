@@ -1,13 +1,17 @@
 //! The stage-one kernel as one Cranelift function,
 //! `fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64)`.
 //!
-//! Loop nest: tile → vocab quad (4 tokens) → register block of `row_block` hidden rows.
-//! A quad's four weight rows (4·D elements) stay in L1 while every row block streams past
-//! them, so W is read from memory once per launch whatever the batch. Each block
-//! accumulates `rows × 4` f32x4 partial dot products, reduces them to one f32x4 of 4 logits
-//! per row and parks those in a small stack buffer; one shared epilogue then runs per row.
-//! A tile's running winner per (row, sample) and its running logsumexp partial live in the
-//! output slots themselves, so nothing of size `[B, V]` ever exists.
+//! Loop nest: tile → vocab quad (4 tokens) → register block of `row_block` hidden rows →
+//! 8-element chunks of `dim`. A quad's four weight rows (4·D elements) stay in L1 while every
+//! row block streams past them, so W is read from memory once per launch whatever the batch.
+//! Each block accumulates `rows × 4` f32x4 partial dot products (each loaded weight vector
+//! feeds `rows` FMAs, each hidden vector 4), reduces them to one f32x4 of 4 logits per row and
+//! parks those in a small stack buffer; one shared epilogue then runs per row. A tile's running
+//! winner per (row, sample) and its running logsumexp partial live in the output slots
+//! themselves, so nothing of size `[B, V]` ever exists.
+//!
+//! (Walking the quad's rows one after another instead, for a purely sequential weight stream,
+//! measured slower at B = 16 and no faster at B = 1.)
 
 use crate::kernel::KernelArgs;
 use crate::math::{self, fconst, i32x4_lanes, iconst};
@@ -513,168 +517,147 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
     }
 
-    /// Logits of `rows` hidden rows starting at `row0` for the quad, into the logits slot.
-    ///
-    /// The quad's 4 weight rows are walked one after the other, each over all of `dim`, so the
-    /// weights are one sequential stream across the whole tile (what the hardware prefetcher
-    /// follows best); each loaded weight vector feeds all `rows` hidden rows. The block's hidden
-    /// rows are interleaved by chunk (see `KernelArgs::hidden`), so one pointer with immediate
-    /// offsets reaches every row and each load folds into its FMA as a memory operand.
-    fn emit_matmul_block(&mut self, l: &Launch, q: &Quad, row0: Value, rows: usize) {
-        let block_off = self.b.ins().imul(row0, l.hidden_row);
-        let block = self.b.ins().iadd(l.hidden, block_off);
-        let chunk_region = self.b.ins().imul_imm_s(l.chunk_bytes, rows as i64);
-        let chunk_end = self.b.ins().iadd(block, chunk_region);
-        let block_region = self.b.ins().imul_imm_s(l.dim_bytes, rows as i64);
-        let block_end = self.b.ins().iadd(block, block_region);
-        // Two chunks per iteration into separate accumulators: four independent FMA chains per
-        // row, enough to hide the FMA latency even for one row. The same for every block size,
-        // so the summation order, hence every result, does not depend on the config.
-        let unroll = 2;
-        let mut logits: Vec<Option<Value>> = vec![None; rows];
-        for j in 0..4 {
-            let dots = self.emit_row_dot(l, q.weight_rows[j], block, chunk_end, block_end, rows, unroll);
-            for (i, dot) in dots.into_iter().enumerate() {
-                logits[i] = Some(match logits[i] {
-                    None => self.b.ins().scalar_to_vector(F32X4, dot),
-                    Some(v) => self.b.ins().insertlane(v, dot, j as u8),
-                });
-            }
-        }
-        for (i, v) in logits.into_iter().enumerate() {
-            let v = v.expect("four lanes were inserted");
-            self.b.ins().stack_store(I64, v, self.logits_slot, (16 * i) as i32);
-        }
-    }
-
-    /// `rows` dot products of one weight row with the block's hidden rows, as f32 scalars.
-    fn emit_row_dot(
-        &mut self,
-        l: &Launch,
-        weight_row: Value,
-        block: Value,
-        chunk_end: Value,
-        block_end: Value,
-        rows: usize,
-        unroll: usize,
-    ) -> Vec<Value> {
+    /// `count` consecutive 8-element chunks of the quad's weights against the block's hidden
+    /// rows, advancing the pointer variables past them.
+    fn emit_chunks(&mut self, q: &Quad, acc: &[[Variable; 4]], h_ptrs: &[Variable; 4], w_off: Variable, rows: usize, count: usize) {
         let esize = self.plan.dtype.size_bytes() as i64;
         let k = rows as i64;
+        let wo = self.b.use_var(w_off);
+        for c in 0..count as i64 {
+            let w_chunk = if c == 0 { wo } else { self.b.ins().iadd_imm_s(wo, 8 * esize * c) };
+            for j in 0..4 {
+                let hp = self.b.use_var(h_ptrs[j]);
+                let (wa, wb) = self.load_weight_chunk(q.weight_rows[j], w_chunk);
+                for (i, acc_row) in acc.iter().enumerate().take(rows) {
+                    let off = (32 * (c * k + i as i64)) as i32;
+                    let ha = self.b.ins().load(F32X4, input(), hp, off);
+                    let a = self.b.use_var(acc_row[j]);
+                    let a = self.b.ins().fma(ha, wa, a);
+                    let hb = self.b.ins().load(F32X4, input(), hp, off + 16);
+                    let a = self.b.ins().fma(hb, wb, a);
+                    self.b.def_var(acc_row[j], a);
+                }
+            }
+        }
+        for &var in h_ptrs {
+            let hp = self.b.use_var(var);
+            let next = self.b.ins().iadd_imm_s(hp, 32 * k * count as i64);
+            self.b.def_var(var, next);
+        }
+        let next = self.b.ins().iadd_imm_s(wo, 8 * esize * count as i64);
+        self.b.def_var(w_off, next);
+    }
+
+    /// Logits of `rows` hidden rows starting at `row0` for the quad, into the logits slot.
+    ///
+    /// The block's hidden rows are interleaved by chunk (see `KernelArgs::hidden`), so one
+    /// pointer with immediate offsets reaches every row. Each of the quad's 4 weight rows gets
+    /// its own copy of that pointer: the loads then differ as far as Cranelift can tell, so it
+    /// folds each into its FMA as a memory operand instead of merging them into registers that
+    /// the 4·rows accumulators need.
+    fn emit_matmul_block(&mut self, l: &Launch, q: &Quad, row0: Value, rows: usize) {
+        let esize = self.plan.dtype.size_bytes() as i64;
+        let k = rows as i64;
+        let block_off = self.b.ins().imul(row0, l.hidden_row);
+        let block = self.b.ins().iadd(l.hidden, block_off);
         let zero_vec = fconst(&mut self.b, F32X4, 0.0);
-        // acc[i][u]: row i, chain u (even/odd half of a chunk, times the unroll).
-        let acc: Vec<Vec<Variable>> = (0..rows)
+        let acc: Vec<[Variable; 4]> = (0..rows)
             .map(|_| {
-                (0..2 * unroll)
-                    .map(|_| {
-                        let var = self.b.declare_var(F32X4);
-                        self.b.def_var(var, zero_vec);
-                        var
-                    })
-                    .collect()
+                [0; 4].map(|_| {
+                    let var = self.b.declare_var(F32X4);
+                    self.b.def_var(var, zero_vec);
+                    var
+                })
             })
             .collect();
-        let h_ptr = self.b.declare_var(I64);
-        let w_off = self.b.declare_var(I64);
-        self.b.def_var(h_ptr, block);
-        let zero = self.b.ins().iconst(I64, 0);
-        self.b.def_var(w_off, zero);
-
-        // Whole 8-element chunks, `unroll` per iteration after the `chunks % unroll` first ones.
-        let chunks_done = self.b.create_block();
-        let main_check = self.b.create_block();
-        let main_loop = self.b.create_block();
-        if unroll == 2 {
-            let lone_chunk = self.b.create_block();
-            let odd = self.b.ins().band_imm_s(l.chunk_bytes, 32);
-            self.b.ins().brif(odd, lone_chunk, &[], main_check, &[]);
-            self.b.switch_to_block(lone_chunk);
-            self.emit_chunks(weight_row, &acc, h_ptr, w_off, rows, 1);
-        }
-        self.b.ins().jump(main_check, &[]);
-        self.b.switch_to_block(main_check);
-        let hp = self.b.use_var(h_ptr);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
-        self.b.ins().brif(more, main_loop, &[], chunks_done, &[]);
-        self.b.switch_to_block(main_loop);
-        self.emit_chunks(weight_row, &acc, h_ptr, w_off, rows, unroll);
-        let hp = self.b.use_var(h_ptr);
-        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
-        self.b.ins().brif(more, main_loop, &[], chunks_done, &[]);
-
-        // The last `dim % 8` elements, scalar.
-        self.b.switch_to_block(chunks_done);
         let tail_acc: Vec<Variable> = (0..rows)
             .map(|_| {
-                let var = self.b.declare_var(F32);
-                let z = self.b.ins().f32const(0.0);
-                self.b.def_var(var, z);
+                let var = self.b.declare_var(F32X4);
+                self.b.def_var(var, zero_vec);
                 var
             })
             .collect();
-        self.b.def_var(h_ptr, chunk_end);
+
+        // Whole 8-element chunks: `rows` × 32 bytes of hidden per chunk, two chunks per
+        // iteration (after one lone chunk when their count is odd) to halve the loop overhead.
+        let h_ptrs = [0; 4].map(|_| {
+            let var = self.b.declare_var(I64);
+            self.b.def_var(var, block);
+            var
+        });
+        let w_off = self.b.declare_var(I64);
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(w_off, zero);
+        let chunk_region = self.b.ins().imul_imm_s(l.chunk_bytes, k);
+        let chunk_end = self.b.ins().iadd(block, chunk_region);
+        let lone_chunk = self.b.create_block();
+        let pair_check = self.b.create_block();
+        let pair_loop = self.b.create_block();
+        let chunks_done = self.b.create_block();
+        let odd = self.b.ins().band_imm_s(l.chunk_bytes, 32);
+        self.b.ins().brif(odd, lone_chunk, &[], pair_check, &[]);
+
+        self.b.switch_to_block(lone_chunk);
+        self.emit_chunks(q, &acc, &h_ptrs, w_off, rows, 1);
+        self.b.ins().jump(pair_check, &[]);
+
+        self.b.switch_to_block(pair_check);
+        let hp = self.b.use_var(h_ptrs[0]);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
+        self.b.ins().brif(more, pair_loop, &[], chunks_done, &[]);
+
+        self.b.switch_to_block(pair_loop);
+        self.emit_chunks(q, &acc, &h_ptrs, w_off, rows, 2);
+        let hp = self.b.use_var(h_ptrs[0]);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, hp, chunk_end);
+        self.b.ins().brif(more, pair_loop, &[], chunks_done, &[]);
+
+        // The last `dim % 8` elements, one at a time across the quad's four rows.
+        self.b.switch_to_block(chunks_done);
+        let t_ptr = self.b.declare_var(I64);
+        self.b.def_var(t_ptr, chunk_end);
         self.b.def_var(w_off, l.weight_tail_start);
+        let block_region = self.b.ins().imul_imm_s(l.dim_bytes, k);
+        let block_end = self.b.ins().iadd(block, block_region);
         let tail_loop = self.b.create_block();
         let tail_done = self.b.create_block();
         let any = self.b.ins().icmp(IntCC::UnsignedLessThan, chunk_end, block_end);
         self.b.ins().brif(any, tail_loop, &[], tail_done, &[]);
 
         self.b.switch_to_block(tail_loop);
-        let tp = self.b.use_var(h_ptr);
+        let tp = self.b.use_var(t_ptr);
         let wo = self.b.use_var(w_off);
-        let w = self.load_weight_scalar(weight_row, wo);
-        for (i, &var) in tail_acc.iter().enumerate() {
+        let mut w = None;
+        for j in 0..4 {
+            let x = self.load_weight_scalar(q.weight_rows[j], wo);
+            w = Some(match w {
+                None => self.b.ins().scalar_to_vector(F32X4, x),
+                Some(acc) => self.b.ins().insertlane(acc, x, j as u8),
+            });
+        }
+        let w = w.expect("four lanes were inserted");
+        for i in 0..rows {
             let h = self.b.ins().load(F32, input(), tp, 4 * i as i32);
-            let a = self.b.use_var(var);
+            let h = self.b.ins().splat(F32X4, h);
+            let a = self.b.use_var(tail_acc[i]);
             let a = self.b.ins().fma(h, w, a);
-            self.b.def_var(var, a);
+            self.b.def_var(tail_acc[i], a);
         }
         let tp_next = self.b.ins().iadd_imm_s(tp, 4 * k);
         let wo_next = self.b.ins().iadd_imm_s(wo, esize);
-        self.b.def_var(h_ptr, tp_next);
+        self.b.def_var(t_ptr, tp_next);
         self.b.def_var(w_off, wo_next);
         let more = self.b.ins().icmp(IntCC::UnsignedLessThan, tp_next, block_end);
         self.b.ins().brif(more, tail_loop, &[], tail_done, &[]);
 
         self.b.switch_to_block(tail_done);
-        (0..rows)
-            .map(|i| {
-                let mut sum = self.b.use_var(acc[i][0]);
-                for &var in &acc[i][1..] {
-                    let a = self.b.use_var(var);
-                    sum = self.b.ins().fadd(sum, a);
-                }
-                let dot = math::hsum(&mut self.b, sum);
-                let tail = self.b.use_var(tail_acc[i]);
-                self.b.ins().fadd(dot, tail)
-            })
-            .collect()
-    }
-
-    /// `count` consecutive 8-element chunks of one weight row against the block's hidden rows,
-    /// chunk `c` into chains `2c` and `2c + 1`, advancing the pointer variables past them.
-    fn emit_chunks(&mut self, weight_row: Value, acc: &[Vec<Variable>], h_ptr: Variable, w_off: Variable, rows: usize, count: usize) {
-        let esize = self.plan.dtype.size_bytes() as i64;
-        let k = rows as i64;
-        let hp = self.b.use_var(h_ptr);
-        let wo = self.b.use_var(w_off);
-        for c in 0..count {
-            let w_chunk = if c == 0 { wo } else { self.b.ins().iadd_imm_s(wo, 8 * esize * c as i64) };
-            let (wa, wb) = self.load_weight_chunk(weight_row, w_chunk);
-            for (i, acc_row) in acc.iter().enumerate().take(rows) {
-                let off = (32 * (c as i64 * k + i as i64)) as i32;
-                for (half, w) in [(0, wa), (1, wb)] {
-                    let h = self.b.ins().load(F32X4, input(), hp, off + 16 * half as i32);
-                    let var = acc_row[2 * c + half];
-                    let a = self.b.use_var(var);
-                    let a = self.b.ins().fma(h, w, a);
-                    self.b.def_var(var, a);
-                }
-            }
+        for i in 0..rows {
+            let parts = acc[i].map(|v| self.b.use_var(v));
+            let sum = math::transpose_sum(&mut self.b, parts);
+            let tail = self.b.use_var(tail_acc[i]);
+            let logits = self.b.ins().fadd(sum, tail);
+            self.b.ins().stack_store(I64, logits, self.logits_slot, (16 * i) as i32);
         }
-        let next = self.b.ins().iadd_imm_s(hp, 32 * k * count as i64);
-        self.b.def_var(h_ptr, next);
-        let next = self.b.ins().iadd_imm_s(wo, 8 * esize * count as i64);
-        self.b.def_var(w_off, next);
     }
 
     /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.

@@ -332,3 +332,16 @@ pub(crate) fn hsum(b: &mut FunctionBuilder, v: Value) -> Value {
     let s = b.ins().fadd(s, swapped);
     b.ins().extractlane(s, 0)
 }
+
+/// `[Σ a0, Σ a1, Σ a2, Σ a3]` from four `f32x4` partial-sum accumulators.
+pub(crate) fn transpose_sum(b: &mut FunctionBuilder, a: [Value; 4]) -> Value {
+    let lo01 = shuffle32(b, a[0], a[1], [0, 4, 1, 5]);
+    let hi01 = shuffle32(b, a[0], a[1], [2, 6, 3, 7]);
+    let s01 = b.ins().fadd(lo01, hi01);
+    let lo23 = shuffle32(b, a[2], a[3], [0, 4, 1, 5]);
+    let hi23 = shuffle32(b, a[2], a[3], [2, 6, 3, 7]);
+    let s23 = b.ins().fadd(lo23, hi23);
+    let u0 = shuffle32(b, s01, s23, [0, 1, 4, 5]);
+    let u1 = shuffle32(b, s01, s23, [2, 3, 6, 7]);
+    b.ins().fadd(u0, u1)
+}
