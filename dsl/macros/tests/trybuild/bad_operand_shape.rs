@@ -1,11 +1,10 @@
-use flashsample::flashsample;
+use flashsample_macros::flashsample;
 
 flashsample! {
     pub pipeline Sampler {
         hidden: bf16[B, D], weights: bf16[V, D];
         logits = matmul(hidden, weights);
-        logits = logits + bias[V];
-        logits = mask(logits, bias[B, V]);
+        logits = logits + bias[B];
         sample = gumbel_argmax(logits, seed, samples = 1);
     }
 }

@@ -1,10 +1,10 @@
-use flashsample::flashsample;
+use flashsample_macros::flashsample;
 
 flashsample! {
     pub pipeline Sampler {
         hidden: bf16[B, D], weights: bf16[V, D];
+        logits = mask(logits, allowed[B, V]);
         logits = matmul(hidden, weights);
-        logits = logits + bias[B];
         sample = gumbel_argmax(logits, seed, samples = 1);
     }
 }

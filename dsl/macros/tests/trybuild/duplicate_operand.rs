@@ -1,9 +1,11 @@
-use flashsample::flashsample;
+use flashsample_macros::flashsample;
 
 flashsample! {
     pub pipeline Sampler {
-        hidden: bf16[B, D], weights: bf16[V, K];
+        hidden: bf16[B, D], weights: bf16[V, D];
         logits = matmul(hidden, weights);
+        logits = logits + bias[V];
+        logits = mask(logits, bias[B, V]);
         sample = gumbel_argmax(logits, seed, samples = 1);
     }
 }

@@ -1,4 +1,4 @@
-use flashsample::flashsample;
+use flashsample_macros::flashsample;
 
 flashsample! {
     pub pipeline Sampler {
