@@ -33,7 +33,7 @@ impl CpuConfig {
 
     pub fn validate(&self) -> Result<(), CpuCodegenError> {
         let bad = |field, reason: String| Err(CpuCodegenError::InvalidConfig { field, reason });
-        if self.vocab_tile < 4 || self.vocab_tile % 4 != 0 || self.vocab_tile > MAX_VOCAB_TILE {
+        if self.vocab_tile < 4 || !self.vocab_tile.is_multiple_of(4) || self.vocab_tile > MAX_VOCAB_TILE {
             return bad(
                 "vocab_tile",
                 format!("is {}; it must be a multiple of 4 in 4..={MAX_VOCAB_TILE}", self.vocab_tile),

@@ -164,6 +164,15 @@ struct Quad {
     bias: Option<Value>,
 }
 
+/// One row's f32x4 of a quad as step 6 sees it.
+struct Lanes {
+    score: Value,
+    /// The transformed logits.
+    x: Value,
+    /// All-ones lanes for allowed, existing tokens.
+    allowed: Value,
+}
+
 struct Lowering<'a, 'p> {
     b: FunctionBuilder<'a>,
     plan: &'p Plan,
@@ -627,21 +636,18 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.b.switch_to_block(tail_loop);
         let tp = self.b.use_var(t_ptr);
         let wo = self.b.use_var(w_off);
-        let mut w = None;
-        for j in 0..4 {
-            let x = self.load_weight_scalar(q.weight_rows[j], wo);
-            w = Some(match w {
-                None => self.b.ins().scalar_to_vector(F32X4, x),
-                Some(acc) => self.b.ins().insertlane(acc, x, j as u8),
-            });
+        let first = self.load_weight_scalar(q.weight_rows[0], wo);
+        let mut w = self.b.ins().scalar_to_vector(F32X4, first);
+        for (j, &row) in q.weight_rows.iter().enumerate().skip(1) {
+            let x = self.load_weight_scalar(row, wo);
+            w = self.b.ins().insertlane(w, x, j as u8);
         }
-        let w = w.expect("four lanes were inserted");
-        for i in 0..rows {
+        for (i, &var) in tail_acc.iter().enumerate() {
             let h = self.b.ins().load(F32, input(), tp, 4 * i as i32);
             let h = self.b.ins().splat(F32X4, h);
-            let a = self.b.use_var(tail_acc[i]);
+            let a = self.b.use_var(var);
             let a = self.b.ins().fma(h, w, a);
-            self.b.def_var(tail_acc[i], a);
+            self.b.def_var(var, a);
         }
         let tp_next = self.b.ins().iadd_imm_s(tp, 4 * k);
         let wo_next = self.b.ins().iadd_imm_s(wo, esize);
@@ -706,10 +712,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
                     let scale = b.ins().splat(F32X4, scale);
                     b.ins().fmul(x, scale)
                 }
-                Step::Bias => {
-                    let bias = q.bias.expect("bias vector is loaded when the pipeline has a bias");
-                    b.ins().fadd(x, bias)
-                }
+                // `q.bias` is loaded exactly when the pipeline has a bias step.
+                Step::Bias => match q.bias {
+                    Some(bias) => b.ins().fadd(x, bias),
+                    None => x,
+                },
                 Step::Softcap(cap) => math::softcap_f32(b, x, cap),
             };
         }
@@ -765,12 +772,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         };
         self.for_samples(|k, s| {
             let sample_done = k.b.create_block();
-            let score = if k.plan.argmax {
-                x
-            } else {
+            let score = if let Some(reachable) = reachable {
                 let addr = k.candidate_addr(l, row, s);
                 let best_so_far = k.b.ins().load(F32, output(), addr, 0);
-                let reachable = reachable.expect("computed for sampling pipelines");
                 let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
                 let contender = k.b.create_block();
                 k.b.ins().brif(hopeless, sample_done, &[], contender, &[]);
@@ -805,8 +809,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 k.b.ins().jump(join, &[]);
                 k.b.switch_to_block(join);
                 k.b.use_var(score_var)
+            } else {
+                x
             };
-            k.emit_select(l, q, row, s, score, x, allowed);
+            k.emit_select(l, q, row, s, Lanes { score, x, allowed });
             k.b.ins().jump(sample_done, &[]);
             k.b.switch_to_block(sample_done);
         });
@@ -814,7 +820,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
     }
 
     /// Step 6: fold this quad's best allowed token into the running winner of (row, sample, tile).
-    fn emit_select(&mut self, l: &Launch, q: &Quad, row: Value, s: Value, score: Value, x: Value, allowed: Value) {
+    fn emit_select(&mut self, l: &Launch, q: &Quad, row: Value, s: Value, lanes: Lanes) {
+        let Lanes { score, x, allowed } = lanes;
         let addr = self.candidate_addr(l, row, s);
         let b = &mut self.b;
         let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
