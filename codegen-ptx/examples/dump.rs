@@ -7,14 +7,36 @@ fn main() {
     let simt = args.iter().any(|a| a == "simt");
     let dt = if simt { DType::F32 } else { DType::BF16 };
     let p = PipelineBuilder::new("Q", dt, dt)
-        .temperature_per_row("t").bias("b").mask("m").softcap(30.0).gumbel("seed", 2)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: false })
-        .build().unwrap();
-    let bt: u32 = std::env::var("BT").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    let c = GpuConfig { vocab_tile: 128, batch_tile: bt, k_step: 64, warps: 4, stages: if simt { 1 } else { 4 }, persistent: false };
+        .temperature_per_row("t")
+        .bias("b")
+        .mask("m")
+        .softcap(30.0)
+        .gumbel("seed", 2)
+        .outputs(Outputs {
+            score: true,
+            logsumexp: true,
+            logprob: false,
+        })
+        .build()
+        .unwrap();
+    let bt: u32 = std::env::var("BT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let c = GpuConfig {
+        vocab_tile: 128,
+        batch_tile: bt,
+        k_step: 64,
+        warps: 4,
+        stages: if simt { 1 } else { 4 },
+        persistent: false,
+    };
     if args.iter().any(|a| a == "ir") {
         println!("{}", llvm_ir(&p, &c).unwrap());
     } else {
-        match compile(&p, &c, Arch::Sm90) { Ok(k) => println!("{}", k.ptx), Err(e) => eprintln!("{e}") }
+        match compile(&p, &c, Arch::Sm90) {
+            Ok(k) => println!("{}", k.ptx),
+            Err(e) => eprintln!("{e}"),
+        }
     }
 }

@@ -20,7 +20,9 @@ impl Arch {
         match cc.0 {
             8 => Ok(Arch::Sm80),
             9.. => Ok(Arch::Sm90),
-            _ => Err(PtxError::UnsupportedArch { compute_capability: cc }),
+            _ => Err(PtxError::UnsupportedArch {
+                compute_capability: cc,
+            }),
         }
     }
 
@@ -87,11 +89,15 @@ pub const STAGE2_THREADS: u32 = 256;
 
 /// Whether a pipeline's dtypes run on tensor cores (same 16-bit dtype on both operands).
 pub fn uses_tensor_cores(pipeline: &Pipeline) -> bool {
-    pipeline.hidden.dtype == pipeline.weights.dtype && matches!(pipeline.hidden.dtype, DType::BF16 | DType::F16)
+    pipeline.hidden.dtype == pipeline.weights.dtype
+        && matches!(pipeline.hidden.dtype, DType::BF16 | DType::F16)
 }
 
 fn bad(knob: &'static str, reason: impl Into<String>) -> PtxError {
-    PtxError::InvalidConfig { knob, reason: reason.into() }
+    PtxError::InvalidConfig {
+        knob,
+        reason: reason.into(),
+    }
 }
 
 impl GpuConfig {
@@ -128,7 +134,11 @@ impl GpuConfig {
     /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
     /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
     pub fn smem_bytes(&self) -> u32 {
-        let ring = if self.is_tensor() { self.stages * self.stage_bytes() } else { 0 };
+        let ring = if self.is_tensor() {
+            self.stages * self.stage_bytes()
+        } else {
+            0
+        };
         ring.max(self.scratch_bytes())
     }
 
@@ -189,14 +199,31 @@ impl GpuConfig {
         if self.vocab_tile == 0 || !self.vocab_tile.is_multiple_of(32 * self.warps) {
             return Err(bad(
                 "vocab_tile",
-                format!("{} is not a positive multiple of 32 · warps = {}", self.vocab_tile, 32 * self.warps),
+                format!(
+                    "{} is not a positive multiple of 32 · warps = {}",
+                    self.vocab_tile,
+                    32 * self.warps
+                ),
             ));
         }
         if self.batch_tile == 0 || !self.batch_tile.is_multiple_of(8) || self.batch_tile > 128 {
-            return Err(bad("batch_tile", format!("{} is not a multiple of 8 in 8..=128 (mma n = 8)", self.batch_tile)));
+            return Err(bad(
+                "batch_tile",
+                format!(
+                    "{} is not a multiple of 8 in 8..=128 (mma n = 8)",
+                    self.batch_tile
+                ),
+            ));
         }
         if self.batch_tile > self.block_threads() {
-            return Err(bad("batch_tile", format!("{} exceeds the {} threads that reduce it", self.batch_tile, self.block_threads())));
+            return Err(bad(
+                "batch_tile",
+                format!(
+                    "{} exceeds the {} threads that reduce it",
+                    self.batch_tile,
+                    self.block_threads()
+                ),
+            ));
         }
         if self.accumulators_per_thread() > MAX_ACCUMULATORS_PER_THREAD {
             return Err(bad(
@@ -216,7 +243,13 @@ impl GpuConfig {
                 });
             }
             if !matches!(self.k_step, 64 | 128) {
-                return Err(bad("k_step", format!("{}; the tensor path takes 64 or 128 (swizzled 128-byte rows)", self.k_step)));
+                return Err(bad(
+                    "k_step",
+                    format!(
+                        "{}; the tensor path takes 64 or 128 (swizzled 128-byte rows)",
+                        self.k_step
+                    ),
+                ));
             }
             if self.stages > 8 {
                 return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
@@ -265,17 +298,37 @@ impl GpuConfig {
     /// - larger: 4 warps, 128 × 64, k_step 64, 4 stages.
     ///
     /// Stages are reduced until shared memory fits `limits`. `dim` is unused today.
-    pub fn heuristic(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, limits: &GpuLimits) -> GpuConfig {
+    pub fn heuristic(
+        pipeline: &Pipeline,
+        batch: usize,
+        dim: usize,
+        vocab: usize,
+        limits: &GpuLimits,
+    ) -> GpuConfig {
         let _ = (dim, vocab);
         if !uses_tensor_cores(pipeline) {
-            return GpuConfig { vocab_tile: 128, batch_tile: 8, k_step: 64, warps: 4, stages: 1, persistent: false };
+            return GpuConfig {
+                vocab_tile: 128,
+                batch_tile: 8,
+                k_step: 64,
+                warps: 4,
+                stages: 1,
+                persistent: false,
+            };
         }
         let (vocab_tile, batch_tile, warps) = match batch {
             0..=8 => (256, 8, 8),
             9..=32 => (128, 32, 4),
             _ => (128, 64, 4),
         };
-        let mut c = GpuConfig { vocab_tile, batch_tile, k_step: 64, warps, stages: 4, persistent: false };
+        let mut c = GpuConfig {
+            vocab_tile,
+            batch_tile,
+            k_step: 64,
+            warps,
+            stages: 4,
+            persistent: false,
+        };
         while c.stages > 2 && c.smem_bytes() > limits.max_shared_per_block_optin {
             c.stages -= 1;
         }
@@ -289,8 +342,11 @@ impl GpuConfig {
         for warps in [4u32, 8] {
             for quads in [1u32, 2, 4] {
                 for batch_tile in [8u32, 16, 32, 64, 128] {
-                    let (k_steps, stages): (&[u32], &[u32]) =
-                        if tensor { (&[64, 128], &[2, 3, 4, 6]) } else { (&[64], &[1]) };
+                    let (k_steps, stages): (&[u32], &[u32]) = if tensor {
+                        (&[64, 128], &[2, 3, 4, 6])
+                    } else {
+                        (&[64], &[1])
+                    };
                     for &k_step in k_steps {
                         for &stages in stages {
                             for persistent in [false, true] {

@@ -21,7 +21,11 @@ pub(crate) struct Func {
 
 impl Func {
     pub(crate) fn new() -> Self {
-        Func { allocas: String::new(), body: String::new(), next: 0 }
+        Func {
+            allocas: String::new(),
+            body: String::new(),
+            next: 0,
+        }
     }
 
     fn fresh(&mut self, prefix: &str) -> String {
@@ -57,7 +61,10 @@ impl Func {
     pub(crate) fn var(&mut self, ty: &str, init: &str) -> Var {
         let ptr = self.fresh("%m");
         let _ = writeln!(self.allocas, "  {ptr} = alloca {ty}");
-        let var = Var { ptr, ty: ty.to_string() };
+        let var = Var {
+            ptr,
+            ty: ty.to_string(),
+        };
         self.set(&var, init);
         var
     }
@@ -71,7 +78,13 @@ impl Func {
     }
 
     /// `for (i = start; i < end (unsigned); i += step) body(i)`; all i32.
-    pub(crate) fn for_loop(&mut self, start: &str, end: &str, step: &str, body: impl FnOnce(&mut Func, &str)) {
+    pub(crate) fn for_loop(
+        &mut self,
+        start: &str,
+        end: &str,
+        step: &str,
+        body: impl FnOnce(&mut Func, &str),
+    ) {
         let i = self.var("i32", start);
         let head = self.label("loop");
         let inner = self.label("body");
@@ -99,7 +112,12 @@ impl Func {
         self.place(&join);
     }
 
-    pub(crate) fn if_else(&mut self, cond: &str, then: impl FnOnce(&mut Func), otherwise: impl FnOnce(&mut Func)) {
+    pub(crate) fn if_else(
+        &mut self,
+        cond: &str,
+        then: impl FnOnce(&mut Func),
+        otherwise: impl FnOnce(&mut Func),
+    ) {
         let yes = self.label("then");
         let no = self.label("else");
         let join = self.label("endif");
@@ -138,35 +156,49 @@ impl Func {
     /// `base + index * scale` bytes on a global pointer, index widened to i64.
     pub(crate) fn gaddr(&mut self, base: &str, index64: &str, scale: u32) -> String {
         let off = self.v(format!("mul i64 {index64}, {scale}"));
-        self.v(format!("getelementptr i8, ptr addrspace(1) {base}, i64 {off}"))
+        self.v(format!(
+            "getelementptr i8, ptr addrspace(1) {base}, i64 {off}"
+        ))
     }
     pub(crate) fn zext64(&mut self, a: &str) -> String {
         self.v(format!("zext i32 {a} to i64"))
     }
     /// A shared-memory byte pointer at i32 offset `off` from the kernel's shared buffer.
     pub(crate) fn saddr(&mut self, buffer: &str, off: &str) -> String {
-        self.v(format!("getelementptr i8, ptr addrspace(3) {buffer}, i32 {off}"))
+        self.v(format!(
+            "getelementptr i8, ptr addrspace(3) {buffer}, i32 {off}"
+        ))
     }
 
     // ---- f32 arithmetic with explicit IEEE round-to-nearest (never contracted) ----
 
     pub(crate) fn fadd(&mut self, a: &str, b: &str) -> String {
-        self.v(format!("call float @llvm.nvvm.add.rn.f(float {a}, float {b})"))
+        self.v(format!(
+            "call float @llvm.nvvm.add.rn.f(float {a}, float {b})"
+        ))
     }
     pub(crate) fn fmul(&mut self, a: &str, b: &str) -> String {
-        self.v(format!("call float @llvm.nvvm.mul.rn.f(float {a}, float {b})"))
+        self.v(format!(
+            "call float @llvm.nvvm.mul.rn.f(float {a}, float {b})"
+        ))
     }
     pub(crate) fn fdiv(&mut self, a: &str, b: &str) -> String {
-        self.v(format!("call float @llvm.nvvm.div.rn.f(float {a}, float {b})"))
+        self.v(format!(
+            "call float @llvm.nvvm.div.rn.f(float {a}, float {b})"
+        ))
     }
     pub(crate) fn fma(&mut self, a: &str, b: &str, c: &str) -> String {
-        self.v(format!("call float @llvm.nvvm.fma.rn.f(float {a}, float {b}, float {c})"))
+        self.v(format!(
+            "call float @llvm.nvvm.fma.rn.f(float {a}, float {b}, float {c})"
+        ))
     }
 
     // ---- warp and block primitives ----
 
     pub(crate) fn shfl_xor_i32(&mut self, v: &str, mask: u32) -> String {
-        self.v(format!("call i32 @llvm.nvvm.shfl.sync.bfly.i32(i32 -1, i32 {v}, i32 {mask}, i32 31)"))
+        self.v(format!(
+            "call i32 @llvm.nvvm.shfl.sync.bfly.i32(i32 -1, i32 {v}, i32 {mask}, i32 31)"
+        ))
     }
     pub(crate) fn shfl_xor_f32(&mut self, v: &str, mask: u32) -> String {
         let i = self.v(format!("bitcast float {v} to i32"));

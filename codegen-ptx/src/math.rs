@@ -5,9 +5,12 @@
 
 use crate::ir::{f32c, Func};
 use flashsample_abi::math::{
-    EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E, TANH_SATURATE,
+    EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,
+    TANH_SATURATE,
 };
-use flashsample_abi::rng::{PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25};
+use flashsample_abi::rng::{
+    PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25,
+};
 
 /// `abi::math::ln_f32`.
 fn ln_f32() -> String {
@@ -38,7 +41,10 @@ fn ln_f32() -> String {
 /// `abi::math::exp_f32`.
 fn exp_f32(attr: &str) -> String {
     let mut f = Func::new();
-    let xc = f.v(format!("call float @llvm.maxnum.f32(float %x, float {})", f32c(EXP_MIN_INPUT)));
+    let xc = f.v(format!(
+        "call float @llvm.maxnum.f32(float %x, float {})",
+        f32c(EXP_MIN_INPUT)
+    ));
     let xl = f.fmul(&xc, &f32c(LOG2_E));
     let n = f.v(format!("call float @llvm.roundeven.f32(float {xl})"));
     let nn = f.v(format!("fneg float {n}"));
@@ -60,7 +66,9 @@ fn exp_f32(attr: &str) -> String {
     let under = f.v(format!("fcmp olt float %x, {}", f32c(EXP_MIN_INPUT)));
     let r = f.v(format!("select i1 {under}, float 0.0, float {y}"));
     f.s(format!("ret float {r}"));
-    f.finish(&format!("define internal float @fs_exp_f32(float %x) {attr}"))
+    f.finish(&format!(
+        "define internal float @fs_exp_f32(float %x) {attr}"
+    ))
 }
 
 /// `abi::math::softcap_f32` (with `tanh_f32` inlined).
@@ -68,17 +76,24 @@ fn softcap_f32(attr: &str) -> String {
     let mut f = Func::new();
     let y = f.fdiv("%x", "%cap");
     let ay = f.v(format!("call float @llvm.fabs.f32(float {y})"));
-    let a = f.v(format!("call float @llvm.minnum.f32(float {ay}, float {})", f32c(TANH_SATURATE)));
+    let a = f.v(format!(
+        "call float @llvm.minnum.f32(float {ay}, float {})",
+        f32c(TANH_SATURATE)
+    ));
     let a2 = f.fadd(&a, &a);
     let e = f.v(format!("call float @fs_exp_f32(float {a2})"));
     let e1 = f.fadd(&e, &f32c(1.0));
     let q = f.fdiv(&f32c(2.0), &e1);
     let nq = f.v(format!("fneg float {q}"));
     let t = f.fadd(&f32c(1.0), &nq);
-    let th = f.v(format!("call float @llvm.copysign.f32(float {t}, float {y})"));
+    let th = f.v(format!(
+        "call float @llvm.copysign.f32(float {t}, float {y})"
+    ));
     let r = f.fmul("%cap", &th);
     f.s(format!("ret float {r}"));
-    f.finish(&format!("define internal float @fs_softcap_f32(float %x, float %cap) {attr}"))
+    f.finish(&format!(
+        "define internal float @fs_softcap_f32(float %x, float %cap) {attr}"
+    ))
 }
 
 /// `abi::rng::gumbel_f32`.
@@ -100,13 +115,20 @@ fn gumbel_f32(attr: &str) -> String {
     let le = f.v(format!("call float @fs_ln_f32(float {e})"));
     let r = f.v(format!("fneg float {le}"));
     f.s(format!("ret float {r}"));
-    f.finish(&format!("define internal float @fs_gumbel_f32(i32 %bits) {attr}"))
+    f.finish(&format!(
+        "define internal float @fs_gumbel_f32(i32 %bits) {attr}"
+    ))
 }
 
 /// `abi::rng::philox4x32_10`, returning the four output words.
 fn philox(attr: &str) -> String {
     let mut f = Func::new();
-    let mut c = ["%c0".to_string(), "%c1".to_string(), "%c2".to_string(), "%c3".to_string()];
+    let mut c = [
+        "%c0".to_string(),
+        "%c1".to_string(),
+        "%c2".to_string(),
+        "%c3".to_string(),
+    ];
     let mut k = ["%k0".to_string(), "%k1".to_string()];
     for round in 0..PHILOX_ROUNDS {
         if round > 0 {
@@ -146,7 +168,13 @@ fn philox(attr: &str) -> String {
 pub(crate) fn helpers(outline: bool) -> String {
     let attr = if outline { "#2" } else { "#0" };
     let mut out = String::from("declare i32 @llvm.fptosi.sat.i32.f32(float)\n\n");
-    for f in [ln_f32(), exp_f32(attr), softcap_f32(attr), gumbel_f32(attr), philox(attr)] {
+    for f in [
+        ln_f32(),
+        exp_f32(attr),
+        softcap_f32(attr),
+        gumbel_f32(attr),
+        philox(attr),
+    ] {
         out.push_str(&f);
         out.push('\n');
     }

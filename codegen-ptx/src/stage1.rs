@@ -82,14 +82,25 @@ fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
 }
 
 pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
-    let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8 };
+    let g = Gen {
+        p,
+        c,
+        quads: c.quads_per_thread(),
+        ntiles: c.batch_tile / 8,
+    };
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
     let warp = f.v(format!("lshr i32 {tid}, 5"));
     let lane = f.v(format!("and i32 {tid}, 31"));
     let lg = f.v(format!("lshr i32 {lane}, 2"));
     let lt = f.v(format!("and i32 {lane}, 3"));
-    let th = Thread { tid, warp, lane, g: lg, t: lt };
+    let th = Thread {
+        tid,
+        warp,
+        lane,
+        g: lg,
+        t: lt,
+    };
 
     let vt = c.vocab_tile;
     let bt = c.batch_tile;
@@ -115,8 +126,17 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
         let vtile = f.v(format!("udiv i32 {item}, {btiles}"));
         let v0 = f.mul(&vtile, &vt.to_string());
         let b0 = f.mul(&btile, &bt.to_string());
-        let it = Item { vtile, vtiles: vtiles.clone(), v0, b0 };
-        let acc = if c.is_tensor() { g.tensor_mainloop(f, &th, &it) } else { g.simt_mainloop(f, &th, &it) };
+        let it = Item {
+            vtile,
+            vtiles: vtiles.clone(),
+            v0,
+            b0,
+        };
+        let acc = if c.is_tensor() {
+            g.tensor_mainloop(f, &th, &it)
+        } else {
+            g.simt_mainloop(f, &th, &it)
+        };
         g.epilogue(f, &th, &it, &acc);
         // The next item's loads overwrite the scratch this item's epilogue read.
         f.barrier();
@@ -137,7 +157,9 @@ impl Gen<'_> {
     /// SIMT: each thread accumulates its own (token, column) pairs straight from global
     /// memory (L1-cached), any dtypes, any D.
     fn simt_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<String> {
-        let acc: Vec<Var> = (0..self.acc_count()).map(|_| f.var("float", "0.0")).collect();
+        let acc: Vec<Var> = (0..self.acc_count())
+            .map(|_| f.var("float", "0.0"))
+            .collect();
         let dim64 = f.zext64("%dim");
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
@@ -191,7 +213,9 @@ impl Gen<'_> {
                             let cur = f.get(a);
                             let wv = &w[(p * 4 + o) as usize];
                             let hv = &h[(n * 2 + j) as usize];
-                            let nv = f.v(format!("call float @llvm.fma.f32(float {wv}, float {hv}, float {cur})"));
+                            let nv = f.v(format!(
+                                "call float @llvm.fma.f32(float {wv}, float {hv}, float {cur})"
+                            ));
                             f.set(a, &nv);
                         }
                     }
@@ -218,7 +242,9 @@ impl Gen<'_> {
         let stage_bytes = c.stage_bytes();
         let mtiles = self.quads * 2;
 
-        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4).map(|_| f.var("float", "0.0")).collect();
+        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4)
+            .map(|_| f.var("float", "0.0"))
+            .collect();
         let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i64");
         let ks_up = f.add("%dim", &(ks - 1).to_string());
         let ktiles = f.v(format!("udiv i32 {ks_up}, {ks}"));
@@ -239,7 +265,14 @@ impl Gen<'_> {
             let chunks = |f: &mut Func, asynchronous: bool| {
                 for (is_w, rows, tile_off, base_row, limit, ptr) in [
                     (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
-                    (false, c.batch_tile, w_tile_bytes, &it.b0, "%batch", "%hidden"),
+                    (
+                        false,
+                        c.batch_tile,
+                        w_tile_bytes,
+                        &it.b0,
+                        "%batch",
+                        "%hidden",
+                    ),
                 ] {
                     let n_chunks = rows * cpr;
                     let nthr = c.block_threads();
@@ -248,7 +281,11 @@ impl Gen<'_> {
                         let body = |f: &mut Func| {
                             let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
                             let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
-                            let s = if is_w { f.v(format!("lshr i32 {row}, 2")) } else { row.clone() };
+                            let s = if is_w {
+                                f.v(format!("lshr i32 {row}, 2"))
+                            } else {
+                                row.clone()
+                            };
                             let s = f.v(format!("and i32 {s}, 7"));
                             let sw = f.v(format!("xor i32 {cc}, {s}"));
                             let ro = f.mul(&row, &row_bytes.to_string());
@@ -296,10 +333,14 @@ impl Gen<'_> {
                                 for w in 0..4 {
                                     let hi = f.v(format!("shl i32 {}, 16", halves[2 * w + 1]));
                                     let word = f.v(format!("or i32 {}, {hi}", halves[2 * w]));
-                                    vec = f.v(format!("insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"));
+                                    vec = f.v(format!(
+                                        "insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"
+                                    ));
                                 }
                                 let sa = f.saddr("@fs_smem", &dst);
-                                f.s(format!("store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"));
+                                f.s(format!(
+                                    "store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"
+                                ));
                             }
                         };
                         if (u + 1) * nthr > n_chunks {
@@ -313,7 +354,9 @@ impl Gen<'_> {
             };
             f.if_else(&aligned, |f| chunks(f, true), |f| chunks(f, false));
         };
-        let commit = |f: &mut Func| f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
+        let commit = |f: &mut Func| {
+            f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1")
+        };
 
         // Prologue: stages − 1 slices in flight (always commit, so group counting is static).
         for s in 0..c.stages - 1 {
@@ -452,7 +495,8 @@ impl Gen<'_> {
         let p = self.p;
         let bt = c.batch_tile;
         let e = c.warps * bt; // scratch entries
-        let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) = (0, 4 * e, 8 * e, 12 * e, 16 * e, 20 * e);
+        let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) =
+            (0, 4 * e, 8 * e, 12 * e, 16 * e, 20 * e);
         let has_temp = p.temperature().is_some();
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();
@@ -488,8 +532,19 @@ impl Gen<'_> {
                 } else {
                     (String::new(), "false".to_string())
                 };
-                let greedy = if p.is_greedy() { "true".to_string() } else { t_zero.clone() };
-                cols.push(Col { col, row, row_safe, inv_t, t_zero, greedy });
+                let greedy = if p.is_greedy() {
+                    "true".to_string()
+                } else {
+                    t_zero.clone()
+                };
+                cols.push(Col {
+                    col,
+                    row,
+                    row_safe,
+                    inv_t,
+                    t_zero,
+                    greedy,
+                });
             }
         }
         let words = f.add("%vocab", "31");
@@ -548,7 +603,10 @@ impl Gen<'_> {
                             }
                             Transform::Bias { .. } => xv = f.fadd(&xv, &bias),
                             Transform::Softcap { cap } => {
-                                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c(cap.get())))
+                                xv = f.v(format!(
+                                    "call float @fs_softcap_f32(float {xv}, float {})",
+                                    f32c(cap.get())
+                                ))
                             }
                             Transform::Mask { .. } | Transform::Ban { .. } => {}
                         }
@@ -582,7 +640,9 @@ impl Gen<'_> {
             f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
         };
         let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
-            let m = f.v(format!("call float @llvm.maxnum.f32(float {m1}, float {m2})"));
+            let m = f.v(format!(
+                "call float @llvm.maxnum.f32(float {m1}, float {m2})"
+            ));
             let mut parts = Vec::new();
             for (mi, si) in [(m1, s1), (m2, s2)] {
                 let nm = f.v(format!("fneg float {m}"));
@@ -609,11 +669,15 @@ impl Gen<'_> {
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let xs: Vec<&String> =
-                    (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
+                let xs: Vec<&String> = (0..self.quads)
+                    .flat_map(|q| (0..4).map(move |o| (q, o)))
+                    .map(|(q, o)| &x[self.acc_index(q, o, n, j)])
+                    .collect();
                 let mut m = NEG_INF.to_string();
                 for xv in &xs {
-                    m = f.v(format!("call float @llvm.maxnum.f32(float {m}, float {xv})"));
+                    m = f.v(format!(
+                        "call float @llvm.maxnum.f32(float {m}, float {xv})"
+                    ));
                 }
                 let nm = f.v(format!("fneg float {m}"));
                 let mut s = "0.0".to_string();

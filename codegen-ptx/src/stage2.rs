@@ -12,11 +12,14 @@ const NEG_INF: &str = "0xFFF0000000000000";
 const WARPS: u32 = STAGE2_THREADS / 32;
 
 /// Static shared scratch: per warp score, index, logit, flag (4 × 8 words).
-pub(crate) const SCRATCH_DECL: &str = "@fs_stage2_scratch = internal addrspace(3) global [32 x i32] undef, align 4\n";
+pub(crate) const SCRATCH_DECL: &str =
+    "@fs_stage2_scratch = internal addrspace(3) global [32 x i32] undef, align 4\n";
 
 fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
     let i = f.add(warp, &(field * WARPS).to_string());
-    f.v(format!("getelementptr i32, ptr addrspace(3) @fs_stage2_scratch, i32 {i}"))
+    f.v(format!(
+        "getelementptr i32, ptr addrspace(3) @fs_stage2_scratch, i32 {i}"
+    ))
 }
 
 pub(crate) fn emit() -> String {
@@ -37,7 +40,9 @@ pub(crate) fn emit() -> String {
         f.v(format!("or i1 {gt}, {tie}"))
     };
     let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
-        let m = f.v(format!("call float @llvm.maxnum.f32(float {m1}, float {m2})"));
+        let m = f.v(format!(
+            "call float @llvm.maxnum.f32(float {m1}, float {m2})"
+        ));
         let mut parts = Vec::new();
         for (mi, si) in [(m1, s1), (m2, s2)] {
             let nm = f.v(format!("fneg float {m}"));
@@ -91,7 +96,8 @@ pub(crate) fn emit() -> String {
                 let v = f.sel("float", &take, &cl, &l0);
                 f.set(&bl, &v);
             });
-            let (mut s1, mut i1, mut l1, mut fl) = (f.get(&bs), f.get(&bi), f.get(&bl), f.get(&flag));
+            let (mut s1, mut i1, mut l1, mut fl) =
+                (f.get(&bs), f.get(&bi), f.get(&bl), f.get(&flag));
             for sh in [16, 8, 4, 2, 1] {
                 let os = f.shfl_xor_f32(&s1, sh);
                 let oi = f.shfl_xor_i32(&i1, sh);
@@ -104,22 +110,36 @@ pub(crate) fn emit() -> String {
                 l1 = f.sel("float", &take, &ol, &l1);
             }
             f.if_then(&lane0, |f| {
-                for (field, ty, v) in [(0, "float", &s1), (1, "i32", &i1), (2, "float", &l1), (3, "i32", &fl)] {
+                for (field, ty, v) in [
+                    (0, "float", &s1),
+                    (1, "i32", &i1),
+                    (2, "float", &l1),
+                    (3, "i32", &fl),
+                ] {
                     let a = scratch(f, field, &warp);
                     f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
                 }
             });
             f.barrier();
             f.if_then(&tid0, |f| {
-                let (mut s2, mut i2, mut l2, mut f2) =
-                    (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string(), "0".to_string());
+                let (mut s2, mut i2, mut l2, mut f2) = (
+                    NEG_INF.to_string(),
+                    none.to_string(),
+                    NEG_INF.to_string(),
+                    "0".to_string(),
+                );
                 for w in 0..WARPS {
                     let w = w.to_string();
                     let ld = |f: &mut Func, field: u32, ty: &str| {
                         let a = scratch(f, field, &w);
                         f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
                     };
-                    let (ws, wi, wl, wf) = (ld(f, 0, "float"), ld(f, 1, "i32"), ld(f, 2, "float"), ld(f, 3, "i32"));
+                    let (ws, wi, wl, wf) = (
+                        ld(f, 0, "float"),
+                        ld(f, 1, "i32"),
+                        ld(f, 2, "float"),
+                        ld(f, 3, "i32"),
+                    );
                     f2 = f.v(format!("or i32 {f2}, {wf}"));
                     let take = beats(f, &ws, &wi, &s2, &i2);
                     s2 = f.sel("float", &take, &ws, &s2);
@@ -129,7 +149,11 @@ pub(crate) fn emit() -> String {
                 let out = f.mul(&row, "%samples");
                 let out = f.add(&out, s);
                 let o64 = f.zext64(&out);
-                for (ptr, ty, v) in [("%out_tokens", "i32", &i2), ("%out_scores", "float", &s2), ("%out_logits", "float", &l2)] {
+                for (ptr, ty, v) in [
+                    ("%out_tokens", "i32", &i2),
+                    ("%out_scores", "float", &s2),
+                    ("%out_logits", "float", &l2),
+                ] {
                     let a = f.gaddr(ptr, &o64, 4);
                     f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
                 }

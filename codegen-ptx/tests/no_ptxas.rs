@@ -11,8 +11,18 @@ fn generates_ptx_with_an_empty_path() {
     std::env::set_var("PATH", &empty);
     std::env::remove_var("CUDA_PATH");
     std::env::remove_var("CUDA_HOME");
-    let p = PipelineBuilder::new("P", DType::BF16, DType::BF16).gumbel("seed", 1).build().unwrap();
-    let c = GpuConfig { vocab_tile: 128, batch_tile: 8, k_step: 64, warps: 4, stages: 2, persistent: false };
+    let p = PipelineBuilder::new("P", DType::BF16, DType::BF16)
+        .gumbel("seed", 1)
+        .build()
+        .unwrap();
+    let c = GpuConfig {
+        vocab_tile: 128,
+        batch_tile: 8,
+        k_step: 64,
+        warps: 4,
+        stages: 2,
+        persistent: false,
+    };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));
     assert!(k.ptx.contains(".entry flashsample_stage2"));

@@ -11,17 +11,38 @@ fn full(dtype: DType) -> Pipeline {
         .mask("allowed")
         .softcap(30.0)
         .gumbel("seed", 2)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+        .outputs(Outputs {
+            score: true,
+            logsumexp: true,
+            logprob: false,
+        })
         .build()
         .unwrap()
 }
 
 fn greedy(dtype: DType) -> Pipeline {
-    PipelineBuilder::new("Greedy", dtype, dtype).argmax().build().unwrap()
+    PipelineBuilder::new("Greedy", dtype, dtype)
+        .argmax()
+        .build()
+        .unwrap()
 }
 
-fn cfg(vocab_tile: u32, batch_tile: u32, k_step: u32, warps: u32, stages: u32, persistent: bool) -> GpuConfig {
-    GpuConfig { vocab_tile, batch_tile, k_step, warps, stages, persistent }
+fn cfg(
+    vocab_tile: u32,
+    batch_tile: u32,
+    k_step: u32,
+    warps: u32,
+    stages: u32,
+    persistent: bool,
+) -> GpuConfig {
+    GpuConfig {
+        vocab_tile,
+        batch_tile,
+        k_step,
+        warps,
+        stages,
+        persistent,
+    }
 }
 
 fn tensor_small() -> GpuConfig {
@@ -44,19 +65,36 @@ fn tensor_path_uses_mma_ldmatrix_and_cp_async() {
     for (dtype, name) in [(DType::BF16, "bf16"), (DType::F16, "f16")] {
         let k = ptx(&full(dtype), &cfg(256, 16, 64, 8, 3, false), Arch::Sm90);
         let t = &k.ptx;
-        assert!(t.contains(&format!("mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32")), "{name}");
+        assert!(
+            t.contains(&format!(
+                "mma.sync.aligned.m16n8k16.row.col.f32.{name}.{name}.f32"
+            )),
+            "{name}"
+        );
         assert!(t.contains("ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
         assert!(t.contains("cp.async.cg.shared.global"));
         assert!(t.contains("cp.async.commit_group"));
-        assert!(t.contains("cp.async.wait_group 1;"), "stages − 2 groups stay in flight");
+        assert!(
+            t.contains("cp.async.wait_group 1;"),
+            "stages − 2 groups stay in flight"
+        );
         assert!(t.contains(".entry flashsample_stage1("));
         assert!(t.contains(".entry flashsample_stage2("));
         assert!(t.contains(".target sm_90"));
         assert!(t.contains(".version 8.0"));
         assert!(t.contains(".maxntid 256"));
-        assert!(!t.contains(".local"), "no local memory in the generated code");
-        assert!(!stage1_text(t).contains("call."), "everything inlined: no calls, no param-space traffic");
-        assert_eq!((k.stage1, k.stage2), ("flashsample_stage1", "flashsample_stage2"));
+        assert!(
+            !t.contains(".local"),
+            "no local memory in the generated code"
+        );
+        assert!(
+            !stage1_text(t).contains("call."),
+            "small tiles inline everything: no calls"
+        );
+        assert_eq!(
+            (k.stage1, k.stage2),
+            ("flashsample_stage1", "flashsample_stage2")
+        );
     }
 }
 
@@ -65,12 +103,26 @@ fn stage1_has_the_design_parameter_list() {
     let k = ptx(&full(DType::BF16), &tensor_small(), Arch::Sm90);
     let head = &k.ptx[k.ptx.find(".entry flashsample_stage1(").unwrap()..];
     let params = &head[..head.find(')').unwrap()];
-    let types: Vec<&str> = params.lines().skip(1).map(|l| l.split_whitespace().nth(1).unwrap_or("")).collect();
-    assert_eq!(types, [".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32"]);
+    let types: Vec<&str> = params
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        types,
+        [".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32"]
+    );
     let head = &k.ptx[k.ptx.find(".entry flashsample_stage2(").unwrap()..];
     let params = &head[..head.find(')').unwrap()];
-    let types: Vec<&str> = params.lines().skip(1).map(|l| l.split_whitespace().nth(1).unwrap_or("")).collect();
-    assert_eq!(types, [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64"]);
+    let types: Vec<&str> = params
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        types,
+        [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64"]
+    );
 }
 
 #[test]
@@ -79,10 +131,21 @@ fn epilogue_math_is_never_contracted() {
     let k = ptx(&full(DType::BF16), &tensor_small(), Arch::Sm90);
     for line in k.ptx.lines() {
         let op = line.split_whitespace().next().unwrap_or("");
-        for bare in ["add.f32", "sub.f32", "mul.f32", "div.f32", "fma.f32", "div.approx.f32", "div.full.f32"] {
+        for bare in [
+            "add.f32",
+            "sub.f32",
+            "mul.f32",
+            "div.f32",
+            "fma.f32",
+            "div.approx.f32",
+            "div.full.f32",
+        ] {
             assert_ne!(op, bare, "unrounded f32 op: {line}");
         }
-        assert!(!op.starts_with("ex2.approx") && !op.starts_with("lg2.approx"), "approximate transcendental: {line}");
+        assert!(
+            !op.starts_with("ex2.approx") && !op.starts_with("lg2.approx"),
+            "approximate transcendental: {line}"
+        );
     }
     assert!(k.ptx.contains("div.rn.f32"));
     assert!(k.ptx.contains("fma.rn.f32"));
@@ -96,12 +159,24 @@ fn simt_path_for_f32_and_mixed_dtypes() {
     assert!(k.ptx.contains(".target sm_80"));
     assert!(!k.ptx.contains("mma.sync") && !k.ptx.contains("cp.async"));
     assert!(k.ptx.contains("fma.rn.f32"));
-    let mixed = PipelineBuilder::new("M", DType::F32, DType::BF16).gumbel("s", 1).build().unwrap();
+    let mixed = PipelineBuilder::new("M", DType::F32, DType::BF16)
+        .gumbel("s", 1)
+        .build()
+        .unwrap();
     ptx(&mixed, &simt, Arch::Sm90);
     // A tensor-core config for an f32 pipeline is refused with a typed error.
-    assert!(matches!(compile(&f32p, &tensor_small(), Arch::Sm90), Err(PtxError::UnsupportedDtypes { .. })));
-    let bf_f16 = PipelineBuilder::new("X", DType::BF16, DType::F16).argmax().build().unwrap();
-    assert!(matches!(compile(&bf_f16, &tensor_small(), Arch::Sm90), Err(PtxError::UnsupportedDtypes { .. })));
+    assert!(matches!(
+        compile(&f32p, &tensor_small(), Arch::Sm90),
+        Err(PtxError::UnsupportedDtypes { .. })
+    ));
+    let bf_f16 = PipelineBuilder::new("X", DType::BF16, DType::F16)
+        .argmax()
+        .build()
+        .unwrap();
+    assert!(matches!(
+        compile(&bf_f16, &tensor_small(), Arch::Sm90),
+        Err(PtxError::UnsupportedDtypes { .. })
+    ));
 }
 
 #[test]
@@ -109,9 +184,17 @@ fn greedy_pipelines_skip_the_noise() {
     let k = ptx(&greedy(DType::BF16), &tensor_small(), Arch::Sm90);
     // Philox's multipliers appear only when noise is drawn.
     let m0 = flashsample_abi::rng::PHILOX_M0 as i32;
-    assert!(!k.ptx.contains(&format!("{}", flashsample_abi::rng::PHILOX_M0)) && !k.ptx.contains(&format!("{m0}")));
+    assert!(
+        !k.ptx
+            .contains(&format!("{}", flashsample_abi::rng::PHILOX_M0))
+            && !k.ptx.contains(&format!("{m0}"))
+    );
     let k = ptx(&full(DType::BF16), &tensor_small(), Arch::Sm90);
-    assert!(k.ptx.contains(&format!("{}", flashsample_abi::rng::PHILOX_M0)) || k.ptx.contains(&format!("{m0}")));
+    assert!(
+        k.ptx
+            .contains(&format!("{}", flashsample_abi::rng::PHILOX_M0))
+            || k.ptx.contains(&format!("{m0}"))
+    );
 }
 
 #[test]
@@ -128,18 +211,32 @@ fn every_enumerated_config_compiles_cleanly() {
 
 #[test]
 fn snapshot_tensor_bf16_greedy() {
-    insta::assert_snapshot!("tensor_bf16_greedy", ptx(&greedy(DType::BF16), &tensor_small(), Arch::Sm90).ptx);
+    insta::assert_snapshot!(
+        "tensor_bf16_greedy",
+        ptx(&greedy(DType::BF16), &tensor_small(), Arch::Sm90).ptx
+    );
 }
 
 #[test]
 fn snapshot_tensor_f16_full_persistent() {
     let c = cfg(128, 8, 64, 4, 2, true);
-    insta::assert_snapshot!("tensor_f16_full_persistent", ptx(&full(DType::F16), &c, Arch::Sm80).ptx);
+    insta::assert_snapshot!(
+        "tensor_f16_full_persistent",
+        ptx(&full(DType::F16), &c, Arch::Sm80).ptx
+    );
 }
 
 #[test]
 fn snapshot_simt_f32_greedy() {
-    insta::assert_snapshot!("simt_f32_greedy", ptx(&greedy(DType::F32), &cfg(128, 8, 64, 4, 1, false), Arch::Sm90).ptx);
+    insta::assert_snapshot!(
+        "simt_f32_greedy",
+        ptx(
+            &greedy(DType::F32),
+            &cfg(128, 8, 64, 4, 1, false),
+            Arch::Sm90
+        )
+        .ptx
+    );
 }
 
 // ---- validation against the recorded H200 limits ----
@@ -160,8 +257,13 @@ fn validation_prunes_impossible_configs() {
     let h200 = GpuLimits::H200;
     assert!(tensor_small().validate(&p, &h200).is_ok());
     let over_smem = cfg(512, 16, 128, 4, 4, false); // 4 · (528 · 256) bytes
-    assert!(matches!(over_smem.validate(&p, &h200), Err(PtxError::OverLimit { what, .. }) if what.starts_with("shared")));
-    assert!(over_smem.validate_shape(&p).is_ok(), "shape is fine, only the device is too small");
+    assert!(
+        matches!(over_smem.validate(&p, &h200), Err(PtxError::OverLimit { what, .. }) if what.starts_with("shared"))
+    );
+    assert!(
+        over_smem.validate_shape(&p).is_ok(),
+        "shape is fine, only the device is too small"
+    );
     let bad = |c: GpuConfig, knob: &str| match c.validate(&p, &h200) {
         Err(PtxError::InvalidConfig { knob: k, .. }) => assert_eq!(k, knob, "{c:?}"),
         other => panic!("{c:?}: {other:?}"),
@@ -175,12 +277,30 @@ fn validation_prunes_impossible_configs() {
     bad(cfg(128, 8, 64, 4, 9, false), "stages");
     bad(cfg(128, 8, 64, 0, 2, false), "warps");
     bad(cfg(4096, 128, 64, 4, 2, false), "vocab_tile"); // accumulators per thread
-    let too_many_threads = GpuLimits { max_threads_per_block: 128, ..h200 };
-    assert!(matches!(cfg(256, 8, 64, 8, 2, false).validate(&p, &too_many_threads), Err(PtxError::OverLimit { .. })));
-    let few_regs = GpuLimits { max_regs_per_block: 16384, ..h200 };
-    assert!(matches!(cfg(256, 128, 64, 8, 2, false).validate(&p, &few_regs), Err(PtxError::OverLimit { .. })));
-    let old = GpuLimits { compute_capability: (7, 5), ..h200 };
-    assert!(matches!(tensor_small().validate(&p, &old), Err(PtxError::UnsupportedArch { .. })));
+    let too_many_threads = GpuLimits {
+        max_threads_per_block: 128,
+        ..h200
+    };
+    assert!(matches!(
+        cfg(256, 8, 64, 8, 2, false).validate(&p, &too_many_threads),
+        Err(PtxError::OverLimit { .. })
+    ));
+    let few_regs = GpuLimits {
+        max_regs_per_block: 16384,
+        ..h200
+    };
+    assert!(matches!(
+        cfg(256, 128, 64, 8, 2, false).validate(&p, &few_regs),
+        Err(PtxError::OverLimit { .. })
+    ));
+    let old = GpuLimits {
+        compute_capability: (7, 5),
+        ..h200
+    };
+    assert!(matches!(
+        tensor_small().validate(&p, &old),
+        Err(PtxError::UnsupportedArch { .. })
+    ));
     assert!(Arch::from_compute_capability((7, 0)).is_err());
     assert_eq!(Arch::from_compute_capability((8, 9)).unwrap(), Arch::Sm80);
     assert_eq!(Arch::from_compute_capability((9, 0)).unwrap(), Arch::Sm90);
@@ -191,14 +311,24 @@ fn validation_prunes_impossible_configs() {
 fn enumeration_is_pruned_and_dtype_specific() {
     let h200 = GpuLimits::H200;
     let bf = GpuConfig::enumerate(&full(DType::BF16), &h200);
-    assert!(bf.iter().all(|c| c.is_tensor() && c.validate(&full(DType::BF16), &h200).is_ok()));
-    assert!(bf.iter().all(|c| c.smem_bytes() <= h200.max_shared_per_block_optin));
-    assert!(bf.iter().any(|c| c.batch_tile == 8 && c.warps == 8), "GEMV-style configs for small batches");
+    assert!(bf
+        .iter()
+        .all(|c| c.is_tensor() && c.validate(&full(DType::BF16), &h200).is_ok()));
+    assert!(bf
+        .iter()
+        .all(|c| c.smem_bytes() <= h200.max_shared_per_block_optin));
+    assert!(
+        bf.iter().any(|c| c.batch_tile == 8 && c.warps == 8),
+        "GEMV-style configs for small batches"
+    );
     assert!(bf.iter().any(|c| c.persistent));
     let f32s = GpuConfig::enumerate(&full(DType::F32), &h200);
     assert!(!f32s.is_empty() && f32s.iter().all(|c| !c.is_tensor()));
     // A smaller device gets a smaller space.
-    let small = GpuLimits { max_shared_per_block_optin: 48 * 1024, ..h200 };
+    let small = GpuLimits {
+        max_shared_per_block_optin: 48 * 1024,
+        ..h200
+    };
     let s = GpuConfig::enumerate(&full(DType::BF16), &small);
     assert!(!s.is_empty() && s.len() < bf.len());
 }
@@ -206,13 +336,22 @@ fn enumeration_is_pruned_and_dtype_specific() {
 #[test]
 fn heuristic_configs_are_valid() {
     let h200 = GpuLimits::H200;
-    for p in [full(DType::BF16), full(DType::F16), full(DType::F32), greedy(DType::BF16)] {
+    for p in [
+        full(DType::BF16),
+        full(DType::F16),
+        full(DType::F32),
+        greedy(DType::BF16),
+    ] {
         for batch in [1, 7, 8, 9, 32, 33, 64, 256, 1000] {
             let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
-            c.validate(&p, &h200).unwrap_or_else(|e| panic!("{batch}: {c:?}: {e}"));
+            c.validate(&p, &h200)
+                .unwrap_or_else(|e| panic!("{batch}: {c:?}: {e}"));
         }
     }
-    let small = GpuLimits { max_shared_per_block_optin: 100 * 1024, ..h200 };
+    let small = GpuLimits {
+        max_shared_per_block_optin: 100 * 1024,
+        ..h200
+    };
     let c = GpuConfig::heuristic(&full(DType::BF16), 64, 4096, 151_936, &small);
     assert!(c.validate(&full(DType::BF16), &small).is_ok(), "{c:?}");
 }
@@ -228,12 +367,32 @@ fn geometry() {
     assert_eq!(c.grid(5, 1000, 132), (4, 1, 1));
     assert_eq!(c.grid(17, 1000, 132), (4, 3, 1));
     assert_eq!(c.smem_bytes(), 4 * (256 + 8) * 64 * 2);
-    let p = GpuConfig { persistent: true, ..c.clone() };
+    let p = GpuConfig {
+        persistent: true,
+        ..c.clone()
+    };
     assert_eq!(p.ctas_per_sm(), 4);
     assert_eq!(p.grid(64, 151_936, 132), (528, 1, 1));
-    assert_eq!(p.grid(1, 1000, 132), (4, 1, 1), "never more CTAs than work items");
+    assert_eq!(
+        p.grid(1, 1000, 132),
+        (4, 1, 1),
+        "never more CTAs than work items"
+    );
     assert_eq!(c.stage2_grid(7), (7, 1, 1));
     assert_eq!(c.stage2_block_threads(), 256);
     let simt = cfg(128, 8, 64, 4, 1, false);
-    assert_eq!(simt.smem_bytes(), 4 * 8 * 24, "SIMT needs only the epilogue scratch");
+    assert_eq!(
+        simt.smem_bytes(),
+        4 * 8 * 24,
+        "SIMT needs only the epilogue scratch"
+    );
+}
+
+#[test]
+fn large_tiles_outline_the_per_token_math() {
+    let c = cfg(128, 64, 64, 4, 4, false);
+    assert!(flashsample_codegen_ptx::CodegenOptions::for_config(&c).outline_math);
+    let k = ptx(&full(DType::BF16), &c, Arch::Sm90);
+    assert!(k.ptx.contains(".func"), "noise/exp/softcap are functions");
+    assert!(k.ptx.contains("mma.sync.aligned.m16n8k16"));
 }
