@@ -6,7 +6,7 @@
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
-use flashsample::{bf16, ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, KernelConfig, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_bench::print_table;
 use flashsample_ir::DType;
 use rayon::prelude::*;
@@ -32,6 +32,10 @@ struct Args {
     python: String,
     #[arg(long, default_value = "bench/peers/torch_peers.py")]
     peers_script: String,
+    /// Also time a small sweep of tile configs around the heuristic's (same batch tile
+    /// rounded to the batch, 4 or 8 warps, 1 or 2 quads per thread, persistent or not).
+    #[arg(long)]
+    sweep: bool,
     /// Also write the merged results as JSON here.
     #[arg(long)]
     json_out: Option<String>,
@@ -94,6 +98,29 @@ struct Row {
     fused_s: f64,
     floor_s: f64,
     config: String,
+    /// Best of the sweep (time, config), when `--sweep`.
+    tuned: Option<(f64, String)>,
+}
+
+/// Sweep candidates: the batch tile that covers the batch (≤ 128), warps × vocab tile
+/// variants, persistent or not, the deepest ring (≤ 4 stages) that fits.
+fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &flashsample_codegen_ptx::GpuLimits) -> Vec<GpuConfig> {
+    let bt = (batch.next_multiple_of(8)).clamp(8, 128) as u32;
+    let mut out = Vec::new();
+    for warps in [4u32, 8] {
+        for quads in [1u32, 2] {
+            for persistent in [false, true] {
+                let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile: bt, k_step: 64, warps, stages: 4, persistent };
+                while c.stages > 2 && c.validate(pipeline, limits).is_err() {
+                    c.stages -= 1;
+                }
+                if c.validate(pipeline, limits).is_ok() {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn main() {
@@ -151,7 +178,23 @@ fn main() {
                 other => format!("{other:?}"),
             };
             eprintln!("fused D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
-            rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config });
+            let mut tuned: Option<(f64, String)> = None;
+            if args.sweep {
+                for c in sweep_configs(sampler.pipeline(), batch, dev.limits()) {
+                    let kc = KernelConfig::Cuda(c.clone());
+                    match flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&kc), 3, args.reps.max(50)) {
+                        Ok(t) => {
+                            let m = median(t);
+                            eprintln!("  sweep B={batch} {:.1} us {c:?}", m * 1e6);
+                            if tuned.as_ref().is_none_or(|(b, _)| m < *b) {
+                                tuned = Some((m, format!("{c:?}")));
+                            }
+                        }
+                        Err(e) => eprintln!("  sweep B={batch} {c:?}: {e}"),
+                    }
+                }
+            }
+            rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
         }
     }
 
@@ -164,10 +207,12 @@ fn main() {
         let p = peers.as_ref().and_then(|p| p.get(&(r.dim, r.vocab, r.batch)));
         let get = |k: &str| p.and_then(|m| m.get(k)).copied();
         let (mm, comp, gum) = (get("matmul_ms").map(|x| x * 1e-3), get("compiled_ms").map(|x| x * 1e-3), get("gumbel_ms").map(|x| x * 1e-3));
-        let over_floor = r.fused_s / r.floor_s;
+        // Targets are judged on the best config measured (the sweep's, when it ran).
+        let best_s = r.tuned.as_ref().map_or(r.fused_s, |(t, _)| t.min(r.fused_s));
+        let over_floor = best_s / r.floor_s;
         let target = if r.batch <= 64 {
             let floor_ok = over_floor <= 1.10;
-            let comp_ok = comp.map(|c| c / r.fused_s >= 1.3);
+            let comp_ok = comp.map(|c| c / best_s >= 1.3);
             format!(
                 "floor<=1.10x {} / >=1.3x compile {}",
                 if floor_ok { "HIT" } else { "MISS" },
@@ -178,7 +223,7 @@ fn main() {
                 }
             )
         } else if r.batch == 256 {
-            match gum.map(|g| r.fused_s < g) {
+            match gum.map(|g| best_s < g) {
                 Some(true) => "faster than cuBLAS+Gumbel HIT".to_string(),
                 Some(false) => "faster than cuBLAS+Gumbel MISS".to_string(),
                 None => "n/a".to_string(),
@@ -191,20 +236,23 @@ fn main() {
             r.vocab.to_string(),
             r.batch.to_string(),
             format!("{:.1}", r.fused_s * 1e6),
+            r.tuned.as_ref().map_or("-".into(), |(t, _)| format!("{:.1}", t * 1e6)),
             format!("{:.1}", r.floor_s * 1e6),
             format!("{over_floor:.2}x"),
             fmt(mm),
             fmt(comp),
-            ratio(comp, r.fused_s),
+            ratio(comp, best_s),
             fmt(gum),
-            ratio(gum, r.fused_s),
+            ratio(gum, best_s),
             target,
         ]);
         json_rows.push(format!(
-            "{{\"dim\":{},\"vocab\":{},\"batch\":{},\"fused_us\":{:.3},\"floor_us\":{:.3},\"matmul_us\":{},\"compiled_us\":{},\"gumbel_us\":{},\"config\":{:?}}}",
+            "{{\"dim\":{},\"vocab\":{},\"batch\":{},\"tuned_us\":{},\"tuned_config\":{:?},\"fused_us\":{:.3},\"floor_us\":{:.3},\"matmul_us\":{},\"compiled_us\":{},\"gumbel_us\":{},\"config\":{:?}}}",
             r.dim,
             r.vocab,
             r.batch,
+            r.tuned.as_ref().map_or("null".into(), |(t, _)| format!("{:.3}", t * 1e6)),
+            r.tuned.as_ref().map_or(String::new(), |(_, c)| c.clone()),
             r.fused_s * 1e6,
             r.floor_s * 1e6,
             mm.map_or("null".into(), |x| format!("{:.3}", x * 1e6)),
@@ -227,8 +275,16 @@ fn main() {
         args.reps.max(50),
         args.rotate
     );
+    if args.sweep {
+        println!("sweep winners:");
+        for r in &rows {
+            if let Some((t, c)) = &r.tuned {
+                println!("  D={} V={} B={}: {:.1} us {c}", r.dim, r.vocab, r.batch, t * 1e6);
+            }
+        }
+    }
     print_table(
-        &["D", "V", "B", "fused", "floor", "fused/floor", "cuBLAS mm", "compile+softmax+multinomial", "speedup", "cuBLAS+Gumbel", "speedup", "target"],
+        &["D", "V", "B", "fused (heuristic)", "fused (sweep best)", "floor", "best/floor", "cuBLAS mm", "compile+softmax+multinomial", "speedup", "cuBLAS+Gumbel", "speedup", "target"],
         &table,
     );
 }
