@@ -7,14 +7,11 @@ use flashsample_codegen_ptx::{Arch, CompiledPtx, GpuConfig, GpuLimits};
 /// Device attributes as the driver reports them.
 #[derive(Clone, Debug)]
 pub(crate) struct DeviceAttributes {
-    pub name: String,
     pub compute_capability: (u32, u32),
     pub sm_count: u32,
     pub max_smem_per_block_optin: u32,
-    pub max_smem_per_sm: u32,
     pub max_threads_per_block: u32,
     pub max_regs_per_block: u32,
-    pub l2_bytes: u32,
 }
 
 /// The PTX target for a compute capability; `None` below 8.0 (no mma.sync bf16, ldmatrix,
