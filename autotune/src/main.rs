@@ -7,7 +7,7 @@ use clap::Parser;
 use flashsample::{
     ir::{DType, Outputs, Pipeline, PipelineBuilder},
     tuning::{ShapeKey, TuningFile, TUNING_ENV},
-    Device, KernelConfig, Sampler,
+    Device, GpuConfig, KernelConfig, Sampler,
 };
 use flashsample_autotune::{
     cpu_space::{self, CpuLimits},
@@ -31,7 +31,7 @@ struct Args {
     hidden: usize,
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128,256")]
     batch: Vec<usize>,
-    /// `cpu` or `cpu:THREADS`.
+    /// `cpu`, `cpu:THREADS` or `cuda:ORDINAL`.
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Tuning file to write (default: $FLASHSAMPLE_TUNING, else ~/.cache/flashsample/tuning.json).
@@ -86,6 +86,12 @@ fn search_space(device: &Device, pipeline: &Pipeline, shape: &ShapeKey) -> Vec<K
                 .map(KernelConfig::Cpu)
                 .collect()
         }
+        // The PTX generator's own space, already pruned against this GPU's limits.
+        Device::Cuda(gpu) => GpuConfig::enumerate(pipeline, gpu.limits())
+            .into_iter()
+            .filter(|c| c.validate(pipeline, gpu.limits()).is_ok())
+            .map(KernelConfig::Cuda)
+            .collect(),
     }
 }
 
@@ -96,7 +102,8 @@ fn main() -> Result<()> {
     let device = match args.device.split_once(':') {
         None if args.device == "cpu" => Device::cpu(),
         Some(("cpu", n)) => Device::cpu_with_threads(n.parse().context("cpu:THREADS")?),
-        _ => bail!("unknown device `{}` (expected cpu or cpu:THREADS)", args.device),
+        Some(("cuda", n)) => Device::cuda(n.parse().context("cuda:ORDINAL")?)?,
+        _ => bail!("unknown device `{}` (expected cpu, cpu:THREADS or cuda:ORDINAL)", args.device),
     };
     let sampler = Sampler::new(pipeline.clone(), &device)?;
     let identity = sampler.device_identity();

@@ -16,7 +16,7 @@ mod validate;
 pub use builder::PipelineBuilder;
 pub use pipeline::{DType, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
 pub use text::ParseError;
-pub use validate::IrError;
+pub use validate::{IrError, Location};
 
 /// Most samples per row one launch may draw (each sample is an independent Gumbel draw).
 pub const MAX_SAMPLES_PER_ROW: u32 = 64;

@@ -1,0 +1,50 @@
+//! The autotuner end to end on a small CPU shape: measure, write, resume, and the runtime
+//! reading the result (one test, since it sets a process-wide environment variable).
+
+use flashsample::{
+    ir::{DType, Outputs, PipelineBuilder},
+    tuning::{TuningFile, TUNING_ENV},
+    Device, KernelConfig, Sampler,
+};
+use std::process::Command;
+
+fn autotune(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashsample-autotune")).args(args).output().expect("spawn autotune");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "autotune failed:\n{text}");
+    text
+}
+
+#[test]
+fn tunes_resumes_and_the_runtime_uses_the_result() {
+    let dir = std::env::temp_dir().join(format!("fs-autotune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tuning.json");
+    let out_s = out.to_str().unwrap();
+    let common = ["--vocab", "3001", "--hidden", "48", "--batch", "1,5", "--device", "cpu:2", "--reps", "2", "--warmup", "1", "--out", out_s];
+
+    let first = autotune(&common);
+    assert!(first.contains("2 of 2 shapes to measure"), "{first}");
+    assert!(first.contains("| 5 | 1 |"), "table lists the best config for B=5:\n{first}");
+    let file = TuningFile::load(&out).unwrap();
+    assert_eq!(file.devices.len(), 1);
+    let entries = &file.devices[0].entries;
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| e.best.median_us > 0.0 && e.heuristic.median_us > 0.0));
+
+    let resumed = autotune(&[&common[..], &["--resume"]].concat());
+    assert!(resumed.contains("0 of 2 shapes to measure"), "{resumed}");
+    assert_eq!(TuningFile::load(&out).unwrap(), file, "resume must not re-measure");
+
+    // The runtime picks the tuned config for the nearest bucket.
+    std::env::set_var(TUNING_ENV, &out);
+    let p = PipelineBuilder::new("sampling", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .outputs(Outputs { score: true, ..Outputs::default() })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p, &Device::cpu_with_threads(2)).unwrap();
+    let best_b5: KernelConfig = serde_json::from_value(entries.iter().find(|e| e.shape.batch == 5).unwrap().best.config.clone()).unwrap();
+    assert_eq!(sampler.config_for(6, 48, 3001), best_b5);
+    std::fs::remove_dir_all(dir).ok();
+}
