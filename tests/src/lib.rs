@@ -114,20 +114,25 @@ impl Case {
         Ok(t[t.len() / 2])
     }
 
-    /// Checks `samples` row by row against the float64 reference: tokens pathwise (except
-    /// near-ties within the derived bound), scores within the bound (when the pipeline
-    /// returns them), logsumexp and logprobs too.
-    pub fn check(&self, pipeline: &Pipeline, samples: &Samples, rows: &[usize]) -> Result<(), String> {
-        let params = self.params(pipeline);
-        let problem = Problem {
+    /// This case as the float64 reference sees it.
+    pub fn problem<'a>(&'a self, pipeline: &'a Pipeline, params: &'a SamplingParams<'a>) -> Problem<'a, f32, f32> {
+        Problem {
             pipeline,
             hidden: &self.hidden.exact,
             weights: &self.weights.exact,
             batch: self.batch,
             dim: self.dim,
             vocab: self.vocab,
-            params: &params,
-        };
+            params,
+        }
+    }
+
+    /// Checks `samples` row by row against the float64 reference: tokens pathwise (except
+    /// near-ties within the derived bound), scores within the bound (when the pipeline
+    /// returns them), logsumexp and logprobs too.
+    pub fn check(&self, pipeline: &Pipeline, samples: &Samples, rows: &[usize]) -> Result<(), String> {
+        let params = self.params(pipeline);
+        let problem = self.problem(pipeline, &params);
         let (refs, lses) = problem.sample_rows(rows).map_err(|e| format!("reference failed: {e}"))?;
         let s = samples.samples_per_row;
         for (i, &row) in rows.iter().enumerate() {

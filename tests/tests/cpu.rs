@@ -83,15 +83,7 @@ fn draw_counts(pipeline: &Pipeline, case: &mut Case, seeds: u64) -> (Vec<u64>, V
         }
     }
     let params = case.params(pipeline);
-    let problem = flashsample_reference::Problem {
-        pipeline,
-        hidden: &case.hidden.exact,
-        weights: &case.weights.exact,
-        batch: case.batch,
-        dim: case.dim,
-        vocab: case.vocab,
-        params: &params,
-    };
+    let problem = case.problem(pipeline, &params);
     (counts, problem.probabilities(0).unwrap())
 }
 
@@ -139,15 +131,7 @@ fn chi_square_detects_a_wrong_distribution() {
     let (counts, _) = draw_counts(&pipeline, &mut case, 5);
     case.temperatures.iter_mut().for_each(|t| *t = 1.0);
     let params = case.params(&pipeline);
-    let problem = flashsample_reference::Problem {
-        pipeline: &pipeline,
-        hidden: &case.hidden.exact,
-        weights: &case.weights.exact,
-        batch: case.batch,
-        dim: case.dim,
-        vocab: case.vocab,
-        params: &params,
-    };
+    let problem = case.problem(&pipeline, &params);
     let (stat, p) = chi_square(&counts, &problem.probabilities(0).unwrap());
     assert!(p < SIGNIFICANCE, "chi-square failed to reject the wrong temperature: {stat}, p = {p}");
 }
@@ -213,15 +197,7 @@ fn temperature_zero_is_greedy() {
     let b = case.run(&sampler).unwrap();
     assert_eq!(a.tokens, b.tokens, "greedy rows must not depend on the seed");
     let params = case.params(&p);
-    let problem = flashsample_reference::Problem {
-        pipeline: &p,
-        hidden: &case.hidden.exact,
-        weights: &case.weights.exact,
-        batch: 9,
-        dim: 32,
-        vocab: 777,
-        params: &params,
-    };
+    let problem = case.problem(&p, &params);
     for row in 0..9 {
         let logits = problem.row_logits(row).unwrap().logits;
         let (argmax, best) = logits.iter().enumerate().fold((0, f64::NEG_INFINITY), |a, (i, &x)| if x > a.1 { (i, x) } else { a });
@@ -383,29 +359,13 @@ mod sharded {
                 }
                 // The merged logsumexp is the unsharded one.
                 let params = case.params(&p);
-                let problem = flashsample_reference::Problem {
-                    pipeline: &p,
-                    hidden: &case.hidden.exact,
-                    weights: &case.weights.exact,
-                    batch: case.batch,
-                    dim: case.dim,
-                    vocab,
-                    params: &params,
-                };
+                let problem = case.problem(&p, &params);
                 let want = flashsample_reference::logsumexp(&problem.row_logits(0).unwrap().logits);
                 let lse = s.logsumexp.as_ref().unwrap();
                 assert!((f64::from(lse[0]) - want).abs() < 1e-4, "{} vs {want}", lse[0]);
             }
             let params = case.params(&p);
-            let problem = flashsample_reference::Problem {
-                pipeline: &p,
-                hidden: &case.hidden.exact,
-                weights: &case.weights.exact,
-                batch: case.batch,
-                dim: case.dim,
-                vocab,
-                params: &params,
-            };
+            let problem = case.problem(&p, &params);
             let (stat, pv) = chi_square(&counts, &problem.probabilities(0).unwrap());
             assert!(pv > SIGNIFICANCE, "shards {sizes:?}: chi-square {stat:.1}, p = {pv:.2e}, counts {counts:?}");
         }

@@ -252,15 +252,7 @@ fn chi_square_for_every_transform() {
             }
         }
         let params = case.params(pipeline);
-        let problem = flashsample_reference::Problem {
-            pipeline,
-            hidden: &case.hidden.exact,
-            weights: &case.weights.exact,
-            batch: case.batch,
-            dim: case.dim,
-            vocab: case.vocab,
-            params: &params,
-        };
+        let problem = case.problem(pipeline, &params);
         let probs = problem.probabilities(0).unwrap();
         let (stat, p) = chi_square(&counts, &probs);
         assert!(p > 1e-3, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
