@@ -7,7 +7,7 @@
 
 use crate::ast::{Arg, BinOp, Call, Expr, OperandDecl, PipelineDef, SpanRange, Stmt};
 use flashsample_ir::{
-    DType, IrError, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32, MAX_SAMPLES_PER_ROW,
+    DType, IrError, Location, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32, MAX_SAMPLES_PER_ROW,
 };
 use syn::Ident;
 
@@ -528,35 +528,6 @@ fn lower_outputs(c: &Call) -> syn::Result<Outputs> {
     Ok(o)
 }
 
-/// Mirror of `flashsample_ir`'s `Location`, which that crate does not re-export (its
-/// `validate` module is private), so it is read through its derived `Debug` form.
-#[derive(Debug, PartialEq)]
-enum Loc {
-    Name,
-    Hidden,
-    Weights,
-    Transform(usize),
-    Sampler,
-}
-
-fn location(e: &IrError) -> Loc {
-    let s = format!("{:?}", e.location());
-    match s.as_str() {
-        "Name" => Loc::Name,
-        "Hidden" => Loc::Hidden,
-        "Weights" => Loc::Weights,
-        "Sampler" => Loc::Sampler,
-        other => match other
-            .strip_prefix("Transform(")
-            .and_then(|r| r.strip_suffix(')'))
-            .and_then(|n| n.parse().ok())
-        {
-            Some(i) => Loc::Transform(i),
-            None => Loc::Name,
-        },
-    }
-}
-
 /// The tokens an [`IrError`] is about.
 fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
     let ident = |i: &Ident| SpanRange::single(i.span());
@@ -582,44 +553,12 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
             transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
         }
         IrError::InvalidSampleCount { .. } => l.sampler.samples.unwrap_or(l.sampler.stmt),
-        IrError::InvalidName { name, .. } | IrError::DuplicateOperand { name, .. } => match location(e) {
-            Loc::Name => ident(&l.def.name),
-            Loc::Hidden => in_decl(l.hidden, name),
-            Loc::Weights => in_decl(l.weights, name),
-            Loc::Transform(i) => transform(i).map_or(l.sampler.stmt, |t| t.operand.as_ref().map_or(t.stmt, ident)),
-            Loc::Sampler => l.sampler.seed.as_ref().map_or(l.sampler.stmt, ident),
+        IrError::InvalidName { name, .. } | IrError::DuplicateOperand { name, .. } => match e.location() {
+            Location::Name => ident(&l.def.name),
+            Location::Hidden => in_decl(l.hidden, name),
+            Location::Weights => in_decl(l.weights, name),
+            Location::Transform(i) => transform(i).map_or(l.sampler.stmt, |t| t.operand.as_ref().map_or(t.stmt, ident)),
+            Location::Sampler => l.sampler.seed.as_ref().map_or(l.sampler.stmt, ident),
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn location_mirror_reads_every_ir_location() {
-        // Builds IR errors at each location through the real validator.
-        let p = |f: &dyn Fn(&mut Pipeline)| {
-            let mut p = flashsample_ir::PipelineBuilder::new("P", DType::BF16, DType::BF16)
-                .bias("b")
-                .mask("m")
-                .build_unchecked();
-            f(&mut p);
-            location(&p.validate().unwrap_err())
-        };
-        assert_eq!(p(&|p| p.name = "1x".into()), Loc::Name);
-        assert_eq!(p(&|p| p.hidden.name = "1x".into()), Loc::Hidden);
-        assert_eq!(p(&|p| p.weights.name = "hidden".into()), Loc::Weights);
-        assert_eq!(
-            p(&|p| p.transforms[1] = Transform::Mask { operand: "b".into() }),
-            Loc::Transform(1)
-        );
-        assert_eq!(
-            p(&|p| p.sampler = Sampler::GumbelMax {
-                seed: "m".into(),
-                samples: 1
-            }),
-            Loc::Sampler
-        );
     }
 }
