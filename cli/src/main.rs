@@ -46,7 +46,7 @@ enum Command {
         /// Timed repetitions (the median is reported).
         #[arg(long, default_value_t = 5)]
         reps: usize,
-        /// `cpu`, `cpu:THREADS`.
+        /// `cpu`, `cpu:THREADS` or `cuda:ORDINAL` (host weights are uploaded on every call).
         #[arg(long, default_value = "cpu")]
         device: String,
         /// A pipeline in IR text form instead of the embedded one (bf16 operands; its
@@ -65,7 +65,8 @@ fn parse_device(s: &str) -> Result<Device> {
     match s.split_once(':') {
         None if s == "cpu" => Ok(Device::cpu()),
         Some(("cpu", n)) => Ok(Device::cpu_with_threads(n.parse().context("cpu:THREADS")?)),
-        _ => bail!("unknown device `{s}` (expected cpu or cpu:THREADS)"),
+        Some(("cuda", n)) => Ok(Device::cuda(n.parse().context("cuda:ORDINAL")?)?),
+        _ => bail!("unknown device `{s}` (expected cpu, cpu:THREADS or cuda:ORDINAL)"),
     }
 }
 
