@@ -141,7 +141,7 @@ impl SamplingParams<'_> {
             Some(m) => m.to_vec(),
             None => vec![u32::MAX; batch * words],
         };
-        if vocab % 32 != 0 {
+        if !vocab.is_multiple_of(32) {
             let keep = (1u32 << (vocab % 32)) - 1;
             for row in 0..batch {
                 bits[row * words + words - 1] &= keep;

@@ -60,7 +60,7 @@ pub enum KernelConfig {
 
 pub(crate) enum Backend {
     Cpu(CpuBackend),
-    Cuda(CudaBackend),
+    Cuda(Box<CudaBackend>),
 }
 
 /// A compiled pipeline bound to a device: validates inputs, launches, reduces.
@@ -77,7 +77,7 @@ impl Sampler {
         let pipeline = Arc::new(pipeline);
         let backend = match device {
             Device::Cpu { threads } => Backend::Cpu(CpuBackend::new(pipeline.clone(), *threads)),
-            Device::Cuda(dev) => Backend::Cuda(CudaBackend::new(pipeline.clone(), dev.clone())),
+            Device::Cuda(dev) => Backend::Cuda(Box::new(CudaBackend::new(pipeline.clone(), dev.clone()))),
         };
         Ok(Sampler { pipeline, device: device.clone(), backend })
     }
