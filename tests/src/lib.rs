@@ -114,6 +114,42 @@ impl Case {
         Ok(t[t.len() / 2])
     }
 
+    /// A case whose rows all hold the same hidden state (and mask, bans, temperature 0.7), so
+    /// every row samples one distribution with its own noise.
+    pub fn identical_rows(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, logit_std: f32) -> Case {
+        let mut case = Case::random(pipeline, batch, dim, vocab, 42, logit_std);
+        let first: Vec<f32> = case.hidden.exact[..dim].to_vec();
+        let rows: Vec<f32> = (0..batch).flat_map(|_| first.iter().cloned()).collect();
+        case.hidden = MatrixData::from_f32(pipeline.hidden.dtype, batch, dim, &rows);
+        case.temperatures.iter_mut().for_each(|t| *t = 0.7);
+        let words = vocab.div_ceil(32);
+        for row in 0..batch {
+            case.banned[row] = case.banned[0].clone();
+            for w in 0..words {
+                case.mask[row * words + w] = case.mask[w];
+            }
+        }
+        case
+    }
+
+    /// Token counts over every row and sample of `seeds` launches (seeds 1000, 1001, ...).
+    pub fn draw_counts(&mut self, sampler: &Sampler, seeds: u64) -> flashsample::Result<Vec<u64>> {
+        let mut counts = vec![0u64; self.vocab];
+        for s in 0..seeds {
+            self.seed = 1000 + s;
+            for &t in &self.run(sampler)?.tokens {
+                counts[t as usize] += 1;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The reference softmax of `row` under `pipeline`.
+    pub fn probabilities(&self, pipeline: &Pipeline, row: usize) -> Vec<f64> {
+        let params = self.params(pipeline);
+        self.problem(pipeline, &params).probabilities(row).expect("fixture rows are samplable")
+    }
+
     /// This case as the float64 reference sees it.
     pub fn problem<'a>(&'a self, pipeline: &'a Pipeline, params: &'a SamplingParams<'a>) -> Problem<'a, f32, f32> {
         Problem {
@@ -159,6 +195,22 @@ impl Case {
         }
         Ok(())
     }
+}
+
+/// One pipeline per transform, for the chi-square tests of every backend.
+pub fn chi_square_pipelines() -> Vec<Pipeline> {
+    use flashsample_ir::PipelineBuilder;
+    let b = |name| PipelineBuilder::new(name, DType::BF16, DType::BF16);
+    [
+        b("Plain").gumbel("seed", 4),
+        b("Temp").temperature_per_row("t"),
+        b("Bias").bias("b"),
+        b("Mask").mask("m").ban("banned"),
+        PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5),
+    ]
+    .into_iter()
+    .map(|p| p.build().expect("valid test pipeline"))
+    .collect()
 }
 
 /// Pearson's chi-square statistic of `counts` against `probs`, pooling cells whose expected

@@ -3,7 +3,7 @@
 
 use flashsample::{Device, Error, RowError, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_tests::{chi_square, Case, MatrixData};
+use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
 use proptest::prelude::*;
 
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
@@ -70,54 +70,15 @@ fn pathwise_at_qwen_scale() {
     case.check(pipeline, &samples, &[0, 1, 2, 3]).unwrap();
 }
 
-/// Draws `rows` identical rows (each row gets independent noise) for several seeds and
-/// tests token frequencies against the reference softmax.
-fn draw_counts(pipeline: &Pipeline, case: &mut Case, seeds: u64) -> (Vec<u64>, Vec<f64>) {
-    let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
-    let mut counts = vec![0u64; case.vocab];
-    for s in 0..seeds {
-        case.seed = 1000 + s;
-        let samples = case.run(&sampler).unwrap();
-        for &t in &samples.tokens {
-            counts[t as usize] += 1;
-        }
-    }
-    let params = case.params(pipeline);
-    let problem = case.problem(pipeline, &params);
-    (counts, problem.probabilities(0).unwrap())
-}
-
-/// A case whose rows are all the same hidden state, so every row samples one distribution.
-fn identical_rows(pipeline: &Pipeline, batch: usize, vocab: usize, logit_std: f32) -> Case {
-    let mut case = Case::random(pipeline, batch, 8, vocab, 42, logit_std);
-    let first: Vec<f32> = case.hidden.exact[..8].to_vec();
-    let rows: Vec<f32> = (0..batch).flat_map(|_| first.iter().cloned()).collect();
-    case.hidden = MatrixData::from_f32(pipeline.hidden.dtype, batch, 8, &rows);
-    case.temperatures.iter_mut().for_each(|t| *t = 0.7);
-    for row in 0..batch {
-        case.banned[row] = case.banned[0].clone();
-        let words = vocab.div_ceil(32);
-        for w in 0..words {
-            case.mask[row * words + w] = case.mask[w];
-        }
-    }
-    case
-}
-
 const SIGNIFICANCE: f64 = 1e-3;
 
 #[test]
 fn chi_square_for_every_transform() {
-    let cases = [
-        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 4).build().unwrap(),
-        PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap(),
-        PipelineBuilder::new("Bias", DType::BF16, DType::BF16).bias("b").build().unwrap(),
-        PipelineBuilder::new("Mask", DType::BF16, DType::BF16).mask("m").ban("banned").build().unwrap(),
-        PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5).build().unwrap(),
-    ];
-    for pipeline in &cases {
-        let mut case = identical_rows(pipeline, 2000, 12, 1.5);
-        let (counts, probs) = draw_counts(pipeline, &mut case, 5);
+    for pipeline in &chi_square_pipelines() {
+        let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+        let mut case = Case::identical_rows(pipeline, 2000, 8, 12, 1.5);
+        let counts = case.draw_counts(&sampler, 5).unwrap();
+        let probs = case.probabilities(pipeline, 0);
         let (stat, p) = chi_square(&counts, &probs);
         assert!(p > SIGNIFICANCE, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
     }
@@ -127,12 +88,10 @@ fn chi_square_for_every_transform() {
 fn chi_square_detects_a_wrong_distribution() {
     // Power check: samples at temperature 0.7 must be rejected as samples of temperature 1.
     let pipeline = PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap();
-    let mut case = identical_rows(&pipeline, 2000, 12, 1.5);
-    let (counts, _) = draw_counts(&pipeline, &mut case, 5);
+    let mut case = Case::identical_rows(&pipeline, 2000, 8, 12, 1.5);
+    let counts = case.draw_counts(&Sampler::new(pipeline.clone(), &cpu()).unwrap(), 5).unwrap();
     case.temperatures.iter_mut().for_each(|t| *t = 1.0);
-    let params = case.params(&pipeline);
-    let problem = case.problem(&pipeline, &params);
-    let (stat, p) = chi_square(&counts, &problem.probabilities(0).unwrap());
+    let (stat, p) = chi_square(&counts, &case.probabilities(&pipeline, 0));
     assert!(p < SIGNIFICANCE, "chi-square failed to reject the wrong temperature: {stat}, p = {p}");
 }
 
@@ -337,7 +296,7 @@ mod sharded {
             .unwrap();
         let vocab = 40;
         for sizes in [vec![17, 23], vec![1, 9, 4, 13, 2, 3, 7, 1], vec![10, 10, 10, 10]] {
-            let mut case = identical_rows(&p, 1500, vocab, 1.5);
+            let mut case = Case::identical_rows(&p, 1500, 8, vocab, 1.5);
             // Mask shard 0 entirely for every row (a fully masked shard), plus scattered tokens.
             let words = vocab.div_ceil(32);
             for row in 0..case.batch {

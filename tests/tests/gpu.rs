@@ -12,7 +12,7 @@ use flashsample::{
 };
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_tests::{chi_square, Case, MatrixData};
+use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
 use std::sync::{Arc, Mutex};
 
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
@@ -217,46 +217,14 @@ fn gpu_tokens_match_cpu_tokens() {
     assert!(differ * 100 <= total, "{differ} of {total} tokens differ: more than near-ties explain");
 }
 
-/// A case whose rows are all the same hidden state, so every row samples one distribution.
-fn identical_rows(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, logit_std: f32) -> Case {
-    let mut case = Case::random(pipeline, batch, dim, vocab, 42, logit_std);
-    let first: Vec<f32> = case.hidden.exact[..dim].to_vec();
-    let rows: Vec<f32> = (0..batch).flat_map(|_| first.iter().cloned()).collect();
-    case.hidden = MatrixData::from_f32(pipeline.hidden.dtype, batch, dim, &rows);
-    case.temperatures.iter_mut().for_each(|t| *t = 0.7);
-    let words = vocab.div_ceil(32);
-    for row in 0..batch {
-        case.banned[row] = case.banned[0].clone();
-        for w in 0..words {
-            case.mask[row * words + w] = case.mask[w];
-        }
-    }
-    case
-}
-
 #[test]
 fn chi_square_for_every_transform() {
     let (device, _dev) = gpu_or_skip!();
-    let cases = [
-        PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 4).build().unwrap(),
-        PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap(),
-        PipelineBuilder::new("Bias", DType::BF16, DType::BF16).bias("b").build().unwrap(),
-        PipelineBuilder::new("Mask", DType::BF16, DType::BF16).mask("m").ban("banned").build().unwrap(),
-        PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5).build().unwrap(),
-    ];
-    for pipeline in &cases {
+    for pipeline in &chi_square_pipelines() {
         let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
-        let mut case = identical_rows(pipeline, 2000, 64, 12, 1.5);
-        let mut counts = vec![0u64; case.vocab];
-        for s in 0..5 {
-            case.seed = 1000 + s;
-            for &t in &case.run(&sampler).unwrap().tokens {
-                counts[t as usize] += 1;
-            }
-        }
-        let params = case.params(pipeline);
-        let problem = case.problem(pipeline, &params);
-        let probs = problem.probabilities(0).unwrap();
+        let mut case = Case::identical_rows(pipeline, 2000, 64, 12, 1.5);
+        let counts = case.draw_counts(&sampler, 5).unwrap();
+        let probs = case.probabilities(pipeline, 0);
         let (stat, p) = chi_square(&counts, &probs);
         assert!(p > 1e-3, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
         eprintln!("ok: chi-square {} p = {p:.3}", pipeline.name);
