@@ -10,13 +10,12 @@
 //! So each thread needs one Philox call per (quad, column, sample).
 
 use crate::config::GpuConfig;
-use crate::ir::{f32c, Func, Var};
+use crate::ir::{f32c, Func, Var, NEG_INF};
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Pipeline, Transform};
 
 pub(crate) const NAME: &str = "flashsample_stage1";
 
-const NEG_INF: &str = "0xFFF0000000000000";
 
 /// Per-thread values every part of the kernel uses.
 struct Thread {
@@ -639,22 +638,6 @@ impl Gen<'_> {
             let a = f.saddr("@fs_smem", &off);
             f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
         };
-        let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
-            let m = f.v(format!(
-                "call float @llvm.maxnum.f32(float {m1}, float {m2})"
-            ));
-            let mut parts = Vec::new();
-            for (mi, si) in [(m1, s1), (m2, s2)] {
-                let nm = f.v(format!("fneg float {m}"));
-                let d = f.fadd(mi, &nm);
-                let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
-                let sc = f.fmul(si, &ex);
-                let live = f.v(format!("fcmp ogt float {mi}, {NEG_INF}"));
-                parts.push(f.sel("float", &live, &sc, "0.0"));
-            }
-            let s = f.fadd(&parts[0], &parts[1]);
-            (m, s)
-        };
 
         // Phase A: non-finite flags and logsumexp partials per column, reduced over the 8
         // lanes sharing t (xor 4, 8, 16), then written per warp.
@@ -691,7 +674,7 @@ impl Gen<'_> {
                 for sh in [4, 8, 16] {
                     let om = f.shfl_xor_f32(&m, sh);
                     let os = f.shfl_xor_f32(&s, sh);
-                    (m, s) = combine(f, &m, &s, &om, &os);
+                    (m, s) = f.lse_combine(&m, &s, &om, &os);
                 }
                 part = Some((m, s));
             }
@@ -716,7 +699,7 @@ impl Gen<'_> {
                     let slot = scratch_slot(f, &w.to_string(), &th.tid);
                     let wm = ld_shared(f, "float", sc_max, &slot);
                     let ws = ld_shared(f, "float", sc_sum, &slot);
-                    (m, s) = combine(f, &m, &s, &wm, &ws);
+                    (m, s) = f.lse_combine(&m, &s, &wm, &ws);
                 }
                 let row = f.add(&it.b0, &th.tid);
                 let row_ok = f.ult(&row, "%batch");
@@ -740,13 +723,6 @@ impl Gen<'_> {
         let seed_hi = f.v("lshr i64 %seed, 32");
         let seed_hi = f.v(format!("trunc i64 {seed_hi} to i32"));
         let none = INDEX_NONE as i32;
-        let beats = |f: &mut Func, s1: &str, i1: &str, s2: &str, i2: &str| -> String {
-            let gt = f.v(format!("fcmp ogt float {s1}, {s2}"));
-            let eq = f.v(format!("fcmp oeq float {s1}, {s2}"));
-            let lo = f.v(format!("icmp ult i32 {i1}, {i2}"));
-            let tie = f.and1(&eq, &lo);
-            f.v(format!("or i1 {gt}, {tie}"))
-        };
         f.for_loop("0", &samples.to_string(), "1", |f, s| {
             let mut best = Vec::new();
             for (ci, cl) in cols.iter().enumerate() {
@@ -788,7 +764,7 @@ impl Gen<'_> {
                     let os = f.shfl_xor_f32(&bs, sh);
                     let oi = f.shfl_xor_i32(&bi, sh);
                     let ol = f.shfl_xor_f32(&bl, sh);
-                    let take = beats(f, &os, &oi, &bs, &bi);
+                    let take = f.beats(&os, &oi, &bs, &bi);
                     bs = f.sel("float", &take, &os, &bs);
                     bi = f.sel("i32", &take, &oi, &bi);
                     bl = f.sel("float", &take, &ol, &bl);
@@ -814,7 +790,7 @@ impl Gen<'_> {
                     let wl = ld_shared(f, "float", sc_logit, &slot);
                     let wf = ld_shared(f, "i32", sc_flag, &slot);
                     flag = f.v(format!("or i32 {flag}, {wf}"));
-                    let take = beats(f, &ws, &wi, &bs, &bi);
+                    let take = f.beats(&ws, &wi, &bs, &bi);
                     bs = f.sel("float", &take, &ws, &bs);
                     bi = f.sel("i32", &take, &wi, &bi);
                     bl = f.sel("float", &take, &wl, &bl);

@@ -4,11 +4,10 @@
 //! partials in f32.
 
 use crate::config::STAGE2_THREADS;
-use crate::ir::Func;
+use crate::ir::{Func, NEG_INF};
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 
 pub(crate) const NAME: &str = "flashsample_stage2";
-const NEG_INF: &str = "0xFFF0000000000000";
 const WARPS: u32 = STAGE2_THREADS / 32;
 
 /// Static shared scratch: per warp score, index, logit, flag (4 × 8 words).
@@ -32,29 +31,6 @@ pub(crate) fn emit() -> String {
     let none = INDEX_NONE as i32;
     let nonfinite = INDEX_NONFINITE as i32;
 
-    let beats = |f: &mut Func, s1: &str, i1: &str, s2: &str, i2: &str| -> String {
-        let gt = f.v(format!("fcmp ogt float {s1}, {s2}"));
-        let eq = f.v(format!("fcmp oeq float {s1}, {s2}"));
-        let lo = f.v(format!("icmp ult i32 {i1}, {i2}"));
-        let tie = f.and1(&eq, &lo);
-        f.v(format!("or i1 {gt}, {tie}"))
-    };
-    let combine = |f: &mut Func, m1: &str, s1: &str, m2: &str, s2: &str| -> (String, String) {
-        let m = f.v(format!(
-            "call float @llvm.maxnum.f32(float {m1}, float {m2})"
-        ));
-        let mut parts = Vec::new();
-        for (mi, si) in [(m1, s1), (m2, s2)] {
-            let nm = f.v(format!("fneg float {m}"));
-            let d = f.fadd(mi, &nm);
-            let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
-            let sc = f.fmul(si, &ex);
-            let live = f.v(format!("fcmp ogt float {mi}, {NEG_INF}"));
-            parts.push(f.sel("float", &live, &sc, "0.0"));
-        }
-        let s = f.fadd(&parts[0], &parts[1]);
-        (m, s)
-    };
 
     // The grid is exactly `batch` CTAs; the guard keeps a larger grid harmless.
     f.if_then(&in_batch, |f| {
@@ -87,7 +63,7 @@ pub(crate) fn emit() -> String {
                 let real = f.v(format!("or i1 {is_nf}, {is_none}"));
                 let real = f.v(format!("xor i1 {real}, true"));
                 let (s0, i0, l0) = (f.get(&bs), f.get(&bi), f.get(&bl));
-                let b = beats(f, &cs, &ci, &s0, &i0);
+                let b = f.beats(&cs, &ci, &s0, &i0);
                 let take = f.and1(&real, &b);
                 let v = f.sel("float", &take, &cs, &s0);
                 f.set(&bs, &v);
@@ -104,7 +80,7 @@ pub(crate) fn emit() -> String {
                 let ol = f.shfl_xor_f32(&l1, sh);
                 let of = f.shfl_xor_i32(&fl, sh);
                 fl = f.v(format!("or i32 {fl}, {of}"));
-                let take = beats(f, &os, &oi, &s1, &i1);
+                let take = f.beats(&os, &oi, &s1, &i1);
                 s1 = f.sel("float", &take, &os, &s1);
                 i1 = f.sel("i32", &take, &oi, &i1);
                 l1 = f.sel("float", &take, &ol, &l1);
@@ -141,7 +117,7 @@ pub(crate) fn emit() -> String {
                         ld(f, 3, "i32"),
                     );
                     f2 = f.v(format!("or i32 {f2}, {wf}"));
-                    let take = beats(f, &ws, &wi, &s2, &i2);
+                    let take = f.beats(&ws, &wi, &s2, &i2);
                     s2 = f.sel("float", &take, &ws, &s2);
                     i2 = f.sel("i32", &take, &wi, &i2);
                     l2 = f.sel("float", &take, &wl, &l2);
@@ -194,7 +170,7 @@ pub(crate) fn emit() -> String {
                 let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
                 let ps = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
                 let (m0, s0) = (f.get(&m), f.get(&sm));
-                let (m1, s1) = combine(f, &m0, &s0, &pm, &ps);
+                let (m1, s1) = f.lse_combine(&m0, &s0, &pm, &ps);
                 f.set(&m, &m1);
                 f.set(&sm, &s1);
             });
@@ -202,7 +178,7 @@ pub(crate) fn emit() -> String {
             for sh in [16, 8, 4, 2, 1] {
                 let om = f.shfl_xor_f32(&m1, sh);
                 let os = f.shfl_xor_f32(&s1, sh);
-                (m1, s1) = combine(f, &m1, &s1, &om, &os);
+                (m1, s1) = f.lse_combine(&m1, &s1, &om, &os);
             }
             f.if_then(&lane0, |f| {
                 for (field, v) in [(0, &m1), (1, &s1)] {
@@ -219,7 +195,7 @@ pub(crate) fn emit() -> String {
                     let wm = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
                     let a = scratch(f, 1, &w);
                     let ws = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-                    (m2, s2) = combine(f, &m2, &s2, &wm, &ws);
+                    (m2, s2) = f.lse_combine(&m2, &s2, &wm, &ws);
                 }
                 // lse = m + ln(s); s ≥ 1 whenever m is finite (the max tile contributes ≥ 1).
                 let live = f.v(format!("fcmp ogt float {m2}, {NEG_INF}"));
