@@ -7,13 +7,16 @@
 //! - [`candidates`]: the stage-one output layout (per row, sample and vocab tile) and the
 //!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
+//! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 
 pub mod candidates;
+pub mod filter;
 pub mod math;
 pub mod params;
 pub mod rng;
 pub mod sharded;
 
 pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
-pub use params::{ParamError, SamplingParams, TemperatureArg};
+pub use filter::{ListError, Scored, TopLists};
+pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};

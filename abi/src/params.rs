@@ -1,5 +1,6 @@
 //! The run-time parameters of one sampling launch, shared by every backend and the reference.
 
+use bytemuck::{Pod, Zeroable};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 
 /// Temperature values supplied at launch (constant temperatures live in the pipeline).
@@ -9,6 +10,91 @@ pub enum TemperatureArg<'a> {
     None,
     Scalar(f32),
     PerRow(&'a [f32]),
+}
+
+/// One row's top-k / top-p / min-p setting (see `crate::filter`); laid out as the GPU reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct RowFilter {
+    /// Keep the `top_k` most likely tokens; 0 = no top-k.
+    pub top_k: u32,
+    /// Keep the smallest set of most likely tokens holding `top_p` of the mass; 1 = off.
+    pub top_p: f32,
+    /// Keep tokens with `p >= min_p · p_max`; 0 = off.
+    pub min_p: f32,
+}
+
+impl RowFilter {
+    pub const OFF: RowFilter = RowFilter { top_k: 0, top_p: 1.0, min_p: 0.0 };
+
+    pub fn top_k(k: u32) -> Self {
+        RowFilter { top_k: k, ..Self::OFF }
+    }
+
+    pub fn top_p(p: f32) -> Self {
+        RowFilter { top_p: p, ..Self::OFF }
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
+    }
+}
+
+impl Default for RowFilter {
+    fn default() -> Self {
+        Self::OFF
+    }
+}
+
+/// vLLM's sampling penalties, per row. `history[r]` lists (token, count) pairs: `count` is how
+/// often the token was generated so far (frequency and presence act on it); a prompt token
+/// with count 0 gets only the repetition penalty, as vLLM's prompt mask does.
+#[derive(Clone, Copy, Debug)]
+pub struct PenaltyArg<'a> {
+    /// `[B]`, > 0; 1 = off. Positive logits are divided by it, others multiplied.
+    pub repetition: &'a [f32],
+    /// `[B]`, subtracted once from every generated token's logit; 0 = off.
+    pub presence: &'a [f32],
+    /// `[B]`, subtracted `count` times; 0 = off.
+    pub frequency: &'a [f32],
+    pub history: &'a [Vec<(u32, u32)>],
+}
+
+/// Penalties in the form kernels read: a per-row bitset of penalized tokens (the fast test
+/// every logit takes) and CSR lists, sorted by token, of what to subtract.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PenaltyTable {
+    /// `[B, ceil(V/32)]`, bit `v % 32` of word `v / 32`.
+    pub bits: Vec<u32>,
+    /// `[B + 1]`: row `r`'s entries are `offsets[r]..offsets[r + 1]`.
+    pub offsets: Vec<u32>,
+    /// Sorted, distinct per row.
+    pub tokens: Vec<u32>,
+    /// `frequency · count + presence · [count > 0]`, in f32.
+    pub subtract: Vec<f32>,
+    /// `[B]`.
+    pub repetition: Vec<f32>,
+}
+
+/// The penalized logit of one listed token, the f32 steps every backend emits.
+pub fn penalize_f32(x: f32, repetition: f32, subtract: f32) -> f32 {
+    let y = if x > 0.0 { x / repetition } else { x * repetition };
+    y - subtract
+}
+
+impl PenaltyTable {
+    /// The penalized value of `x` for token `v` of `row` (`x` unchanged if `v` is not listed).
+    pub fn apply(&self, row: usize, v: u32, x: f32) -> f32 {
+        let words = self.bits.len() / self.repetition.len().max(1);
+        if self.bits[row * words + v as usize / 32] >> (v % 32) & 1 == 0 {
+            return x;
+        }
+        let (lo, hi) = (self.offsets[row] as usize, self.offsets[row + 1] as usize);
+        match self.tokens[lo..hi].binary_search(&v) {
+            Ok(j) => penalize_f32(x, self.repetition[row], self.subtract[lo + j]),
+            Err(_) => x,
+        }
+    }
 }
 
 /// Everything a launch needs besides the two matrices.
@@ -22,6 +108,17 @@ pub struct SamplingParams<'a> {
     /// Per-row banned token ids (`B` lists).
     pub banned: Option<&'a [Vec<u32>]>,
     pub seed: u64,
+    /// `[B]` per-row seeds (one per request). A row with its own seed draws noise
+    /// `noise_bits(row_seeds[r], 0, s, v)`: independent of its position in the batch.
+    pub row_seeds: Option<&'a [u64]>,
+    /// `[B]` per-row top-k / top-p / min-p, for pipelines with a `filter` transform.
+    pub filter: Option<&'a [RowFilter]>,
+    /// For pipelines with a `penalties` transform.
+    pub penalties: Option<PenaltyArg<'a>>,
+    /// Global vocabulary index of this launch's token 0 (a tensor-parallel shard's first
+    /// token): noise is drawn at `v + vocab_offset`, so every sharding sees the same noise.
+    /// Returned token indices stay local to the launch.
+    pub vocab_offset: u32,
 }
 
 /// A launch parameter that does not fit the pipeline or the shapes.
@@ -39,6 +136,14 @@ pub enum ParamError {
     Bias { index: usize, value: f32 },
     #[error("banned token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
     BannedOutOfRange { row: usize, token: u32, vocab: usize },
+    #[error("row {row}: {what}")]
+    Filter { row: usize, what: String },
+    #[error("row {row}: {what}")]
+    Penalty { row: usize, what: String },
+    #[error("penalized token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
+    HistoryOutOfRange { row: usize, token: u32, vocab: usize },
+    #[error("vocab_offset {offset} + vocabulary {vocab} exceeds 2^32 tokens")]
+    VocabOffset { offset: u32, vocab: usize },
 }
 
 /// u32 words per row of a `[B, V]` token bitset.
@@ -112,7 +217,119 @@ impl SamplingParams<'_> {
             }
             (false, None) => {}
         }
+        if let Some(seeds) = self.row_seeds {
+            if seeds.len() != batch {
+                return Err(ParamError::Length { what: "row seeds", expected: batch, got: seeds.len() });
+            }
+        }
+        if u64::from(self.vocab_offset) + vocab as u64 > 1 << 32 {
+            return Err(ParamError::VocabOffset { offset: self.vocab_offset, vocab });
+        }
+        match (pipeline.filter_max_k(), self.filter) {
+            (Some(_), None) => return Err(ParamError::Missing("filter (per-row top-k / top-p / min-p)")),
+            (None, Some(_)) => return Err(ParamError::Unexpected("filter")),
+            (Some(max_k), Some(rows)) => {
+                if rows.len() != batch {
+                    return Err(ParamError::Length { what: "filter", expected: batch, got: rows.len() });
+                }
+                for (row, f) in rows.iter().enumerate() {
+                    let bad = |what: String| Err(ParamError::Filter { row, what });
+                    if f.top_k > max_k {
+                        return bad(format!(
+                            "top_k {} exceeds the pipeline's filter capacity max_k = {max_k}; declare a larger max_k",
+                            f.top_k
+                        ));
+                    }
+                    if !(f.top_p > 0.0 && f.top_p <= 1.0) {
+                        return bad(format!("top_p is {}; it must be in (0, 1]", f.top_p));
+                    }
+                    if !(0.0..=1.0).contains(&f.min_p) {
+                        return bad(format!("min_p is {}; it must be in [0, 1]", f.min_p));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+        match (pipeline.has_penalties(), &self.penalties) {
+            (true, None) => return Err(ParamError::Missing("penalties")),
+            (false, Some(_)) => return Err(ParamError::Unexpected("penalties")),
+            (true, Some(p)) => {
+                for (what, got) in [
+                    ("repetition penalties", p.repetition.len()),
+                    ("presence penalties", p.presence.len()),
+                    ("frequency penalties", p.frequency.len()),
+                    ("penalty histories", p.history.len()),
+                ] {
+                    if got != batch {
+                        return Err(ParamError::Length { what, expected: batch, got });
+                    }
+                }
+                for row in 0..batch {
+                    let bad = |what: String| Err(ParamError::Penalty { row, what });
+                    let r = p.repetition[row];
+                    if !(r.is_finite() && r > 0.0) {
+                        return bad(format!("repetition penalty is {r}; it must be finite and > 0"));
+                    }
+                    for (name, v) in [("presence", p.presence[row]), ("frequency", p.frequency[row])] {
+                        if !v.is_finite() {
+                            return bad(format!("{name} penalty is {v}; it must be finite"));
+                        }
+                    }
+                    if let Some(&(token, _)) = p.history[row].iter().find(|(t, _)| *t as usize >= vocab) {
+                        return Err(ParamError::HistoryOutOfRange { row, token, vocab });
+                    }
+                }
+            }
+            (false, None) => {}
+        }
         Ok(())
+    }
+
+    /// The Philox key and counter row of `row`'s noise: `(seed, row)`, or `(row_seeds[row], 0)`.
+    pub fn row_stream(&self, row: usize) -> (u64, u32) {
+        match self.row_seeds {
+            Some(seeds) => (seeds[row], 0),
+            None => (self.seed, row as u32),
+        }
+    }
+
+    /// The row's filter, `RowFilter::OFF` when the launch has none.
+    pub fn row_filter(&self, row: usize) -> RowFilter {
+        self.filter.map_or(RowFilter::OFF, |f| f[row])
+    }
+
+    /// The kernels' form of the penalties (call after `validate`).
+    pub fn penalty_table(&self, batch: usize, vocab: usize) -> Option<PenaltyTable> {
+        let p = self.penalties?;
+        let words = mask_words_per_row(vocab);
+        let mut t = PenaltyTable {
+            bits: vec![0; batch * words],
+            offsets: Vec::with_capacity(batch + 1),
+            tokens: Vec::new(),
+            subtract: Vec::new(),
+            repetition: p.repetition.to_vec(),
+        };
+        t.offsets.push(0);
+        for row in 0..batch {
+            let mut merged: Vec<(u32, u32)> = p.history[row].clone();
+            merged.sort_unstable();
+            // Repeated (token, count) pairs add up.
+            let mut rows: Vec<(u32, u32)> = Vec::with_capacity(merged.len());
+            for (tok, n) in merged {
+                match rows.last_mut() {
+                    Some(last) if last.0 == tok => last.1 += n,
+                    _ => rows.push((tok, n)),
+                }
+            }
+            for (tok, n) in rows {
+                t.bits[row * words + tok as usize / 32] |= 1 << (tok % 32);
+                t.tokens.push(tok);
+                let present = if n > 0 { p.presence[row] } else { 0.0 };
+                t.subtract.push(p.frequency[row] * n as f32 + present);
+            }
+            t.offsets.push(t.tokens.len() as u32);
+        }
+        Some(t)
     }
 
     /// The temperature row `row` is sampled at: 0 means greedy, 1 when the pipeline has none.

@@ -60,7 +60,7 @@ fn builtin(name: &str, dtype: DType) -> Result<Pipeline> {
             .bias("bias")
             .mask("allowed")
             .softcap(30.0)
-            .outputs(Outputs { score: true, logsumexp: true, logprob: true })
+            .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
             .build()?,
         path => Pipeline::parse(&std::fs::read_to_string(path).with_context(|| format!("reading pipeline {path}"))?)?,
     })

@@ -15,8 +15,8 @@ use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
 use std::sync::{Arc, Mutex};
 
-const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
-const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false };
+const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
+const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false, top_logprobs: 0 };
 
 /// The GPU, or `None` after printing why the test is skipped.
 fn gpu() -> Option<(Device, Arc<CudaDevice>)> {

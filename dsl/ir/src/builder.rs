@@ -72,6 +72,14 @@ impl PipelineBuilder {
         self.transform(Transform::Softcap { cap: F32::new(cap) })
     }
 
+    pub fn penalties(self, operand: &str) -> Self {
+        self.transform(Transform::Penalties { operand: operand.into() })
+    }
+
+    pub fn filter(self, operand: &str, max_k: u32) -> Self {
+        self.transform(Transform::Filter { operand: operand.into(), max_k })
+    }
+
     pub fn gumbel(mut self, seed: &str, samples: u32) -> Self {
         self.pipeline.sampler = Sampler::GumbelMax { seed: seed.into(), samples };
         self

@@ -20,3 +20,7 @@ pub use validate::{IrError, Location};
 
 /// Most samples per row one launch may draw (each sample is an independent Gumbel draw).
 pub const MAX_SAMPLES_PER_ROW: u32 = 64;
+
+/// Largest `max_k` of a [`Transform::Filter`] and largest `top_logprobs`: the fused candidate
+/// lists live in shared memory on the GPU's stage two.
+pub const MAX_LIST_CAPACITY: u32 = 1024;

@@ -85,6 +85,14 @@ pub enum Transform {
     Ban { operand: String },
     /// `cap · tanh(logit / cap)`, Gemma-style soft-capping.
     Softcap { cap: F32 },
+    /// vLLM's repetition, presence and frequency penalties from per-row lists of
+    /// (token, count) pairs passed at launch, applied to the logit at this position.
+    Penalties { operand: String },
+    /// Per-row top-k, then min-p, then top-p (each optional per row, passed at launch) on the
+    /// transformed logits; the sample is drawn from the renormalized survivors. `max_k` is the
+    /// capacity of the fused candidate lists: the largest top-k, and the most tokens a
+    /// top-p / min-p nucleus may hold when the row sets no top-k. Always the last transform.
+    Filter { operand: String, max_k: u32 },
 }
 
 /// How the token is chosen from the transformed logits.
@@ -105,6 +113,8 @@ pub struct Outputs {
     pub logsumexp: bool,
     /// The sampled token's log-probability under `softmax(logits)`.
     pub logprob: bool,
+    /// The `n` most likely tokens of each row and their log-probabilities (0 = none).
+    pub top_logprobs: u32,
 }
 
 /// A validated-or-not sampling pipeline; see the crate docs.
@@ -156,6 +166,24 @@ impl Pipeline {
 
     /// Whether the kernel must accumulate the row's online logsumexp.
     pub fn needs_logsumexp(&self) -> bool {
-        self.outputs.logsumexp || self.outputs.logprob
+        self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0
+    }
+
+    pub fn has_penalties(&self) -> bool {
+        self.transforms.iter().any(|t| matches!(t, Transform::Penalties { .. }))
+    }
+
+    /// `max_k` of the [`Transform::Filter`], if any.
+    pub fn filter_max_k(&self) -> Option<u32> {
+        self.transforms.iter().find_map(|t| match t {
+            Transform::Filter { max_k, .. } => Some(*max_k),
+            _ => None,
+        })
+    }
+
+    /// Length of the per-row top list stage one keeps (by transformed logit): enough for the
+    /// filter's `max_k` and the requested top logprobs; 0 when neither is declared.
+    pub fn list_capacity(&self) -> u32 {
+        self.filter_max_k().unwrap_or(0).max(self.outputs.top_logprobs)
     }
 }

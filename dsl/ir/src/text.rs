@@ -47,6 +47,10 @@ impl fmt::Display for Pipeline {
                 Transform::Mask { operand } => writeln!(f, "  logits = mask(logits, {operand})")?,
                 Transform::Ban { operand } => writeln!(f, "  logits = ban(logits, {operand})")?,
                 Transform::Softcap { cap } => writeln!(f, "  logits = softcap(logits, {:?})", cap.get())?,
+                Transform::Penalties { operand } => writeln!(f, "  logits = penalties(logits, {operand})")?,
+                Transform::Filter { operand, max_k } => {
+                    writeln!(f, "  logits = filter(logits, {operand}, max_k={max_k})")?
+                }
             }
         }
         match &self.sampler {
@@ -56,10 +60,13 @@ impl fmt::Display for Pipeline {
             Sampler::Argmax => writeln!(f, "  sample = argmax(logits)")?,
         }
         let o = self.outputs;
-        let names: Vec<&str> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
+        let mut names: Vec<String> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
             .into_iter()
-            .filter_map(|(on, n)| on.then_some(n))
+            .filter_map(|(on, n)| on.then(|| n.to_string()))
             .collect();
+        if o.top_logprobs > 0 {
+            names.push(format!("top_logprobs={}", o.top_logprobs));
+        }
         if !names.is_empty() {
             writeln!(f, "  outputs({})", names.join(", "))?;
         }
@@ -151,6 +158,17 @@ impl Pipeline {
                 }
                 let op = rhs.split('(').next().unwrap_or("").trim();
                 let args = line.call(rhs, op)?;
+                if op == "filter" {
+                    let ["logits", operand, max_k] = args.as_slice() else {
+                        return line.err("expected `filter(logits, NAME, max_k=K)`");
+                    };
+                    let max_k = max_k
+                        .strip_prefix("max_k=")
+                        .and_then(|n| n.trim().parse().ok())
+                        .ok_or(ParseError::Syntax { line: line.number, message: "expected `max_k=K`".into() })?;
+                    transforms.push(Transform::Filter { operand: operand.to_string(), max_k });
+                    continue;
+                }
                 let [first, arg] = args.as_slice() else {
                     return line.err(format!("`{op}` takes (logits, argument)"));
                 };
@@ -169,6 +187,7 @@ impl Pipeline {
                     "mask" => Transform::Mask { operand: arg.to_string() },
                     "ban" => Transform::Ban { operand: arg.to_string() },
                     "softcap" => Transform::Softcap { cap: line.f32(arg)? },
+                    "penalties" => Transform::Penalties { operand: arg.to_string() },
                     other => return line.err(format!("unknown transform `{other}`")),
                 });
             } else if let Some(rhs) = t.strip_prefix("sample = ") {
@@ -195,6 +214,11 @@ impl Pipeline {
                         "score" => outputs.score = true,
                         "logsumexp" => outputs.logsumexp = true,
                         "logprob" => outputs.logprob = true,
+                        n if n.starts_with("top_logprobs=") => {
+                            outputs.top_logprobs = n["top_logprobs=".len()..].trim().parse().map_err(|_| {
+                                ParseError::Syntax { line: line.number, message: "expected `top_logprobs=N`".into() }
+                            })?
+                        }
                         other => return line.err(format!("unknown output `{other}`")),
                     }
                 }
@@ -228,7 +252,7 @@ mod tests {
             .ban("banned")
             .softcap(30.0)
             .gumbel("seed", 2)
-            .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+            .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
             .build()
             .unwrap()
     }
@@ -257,7 +281,7 @@ mod tests {
             "scalar_temperature_logprob",
             PipelineBuilder::new("Chat", DType::BF16, DType::BF16)
                 .temperature_scalar("t")
-                .outputs(Outputs { score: false, logsumexp: false, logprob: true })
+                .outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 })
                 .build()
                 .unwrap()
                 .to_string()

@@ -1,4 +1,4 @@
-use crate::{Pipeline, Sampler, Temperature, Transform, MAX_SAMPLES_PER_ROW};
+use crate::{Pipeline, Sampler, Temperature, Transform, MAX_LIST_CAPACITY, MAX_SAMPLES_PER_ROW};
 use std::collections::HashSet;
 
 /// Where in a pipeline an [`IrError`] was found, so front ends can point at the source.
@@ -34,6 +34,12 @@ pub enum IrError {
     InvalidTemperature { value: f32, at: usize },
     #[error("samples per row must be in 1..={max}, got {samples}", max = MAX_SAMPLES_PER_ROW)]
     InvalidSampleCount { samples: u32 },
+    #[error("filter max_k must be in 1..={max}, got {max_k}", max = MAX_LIST_CAPACITY)]
+    InvalidFilterCapacity { max_k: u32, at: usize },
+    #[error("the top-k/top-p filter must be the last transform (it acts on the final logits)")]
+    FilterNotLast { at: usize },
+    #[error("top_logprobs must be in 0..={max}, got {n}", max = MAX_LIST_CAPACITY)]
+    InvalidTopLogprobs { n: u32 },
 }
 
 impl IrError {
@@ -44,8 +50,10 @@ impl IrError {
             IrError::BatchIsVocab(_) => Location::Weights,
             IrError::DuplicateTransform { at, .. }
             | IrError::InvalidSoftcap { at, .. }
-            | IrError::InvalidTemperature { at, .. } => Location::Transform(*at),
-            IrError::InvalidSampleCount { .. } => Location::Sampler,
+            | IrError::InvalidTemperature { at, .. }
+            | IrError::InvalidFilterCapacity { at, .. }
+            | IrError::FilterNotLast { at } => Location::Transform(*at),
+            IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => Location::Sampler,
         }
     }
 }
@@ -63,6 +71,8 @@ fn transform_kind(t: &Transform) -> &'static str {
         Transform::Mask { .. } => "mask",
         Transform::Ban { .. } => "ban",
         Transform::Softcap { .. } => "softcap",
+        Transform::Penalties { .. } => "penalties",
+        Transform::Filter { .. } => "filter",
     }
 }
 
@@ -123,7 +133,17 @@ impl Pipeline {
                 | Transform::Temperature(Temperature::PerRow { operand })
                 | Transform::Bias { operand }
                 | Transform::Mask { operand }
-                | Transform::Ban { operand } => claim(operand, at)?,
+                | Transform::Ban { operand }
+                | Transform::Penalties { operand } => claim(operand, at)?,
+                Transform::Filter { operand, max_k } => {
+                    claim(operand, at)?;
+                    if *max_k == 0 || *max_k > MAX_LIST_CAPACITY {
+                        return Err(IrError::InvalidFilterCapacity { max_k: *max_k, at: i });
+                    }
+                    if i + 1 != self.transforms.len() {
+                        return Err(IrError::FilterNotLast { at: i });
+                    }
+                }
                 Transform::Softcap { cap } => {
                     let c = cap.get();
                     if !(c.is_finite() && c > 0.0) {
@@ -137,6 +157,9 @@ impl Pipeline {
             if *samples == 0 || *samples > MAX_SAMPLES_PER_ROW {
                 return Err(IrError::InvalidSampleCount { samples: *samples });
             }
+        }
+        if self.outputs.top_logprobs > MAX_LIST_CAPACITY {
+            return Err(IrError::InvalidTopLogprobs { n: self.outputs.top_logprobs });
         }
         Ok(())
     }

@@ -106,6 +106,7 @@ fn full_pipeline_matches_the_builder() {
             score: true,
             logsumexp: true,
             logprob: true,
+            top_logprobs: 0,
         })
         .build()
         .unwrap();
@@ -183,6 +184,7 @@ fn samples_default_count_outputs_subset_and_semicolon_operands() {
         score: true,
         logsumexp: true,
         logprob: false,
+        top_logprobs: 0,
     });
     assert_eq!(p, want.build().unwrap());
 }

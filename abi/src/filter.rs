@@ -1,0 +1,267 @@
+//! Top-k / min-p / top-p filtering and top-n logprobs from fused candidate lists.
+//!
+//! Stage one keeps, per (row, vocab tile), the tile's `per_tile` best tokens by transformed
+//! logit ([`Scored`], sorted, padded with [`Scored::EMPTY`]); nothing of size `[B, V]` exists.
+//! Stage two merges a row's lists into its global top `need` ([`merge_row`]), applies the
+//! row's [`RowFilter`] to them ([`survivors`]) and draws from the renormalized survivors by
+//! Gumbel-max with the same Philox noise as the unfiltered path ([`draw`]), so a filtered sample
+//! is pathwise the argmax of `x_v + g_v` over the surviving set.
+//!
+//! Exactness: a tile list of `per_tile >= need` entries cannot lose a global top-`need` token.
+//! A shorter list (the GPU's default, for speed) is exact unless some full tile's last entry
+//! ranks strictly before the `need`-th selected token; that case is detected ([`ListError::Overflow`]) and the runtime reruns with
+//! `per_tile = capacity`. A row that sets no top-k but a top-p / min-p whose nucleus does not fit
+//! in the pipeline's capacity fails with [`ListError::NucleusTooLarge`], never a wrong sample.
+//!
+//! Order of the filters is vLLM's: top-k, min-p (which commutes with top-k: it compares with
+//! the maximum), then top-p on the probabilities renormalized over what is left. Every f32 step
+//! below is the one the GPU's stage two emits, in the same order.
+
+use crate::math::{exp_f32, ln_f32};
+use crate::params::RowFilter;
+use crate::rng::{gumbel_f32, noise_bits};
+use crate::INDEX_NONE;
+use bytemuck::{Pod, Zeroable};
+
+/// One token of a candidate list: its transformed logit (no noise) and vocabulary index.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
+pub struct Scored {
+    pub logit: f32,
+    pub index: u32,
+}
+
+impl Scored {
+    /// Padding of a list with fewer eligible tokens than slots.
+    pub const EMPTY: Scored = Scored { logit: f32::NEG_INFINITY, index: INDEX_NONE };
+
+    pub fn is_empty(&self) -> bool {
+        self.index == INDEX_NONE
+    }
+
+    /// List order: higher logit first, ties to the lower index (order-independent).
+    pub fn ranks_before(&self, other: &Scored) -> bool {
+        self.logit > other.logit || (self.logit == other.logit && self.index < other.index)
+    }
+}
+
+/// Layout of stage one's list buffer: `[B, tiles, per_tile]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopLists {
+    pub batch: usize,
+    pub tiles: usize,
+    pub per_tile: usize,
+}
+
+impl TopLists {
+    pub fn len(&self) -> usize {
+        self.batch * self.tiles * self.per_tile
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// All tiles' lists of one row.
+    pub fn row<'a>(&self, lists: &'a [Scored], row: usize) -> &'a [Scored] {
+        &lists[row * self.tiles * self.per_tile..][..self.tiles * self.per_tile]
+    }
+
+    /// Offset of (row, tile)'s list.
+    pub fn slot(&self, row: usize, tile: usize) -> usize {
+        (row * self.tiles + tile) * self.per_tile
+    }
+}
+
+/// Inserts `s` into a sorted list, dropping the last entry; a no-op if `s` ranks after all.
+pub fn insert(list: &mut [Scored], s: Scored) {
+    let Some(pos) = list.iter().position(|e| s.ranks_before(e)) else { return };
+    list.copy_within(pos..list.len() - 1, pos + 1);
+    list[pos] = s;
+}
+
+/// Why a row's lists cannot give its exact filtered sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ListError {
+    #[error("row {row}: a vocabulary tile may hold more top tokens than its list kept")]
+    Overflow { row: usize },
+    #[error(
+        "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, the pipeline's filter \
+         capacity; set a top-k for the row or declare a larger `max_k`"
+    )]
+    NucleusTooLarge { row: usize, capacity: usize },
+}
+
+/// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
+/// Shorter than `need` exactly when the row has fewer eligible tokens.
+pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize) -> Result<Vec<Scored>, ListError> {
+    let mut all: Vec<Scored> = row_lists.iter().copied().filter(|s| !s.is_empty()).collect();
+    all.sort_by(|a, b| {
+        if a.ranks_before(b) {
+            std::cmp::Ordering::Less
+        } else if b.ranks_before(a) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    all.truncate(need);
+    if per_tile < need {
+        if let Some(last) = all.last() {
+            // A full tile whose last entry ranks before the cut may have dropped a token that
+            // belongs (anything it dropped ranks after its last entry, nothing more is known).
+            let overflow = row_lists.chunks(per_tile).any(|tile| {
+                let tail = tile[per_tile - 1];
+                !tail.is_empty() && tail.ranks_before(last)
+            });
+            if overflow && all.len() == need {
+                return Err(ListError::Overflow { row });
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// How many of `top` (sorted, the row's global top list) survive the row's filter.
+///
+/// `complete` says `top` holds every eligible token of the row; `lse` is the row's full
+/// logsumexp (used only when neither top-k nor min-p bounded the set inside the list).
+/// `capacity` is the list length, for the error message.
+pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: usize) -> Result<usize, ListError> {
+    let too_large = ListError::NucleusTooLarge { row, capacity: top.len() };
+    if top.is_empty() {
+        return Ok(0);
+    }
+    let mut n = top.len();
+    // Whether `top[..n]` is the whole candidate set so far, not a truncation of it.
+    let mut bounded = complete;
+    if f.top_k > 0 && (f.top_k as usize) <= n {
+        n = f.top_k as usize;
+        bounded = true;
+    }
+    if f.min_p > 0.0 {
+        let threshold = top[0].logit + ln_f32(f.min_p);
+        let passing = top[..n].iter().take_while(|s| s.logit >= threshold).count();
+        if !bounded && passing == n {
+            return Err(too_large);
+        }
+        n = passing;
+        bounded = true;
+    }
+    if f.top_p < 1.0 {
+        if bounded {
+            let m = top[0].logit;
+            let mut total = 0.0f32;
+            for s in &top[..n] {
+                total += exp_f32(s.logit - m);
+            }
+            let cut = f.top_p * total;
+            let mut cum = 0.0f32;
+            let mut kept = 0;
+            for s in &top[..n] {
+                if kept > 0 && cum >= cut {
+                    break;
+                }
+                cum += exp_f32(s.logit - m);
+                kept += 1;
+            }
+            n = kept;
+        } else {
+            let mut cum = 0.0f32;
+            let mut kept = 0;
+            for s in &top[..n] {
+                if kept > 0 && cum >= f.top_p {
+                    break;
+                }
+                cum += exp_f32(s.logit - lse);
+                kept += 1;
+            }
+            if kept == n && cum < f.top_p {
+                return Err(too_large);
+            }
+            n = kept;
+        }
+    } else if !bounded {
+        // Only reached for a row whose filter is off; callers use the unfiltered path there.
+        return Err(too_large);
+    }
+    Ok(n)
+}
+
+/// The Gumbel-max draw over `kept` for one (row, sample): the noise of token `v` is
+/// `noise_bits(seed, stream_row, sample, v + vocab_offset)`, as in stage one. Returns the
+/// winner and its perturbed score; `None` for an empty set.
+pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+    let mut best: Option<(Scored, f32)> = None;
+    for s in kept {
+        let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset)));
+        let score = s.logit + g;
+        let better = match best {
+            None => true,
+            Some((b, bs)) => score > bs || (score == bs && s.index < b.index),
+        };
+        if better {
+            best = Some((*s, score));
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sc(logit: f32, index: u32) -> Scored {
+        Scored { logit, index }
+    }
+
+    #[test]
+    fn insert_keeps_order_and_drops_the_tail() {
+        let mut l = [Scored::EMPTY; 3];
+        for s in [sc(1.0, 4), sc(3.0, 1), sc(2.0, 2), sc(3.0, 0), sc(0.5, 9)] {
+            insert(&mut l, s);
+        }
+        assert_eq!(l, [sc(3.0, 0), sc(3.0, 1), sc(2.0, 2)]);
+    }
+
+    #[test]
+    fn merge_detects_a_tile_that_may_have_dropped_winners() {
+        // Two tiles of two slots; tile 0 holds the three best tokens but kept only two.
+        let lists = [sc(9.0, 0), sc(8.0, 1), sc(1.0, 5), sc(0.0, 6)];
+        assert_eq!(merge_row(&lists, 2, 3, 0), Err(ListError::Overflow { row: 0 }));
+        // Needing two, tile 0's two are exactly the answer: no token of it can be missing.
+        assert_eq!(merge_row(&lists, 2, 2, 0).unwrap(), vec![sc(9.0, 0), sc(8.0, 1)]);
+        // A tile whose last entry did not make the cut is complete.
+        let lists = [sc(9.0, 0), sc(1.0, 1), sc(5.0, 5), sc(4.0, 6)];
+        assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(9.0, 0), sc(5.0, 5), sc(4.0, 6)]);
+        // Fewer eligible tokens than asked: a short, exact answer.
+        let lists = [sc(2.0, 3), Scored::EMPTY, Scored::EMPTY, Scored::EMPTY];
+        assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(2.0, 3)]);
+    }
+
+    #[test]
+    fn filters_compose_like_vllm() {
+        let top: Vec<Scored> = [3.0f32, 2.0, 1.0, 0.0, -1.0].iter().enumerate().map(|(i, &x)| sc(x, i as u32)).collect();
+        let f = |top_k, top_p, min_p| RowFilter { top_k, top_p, min_p };
+        assert_eq!(survivors(&top, &f(2, 1.0, 0.0), 0.0, true, 0), Ok(2));
+        // p(0) ≈ 0.636 over the full five: 0.6 keeps one token, 0.7 two.
+        assert_eq!(survivors(&top, &f(0, 0.6, 0.0), 0.0, true, 0), Ok(1));
+        assert_eq!(survivors(&top, &f(0, 0.7, 0.0), 0.0, true, 0), Ok(2));
+        // After top-k = 2 the renormalized p(0) ≈ 0.731: 0.7 keeps one token.
+        assert_eq!(survivors(&top, &f(2, 0.7, 0.0), 0.0, true, 0), Ok(1));
+        // min-p 0.1 keeps x >= 3 + ln 0.1 ≈ 0.70: three tokens.
+        assert_eq!(survivors(&top, &f(0, 1.0, 0.1), 0.0, true, 0), Ok(3));
+    }
+
+    #[test]
+    fn a_nucleus_past_the_list_is_an_error() {
+        let top = [sc(0.0, 0), sc(0.0, 1)];
+        let lse = (1000.0f32).ln(); // 1000 equal tokens: two hold 0.2% of the mass
+        let f = RowFilter { top_k: 0, top_p: 0.9, min_p: 0.0 };
+        assert_eq!(survivors(&top, &f, lse, false, 7), Err(ListError::NucleusTooLarge { row: 7, capacity: 2 }));
+        let f = RowFilter { top_k: 0, top_p: 1.0, min_p: 0.5 };
+        assert_eq!(survivors(&top, &f, lse, false, 7), Err(ListError::NucleusTooLarge { row: 7, capacity: 2 }));
+        // The same list with all tokens present is fine.
+        assert_eq!(survivors(&top, &RowFilter { top_k: 0, top_p: 0.9, min_p: 0.0 }, lse, true, 7), Ok(2));
+    }
+}
