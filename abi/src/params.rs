@@ -142,7 +142,7 @@ pub enum ParamError {
     Penalty { row: usize, what: String },
     #[error("penalized token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
     HistoryOutOfRange { row: usize, token: u32, vocab: usize },
-    #[error("vocab_offset {offset} + vocabulary {vocab} exceeds 2^32 tokens")]
+    #[error("vocab_offset {offset} must be a multiple of 4 and, with the vocabulary of {vocab}, stay below 2^32")]
     VocabOffset { offset: u32, vocab: usize },
 }
 
@@ -222,7 +222,7 @@ impl SamplingParams<'_> {
                 return Err(ParamError::Length { what: "row seeds", expected: batch, got: seeds.len() });
             }
         }
-        if u64::from(self.vocab_offset) + vocab as u64 > 1 << 32 {
+        if u64::from(self.vocab_offset) + vocab as u64 > 1 << 32 || !self.vocab_offset.is_multiple_of(4) {
             return Err(ParamError::VocabOffset { offset: self.vocab_offset, vocab });
         }
         match (pipeline.filter_max_k(), self.filter) {
