@@ -59,7 +59,7 @@ impl Plan {
                 Transform::Temperature(_) => Some(Step::Temperature),
                 Transform::Bias { .. } => Some(Step::Bias),
                 Transform::Softcap { cap } => Some(Step::Softcap(cap.get())),
-                Transform::Mask { .. } | Transform::Ban { .. } => None,
+                Transform::Mask { .. } | Transform::Ban { .. } | Transform::Penalties { .. } | Transform::Filter { .. } => None,
             })
             .collect();
         Plan {

@@ -607,7 +607,8 @@ impl Gen<'_> {
                                     f32c(cap.get())
                                 ))
                             }
-                            Transform::Mask { .. } | Transform::Ban { .. } => {}
+                            // Being lowered (penalties: DESIGN.md step 3; filter: step 6b).
+                            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Penalties { .. } | Transform::Filter { .. } => {}
                         }
                     }
                     let mut ok = v_ok.clone();

@@ -11,6 +11,8 @@ pub enum Error {
     Param(#[from] flashsample_abi::ParamError),
     #[error(transparent)]
     Row(#[from] flashsample_abi::RowError),
+    #[error(transparent)]
+    List(#[from] flashsample_abi::ListError),
     #[error("empty batch: the hidden states have 0 rows")]
     EmptyBatch,
     #[error("empty {0}: it must have at least one element along every dimension")]

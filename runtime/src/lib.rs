@@ -17,7 +17,7 @@ pub mod tuning;
 
 pub use device::Device;
 pub use error::{Error, Result};
-pub use flashsample_abi::{ParamError, RowError, SamplingParams, TemperatureArg};
+pub use flashsample_abi::{ListError, ParamError, PenaltyArg, RowError, RowFilter, SamplingParams, TemperatureArg};
 pub use flashsample_macros::flashsample;
 pub use half::{bf16, f16};
 pub use sampler::{KernelConfig, Sampler, Samples};

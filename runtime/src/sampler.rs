@@ -23,8 +23,11 @@ pub struct Samples {
     pub scores: Option<Vec<f32>>,
     /// Per-row logsumexp of the transformed logits, if declared.
     pub logsumexp: Option<Vec<f32>>,
-    /// Log-probability of each sampled token, if declared.
+    /// Log-probability of each sampled token under the full (unfiltered) distribution, if declared.
     pub logprobs: Option<Vec<f32>>,
+    /// Per row, the `top_logprobs` most likely tokens and their log-probabilities (most likely
+    /// first; shorter for a row with fewer eligible tokens), if declared.
+    pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
 }
 
 impl Samples {
@@ -46,6 +49,7 @@ impl Samples {
             scores: pipeline.outputs.score.then_some(r.scores),
             logsumexp: if pipeline.outputs.logsumexp { r.logsumexp } else { None },
             logprobs,
+            top_logprobs: None,
         }
     }
 }

@@ -86,6 +86,7 @@ impl ShardedSampler {
             scores: self.pipeline.outputs.score.then(Vec::new),
             logsumexp: self.pipeline.outputs.logsumexp.then(Vec::new),
             logprobs: self.pipeline.outputs.logprob.then(Vec::new),
+            top_logprobs: None,
         };
         for row in 0..batch {
             let greedy = self.pipeline.is_greedy() || params.row_temperature(&self.pipeline, row) == 0.0;

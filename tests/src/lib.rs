@@ -1,7 +1,7 @@
 //! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
-use flashsample::{bf16, f16, KernelConfig, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
+use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -63,6 +63,14 @@ pub struct Case {
     pub mask: Vec<u32>,
     pub banned: Vec<Vec<u32>>,
     pub seed: u64,
+    /// A mix of rows with no filter, top-k (1..=8), top-p, min-p and all three; pipelines with a
+    /// filter declare `max_k >= 8`.
+    pub filters: Vec<RowFilter>,
+    pub repetition: Vec<f32>,
+    pub presence: Vec<f32>,
+    pub frequency: Vec<f32>,
+    /// Per row, a few (token, count) pairs; count 0 stands for a prompt token.
+    pub history: Vec<Vec<(u32, u32)>>,
 }
 
 impl Case {
@@ -80,7 +88,38 @@ impl Case {
             mask[row * words] |= 1; // keep every row samplable: token 0 is never banned or biased away
         }
         let banned = (0..batch).map(|_| (0..3).map(|_| rng.random_range(0..vocab as u32)).filter(|&t| t != 0).collect()).collect();
-        Case { batch, dim, vocab, hidden, weights, temperatures, bias, mask, banned, seed: rng.random() }
+        let filters = (0..batch)
+            .map(|r| match r % 5 {
+                0 => RowFilter::OFF,
+                1 => RowFilter::top_k(rng.random_range(1..=8)),
+                2 => RowFilter::top_p(rng.random_range(0.3..0.95)),
+                3 => RowFilter { min_p: rng.random_range(0.05..0.5), ..RowFilter::OFF },
+                _ => RowFilter { top_k: rng.random_range(2..=8), top_p: rng.random_range(0.5..0.95), min_p: 0.02 },
+            })
+            .collect();
+        let repetition = (0..batch).map(|_| rng.random_range(1.0..1.6)).collect();
+        let presence = (0..batch).map(|_| rng.random_range(0.0..0.8)).collect();
+        let frequency = (0..batch).map(|_| rng.random_range(0.0..0.4)).collect();
+        let history = (0..batch)
+            .map(|_| (0..rng.random_range(0..6)).map(|_| (rng.random_range(0..vocab as u32), rng.random_range(0..4))).collect())
+            .collect();
+        Case {
+            batch,
+            dim,
+            vocab,
+            hidden,
+            weights,
+            temperatures,
+            bias,
+            mask,
+            banned,
+            seed: rng.random(),
+            filters,
+            repetition,
+            presence,
+            frequency,
+            history,
+        }
     }
 
     pub fn params(&self, pipeline: &Pipeline) -> SamplingParams<'_> {
@@ -95,6 +134,14 @@ impl Case {
             mask: has(|t| matches!(t, Transform::Mask { .. })).then_some(&self.mask[..]),
             banned: has(|t| matches!(t, Transform::Ban { .. })).then_some(&self.banned[..]),
             seed: self.seed,
+            filter: pipeline.filter_max_k().map(|_| &self.filters[..]),
+            penalties: pipeline.has_penalties().then_some(PenaltyArg {
+                repetition: &self.repetition,
+                presence: &self.presence,
+                frequency: &self.frequency,
+                history: &self.history,
+            }),
+            ..Default::default()
         }
     }
 

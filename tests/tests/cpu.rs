@@ -6,8 +6,8 @@ use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
 use proptest::prelude::*;
 
-const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true };
-const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false };
+const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
+const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false, top_logprobs: 0 };
 
 /// The pipelines the property tests draw from: every transform, sampler and dtype.
 fn pipelines() -> Vec<Pipeline> {
@@ -245,7 +245,7 @@ mod declared_with_the_macro {
             .mask("allowed")
             .softcap(30.0)
             .gumbel("seed", 2)
-            .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+            .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
             .build()
             .unwrap();
         assert_eq!(QwenSampler::pipeline(), built);
@@ -291,7 +291,7 @@ mod sharded {
             .temperature_per_row("t")
             .mask("m")
             .gumbel("seed", 2)
-            .outputs(Outputs { score: false, logsumexp: true, logprob: true })
+            .outputs(Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 0 })
             .build()
             .unwrap();
         let vocab = 40;

@@ -75,6 +75,11 @@ fn prefix(big: &Case, b: usize) -> Case {
         mask: big.mask[..b * words].to_vec(),
         banned: big.banned[..b].to_vec(),
         seed: big.seed,
+        filters: big.filters[..b].to_vec(),
+        repetition: big.repetition[..b].to_vec(),
+        presence: big.presence[..b].to_vec(),
+        frequency: big.frequency[..b].to_vec(),
+        history: big.history[..b].to_vec(),
     }
 }
 

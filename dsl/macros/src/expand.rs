@@ -75,6 +75,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                     format!("`[{b}]` per-row temperatures (0 = greedy row)"),
                 )
             }
+            // The macro does not lower these yet (its lowering rejects them before this point).
+            Transform::Penalties { .. } | Transform::Filter { .. } => continue,
             Transform::Bias { .. } => {
                 bias = quote!(::core::option::Option::Some(#op));
                 (
@@ -162,6 +164,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                         mask: #mask,
                         banned: #banned,
                         #seed,
+                        ..::core::default::Default::default()
                     },
                 )
             }

@@ -552,7 +552,12 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
         IrError::InvalidSoftcap { at, .. } | IrError::InvalidTemperature { at, .. } => {
             transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
         }
-        IrError::InvalidSampleCount { .. } => l.sampler.samples.unwrap_or(l.sampler.stmt),
+        IrError::InvalidFilterCapacity { at, .. } | IrError::FilterNotLast { at } => {
+            transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
+        }
+        IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => {
+            l.sampler.samples.unwrap_or(l.sampler.stmt)
+        }
         IrError::InvalidName { name, .. } | IrError::DuplicateOperand { name, .. } => match e.location() {
             Location::Name => ident(&l.def.name),
             Location::Hidden => in_decl(l.hidden, name),
