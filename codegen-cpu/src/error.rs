@@ -19,6 +19,8 @@ pub enum CpuCodegenError {
     Missing(&'static str),
     #[error("`{0}` was passed, but the pipeline does not declare it")]
     Unexpected(&'static str),
+    #[error("invalid launch argument: {0}")]
+    BadArgument(String),
     #[error("`{what}` is {value}, more than the kernel supports ({max})")]
     TooLarge { what: &'static str, value: usize, max: usize },
 }

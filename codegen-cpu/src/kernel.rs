@@ -6,7 +6,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
-use flashsample_abi::{Candidate, LsePartial, StageTwo};
+use flashsample_abi::{Candidate, LsePartial, PenaltyTable, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
 
@@ -25,11 +25,54 @@ pub(crate) struct KernelArgs {
     pub allowed: *const u32,
     pub candidates: *mut Candidate,
     pub lse: *mut LsePartial,
-    pub seed: u64,
     pub batch: u64,
     pub dim: u64,
     pub vocab: u64,
     pub tiles: u64,
+    /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`).
+    pub row_keys: *const u64,
+    pub row_counters: *const u32,
+    /// `vocab_offset / 4`: the global quad index of local token 0.
+    pub quad_offset: u64,
+    /// Penalized-token bitset `[B, ceil(V/32)]`, the fast test; null without penalties.
+    pub pen_bits: *const u32,
+    /// What `penalize_quad` reads; null without penalties.
+    pub pen_table: *const PenaltyTable,
+    pub penalize: PenalizeFn,
+    /// `[B, tiles, per_tile]` sorted top lists; null without lists.
+    pub lists: *mut Scored,
+    pub per_tile: u64,
+    pub insert: InsertFn,
+}
+
+/// Applies the penalties to the listed tokens among a quad's four logits, in place. Called
+/// only for quads whose bitset test says some token is listed (a few per row and launch).
+pub(crate) type PenalizeFn = unsafe extern "C" fn(table: *const PenaltyTable, row: u64, v: u64, x: *mut f32);
+/// Inserts the quad's eligible tokens (`x > -inf`) into a (row, tile) list. Called only when
+/// the quad's best logit beats the list's last entry.
+pub(crate) type InsertFn = unsafe extern "C" fn(list: *mut Scored, per_tile: u64, v: u64, x: *const f32);
+
+/// SAFETY (caller): `table` is a live table for this launch's shape, `x` points to 4 floats,
+/// `v + 3` may pass the vocabulary (those lanes are never listed: the bitset's padding is 0).
+unsafe extern "C" fn penalize_quad(table: *const PenaltyTable, row: u64, v: u64, x: *mut f32) {
+    let (table, x) = unsafe { (&*table, std::slice::from_raw_parts_mut(x, 4)) };
+    for (j, xj) in x.iter_mut().enumerate() {
+        let t = v as usize + j;
+        if t / 32 < table.bits.len() / table.repetition.len().max(1) {
+            *xj = table.apply(row as usize, t as u32, *xj);
+        }
+    }
+}
+
+/// SAFETY (caller): `list` points to `per_tile` sorted entries, `x` to 4 floats (`-inf` for
+/// lanes that are masked or past the vocabulary).
+unsafe extern "C" fn insert_quad(list: *mut Scored, per_tile: u64, v: u64, x: *const f32) {
+    let (list, x) = unsafe { (std::slice::from_raw_parts_mut(list, per_tile as usize), std::slice::from_raw_parts(x, 4)) };
+    for (j, &xj) in x.iter().enumerate() {
+        if xj > f32::NEG_INFINITY {
+            flashsample_abi::filter::insert(list, Scored { logit: xj, index: v as u32 + j as u32 });
+        }
+    }
 }
 
 type KernelFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64);
@@ -77,6 +120,16 @@ pub struct CpuLaunch<'a> {
     /// `[batch, ceil(vocab / 32)]` allowed-token bitset.
     pub allowed: Option<&'a [u32]>,
     pub seed: u64,
+    /// `[batch]` per-row seeds: row `r` draws `noise_bits(row_seeds[r], 0, s, v)` instead of
+    /// `noise_bits(seed, r, s, v)`.
+    pub row_seeds: Option<&'a [u64]>,
+    /// Global index of token 0 (a multiple of 4): noise is drawn at `v + vocab_offset`.
+    pub vocab_offset: u32,
+    /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
+    pub penalties: Option<&'a PenaltyTable>,
+    /// `[batch, tiles, list_capacity]` iff `pipeline.list_capacity() > 0`; the kernel inserts
+    /// into it, so the caller fills it with `Scored::EMPTY`.
+    pub lists: Option<&'a mut [Scored]>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.
     pub candidates: &'a mut [Candidate],
     /// `[batch * tiles]`, iff `pipeline.needs_logsumexp()`.
@@ -236,9 +289,44 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("lse")),
             (false, None) => std::ptr::null_mut(),
         };
+        if a.vocab_offset % 4 != 0 {
+            return Err(CpuCodegenError::BadArgument(format!("vocab_offset {} is not a multiple of 4", a.vocab_offset)));
+        }
+        if let Some(seeds) = a.row_seeds {
+            expect_len("row seeds", seeds.len(), a.batch)?;
+        }
+        let pen_table = match (p.has_penalties(), a.penalties) {
+            (true, Some(t)) => {
+                expect_len("penalty bitset", t.bits.len(), checked(a.batch, a.vocab.div_ceil(32), "penalties")?)?;
+                expect_len("penalty offsets", t.offsets.len(), a.batch + 1)?;
+                expect_len("repetition penalties", t.repetition.len(), a.batch)?;
+                expect_len("penalty values", t.subtract.len(), t.tokens.len())?;
+                if t.offsets.last().is_some_and(|&n| n as usize != t.tokens.len()) || t.offsets.windows(2).any(|w| w[0] > w[1]) {
+                    return Err(CpuCodegenError::BadArgument("penalty offsets are not a CSR index of the tokens".into()));
+                }
+                Some(t)
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("penalties")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("penalties")),
+            (false, None) => None,
+        };
+        let per_tile = p.list_capacity() as usize;
+        let lists = match (per_tile > 0, a.lists) {
+            (true, Some(l)) => {
+                expect_len("lists", l.len(), checked(checked(a.batch, tiles, "lists")?, per_tile, "lists")?)?;
+                l.as_mut_ptr()
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("lists")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("lists")),
+            (false, None) => std::ptr::null_mut(),
+        };
         if a.batch == 0 || a.vocab == 0 {
             return Ok(());
         }
+        let (row_keys, row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
+            Some(seeds) => (seeds.to_vec(), vec![0; a.batch]),
+            None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
+        };
 
         let even_odd = matches!(p.weights.dtype, DType::BF16 | DType::F16);
         let hidden = hidden_blocks(a.hidden, a.batch, a.dim, self.config.row_block as usize, even_odd);
@@ -254,11 +342,19 @@ impl CpuKernel {
             allowed,
             candidates: a.candidates.as_mut_ptr(),
             lse,
-            seed: a.seed,
             batch: a.batch as u64,
             dim: a.dim as u64,
             vocab: a.vocab as u64,
             tiles: tiles as u64,
+            row_keys: row_keys.as_ptr(),
+            row_counters: row_counters.as_ptr(),
+            quad_offset: u64::from(a.vocab_offset / 4),
+            pen_bits: pen_table.map_or(std::ptr::null(), |t| t.bits.as_ptr()),
+            pen_table: pen_table.map_or(std::ptr::null(), |t| t as *const PenaltyTable),
+            penalize: penalize_quad,
+            lists,
+            per_tile: per_tile as u64,
+            insert: insert_quad,
         };
         let shared = SharedArgs(&args);
         let tasks = tiles.min(self.config.threads * 4);

@@ -31,6 +31,7 @@ pub(crate) enum Step {
     Temperature,
     Bias,
     Softcap(f32),
+    Penalties,
 }
 
 /// What the lowering needs to know about a pipeline and a config.
@@ -48,6 +49,8 @@ pub(crate) struct Plan {
     pub has_mask: bool,
     pub has_bias: bool,
     pub needs_lse: bool,
+    /// Entries of each (row, tile) top list; 0 = no lists.
+    pub list_capacity: u32,
 }
 
 impl Plan {
@@ -59,7 +62,9 @@ impl Plan {
                 Transform::Temperature(_) => Some(Step::Temperature),
                 Transform::Bias { .. } => Some(Step::Bias),
                 Transform::Softcap { cap } => Some(Step::Softcap(cap.get())),
-                Transform::Mask { .. } | Transform::Ban { .. } | Transform::Penalties { .. } | Transform::Filter { .. } => None,
+                Transform::Penalties { .. } => Some(Step::Penalties),
+                // Masks are step 4; the filter acts on stage one's lists (step 6b).
+                Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => None,
             })
             .collect();
         Plan {
@@ -73,6 +78,7 @@ impl Plan {
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
+            list_capacity: pipeline.list_capacity(),
         }
     }
 }
@@ -89,6 +95,7 @@ pub(crate) fn gumbel_upper_bound() -> f32 {
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<flashsample_abi::LsePartial>() as i64;
+const SCORED_BYTES: i64 = size_of::<flashsample_abi::Scored>() as i64;
 const I64: types::Type = types::I64;
 const I32: types::Type = types::I32;
 const F32: types::Type = types::F32;
@@ -121,7 +128,7 @@ pub(crate) fn build(func: &mut Function, fctx: &mut FunctionBuilderContext, plan
     b.append_block_params_for_function_params(entry);
     b.switch_to_block(entry);
     let params = b.block_params(entry).to_vec();
-    let mut k = Lowering::new(b, plan, params[0]);
+    let mut k = Lowering::new(b, plan, params[0], target.default_call_conv);
     k.emit(params[1], params[2]);
     k.b.seal_all_blocks();
     k.b.finalize(target);
@@ -137,7 +144,15 @@ struct Launch {
     allowed: Value,
     candidates: Value,
     lse: Value,
-    key: [Value; 2],
+    row_keys: Value,
+    row_counters: Value,
+    quad_offset: Value,
+    pen_bits: Value,
+    pen_table: Value,
+    penalize: Value,
+    lists: Value,
+    per_tile: Value,
+    insert: Value,
     batch: Value,
     vocab: Value,
     tiles: Value,
@@ -183,10 +198,14 @@ struct Lowering<'a, 'p> {
     epi_end: Variable,
     logits_slot: StackSlot,
     scratch_slot: StackSlot,
+    /// Four f32 handed to the out-of-line helpers (penalties, list insertion).
+    call_slot: StackSlot,
+    /// `fn(i64, i64, i64, i64)`, the helpers' signature.
+    helper_sig: cranelift_codegen::ir::SigRef,
 }
 
 impl<'a, 'p> Lowering<'a, 'p> {
-    fn new(mut b: FunctionBuilder<'a>, plan: &'p Plan, args: Value) -> Self {
+    fn new(mut b: FunctionBuilder<'a>, plan: &'p Plan, args: Value, call_conv: cranelift_codegen::isa::CallConv) -> Self {
         let tile = b.declare_var(I64);
         let row = b.declare_var(I64);
         let epi_row = b.declare_var(I64);
@@ -194,7 +213,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let logits_slot =
             b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16 * plan.row_block, 4));
         let scratch_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 4));
-        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot }
+        let call_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16, 4));
+        let mut sig = cranelift_codegen::ir::Signature::new(call_conv);
+        sig.params.extend([cranelift_codegen::ir::AbiParam::new(I64); 4]);
+        let helper_sig = b.import_signature(sig);
+        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot, call_slot, helper_sig }
     }
 
     fn arg(&mut self, offset: usize) -> Value {
@@ -211,15 +234,20 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let allowed = self.arg(offset_of!(KernelArgs, allowed));
         let candidates = self.arg(offset_of!(KernelArgs, candidates));
         let lse = self.arg(offset_of!(KernelArgs, lse));
-        let seed = self.arg(offset_of!(KernelArgs, seed));
+        let row_keys = self.arg(offset_of!(KernelArgs, row_keys));
+        let row_counters = self.arg(offset_of!(KernelArgs, row_counters));
+        let quad_offset = self.arg(offset_of!(KernelArgs, quad_offset));
+        let pen_bits = self.arg(offset_of!(KernelArgs, pen_bits));
+        let pen_table = self.arg(offset_of!(KernelArgs, pen_table));
+        let penalize = self.arg(offset_of!(KernelArgs, penalize));
+        let lists = self.arg(offset_of!(KernelArgs, lists));
+        let per_tile = self.arg(offset_of!(KernelArgs, per_tile));
+        let insert = self.arg(offset_of!(KernelArgs, insert));
         let batch = self.arg(offset_of!(KernelArgs, batch));
         let dim = self.arg(offset_of!(KernelArgs, dim));
         let vocab = self.arg(offset_of!(KernelArgs, vocab));
         let tiles = self.arg(offset_of!(KernelArgs, tiles));
         let b = &mut self.b;
-        let seed_lo = b.ins().ireduce(I32, seed);
-        let seed_hi64 = b.ins().ushr_imm_u(seed, 32);
-        let seed_hi = b.ins().ireduce(I32, seed_hi64);
         let hidden_row = b.ins().ishl_imm_u(dim, 2);
         let esize = self.plan.dtype.size_bytes() as i64;
         let weight_row = b.ins().imul_imm_s(dim, esize);
@@ -238,7 +266,15 @@ impl<'a, 'p> Lowering<'a, 'p> {
             allowed,
             candidates,
             lse,
-            key: [seed_lo, seed_hi],
+            row_keys,
+            row_counters,
+            quad_offset,
+            pen_bits,
+            pen_table,
+            penalize,
+            lists,
+            per_tile,
+            insert,
             batch,
             vocab,
             tiles,
@@ -718,6 +754,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                     None => x,
                 },
                 Step::Softcap(cap) => math::softcap_f32(b, x, cap),
+                Step::Penalties => self.emit_penalties(l, q, row, x),
             };
         }
 
@@ -745,6 +782,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
         if self.plan.needs_lse {
             self.emit_lse(l, row, x, allowed);
+        }
+        if self.plan.list_capacity > 0 {
+            self.emit_list_update(l, q, row, x, allowed);
         }
 
         // Steps 5 and 6, per sample.
@@ -794,11 +834,20 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 k.b.switch_to_block(noisy);
                 let b = &mut k.b;
                 let quad_index = b.ins().ushr_imm_u(q.v, 2);
+                let quad_index = b.ins().iadd(quad_index, l.quad_offset);
                 let c0 = b.ins().ireduce(I32, quad_index);
-                let c1 = b.ins().ireduce(I32, row);
+                let row4 = b.ins().ishl_imm_u(row, 2);
+                let ctr_addr = b.ins().iadd(l.row_counters, row4);
+                let c1 = b.ins().load(I32, input(), ctr_addr, 0);
+                let row8 = b.ins().ishl_imm_u(row, 3);
+                let key_addr = b.ins().iadd(l.row_keys, row8);
+                let key = b.ins().load(I64, input(), key_addr, 0);
+                let key_lo = b.ins().ireduce(I32, key);
+                let key_hi = b.ins().ushr_imm_u(key, 32);
+                let key_hi = b.ins().ireduce(I32, key_hi);
                 let c2 = b.ins().ireduce(I32, s);
                 let c3 = b.ins().iconst(I32, 0);
-                let words = math::philox4x32_10(b, [c0, c1, c2, c3], l.key);
+                let words = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
                 let mut bits = b.ins().scalar_to_vector(I32X4, words[0]);
                 for (lane, &w) in words.iter().enumerate().skip(1) {
                     bits = b.ins().insertlane(bits, w, lane as u8);
@@ -855,6 +904,72 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.store_candidate(addr, win_score, index, win_logit);
         self.b.ins().jump(done, &[]);
         self.b.switch_to_block(done);
+    }
+
+    /// Step 3, penalties: one bitset test per quad; the rare quads holding a listed token call
+    /// `penalize_quad`, which binary-searches the row's list (DESIGN.md).
+    fn emit_penalties(&mut self, l: &Launch, q: &Quad, row: Value, x: Value) -> Value {
+        let b = &mut self.b;
+        let word = b.ins().ushr_imm_u(q.v, 5);
+        let base = b.ins().imul(row, l.mask_words);
+        let word = b.ins().iadd(base, word);
+        let off = b.ins().ishl_imm_u(word, 2);
+        let addr = b.ins().iadd(l.pen_bits, off);
+        let bits = b.ins().load(I32, input(), addr, 0);
+        let shift = b.ins().band_imm_s(q.v, 31);
+        let shift = b.ins().ireduce(I32, shift);
+        let bits = b.ins().ushr(bits, shift);
+        let listed = b.ins().band(bits, q.valid_bits);
+        let x_var = b.declare_var(F32X4);
+        b.def_var(x_var, x);
+        let call = b.create_block();
+        let done = b.create_block();
+        b.set_cold_block(call);
+        b.ins().brif(listed, call, &[], done, &[]);
+
+        b.switch_to_block(call);
+        b.ins().stack_store(I64, x, self.call_slot, 0);
+        let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
+        b.ins().call_indirect(self.helper_sig, l.penalize, &[l.pen_table, row, q.v, ptr]);
+        let penalized = b.ins().stack_load(I64, F32X4, self.call_slot, 0);
+        b.def_var(x_var, penalized);
+        b.ins().jump(done, &[]);
+
+        b.switch_to_block(done);
+        b.use_var(x_var)
+    }
+
+    /// Step 6b: when the quad's best eligible logit beats the last entry of this (row, tile)'s
+    /// list, hand the quad to `insert_quad`. Tokens arrive in increasing order, so an equal
+    /// logit never displaces an entry (ties go to the lower index).
+    fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value) {
+        let tile = self.b.use_var(self.tile);
+        let b = &mut self.b;
+        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
+        let eligible = b.ins().band(above, allowed);
+        let xs = math::select(b, eligible, x, neg_inf);
+        let best = math::hmax(b, xs);
+        let slot = b.ins().imul(row, l.tiles);
+        let slot = b.ins().iadd(slot, tile);
+        let slot = b.ins().imul(slot, l.per_tile);
+        let off = b.ins().imul_imm_s(slot, SCORED_BYTES);
+        let list = b.ins().iadd(l.lists, off);
+        let last = b.ins().imul_imm_s(l.per_tile, SCORED_BYTES);
+        let last = b.ins().iadd(list, last);
+        let tail = b.ins().load(F32, output(), last, -SCORED_BYTES as i32);
+        let beats = b.ins().fcmp(FloatCC::GreaterThan, best, tail);
+        let call = b.create_block();
+        let done = b.create_block();
+        b.set_cold_block(call);
+        b.ins().brif(beats, call, &[], done, &[]);
+
+        b.switch_to_block(call);
+        b.ins().stack_store(I64, xs, self.call_slot, 0);
+        let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
+        b.ins().call_indirect(self.helper_sig, l.insert, &[list, l.per_tile, q.v, ptr]);
+        b.ins().jump(done, &[]);
+        b.switch_to_block(done);
     }
 
     /// Step 7: online `(max, Σ exp(x − max))` over the quad's allowed tokens with `x > -inf`.

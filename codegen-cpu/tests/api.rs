@@ -49,7 +49,7 @@ fn launch_rejects_mismatched_buffers() {
     let p = PipelineBuilder::new("P", DType::F32, DType::BF16)
         .bias("b")
         .gumbel("seed", 2)
-        .outputs(Outputs { score: false, logsumexp: true, logprob: false })
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
         .build()
         .unwrap();
     let kernel = compile(&p, 8, 2, 1);
@@ -67,6 +67,7 @@ fn launch_rejects_mismatched_buffers() {
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
         kernel.launch(CpuLaunch {
             hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
+            row_seeds: None, vocab_offset: 0, penalties: None, lists: None,
         })
     };
     assert!(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands, Some(&mut lse)).is_ok());
@@ -105,6 +106,10 @@ fn empty_launches_write_nothing() {
                 bias: None,
                 allowed: None,
                 seed: 0,
+                row_seeds: None,
+                vocab_offset: 0,
+                penalties: None,
+                lists: None,
                 candidates: &mut none,
                 lse: None,
             })

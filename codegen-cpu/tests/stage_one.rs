@@ -11,8 +11,9 @@ use rand::Rng;
 const DTYPES: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
 
 fn pipelines(dtype: DType) -> Vec<Pipeline> {
-    let lse = Outputs { score: true, logsumexp: true, logprob: false };
-    let logprob = Outputs { score: false, logsumexp: false, logprob: true };
+    let lse = Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 };
+    let logprob = Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 };
+    let top = Outputs { top_logprobs: 3, ..Outputs::default() };
     let new = |name| PipelineBuilder::new(name, DType::F32, dtype);
     vec![
         new("Plain").gumbel("seed", 1).build().unwrap(),
@@ -27,6 +28,16 @@ fn pipelines(dtype: DType) -> Vec<Pipeline> {
             .unwrap(),
         new("Greedy").mask("m").softcap(2.5).argmax().outputs(logprob).build().unwrap(),
         new("CapFirst").softcap(1.5).temperature_per_row("t").bias("b").ban("ban").gumbel("seed", 2).build().unwrap(),
+        new("Serving")
+            .penalties("pen")
+            .temperature_per_row("t")
+            .mask("m")
+            .filter("f", 5)
+            .gumbel("seed", 2)
+            .outputs(top)
+            .build()
+            .unwrap(),
+        new("TopLogprobs").bias("b").argmax().outputs(Outputs { top_logprobs: 7, ..Outputs::default() }).build().unwrap(),
     ]
 }
 
@@ -113,7 +124,7 @@ fn every_tokens_noise_is_gumbel_f32_of_its_philox_bits() {
     let kernel = compile(&p, 4, 2, 2);
     let (batch, vocab) = (3, 4096);
     for offset in 0..4 {
-        let mut rng = rng(4);
+        let mut rng = rng(4 + offset as u64);
         let mut inp = random_inputs(&p, &mut rng, batch, 1, vocab);
         inp.hidden = vec![0.0; batch];
         inp.seed = 0x0123_4567_89ab_cdef ^ offset as u64;
@@ -125,7 +136,9 @@ fn every_tokens_noise_is_gumbel_f32_of_its_philox_bits() {
                 for t in 0..layout.tiles {
                     let v = 4 * t + offset;
                     let c = cands[layout.slot(r, s, t)];
-                    let want = gumbel_f32(noise_bits(inp.seed, r as u32, s as u32, v as u32));
+                    // random_inputs may give per-row seeds and a vocabulary offset: both must reach the noise.
+                    let (key, ctr_row) = inp.stream(r);
+                    let want = gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset));
                     assert_eq!((c.index, c.score.to_bits(), c.logit), (v as u32, want.to_bits(), 0.0), "row {r} sample {s} token {v}");
                 }
             }
@@ -163,6 +176,9 @@ fn every_16_bit_pattern_widens_exactly() {
                 bias: None,
                 allowed: Some(one_per_tile(1, vocab, offset)),
                 seed: 0,
+                row_seeds: None,
+                vocab_offset: 0,
+                penalties: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
             for (t, c) in cands.iter().enumerate() {
@@ -185,7 +201,7 @@ fn every_16_bit_pattern_widens_exactly() {
 
 #[test]
 fn f16_subnormals_and_infinities_in_the_matmul() {
-    let p = PipelineBuilder::new("Sub", DType::F32, DType::F16).argmax().outputs(Outputs { score: true, logsumexp: true, logprob: false }).build().unwrap();
+    let p = PipelineBuilder::new("Sub", DType::F32, DType::F16).argmax().outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 }).build().unwrap();
     let kernel = compile(&p, 8, 2, 1);
     let mut rng = rng(5);
     let (batch, dim, vocab) = (3, 19, 40);
@@ -245,7 +261,7 @@ fn fully_excluded_tiles_write_index_none() {
         .bias("b")
         .mask("m")
         .gumbel("seed", 3)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: false })
+        .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
         .build()
         .unwrap();
     let kernel = compile(p, 8, 2, 2);

@@ -4,7 +4,7 @@
 
 use flashsample_abi::math::{exp_f32, softcap_f32};
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{Candidate, LsePartial, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::{Candidate, LsePartial, PenaltyTable, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use rand::rngs::StdRng;
@@ -23,6 +23,19 @@ pub struct Inputs {
     pub bias: Option<Vec<f32>>,
     pub allowed: Option<Vec<u32>>,
     pub seed: u64,
+    pub row_seeds: Option<Vec<u64>>,
+    pub vocab_offset: u32,
+    pub penalties: Option<PenaltyTable>,
+}
+
+impl Inputs {
+    /// Philox key and counter-row word of row `r` (DESIGN.md step 5).
+    pub fn stream(&self, r: usize) -> (u64, u32) {
+        match &self.row_seeds {
+            Some(seeds) => (seeds[r], 0),
+            None => (self.seed, r as u32),
+        }
+    }
 }
 
 pub fn encode(dtype: DType, x: f32) -> Vec<u8> {
@@ -61,7 +74,8 @@ pub fn transformed(p: &Pipeline, inp: &Inputs, r: usize, v: usize, raw: f32) -> 
             }
             Transform::Bias { .. } => x += inp.bias.as_ref().unwrap()[v],
             Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
-            Transform::Mask { .. } | Transform::Ban { .. } => {}
+            Transform::Penalties { .. } => x = inp.penalties.as_ref().unwrap().apply(r, v as u32, x),
+            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
         }
     }
     x
@@ -82,7 +96,8 @@ pub fn score(p: &Pipeline, inp: &Inputs, r: usize, s: usize, v: usize, x: f32) -
     if is_greedy(p, inp, r) {
         x
     } else {
-        x + gumbel_f32(noise_bits(inp.seed, r as u32, s as u32, v as u32))
+        let (key, ctr_row) = inp.stream(r);
+        x + gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset))
     }
 }
 
@@ -132,12 +147,31 @@ pub fn model_candidate(p: &Pipeline, inp: &Inputs, t: &TileModel, r: usize, s: u
 
 pub const POISON_INDEX: u32 = 0xDEAD_BEEF;
 
+/// The model's top list of a tile (DESIGN.md step 6b).
+pub fn model_list(t: &TileModel, per_tile: usize) -> Vec<Scored> {
+    let mut list = vec![Scored::EMPTY; per_tile];
+    for &(v, x, allowed) in &t.tokens {
+        if allowed && x > f32::NEG_INFINITY {
+            flashsample_abi::filter::insert(&mut list, Scored { logit: x, index: v as u32 });
+        }
+    }
+    list
+}
+
 /// Runs the kernel with poisoned output buffers.
 pub fn run(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Candidate>, Option<Vec<LsePartial>>) {
+    let (c, l, _) = run_with_lists(kernel, p, inp);
+    (c, l)
+}
+
+/// [`run`], also returning the top lists when the pipeline has them.
+pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Candidate>, Option<Vec<LsePartial>>, Option<Vec<Scored>>) {
     let tiles = kernel.tiles(inp.vocab);
     let layout = StageTwo { batch: inp.batch, samples: p.samples_per_row() as usize, tiles };
     let mut cands = vec![Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN }; layout.candidate_count()];
     let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; inp.batch * tiles]);
+    let per_tile = p.list_capacity() as usize;
+    let mut lists = (per_tile > 0).then(|| vec![Scored::EMPTY; inp.batch * tiles * per_tile]);
     kernel
         .launch(CpuLaunch {
             hidden: &inp.hidden,
@@ -149,11 +183,15 @@ pub fn run(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Candidate>, O
             bias: inp.bias.as_deref(),
             allowed: inp.allowed.as_deref(),
             seed: inp.seed,
+            row_seeds: inp.row_seeds.as_deref(),
+            vocab_offset: inp.vocab_offset,
+            penalties: inp.penalties.as_ref(),
+            lists: lists.as_deref_mut(),
             candidates: &mut cands,
             lse: lse.as_deref_mut(),
         })
         .expect("launch");
-    (cands, lse)
+    (cands, lse, lists)
 }
 
 /// How far the kernel's f32 dot product may drift from the model's sequential one.
@@ -165,7 +203,8 @@ pub fn tolerance(inp: &Inputs, x: f32) -> f32 {
 /// indices must match bit for bit (for inputs where every product and sum is exact).
 pub fn check(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs, exact: bool) {
     let tile_size = kernel.config().vocab_tile as usize;
-    let (cands, lse) = run(kernel, p, inp);
+    let (cands, lse, lists) = run_with_lists(kernel, p, inp);
+    let per_tile = p.list_capacity() as usize;
     let tiles = kernel.tiles(inp.vocab);
     let samples = p.samples_per_row() as usize;
     let layout = StageTwo { batch: inp.batch, samples, tiles };
@@ -202,6 +241,20 @@ pub fn check(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs, exact: bool) {
                     assert!((got.logit - x).abs() <= tol, "{}: got {got:?}, model logit {x}", ctx(r, s, t));
                 } else {
                     assert!((got.logit - want.logit).abs() <= tolerance(inp, want.logit), "{}: got {got:?}, want {want:?}", ctx(r, s, t));
+                }
+            }
+            if let (Some(lists), false) = (&lists, tm.nonfinite) {
+                let got = &lists[(r * tiles + t) * per_tile..][..per_tile];
+                let want = model_list(&tm, per_tile);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    if exact {
+                        assert_eq!((g.index, g.logit.to_bits()), (w.index, w.logit.to_bits()), "list {} slot {j}: {got:?} vs {want:?}", ctx(r, 0, t));
+                    } else {
+                        assert_eq!(g.is_empty(), w.is_empty(), "list {} slot {j}: {got:?} vs {want:?}", ctx(r, 0, t));
+                        if !w.is_empty() {
+                            assert!((g.logit - w.logit).abs() <= tolerance(inp, w.logit), "list {} slot {j}: {got:?} vs {want:?}", ctx(r, 0, t));
+                        }
+                    }
                 }
             }
             if let Some(lse) = &lse {
@@ -252,7 +305,21 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
         }
         bits
     });
-    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random() }
+    let penalties = p.has_penalties().then(|| {
+        let history: Vec<Vec<(u32, u32)>> = (0..batch)
+            .map(|_| (0..rng.random_range(0..8)).map(|_| (rng.random_range(0..vocab as u32), rng.random_range(0..3))).collect())
+            .collect();
+        let repetition: Vec<f32> = (0..batch).map(|_| rng.random_range(1.0f32..2.0)).collect();
+        let presence: Vec<f32> = (0..batch).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        let frequency: Vec<f32> = (0..batch).map(|_| rng.random_range(0.0f32..0.5)).collect();
+        let arg = flashsample_abi::PenaltyArg { repetition: &repetition, presence: &presence, frequency: &frequency, history: &history };
+        flashsample_abi::SamplingParams { penalties: Some(arg), ..Default::default() }
+            .penalty_table(batch, vocab)
+            .expect("penalties given")
+    });
+    let row_seeds = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
+    let vocab_offset = 4 * rng.random_range(0..1000u32);
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, vocab_offset, penalties }
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {
