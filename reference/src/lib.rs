@@ -10,7 +10,7 @@
 use flashsample_abi::{
     math::{EXP_MIN_INPUT, TANH_SATURATE},
     rng::{gumbel_f64, noise_bits, GUMBEL_F32_ABS_ERROR},
-    ParamError, RowError, SamplingParams,
+    ParamError, RowError, RowFilter, SamplingParams,
 };
 use flashsample_ir::{Pipeline, Transform};
 use rayon::prelude::*;
@@ -69,6 +69,10 @@ pub struct SampleReference {
     pub logit: f64,
     /// Bound on |f32 backend score − f64 score| for any token of this row.
     pub bound: f64,
+    /// The row's top-k / min-p / top-p set is not determined robustly: a logit or cumulative
+    /// mass at its edge is within the f32 error bound, so an f32 backend may cut one token
+    /// differently. Pathwise checks skip such samples (distributional tests still cover them).
+    pub ambiguous: bool,
 }
 
 /// One row's transformed logits, f64, with `-inf` for excluded tokens, and their error bounds.
@@ -105,6 +109,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         let t = self.params.row_temperature(self.pipeline, row);
         let greedy = self.pipeline.is_greedy() || t == 0.0;
         let allowed = self.params.allowed_bitset(self.batch, self.vocab);
+        let penalties = self.params.penalties;
         let words = self.vocab.div_ceil(32);
         let h: Vec<f64> = self.hidden[row * self.dim..][..self.dim].iter().map(|x| x.to_f64()).collect();
         // γ_n bound of an n-term f32 dot product in any order (Higham), n = D + 2 for the
@@ -146,6 +151,25 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                                 err += c * (1.0 - f64::from(TANH_SATURATE).tanh());
                             }
                         }
+                        Transform::Penalties { .. } => {
+                            if let Some(p) = penalties {
+                                let count: Option<u64> = p.history[row]
+                                    .iter()
+                                    .filter(|(tok, _)| *tok as usize == v)
+                                    .map(|&(_, n)| u64::from(n))
+                                    .reduce(|a, b| a + b);
+                                if let Some(n) = count {
+                                    let rep = f64::from(p.repetition[row]);
+                                    let scale = if x > 0.0 { 1.0 / rep } else { rep };
+                                    x *= scale;
+                                    let sub = f64::from(p.frequency[row]) * n as f64
+                                        + if n > 0 { f64::from(p.presence[row]) } else { 0.0 };
+                                    err = err * scale + x.abs() * U + 3.0 * sub.abs() * U;
+                                    x -= sub;
+                                    err += x.abs() * U;
+                                }
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -164,14 +188,33 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         Ok(RowLogits { logits, bounds, greedy })
     }
 
-    /// `softmax` of `row`'s transformed logits: the distribution every sampler must draw from.
+    /// The distribution every sampler must draw `row` from: `softmax` of its transformed
+    /// logits, restricted to and renormalized over the row's filter set (if any).
     pub fn probabilities(&self, row: usize) -> Result<Vec<f64>, ReferenceError> {
         let rl = self.row_logits(row)?;
         let lse = logsumexp(&rl.logits);
         if lse == f64::NEG_INFINITY {
             return Err(RowError::AllMasked { row }.into());
         }
-        Ok(rl.logits.iter().map(|x| (x - lse).exp()).collect())
+        let candidates = self.candidate_set(row, &rl);
+        let mass = logsumexp(&candidates.kept.iter().map(|&v| rl.logits[v]).collect::<Vec<_>>());
+        let mut p = vec![0.0; self.vocab];
+        for &v in &candidates.kept {
+            p[v] = (rl.logits[v] - mass).exp();
+        }
+        Ok(p)
+    }
+
+    /// The tokens `row` samples among: the allowed ones, then the row's top-k, min-p and top-p
+    /// (vLLM's order, DESIGN.md stage three) unless the row is greedy or unfiltered.
+    pub fn candidate_set(&self, row: usize, rl: &RowLogits) -> CandidateSet {
+        let mut order: Vec<usize> = (0..self.vocab).filter(|&v| rl.logits[v] > f64::NEG_INFINITY).collect();
+        let filter = self.params.row_filter(row);
+        if rl.greedy || self.pipeline.filter_max_k().is_none() || filter.is_off() {
+            return CandidateSet { kept: order, ambiguous: false };
+        }
+        order.sort_by(|&a, &b| rl.logits[b].total_cmp(&rl.logits[a]).then(a.cmp(&b)));
+        filter_sorted(&order, &rl.logits, &rl.bounds, &filter)
     }
 
     /// Reference samples of `rows` (every sample of each), in order, and their logsumexps.
@@ -185,17 +228,18 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                 return Err(RowError::AllMasked { row }.into());
             }
             lses.push(lse);
+            let candidates = self.candidate_set(row, &rl);
+            let (key, stream_row) = self.params.row_stream(row);
             for sample in 0..self.pipeline.samples_per_row() {
                 let (mut best, mut second, mut token) = (f64::NEG_INFINITY, f64::NEG_INFINITY, u32::MAX);
                 let mut bound = 0.0f64;
-                for (v, &x) in rl.logits.iter().enumerate() {
-                    if x == f64::NEG_INFINITY {
-                        continue;
-                    }
+                for &v in &candidates.kept {
+                    let x = rl.logits[v];
                     let (s, b) = if rl.greedy {
                         (x, rl.bounds[v])
                     } else {
-                        let g = gumbel_f64(noise_bits(self.params.seed, row as u32, sample, v as u32));
+                        let global = v as u32 + self.params.vocab_offset;
+                        let g = gumbel_f64(noise_bits(key, stream_row, sample, global));
                         (x + g, rl.bounds[v] + GUMBEL_F32_ABS_ERROR + (x + g).abs() * U)
                     };
                     bound = bound.max(b);
@@ -207,7 +251,14 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                         second = s;
                     }
                 }
-                out.push(SampleReference { token, score: best, runner_up: second, logit: rl.logits[token as usize], bound });
+                out.push(SampleReference {
+                    token,
+                    score: best,
+                    runner_up: second,
+                    logit: rl.logits[token as usize],
+                    bound,
+                    ambiguous: candidates.ambiguous,
+                });
             }
         }
         Ok((out, lses))
@@ -217,6 +268,57 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
     pub fn sample_all(&self) -> Result<(Vec<SampleReference>, Vec<f64>), ReferenceError> {
         self.sample_rows(&(0..self.batch).collect::<Vec<_>>())
     }
+}
+
+/// The tokens a row samples among, and whether an f32 backend could cut the set differently.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CandidateSet {
+    /// Most likely first when a filter applied; in vocabulary order otherwise.
+    pub kept: Vec<usize>,
+    pub ambiguous: bool,
+}
+
+/// top-k, then min-p, then top-p over `order` (eligible tokens, most likely first), in f64,
+/// flagging every cut that lies within the f32 error of its edge.
+fn filter_sorted(order: &[usize], logits: &[f64], bounds: &[f64], f: &RowFilter) -> CandidateSet {
+    let b = order.iter().map(|&v| bounds[v]).fold(0.0, f64::max);
+    let mut ambiguous = false;
+    let mut n = order.len();
+    if f.top_k > 0 && (f.top_k as usize) < n {
+        n = f.top_k as usize;
+        ambiguous |= logits[order[n - 1]] - logits[order[n]] <= 2.0 * b;
+    }
+    if f.min_p > 0.0 && n > 0 {
+        // The f32 threshold adds ln_f32's error (< 1e-6) to the logit's.
+        let threshold = logits[order[0]] + f64::from(f.min_p).ln();
+        let tol = 2.0 * b + 1e-6 * (1.0 + threshold.abs());
+        let passing = order[..n].iter().take_while(|&&v| logits[v] >= threshold).count();
+        ambiguous |= order[..n].iter().any(|&v| (logits[v] - threshold).abs() <= tol);
+        n = passing;
+    }
+    if f.top_p < 1.0 && n > 0 {
+        let mass = logsumexp(&order[..n].iter().map(|&v| logits[v]).collect::<Vec<_>>());
+        let p = f64::from(f.top_p);
+        // Relative error of the f32 cumulative masses: the logits' error, exp_f32 and the sum.
+        let tol = 4.0 * b + (n as f64 + 8.0) * 4.0 * U;
+        let mut cum = 0.0;
+        let mut kept = 0;
+        for &v in &order[..n] {
+            if kept > 0 && cum >= p {
+                break;
+            }
+            if kept > 0 && (cum - p).abs() <= tol {
+                ambiguous = true;
+            }
+            cum += (logits[v] - mass).exp();
+            kept += 1;
+        }
+        if kept < n && (cum - p).abs() <= tol {
+            ambiguous = true;
+        }
+        n = kept;
+    }
+    CandidateSet { kept: order[..n].to_vec(), ambiguous }
 }
 
 /// Stable f64 logsumexp; `-inf` entries are skipped, all `-inf` gives `-inf`.
@@ -299,6 +401,28 @@ mod tests {
     }
 
     #[test]
+    fn filters_and_penalties_follow_vllm() {
+        let p = PipelineBuilder::new("F", DType::F32, DType::F32).penalties("pen").filter("f", 4).build().unwrap();
+        // Logits 3, 2, 1, 0, -1 for tokens 0..5.
+        let hidden = [1.0f32];
+        let weights = [3.0f32, 2.0, 1.0, 0.0, -1.0];
+        let history = vec![vec![(0u32, 2u32), (4, 0)]];
+        let pen = flashsample_abi::PenaltyArg { repetition: &[2.0], presence: &[0.5], frequency: &[0.25], history: &history };
+        let filter = [RowFilter { top_k: 3, top_p: 1.0, min_p: 0.0 }];
+        let params = SamplingParams { penalties: Some(pen), filter: Some(&filter), ..Default::default() };
+        let prob = Problem { pipeline: &p, hidden: &hidden, weights: &weights, batch: 1, dim: 1, vocab: 5, params: &params };
+        let rl = prob.row_logits(0).unwrap();
+        // Token 0: 3 / 2 − 0.25·2 − 0.5 = 0.5; token 4 (prompt only): −1 · 2 = −2.
+        assert_eq!(rl.logits, vec![0.5, 2.0, 1.0, 0.0, -2.0]);
+        let set = prob.candidate_set(0, &rl);
+        assert_eq!(set.kept, vec![1, 2, 0]);
+        let probs = prob.probabilities(0).unwrap();
+        assert!(probs[3] == 0.0 && probs[4] == 0.0 && (probs.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        let (s, _) = prob.sample_all().unwrap();
+        assert!(set.kept.contains(&(s[0].token as usize)));
+    }
+
+    #[test]
     fn nan_hidden_is_an_error() {
         let p = PipelineBuilder::new("N", DType::F32, DType::F32).build().unwrap();
         let params = SamplingParams::default();
@@ -308,7 +432,7 @@ mod tests {
 
     #[test]
     fn pathwise_check_accepts_near_ties_only() {
-        let r = SampleReference { token: 3, score: 1.0, runner_up: 0.5, logit: 0.0, bound: 0.01 };
+        let r = SampleReference { token: 3, score: 1.0, runner_up: 0.5, logit: 0.0, bound: 0.01, ambiguous: false };
         assert!(check_pathwise(&r, 3, 1.005).is_ok());
         assert!(check_pathwise(&r, 4, 1.0).is_err());
         assert!(check_pathwise(&r, 3, 1.02).is_err());

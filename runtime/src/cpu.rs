@@ -2,12 +2,13 @@
 
 use crate::{
     sampler::Shape,
+    stage_three,
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
 };
 use std::collections::HashMap;
-use flashsample_abi::{Candidate, LsePartial, SamplingParams, StageTwo};
+use flashsample_abi::{Candidate, LsePartial, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
@@ -82,6 +83,10 @@ impl CpuBackend {
         // Poisoned, so a slot the kernel failed to write cannot pass for a sample.
         let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONFINITE, logit: f32::NAN }; layout.candidate_count()];
         let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
+        let lists_layout = TopLists { batch: shape.batch, tiles: layout.tiles, per_tile: p.list_capacity() as usize };
+        // The kernel inserts into the lists, so they start empty rather than poisoned.
+        let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);
+        let penalties = params.penalty_table(shape.batch, shape.vocab);
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -92,10 +97,14 @@ impl CpuBackend {
             bias: params.bias,
             allowed,
             seed: params.seed,
+            row_seeds: params.row_seeds,
+            vocab_offset: params.vocab_offset,
+            penalties: penalties.as_ref(),
+            lists: lists.as_deref_mut(),
             candidates: &mut candidates,
             lse: lse.as_deref_mut(),
         })?;
-        Ok(StageOne { layout, candidates, lse })
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)) })
     }
 
     pub fn sample(
@@ -109,8 +118,14 @@ impl CpuBackend {
         let hidden_f32 = host_f32(hidden)?;
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let one = self.stage_one(&hidden_f32, weights, params, allowed.as_deref(), shape, config)?;
-        let reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
-        Ok(Samples::from_reduced(&self.pipeline, shape.batch, reduced))
+        let mut reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
+        let top_logprobs = match &one.lists {
+            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced)?,
+            None => None,
+        };
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
+        samples.top_logprobs = top_logprobs;
+        Ok(samples)
     }
 }
 
@@ -119,6 +134,8 @@ pub(crate) struct StageOne {
     pub layout: StageTwo,
     pub candidates: Vec<Candidate>,
     pub lse: Option<Vec<LsePartial>>,
+    /// The per-tile top lists, iff the pipeline has a filter or top logprobs.
+    pub lists: Option<(TopLists, Vec<Scored>)>,
 }
 
 /// A host tensor's elements widened to f32 (the CPU kernel's hidden-state format).

@@ -12,6 +12,7 @@ mod device;
 mod error;
 mod sampler;
 mod sharded;
+mod stage_three;
 mod tensor;
 pub mod tuning;
 

@@ -27,6 +27,13 @@ impl ShardedSampler {
     /// `Sampler` per rank.
     pub fn new(pipeline: Pipeline, device: &Device) -> Result<ShardedSampler> {
         pipeline.validate()?;
+        if pipeline.list_capacity() > 0 || pipeline.has_penalties() {
+            // Their per-row token lists and per-tile candidate lists are indexed by global token;
+            // the shard merge here carries one winner per shard. Tensor-parallel GPUs handle them.
+            return Err(Error::Unsupported(
+                "sharded sampling of pipelines with a filter, penalties or top logprobs".into(),
+            ));
+        }
         let Device::Cpu { threads } = device else {
             return Err(Error::Unsupported(format!("sharded sampling on {}; use Device::cpu()", device.describe())));
         };

@@ -1,0 +1,45 @@
+//! Stage three on the host: top-k / min-p / top-p and top-n logprobs from stage one's per-tile
+//! lists (`abi::filter`), after stage two's unfiltered reduction. The CPU backend runs it; the
+//! CUDA backend runs the same steps in its `flashsample_filter` kernel.
+
+use crate::Result;
+use flashsample_abi::filter::{draw, merge_row, survivors};
+use flashsample_abi::{RowError, RowResult, SamplingParams, Scored, TopLists};
+use flashsample_ir::Pipeline;
+
+/// Rewrites the filtered rows of `reduced` and returns the top logprobs if the pipeline asks.
+pub(crate) fn finish(
+    pipeline: &Pipeline,
+    params: &SamplingParams<'_>,
+    layout: TopLists,
+    lists: &[Scored],
+    reduced: &mut RowResult,
+) -> Result<Option<Vec<Vec<(u32, f32)>>>> {
+    let need = pipeline.list_capacity() as usize;
+    let samples = pipeline.samples_per_row() as usize;
+    let top_n = pipeline.outputs.top_logprobs as usize;
+    let mut top_logprobs = (top_n > 0).then(|| Vec::with_capacity(layout.batch));
+    for row in 0..layout.batch {
+        let top = merge_row(layout.row(lists, row), layout.per_tile, need, row)?;
+        let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
+        if let Some(out) = top_logprobs.as_mut() {
+            out.push(top.iter().take(top_n).map(|s| (s.index, s.logit - lse)).collect());
+        }
+        let filter = params.row_filter(row);
+        let greedy = pipeline.is_greedy() || params.row_temperature(pipeline, row) == 0.0;
+        if filter.is_off() || greedy || pipeline.filter_max_k().is_none() {
+            continue;
+        }
+        let kept = survivors(&top, &filter, lse, top.len() < need, row)?;
+        let (key, stream_row) = params.row_stream(row);
+        for s in 0..samples {
+            let (w, score) = draw(&top[..kept], key, stream_row, s as u32, params.vocab_offset)
+                .ok_or(RowError::AllMasked { row })?;
+            let i = row * samples + s;
+            reduced.tokens[i] = w.index;
+            reduced.scores[i] = score;
+            reduced.logits[i] = w.logit;
+        }
+    }
+    Ok(top_logprobs)
+}
