@@ -11,7 +11,9 @@
 //! A shorter list (the GPU's default, for speed) is exact unless some full tile's last entry
 //! ranks strictly before the `need`-th selected token; that case is detected ([`ListError::Overflow`]) and the runtime reruns with
 //! `per_tile = capacity`. A row that sets no top-k but a top-p / min-p whose nucleus does not fit
-//! in the pipeline's capacity fails with [`ListError::NucleusTooLarge`], never a wrong sample.
+//! in the lists fails with [`ListError::NucleusTooLarge`], never a wrong sample; the runtimes
+//! then rerun once with lists of `flashsample_ir::MAX_LIST_CAPACITY` entries (exact, slower)
+//! and only a nucleus beyond that reaches the caller as an error.
 //!
 //! Order of the filters is vLLM's: top-k, min-p (which commutes with top-k: it compares with
 //! the maximum), then top-p on the probabilities renormalized over what is left. Every f32 step
@@ -86,8 +88,9 @@ pub enum ListError {
     #[error("row {row}: a vocabulary tile may hold more top tokens than its list kept")]
     Overflow { row: usize },
     #[error(
-        "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, the pipeline's filter \
-         capacity; set a top-k for the row or declare a larger `max_k`"
+        "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, more than the fused \
+         filter's candidate lists hold (max_k, and the runtime's fallback of {max}); set a top-k for the row",
+        max = flashsample_ir::MAX_LIST_CAPACITY
     )]
     NucleusTooLarge { row: usize, capacity: usize },
 }

@@ -127,8 +127,10 @@ pub struct CpuLaunch<'a> {
     pub vocab_offset: u32,
     /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
     pub penalties: Option<&'a PenaltyTable>,
-    /// `[batch, tiles, list_capacity]` iff `pipeline.list_capacity() > 0`; the kernel inserts
-    /// into it, so the caller fills it with `Scored::EMPTY`.
+    /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
+    /// `per_tile >= list_capacity()` (a longer list is the runtime's fallback for a nucleus that
+    /// outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
+    /// with `Scored::EMPTY`.
     pub lists: Option<&'a mut [Scored]>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.
     pub candidates: &'a mut [Candidate],
@@ -310,10 +312,18 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("penalties")),
             (false, None) => None,
         };
-        let per_tile = p.list_capacity() as usize;
-        let lists = match (per_tile > 0, a.lists) {
+        let slots = checked(a.batch, tiles, "lists")?.max(1);
+        let per_tile = a.lists.as_ref().map_or(0, |l| l.len() / slots);
+        let lists = match (p.list_capacity() > 0, a.lists) {
             (true, Some(l)) => {
-                expect_len("lists", l.len(), checked(checked(a.batch, tiles, "lists")?, per_tile, "lists")?)?;
+                if per_tile < p.list_capacity() as usize || l.len() != per_tile * slots {
+                    return Err(CpuCodegenError::BadArgument(format!(
+                        "lists of {} entries are not [batch {}, tiles {tiles}, per_tile >= {}]",
+                        l.len(),
+                        a.batch,
+                        p.list_capacity()
+                    )));
+                }
                 l.as_mut_ptr()
             }
             (true, None) => return Err(CpuCodegenError::Missing("lists")),

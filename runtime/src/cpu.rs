@@ -8,7 +8,8 @@ use crate::{
     Error, Result, Samples, Tensor,
 };
 use std::collections::HashMap;
-use flashsample_abi::{Candidate, LsePartial, SamplingParams, Scored, StageTwo, TopLists};
+use flashsample_abi::{Candidate, ListError, LsePartial, SamplingParams, Scored, StageTwo, TopLists};
+use flashsample_ir::MAX_LIST_CAPACITY;
 use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,21 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<StageOne> {
+        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize)
+    }
+
+    /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's capacity).
+    #[allow(clippy::too_many_arguments)]
+    fn stage_one_with_lists(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        allowed: Option<&[u32]>,
+        shape: Shape,
+        config: &CpuConfig,
+        per_tile: usize,
+    ) -> Result<StageOne> {
         let weight_bytes =
             weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
         config.validate()?;
@@ -83,7 +99,7 @@ impl CpuBackend {
         // Poisoned, so a slot the kernel failed to write cannot pass for a sample.
         let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONFINITE, logit: f32::NAN }; layout.candidate_count()];
         let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
-        let lists_layout = TopLists { batch: shape.batch, tiles: layout.tiles, per_tile: p.list_capacity() as usize };
+        let lists_layout = TopLists { batch: shape.batch, tiles: layout.tiles, per_tile };
         // The kernel inserts into the lists, so they start empty rather than poisoned.
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);
         let penalties = params.penalty_table(shape.batch, shape.vocab);
@@ -117,15 +133,29 @@ impl CpuBackend {
     ) -> Result<Samples> {
         let hidden_f32 = host_f32(hidden)?;
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
-        let one = self.stage_one(&hidden_f32, weights, params, allowed.as_deref(), shape, config)?;
-        let mut reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
-        let top_logprobs = match &one.lists {
-            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced)?,
-            None => None,
-        };
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
-        samples.top_logprobs = top_logprobs;
-        Ok(samples)
+        let capacity = self.pipeline.list_capacity() as usize;
+        let mut per_tile = capacity;
+        loop {
+            let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile)?;
+            let mut reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
+            let top_logprobs = match &one.lists {
+                Some((layout, lists)) => {
+                    match stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced) {
+                        // A top-p / min-p nucleus past the pipeline's capacity: rerun once with
+                        // the largest lists; exact, just slower, and only for such launches.
+                        Err(Error::List(ListError::NucleusTooLarge { .. })) if per_tile < MAX_LIST_CAPACITY as usize => {
+                            per_tile = MAX_LIST_CAPACITY as usize;
+                            continue;
+                        }
+                        other => other?,
+                    }
+                }
+                None => None,
+            };
+            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
+            samples.top_logprobs = top_logprobs;
+            return Ok(samples);
+        }
     }
 }
 

@@ -15,7 +15,9 @@ pub(crate) fn finish(
     lists: &[Scored],
     reduced: &mut RowResult,
 ) -> Result<Option<Vec<Vec<(u32, f32)>>>> {
-    let need = pipeline.list_capacity() as usize;
+    // Lists at least as long as the capacity (the fallback's are longer) are merged to their
+    // own length: a longer list is exact for a larger nucleus.
+    let need = layout.per_tile.max(pipeline.list_capacity() as usize);
     let samples = pipeline.samples_per_row() as usize;
     let top_n = pipeline.outputs.top_logprobs as usize;
     let mut top_logprobs = (top_n > 0).then(|| Vec::with_capacity(layout.batch));

@@ -92,7 +92,7 @@ impl Case {
             .map(|r| match r % 5 {
                 0 => RowFilter::OFF,
                 1 => RowFilter::top_k(rng.random_range(1..=8)),
-                2 => RowFilter::top_p(rng.random_range(0.3..0.95)),
+                2 => RowFilter::top_p(rng.random_range(0.3..0.9)),
                 3 => RowFilter { min_p: rng.random_range(0.05..0.5), ..RowFilter::OFF },
                 _ => RowFilter { top_k: rng.random_range(2..=8), top_p: rng.random_range(0.5..0.95), min_p: 0.02 },
             })
@@ -172,6 +172,10 @@ impl Case {
         let words = vocab.div_ceil(32);
         for row in 0..batch {
             case.banned[row] = case.banned[0].clone();
+            case.history[row] = case.history[0].clone();
+            case.repetition[row] = case.repetition[0];
+            case.presence[row] = case.presence[0];
+            case.frequency[row] = case.frequency[0];
             for w in 0..words {
                 case.mask[row * words + w] = case.mask[w];
             }
@@ -223,8 +227,10 @@ impl Case {
                 let r = &refs[i * s + k];
                 let slot = row * s + k;
                 let score = samples.scores.as_ref().map_or(r.score as f32, |s| s[slot]);
-                check_pathwise(r, samples.tokens[slot], score)
-                    .map_err(|e| format!("row {row} sample {k}: {e}"))?;
+                if !r.ambiguous {
+                    check_pathwise(r, samples.tokens[slot], score)
+                        .map_err(|e| format!("row {row} sample {k}: {e}"))?;
+                }
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - lses[i];
                     let tol = 2.0 * logsumexp_tolerance(r.bound, self.vocab);
@@ -232,6 +238,9 @@ impl Case {
                         return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
                     }
                 }
+            }
+            if let Some(top) = &samples.top_logprobs {
+                self.check_top_logprobs(&problem, row, &top[row], lses[i], refs[i * s].bound)?;
             }
             if let Some(lse) = &samples.logsumexp {
                 let tol = logsumexp_tolerance(refs[i * s].bound, self.vocab);
@@ -242,6 +251,58 @@ impl Case {
         }
         Ok(())
     }
+}
+
+impl Case {
+    /// `got` must be `n` most likely tokens of `row`, most likely first, with their logprobs:
+    /// each logprob within tolerance of the reference, each token within the f32 bound of the
+    /// reference's n-th largest logit (so only near-ties may swap).
+    fn check_top_logprobs(&self, problem: &Problem<'_, f32, f32>, row: usize, got: &[(u32, f32)], lse: f64, bound: f64) -> Result<(), String> {
+        let rl = problem.row_logits(row).map_err(|e| e.to_string())?;
+        let n = problem.pipeline.outputs.top_logprobs as usize;
+        let mut sorted: Vec<f64> = rl.logits.iter().cloned().filter(|x| *x > f64::NEG_INFINITY).collect();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if got.len() != n.min(sorted.len()) {
+            return Err(format!("row {row}: {} top logprobs, expected {}", got.len(), n.min(sorted.len())));
+        }
+        let tol = 2.0 * logsumexp_tolerance(bound, self.vocab);
+        for (j, &(tok, lp)) in got.iter().enumerate() {
+            let want = rl.logits[tok as usize] - lse;
+            if (f64::from(lp) - want).abs() > tol {
+                return Err(format!("row {row} top {j}: token {tok} logprob {lp} vs reference {want}"));
+            }
+            if rl.logits[tok as usize] < sorted[j] - 2.0 * bound {
+                return Err(format!("row {row} top {j}: token {tok} (logit {}) is not the {j}-th most likely ({})", rl.logits[tok as usize], sorted[j]));
+            }
+            if j > 0 && lp > got[j - 1].1 {
+                return Err(format!("row {row}: top logprobs out of order at {j}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row gets `filter`.
+    pub fn with_filter(mut self, filter: RowFilter) -> Case {
+        self.filters.iter_mut().for_each(|f| *f = filter);
+        self
+    }
+}
+
+/// Pipelines with a top-k / top-p / min-p filter or penalties and the one filter every row
+/// gets, for the chi-square tests of every backend.
+pub fn chi_square_filter_cases() -> Vec<(Pipeline, RowFilter)> {
+    use flashsample_ir::PipelineBuilder;
+    let filtered = |name| PipelineBuilder::new(name, DType::BF16, DType::BF16).temperature_per_row("t").filter("f", 8);
+    vec![
+        (filtered("TopK").build().expect("valid"), RowFilter::top_k(4)),
+        (filtered("TopP").build().expect("valid"), RowFilter::top_p(0.7)),
+        (filtered("MinP").build().expect("valid"), RowFilter { min_p: 0.2, ..RowFilter::OFF }),
+        (filtered("All3").build().expect("valid"), RowFilter { top_k: 6, top_p: 0.9, min_p: 0.05 }),
+        (
+            PipelineBuilder::new("Penalties", DType::BF16, DType::BF16).penalties("pen").temperature_per_row("t").build().expect("valid"),
+            RowFilter::OFF,
+        ),
+    ]
 }
 
 /// One pipeline per transform, for the chi-square tests of every backend.

@@ -1,9 +1,9 @@
 //! The Cranelift CPU backend against the float64 reference: pathwise on random shapes,
 //! chi-square against softmax, and every edge case and bad input.
 
-use flashsample::{Device, Error, RowError, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{Device, Error, ListError, ParamError, PenaltyArg, RowError, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
+use flashsample_tests::{chi_square, chi_square_filter_cases, chi_square_pipelines, Case, MatrixData};
 use proptest::prelude::*;
 
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
@@ -31,7 +31,22 @@ fn pipelines() -> Vec<Pipeline> {
             .unwrap(),
         PipelineBuilder::new("Greedy", DType::F32, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
         PipelineBuilder::new("Full32", DType::F32, DType::F32).temperature_const(0.8).mask("m").outputs(SCORE).build().unwrap(),
+        serving(),
     ]
+}
+
+/// What a serving stack runs: penalties, per-row temperature, a grammar mask, per-row
+/// top-k / top-p / min-p, two samples per row, logprobs and the top 5 logprobs.
+fn serving() -> Pipeline {
+    PipelineBuilder::new("Serving", DType::BF16, DType::BF16)
+        .penalties("penalties")
+        .temperature_per_row("temperature")
+        .mask("allowed")
+        .filter("filter", 8)
+        .gumbel("seed", 2)
+        .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
+        .build()
+        .unwrap()
 }
 
 fn cpu() -> Device {
@@ -45,7 +60,7 @@ proptest! {
     /// V not a multiple of any tile, B in 1..70 and odd D.
     #[test]
     fn pathwise_against_reference(
-        which in 0usize..5,
+        which in 0usize..6,
         batch in 1usize..70,
         dim in prop::sample::select(vec![1usize, 3, 7, 31, 64, 129, 200]),
         vocab in 1usize..1500,
@@ -82,6 +97,127 @@ fn chi_square_for_every_transform() {
         let (stat, p) = chi_square(&counts, &probs);
         assert!(p > SIGNIFICANCE, "{}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
     }
+}
+
+#[test]
+fn chi_square_for_every_filter_and_the_penalties() {
+    for (pipeline, filter) in &chi_square_filter_cases() {
+        let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+        let mut case = Case::identical_rows(pipeline, 2000, 8, 12, 1.5).with_filter(*filter);
+        case.history[0] = vec![(0, 2), (3, 0), (5, 1)];
+        for row in 1..case.batch {
+            case.history[row] = case.history[0].clone();
+        }
+        let counts = case.draw_counts(&sampler, 5).unwrap();
+        let probs = case.probabilities(pipeline, 0);
+        let (stat, p) = chi_square(&counts, &probs);
+        assert!(p > SIGNIFICANCE, "{} {filter:?}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
+        if filter.top_k > 0 {
+            let outside = probs.iter().zip(&counts).filter(|(p, _)| **p == 0.0).map(|(_, c)| c).sum::<u64>();
+            assert_eq!(outside, 0, "{}: tokens outside the top-k were drawn", pipeline.name);
+        }
+    }
+}
+
+#[test]
+fn chi_square_rejects_the_wrong_top_k() {
+    // Power check: top-4 samples must be rejected as samples of top-5.
+    let (pipeline, _) = &chi_square_filter_cases()[0];
+    let mut case = Case::identical_rows(pipeline, 2000, 8, 12, 1.5).with_filter(RowFilter::top_k(4));
+    let counts = case.draw_counts(&Sampler::new(pipeline.clone(), &cpu()).unwrap(), 5).unwrap();
+    let case = case.with_filter(RowFilter::top_k(5));
+    let (stat, p) = chi_square(&counts, &case.probabilities(pipeline, 0));
+    assert!(p < SIGNIFICANCE, "chi-square failed to reject top-5: {stat}, p = {p}");
+}
+
+#[test]
+fn serving_pipeline_pathwise_at_qwen_scale() {
+    let pipeline = serving();
+    let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+    let case = Case::random(&pipeline, 10, 128, 151_936, 11, 4.0);
+    let samples = case.run(&sampler).unwrap();
+    case.check(&pipeline, &samples, &(0..10).collect::<Vec<_>>()).unwrap();
+    assert!(samples.top_logprobs.as_ref().unwrap().iter().all(|t| t.len() == 5));
+}
+
+#[test]
+fn per_row_seeds_make_a_row_independent_of_its_position() {
+    let p = plain();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let case = Case::random(&p, 6, 16, 3000, 5, 1.0);
+    let seeds: Vec<u64> = (0..6).map(|r| 1000 + r).collect();
+    let params = SamplingParams { row_seeds: Some(&seeds), ..case.params(&p) };
+    let a = sampler.sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    // Reverse the rows and their seeds: every request must get the same token back.
+    let reversed: Vec<f32> = (0..6).rev().flat_map(|r| case.hidden.exact[r * 16..][..16].to_vec()).collect();
+    let hidden = MatrixData::from_f32(DType::BF16, 6, 16, &reversed);
+    let rseeds: Vec<u64> = seeds.iter().rev().cloned().collect();
+    let params_r = SamplingParams { row_seeds: Some(&rseeds), ..params };
+    let b = sampler.sample(hidden.tensor(), case.weights.tensor(), &params_r).unwrap();
+    let back: Vec<u32> = b.tokens.iter().rev().cloned().collect();
+    assert_eq!(a.tokens, back);
+    // And the reference agrees pathwise.
+    let problem = case.problem(&p, &params);
+    let (refs, _) = problem.sample_all().unwrap();
+    for (r, reference) in refs.iter().enumerate() {
+        flashsample_reference::check_pathwise(reference, a.tokens[r], a.scores.as_ref().unwrap()[r]).unwrap();
+    }
+    // Without per-row seeds the rows draw other noise.
+    assert_ne!(a.tokens, case.run(&sampler).unwrap().tokens);
+}
+
+#[test]
+fn vocab_offset_shifts_the_noise_to_global_indices() {
+    let p = plain();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let case = Case::random(&p, 16, 16, 2000, 6, 0.5);
+    let params = SamplingParams { vocab_offset: 4096, ..case.params(&p) };
+    let shifted = sampler.sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    let problem = case.problem(&p, &params);
+    let (refs, _) = problem.sample_all().unwrap();
+    for (r, reference) in refs.iter().enumerate() {
+        flashsample_reference::check_pathwise(reference, shifted.tokens[r], shifted.scores.as_ref().unwrap()[r]).unwrap();
+    }
+    assert_ne!(shifted.tokens, case.run(&sampler).unwrap().tokens);
+    let odd = SamplingParams { vocab_offset: 6, ..params };
+    assert!(matches!(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &odd), Err(Error::Param(ParamError::VocabOffset { .. }))));
+}
+
+#[test]
+fn filter_and_penalty_errors_name_the_row_and_the_problem() {
+    let p = serving();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    // A flat distribution over 5000 tokens: the 0.9-nucleus holds thousands, past max_k = 8
+    // and past the runtime's fallback lists.
+    let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.9));
+    let e = case.run(&sampler).unwrap_err();
+    assert!(matches!(e, Error::List(ListError::NucleusTooLarge { row: 0, capacity: 1024 })), "{e}");
+    assert!(e.to_string().contains("set a top-k"), "{e}");
+    // A nucleus of ~50 tokens is past max_k = 8 but within the fallback: exact all the same.
+    let mid = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.01));
+    mid.check(&p, &mid.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+    // With a top-k the same rows are fine.
+    let ok = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter { top_k: 8, top_p: 0.9, min_p: 0.0 });
+    ok.check(&p, &ok.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+
+    let base = Case::random(&p, 3, 16, 500, 3, 1.0);
+    let params = base.params(&p);
+    let run = |params: &SamplingParams<'_>| sampler.sample(base.hidden.tensor(), base.weights.tensor(), params).unwrap_err();
+    let big_k = [RowFilter::OFF, RowFilter::top_k(9), RowFilter::OFF];
+    let e = run(&SamplingParams { filter: Some(&big_k), ..params });
+    assert!(matches!(&e, Error::Param(ParamError::Filter { row: 1, .. })) && e.to_string().contains("max_k = 8"), "{e}");
+    let bad_p = [RowFilter::OFF, RowFilter::OFF, RowFilter::top_p(0.0)];
+    assert!(matches!(run(&SamplingParams { filter: Some(&bad_p), ..params }), Error::Param(ParamError::Filter { row: 2, .. })));
+    let short = [RowFilter::OFF];
+    assert!(matches!(run(&SamplingParams { filter: Some(&short), ..params }), Error::Param(ParamError::Length { what: "filter", .. })));
+    assert!(matches!(run(&SamplingParams { filter: None, ..params }), Error::Param(ParamError::Missing(_))));
+    let zero_rep = [1.0, 0.0, 1.0];
+    let pen = PenaltyArg { repetition: &zero_rep, ..params.penalties.unwrap() };
+    let e = run(&SamplingParams { penalties: Some(pen), ..params });
+    assert!(matches!(&e, Error::Param(ParamError::Penalty { row: 1, .. })) && e.to_string().contains("repetition"), "{e}");
+    let far = vec![vec![], vec![(500, 1)], vec![]];
+    let pen = PenaltyArg { history: &far, ..params.penalties.unwrap() };
+    assert!(matches!(run(&SamplingParams { penalties: Some(pen), ..params }), Error::Param(ParamError::HistoryOutOfRange { row: 1, token: 500, .. })));
 }
 
 #[test]
