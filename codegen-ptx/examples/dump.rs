@@ -16,6 +16,7 @@ fn main() {
             score: true,
             logsumexp: true,
             logprob: false,
+            top_logprobs: 0,
         })
         .build()
         .unwrap();
@@ -30,6 +31,7 @@ fn main() {
         warps: 4,
         stages: if simt { 1 } else { 4 },
         persistent: false,
+        list_per_tile: 0,
     };
     if args.iter().any(|a| a == "ir") {
         println!("{}", llvm_ir(&p, &c).unwrap());

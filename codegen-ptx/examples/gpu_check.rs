@@ -84,6 +84,7 @@ fn pipeline(dt: DType, greedy: bool, full: bool, samples: u32) -> Pipeline {
             score: true,
             logsumexp: true,
             logprob: false,
+            top_logprobs: 0,
         });
     }
     b.build().unwrap()
@@ -468,6 +469,7 @@ fn main() {
         warps,
         stages,
         persistent,
+        list_per_tile: 0,
     };
     let mk = |name: &str, pipeline: Pipeline, config: GpuConfig, batch, dim, vocab| Case {
         name: name.to_string(),

@@ -72,6 +72,11 @@ impl GpuLimits {
 ///   path; `1` selects the SIMT path (no ring, any dtypes; required for f32 or mixed dtypes).
 /// - `persistent`: launch `min(work items, ctas_per_sm · SMs)` CTAs that loop over the
 ///   (vocab tile, batch tile) work items instead of one CTA per item.
+/// - `list_per_tile`: entries of each (row, vocab tile) top list (DESIGN.md step 6b); 0 for
+///   pipelines without lists, else `1..=min(list_capacity, vocab_tile)`. Shorter lists are
+///   faster; stage three detects when one was too short (status 3) and the runtime reruns
+///   with [`GpuConfig::exact_lists`]. Absent in older tuning files (serde default 0; the
+///   runtime fills it in with [`GpuConfig::fit_lists`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
@@ -80,12 +85,20 @@ pub struct GpuConfig {
     pub warps: u32,
     pub stages: u32,
     pub persistent: bool,
+    #[serde(default)]
+    pub list_per_tile: u32,
 }
+
+/// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
+/// epilogue cheap, and a row overflows only when 8 of its top `need` tokens share one tile.
+pub const DEFAULT_LIST_PER_TILE: u32 = 8;
 
 /// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
 pub const MAX_ACCUMULATORS_PER_THREAD: u32 = 128;
 /// Threads of the stage-two kernel (one CTA per batch row).
 pub const STAGE2_THREADS: u32 = 256;
+/// Threads of the stage-three (filter) kernel (one CTA per batch row).
+pub const FILTER_THREADS: u32 = 256;
 
 /// Whether a pipeline's dtypes run on tensor cores (same 16-bit dtype on both operands).
 pub fn uses_tensor_cores(pipeline: &Pipeline) -> bool {
@@ -131,6 +144,16 @@ impl GpuConfig {
         self.warps * self.batch_tile * 4 * 6
     }
 
+    /// Bytes of the list epilogue's tile of transformed logits (`batch_tile` columns of
+    /// `vocab_tile` f32), placed after the scratch; 0 without lists.
+    pub(crate) fn list_bytes(&self) -> u32 {
+        if self.list_per_tile > 0 {
+            self.vocab_tile * self.batch_tile * 4
+        } else {
+            0
+        }
+    }
+
     /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
     /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
     pub fn smem_bytes(&self) -> u32 {
@@ -139,7 +162,38 @@ impl GpuConfig {
         } else {
             0
         };
-        ring.max(self.scratch_bytes())
+        ring.max(self.scratch_bytes() + self.list_bytes())
+    }
+
+    /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
+    /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`.
+    pub fn fit_lists(&mut self, pipeline: &Pipeline) {
+        let cap = pipeline.list_capacity();
+        let max = cap.min(self.vocab_tile);
+        self.list_per_tile = if cap == 0 {
+            0
+        } else if (1..=max).contains(&self.list_per_tile) {
+            self.list_per_tile
+        } else {
+            DEFAULT_LIST_PER_TILE.min(max)
+        };
+    }
+
+    /// The same config with lists that cannot overflow: `min(capacity, vocab_tile)` entries
+    /// per tile (a list holding the whole tile is complete by construction).
+    pub fn exact_lists(&self, pipeline: &Pipeline) -> GpuConfig {
+        let mut c = self.clone();
+        c.list_per_tile = pipeline.list_capacity().min(self.vocab_tile);
+        c
+    }
+
+    /// Stage-three grid: one CTA per batch row.
+    pub fn filter_grid(&self, batch: usize) -> (u32, u32, u32) {
+        (batch as u32, 1, 1)
+    }
+
+    pub fn filter_block_threads(&self) -> u32 {
+        FILTER_THREADS
     }
 
     /// Candidate-buffer tiles for `vocab` tokens: `ceil(vocab / vocab_tile)`.
@@ -257,6 +311,22 @@ impl GpuConfig {
         } else if self.stages != 1 {
             return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
         }
+        let cap = pipeline.list_capacity();
+        if cap == 0 && self.list_per_tile != 0 {
+            return Err(bad(
+                "list_per_tile",
+                format!("{}; the pipeline keeps no lists (filter / top_logprobs), so 0", self.list_per_tile),
+            ));
+        }
+        if cap > 0 && !(1..=cap.min(self.vocab_tile)).contains(&self.list_per_tile) {
+            return Err(bad(
+                "list_per_tile",
+                format!(
+                    "{}; must be in 1..=min(list capacity {cap}, vocab_tile {})",
+                    self.list_per_tile, self.vocab_tile
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -307,14 +377,17 @@ impl GpuConfig {
     ) -> GpuConfig {
         let _ = (dim, vocab);
         if !uses_tensor_cores(pipeline) {
-            return GpuConfig {
+            let mut c = GpuConfig {
                 vocab_tile: 128,
                 batch_tile: 8,
                 k_step: 64,
                 warps: 4,
                 stages: 1,
                 persistent: false,
+                list_per_tile: 0,
             };
+            c.fit_lists(pipeline);
+            return c;
         }
         let (vocab_tile, batch_tile, warps) = match batch {
             0..=8 => (256, 8, 8),
@@ -328,7 +401,9 @@ impl GpuConfig {
             warps,
             stages: 4,
             persistent: false,
+            list_per_tile: 0,
         };
+        c.fit_lists(pipeline);
         while c.stages > 2 && c.smem_bytes() > limits.max_shared_per_block_optin {
             c.stages -= 1;
         }
@@ -336,9 +411,12 @@ impl GpuConfig {
     }
 
     /// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`].
+    /// Pipelines with lists also try `list_per_tile` 8 and 32 (capped): longer lists cost
+    /// stage one time but overflow (and rerun) less.
     pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
         let mut out = Vec::new();
         let tensor = uses_tensor_cores(pipeline);
+        let cap = pipeline.list_capacity();
         for warps in [4u32, 8] {
             for quads in [1u32, 2, 4] {
                 for batch_tile in [8u32, 16, 32, 64, 128] {
@@ -350,16 +428,26 @@ impl GpuConfig {
                     for &k_step in k_steps {
                         for &stages in stages {
                             for persistent in [false, true] {
-                                let c = GpuConfig {
-                                    vocab_tile: 32 * warps * quads,
-                                    batch_tile,
-                                    k_step,
-                                    warps,
-                                    stages,
-                                    persistent,
+                                let vocab_tile = 32 * warps * quads;
+                                let mut lists: Vec<u32> = if cap == 0 {
+                                    vec![0]
+                                } else {
+                                    [DEFAULT_LIST_PER_TILE, 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
                                 };
-                                if c.validate(pipeline, limits).is_ok() {
-                                    out.push(c);
+                                lists.dedup();
+                                for list_per_tile in lists {
+                                    let c = GpuConfig {
+                                        vocab_tile,
+                                        batch_tile,
+                                        k_step,
+                                        warps,
+                                        stages,
+                                        persistent,
+                                        list_per_tile,
+                                    };
+                                    if c.validate(pipeline, limits).is_ok() {
+                                        out.push(c);
+                                    }
                                 }
                             }
                         }

@@ -131,6 +131,25 @@ impl Func {
         self.place(&exit);
     }
 
+    /// `while (cond()) body()`: `cond` emits the test (evaluated before every iteration).
+    pub(crate) fn while_loop(
+        &mut self,
+        cond: impl FnOnce(&mut Func) -> String,
+        body: impl FnOnce(&mut Func),
+    ) {
+        let head = self.label("while");
+        let inner = self.label("wbody");
+        let exit = self.label("wdone");
+        self.br(&head);
+        self.place(&head);
+        let go = cond(self);
+        self.s(format!("br i1 {go}, label %{inner}, label %{exit}"));
+        self.place(&inner);
+        body(self);
+        self.br(&head);
+        self.place(&exit);
+    }
+
     pub(crate) fn if_then(&mut self, cond: &str, then: impl FnOnce(&mut Func)) {
         let yes = self.label("then");
         let join = self.label("endif");
@@ -215,6 +234,11 @@ impl Func {
         self.v(format!(
             "call float @llvm.nvvm.div.rn.f(float {a}, float {b})"
         ))
+    }
+    /// `a - b` as `a + (-b)`: bit-identical to IEEE subtraction (negation is exact).
+    pub(crate) fn fsub(&mut self, a: &str, b: &str) -> String {
+        let nb = self.v(format!("fneg float {b}"));
+        self.fadd(a, &nb)
     }
     pub(crate) fn fma(&mut self, a: &str, b: &str, c: &str) -> String {
         self.v(format!(

@@ -1,7 +1,8 @@
 //! `flashsample-codegen-ptx`: lowers a [`flashsample_ir::Pipeline`] and a [`GpuConfig`] to
 //! PTX through LLVM's NVPTX backend (via inkwell) — the stage-one kernel
 //! (`flashsample_stage1`: tensor-core `logitsᵀ = W·Hᵀ` with the fused sampling epilogue) and
-//! the stage-two kernel (`flashsample_stage2`: the reduction over vocab tiles).
+//! the stage-two kernel (`flashsample_stage2`: the reduction over vocab tiles), and for
+//! pipelines with a filter or top logprobs the stage-three kernel (`flashsample_filter`).
 //!
 //! Generation needs neither a GPU nor `ptxas`; the runtime loads the PTX with the driver.
 //! Kernel parameters and semantics are those of DESIGN.md ("GPU"); launch geometry comes
@@ -9,13 +10,15 @@
 //! [`GpuConfig::stage2_grid`], [`GpuConfig::stage2_block_threads`]).
 
 mod config;
+mod filter;
 mod ir;
 mod math;
 mod stage1;
 mod stage2;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, MAX_ACCUMULATORS_PER_THREAD, STAGE2_THREADS,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, DEFAULT_LIST_PER_TILE, FILTER_THREADS,
+    MAX_ACCUMULATORS_PER_THREAD, STAGE2_THREADS,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};
@@ -32,7 +35,7 @@ use inkwell::{
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
-    " gen 2"
+    " gen 3"
 );
 
 /// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).
@@ -71,6 +74,9 @@ pub struct CompiledPtx {
     pub stage1: &'static str,
     /// Entry name of the stage-two kernel (`flashsample_stage2`).
     pub stage2: &'static str,
+    /// Entry name of the stage-three kernel (`flashsample_filter`), present only when the
+    /// pipeline keeps lists (`Pipeline::list_capacity() > 0`).
+    pub filter: Option<&'static str>,
     /// The config the stage-one kernel was specialised for (its geometry must be used).
     pub config: GpuConfig,
     pub arch: Arch,
@@ -115,6 +121,11 @@ fn llvm_ir_with(
     m.push_str(&stage1::emit(pipeline, config));
     m.push('\n');
     m.push_str(&stage2::emit());
+    if pipeline.list_capacity() > 0 {
+        m.push('\n');
+        m.push_str(&filter::shared_decls());
+        m.push_str(&filter::emit(config));
+    }
     Ok(m)
 }
 
@@ -141,6 +152,7 @@ pub fn compile_with(
         ptx,
         stage1: stage1::NAME,
         stage2: stage2::NAME,
+        filter: (pipeline.list_capacity() > 0).then_some(filter::NAME),
         config: config.clone(),
         arch,
     })

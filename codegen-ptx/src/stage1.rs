@@ -146,10 +146,71 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
          ptr addrspace(1) noalias readonly %weights, ptr addrspace(1) noalias readonly %temperatures, \
          ptr addrspace(1) noalias readonly %bias, ptr addrspace(1) noalias readonly %allowed, \
          ptr addrspace(1) noalias %candidates, ptr addrspace(1) noalias %lse, i64 %seed, \
-         i32 %batch, i32 %dim, i32 %vocab) \"nvvm.maxntid\"=\"{}\"",
+         i32 %batch, i32 %dim, i32 %vocab, i32 %vocab_offset, \
+         ptr addrspace(1) noalias readonly %row_seeds, ptr addrspace(1) noalias readonly %pen_bits, \
+         ptr addrspace(1) noalias readonly %pen_offsets, ptr addrspace(1) noalias readonly %pen_tokens, \
+         ptr addrspace(1) noalias readonly %pen_subtract, ptr addrspace(1) noalias readonly %pen_repetition, \
+         ptr addrspace(1) noalias %lists) \"nvvm.maxntid\"=\"{}\"",
         c.block_threads()
     );
-    f.finish(&header)
+    let mut out = String::new();
+    if p.has_penalties() {
+        out.push_str(&penalize_token());
+        out.push('\n');
+    }
+    out.push_str(&f.finish(&header));
+    out
+}
+
+/// DESIGN.md step 3, penalties, for a token whose bit is set: binary search of `v` in the
+/// row's sorted `tokens[lo..hi]`, then `abi::penalize_f32` with that entry's subtraction.
+/// Out of line (rarely taken, and it holds a loop), so the unrolled epilogue stays small.
+fn penalize_token() -> String {
+    let mut f = Func::new();
+    let lo = f.var("i32", "%lo");
+    let hi = f.var("i32", "%hi");
+    f.while_loop(
+        |f| {
+            let (l, h) = (f.get(&lo), f.get(&hi));
+            f.ult(&l, &h)
+        },
+        |f| {
+            let (l, h) = (f.get(&lo), f.get(&hi));
+            let sum = f.add(&l, &h);
+            let mid = f.v(format!("lshr i32 {sum}, 1"));
+            let m64 = f.zext64(&mid);
+            let a = f.gaddr("%tokens", &m64, 4);
+            let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+            let less = f.ult(&t, "%v");
+            let up = f.add(&mid, "1");
+            let nl = f.sel("i32", &less, &up, &l);
+            let nh = f.sel("i32", &less, &h, &mid);
+            f.set(&lo, &nl);
+            f.set(&hi, &nh);
+        },
+    );
+    let at = f.get(&lo);
+    let inside = f.ult(&at, "%hi");
+    // Never read past the row's entries (the bitset says `v` is listed, but stay safe).
+    let safe = f.sel("i32", &inside, &at, "%lo");
+    let s64 = f.zext64(&safe);
+    let a = f.gaddr("%tokens", &s64, 4);
+    let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+    let hit = f.v(format!("icmp eq i32 {t}, %v"));
+    let found = f.and1(&inside, &hit);
+    let a = f.gaddr("%subtract", &s64, 4);
+    let sub = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+    let pos = f.v("fcmp ogt float %x, 0.0");
+    let q = f.fdiv("%x", "%rep");
+    let m = f.fmul("%x", "%rep");
+    let y = f.sel("float", &pos, &q, &m);
+    let y = f.fsub(&y, &sub);
+    let r = f.sel("float", &found, &y, "%x");
+    f.s(format!("ret float {r}"));
+    f.finish(
+        "define internal float @fs_penalize_token(float %x, i32 %v, i32 %lo, i32 %hi, \
+         ptr addrspace(1) %tokens, ptr addrspace(1) %subtract, float %rep) #2",
+    )
 }
 
 impl Gen<'_> {
@@ -509,12 +570,19 @@ impl Gen<'_> {
         // Columns: (n, j) → batch row r.
         struct Col {
             col: String,
-            row: String,
             row_safe: String,
             inv_t: String,
             t_zero: String,
             greedy: String,
+            /// Philox key halves and counter row (`SamplingParams::row_stream`).
+            key_lo: String,
+            key_hi: String,
+            ctr_row: String,
+            /// Penalty CSR range and repetition of the row.
+            pen: Option<(String, String, String)>,
         }
+        let has_pen = p.has_penalties();
+        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
@@ -536,13 +604,42 @@ impl Gen<'_> {
                 } else {
                     t_zero.clone()
                 };
+                let (key_lo, key_hi, ctr_row) = if p.is_greedy() {
+                    (String::new(), String::new(), String::new())
+                } else {
+                    let key = f.var("i64", "%seed");
+                    f.if_then(&has_rs, |f| {
+                        let r64 = f.zext64(&row_safe);
+                        let a = f.gaddr("%row_seeds", &r64, 8);
+                        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
+                        f.set(&key, &k);
+                    });
+                    let k = f.get(&key);
+                    let lo = f.v(format!("trunc i64 {k} to i32"));
+                    let hi = f.v(format!("lshr i64 {k}, 32"));
+                    let hi = f.v(format!("trunc i64 {hi} to i32"));
+                    (lo, hi, f.sel("i32", &has_rs, "0", &row))
+                };
+                let pen = has_pen.then(|| {
+                    let r64 = f.zext64(&row_safe);
+                    let a = f.gaddr("%pen_offsets", &r64, 4);
+                    let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                    let a = f.gaddr("%pen_repetition", &r64, 4);
+                    let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                    (lo, hi, rep)
+                });
                 cols.push(Col {
                     col,
-                    row,
                     row_safe,
                     inv_t,
                     t_zero,
                     greedy,
+                    key_lo,
+                    key_hi,
+                    ctr_row,
+                    pen,
                 });
             }
         }
@@ -567,6 +664,23 @@ impl Gen<'_> {
                         let wi = f.add(&wi, &wcol);
                         let wi = f.zext64(&wi);
                         let a = f.gaddr("%allowed", &wi, 4);
+                        f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            // A quad never straddles a bitset word, so one penalty word per column serves it.
+            let pen_words: Vec<String> = if has_pen {
+                let qok = f.ult(&qb, "%vocab");
+                let qs = f.sel("i32", &qok, &qb, "0");
+                let wcol = f.v(format!("lshr i32 {qs}, 5"));
+                cols.iter()
+                    .map(|cl| {
+                        let wi = f.mul(&cl.row_safe, &words);
+                        let wi = f.add(&wi, &wcol);
+                        let wi = f.zext64(&wi);
+                        let a = f.gaddr("%pen_bits", &wi, 4);
                         f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
                     })
                     .collect()
@@ -607,8 +721,25 @@ impl Gen<'_> {
                                     f32c(cap.get())
                                 ))
                             }
-                            // Being lowered (penalties: DESIGN.md step 3; filter: step 6b).
-                            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Penalties { .. } | Transform::Filter { .. } => {}
+                            Transform::Penalties { .. } => {
+                                let Some((lo, hi, rep)) = &cl.pen else { continue };
+                                let sh = f.v(format!("lshr i32 {}, {bit}", pen_words[ci]));
+                                let b = f.v(format!("trunc i32 {sh} to i1"));
+                                let b = f.and1(&b, &v_ok);
+                                let out = f.var("float", &xv);
+                                let x_in = xv.clone();
+                                f.if_then(&b, |f| {
+                                    let r = f.v(format!(
+                                        "call float @fs_penalize_token(float {x_in}, i32 {v}, i32 {lo}, i32 {hi}, \
+                                         ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
+                                    ));
+                                    f.set(&out, &r);
+                                });
+                                xv = f.get(&out);
+                            }
+                            // Exclusion is the `ok` test below (step 4); the filter acts on
+                            // the lists (step 6b) and in stage three.
+                            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
                         }
                     }
                     let mut ok = v_ok.clone();
@@ -621,6 +752,10 @@ impl Gen<'_> {
                 }
             }
             quad_base.push(qb);
+        }
+
+        if c.list_per_tile > 0 {
+            self.list_epilogue(f, th, it, &x);
         }
 
         let lane_lt4 = f.ult(&th.lane, "4");
@@ -720,9 +855,6 @@ impl Gen<'_> {
 
         // Phase B, per sample: the thread's best token per column (ascending v, strict >, so
         // ties keep the lower index), then the 8 lanes of the column, then the warps.
-        let seed_lo = f.v("trunc i64 %seed to i32");
-        let seed_hi = f.v("lshr i64 %seed, 32");
-        let seed_hi = f.v(format!("trunc i64 {seed_hi} to i32"));
         let none = INDEX_NONE as i32;
         f.for_loop("0", &samples.to_string(), "1", |f, s| {
             let mut best = Vec::new();
@@ -733,11 +865,13 @@ impl Gen<'_> {
                     let noise: Vec<String> = if p.is_greedy() {
                         Vec::new()
                     } else {
-                        let ctr = f.v(format!("lshr i32 {}, 2", quad_base[q as usize]));
+                        // Global index g = v + vocab_offset (a multiple of 4: same quads).
+                        let g = f.add(&quad_base[q as usize], "%vocab_offset");
+                        let ctr = f.v(format!("lshr i32 {g}, 2"));
                         let ty = "{ i32, i32, i32, i32 }";
                         let r = f.v(format!(
-                            "call {ty} @fs_philox(i32 {ctr}, i32 {}, i32 {s}, i32 0, i32 {seed_lo}, i32 {seed_hi})",
-                            cl.row
+                            "call {ty} @fs_philox(i32 {ctr}, i32 {}, i32 {s}, i32 0, i32 {}, i32 {})",
+                            cl.ctr_row, cl.key_lo, cl.key_hi
                         ));
                         (0..4)
                             .map(|w| {
@@ -816,6 +950,107 @@ impl Gen<'_> {
             });
             // The next sample rewrites the scratch just read.
             f.barrier();
+        });
+    }
+
+    /// DESIGN.md step 6b: the tile's transformed logits go to shared memory (column-major:
+    /// `vocab_tile` floats per batch column, after the scratch), then one warp per row takes
+    /// `list_per_tile` rounds of warp argmax. Round `k` takes the best entry that ranks
+    /// strictly after round `k − 1`'s winner (higher x, ties to the lower index), so nothing
+    /// is written back and the list comes out sorted; once no eligible token is left every
+    /// later round writes `Scored::EMPTY`.
+    fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
+        let c = self.c;
+        let vt = c.vocab_tile;
+        let base = c.scratch_bytes();
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        // Each thread's quad is 4 consecutive tokens of one column: one 16-byte store.
+        for q in 0..self.quads {
+            let local = f.add(&warp_base, &(q * 32).to_string());
+            let local = f.add(&local, &g4);
+            for n in 0..self.ntiles {
+                for j in 0..2 {
+                    let col = f.add(&t2, &(n * 8 + j).to_string());
+                    let e = f.mul(&col, &vt.to_string());
+                    let e = f.add(&e, &local);
+                    let off = f.v(format!("shl i32 {e}, 2"));
+                    let off = f.add(&off, &base.to_string());
+                    let mut vec = "undef".to_string();
+                    for o in 0..4 {
+                        let xv = &x[self.acc_index(q, o, n, j)];
+                        vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
+                    }
+                    let a = f.saddr("@fs_smem", &off);
+                    f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
+                }
+            }
+        }
+        f.barrier();
+        let none = INDEX_NONE as i32;
+        let per_tile = c.list_per_tile;
+        let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
+        let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
+        let store_ok = f.and1(&lane0, &lists_ok);
+        f.for_loop(&th.warp, &c.batch_tile.to_string(), &c.warps.to_string(), |f, col| {
+            let row = f.add(&it.b0, col);
+            let row_ok = f.ult(&row, "%batch");
+            f.if_then(&row_ok, |f| {
+                let col_off = f.mul(col, &vt.to_string());
+                let slot0 = f.mul(&row, &it.vtiles);
+                let slot0 = f.add(&slot0, &it.vtile);
+                let slot0 = f.mul(&slot0, &per_tile.to_string());
+                let px = f.var("float", NEG_INF);
+                let pi = f.var("i32", &none.to_string());
+                let first = f.var("i1", "true");
+                f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
+                    let (pxv, piv, fv) = (f.get(&px), f.get(&pi), f.get(&first));
+                    let bx = f.var("float", NEG_INF);
+                    let bi = f.var("i32", &none.to_string());
+                    f.for_loop("0", &(vt / 32).to_string(), "1", |f, e| {
+                        let e32 = f.v(format!("shl i32 {e}, 5"));
+                        let local = f.add(&e32, &th.lane);
+                        let ei = f.add(&col_off, &local);
+                        let off = f.v(format!("shl i32 {ei}, 2"));
+                        let off = f.add(&off, &base.to_string());
+                        let a = f.saddr("@fs_smem", &off);
+                        let xv = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+                        let v = f.add(&it.v0, &local);
+                        let after = f.beats(&pxv, &piv, &xv, &v);
+                        let after = f.v(format!("or i1 {fv}, {after}"));
+                        let live = f.v(format!("fcmp ogt float {xv}, {NEG_INF}"));
+                        let (bxv, biv) = (f.get(&bx), f.get(&bi));
+                        // Entries are visited in ascending index: strict > keeps the lower.
+                        let gt = f.v(format!("fcmp ogt float {xv}, {bxv}"));
+                        let take = f.and1(&after, &live);
+                        let take = f.and1(&take, &gt);
+                        let nx = f.sel("float", &take, &xv, &bxv);
+                        let ni = f.sel("i32", &take, &v, &biv);
+                        f.set(&bx, &nx);
+                        f.set(&bi, &ni);
+                    });
+                    let (mut bxv, mut biv) = (f.get(&bx), f.get(&bi));
+                    for sh in [16, 8, 4, 2, 1] {
+                        let ox = f.shfl_xor_f32(&bxv, sh);
+                        let oi = f.shfl_xor_i32(&biv, sh);
+                        let take = f.beats(&ox, &oi, &bxv, &biv);
+                        bxv = f.sel("float", &take, &ox, &bxv);
+                        biv = f.sel("i32", &take, &oi, &biv);
+                    }
+                    f.if_then(&store_ok, |f| {
+                        let slot = f.add(&slot0, k);
+                        let s64 = f.zext64(&slot);
+                        let a = f.gaddr("%lists", &s64, 8);
+                        f.s(format!("store float {bxv}, ptr addrspace(1) {a}, align 4"));
+                        let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                        f.s(format!("store i32 {biv}, ptr addrspace(1) {a1}, align 4"));
+                    });
+                    f.set(&px, &bxv);
+                    f.set(&pi, &biv);
+                    f.set(&first, "false");
+                });
+            });
         });
     }
 }

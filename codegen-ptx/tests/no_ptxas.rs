@@ -22,6 +22,7 @@ fn generates_ptx_with_an_empty_path() {
         warps: 4,
         stages: 2,
         persistent: false,
+        list_per_tile: 0,
     };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));

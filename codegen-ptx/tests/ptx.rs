@@ -15,9 +15,34 @@ fn full(dtype: DType) -> Pipeline {
             score: true,
             logsumexp: true,
             logprob: false,
+            top_logprobs: 0,
         })
         .build()
         .unwrap()
+}
+
+/// Every new contract piece: penalties, filter, top logprobs.
+fn filtered(dtype: DType) -> Pipeline {
+    PipelineBuilder::new("Filtered", dtype, dtype)
+        .temperature_per_row("t")
+        .bias("bias")
+        .penalties("pen")
+        .mask("allowed")
+        .filter("filter", 64)
+        .gumbel("seed", 2)
+        .outputs(Outputs {
+            score: true,
+            logsumexp: true,
+            logprob: true,
+            top_logprobs: 5,
+        })
+        .build()
+        .unwrap()
+}
+
+fn with_lists(mut c: GpuConfig, p: &Pipeline) -> GpuConfig {
+    c.fit_lists(p);
+    c
 }
 
 fn greedy(dtype: DType) -> Pipeline {
@@ -42,6 +67,7 @@ fn cfg(
         warps,
         stages,
         persistent,
+        list_per_tile: 0,
     }
 }
 
@@ -110,7 +136,10 @@ fn stage1_has_the_design_parameter_list() {
         .collect();
     assert_eq!(
         types,
-        [".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32"]
+        [
+            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
+            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+        ]
     );
     let head = &k.ptx[k.ptx.find(".entry flashsample_stage2(").unwrap()..];
     let params = &head[..head.find(')').unwrap()];
@@ -207,6 +236,88 @@ fn every_enumerated_config_compiles_cleanly() {
         let k = ptx(&p, c, Arch::Sm90);
         assert!(!k.ptx.contains(".local"), "{c:?}");
     }
+}
+
+fn entry_param_types<'a>(ptx: &'a str, name: &str) -> Vec<&'a str> {
+    let head = &ptx[ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name}"))..];
+    let params = &head[..head.find(')').unwrap()];
+    params.lines().skip(1).map(|l| l.split_whitespace().nth(1).unwrap_or("")).collect()
+}
+
+#[test]
+fn list_pipelines_get_the_filter_kernel() {
+    let p = filtered(DType::BF16);
+    let c = with_lists(tensor_small(), &p);
+    assert_eq!(c.list_per_tile, 8, "heuristic min(capacity, 8)");
+    let k = ptx(&p, &c, Arch::Sm90);
+    assert_eq!(k.filter, Some("flashsample_filter"));
+    assert_eq!(
+        entry_param_types(&k.ptx, "flashsample_filter"),
+        [
+            ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64",
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64"
+        ]
+    );
+    assert!(!k.ptx.contains(".local"), "no local memory");
+    // The penalty lookup is out of line, the survivors use the abi's ln / exp.
+    assert!(k.ptx.contains("fs_penalize_token"));
+    assert!(k.ptx.contains("atom.shared.add.u32"));
+    // Pipelines without lists have no third kernel.
+    let k = ptx(&full(DType::BF16), &tensor_small(), Arch::Sm90);
+    assert_eq!(k.filter, None);
+    assert!(!k.ptx.contains("flashsample_filter"));
+}
+
+#[test]
+fn list_configs_are_validated_and_sized() {
+    let p = filtered(DType::BF16);
+    let l = GpuLimits::H200;
+    let c = with_lists(tensor_small(), &p);
+    c.validate(&p, &l).unwrap();
+    // Too long for the capacity or the tile, or missing, or set without lists.
+    for bad in [0, 65, 129] {
+        let mut b = c.clone();
+        b.list_per_tile = bad;
+        assert!(matches!(b.validate(&p, &l), Err(PtxError::InvalidConfig { knob: "list_per_tile", .. })), "{bad}");
+    }
+    let mut b = tensor_small();
+    b.list_per_tile = 4;
+    assert!(b.validate(&full(DType::BF16), &l).is_err());
+    // The list epilogue's tile lives after the scratch.
+    let plain = tensor_small();
+    assert_eq!(c.smem_bytes(), plain.smem_bytes().max(4 * 6 * 8 * 4 + 128 * 8 * 4));
+    // The exact-list fallback holds the whole capacity (capped by the tile).
+    assert_eq!(c.exact_lists(&p).list_per_tile, 64);
+    let big = PipelineBuilder::new("Big", DType::BF16, DType::BF16).filter("f", 1024).build().unwrap();
+    assert_eq!(with_lists(tensor_small(), &big).exact_lists(&big).list_per_tile, 128);
+    // Enumeration tries two list lengths.
+    let all = GpuConfig::enumerate(&p, &l);
+    assert!(all.iter().any(|c| c.list_per_tile == 8) && all.iter().any(|c| c.list_per_tile == 32));
+    assert!(all.iter().all(|c| c.validate(&p, &l).is_ok()));
+}
+
+#[test]
+fn list_pipelines_compile_on_both_paths() {
+    for (dtype, c) in [
+        (DType::BF16, cfg(256, 16, 64, 8, 3, false)),
+        (DType::BF16, cfg(128, 64, 64, 4, 4, true)),
+        (DType::F32, cfg(128, 8, 64, 4, 1, false)),
+    ] {
+        let p = filtered(dtype);
+        let c = with_lists(c, &p);
+        let k = ptx(&p, &c, Arch::Sm80);
+        assert!(!k.ptx.contains(".local"), "{c:?}");
+        let k = ptx(&p, &c.exact_lists(&p), Arch::Sm90);
+        assert!(!k.ptx.contains(".local"), "{c:?}");
+    }
+}
+
+#[test]
+fn snapshot_filter_kernel() {
+    let p = filtered(DType::BF16);
+    let k = ptx(&p, &with_lists(tensor_small(), &p), Arch::Sm90);
+    let start = k.ptx.find(".entry flashsample_filter(").expect("filter kernel");
+    insta::assert_snapshot!("filter_kernel", &k.ptx[start..]);
 }
 
 #[test]
@@ -369,6 +480,7 @@ fn geometry() {
     assert_eq!(c.smem_bytes(), 4 * (256 + 8) * 64 * 2);
     let p = GpuConfig {
         persistent: true,
+        list_per_tile: 0,
         ..c.clone()
     };
     assert_eq!(p.ctas_per_sm(), 4);

@@ -1,0 +1,644 @@
+//! The stage-three kernel `flashsample_filter` (DESIGN.md step 9): one CTA of
+//! [`FILTER_THREADS`] per batch row merges the row's per-tile lists into its global top
+//! `need`, detects lists that were too short (status 3), applies the row's `RowFilter` in one
+//! thread with exactly `abi::filter::survivors`' f32 steps (status 4 when the nucleus does not
+//! fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
+//! the top-n logprobs.
+//!
+//! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
+//! rounds of block argmax over all entries costs `need · tiles · per_tile` reads, so first a
+//! threshold is found: when `tiles >= need`, the `need`-th best of the tiles' first entries
+//! (`need` rounds over `tiles` entries) is a token every global top-`need` token ranks at or
+//! before. Only entries ranking at or before it are copied to shared memory (typically
+//! about `need` of them, at most [`CANDIDATES`]), and the rounds run there; if more pass
+//! (heavy ties) the rounds run over all entries in global memory: slower, same answer.
+//!
+//! Every round takes the best entry ranking strictly after the previous round's winner
+//! (higher logit, ties to the lower index), so nothing is written back and the result is
+//! sorted; the order of the per-thread scans and of the warp combination does not matter
+//! because the order is total (indices are distinct).
+
+use crate::config::{GpuConfig, FILTER_THREADS};
+use crate::ir::{Func, Var, NEG_INF};
+use flashsample_abi::INDEX_NONE;
+use flashsample_ir::MAX_LIST_CAPACITY;
+
+pub(crate) const NAME: &str = "flashsample_filter";
+const WARPS: u32 = FILTER_THREADS / 32;
+/// Entries the merge may stage in shared memory (8 bytes each).
+pub(crate) const CANDIDATES: u32 = 4096;
+
+/// Static shared memory: the sorted top list, the staged candidates, a double-buffered
+/// per-warp reduction scratch (score, index, payload, pad) and four counters / flags.
+pub(crate) fn shared_decls() -> String {
+    format!(
+        "@fs_filter_top = internal addrspace(3) global [{} x i64] undef, align 8\n\
+         @fs_filter_cand = internal addrspace(3) global [{CANDIDATES} x i64] undef, align 8\n\
+         @fs_filter_red = internal addrspace(3) global [{} x i32] undef, align 16\n\
+         @fs_filter_misc = internal addrspace(3) global [4 x i32] undef, align 4\n\
+         declare i32 @llvm.umin.i32(i32, i32)\n",
+        MAX_LIST_CAPACITY,
+        2 * WARPS * 4
+    )
+}
+
+struct Ctx {
+    tid: String,
+    warp: String,
+    lane0: String,
+    tid0: String,
+    /// Which half of the reduction scratch the next block reduction uses.
+    parity: Var,
+}
+
+fn misc(f: &mut Func, i: u32) -> String {
+    f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_misc, i32 {i}"))
+}
+
+/// Address of entry `e` (i32) of a shared `Scored` array.
+fn shared_entry(f: &mut Func, array: &str, e: &str) -> String {
+    f.v(format!("getelementptr i64, ptr addrspace(3) {array}, i32 {e}"))
+}
+
+fn load_shared_scored(f: &mut Func, array: &str, e: &str) -> (String, String) {
+    let a = shared_entry(f, array, e);
+    let x = f.v(format!("load float, ptr addrspace(3) {a}, align 8"));
+    let a1 = f.v(format!("getelementptr i8, ptr addrspace(3) {a}, i32 4"));
+    let i = f.v(format!("load i32, ptr addrspace(3) {a1}, align 4"));
+    (x, i)
+}
+
+fn store_shared_scored(f: &mut Func, array: &str, e: &str, x: &str, i: &str) {
+    let a = shared_entry(f, array, e);
+    f.s(format!("store float {x}, ptr addrspace(3) {a}, align 8"));
+    let a1 = f.v(format!("getelementptr i8, ptr addrspace(3) {a}, i32 4"));
+    f.s(format!("store i32 {i}, ptr addrspace(3) {a1}, align 4"));
+}
+
+/// `Scored` at global element `e64` (i64) of `base`.
+fn load_global_scored(f: &mut Func, base: &str, e64: &str) -> (String, String) {
+    let a = f.gaddr(base, e64, 8);
+    let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+    let i = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+    (x, i)
+}
+
+/// The CTA's best `(score, index, payload)` (higher score, ties to the lower index) over what
+/// each thread's `scan` folds into its three variables (initially `(-inf, NONE, -inf)`).
+/// Every thread gets the result. One barrier.
+fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &Var)) -> (String, String, String) {
+    let none = (INDEX_NONE as i32).to_string();
+    let bs = f.var("float", NEG_INF);
+    let bi = f.var("i32", &none);
+    let bp = f.var("float", NEG_INF);
+    scan(f, &bs, &bi, &bp);
+    let (mut s, mut i, mut p) = (f.get(&bs), f.get(&bi), f.get(&bp));
+    for sh in [16, 8, 4, 2, 1] {
+        let os = f.shfl_xor_f32(&s, sh);
+        let oi = f.shfl_xor_i32(&i, sh);
+        let op = f.shfl_xor_f32(&p, sh);
+        let take = f.beats(&os, &oi, &s, &i);
+        s = f.sel("float", &take, &os, &s);
+        i = f.sel("i32", &take, &oi, &i);
+        p = f.sel("float", &take, &op, &p);
+    }
+    let par = f.get(&k.parity);
+    let half = f.mul(&par, &(WARPS * 4).to_string());
+    let slot = |f: &mut Func, w: &str, field: u32| -> String {
+        let w4 = f.v(format!("shl i32 {w}, 2"));
+        let e = f.add(&half, &w4);
+        let e = f.add(&e, &field.to_string());
+        f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_red, i32 {e}"))
+    };
+    f.if_then(&k.lane0, |f| {
+        for (field, ty, v) in [(0, "float", &s), (1, "i32", &i), (2, "float", &p)] {
+            let a = slot(f, &k.warp, field);
+            f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
+        }
+    });
+    // The other half is written by the next reduction; the one after that (same half) comes
+    // after the next reduction's barrier, which every thread passes only once done reading.
+    f.barrier();
+    let (mut s2, mut i2, mut p2) = (NEG_INF.to_string(), none.clone(), NEG_INF.to_string());
+    for w in 0..WARPS {
+        let w = w.to_string();
+        let a = slot(f, &w, 0);
+        let ws = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+        let a = slot(f, &w, 1);
+        let wi = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
+        let a = slot(f, &w, 2);
+        let wp = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+        let take = f.beats(&ws, &wi, &s2, &i2);
+        s2 = f.sel("float", &take, &ws, &s2);
+        i2 = f.sel("i32", &take, &wi, &i2);
+        p2 = f.sel("float", &take, &wp, &p2);
+    }
+    let np = f.v(format!("xor i32 {par}, 1"));
+    f.set(&k.parity, &np);
+    (s2, i2, p2)
+}
+
+/// Up to `count` rounds of block argmax over entries `0..n` (`load` gives an entry's logit
+/// and index; `EMPTY` and `-inf` entries never win), each winner ranking strictly after the
+/// previous one. `on_winner(k, x, i)` runs in every thread; returns how many were found and
+/// the last winner.
+fn select_rounds(
+    f: &mut Func,
+    k: &Ctx,
+    count: &str,
+    n: &str,
+    load: &dyn Fn(&mut Func, &str) -> (String, String),
+    on_winner: &dyn Fn(&mut Func, &str, &str, &str),
+) -> (String, String, String) {
+    let none = (INDEX_NONE as i32).to_string();
+    let px = f.var("float", NEG_INF);
+    let pi = f.var("i32", &none);
+    let first = f.var("i1", "true");
+    let found = f.var("i32", "0");
+    let done = f.var("i1", "false");
+    f.while_loop(
+        |f| {
+            let (kv, d) = (f.get(&found), f.get(&done));
+            let more = f.ult(&kv, count);
+            let live = f.v(format!("xor i1 {d}, true"));
+            f.and1(&more, &live)
+        },
+        |f| {
+            let (pxv, piv, fv) = (f.get(&px), f.get(&pi), f.get(&first));
+            let (bx, bi, _) = block_best(f, k, |f, bs, bi, _| {
+                f.for_loop(&k.tid, n, &FILTER_THREADS.to_string(), |f, e| {
+                    let (x, i) = load(f, e);
+                    let after = f.beats(&pxv, &piv, &x, &i);
+                    let after = f.v(format!("or i1 {fv}, {after}"));
+                    let live = f.v(format!("fcmp ogt float {x}, {NEG_INF}"));
+                    let real = f.v(format!("icmp ne i32 {i}, {none}"));
+                    let (s0, i0) = (f.get(bs), f.get(bi));
+                    let better = f.beats(&x, &i, &s0, &i0);
+                    let take = f.and1(&after, &live);
+                    let take = f.and1(&take, &real);
+                    let take = f.and1(&take, &better);
+                    let ns = f.sel("float", &take, &x, &s0);
+                    let ni = f.sel("i32", &take, &i, &i0);
+                    f.set(bs, &ns);
+                    f.set(bi, &ni);
+                });
+            });
+            let empty = f.v(format!("icmp eq i32 {bi}, {none}"));
+            f.if_else(
+                &empty,
+                |f| f.set(&done, "true"),
+                |f| {
+                    let kv = f.get(&found);
+                    on_winner(f, &kv, &bx, &bi);
+                    f.set(&px, &bx);
+                    f.set(&pi, &bi);
+                    f.set(&first, "false");
+                    let nk = f.add(&kv, "1");
+                    f.set(&found, &nk);
+                },
+            );
+        },
+    );
+    (f.get(&found), f.get(&px), f.get(&pi))
+}
+
+/// `abi::filter::survivors` in one thread over the shared top list of `found` entries:
+/// returns `(k, error)`. The f32 steps and their order are the abi's.
+fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str), lse: &str) -> (String, String) {
+    let (top_k, top_p, min_p) = filt;
+    let logit = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_top", e).0;
+    let n = f.var("i32", found);
+    let complete = f.ult(found, need);
+    let bounded = f.var("i1", &complete);
+    let err = f.var("i1", "false");
+    // top_k > 0 && top_k <= n
+    let nv = f.get(&n);
+    let k_on = f.v(format!("icmp ne i32 {top_k}, 0"));
+    let k_fits = f.v(format!("icmp ule i32 {top_k}, {nv}"));
+    let k_use = f.and1(&k_on, &k_fits);
+    f.if_then(&k_use, |f| {
+        f.set(&n, top_k);
+        f.set(&bounded, "true");
+    });
+    let mp_on = f.v(format!("fcmp ogt float {min_p}, 0.0"));
+    f.if_then(&mp_on, |f| {
+        let top0 = logit(f, "0");
+        let ln = f.v(format!("call float @fs_ln_f32(float {min_p})"));
+        let threshold = f.fadd(&top0, &ln);
+        let passing = f.var("i32", "0");
+        let nv = f.get(&n);
+        let stop = f.var("i1", "false");
+        f.while_loop(
+            |f| {
+                let pv = f.get(&passing);
+                let more = f.ult(&pv, &nv);
+                let st = f.get(&stop);
+                let go = f.v(format!("xor i1 {st}, true"));
+                f.and1(&more, &go)
+            },
+            |f| {
+                let pv = f.get(&passing);
+                let l = logit(f, &pv);
+                let ok = f.v(format!("fcmp oge float {l}, {threshold}"));
+                f.if_else(
+                    &ok,
+                    |f| {
+                        let np = f.add(&pv, "1");
+                        f.set(&passing, &np);
+                    },
+                    |f| f.set(&stop, "true"),
+                );
+            },
+        );
+        let pv = f.get(&passing);
+        let b = f.get(&bounded);
+        let all = f.v(format!("icmp eq i32 {pv}, {nv}"));
+        let nb = f.v(format!("xor i1 {b}, true"));
+        let bad = f.and1(&nb, &all);
+        let e0 = f.get(&err);
+        let e1 = f.v(format!("or i1 {e0}, {bad}"));
+        f.set(&err, &e1);
+        f.set(&n, &pv);
+        f.set(&bounded, "true");
+    });
+    let tp_on = f.v(format!("fcmp olt float {top_p}, 1.0"));
+    let b = f.get(&bounded);
+    f.if_else(
+        &tp_on,
+        |f| {
+            let nv = f.get(&n);
+            let top0 = logit(f, "0");
+            // Bounded: renormalize over top[..n] (max top0); else the row's full logsumexp.
+            let shift = f.sel("float", &b, &top0, lse);
+            let cut = f.var("float", top_p);
+            f.if_then(&b, |f| {
+                let total = f.var("float", "0.0");
+                f.for_loop("0", &nv, "1", |f, i| {
+                    let l = logit(f, i);
+                    let d = f.fsub(&l, &shift);
+                    let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                    let t0 = f.get(&total);
+                    let t1 = f.fadd(&t0, &ex);
+                    f.set(&total, &t1);
+                });
+                let t = f.get(&total);
+                let c = f.fmul(top_p, &t);
+                f.set(&cut, &c);
+            });
+            let cutv = f.get(&cut);
+            let cum = f.var("float", "0.0");
+            let kept = f.var("i32", "0");
+            let stop = f.var("i1", "false");
+            f.while_loop(
+                |f| {
+                    let kv = f.get(&kept);
+                    let more = f.ult(&kv, &nv);
+                    let st = f.get(&stop);
+                    let go = f.v(format!("xor i1 {st}, true"));
+                    f.and1(&more, &go)
+                },
+                |f| {
+                    let kv = f.get(&kept);
+                    let cv = f.get(&cum);
+                    let some = f.v(format!("icmp ne i32 {kv}, 0"));
+                    let reached = f.v(format!("fcmp oge float {cv}, {cutv}"));
+                    let brk = f.and1(&some, &reached);
+                    f.if_else(
+                        &brk,
+                        |f| f.set(&stop, "true"),
+                        |f| {
+                            let l = logit(f, &kv);
+                            let d = f.fsub(&l, &shift);
+                            let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                            let c1 = f.fadd(&cv, &ex);
+                            f.set(&cum, &c1);
+                            let k1 = f.add(&kv, "1");
+                            f.set(&kept, &k1);
+                        },
+                    );
+                },
+            );
+            let kv = f.get(&kept);
+            let cv = f.get(&cum);
+            let all = f.v(format!("icmp eq i32 {kv}, {nv}"));
+            let short = f.v(format!("fcmp olt float {cv}, {top_p}"));
+            let nb = f.v(format!("xor i1 {b}, true"));
+            let bad = f.and1(&all, &short);
+            let bad = f.and1(&bad, &nb);
+            let e0 = f.get(&err);
+            let e1 = f.v(format!("or i1 {e0}, {bad}"));
+            f.set(&err, &e1);
+            f.set(&n, &kv);
+        },
+        |f| {
+            // A row whose filter is off never gets here (it keeps stage two's result).
+            let nb = f.v(format!("xor i1 {b}, true"));
+            let e0 = f.get(&err);
+            let e1 = f.v(format!("or i1 {e0}, {nb}"));
+            f.set(&err, &e1);
+        },
+    );
+    (f.get(&n), f.get(&err))
+}
+
+pub(crate) fn emit(c: &GpuConfig) -> String {
+    let mut f = Func::new();
+    let row = f.sreg("ctaid.x");
+    let tid = f.sreg("tid.x");
+    let warp = f.v(format!("lshr i32 {tid}, 5"));
+    let lane = f.v(format!("and i32 {tid}, 31"));
+    let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
+    let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
+    let parity = f.var("i32", "0");
+    let k = Ctx { tid, warp, lane0, tid0, parity };
+    let none = (INDEX_NONE as i32).to_string();
+    let threads = FILTER_THREADS.to_string();
+    let vocab_tile = c.vocab_tile;
+
+    let in_batch = f.ult(&row, "%batch");
+    f.if_then(&in_batch, |f| {
+        let r64 = f.zext64(&row);
+        let sa = f.gaddr("%out_status", &r64, 4);
+        let st = f.v(format!("load i32, ptr addrspace(1) {sa}, align 4"));
+        let ok = f.v(format!("icmp eq i32 {st}, 0"));
+        // Rows stage two failed keep their status; everything below is uniform over the CTA.
+        f.if_then(&ok, |f| {
+            let greedy = f.var("i1", "false");
+            let has_greedy = f.v("icmp ne ptr addrspace(1) %greedy, null");
+            f.if_then(&has_greedy, |f| {
+                let a = f.gaddr("%greedy", &r64, 4);
+                let g = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                let g = f.v(format!("icmp ne i32 {g}, 0"));
+                f.set(&greedy, &g);
+            });
+            let top_k = f.var("i32", "0");
+            let top_p = f.var("float", "1.0");
+            let min_p = f.var("float", "0.0");
+            let has_filters = f.v("icmp ne ptr addrspace(1) %filters, null");
+            f.if_then(&has_filters, |f| {
+                let a = f.gaddr("%filters", &r64, 12);
+                let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                f.set(&top_k, &v);
+                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                let v = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
+                f.set(&top_p, &v);
+                let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
+                let v = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
+                f.set(&min_p, &v);
+            });
+            let (tk, tp, mp) = (f.get(&top_k), f.get(&top_p), f.get(&min_p));
+            // RowFilter::is_off: top_k == 0 && top_p >= 1 && min_p <= 0.
+            let k_off = f.v(format!("icmp eq i32 {tk}, 0"));
+            let p_off = f.v(format!("fcmp oge float {tp}, 1.0"));
+            let m_off = f.v(format!("fcmp ole float {mp}, 0.0"));
+            let off = f.and1(&k_off, &p_off);
+            let off = f.and1(&off, &m_off);
+            let g = f.get(&greedy);
+            let skip = f.v(format!("or i1 {off}, {g}"));
+            let filtered = f.v(format!("xor i1 {skip}, true"));
+            let need_r = f.sel("i32", &filtered, "%need", "%top_n");
+            let need_r = f.v(format!(
+                "call i32 @llvm.umin.i32(i32 {need_r}, i32 {})",
+                MAX_LIST_CAPACITY
+            ));
+            let any = f.v(format!("icmp ne i32 {need_r}, 0"));
+            f.if_then(&any, |f| {
+                let len = f.mul("%tiles", "%per_tile");
+                let len64 = f.zext64(&len);
+                let rbase = f.v(format!("mul i64 {r64}, {len64}"));
+                let per_tile64 = f.zext64("%per_tile");
+                let heads_load = |f: &mut Func, e: &str| {
+                    let e64 = f.zext64(e);
+                    let off = f.v(format!("mul i64 {e64}, {per_tile64}"));
+                    let off = f.v(format!("add i64 {rbase}, {off}"));
+                    load_global_scored(f, "%lists", &off)
+                };
+                let all_load = |f: &mut Func, e: &str| {
+                    let e64 = f.zext64(e);
+                    let off = f.v(format!("add i64 {rbase}, {e64}"));
+                    load_global_scored(f, "%lists", &off)
+                };
+                // Threshold from the tile heads (see the module docs); none when too few.
+                let tau_x = f.var("float", NEG_INF);
+                let tau_i = f.var("i32", &none);
+                let tau_on = f.var("i1", "false");
+                let enough = f.v(format!("icmp uge i32 %tiles, {need_r}"));
+                f.if_then(&enough, |f| {
+                    let (n, x, i) = select_rounds(f, &k, &need_r, "%tiles", &heads_load, &|_: &mut Func, _: &str, _: &str, _: &str| {});
+                    let full = f.v(format!("icmp eq i32 {n}, {need_r}"));
+                    f.set(&tau_on, &full);
+                    f.set(&tau_x, &x);
+                    f.set(&tau_i, &i);
+                });
+                let (tx, ti, ton) = (f.get(&tau_x), f.get(&tau_i), f.get(&tau_on));
+                let cnt_a = misc(f, 0);
+                let ovf_a = misc(f, 1);
+                f.if_then(&k.tid0, |f| {
+                    f.s(format!("store i32 0, ptr addrspace(3) {cnt_a}, align 4"));
+                    f.s(format!("store i32 0, ptr addrspace(3) {ovf_a}, align 4"));
+                });
+                f.barrier();
+                f.for_loop(&k.tid, &len, &threads, |f, e| {
+                    let (x, i) = all_load(f, e);
+                    let real = f.v(format!("icmp ne i32 {i}, {none}"));
+                    let live = f.v(format!("fcmp ogt float {x}, {NEG_INF}"));
+                    let after_tau = f.beats(&tx, &ti, &x, &i);
+                    let after_tau = f.and1(&ton, &after_tau);
+                    let within = f.v(format!("xor i1 {after_tau}, true"));
+                    let keep = f.and1(&real, &live);
+                    let keep = f.and1(&keep, &within);
+                    f.if_then(&keep, |f| {
+                        let pos = f.v(format!("atomicrmw add ptr addrspace(3) {cnt_a}, i32 1 monotonic"));
+                        let fits = f.ult(&pos, &CANDIDATES.to_string());
+                        f.if_then(&fits, |f| store_shared_scored(f, "@fs_filter_cand", &pos, &x, &i));
+                    });
+                });
+                f.barrier();
+                let cnt = f.v(format!("load i32, ptr addrspace(3) {cnt_a}, align 4"));
+                let staged = f.v(format!("icmp ule i32 {cnt}, {CANDIDATES}"));
+                let write_top = |f: &mut Func, kk: &str, x: &str, i: &str| {
+                    let t0 = k.tid0.clone();
+                    f.if_then(&t0, |f| store_shared_scored(f, "@fs_filter_top", kk, x, i));
+                };
+                let found = f.var("i32", "0");
+                f.if_else(
+                    &staged,
+                    |f| {
+                        let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
+                        let (n, _, _) = select_rounds(f, &k, &need_r, &cnt, &cand_load, &write_top);
+                        f.set(&found, &n);
+                    },
+                    |f| {
+                        let (n, _, _) = select_rounds(f, &k, &need_r, &len, &all_load, &write_top);
+                        f.set(&found, &n);
+                    },
+                );
+                // Thread 0's last write to the top list is read below.
+                f.barrier();
+                let found = f.get(&found);
+
+                // merge_row's overflow test: a tile whose last entry ranks before the
+                // `need`-th selected token may have dropped one. Lists that hold whole tiles
+                // (per_tile >= vocab_tile) cannot have dropped anything.
+                let short = f.ult("%per_tile", &need_r);
+                let partial = f.ult("%per_tile", &vocab_tile.to_string());
+                let filled = f.v(format!("icmp eq i32 {found}, {need_r}"));
+                let check = f.and1(&short, &partial);
+                let check = f.and1(&check, &filled);
+                f.if_then(&check, |f| {
+                    let lastk = f.add(&need_r, "-1");
+                    let (lx, li) = load_shared_scored(f, "@fs_filter_top", &lastk);
+                    let pt1 = f.add("%per_tile", "-1");
+                    f.for_loop(&k.tid, "%tiles", &threads, |f, t| {
+                        let e = f.mul(t, "%per_tile");
+                        let e = f.add(&e, &pt1);
+                        let (x, i) = all_load(f, &e);
+                        let real = f.v(format!("icmp ne i32 {i}, {none}"));
+                        let before = f.beats(&x, &i, &lx, &li);
+                        let bad = f.and1(&real, &before);
+                        f.if_then(&bad, |f| f.s(format!("store i32 1, ptr addrspace(3) {ovf_a}, align 4")));
+                    });
+                });
+                f.barrier();
+                let ovf = f.v(format!("load i32, ptr addrspace(3) {ovf_a}, align 4"));
+                let overflow = f.v(format!("icmp ne i32 {ovf}, 0"));
+                f.if_else(
+                    &overflow,
+                    |f| {
+                        let t0 = k.tid0.clone();
+                        f.if_then(&t0, |f| f.s(format!("store i32 3, ptr addrspace(1) {sa}, align 4")));
+                    },
+                    |f| {
+                        let la = f.gaddr("%lse", &r64, 4);
+                        let lse = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
+                        // Top-n logprobs (every row), EMPTY past the row's eligible tokens.
+                        let top_ok = f.v("icmp ne ptr addrspace(1) %out_top, null");
+                        let tn = f.v("icmp ne i32 %top_n, 0");
+                        let top_ok = f.and1(&top_ok, &tn);
+                        f.if_then(&top_ok, |f| {
+                            f.for_loop(&k.tid, "%top_n", &threads, |f, i| {
+                                let have = f.ult(i, &found);
+                                let (x, idx) = load_shared_scored(f, "@fs_filter_top", i);
+                                let lp = f.fsub(&x, &lse);
+                                let lp = f.sel("float", &have, &lp, NEG_INF);
+                                let idx = f.sel("i32", &have, &idx, &none);
+                                let o = f.mul(&row, "%top_n");
+                                let o = f.add(&o, i);
+                                let o64 = f.zext64(&o);
+                                let a = f.gaddr("%out_top", &o64, 8);
+                                f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+                                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                                f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
+                            });
+                        });
+                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, (&tk, &tp, &mp), &lse));
+                    },
+                );
+            });
+        });
+    });
+    f.s("ret void");
+    f.finish(&format!(
+        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %lists, i32 %tiles, \
+         i32 %per_tile, i32 %need, i32 %batch, i32 %samples, ptr addrspace(1) noalias readonly %filters, \
+         ptr addrspace(1) noalias readonly %lse, ptr addrspace(1) noalias readonly %greedy, i64 %seed, \
+         ptr addrspace(1) noalias readonly %row_seeds, i32 %vocab_offset, i32 %top_n, \
+         ptr addrspace(1) noalias %out_tokens, ptr addrspace(1) noalias %out_scores, \
+         ptr addrspace(1) noalias %out_logits, ptr addrspace(1) noalias %out_top, \
+         ptr addrspace(1) noalias %out_status) \"nvvm.maxntid\"=\"{FILTER_THREADS}\""
+    ))
+}
+
+/// Survivors (thread 0, broadcast through shared memory), then per sample the Gumbel-max
+/// draw over them (`abi::filter::draw`), overwriting stage two's outputs.
+#[allow(clippy::too_many_arguments)]
+fn draw_filtered(
+    f: &mut Func,
+    k: &Ctx,
+    row: &str,
+    r64: &str,
+    status_addr: &str,
+    found: &str,
+    filt: (&str, &str, &str),
+    lse: &str,
+) {
+    let none = (INDEX_NONE as i32).to_string();
+    let kept_a = misc(f, 2);
+    let err_a = misc(f, 3);
+    let t0 = k.tid0.clone();
+    f.if_then(&t0, |f| {
+        let (n, err) = survivors(f, found, "%need", filt, lse);
+        let e = f.v(format!("zext i1 {err} to i32"));
+        f.s(format!("store i32 {n}, ptr addrspace(3) {kept_a}, align 4"));
+        f.s(format!("store i32 {e}, ptr addrspace(3) {err_a}, align 4"));
+    });
+    f.barrier();
+    let kept = f.v(format!("load i32, ptr addrspace(3) {kept_a}, align 4"));
+    let err = f.v(format!("load i32, ptr addrspace(3) {err_a}, align 4"));
+    let bad = f.v(format!("icmp ne i32 {err}, 0"));
+    f.if_else(
+        &bad,
+        |f| {
+            let t0 = k.tid0.clone();
+            f.if_then(&t0, |f| f.s(format!("store i32 4, ptr addrspace(1) {status_addr}, align 4")));
+        },
+        |f| {
+            // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
+            let key = f.var("i64", "%seed");
+            let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
+            f.if_then(&has_rs, |f| {
+                let a = f.gaddr("%row_seeds", r64, 8);
+                let v = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
+                f.set(&key, &v);
+            });
+            let kv = f.get(&key);
+            let key_lo = f.v(format!("trunc i64 {kv} to i32"));
+            let key_hi = f.v(format!("lshr i64 {kv}, 32"));
+            let key_hi = f.v(format!("trunc i64 {key_hi} to i32"));
+            let ctr_row = f.sel("i32", &has_rs, "0", row);
+            f.for_loop("0", "%samples", "1", |f, s| {
+                let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
+                    f.for_loop(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
+                        let (x, i) = load_shared_scored(f, "@fs_filter_top", e);
+                        let g = f.add(&i, "%vocab_offset");
+                        let ctr = f.v(format!("lshr i32 {g}, 2"));
+                        let ty = "{ i32, i32, i32, i32 }";
+                        let r = f.v(format!(
+                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 0, i32 {key_lo}, i32 {key_hi})"
+                        ));
+                        let w = f.v(format!("and i32 {g}, 3"));
+                        let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));
+                        for j in 1..4 {
+                            let wj = f.v(format!("extractvalue {ty} {r}, {j}"));
+                            let is = f.v(format!("icmp eq i32 {w}, {j}"));
+                            bits = f.sel("i32", &is, &wj, &bits);
+                        }
+                        let gum = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
+                        let score = f.fadd(&x, &gum);
+                        let (s0, i0, p0) = (f.get(vs), f.get(vi), f.get(vp));
+                        let take = f.beats(&score, &i, &s0, &i0);
+                        let ns = f.sel("float", &take, &score, &s0);
+                        let ni = f.sel("i32", &take, &i, &i0);
+                        let np = f.sel("float", &take, &x, &p0);
+                        f.set(vs, &ns);
+                        f.set(vi, &ni);
+                        f.set(vp, &np);
+                    });
+                });
+                let t0 = k.tid0.clone();
+                let real = f.v(format!("icmp ne i32 {bi}, {none}"));
+                let w = f.and1(&t0, &real);
+                f.if_then(&w, |f| {
+                    let o = f.mul(row, "%samples");
+                    let o = f.add(&o, s);
+                    let o64 = f.zext64(&o);
+                    for (ptr, ty, v) in [("%out_tokens", "i32", &bi), ("%out_scores", "float", &bs), ("%out_logits", "float", &bl)] {
+                        let a = f.gaddr(ptr, &o64, 4);
+                        f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
+                    }
+                });
+            });
+        },
+    );
+}
