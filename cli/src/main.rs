@@ -5,20 +5,23 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use flashsample::{bf16, ir::Pipeline, Device, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{bf16, ir::Pipeline, Device, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use rand::{rngs::StdRng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use std::time::Instant;
 
-/// The embedded default pipeline: Qwen3-style per-row temperature, Gumbel-max sampling.
+/// The embedded default pipeline: what a serving stack asks of a Qwen3 head: per-row
+/// temperature, per-row top-k / top-p / min-p (up to k = 64), Gumbel-max sampling, the
+/// sampled token's logprob and the top 5 logprobs.
 const DEFAULT_PIPELINE: &str = "\
 pipeline Qwen3Sampler
   hidden: bf16[B, D]
   weights: bf16[V, D]
   logits = matmul(hidden, weights)
   logits = temperature(logits, per_row temperature)
+  logits = filter(logits, filter, max_k=64)
   sample = gumbel_max(logits, seed, samples=1)
-  outputs(score, logprob)
+  outputs(score, logprob, top_logprobs=5)
 ";
 
 #[derive(Parser)]
@@ -41,6 +44,15 @@ enum Command {
         vocab: usize,
         #[arg(long, default_value_t = 0.7)]
         temperature: f32,
+        /// Top-k of every row, if the pipeline has a filter (0 = off).
+        #[arg(long, default_value_t = 50)]
+        top_k: u32,
+        /// Top-p of every row, if the pipeline has a filter (1 = off).
+        #[arg(long, default_value_t = 0.9)]
+        top_p: f32,
+        /// Min-p of every row, if the pipeline has a filter (0 = off).
+        #[arg(long, default_value_t = 0.0)]
+        min_p: f32,
         #[arg(long, default_value_t = 2026)]
         seed: u64,
         /// Timed repetitions (the median is reported).
@@ -78,7 +90,7 @@ fn random_bf16(rng: &mut StdRng, n: usize, std: f32) -> Vec<bf16> {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Ir => print!("{DEFAULT_PIPELINE}"),
-        Command::Sample { batch, dim, vocab, temperature, seed, reps, device, pipeline, no_check } => {
+        Command::Sample { batch, dim, vocab, temperature, top_k, top_p, min_p, seed, reps, device, pipeline, no_check } => {
             let text = match &pipeline {
                 Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
                 None => DEFAULT_PIPELINE.to_string(),
@@ -96,7 +108,9 @@ fn main() -> Result<()> {
             println!("built a random LM head in {:.2} s", started.elapsed().as_secs_f64());
 
             let temperatures = vec![temperature; batch];
+            let filters = vec![RowFilter { top_k, top_p, min_p }; batch];
             let params = SamplingParams {
+                filter: pipeline.filter_max_k().map(|_| &filters[..]),
                 temperature: match pipeline.temperature() {
                     Some(flashsample::ir::Temperature::PerRow { .. }) => TemperatureArg::PerRow(&temperatures),
                     Some(flashsample::ir::Temperature::Scalar { .. }) => TemperatureArg::Scalar(temperature),
@@ -123,6 +137,10 @@ fn main() -> Result<()> {
                 let logprob = samples.logprobs.as_ref().map(|l| format!("  logprob {:.3}", l[row * samples.samples_per_row]));
                 println!("row {row:>3}: tokens {:?}{}", samples.row(row), logprob.unwrap_or_default());
             }
+            if let Some(top) = &samples.top_logprobs {
+                let shown: Vec<String> = top[0].iter().map(|(t, lp)| format!("{t} ({lp:.3})")).collect();
+                println!("row   0: top logprobs {}", shown.join(", "));
+            }
             let w_bytes = (vocab * dim * 2) as f64;
             println!(
                 "first call (includes JIT compile) {:.1} ms; median of {reps} {:.2} ms ({:.1} GB/s of weights)",
@@ -147,12 +165,24 @@ fn main() -> Result<()> {
                     vocab,
                     params: &params,
                 };
-                let (refs, _) = problem.sample_rows(&[0])?;
-                let score = samples.scores.as_ref().map_or(refs[0].score as f32, |s| s[0]);
-                match flashsample_reference::check_pathwise(&refs[0], samples.tokens[0], score) {
-                    Ok(()) => println!("row 0 matches the float64 reference pathwise (token {})", refs[0].token),
-                    Err(e) => bail!("row 0 disagrees with the float64 reference: {e}"),
+                let rows: Vec<usize> = (0..batch.min(8)).collect();
+                let (refs, _) = problem.sample_rows(&rows)?;
+                let per_row = samples.samples_per_row;
+                let mut edges = 0;
+                for (i, r) in refs.iter().enumerate() {
+                    // A filter cut within f32 rounding of its edge admits the tokens either cut keeps.
+                    edges += usize::from(r.ambiguous);
+                    let (row, k) = (i / per_row, i % per_row);
+                    let slot = row * per_row + k;
+                    let score = samples.scores.as_ref().map_or(r.score as f32, |s| s[slot]);
+                    if let Err(e) = flashsample_reference::check_pathwise(r, samples.tokens[slot], score) {
+                        bail!("row {row} disagrees with the float64 reference: {e}");
+                    }
                 }
+                println!(
+                    "{} samples match the float64 reference pathwise ({edges} with a filter edge within f32 rounding, checked against both cuts)",
+                    refs.len()
+                );
             }
         }
     }

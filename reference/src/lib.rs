@@ -70,9 +70,13 @@ pub struct SampleReference {
     /// Bound on |f32 backend score − f64 score| for any token of this row.
     pub bound: f64,
     /// The row's top-k / min-p / top-p set is not determined robustly: a logit or cumulative
-    /// mass at its edge is within the f32 error bound, so an f32 backend may cut one token
-    /// differently. Pathwise checks skip such samples (distributional tests still cover them).
+    /// mass at its edge is within the f32 error bound, so an f32 backend may cut a token or two
+    /// differently. Then [`check_pathwise`] accepts any token of `possible` that beats `floor`.
     pub ambiguous: bool,
+    /// When `ambiguous`: every token an f32 backend may keep, with its reference score.
+    pub possible: Vec<(u32, f64)>,
+    /// When `ambiguous`: the best score among the tokens every f32 backend keeps.
+    pub floor: f64,
 }
 
 /// One row's transformed logits, f64, with `-inf` for excluded tokens, and their error bounds.
@@ -211,7 +215,8 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         let mut order: Vec<usize> = (0..self.vocab).filter(|&v| rl.logits[v] > f64::NEG_INFINITY).collect();
         let filter = self.params.row_filter(row);
         if rl.greedy || self.pipeline.filter_max_k().is_none() || filter.is_off() {
-            return CandidateSet { kept: order, ambiguous: false };
+            let n = order.len();
+            return CandidateSet { possible: order.clone(), kept: order, sure: n };
         }
         order.sort_by(|&a, &b| rl.logits[b].total_cmp(&rl.logits[a]).then(a.cmp(&b)));
         filter_sorted(&order, &rl.logits, &rl.bounds, &filter)
@@ -233,7 +238,9 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
             for sample in 0..self.pipeline.samples_per_row() {
                 let (mut best, mut second, mut token) = (f64::NEG_INFINITY, f64::NEG_INFINITY, u32::MAX);
                 let mut bound = 0.0f64;
-                for &v in &candidates.kept {
+                let (mut possible, mut floor) = (Vec::new(), f64::NEG_INFINITY);
+                let ambiguous = candidates.is_ambiguous();
+                for (j, &v) in candidates.possible.iter().enumerate() {
                     let x = rl.logits[v];
                     let (s, b) = if rl.greedy {
                         (x, rl.bounds[v])
@@ -243,6 +250,15 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                         (x + g, rl.bounds[v] + GUMBEL_F32_ABS_ERROR + (x + g).abs() * U)
                     };
                     bound = bound.max(b);
+                    if ambiguous {
+                        possible.push((v as u32, s));
+                        if j < candidates.sure {
+                            floor = floor.max(s);
+                        }
+                    }
+                    if j >= candidates.kept.len() {
+                        continue;
+                    }
                     if s > best {
                         second = best;
                         best = s;
@@ -257,7 +273,9 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                     runner_up: second,
                     logit: rl.logits[token as usize],
                     bound,
-                    ambiguous: candidates.ambiguous,
+                    ambiguous,
+                    possible,
+                    floor,
                 });
             }
         }
@@ -270,55 +288,73 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
     }
 }
 
-/// The tokens a row samples among, and whether an f32 backend could cut the set differently.
+/// The tokens a row samples among, and how far an f32 backend's cut may move.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CandidateSet {
-    /// Most likely first when a filter applied; in vocabulary order otherwise.
+    /// The set in f64. Most likely first when a filter applied; vocabulary order otherwise.
     pub kept: Vec<usize>,
-    pub ambiguous: bool,
+    /// `kept[..sure]` survives any f32 rounding within the bounds.
+    pub sure: usize,
+    /// Every token an f32 backend may keep (`kept` is a prefix of it).
+    pub possible: Vec<usize>,
+}
+
+impl CandidateSet {
+    pub fn is_ambiguous(&self) -> bool {
+        self.sure != self.kept.len() || self.possible.len() != self.kept.len()
+    }
 }
 
 /// top-k, then min-p, then top-p over `order` (eligible tokens, most likely first), in f64,
-/// flagging every cut that lies within the f32 error of its edge.
+/// with the range of prefix lengths an f32 backend may cut at given the logits' error `b`.
 fn filter_sorted(order: &[usize], logits: &[f64], bounds: &[f64], f: &RowFilter) -> CandidateSet {
     let b = order.iter().map(|&v| bounds[v]).fold(0.0, f64::max);
-    let mut ambiguous = false;
-    let mut n = order.len();
+    let x = |j: usize| logits[order[j]];
+    let count = |pred: &dyn Fn(f64) -> bool| order.iter().take_while(|&&v| pred(logits[v])).count();
+    // Nominal cut `n` and its robust range `lo..=hi`.
+    let (mut n, mut lo, mut hi) = (order.len(), order.len(), order.len());
     if f.top_k > 0 && (f.top_k as usize) < n {
-        n = f.top_k as usize;
-        ambiguous |= logits[order[n - 1]] - logits[order[n]] <= 2.0 * b;
+        let k = f.top_k as usize;
+        n = k;
+        lo = count(&|v| v > x(k) + 2.0 * b).min(k);
+        hi = count(&|v| v >= x(k - 1) - 2.0 * b).max(k);
     }
     if f.min_p > 0.0 && n > 0 {
         // The f32 threshold adds ln_f32's error (< 1e-6) to the logit's.
-        let threshold = logits[order[0]] + f64::from(f.min_p).ln();
+        let threshold = x(0) + f64::from(f.min_p).ln();
         let tol = 2.0 * b + 1e-6 * (1.0 + threshold.abs());
-        let passing = order[..n].iter().take_while(|&&v| logits[v] >= threshold).count();
-        ambiguous |= order[..n].iter().any(|&v| (logits[v] - threshold).abs() <= tol);
-        n = passing;
+        n = n.min(count(&|v| v >= threshold));
+        lo = lo.min(count(&|v| v > threshold + tol));
+        hi = hi.min(count(&|v| v >= threshold - tol));
     }
     if f.top_p < 1.0 && n > 0 {
         let mass = logsumexp(&order[..n].iter().map(|&v| logits[v]).collect::<Vec<_>>());
         let p = f64::from(f.top_p);
-        // Relative error of the f32 cumulative masses: the logits' error, exp_f32 and the sum.
-        let tol = 4.0 * b + (n as f64 + 8.0) * 4.0 * U;
+        // Relative error of the f32 cumulative masses: the logits' error, exp_f32, the sum, and
+        // the mass an uncertain earlier cut adds or removes.
+        let spread = if hi > lo {
+            let all = logsumexp(&order[..hi.max(n)].iter().map(|&v| logits[v]).collect::<Vec<_>>());
+            let few = logsumexp(&order[..lo.max(1)].iter().map(|&v| logits[v]).collect::<Vec<_>>());
+            1.0 - (few - all).exp()
+        } else {
+            0.0
+        };
+        let tol = 4.0 * b + (n as f64 + 8.0) * 4.0 * U + spread;
+        // Token j is kept iff j == 0 or the mass strictly before it is below p.
+        let mut before = Vec::with_capacity(hi.max(n));
         let mut cum = 0.0;
-        let mut kept = 0;
-        for &v in &order[..n] {
-            if kept > 0 && cum >= p {
-                break;
-            }
-            if kept > 0 && (cum - p).abs() <= tol {
-                ambiguous = true;
-            }
-            cum += (logits[v] - mass).exp();
-            kept += 1;
+        for j in 0..hi.max(n) {
+            before.push(cum);
+            cum += (x(j) - mass).exp();
         }
-        if kept < n && (cum - p).abs() <= tol {
-            ambiguous = true;
-        }
-        n = kept;
+        let cut = |limit: f64| (1..before.len()).take_while(|&j| before[j] < limit).count() + 1;
+        n = n.min(cut(p));
+        lo = lo.min(cut(p - tol));
+        hi = hi.min(cut(p + tol));
     }
-    CandidateSet { kept: order[..n].to_vec(), ambiguous }
+    let lo = lo.clamp(1.min(n), n);
+    let hi = hi.max(n);
+    CandidateSet { kept: order[..n].to_vec(), sure: lo, possible: order[..hi].to_vec() }
 }
 
 /// Stable f64 logsumexp; `-inf` entries are skipped, all `-inf` gives `-inf`.
@@ -339,6 +375,21 @@ pub fn logsumexp_tolerance(logit_bound: f64, vocab: usize) -> f64 {
 /// A backend's answer for one (row, sample) checked against the reference, pathwise.
 pub fn check_pathwise(reference: &SampleReference, token: u32, score: f32) -> Result<(), String> {
     let score = f64::from(score);
+    if reference.ambiguous {
+        let Some(&(_, want)) = reference.possible.iter().find(|(t, _)| *t == token) else {
+            return Err(format!("token {token} is outside every filter set within f32 rounding of the reference's"));
+        };
+        if (score - want).abs() > reference.bound {
+            return Err(format!("token {token}: score {score} vs reference {want} (bound {})", reference.bound));
+        }
+        if want < reference.floor - 2.0 * reference.bound {
+            return Err(format!(
+                "token {token} (score {want}) loses to a token every filter set keeps (score {}, bound {})",
+                reference.floor, reference.bound
+            ));
+        }
+        return Ok(());
+    }
     if (score - reference.score).abs() > reference.bound {
         return Err(format!(
             "score {score} is {} away from the reference maximum {} (bound {})",
@@ -432,11 +483,27 @@ mod tests {
 
     #[test]
     fn pathwise_check_accepts_near_ties_only() {
-        let r = SampleReference { token: 3, score: 1.0, runner_up: 0.5, logit: 0.0, bound: 0.01, ambiguous: false };
+        let r = SampleReference {
+            token: 3,
+            score: 1.0,
+            runner_up: 0.5,
+            logit: 0.0,
+            bound: 0.01,
+            ambiguous: false,
+            possible: vec![],
+            floor: f64::NEG_INFINITY,
+        };
         assert!(check_pathwise(&r, 3, 1.005).is_ok());
         assert!(check_pathwise(&r, 4, 1.0).is_err());
         assert!(check_pathwise(&r, 3, 1.02).is_err());
         let tie = SampleReference { runner_up: 0.995, ..r };
         assert!(check_pathwise(&tie, 4, 0.999).is_ok());
+        // An uncertain cut: token 9 may or may not be kept, token 3 always is.
+        let edge = SampleReference { ambiguous: true, possible: vec![(3, 1.0), (9, 1.5)], floor: 1.0, ..r };
+        assert!(check_pathwise(&edge, 9, 1.5).is_ok());
+        assert!(check_pathwise(&edge, 3, 1.0).is_ok());
+        assert!(check_pathwise(&edge, 7, 1.0).is_err());
+        let lower = SampleReference { possible: vec![(3, 1.0), (9, 0.5)], ..edge };
+        assert!(check_pathwise(&lower, 9, 0.5).is_err(), "9 loses to the always-kept 3");
     }
 }

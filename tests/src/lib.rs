@@ -227,10 +227,7 @@ impl Case {
                 let r = &refs[i * s + k];
                 let slot = row * s + k;
                 let score = samples.scores.as_ref().map_or(r.score as f32, |s| s[slot]);
-                if !r.ambiguous {
-                    check_pathwise(r, samples.tokens[slot], score)
-                        .map_err(|e| format!("row {row} sample {k}: {e}"))?;
-                }
+                check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - lses[i];
                     let tol = 2.0 * logsumexp_tolerance(r.bound, self.vocab);
