@@ -1,10 +1,11 @@
 //! CPU benchmark: the fused Cranelift kernel against an unfused baseline in this process
 //! (multi-threaded portable Rust matmul writing `[B, V]` f32 logits, then softmax and
 //! inverse-CDF sampling), and the memory floor (weight bytes / streaming bandwidth measured
-//! here). Prints one markdown table.
+//! here). Prints one markdown table. `--filter` benchmarks top-k 50 + top-p 0.9 instead,
+//! the baseline then selecting the top 50 per row, renormalizing, cutting at 0.9 and drawing.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, Device, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, Device, RowFilter, Sampler, SamplingParams, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
 use flashsample_bench::{median_secs, print_table};
 use flashsample_ir::DType;
@@ -22,7 +23,13 @@ struct Args {
     batches: Vec<usize>,
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Sample with top-k 50 and top-p 0.9 (both sides).
+    #[arg(long)]
+    filter: bool,
 }
+
+const TOP_K: usize = 50;
+const TOP_P: f32 = 0.9;
 
 /// Unfused stage 1: `[B, V]` f32 logits, 4 vocab rows at a time so each widened weight
 /// vector is reused across the batch; 8 independent accumulators let LLVM vectorize.
@@ -89,6 +96,39 @@ fn unfused_sample(logits: &[f32], batch: usize, vocab: usize, temperature: f32, 
         .collect()
 }
 
+/// Unfused stage 2 with filtering: per row, the top 50 logits (selection, then a sort of
+/// those 50), softmax over them at temperature T, the top-p 0.9 prefix, an inverse-CDF draw.
+fn unfused_sample_filtered(logits: &[f32], batch: usize, vocab: usize, temperature: f32, seed: u64) -> Vec<u32> {
+    (0..batch)
+        .into_par_iter()
+        .map(|b| {
+            let row = &logits[b * vocab..][..vocab];
+            let mut idx: Vec<u32> = (0..vocab as u32).collect();
+            let k = TOP_K.min(vocab);
+            idx.select_nth_unstable_by(k - 1, |&x, &y| row[y as usize].total_cmp(&row[x as usize]));
+            idx.truncate(k);
+            idx.sort_unstable_by(|&x, &y| row[y as usize].total_cmp(&row[x as usize]));
+            let m = row[idx[0] as usize];
+            let probs: Vec<f32> = idx.iter().map(|&i| ((row[i as usize] - m) / temperature).exp()).collect();
+            let total: f32 = probs.iter().sum();
+            let (mut cum, mut kept) = (0.0f32, 0);
+            while kept < k && (kept == 0 || cum < TOP_P * total) {
+                cum += probs[kept];
+                kept += 1;
+            }
+            let target = uniform_f64(noise_bits(seed, b as u32, 0, 0)) as f32 * cum;
+            let mut acc = 0.0f32;
+            for j in 0..kept {
+                acc += probs[j];
+                if acc >= target {
+                    return idx[j];
+                }
+            }
+            idx[kept - 1]
+        })
+        .collect()
+}
+
 /// Streaming read bandwidth of this machine (bytes/s), all threads, over a buffer of `bytes`.
 fn read_bandwidth(bytes: usize) -> f64 {
     let words: Vec<u64> = (0..bytes as u64 / 8).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
@@ -104,9 +144,17 @@ fn read_bandwidth(bytes: usize) -> f64 {
 fn main() -> flashsample::Result<()> {
     let args = Args::parse();
     let device = Device::cpu();
-    let pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16).temperature_const(0.7).build()?;
-    let sampler = Sampler::new(pipeline, &device)?;
-    println!("device {}, V = {}", device.describe(), args.vocab);
+    let mut pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16).temperature_const(0.7);
+    if args.filter {
+        pipeline = pipeline.filter("filter", 64);
+    }
+    let sampler = Sampler::new(pipeline.build()?, &device)?;
+    println!(
+        "device {}, V = {}{}",
+        device.describe(),
+        args.vocab,
+        if args.filter { ", top-k 50 + top-p 0.9 on both sides" } else { "" }
+    );
     let mut rng = StdRng::seed_from_u64(1);
     let mut rows = Vec::new();
     for &dim in &args.dims {
@@ -118,14 +166,19 @@ fn main() -> flashsample::Result<()> {
             let hidden: Vec<bf16> = (0..batch * dim).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
             let h = Tensor::host(&hidden, batch, dim)?;
             let w = Tensor::host(&weights, args.vocab, dim)?;
-            let params = SamplingParams { seed: 7, ..Default::default() };
+            let filters = vec![RowFilter { top_k: TOP_K as u32, top_p: TOP_P, min_p: 0.0 }; batch];
+            let params = SamplingParams { seed: 7, filter: args.filter.then_some(&filters[..]), ..Default::default() };
             let fused = median_secs(1, args.reps, || sampler.sample(h, w, &params).map(|_| ()))?;
 
             let hidden_f32: Vec<f32> = hidden.iter().map(|x| x.to_f32()).collect();
             let mut logits = vec![0.0f32; batch * args.vocab];
             let unfused = median_secs::<()>(1, args.reps, || {
                 unfused_logits(&hidden_f32, &weights, batch, dim, args.vocab, &mut logits);
-                std::hint::black_box(unfused_sample(&logits, batch, args.vocab, 0.7, 7));
+                if args.filter {
+                    std::hint::black_box(unfused_sample_filtered(&logits, batch, args.vocab, 0.7, 7));
+                } else {
+                    std::hint::black_box(unfused_sample(&logits, batch, args.vocab, 0.7, 7));
+                }
                 Ok(())
             })
             .unwrap_or(f64::NAN);
