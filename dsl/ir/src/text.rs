@@ -271,6 +271,56 @@ mod tests {
     }
 
     #[test]
+    fn penalties_filter_and_top_logprobs_round_trip() {
+        let p = PipelineBuilder::new("ChatSampler", DType::BF16, DType::BF16)
+            .penalties("penalties")
+            .temperature_per_row("temperature")
+            .filter("filter", 64)
+            .outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 5 })
+            .build()
+            .unwrap();
+        let text = p.to_string();
+        assert_eq!(
+            text,
+            "pipeline ChatSampler\n  hidden: bf16[B, D]\n  weights: bf16[V, D]\n  logits = matmul(hidden, weights)\n  \
+             logits = penalties(logits, penalties)\n  logits = temperature(logits, per_row temperature)\n  \
+             logits = filter(logits, filter, max_k=64)\n  sample = gumbel_max(logits, seed, samples=1)\n  \
+             outputs(logprob, top_logprobs=5)\n"
+        );
+        assert_eq!(Pipeline::parse(&text).unwrap(), p, "{text}");
+        assert_eq!(Pipeline::parse(&text).unwrap().fingerprint(), p.fingerprint());
+        // Top logprobs alone, and a filter on a greedy pipeline.
+        for p in [
+            PipelineBuilder::new("T", DType::F16, DType::F16)
+                .outputs(Outputs { top_logprobs: 1024, ..Outputs::default() })
+                .build()
+                .unwrap(),
+            PipelineBuilder::new("G", DType::F32, DType::F32).penalties("p").filter("f", 1).argmax().build().unwrap(),
+        ] {
+            let text = p.to_string();
+            assert_eq!(Pipeline::parse(&text).unwrap(), p, "{text}");
+        }
+        let mut changed = p.clone();
+        changed.transforms[2] = Transform::Filter { operand: "filter".into(), max_k: 65 };
+        assert_ne!(changed.fingerprint(), p.fingerprint(), "max_k is part of the fingerprint");
+        // The IR rules hold on parsed text too.
+        let bad = text.replace("max_k=64", "max_k=0");
+        assert_eq!(
+            Pipeline::parse(&bad),
+            Err(ParseError::Invalid(IrError::InvalidFilterCapacity { max_k: 0, at: 2 }))
+        );
+        let bad = text.replace("top_logprobs=5", "top_logprobs=1025");
+        assert_eq!(Pipeline::parse(&bad), Err(ParseError::Invalid(IrError::InvalidTopLogprobs { n: 1025 })));
+        let swapped = text
+            .replace("logits = temperature(logits, per_row temperature)", "TMP")
+            .replace("logits = filter(logits, filter, max_k=64)", "logits = temperature(logits, per_row temperature)")
+            .replace("TMP", "logits = filter(logits, filter, max_k=64)");
+        assert_eq!(Pipeline::parse(&swapped), Err(ParseError::Invalid(IrError::FilterNotLast { at: 1 })));
+        let bad = text.replace("max_k=64", "k=64");
+        assert!(matches!(Pipeline::parse(&bad), Err(ParseError::Syntax { line: 7, .. })), "{:?}", Pipeline::parse(&bad));
+    }
+
+    #[test]
     fn snapshot_ir_text() {
         insta::assert_snapshot!("qwen_sampler", qwen().to_string());
         insta::assert_snapshot!(
