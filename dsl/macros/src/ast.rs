@@ -267,7 +267,7 @@ pub enum Arg {
     },
     /// `30.0`, `-1.0`, `1`.
     Number(Number),
-    /// `samples = 2`.
+    /// `samples = 2`, `max_k = 64`, `top_logprobs = 5`.
     Named { name: Ident, value: Number },
 }
 
@@ -293,7 +293,7 @@ impl Parse for Arg {
         let name: Ident = input.parse().map_err(|e| {
             syn::Error::new(
                 e.span(),
-                "expected an argument: a name, `name[dims]`, a number or `samples = N`",
+                "expected an argument: a name, `name[dims]`, a number or `name = N`",
             )
         })?;
         if input.peek(token::Bracket) {

@@ -57,7 +57,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     ];
     let mut temperature = quote!(::flashsample::TemperatureArg::None);
     let none = quote!(::core::option::Option::None);
-    let (mut bias, mut mask, mut banned) = (none.clone(), none.clone(), none);
+    let [mut bias, mut mask, mut banned, mut filter, mut penalties] = std::array::from_fn(|_| none.clone());
     for (t, src) in p.transforms.iter().zip(&l.transforms) {
         let Some(op) = &src.operand else { continue }; // constants take no argument
         let (ty, doc) = match t {
@@ -75,8 +75,6 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                     format!("`[{b}]` per-row temperatures (0 = greedy row)"),
                 )
             }
-            // The macro does not lower these yet (its lowering rejects them before this point).
-            Transform::Penalties { .. } | Transform::Filter { .. } => continue,
             Transform::Bias { .. } => {
                 bias = quote!(::core::option::Option::Some(#op));
                 (
@@ -98,30 +96,129 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                     format!("`{b}` lists of banned token ids"),
                 )
             }
+            Transform::Penalties { .. } => {
+                penalties = quote!(::core::option::Option::Some(#op));
+                (
+                    quote!(::flashsample::PenaltyArg<'_>),
+                    format!(
+                        "per-row repetition, presence and frequency penalties (`[{b}]` each; 1, 0, 0 = off) \
+                         and `{b}` histories of `(token, count)` pairs"
+                    ),
+                )
+            }
+            Transform::Filter { max_k, .. } => {
+                filter = quote!(::core::option::Option::Some(#op));
+                (
+                    quote!(&[::flashsample::RowFilter]),
+                    format!(
+                        "`[{b}]` per-row top-k / top-p / min-p (`RowFilter::OFF` leaves a row unfiltered); \
+                         `top_k` at most {max_k}, the declared `max_k` (a row with no top-k whose top-p / min-p \
+                         nucleus outgrows the candidate lists fails with `ListError::NucleusTooLarge`)"
+                    ),
+                )
+            }
             Transform::Temperature(Temperature::Const(_)) | Transform::Softcap { .. } => continue,
         };
         params.push(quote!(#op: #ty));
         docs.push(format!("- `{op}`: {doc}"));
     }
-    let seed = match (&p.sampler, &l.sampler.seed) {
+    // Every field the pipeline's transforms decide; the seed fields differ between `sample`
+    // and `sample_with_seeds`, and `vocab_offset` (sharding) is left to `ShardedSampler`.
+    let fields = quote! {
+        temperature: #temperature,
+        bias: #bias,
+        mask: #mask,
+        banned: #banned,
+        filter: #filter,
+        penalties: #penalties,
+    };
+    let o = p.outputs;
+    let mut returned = vec!["`tokens`".to_string()];
+    for (on, what) in [(o.score, "`scores`"), (o.logsumexp, "`logsumexp`"), (o.logprob, "`logprobs`")] {
+        if on {
+            returned.push(what.to_string());
+        }
+    }
+    if o.top_logprobs > 0 {
+        returned.push(format!("`top_logprobs` (the {} most likely tokens of each row)", o.top_logprobs));
+    }
+    let returns = format!("Returns `Samples` with {}.", returned.join(", "));
+    let sample_doc = |docs: &[String]| {
+        format!(
+            "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
+             Arguments, in declaration order:\n{}\n\n{returns}",
+            p.samples_per_row(),
+            docs.join("\n")
+        )
+    };
+    let sample_fns = match (&p.sampler, &l.sampler.seed) {
         (Sampler::GumbelMax { .. }, Some(seed)) => {
-            params.push(quote!(#seed: ::core::primitive::u64));
-            docs.push(format!("- `{seed}`: Philox seed of the Gumbel noise"));
             // Field shorthand when the operand is named `seed` (clippy: redundant_field_names).
-            if seed == "seed" {
-                quote!(#seed)
-            } else {
-                quote!(seed: #seed)
+            let seed_field = if seed == "seed" { quote!(#seed) } else { quote!(seed: #seed) };
+            let seed_doc = format!("- `{seed}`: Philox seed of the Gumbel noise (row `r` draws from counter row `r`)");
+            let doc = sample_doc(&[docs.clone(), vec![seed_doc]].concat());
+            // Mixed-site hygiene: a user operand that happens to be named `row_seeds` is a
+            // different binding, so the two parameters cannot collide.
+            let row_seeds = proc_macro2::Ident::new("row_seeds", proc_macro2::Span::mixed_site());
+            let with_seeds_doc = format!(
+                "Like [`Self::sample`], but with one Philox seed per row in place of `{seed}`: row `r` draws \
+                 its noise from `row_seeds[r]` alone, so a request samples the same tokens wherever it sits \
+                 in the batch (continuous batching).\n\n{}",
+                sample_doc(&[docs, vec![format!("- `row_seeds`: `[{b}]` per-row Philox seeds")]].concat())
+            );
+            quote! {
+                #[doc = #doc]
+                #[allow(clippy::too_many_arguments)]
+                pub fn sample(&self, #(#params,)* #seed: ::core::primitive::u64) -> ::flashsample::Result<::flashsample::Samples> {
+                    self.inner.sample(
+                        #hidden.into(),
+                        #weights.into(),
+                        &::flashsample::SamplingParams {
+                            #fields
+                            #seed_field,
+                            ..::core::default::Default::default()
+                        },
+                    )
+                }
+
+                #[doc = #with_seeds_doc]
+                #[allow(clippy::too_many_arguments)]
+                pub fn sample_with_seeds(
+                    &self,
+                    #(#params,)*
+                    #row_seeds: &[::core::primitive::u64],
+                ) -> ::flashsample::Result<::flashsample::Samples> {
+                    self.inner.sample(
+                        #hidden.into(),
+                        #weights.into(),
+                        &::flashsample::SamplingParams {
+                            #fields
+                            row_seeds: ::core::option::Option::Some(#row_seeds),
+                            ..::core::default::Default::default()
+                        },
+                    )
+                }
             }
         }
-        _ => quote!(seed: 0), // greedy: the seed is never read
+        // Greedy: no noise, so no seed and no `sample_with_seeds`.
+        _ => {
+            let doc = sample_doc(&docs);
+            quote! {
+                #[doc = #doc]
+                #[allow(clippy::too_many_arguments)]
+                pub fn sample(&self, #(#params),*) -> ::flashsample::Result<::flashsample::Samples> {
+                    self.inner.sample(
+                        #hidden.into(),
+                        #weights.into(),
+                        &::flashsample::SamplingParams {
+                            #fields
+                            ..::core::default::Default::default()
+                        },
+                    )
+                }
+            }
+        }
     };
-    let sample_doc = format!(
-        "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
-         Arguments, in declaration order:\n{}",
-        p.samples_per_row(),
-        docs.join("\n")
-    );
     let ir_doc =
         format!("The pipeline's canonical IR text, validated when this crate was compiled:\n\n```text\n{ir}```");
 
@@ -152,22 +249,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                 &self.inner
             }
 
-            #[doc = #sample_doc]
-            #[allow(clippy::too_many_arguments)]
-            pub fn sample(&self, #(#params),*) -> ::flashsample::Result<::flashsample::Samples> {
-                self.inner.sample(
-                    #hidden.into(),
-                    #weights.into(),
-                    &::flashsample::SamplingParams {
-                        temperature: #temperature,
-                        bias: #bias,
-                        mask: #mask,
-                        banned: #banned,
-                        #seed,
-                        ..::core::default::Default::default()
-                    },
-                )
-            }
+            #sample_fns
         }
     })
 }

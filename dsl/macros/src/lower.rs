@@ -12,8 +12,13 @@ use flashsample_ir::{
 use syn::Ident;
 
 /// Op names a statement may call (for the "unknown op" message).
-const OPS: &str = "`matmul`, `mask`, `ban`, `softcap`, `gumbel_argmax`, `argmax` \
+const OPS: &str = "`matmul`, `mask`, `ban`, `softcap`, `penalties`, `top_k_top_p`, `gumbel_argmax`, `argmax` \
                    (temperature and bias are written `logits / temperature[B]` and `logits + bias[V]`)";
+
+/// The call-form transforms, lowered by [`transform`]; `matmul` and the samplers are separate.
+const TRANSFORM_OPS: [&str; 5] = ["mask", "ban", "softcap", "penalties", "top_k_top_p"];
+
+const FILTER_USAGE: &str = "`top_k_top_p(logits, filter[B], max_k = K)`";
 
 const USED_BEFORE_DEFINED: &str =
     "`logits` is used before it is defined: the first statement must be `logits = matmul(hidden, weights);`";
@@ -42,7 +47,7 @@ pub struct TransformSrc {
     pub stmt: SpanRange,
     /// The runtime operand's name as written, so generated parameters carry the user's span.
     pub operand: Option<Ident>,
-    /// The constant (temperature or cap).
+    /// The constant (temperature, cap, or the filter's `max_k` value).
     pub value: Option<SpanRange>,
 }
 
@@ -62,6 +67,14 @@ pub struct Lowered<'a> {
     /// Parallel to `pipeline.transforms`.
     pub transforms: Vec<TransformSrc>,
     pub sampler: SamplerSrc,
+    pub outputs: Option<OutputsSrc>,
+}
+
+/// Where `outputs(...)` was written.
+pub struct OutputsSrc {
+    pub stmt: SpanRange,
+    /// The `N` of `top_logprobs = N`.
+    pub top_logprobs: Option<SpanRange>,
 }
 
 /// The symbolic batch and vocabulary dimensions, `None` where the declaration was broken
@@ -108,7 +121,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     let mut transforms = Vec::new();
     let mut srcs = Vec::new();
     let mut sampler: Option<(Sampler, SamplerSrc)> = None;
-    let mut outputs: Option<Outputs> = None;
+    let mut outputs: Option<(Outputs, OutputsSrc)> = None;
     for stmt in &def.stmts {
         let range = stmt.range();
         match stmt {
@@ -133,7 +146,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                         sampler_seen = true;
                         continue;
                     }
-                    if !["mask", "ban", "softcap"].iter().any(|op| c.func == op) {
+                    if !TRANSFORM_OPS.iter().any(|op| c.func == op) {
                         errors.push(unknown_op(&c.func));
                         continue;
                     }
@@ -167,7 +180,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     }
                     sampler_seen = true;
                 }
-                Expr::Call(c) if !["matmul", "mask", "ban", "softcap"].iter().any(|op| c.func == op) => {
+                Expr::Call(c) if c.func != "matmul" && !TRANSFORM_OPS.iter().any(|op| c.func == op) => {
                     errors.push(unknown_op(&c.func));
                     sampler_seen = true;
                 }
@@ -190,8 +203,8 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     errors.push(range.error("`outputs(...)` appears twice: list every output in one"));
                 }
                 match lower_outputs(call) {
-                    Ok(o) => {
-                        outputs.get_or_insert(o);
+                    Ok((o, top_logprobs)) => {
+                        outputs.get_or_insert((o, OutputsSrc { stmt: range, top_logprobs }));
                     }
                     Err(e) => errors.push(e),
                 }
@@ -229,6 +242,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             "flashsample! internal error: incomplete pipeline",
         ));
     };
+    let (outputs, outputs_src) = outputs.map_or((Outputs::default(), None), |(o, src)| (o, Some(src)));
     let lowered = Lowered {
         def,
         pipeline: Pipeline {
@@ -237,12 +251,13 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             weights: weights_op,
             transforms,
             sampler,
-            outputs: outputs.unwrap_or_default(),
+            outputs,
         },
         hidden,
         weights,
         transforms: srcs,
         sampler: sampler_src,
+        outputs: outputs_src,
     };
     match lowered.pipeline.validate() {
         Ok(()) => Ok(lowered),
@@ -406,6 +421,8 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
             let usage = match func.as_str() {
                 "mask" => "mask(logits, allowed[B, V])",
                 "ban" => "ban(logits, banned[B])",
+                "penalties" => "penalties(logits, penalties[B])",
+                "top_k_top_p" => return filter(c, stmt, batch),
                 _ => "softcap(logits, 30.0)",
             };
             let args: Vec<&Arg> = c.args.iter().collect();
@@ -432,6 +449,20 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
                         src(Some(name), None),
                     ))
                 }
+                "penalties" => {
+                    let name = check_shape(
+                        arg,
+                        "per-row penalties (repetition, presence, frequency and a token history per row)",
+                        "penalties[B]",
+                        &[batch],
+                    )?;
+                    Ok((
+                        Transform::Penalties {
+                            operand: name.to_string(),
+                        },
+                        src(Some(name), None),
+                    ))
+                }
                 _ => match arg {
                     Arg::Number(n) => Ok((
                         Transform::Softcap {
@@ -444,6 +475,58 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
             }
         }
     }
+}
+
+/// `top_k_top_p(logits, filter[B], max_k = K)`. The range of `K` and the filter's position
+/// (last transform) are left to `Pipeline::validate`, whose errors `ir_error_span` maps back
+/// to `K` and to this statement, so those rules are stated once, in the IR.
+fn filter(c: &Call, stmt: SpanRange, batch: &Option<String>) -> syn::Result<(Transform, TransformSrc)> {
+    let args: Vec<&Arg> = c.args.iter().collect();
+    let (first, arg, max_k) = match args.as_slice() {
+        [first, arg, max_k] => (first, arg, max_k),
+        // Reported before the operands are checked so a missing `max_k` is not hidden behind
+        // an operand error; the message says why the capacity is not a runtime value.
+        [_, _] => {
+            return Err(c.range().error(format!(
+                "`top_k_top_p` needs `max_k = K`, the capacity of its fused candidate lists \
+                 (the largest per-row top-k, and the most tokens a top-p / min-p nucleus may keep; \
+                 fixed when the kernel is compiled): {FILTER_USAGE}"
+            )));
+        }
+        _ => return Err(c.range().error(format!("`top_k_top_p` takes three arguments: {FILTER_USAGE}"))),
+    };
+    expect_logits(first, "top_k_top_p")?;
+    let name = check_shape(
+        arg,
+        "per-row top-k / top-p / min-p settings (one per row)",
+        "filter[B]",
+        &[batch],
+    )?;
+    let value = match max_k {
+        Arg::Named { name, value } if name == "max_k" => value,
+        Arg::Named { name, .. } => {
+            return Err(syn::Error::new_spanned(
+                name,
+                format!("unknown argument `{name}`; expected {FILTER_USAGE}"),
+            ))
+        }
+        other => {
+            return Err(other
+                .range()
+                .error(format!("the capacity is a named constant: {FILTER_USAGE}")))
+        }
+    };
+    Ok((
+        Transform::Filter {
+            operand: name.to_string(),
+            max_k: value.u32()?,
+        },
+        TransformSrc {
+            stmt,
+            operand: Some(name),
+            value: Some(value.range()),
+        },
+    ))
 }
 
 fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)> {
@@ -503,29 +586,41 @@ fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)
     ))
 }
 
-fn lower_outputs(c: &Call) -> syn::Result<Outputs> {
+/// `outputs(score, logsumexp, logprob, top_logprobs = N)`, any non-empty subset in any order;
+/// also returns where `N` was written. Its range is checked by `Pipeline::validate`.
+fn lower_outputs(c: &Call) -> syn::Result<(Outputs, Option<SpanRange>)> {
+    const EXPECTED: &str = "`score`, `logsumexp`, `logprob`, `top_logprobs = N`";
     let mut o = Outputs::default();
+    let mut top_logprobs: Option<SpanRange> = None;
     if c.args.is_empty() {
-        return Err(c
-            .range()
-            .error("`outputs` lists at least one of `score`, `logsumexp`, `logprob`"));
+        return Err(c.range().error(format!("`outputs` lists at least one of {EXPECTED}")));
     }
     for arg in &c.args {
         let flag = match arg {
             Arg::Ident(i) if i == "score" => &mut o.score,
             Arg::Ident(i) if i == "logsumexp" => &mut o.logsumexp,
             Arg::Ident(i) if i == "logprob" => &mut o.logprob,
-            other => {
-                return Err(other
-                    .range()
-                    .error("unknown output; expected any of `score`, `logsumexp`, `logprob`"))
+            Arg::Named { name, value } if name == "top_logprobs" => {
+                if top_logprobs.is_some() {
+                    return Err(arg.range().error("this output is listed twice"));
+                }
+                o.top_logprobs = value.u32()?;
+                top_logprobs = Some(value.range());
+                continue;
             }
+            Arg::Ident(i) if i == "top_logprobs" => {
+                return Err(syn::Error::new_spanned(
+                    i,
+                    "`top_logprobs` takes a count: `top_logprobs = N`, the N most likely tokens of each row",
+                ))
+            }
+            other => return Err(other.range().error(format!("unknown output; expected any of {EXPECTED}"))),
         };
         if std::mem::replace(flag, true) {
             return Err(arg.range().error("this output is listed twice"));
         }
     }
-    Ok(o)
+    Ok((o, top_logprobs))
 }
 
 /// The tokens an [`IrError`] is about.
@@ -552,12 +647,15 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
         IrError::InvalidSoftcap { at, .. } | IrError::InvalidTemperature { at, .. } => {
             transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
         }
-        IrError::InvalidFilterCapacity { at, .. } | IrError::FilterNotLast { at } => {
-            transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt))
-        }
-        IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => {
-            l.sampler.samples.unwrap_or(l.sampler.stmt)
-        }
+        IrError::InvalidFilterCapacity { at, .. } => transform(*at).map_or(l.sampler.stmt, |t| t.value.unwrap_or(t.stmt)),
+        // The rule is about the filter's place, so the whole filter statement; what follows it
+        // is visible right below.
+        IrError::FilterNotLast { at } => transform(*at).map_or(l.sampler.stmt, |t| t.stmt),
+        IrError::InvalidSampleCount { .. } => l.sampler.samples.unwrap_or(l.sampler.stmt),
+        IrError::InvalidTopLogprobs { .. } => l
+            .outputs
+            .as_ref()
+            .map_or(l.sampler.stmt, |o| o.top_logprobs.unwrap_or(o.stmt)),
         IrError::InvalidName { name, .. } | IrError::DuplicateOperand { name, .. } => match e.location() {
             Location::Name => ident(&l.def.name),
             Location::Hidden => in_decl(l.hidden, name),

@@ -21,6 +21,32 @@ const QWEN: &str = r#"
     }
 "#;
 
+/// Penalties, per-row filtering and top logprobs: the statements vLLM-style serving needs.
+const CHAT: &str = r#"
+    pub pipeline ChatSampler {
+        hidden: bf16[B, D], weights: bf16[V, D];
+        logits = matmul(hidden, weights);
+        logits = penalties(logits, penalties[B]);
+        logits = logits / temperature[B];
+        logits = top_k_top_p(logits, filter[B], max_k = 64);
+        sample = gumbel_argmax(logits, seed, samples = 1);
+        outputs(logprob, top_logprobs = 5);
+    }
+"#;
+
+fn chat_builder() -> PipelineBuilder {
+    PipelineBuilder::new("ChatSampler", DType::BF16, DType::BF16)
+        .penalties("penalties")
+        .temperature_per_row("temperature")
+        .filter("filter", 64)
+        .gumbel("seed", 1)
+        .outputs(Outputs {
+            logprob: true,
+            top_logprobs: 5,
+            ..Outputs::default()
+        })
+}
+
 fn tokens(src: &str) -> TokenStream {
     src.parse().expect("test source tokenizes")
 }
@@ -190,6 +216,67 @@ fn samples_default_count_outputs_subset_and_semicolon_operands() {
 }
 
 #[test]
+fn penalties_filter_and_top_logprobs_match_the_builder() {
+    assert_eq!(ir(CHAT), chat_builder().build().unwrap());
+}
+
+#[test]
+fn each_new_statement_alone() {
+    let src = |stmt: &str, outputs: &str| {
+        format!(
+            "pipeline QwenSampler {{ hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights);
+             {stmt} sample = gumbel_argmax(logits, seed, samples = 1); {outputs} }}"
+        )
+    };
+    assert_eq!(
+        ir(&src("logits = penalties(logits, penalties[B]);", "")),
+        qwen_builder().penalties("penalties").build().unwrap()
+    );
+    assert_eq!(
+        ir(&src("logits = top_k_top_p(logits, filter[B], max_k = 64);", "")),
+        qwen_builder().filter("filter", 64).build().unwrap()
+    );
+    // Other operand names, and the capacity's bounds.
+    assert_eq!(
+        ir(&src("logits = penalties(logits, pen[B]); logits = top_k_top_p(logits, f[B], max_k = 1024,);", "")),
+        qwen_builder().penalties("pen").filter("f", 1024).build().unwrap()
+    );
+    assert_eq!(
+        ir(&src("logits = top_k_top_p(logits, filter[B], max_k = 1);", "")),
+        qwen_builder().filter("filter", 1).build().unwrap()
+    );
+    let top = |n| {
+        qwen_builder()
+            .outputs(Outputs {
+                top_logprobs: n,
+                ..Outputs::default()
+            })
+            .build()
+            .unwrap()
+    };
+    assert_eq!(ir(&src("", "outputs(top_logprobs = 5);")), top(5));
+    assert_eq!(ir(&src("", "outputs(top_logprobs = 1024);")), top(1024));
+    assert_eq!(ir(&src("", "outputs(top_logprobs = 0);")), top(0), "0 = none, as in the IR");
+    let all = ir(&src("", "outputs(top_logprobs = 3, score, logsumexp, logprob);"));
+    assert_eq!(
+        all.outputs,
+        Outputs {
+            score: true,
+            logsumexp: true,
+            logprob: true,
+            top_logprobs: 3
+        }
+    );
+    // Penalties may sit anywhere before the filter; the filter on a greedy pipeline is valid IR.
+    assert_eq!(
+        ir("pipeline QwenSampler { hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights);
+            logits = softcap(logits, 30.0); logits = penalties(logits, penalties[B]);
+            logits = top_k_top_p(logits, filter[B], max_k = 8); sample = argmax(logits); }"),
+        qwen_builder().softcap(30.0).penalties("penalties").filter("filter", 8).argmax().build().unwrap()
+    );
+}
+
+#[test]
 fn constants_round_to_the_nearest_f32() {
     let p = ir(
         "pipeline P { hidden: f32[B, D], weights: f32[V, D]; logits = matmul(hidden, weights);
@@ -242,7 +329,8 @@ fn expansion_shapes_the_sample_signature() {
         "{constant}"
     );
     assert!(constant.contains("bias: ::core::option::Option::None"), "{constant}");
-    assert!(constant.contains("seed: 0"), "{constant}");
+    // Greedy: no seed parameter, and the seed fields keep their defaults (never read).
+    assert!(!constant.contains("seed"), "{constant}");
     let renamed = expand(tokens(&QWEN.replace("logits, seed,", "logits, rng,")))
         .unwrap()
         .to_string();
@@ -257,6 +345,61 @@ fn expansion_shapes_the_sample_signature() {
         .unwrap()
         .to_string();
     assert_eq!(sig.matches(':').count() - sig.matches("::").count() * 2, 2, "{sig}");
+}
+
+#[test]
+fn snapshot_chat_expansion() {
+    insta::assert_snapshot!("chat_sampler", pretty(expand(tokens(CHAT)).unwrap()));
+}
+
+/// The `sample` parameter list (after `&self`) of the `nth` generated method named `name`.
+fn signature(out: &str, name: &str) -> String {
+    let sig = out
+        .split(&format!("pub fn {name}("))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no `{name}` in {out}"));
+    sig[..sig.find(") ->").unwrap()].split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn expansion_passes_penalties_filter_and_row_seeds() {
+    let out = pretty(expand(tokens(CHAT)).unwrap());
+    // Declaration order: penalties, temperature, filter, then the seed.
+    assert_eq!(
+        signature(&out, "sample"),
+        "&self, hidden: ::flashsample::Matrix<'_, ::flashsample::bf16>, \
+         weights: ::flashsample::Matrix<'_, ::flashsample::bf16>, penalties: ::flashsample::PenaltyArg<'_>, \
+         temperature: &[::core::primitive::f32], filter: &[::flashsample::RowFilter], seed: ::core::primitive::u64,"
+    );
+    assert_eq!(
+        signature(&out, "sample_with_seeds"),
+        "&self, hidden: ::flashsample::Matrix<'_, ::flashsample::bf16>, \
+         weights: ::flashsample::Matrix<'_, ::flashsample::bf16>, penalties: ::flashsample::PenaltyArg<'_>, \
+         temperature: &[::core::primitive::f32], filter: &[::flashsample::RowFilter], \
+         row_seeds: &[::core::primitive::u64],"
+    );
+    assert!(out.contains("filter: ::core::option::Option::Some(filter)"), "{out}");
+    assert!(out.contains("penalties: ::core::option::Option::Some(penalties)"), "{out}");
+    assert!(out.contains("row_seeds: ::core::option::Option::Some(row_seeds)"), "{out}");
+    assert!(out.contains("- `filter`: `[B]` per-row top-k / top-p / min-p"), "{out}");
+    assert!(out.contains("`top_k` at most 64"), "{out}");
+    assert!(out.contains("- `penalties`: per-row repetition, presence and frequency"), "{out}");
+    assert!(out.contains("`top_logprobs` (the 5 most likely tokens of each row)"), "{out}");
+    // Pipelines without them pass `None`; greedy pipelines have no noise, hence no row seeds.
+    let greedy = pretty(
+        expand(tokens(
+            "pipeline G { hidden: bf16[B, D], weights: bf16[V, D]; logits = matmul(hidden, weights);
+                       sample = argmax(logits); }",
+        ))
+        .unwrap(),
+    );
+    assert!(greedy.contains("filter: ::core::option::Option::None"), "{greedy}");
+    assert!(greedy.contains("penalties: ::core::option::Option::None"), "{greedy}");
+    assert!(!greedy.contains("sample_with_seeds"), "{greedy}");
+    // A renamed seed operand is replaced by `row_seeds` in `sample_with_seeds`.
+    let renamed = pretty(expand(tokens(&CHAT.replace("logits, seed,", "logits, rng,"))).unwrap());
+    assert!(signature(&renamed, "sample").ends_with("rng: ::core::primitive::u64,"), "{renamed}");
+    assert!(!signature(&renamed, "sample_with_seeds").contains("rng"), "{renamed}");
 }
 
 #[test]
@@ -552,4 +695,149 @@ fn independent_errors_are_reported_together() {
     assert!(msgs[2].contains("wrong shape for `bias`"));
     assert!(msgs[3].contains("unknown op `frobnicate`"));
     assert_eq!(errs[3].1, start(&src, "frobnicate"));
+}
+
+// ---- penalties, filter, top logprobs: errors ----
+
+#[test]
+fn penalties_errors() {
+    let src = CHAT.replace("penalties[B]", "penalties[V]");
+    assert_error(
+        &src,
+        "wrong shape for `penalties`: per-row penalties (repetition, presence, frequency and a token history per row) is `[B]`, found `[V]`",
+        ("penalties|[V]", 0),
+        Some(("penalties[V]", 0)),
+    );
+    let src = CHAT.replace("penalties[B]", "penalties");
+    assert_error(&src, "declare the shape of `penalties`", ("penalties);", 0), Some(("penalties|);", 0)));
+    let src = CHAT.replace("penalties(logits, penalties[B])", "penalties(penalties[B])");
+    assert_error(
+        &src,
+        "`penalties` takes two arguments: `penalties(logits, penalties[B])`",
+        ("penalties(", 0),
+        Some(("penalties(penalties[B])", 0)),
+    );
+    let src = CHAT.replace("penalties(logits, penalties[B])", "penalties(scores, penalties[B])");
+    assert_error(&src, "`penalties` applies to `logits`", ("scores", 0), Some(("scores", 0)));
+    let src = CHAT.replace("penalties[B]", "temperature[B]");
+    assert_error(
+        &src,
+        "operand name `temperature` is used twice",
+        ("temperature", 1),
+        Some(("temperature", 1)),
+    );
+    let src = CHAT.replace(
+        "logits = logits / temperature[B];",
+        "logits = penalties(logits, more[B]);",
+    );
+    assert_error(
+        &src,
+        "`penalties` appears twice",
+        ("logits = penalties(logits, more", 0),
+        Some(("more[B]);", 0)),
+    );
+}
+
+#[test]
+fn filter_shape_and_arguments() {
+    let src = CHAT.replace("filter[B]", "filter[B, V]");
+    assert_error(
+        &src,
+        "wrong shape for `filter`: per-row top-k / top-p / min-p settings (one per row) is `[B]`, found `[B, V]`",
+        ("filter|[B, V]", 0),
+        Some(("filter[B, V]", 0)),
+    );
+    let src = CHAT.replace("filter[B]", "filter");
+    assert_error(&src, "declare the shape of `filter`", ("filter,", 0), Some(("filter", 0)));
+    let src = CHAT.replace("top_k_top_p(logits, filter[B], max_k = 64)", "top_k_top_p(logits, filter[B])");
+    assert_error(
+        &src,
+        "`top_k_top_p` needs `max_k = K`, the capacity of its fused candidate lists",
+        ("top_k_top_p", 0),
+        Some(("top_k_top_p(logits, filter[B])", 0)),
+    );
+    let src = CHAT.replace("max_k = 64", "max_k = 64, 2");
+    assert_error(&src, "`top_k_top_p` takes three arguments", ("top_k_top_p", 0), None);
+    let src = CHAT.replace("max_k = 64", "64");
+    assert_error(&src, "the capacity is a named constant", ("64", 0), Some(("64", 0)));
+    let src = CHAT.replace("max_k = 64", "k = 64");
+    assert_error(&src, "unknown argument `k`; expected `top_k_top_p(", ("k = 64", 0), Some(("k| = 64", 0)));
+    for bad in ["-1", "6.5"] {
+        let src = CHAT.replace("max_k = 64", &format!("max_k = {bad}"));
+        assert_error(&src, "expected a non-negative integer", (bad, 0), Some((bad, 0)));
+    }
+    let src = CHAT.replace("top_k_top_p(logits,", "top_k_top_p(probs,");
+    assert_error(&src, "`top_k_top_p` applies to `logits`", ("probs", 0), None);
+    let src = CHAT.replace("filter[B]", "seed[B]");
+    assert_error(&src, "operand name `seed` is used twice", ("seed", 1), Some(("seed", 1)));
+}
+
+#[test]
+fn filter_capacity_is_checked_by_the_ir_at_the_value() {
+    for (k, msg) in [("0", "got 0"), ("1025", "got 1025")] {
+        let src = CHAT.replace("max_k = 64", &format!("max_k = {k}"));
+        assert_error(
+            &src,
+            &format!("filter max_k must be in 1..=1024, {msg}"),
+            (&format!("max_k = |{k}"), 0),
+            Some((&format!("max_k = {k}"), 0)),
+        );
+    }
+}
+
+#[test]
+fn filter_must_be_last() {
+    let src = CHAT.replace(
+        "logits = logits / temperature[B];\n        logits = top_k_top_p(logits, filter[B], max_k = 64);",
+        "logits = top_k_top_p(logits, filter[B], max_k = 64);\n        logits = logits / temperature[B];",
+    );
+    assert_error(
+        &src,
+        "the top-k/top-p filter must be the last transform",
+        ("logits = top_k_top_p", 0),
+        Some(("max_k = 64);", 0)),
+    );
+    // A second filter is caught by the same rule, at the first one.
+    let src = CHAT.replace(
+        "logits = logits / temperature[B];",
+        "logits = top_k_top_p(logits, f2[B], max_k = 8);",
+    );
+    assert_error(
+        &src,
+        "must be the last transform",
+        ("logits = top_k_top_p(logits, f2", 0),
+        Some(("max_k = 8);", 0)),
+    );
+    // After the sampler it is a statement-order error, not an IR one.
+    let src = CHAT.replace(
+        "outputs(logprob, top_logprobs = 5);",
+        "logits = top_k_top_p(logits, f2[B], max_k = 8);",
+    );
+    assert_error(&src, "only `outputs(...)` may follow the sampler", ("logits = top_k_top_p(logits, f2", 0), None);
+    let src = CHAT.replace("sample = gumbel_argmax(logits, seed, samples = 1)", "sample = top_k_top_p(logits, f2[B], max_k = 8)");
+    assert_error(&src, "`sample = ...` takes a sampler", ("sample = top_k_top_p", 0), None);
+}
+
+#[test]
+fn top_logprobs_errors() {
+    let src = CHAT.replace("top_logprobs = 5", "top_logprobs = 1025");
+    assert_error(
+        &src,
+        "top_logprobs must be in 0..=1024, got 1025",
+        ("1025", 0),
+        Some(("1025", 0)),
+    );
+    let src = CHAT.replace("top_logprobs = 5", "top_logprobs");
+    assert_error(&src, "`top_logprobs` takes a count: `top_logprobs = N`", ("top_logprobs", 0), None);
+    let src = CHAT.replace("top_logprobs = 5", "top_logprobs = -5");
+    assert_error(&src, "expected a non-negative integer", ("-5", 0), Some(("-5", 0)));
+    let src = CHAT.replace("top_logprobs = 5", "top_logprobs = 5, top_logprobs = 6");
+    assert_error(&src, "this output is listed twice", ("top_logprobs = 6", 0), Some(("top_logprobs = 6", 0)));
+    let src = CHAT.replace("top_logprobs = 5", "entropy = 5");
+    assert_error(
+        &src,
+        "unknown output; expected any of `score`, `logsumexp`, `logprob`, `top_logprobs = N`",
+        ("entropy", 0),
+        Some(("entropy = 5", 0)),
+    );
 }
