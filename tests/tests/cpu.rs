@@ -373,6 +373,48 @@ mod declared_with_the_macro {
         }
     }
 
+    flashsample! {
+        /// A chat-serving sampler: penalties, per-row temperature and filter, top logprobs.
+        pub pipeline ChatSampler {
+            hidden: bf16[B, D], weights: bf16[V, D];
+            logits = matmul(hidden, weights);
+            logits = penalties(logits, penalties[B]);
+            logits = logits / temperature[B];
+            logits = top_k_top_p(logits, filter[B], max_k = 8);
+            sample = gumbel_argmax(logits, seed, samples = 1);
+            outputs(score, logprob, top_logprobs = 3);
+        }
+    }
+
+    #[test]
+    fn macro_chat_sampler_with_penalties_filter_and_row_seeds() {
+        let built = PipelineBuilder::new("ChatSampler", DType::BF16, DType::BF16)
+            .penalties("penalties")
+            .temperature_per_row("temperature")
+            .filter("filter", 8)
+            .outputs(Outputs { score: true, logprob: true, top_logprobs: 3, ..Outputs::default() })
+            .build()
+            .unwrap();
+        assert_eq!(ChatSampler::pipeline(), built);
+        let case = Case::random(&built, 10, 24, 999, 4, 3.0);
+        let ours = ChatSampler::new(&cpu()).unwrap();
+        let h: Vec<bf16> = case.hidden.exact.iter().map(|&x| bf16::from_f32(x)).collect();
+        let w: Vec<bf16> = case.weights.exact.iter().map(|&x| bf16::from_f32(x)).collect();
+        let (hm, wm) = (Matrix::new(&h, 10, 24).unwrap(), Matrix::new(&w, 999, 24).unwrap());
+        let params = case.params(&built);
+        let pen = params.penalties.unwrap();
+        let samples = ours.sample(hm, wm, pen, &case.temperatures, &case.filters, case.seed).unwrap();
+        assert_eq!(samples, case.run(&Sampler::new(built.clone(), &cpu()).unwrap()).unwrap());
+        case.check(&built, &samples, &(0..10).collect::<Vec<_>>()).unwrap();
+        let seeds: Vec<u64> = (0..10).map(|r| 77 + r).collect();
+        let seeded = ours.sample_with_seeds(hm, wm, pen, &case.temperatures, &case.filters, &seeds).unwrap();
+        let want = Sampler::new(built.clone(), &cpu())
+            .unwrap()
+            .sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { row_seeds: Some(&seeds), ..params })
+            .unwrap();
+        assert_eq!(seeded, want);
+    }
+
     #[test]
     fn macro_pipeline_samples_like_the_builder_pipeline() {
         let built = PipelineBuilder::new("QwenSampler", DType::BF16, DType::BF16)
