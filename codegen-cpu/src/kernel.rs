@@ -291,7 +291,7 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("lse")),
             (false, None) => std::ptr::null_mut(),
         };
-        if a.vocab_offset % 4 != 0 {
+        if !a.vocab_offset.is_multiple_of(4) {
             return Err(CpuCodegenError::BadArgument(format!("vocab_offset {} is not a multiple of 4", a.vocab_offset)));
         }
         if let Some(seeds) = a.row_seeds {

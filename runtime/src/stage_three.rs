@@ -7,6 +7,9 @@ use flashsample_abi::filter::{draw, merge_row, survivors};
 use flashsample_abi::{RowError, RowResult, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 
+/// Per row, (token, logprob) of its most likely tokens.
+pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
+
 /// Rewrites the filtered rows of `reduced` and returns the top logprobs if the pipeline asks.
 pub(crate) fn finish(
     pipeline: &Pipeline,
@@ -14,7 +17,7 @@ pub(crate) fn finish(
     layout: TopLists,
     lists: &[Scored],
     reduced: &mut RowResult,
-) -> Result<Option<Vec<Vec<(u32, f32)>>>> {
+) -> Result<Option<TopLogprobs>> {
     // Lists at least as long as the capacity (the fallback's are longer) are merged to their
     // own length: a longer list is exact for a larger nucleus.
     let need = layout.per_tile.max(pipeline.list_capacity() as usize);

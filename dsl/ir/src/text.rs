@@ -62,7 +62,8 @@ impl fmt::Display for Pipeline {
         let o = self.outputs;
         let mut names: Vec<String> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
             .into_iter()
-            .filter_map(|(on, n)| on.then(|| n.to_string()))
+            .filter(|(on, _)| *on)
+            .map(|(_, n)| n.to_string())
             .collect();
         if o.top_logprobs > 0 {
             names.push(format!("top_logprobs={}", o.top_logprobs));
