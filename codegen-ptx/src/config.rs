@@ -2,7 +2,7 @@
 //! the launch geometry they imply, and the autotuner's search space.
 
 use crate::PtxError;
-use flashsample_ir::{DType, Pipeline};
+use flashsample_ir::{DType, Pipeline, MAX_LIST_CAPACITY};
 use serde::{Deserialize, Serialize};
 
 /// The PTX target a module is generated for.
@@ -179,11 +179,13 @@ impl GpuConfig {
         };
     }
 
-    /// The same config with lists that cannot overflow: `min(capacity, vocab_tile)` entries
-    /// per tile (a list holding the whole tile is complete by construction).
-    pub fn exact_lists(&self, pipeline: &Pipeline) -> GpuConfig {
+    /// The same config with lists that cannot overflow when stage three merges `need` per
+    /// row: `min(need, vocab_tile)` entries per tile (a list holding the whole tile is
+    /// complete by construction). `need` is the capacity, or `MAX_LIST_CAPACITY` for the
+    /// NucleusTooLarge fallback.
+    pub fn exact_lists(&self, need: u32) -> GpuConfig {
         let mut c = self.clone();
-        c.list_per_tile = pipeline.list_capacity().min(self.vocab_tile);
+        c.list_per_tile = need.clamp(1, MAX_LIST_CAPACITY).min(self.vocab_tile);
         c
     }
 
@@ -318,11 +320,14 @@ impl GpuConfig {
                 format!("{}; the pipeline keeps no lists (filter / top_logprobs), so 0", self.list_per_tile),
             ));
         }
-        if cap > 0 && !(1..=cap.min(self.vocab_tile)).contains(&self.list_per_tile) {
+        // Longer than the capacity is allowed: the runtime's NucleusTooLarge fallback merges
+        // `MAX_LIST_CAPACITY` entries per row.
+        let max = MAX_LIST_CAPACITY.min(self.vocab_tile);
+        if cap > 0 && !(1..=max).contains(&self.list_per_tile) {
             return Err(bad(
                 "list_per_tile",
                 format!(
-                    "{}; must be in 1..=min(list capacity {cap}, vocab_tile {})",
+                    "{}; must be in 1..=min({MAX_LIST_CAPACITY}, vocab_tile {})",
                     self.list_per_tile, self.vocab_tile
                 ),
             ));

@@ -7,12 +7,12 @@
 //! softmax; every stage-one candidate slot written (poisoned buffer); typed row errors.
 
 use flashsample::{
-    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, KernelConfig, Matrix, RowError, Sampler, SamplingParams,
-    Tensor,
+    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, KernelConfig, ListError, Matrix, RowError, RowFilter, Sampler,
+    SamplingParams, Tensor,
 };
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_tests::{chi_square, chi_square_pipelines, Case, MatrixData};
+use flashsample_tests::{chi_square, chi_square_filter_cases, chi_square_pipelines, Case, MatrixData};
 use std::sync::{Arc, Mutex};
 
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
@@ -440,4 +440,210 @@ fn ptx_disk_cache() {
         dir.display()
     );
     eprintln!("ok: PTX cache in {} (this process loaded it from disk: {from_disk})", dir.display());
+}
+
+// ---- filter (top-k / top-p / min-p), penalties, top logprobs, per-row seeds, vocab offset ----
+
+/// What a serving stack runs (as the CPU suite's): penalties, per-row temperature, a grammar
+/// mask, per-row top-k / top-p / min-p, two samples per row, logprobs and the top 5 logprobs.
+fn serving() -> Pipeline {
+    PipelineBuilder::new("Serving", DType::BF16, DType::BF16)
+        .penalties("penalties")
+        .temperature_per_row("temperature")
+        .mask("allowed")
+        .filter("filter", 8)
+        .gumbel("seed", 2)
+        .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
+        .build()
+        .unwrap()
+}
+
+/// Checks every listed row of `samples` pathwise against the reference under `params`
+/// (which may carry row seeds and a vocab offset, unlike `Case::params`).
+fn check_with_params(case: &Case, pipeline: &Pipeline, params: &SamplingParams<'_>, samples: &flashsample::Samples, rows: &[usize]) {
+    let problem = case.problem(pipeline, params);
+    let (refs, _) = problem.sample_rows(rows).expect("reference");
+    let s = samples.samples_per_row;
+    for (i, &row) in rows.iter().enumerate() {
+        for k in 0..s {
+            let slot = row * s + k;
+            let score = samples.scores.as_ref().map_or(refs[i * s + k].score as f32, |sc| sc[slot]);
+            flashsample_reference::check_pathwise(&refs[i * s + k], samples.tokens[slot], score)
+                .unwrap_or_else(|e| panic!("{} B={} V={}: row {row} sample {k}: {e}", pipeline.name, case.batch, case.vocab));
+        }
+    }
+}
+
+#[test]
+fn pathwise_serving_qwen3_lm_head() {
+    // Filter + penalties + mask + top logprobs at the Qwen3-8B LM-head shape; Case::check
+    // also checks the top-5 logprobs against the reference.
+    pathwise_batches(&serving(), 151_936, 4096, &[1, 17, 64, 256], 21);
+}
+
+#[test]
+fn pathwise_serving_odd_shapes() {
+    for &(vocab, dim) in &[(7usize, 64usize), (1003, 256), (50_257, 512), (131_071, 128)] {
+        pathwise_batches(&serving(), vocab, dim, &[1, 5, 33], 77 ^ vocab as u64);
+    }
+}
+
+#[test]
+fn row_seeds_and_vocab_offset_pathwise_and_equal_to_cpu() {
+    let (device, dev) = gpu_or_skip!();
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let p = serving();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    for &(batch, dim, vocab, offset) in &[(16usize, 4096usize, 151_936usize, 4 * 40_000u32), (33, 256, 50_257, 12), (9, 64, 1003, 1 << 20)] {
+        let case = Case::random(&p, batch, dim, vocab, 5 + vocab as u64, 4.0);
+        let seeds: Vec<u64> = (0..batch as u64).map(|r| 0x5eed_0000 + 977 * r).collect();
+        let params = SamplingParams { row_seeds: Some(&seeds), vocab_offset: offset, ..case.params(&p) };
+        let weights = upload(&dev, &case.weights);
+        let g = gpu.sample(case.hidden.tensor(), Tensor::device(&weights), &params).unwrap();
+        let rows: Vec<usize> = (0..batch).collect();
+        check_with_params(&case, &p, &params, &g, &rows);
+        // Per-row seeds: a row's tokens do not depend on its position in the batch.
+        let rev_hidden: Vec<f32> = (0..batch).rev().flat_map(|r| case.hidden.exact[r * dim..][..dim].to_vec()).collect();
+        let rev = MatrixData::from_f32(DType::BF16, batch, dim, &rev_hidden);
+        let flip = |v: &[f32]| v.iter().rev().cloned().collect::<Vec<f32>>();
+        let (t, rep, pres, freq) = (flip(&case.temperatures), flip(&case.repetition), flip(&case.presence), flip(&case.frequency));
+        let words = vocab.div_ceil(32);
+        let mask: Vec<u32> = (0..batch).rev().flat_map(|r| case.mask[r * words..][..words].to_vec()).collect();
+        let hist: Vec<Vec<(u32, u32)>> = case.history.iter().rev().cloned().collect();
+        let filt: Vec<RowFilter> = case.filters.iter().rev().cloned().collect();
+        let rseeds: Vec<u64> = seeds.iter().rev().cloned().collect();
+        let rparams = SamplingParams {
+            temperature: flashsample::TemperatureArg::PerRow(&t),
+            mask: Some(&mask),
+            filter: Some(&filt),
+            row_seeds: Some(&rseeds),
+            penalties: Some(flashsample::PenaltyArg { repetition: &rep, presence: &pres, frequency: &freq, history: &hist }),
+            ..params
+        };
+        let r = gpu.sample(rev.tensor(), Tensor::device(&weights), &rparams).unwrap();
+        for row in 0..batch {
+            assert_eq!(g.row(row), r.row(batch - 1 - row), "V={vocab} row {row} moved and changed its tokens");
+        }
+        if dim <= 256 {
+            let c = cpu.sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+            let differ = (0..c.tokens.len()).filter(|&k| c.tokens[k] != g.tokens[k]).count();
+            assert!(differ * 50 <= c.tokens.len(), "V={vocab}: {differ} of {} tokens differ from the CPU", c.tokens.len());
+            let (ct, gt) = (c.top_logprobs.unwrap(), g.top_logprobs.as_ref().unwrap().clone());
+            for row in 0..batch {
+                assert_eq!(ct[row].len(), gt[row].len(), "row {row}");
+                for (a, b) in ct[row].iter().zip(&gt[row]) {
+                    assert!((a.1 - b.1).abs() <= 1e-3, "row {row}: cpu top logprob {a:?} gpu {b:?}");
+                }
+            }
+        }
+        // Without them the noise differs.
+        let plain = gpu.sample(case.hidden.tensor(), Tensor::device(&weights), &case.params(&p)).unwrap();
+        assert_ne!(plain.tokens, g.tokens, "V={vocab}: row seeds / offset changed nothing");
+        eprintln!("ok: row seeds + vocab_offset {offset} B={batch} D={dim} V={vocab}");
+    }
+}
+
+/// A case whose rows all prefer the first `hot` tokens (one vocabulary tile holds the whole
+/// top-k), so a short per-tile list must overflow and the runtime must rerun exactly.
+fn hot_tile_case(p: &Pipeline, batch: usize, dim: usize, vocab: usize, hot: usize) -> Case {
+    let mut case = Case::random(p, batch, dim, vocab, 9, 1.0);
+    let h0: Vec<f32> = case.hidden.exact[..dim].to_vec();
+    let rows: Vec<f32> = (0..batch).flat_map(|_| h0.iter().cloned()).collect();
+    case.hidden = MatrixData::from_f32(DType::BF16, batch, dim, &rows);
+    let norm: f32 = h0.iter().map(|x| x * x).sum();
+    let mut w = case.weights.exact.clone();
+    for v in 0..hot {
+        let scale = (8.0 - v as f32 * 0.05) / norm;
+        for d in 0..dim {
+            w[v * dim + d] = h0[d] * scale;
+        }
+    }
+    case.weights = MatrixData::from_f32(DType::BF16, vocab, dim, &w);
+    case
+}
+
+#[test]
+fn short_lists_overflow_and_rerun_exactly() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
+        .temperature_per_row("t")
+        .filter("f", 32)
+        .gumbel("seed", 4)
+        .outputs(Outputs { top_logprobs: 32, ..ALL_OUTPUTS })
+        .build()
+        .unwrap();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let KernelConfig::Cuda(config) = gpu.config_for(12, 128, 20_000) else { panic!("a CUDA config") };
+    assert!(config.list_per_tile < 32, "the heuristic keeps short lists: {config:?}");
+    let case = hot_tile_case(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    let g = case.run(&gpu).unwrap();
+    case.check(&p, &g, &(0..12).collect::<Vec<_>>()).unwrap();
+    let c = case.run(&cpu).unwrap();
+    assert_eq!(c.tokens, g.tokens);
+    // The top 32 are the hot tokens, in order.
+    for row in g.top_logprobs.as_ref().unwrap() {
+        assert_eq!(row.iter().map(|t| t.0).collect::<Vec<_>>(), (0..32).collect::<Vec<u32>>());
+    }
+}
+
+#[test]
+fn large_nuclei_fall_back_or_fail_naming_the_row() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = serving();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    // Flat over 5000 tokens: the 0.9-nucleus is past the 1024-entry fallback.
+    let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.9));
+    let e = case.run(&sampler).unwrap_err();
+    assert!(matches!(e, Error::List(ListError::NucleusTooLarge { row: 0, capacity: 1024 })), "{e}");
+    // ~50 tokens: past max_k = 8, within the fallback, exact.
+    let mid = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.01));
+    mid.check(&p, &mid.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+    let ok = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter { top_k: 8, top_p: 0.9, min_p: 0.0 });
+    ok.check(&p, &ok.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+}
+
+#[test]
+fn filtered_gpu_tokens_match_cpu_tokens() {
+    let (device, _dev) = gpu_or_skip!();
+    let p = serving();
+    let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let (mut total, mut differ) = (0usize, 0usize);
+    for (i, &(batch, dim, vocab)) in [(1usize, 16usize, 10usize), (5, 64, 1000), (17, 128, 4099), (64, 64, 20_000), (3, 256, 151_936)].iter().enumerate() {
+        let case = Case::random(&p, batch, dim, vocab, 300 + i as u64, 3.0);
+        let c = case.run(&cpu).unwrap();
+        let g = case.run(&gpu).unwrap_or_else(|e| panic!("gpu B={batch} D={dim} V={vocab}: {e}"));
+        total += c.tokens.len();
+        let rows: Vec<usize> = (0..c.tokens.len()).filter(|&k| c.tokens[k] != g.tokens[k]).map(|k| k / c.samples_per_row).collect();
+        differ += rows.len();
+        if !rows.is_empty() {
+            case.check(&p, &g, &rows).unwrap_or_else(|e| panic!("B={batch} D={dim} V={vocab}: gpu {e}"));
+        }
+    }
+    eprintln!("{differ} of {total} filtered tokens differ between CPU and GPU (near-ties only)");
+    assert!(differ * 100 <= total, "{differ} of {total} tokens differ");
+}
+
+#[test]
+fn chi_square_for_every_filter_and_the_penalties() {
+    let (device, _dev) = gpu_or_skip!();
+    for (pipeline, filter) in &chi_square_filter_cases() {
+        let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
+        let mut case = Case::identical_rows(pipeline, 2000, 64, 12, 1.5).with_filter(*filter);
+        case.history[0] = vec![(0, 2), (3, 0), (5, 1)];
+        for row in 1..case.batch {
+            case.history[row] = case.history[0].clone();
+        }
+        let counts = case.draw_counts(&sampler, 5).unwrap();
+        let probs = case.probabilities(pipeline, 0);
+        let (stat, pv) = chi_square(&counts, &probs);
+        assert!(pv > 1e-3, "{} {filter:?}: chi-square {stat:.1}, p = {pv:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
+        if filter.top_k > 0 {
+            let outside: u64 = probs.iter().zip(&counts).filter(|(q, _)| **q == 0.0).map(|(_, c)| c).sum();
+            assert_eq!(outside, 0, "{}: tokens outside the top-k were drawn", pipeline.name);
+        }
+        eprintln!("ok: chi-square {} {filter:?} p = {pv:.3}", pipeline.name);
+    }
 }

@@ -1,5 +1,15 @@
-//! The CUDA backend of one sampler: config choice, kernel lookup, launch of both stages on
-//! the device's stream, read-back and the mapping of stage two's status to row errors.
+//! The CUDA backend of one sampler: config choice, kernel lookup, launch of the stages on
+//! the device's stream, read-back and the mapping of the kernels' statuses to row errors.
+//!
+//! Pipelines with lists (filter / top logprobs) launch stage three (`flashsample_filter`)
+//! after stage two. Its two list statuses are retried, each at most once, never returned
+//! while a retry can still give the exact answer:
+//! - Overflow (3): some tile's `list_per_tile` entries may have dropped a top token; rerun
+//!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
+//!   whole tile cannot have dropped anything, so this rerun cannot overflow).
+//! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
+//!   list_capacity`; rerun with `need = MAX_LIST_CAPACITY` and exact lists for it (DESIGN.md
+//!   step 9 "Fallback"). Only a nucleus past 1024 tokens reaches the caller.
 
 use super::{
     cache::{self, LoadedKernel},
@@ -14,9 +24,9 @@ use crate::{
     Error, Result, Samples, Tensor,
 };
 use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use flashsample_abi::{Candidate, LsePartial, RowError, RowResult, SamplingParams, StageTwo};
+use flashsample_abi::{Candidate, ListError, LsePartial, RowError, RowResult, SamplingParams, Scored, StageTwo, INDEX_NONE};
 use flashsample_codegen_ptx::GpuConfig;
-use flashsample_ir::Pipeline;
+use flashsample_ir::{Pipeline, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -32,6 +42,9 @@ const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 const STATUS_OK: u32 = 0;
 const STATUS_ALL_MASKED: u32 = 1;
 const STATUS_NONFINITE: u32 = 2;
+/// Stage three's: a tile list was too short / the nucleus outgrew `need`.
+const STATUS_OVERFLOW: u32 = 3;
+const STATUS_NUCLEUS: u32 = 4;
 
 pub(crate) struct CudaBackend {
     pipeline: Arc<Pipeline>,
@@ -82,6 +95,26 @@ struct Scratch {
     logits: Buf,
     out_lse: Buf,
     status: Buf,
+    row_seeds: Buf,
+    pen_bits: Buf,
+    pen_offsets: Buf,
+    pen_tokens: Buf,
+    pen_subtract: Buf,
+    pen_repetition: Buf,
+    lists: Buf,
+    filters: Buf,
+    greedy: Buf,
+    out_top: Buf,
+}
+
+/// Bytes of a slice, at least one element's worth (a zero-length upload is still a valid
+/// buffer the kernel may be handed).
+fn bytes_of<T: bytemuck::Pod + Default>(v: &[T]) -> Vec<u8> {
+    if v.is_empty() {
+        bytemuck::cast_slice(&[T::default()]).to_vec()
+    } else {
+        bytemuck::cast_slice(v).to_vec()
+    }
 }
 
 /// Everything one launch passes to the kernels, plus the host data that must outlive the
@@ -100,11 +133,30 @@ struct Launch {
     out_lse: u64,
     status: u64,
     seed: u64,
+    vocab_offset: u32,
+    row_seeds: u64,
+    /// pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition (0 without penalties).
+    pen: [u64; 5],
+    lists: u64,
+    filters: u64,
+    greedy: u64,
+    out_top: u64,
+    per_tile: u32,
+    /// Rows stage three merges to (the capacity, or MAX_LIST_CAPACITY in the fallback).
+    need: u32,
+    top_n: u32,
     shape: Shape,
     samples: usize,
     geometry: Geometry,
     _host: Vec<Vec<u8>>,
     _uploads: Vec<DeviceTensor>,
+}
+
+/// What one launch of all stages gave.
+enum Attempt {
+    Done(Samples),
+    Overflow { row: usize },
+    Nucleus { row: usize },
 }
 
 impl CudaBackend {
@@ -133,7 +185,12 @@ impl CudaBackend {
                 let key = ShapeKey { dtype: self.pipeline.weights.dtype, vocab: shape.vocab, dim: shape.dim, batch: shape.batch };
                 let found = tuning::lookup::<GpuConfig>(&self.identity(), &key);
                 tuning::warn_once(&found.warnings);
-                match found.config.filter(|c| c.validate(&self.pipeline, self.device.limits()).is_ok()) {
+                // Tuning files from before list_per_tile existed read it as 0: fill it in.
+                let fitted = found.config.map(|mut c| {
+                    c.fit_lists(&self.pipeline);
+                    c
+                });
+                match fitted.filter(|c| c.validate(&self.pipeline, self.device.limits()).is_ok()) {
                     Some(c) => c,
                     None => self.heuristic(shape),
                 }
@@ -173,6 +230,7 @@ impl CudaBackend {
         params: &SamplingParams<'_>,
         shape: Shape,
         config: &GpuConfig,
+        need: u32,
     ) -> Result<Launch> {
         let p = &self.pipeline;
         let dev = &*self.device;
@@ -201,6 +259,44 @@ impl CudaBackend {
             0
         };
         let out_lse = if p.needs_logsumexp() { scratch.out_lse.ensure(dev, shape.batch * 4)? } else { 0 };
+        let mut host: Vec<Vec<u8>> = Vec::new();
+        let mut up = |buf: &mut Buf, bytes: Vec<u8>| -> Result<u64> {
+            let ptr = buf.upload(dev, &bytes)?;
+            // The copy is queued on the stream: the host bytes must outlive it.
+            host.push(bytes);
+            Ok(ptr)
+        };
+        let row_seeds = match params.row_seeds {
+            Some(seeds) => up(&mut scratch.row_seeds, bytes_of(seeds))?,
+            None => 0,
+        };
+        let pen = match params.penalty_table(shape.batch, shape.vocab) {
+            Some(t) => [
+                up(&mut scratch.pen_bits, bytes_of(&t.bits))?,
+                up(&mut scratch.pen_offsets, bytes_of(&t.offsets))?,
+                up(&mut scratch.pen_tokens, bytes_of(&t.tokens))?,
+                up(&mut scratch.pen_subtract, bytes_of(&t.subtract))?,
+                up(&mut scratch.pen_repetition, bytes_of(&t.repetition))?,
+            ],
+            None => [0; 5],
+        };
+        let has_lists = p.list_capacity() > 0;
+        let (lists, filters, greedy, out_top) = if has_lists {
+            let lists = scratch.lists.ensure(dev, shape.batch * geometry.tiles * config.list_per_tile as usize * std::mem::size_of::<Scored>())?;
+            let filters = match params.filter {
+                Some(f) => up(&mut scratch.filters, bytes_of(f))?,
+                None => 0,
+            };
+            let greedy: Vec<u32> = (0..shape.batch)
+                .map(|r| u32::from(p.is_greedy() || params.row_temperature(p, r) == 0.0))
+                .collect();
+            let greedy = up(&mut scratch.greedy, bytes_of(&greedy))?;
+            let top_n = p.outputs.top_logprobs as usize;
+            let out_top = if top_n > 0 { scratch.out_top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 };
+            (lists, filters, greedy, out_top)
+        } else {
+            (0, 0, 0, 0)
+        };
         let launch = Launch {
             hidden: hidden_ptr,
             weights: weight_ptrs,
@@ -215,10 +311,20 @@ impl CudaBackend {
             out_lse,
             status: scratch.status.ensure(dev, shape.batch * 4)?,
             seed: params.seed,
+            vocab_offset: params.vocab_offset,
+            row_seeds,
+            pen,
+            lists,
+            filters,
+            greedy,
+            out_top,
+            per_tile: config.list_per_tile,
+            need,
+            top_n: p.outputs.top_logprobs,
             shape,
             samples,
             geometry,
-            _host: [Some(temperatures), bias, allowed].into_iter().flatten().collect(),
+            _host: [Some(temperatures), bias, allowed].into_iter().flatten().chain(host).collect(),
             _uploads: uploads,
         };
         Ok(launch)
@@ -246,7 +352,15 @@ impl CudaBackend {
             .arg(&l.seed)
             .arg(&batch)
             .arg(&dim)
-            .arg(&vocab);
+            .arg(&vocab)
+            .arg(&l.vocab_offset)
+            .arg(&l.row_seeds)
+            .arg(&l.pen[0])
+            .arg(&l.pen[1])
+            .arg(&l.pen[2])
+            .arg(&l.pen[3])
+            .arg(&l.pen[4])
+            .arg(&l.lists);
         // SAFETY: the arguments match DESIGN.md's stage-one signature; every buffer is sized
         // from the same geometry the kernel was generated for.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
@@ -274,18 +388,90 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Stage three, for pipelines with lists (a no-op otherwise).
+    fn launch_filter(&self, k: &LoadedKernel, l: &Launch) -> Result<()> {
+        let Some(func) = &k.filter else {
+            if self.pipeline.list_capacity() > 0 {
+                return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
+            }
+            return Ok(());
+        };
+        let g = &l.geometry;
+        let (tiles, batch, samples) = (g.tiles as u32, l.shape.batch as u32, l.samples as u32);
+        let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
+        let stream = self.device.stream();
+        let mut b = stream.launch_builder(func);
+        b.arg(&l.lists)
+            .arg(&tiles)
+            .arg(&l.per_tile)
+            .arg(&l.need)
+            .arg(&batch)
+            .arg(&samples)
+            .arg(&l.filters)
+            .arg(&l.out_lse)
+            .arg(&l.greedy)
+            .arg(&l.seed)
+            .arg(&l.row_seeds)
+            .arg(&l.vocab_offset)
+            .arg(&l.top_n)
+            .arg(&l.tokens)
+            .arg(&l.scores)
+            .arg(&l.logits)
+            .arg(&l.out_top)
+            .arg(&l.status);
+        // SAFETY: as for stage one, with DESIGN.md's stage-three signature; lists, filters,
+        // greedy flags and out_top are sized for this launch's batch, tiles and per_tile.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
+        Ok(())
+    }
+
     /// Waits for the stream, naming what was queued if it faulted.
     fn sync(&self, after: &'static str) -> Result<()> {
         self.device.stream().synchronize().map_err(|e| Error::Cuda(format!("cuStreamSynchronize after {after}: {}", super::device::driver_error_text(&e))))
     }
 
     pub fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
+        let mut config = config.clone();
+        let mut need = self.pipeline.list_capacity();
+        loop {
+            match self.sample_once(hidden, weights, params, shape, &config, need)? {
+                Attempt::Done(s) => return Ok(s),
+                Attempt::Overflow { row } => {
+                    let exact = config.exact_lists(need);
+                    if exact.list_per_tile <= config.list_per_tile {
+                        // Cannot happen (whole-tile lists never overflow); never loop.
+                        return Err(ListError::Overflow { row }.into());
+                    }
+                    config = exact;
+                }
+                Attempt::Nucleus { row } => {
+                    if need >= MAX_LIST_CAPACITY {
+                        return Err(ListError::NucleusTooLarge { row, capacity: need as usize }.into());
+                    }
+                    need = MAX_LIST_CAPACITY;
+                    config = config.exact_lists(need);
+                }
+            }
+        }
+    }
+
+    /// One launch of every stage with `config` and stage three merging `need` per row.
+    fn sample_once(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        need: u32,
+    ) -> Result<Attempt> {
         let kernel = self.kernel(config)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config)?;
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need)?;
         self.launch_stage1(&kernel, &l, l.weights[0])?;
         self.launch_stage2(&kernel, &l)?;
+        self.launch_filter(&kernel, &l)?;
         let n = shape.batch * l.samples;
         let dev = &*self.device;
         let status: Vec<u32> = from_bytes(&scratch.status.download(dev, shape.batch * 4)?);
@@ -297,21 +483,41 @@ impl CudaBackend {
         } else {
             None
         };
-        self.sync("flashsample_stage1 + flashsample_stage2")?;
+        let top_n = l.top_n as usize;
+        let top: Option<Vec<Scored>> = if l.out_top != 0 {
+            Some(from_bytes(&scratch.out_top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?))
+        } else {
+            None
+        };
+        self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         drop(l);
+        // Stage-two errors of any row first (as the CPU's reduce), then the list statuses.
         for (row, &s) in status.iter().enumerate() {
             match s {
-                STATUS_OK => {}
+                STATUS_OK | STATUS_OVERFLOW | STATUS_NUCLEUS => {}
                 STATUS_ALL_MASKED => return Err(RowError::AllMasked { row }.into()),
                 STATUS_NONFINITE => return Err(RowError::NonFinite { row }.into()),
-                other => return Err(Error::Cuda(format!("flashsample_stage2 wrote unknown status {other} for row {row}"))),
+                other => return Err(Error::Cuda(format!("the kernels wrote unknown status {other} for row {row}"))),
             }
         }
+        if let Some(row) = status.iter().position(|&s| s == STATUS_OVERFLOW) {
+            return Ok(Attempt::Overflow { row });
+        }
+        if let Some(row) = status.iter().position(|&s| s == STATUS_NUCLEUS) {
+            return Ok(Attempt::Nucleus { row });
+        }
         let reduced = RowResult { tokens, scores, logits, logsumexp };
-        Ok(Samples::from_reduced(&self.pipeline, shape.batch, reduced))
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
+        samples.top_logprobs = top.map(|top| {
+            top.chunks(top_n.max(1))
+                .take(shape.batch)
+                .map(|row| row.iter().take_while(|s| s.index != INDEX_NONE).map(|s| (s.index, s.logit)).collect())
+                .collect()
+        });
+        Ok(Attempt::Done(samples))
     }
 
-    /// Device time in seconds of stage one + stage two, per launch, for `reps` launches after
+    /// Device time in seconds of stage one + stage two (+ stage three with lists), per launch, for `reps` launches after
     /// `warmup`, cycling through `weights` (rotating buffers keep the L2 cache from holding
     /// the weights between launches). Launches are queued back to back and bracketed by
     /// events, so host launch overhead is not part of the numbers.
@@ -332,10 +538,11 @@ impl CudaBackend {
         let kernel = self.kernel(config)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config)?;
+        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity())?;
         for i in 0..warmup {
             self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
             self.launch_stage2(&kernel, &l)?;
+            self.launch_filter(&kernel, &l)?;
         }
         self.sync("warm-up launches")?;
         let ctx = self.device.context();
@@ -348,6 +555,7 @@ impl CudaBackend {
         for i in 0..reps {
             self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
             self.launch_stage2(&kernel, &l)?;
+            self.launch_filter(&kernel, &l)?;
             let e = new_event()?;
             e.record(stream).map_err(drv("cuEventRecord"))?;
             events.push(e);
@@ -373,7 +581,7 @@ impl CudaBackend {
         let kernel = self.kernel(config)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config)?;
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity())?;
         let layout = StageTwo { batch: shape.batch, samples: l.samples, tiles: l.geometry.tiles };
         let dev = &*self.device;
         let cand_poison = vec![poison; layout.candidate_count()];

@@ -19,10 +19,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// A pipeline's two kernels, loaded into one device's context.
+/// A pipeline's kernels, loaded into one device's context.
 pub(crate) struct LoadedKernel {
     pub stage1: CudaFunction,
     pub stage2: CudaFunction,
+    /// Stage three, for pipelines with lists.
+    pub filter: Option<CudaFunction>,
     /// Keeps the module (and so both functions) alive.
     _module: Arc<CudaModule>,
     /// Whether the PTX came from the disk cache (for tests and logs).
@@ -91,7 +93,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let path = cache_dir().map(|d| d.join("ptx").join(key.file_name()));
     let mut kernel = None;
     if let Some(text) = path.as_ref().and_then(|p| read_cached(p, &key)) {
-        match load(device, &text, true) {
+        match load(device, &text, true, pipeline.list_capacity() > 0) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", path.as_ref().map_or(String::new(), |p| p.display().to_string()))),
         }
@@ -101,7 +103,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
         None => {
             let compiled = flashsample_codegen_ptx::compile(pipeline, config, device.arch())?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false)?;
+            let k = load(device, text, false, compiled.filter.is_some())?;
             if let Some(p) = &path {
                 write_cached(p, &key, text);
             }
@@ -146,8 +148,8 @@ fn write_cached(path: &PathBuf, key: &Key, text: &str) {
     }
 }
 
-/// Loads PTX into the device's context and looks up both kernels.
-fn load(device: &CudaDevice, text: &str, from_disk: bool) -> Result<LoadedKernel> {
+/// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`).
+fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool) -> Result<LoadedKernel> {
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
@@ -160,7 +162,12 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool) -> Result<LoadedKernel
     };
     let stage1 = module.load_function(ptx::STAGE1).map_err(drv("cuModuleGetFunction(flashsample_stage1)"))?;
     let stage2 = module.load_function(ptx::STAGE2).map_err(drv("cuModuleGetFunction(flashsample_stage2)"))?;
-    Ok(LoadedKernel { stage1, stage2, _module: module, from_disk })
+    let filter = if filter {
+        Some(module.load_function(ptx::FILTER).map_err(drv("cuModuleGetFunction(flashsample_filter)"))?)
+    } else {
+        None
+    };
+    Ok(LoadedKernel { stage1, stage2, filter, _module: module, from_disk })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

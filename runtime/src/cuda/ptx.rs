@@ -41,6 +41,8 @@ pub(crate) struct Geometry {
     pub tiles: usize,
     pub stage2_grid: (u32, u32, u32),
     pub stage2_block: u32,
+    pub filter_grid: (u32, u32, u32),
+    pub filter_block: u32,
 }
 
 pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, sm_count: u32) -> Geometry {
@@ -51,6 +53,8 @@ pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, sm_count:
         tiles: config.tiles(vocab),
         stage2_grid: config.stage2_grid(batch),
         stage2_block: config.stage2_block_threads(),
+        filter_grid: config.filter_grid(batch),
+        filter_block: config.filter_block_threads(),
     }
 }
 
@@ -66,3 +70,4 @@ pub(crate) fn compiler_version() -> &'static str {
 
 pub(crate) const STAGE1: &str = "flashsample_stage1";
 pub(crate) const STAGE2: &str = "flashsample_stage2";
+pub(crate) const FILTER: &str = "flashsample_filter";
