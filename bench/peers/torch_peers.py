@@ -5,6 +5,8 @@ For each (D, V) and batch B, with bf16 hidden states [B, D] and weights [V, D]:
   matmul    cuBLAS `H @ W.T` alone (bf16 logits, materialized)
   compiled  torch.compile'd matmul + softmax(logits / T) + torch.multinomial
   gumbel    cuBLAS matmul + Gumbel-argmax on the materialized logits (eager)
+  filtered  torch.compile'd matmul + /T + top-k 50 + softmax + top-p 0.9 + multinomial
+            (vLLM's order: top-p on the top-k renormalized), for --filter-batches
 and a large device-to-device copy (bytes read + written / time) as the bandwidth ceiling.
 
 Timing: CUDA events between back-to-back calls (no host sync inside the timed loop), after
@@ -65,6 +67,18 @@ def gumbel_argmax(h, w, t):
     return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
 
 
+def topk_topp_multinomial(h, w, t):
+    logits = (h @ w.T).float() / t[:, None]
+    vals, idx = torch.topk(logits, 50, dim=-1)  # sorted, most likely first
+    probs = torch.softmax(vals, dim=-1)
+    # Keep the smallest prefix holding 0.9 of the top-k mass (a token stays if the mass
+    # before it is < 0.9), then draw from the renormalized survivors.
+    before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill(before >= 0.9, 0.0)
+    choice = torch.multinomial(probs, 1)
+    return idx.gather(-1, choice)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096:151936,8192:128256")
@@ -72,6 +86,7 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rotate", type=int, default=3)
+    ap.add_argument("--filter-batches", default="1,16,64,256", help="batches of the top-k/top-p peer; empty = none")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     a = ap.parse_args()
@@ -82,6 +97,8 @@ def main():
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 1024)
     compiled = torch.compile(softmax_multinomial, dynamic=False)
+    compiled_filtered = torch.compile(topk_topp_multinomial, dynamic=False)
+    filter_batches = [int(b) for b in a.filter_batches.split(",") if b]
 
     out = {
         "torch": torch.__version__,
@@ -92,16 +109,20 @@ def main():
     batches = [int(b) for b in a.batches.split(",")]
     for d, v in parse_shapes(a.shapes):
         ws = [(torch.randn(v, d, device="cuda", dtype=torch.bfloat16) * (3.0 / d ** 0.5)) for _ in range(a.rotate)]
-        for b in batches:
+        for b in sorted(set(batches) | set(filter_batches)):
             h = torch.randn(b, d, device="cuda", dtype=torch.bfloat16)
             t = torch.rand(b, device="cuda", dtype=torch.float32) + 0.5
             args = [(h, w, t) for w in ws]
             row = {"dim": d, "vocab": v, "batch": b}
-            row["matmul_ms"] = time_calls(matmul, args, a.warmup, a.reps)
-            row["gumbel_ms"] = time_calls(gumbel_argmax, args, a.warmup, a.reps)
-            if not a.no_compile:
-                compiled(*args[0])  # compile outside the timed loop
-                row["compiled_ms"] = time_calls(compiled, args, a.warmup, a.reps)
+            if b in batches:
+                row["matmul_ms"] = time_calls(matmul, args, a.warmup, a.reps)
+                row["gumbel_ms"] = time_calls(gumbel_argmax, args, a.warmup, a.reps)
+                if not a.no_compile:
+                    compiled(*args[0])  # compile outside the timed loop
+                    row["compiled_ms"] = time_calls(compiled, args, a.warmup, a.reps)
+            if b in filter_batches and not a.no_compile:
+                compiled_filtered(*args[0])
+                row["filtered_ms"] = time_calls(compiled_filtered, args, a.warmup, a.reps)
             out["results"].append(row)
             print(f"peers: D={d} V={v} B={b} {row}", file=sys.stderr, flush=True)
         del ws

@@ -2,11 +2,13 @@
 //! the memory floor (weight bytes / device-to-device copy bandwidth, measured in this run)
 //! and unfused PyTorch peers run in the same invocation (`bench/peers/torch_peers.py`:
 //! cuBLAS matmul alone, torch.compile'd matmul + softmax + multinomial, cuBLAS matmul +
-//! Gumbel-argmax). Prints one markdown table with ratios and the targets, hit or missed.
+//! Gumbel-argmax). Prints one markdown table with ratios and the targets, hit or missed;
+//! then a second table for the fused top-k = 50, top-p = 0.9 filter (stage three included)
+//! against a torch.compile'd matmul → /T → top-k → softmax → top-p → multinomial.
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
-use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, KernelConfig, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_bench::print_table;
 use flashsample_ir::DType;
 use rayon::prelude::*;
@@ -20,6 +22,9 @@ struct Args {
     shapes: Vec<String>,
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256")]
     batches: Vec<usize>,
+    /// Batches of the filtered rows (top-k 50, top-p 0.9); empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    filter_batches: Vec<usize>,
     #[arg(long, default_value_t = 50)]
     reps: usize,
     #[arg(long, default_value_t = 10)]
@@ -110,7 +115,8 @@ fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &fl
     for warps in [4u32, 8] {
         for quads in [1u32, 2] {
             for persistent in [false, true] {
-                let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile: bt, k_step: 64, warps, stages: 4, persistent };
+                let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile: bt, k_step: 64, warps, stages: 4, persistent, list_per_tile: 0 };
+                c.fit_lists(pipeline);
                 while c.stages > 2 && c.validate(pipeline, limits).is_err() {
                     c.stages -= 1;
                 }
@@ -148,6 +154,15 @@ fn main() {
         .build()
         .expect("bench pipeline");
     let sampler = Sampler::new(pipeline, &device).expect("sampler");
+    let filtered = PipelineBuilder::new("BenchTopKTopP", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .filter("filter", 50)
+        .gumbel("seed", 1)
+        .build()
+        .expect("filtered bench pipeline");
+    let filtered = Sampler::new(filtered, &device).expect("filtered sampler");
+    // (D, V, B, fused seconds, config)
+    let mut filter_rows: Vec<(usize, usize, usize, f64, String)> = Vec::new();
     let mut rows = Vec::new();
     let mut copy_bw = 0.0f64;
     for &(dim, vocab) in &shapes {
@@ -195,6 +210,25 @@ fn main() {
                 }
             }
             rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
+        }
+        for &batch in &args.filter_batches {
+            let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+            let filters = vec![RowFilter { top_k: 50, top_p: 0.9, min_p: 0.0 }; batch];
+            let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, filter: Some(&filters), ..Default::default() };
+            let ht = Tensor::host(&hidden, batch, dim).expect("hidden");
+            let s = filtered.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("filtered D={dim} V={vocab} B={batch}: {e}"));
+            assert_eq!(s.tokens.len(), batch);
+            let config = filtered.config_for(batch, dim, vocab);
+            let t = flashsample::cuda::time_fused(&filtered, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+                .unwrap_or_else(|e| panic!("timing filtered D={dim} V={vocab} B={batch}: {e}"));
+            let fused_s = median(t);
+            let config = match &config {
+                KernelConfig::Cuda(c) => format!("{c:?}"),
+                other => format!("{other:?}"),
+            };
+            eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
+            filter_rows.push((dim, vocab, batch, fused_s, config));
         }
     }
 
@@ -261,6 +295,26 @@ fn main() {
             r.config
         ));
     }
+    let mut ftable = Vec::new();
+    for (dim, vocab, batch, fused_s, config) in &filter_rows {
+        let peer = peers.as_ref().and_then(|p| p.get(&(*dim, *vocab, *batch))).and_then(|m| m.get("filtered_ms")).map(|x| x * 1e-3);
+        let plain = rows.iter().find(|r| (r.dim, r.vocab, r.batch) == (*dim, *vocab, *batch)).map(|r| r.fused_s);
+        ftable.push(vec![
+            dim.to_string(),
+            vocab.to_string(),
+            batch.to_string(),
+            format!("{:.1}", fused_s * 1e6),
+            fmt(plain),
+            fmt(peer),
+            ratio(peer, *fused_s),
+            config.clone(),
+        ]);
+        json_rows.push(format!(
+            "{{\"dim\":{dim},\"vocab\":{vocab},\"batch\":{batch},\"filter\":\"top_k=50,top_p=0.9\",\"fused_us\":{:.3},\"compiled_filtered_us\":{},\"config\":{config:?}}}",
+            fused_s * 1e6,
+            peer.map_or("null".into(), |x| format!("{:.3}", x * 1e6)),
+        ));
+    }
     if let Some(path) = &args.json_out {
         let text = format!("{{\"copy_bytes_per_s\":{copy_bw:.0},\"rows\":[{}]}}\n", json_rows.join(","));
         if let Err(e) = std::fs::write(path, text) {
@@ -287,6 +341,11 @@ fn main() {
         &["D", "V", "B", "fused (heuristic)", "fused (sweep best)", "floor", "best/floor", "cuBLAS mm", "compile+softmax+multinomial", "speedup", "cuBLAS+Gumbel", "speedup", "target"],
         &table,
     );
+    if !ftable.is_empty() {
+        println!();
+        println!("top-k 50 + top-p 0.9 (fused stage one + two + three vs torch.compile'd matmul, /T, top-k, softmax, top-p, multinomial):");
+        print_table(&["D", "V", "B", "fused filtered", "fused unfiltered", "compile top-k/top-p", "speedup", "config"], &ftable);
+    }
 }
 
 type PeerMap = HashMap<(usize, usize, usize), HashMap<String, f64>>;
@@ -304,6 +363,8 @@ fn run_peers(args: &Args) -> Option<PeerMap> {
         .arg(args.shapes.join(","))
         .arg("--batches")
         .arg(batches.join(","))
+        .arg("--filter-batches")
+        .arg(args.filter_batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
         .arg("--reps")
         .arg(args.reps.max(50).to_string())
         .arg("--warmup")
@@ -333,7 +394,7 @@ fn run_peers(args: &Args) -> Option<PeerMap> {
     for r in v.get("results")?.as_array()? {
         let key = |k: &str| r.get(k).and_then(|x| x.as_u64()).map(|x| x as usize);
         let (Some(d), Some(vv), Some(b)) = (key("dim"), key("vocab"), key("batch")) else { continue };
-        let times = ["matmul_ms", "compiled_ms", "gumbel_ms"]
+        let times = ["matmul_ms", "compiled_ms", "gumbel_ms", "filtered_ms"]
             .iter()
             .filter_map(|k| r.get(*k).and_then(|x| x.as_f64()).map(|x| (k.to_string(), x)))
             .collect();
