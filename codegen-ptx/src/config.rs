@@ -73,7 +73,8 @@ impl GpuLimits {
 /// - `persistent`: launch `min(work items, ctas_per_sm · SMs)` CTAs that loop over the
 ///   (vocab tile, batch tile) work items instead of one CTA per item.
 /// - `list_per_tile`: entries of each (row, vocab tile) top list (DESIGN.md step 6b); 0 for
-///   pipelines without lists, else `1..=min(list_capacity, vocab_tile)`. Shorter lists are
+///   pipelines without lists, else `1..=min(MAX_LIST_CAPACITY, vocab_tile)` (normally at
+///   most the capacity; longer only for the NucleusTooLarge fallback). Shorter lists are
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
 ///   with [`GpuConfig::exact_lists`]. Absent in older tuning files (serde default 0; the
 ///   runtime fills it in with [`GpuConfig::fit_lists`]).

@@ -222,6 +222,7 @@ impl CudaBackend {
     }
 
     /// Uploads the launch's arguments and sizes the output buffers.
+    #[allow(clippy::too_many_arguments)]
     fn prepare(
         &self,
         scratch: &mut Scratch,
