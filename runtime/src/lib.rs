@@ -14,6 +14,7 @@ mod sampler;
 mod sharded;
 mod stage_three;
 mod tensor;
+pub mod tp;
 pub mod tuning;
 
 pub use device::Device;
@@ -24,6 +25,7 @@ pub use half::{bf16, f16};
 pub use sampler::{KernelConfig, Sampler, Samples};
 pub use flashsample_codegen_cpu::CpuConfig;
 pub use sharded::ShardedSampler;
+pub use tp::{TensorParallelSampler, TpError};
 pub use tensor::{Element, Matrix, Tensor};
 pub use cuda::{CudaDevice, DeviceTensor};
 pub use flashsample_codegen_ptx::GpuConfig;
