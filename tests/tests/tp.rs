@@ -267,3 +267,12 @@ fn gpu_tp_reports_typed_errors() {
     let ok = Case::random(p, 3, 256, 5000, 4, 4.0);
     tp.sample(&[ok.hidden.tensor()], &ok.params(p)).unwrap();
 }
+
+#[test]
+fn missing_nccl_is_a_typed_error_not_a_panic() {
+    match flashsample::tp::nccl_version() {
+        Ok(v) => eprintln!("NCCL {v:?} loadable here"),
+        Err(TpError::NoNccl { searched }) => assert!(searched.iter().any(|s| s == "libnccl.so"), "{searched:?}"),
+        Err(e) => panic!("unexpected: {e}"),
+    }
+}
