@@ -2,4 +2,5 @@
 //! `src/main.rs` is the `flashsample-autotune` command.
 
 pub mod cpu_space;
+pub mod gpu_space;
 pub mod tune;

@@ -1,12 +1,21 @@
-//! The measuring loop: for one shape, check every config's output against the float64
-//! reference, time the ones that are right, and keep the fastest.
+//! The measuring loop. Per (D, V) the inputs are made once ([`HeadInputs`]: random weights,
+//! uploaded once to the GPU); per batch ([`ShapeInputs`]) the float64 reference of the checked
+//! rows is computed once. Every config's samples are checked against it before it is timed.
+//!
+//! Two modes ([`Effort`]):
+//! - full (`quick_reps == 0`): every config of the space, `warmup` + `reps` launches.
+//! - pruned: a quick pass in the order given (the caller ranks the space, e.g. by
+//!   `gpu_space::rank`), `quick_reps` launches each, until the shape's deadline; then only
+//!   the `finalists` fastest (and the heuristic) are timed with `warmup` + `reps`.
 
 use flashsample::{
     ir::Pipeline,
     tuning::{Measured, ShapeKey, TuningEntry},
-    KernelConfig, Sampler,
+    DeviceTensor, KernelConfig, Samples, Sampler, Tensor,
 };
-use flashsample_tests::Case;
+use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem, SampleReference};
+use flashsample_tests::{Case, MatrixData};
+use std::time::Instant;
 
 /// How hard to measure.
 #[derive(Clone, Copy, Debug)]
@@ -14,6 +23,10 @@ pub struct Effort {
     pub warmup: usize,
     pub reps: usize,
     pub top: usize,
+    /// Launches per config in the quick pass; 0 = full mode (no quick pass).
+    pub quick_reps: usize,
+    /// Configs timed fully after the quick pass.
+    pub finalists: usize,
 }
 
 /// A config that was compiled and run, and what came of it.
@@ -24,6 +37,8 @@ pub enum Outcome {
     Failed(String),
     /// Ran, but its samples disagreed with the reference.
     Wrong(String),
+    /// Not measured: the shape's time budget ran out first.
+    Skipped,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +47,8 @@ pub enum TuneError {
     NothingCorrect(ShapeKey, String),
     #[error(transparent)]
     Runtime(#[from] flashsample::Error),
+    #[error("float64 reference failed: {0}")]
+    Reference(String),
 }
 
 fn to_json(c: &KernelConfig) -> serde_json::Value {
@@ -47,62 +64,200 @@ fn checked_rows(batch: usize) -> Vec<usize> {
     }
 }
 
-fn measure(sampler: &Sampler, pipeline: &Pipeline, case: &Case, config: &KernelConfig, effort: Effort) -> Outcome {
-    let samples = match case.run_with(sampler, config) {
-        Ok(s) => s,
-        Err(e) => return Outcome::Failed(e.to_string()),
-    };
-    if let Err(e) = case.check(pipeline, &samples, &checked_rows(case.batch)) {
-        return Outcome::Wrong(e);
+/// One LM head `[V, D]` and the largest batch of hidden states, made once per (D, V): the
+/// random weights, and their device copy when the sampler runs on a GPU, so no config pays a
+/// multi-GB upload.
+pub struct HeadInputs {
+    pub big: Case,
+    pub device_weights: Option<DeviceTensor>,
+}
+
+impl HeadInputs {
+    pub fn new(sampler: &Sampler, max_batch: usize, dim: usize, vocab: usize) -> Result<HeadInputs, TuneError> {
+        let big = Case::random(sampler.pipeline(), max_batch, dim, vocab, 0x7075_6e65, 4.0);
+        let device_weights = match sampler.device() {
+            flashsample::Device::Cuda(dev) => Some(upload(dev, &big.weights)?),
+            flashsample::Device::Cpu { .. } => None,
+        };
+        Ok(HeadInputs { big, device_weights })
     }
-    match case.median_secs(sampler, config, effort.warmup, effort.reps) {
-        Ok(s) => Outcome::Timed(Measured { config: to_json(config), median_us: s * 1e6 }),
-        Err(e) => Outcome::Failed(e.to_string()),
+
+    pub fn weights(&self) -> Tensor<'_> {
+        match &self.device_weights {
+            Some(d) => Tensor::device(d),
+            None => self.big.weights.tensor(),
+        }
     }
 }
 
-/// Tunes one shape over `space`; `on_config` is called after each config (progress).
+fn upload(dev: &std::sync::Arc<flashsample::CudaDevice>, m: &MatrixData) -> flashsample::Result<DeviceTensor> {
+    use flashsample::{bf16, f16, ir::DType};
+    // `exact` holds values already rounded to the dtype, so converting back is lossless.
+    match m.dtype {
+        DType::BF16 => dev.upload(&m.exact.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>(), m.rows, m.cols),
+        DType::F16 => dev.upload(&m.exact.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>(), m.rows, m.cols),
+        DType::F32 => dev.upload(&m.exact, m.rows, m.cols),
+    }
+}
+
+/// One batch size of a head: its case (the head's first `batch` rows and parameters) and the
+/// reference samples of the checked rows.
+pub struct ShapeInputs<'h> {
+    head: &'h HeadInputs,
+    case: Case,
+    rows: Vec<usize>,
+    refs: Vec<SampleReference>,
+    lses: Vec<f64>,
+}
+
+impl<'h> ShapeInputs<'h> {
+    pub fn new(pipeline: &Pipeline, head: &'h HeadInputs, batch: usize) -> Result<ShapeInputs<'h>, TuneError> {
+        let case = prefix(&head.big, batch);
+        let rows = checked_rows(batch);
+        let params = case.params(pipeline);
+        let problem = Problem {
+            pipeline,
+            hidden: &case.hidden.exact,
+            weights: &head.big.weights.exact,
+            batch,
+            dim: case.dim,
+            vocab: case.vocab,
+            params: &params,
+        };
+        let (refs, lses) = problem.sample_rows(&rows).map_err(|e| TuneError::Reference(e.to_string()))?;
+        Ok(ShapeInputs { head, case, rows, refs, lses })
+    }
+
+    fn run(&self, sampler: &Sampler, config: &KernelConfig) -> flashsample::Result<Samples> {
+        sampler.sample_with(self.case.hidden.tensor(), self.head.weights(), &self.case.params(sampler.pipeline()), config)
+    }
+
+    fn median_secs(&self, sampler: &Sampler, config: &KernelConfig, warmup: usize, reps: usize) -> flashsample::Result<f64> {
+        let params = self.case.params(sampler.pipeline());
+        let mut t = sampler.time_with(self.case.hidden.tensor(), self.head.weights(), &params, config, warmup, reps.max(1))?;
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    }
+
+    /// `Case::check` against the cached reference: tokens pathwise (near-ties within the
+    /// derived bound may differ), scores within the bound, logsumexp and logprobs too.
+    fn check(&self, samples: &Samples) -> Result<(), String> {
+        let s = samples.samples_per_row;
+        let vocab = self.case.vocab;
+        for (i, &row) in self.rows.iter().enumerate() {
+            for k in 0..s {
+                let r = &self.refs[i * s + k];
+                let slot = row * s + k;
+                let score = samples.scores.as_ref().map_or(r.score as f32, |sc| sc[slot]);
+                check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
+                if let Some(lp) = &samples.logprobs {
+                    let want = r.logit - self.lses[i];
+                    let tol = 2.0 * logsumexp_tolerance(r.bound, vocab);
+                    if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
+                        return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
+                    }
+                }
+            }
+            if let Some(lse) = &samples.logsumexp {
+                let tol = logsumexp_tolerance(self.refs[i * s].bound, vocab);
+                if (f64::from(lse[row]) - self.lses[i]).abs() > tol {
+                    return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], self.lses[i]));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `config`'s samples, then times it.
+    fn measure(&self, sampler: &Sampler, config: &KernelConfig, warmup: usize, reps: usize) -> Outcome {
+        let samples = match self.run(sampler, config) {
+            Ok(s) => s,
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        if let Err(e) = self.check(&samples) {
+            return Outcome::Wrong(e);
+        }
+        match self.median_secs(sampler, config, warmup, reps) {
+            Ok(s) => Outcome::Timed(Measured { config: to_json(config), median_us: s * 1e6 }),
+            Err(e) => Outcome::Failed(e.to_string()),
+        }
+    }
+}
+
+/// The first `b` rows of `big` (same weights, bias and seed), weights left empty (the head's
+/// are passed separately).
+fn prefix(big: &Case, b: usize) -> Case {
+    let words = big.vocab.div_ceil(32);
+    Case {
+        batch: b,
+        dim: big.dim,
+        vocab: big.vocab,
+        hidden: MatrixData::from_f32(big.hidden.dtype, b, big.dim, &big.hidden.exact[..b * big.dim]),
+        weights: MatrixData::from_f32(big.weights.dtype, 0, big.dim, &[]),
+        temperatures: big.temperatures[..b].to_vec(),
+        bias: big.bias.clone(),
+        mask: big.mask[..b * words].to_vec(),
+        banned: big.banned[..b].to_vec(),
+        seed: big.seed,
+        filters: big.filters[..b].to_vec(),
+        repetition: big.repetition[..b].to_vec(),
+        presence: big.presence[..b].to_vec(),
+        frequency: big.frequency[..b].to_vec(),
+        history: big.history[..b].to_vec(),
+    }
+}
+
+/// Tunes one shape over `space` (in preference order: the quick pass stops at `deadline`,
+/// but always measures at least two configs); `on_config` is called after each config.
 pub fn tune_shape(
     sampler: &Sampler,
+    inputs: &ShapeInputs<'_>,
     shape: ShapeKey,
     space: &[KernelConfig],
     effort: Effort,
+    deadline: Option<Instant>,
     mut on_config: impl FnMut(&KernelConfig, &Outcome),
 ) -> Result<TuningEntry, TuneError> {
-    let pipeline = sampler.pipeline().clone();
-    let case = Case::random(&pipeline, shape.batch, shape.dim, shape.vocab, 0x7075_6e65, 4.0);
     let heuristic_config = sampler.heuristic_config(shape.batch, shape.dim, shape.vocab);
-    let mut timed: Vec<Measured> = Vec::new();
+    let quick = effort.quick_reps > 0;
+    let (warmup, reps) = if quick { (1, effort.quick_reps) } else { (effort.warmup, effort.reps) };
+    let mut timed: Vec<(KernelConfig, Measured)> = Vec::new();
     let mut first_failure = None;
-    let mut heuristic = None;
     for config in space {
-        let outcome = measure(sampler, &pipeline, &case, config, effort);
+        let out_of_time = deadline.is_some_and(|d| Instant::now() >= d) && timed.len() >= 2;
+        let outcome = if out_of_time { Outcome::Skipped } else { inputs.measure(sampler, config, warmup, reps) };
         on_config(config, &outcome);
-        match &outcome {
-            Outcome::Timed(m) => {
-                if *config == heuristic_config {
-                    heuristic = Some(m.clone());
-                }
-                timed.push(m.clone());
-            }
+        match outcome {
+            Outcome::Timed(m) => timed.push((config.clone(), m)),
             Outcome::Failed(e) | Outcome::Wrong(e) => {
-                first_failure.get_or_insert_with(|| e.clone());
+                first_failure.get_or_insert(e);
             }
+            Outcome::Skipped => {}
         }
     }
-    let heuristic = match heuristic {
-        Some(h) => h,
-        None => match measure(sampler, &pipeline, &case, &heuristic_config, effort) {
+    timed.sort_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us));
+    if quick {
+        // Few launches rank configs well enough to pick finalists, not to report them.
+        timed.truncate(effort.finalists.max(1));
+        for (config, m) in timed.iter_mut() {
+            if let Ok(s) = inputs.median_secs(sampler, config, effort.warmup, effort.reps) {
+                m.median_us = s * 1e6;
+            }
+        }
+        timed.sort_by(|a, b| a.1.median_us.total_cmp(&b.1.median_us));
+    }
+    let heuristic = match timed.iter().find(|(c, _)| *c == heuristic_config) {
+        Some((_, m)) => m.clone(),
+        None => match inputs.measure(sampler, &heuristic_config, effort.warmup, effort.reps) {
             Outcome::Timed(m) => m,
             // Recorded as NaN so the table shows the heuristic failed here.
-            Outcome::Failed(_) | Outcome::Wrong(_) => Measured { config: to_json(&heuristic_config), median_us: f64::NAN },
+            _ => Measured { config: to_json(&heuristic_config), median_us: f64::NAN },
         },
     };
-    timed.sort_by(|a, b| a.median_us.total_cmp(&b.median_us));
     let best = timed
         .first()
-        .cloned()
+        .map(|(_, m)| m.clone())
         .ok_or_else(|| TuneError::NothingCorrect(shape, first_failure.unwrap_or_else(|| "empty search space".into())))?;
-    timed.truncate(effort.top.max(1));
-    Ok(TuningEntry { shape, best, top: timed, heuristic })
+    let top = timed.into_iter().take(effort.top.max(1)).map(|(_, m)| m).collect();
+    Ok(TuningEntry { shape, best, top, heuristic })
 }

@@ -48,3 +48,24 @@ fn tunes_resumes_and_the_runtime_uses_the_result() {
     assert_eq!(sampler.config_for(6, 48, 3001), best_b5);
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn pruned_search_fits_its_budget_over_several_heads() {
+    let dir = std::env::temp_dir().join(format!("fs-autotune-pruned-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tuning.json");
+    let t = std::time::Instant::now();
+    let text = autotune(&[
+        "--shapes", "48:3001,32:1000", "--batch", "1,4", "--device", "cpu:2", "--budget-s", "20", "--top-heuristic", "3",
+        "--quick-reps", "1", "--finalists", "2", "--reps", "2", "--warmup", "1", "--out", out.to_str().unwrap(),
+    ]);
+    assert!(t.elapsed().as_secs_f64() < 60.0, "budget ignored:\n{text}");
+    assert!(text.contains("4 of 4 shapes to measure"), "{text}");
+    let file = TuningFile::load(&out).unwrap();
+    let entries = &file.devices[0].entries;
+    assert_eq!(entries.len(), 4);
+    // Only finalists (fully re-timed) are reported.
+    assert!(entries.iter().all(|e| !e.top.is_empty() && e.top.len() <= 2 && e.best.median_us > 0.0), "{entries:?}");
+    assert!(entries.iter().any(|e| e.shape.dim == 32 && e.shape.vocab == 1000));
+    std::fs::remove_dir_all(dir).ok();
+}
