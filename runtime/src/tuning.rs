@@ -321,4 +321,26 @@ mod tests {
             TuningFile::parse(text, Path::new(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
+
+    #[test]
+    fn shipped_h200_file_tunes_both_lm_heads_at_every_batch() {
+        let (name, text) = SHIPPED[0];
+        let file = TuningFile::parse(text, Path::new(name)).unwrap();
+        let h200 = DeviceIdentity::Cuda { name: "NVIDIA H200".into(), compute_capability: (9, 0), sm_count: 132 };
+        let tuning = file.device(&h200).expect("an H200 section");
+        for (dim, vocab) in [(4096, 151_936), (8192, 128_256)] {
+            for batch in [1, 2, 4, 8, 16, 32, 64, 128, 256] {
+                let shape = ShapeKey { dtype: flashsample_ir::DType::BF16, vocab, dim, batch };
+                let config: flashsample_codegen_ptx::GpuConfig = tuning.nearest(&shape).expect("an entry");
+                let pipeline = flashsample_ir::PipelineBuilder::new("P", flashsample_ir::DType::BF16, flashsample_ir::DType::BF16)
+                    .temperature_per_row("t")
+                    .build()
+                    .unwrap();
+                config
+                    .validate(&pipeline, &flashsample_codegen_ptx::GpuLimits::H200)
+                    .unwrap_or_else(|e| panic!("D={dim} B={batch}: {e}"));
+                assert!(config.batch_tile as usize <= batch.max(8), "D={dim} B={batch}: {config:?}");
+            }
+        }
+    }
 }
