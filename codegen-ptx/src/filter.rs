@@ -7,16 +7,24 @@
 //!
 //! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
 //! rounds of block argmax over all entries costs `need · tiles · per_tile` reads, so first a
-//! threshold is found: when `tiles >= need`, the `need`-th best of the tiles' first entries
-//! (`need` rounds over `tiles` entries) is a token every global top-`need` token ranks at or
-//! before. Only entries ranking at or before it are copied to shared memory (typically
-//! about `need` of them, at most [`CANDIDATES`]), and the rounds run there; if more pass
-//! (heavy ties) the rounds run over all entries in global memory: slower, same answer.
+//! threshold is found: when at least `need` tiles have a live first entry, a two-level radix
+//! select over the heads' order keys (`head_threshold`) gives a key `t` with at least `need`
+//! heads at or above it, so the `need`-th best head, and with it every token of the row's
+//! global top `need`, has a key ≥ `t`. Only entries with a key ≥ `t` are copied to shared
+//! memory (typically a little more than `need` of them, at most [`CANDIDATES`]) and
+//! rank-sorted there (each entry's rank is the number of staged entries that beat it); past
+//! [`RANK_SORT_MAX`] staged entries, `need` rounds of block argmax run over them instead,
+//! and if more than [`CANDIDATES`] pass (heavy ties) the rounds run over all entries in
+//! global memory: slower, same answer.
 //!
 //! Every round takes the best entry ranking strictly after the previous round's winner
 //! (higher logit, ties to the lower index), so nothing is written back and the result is
 //! sorted; the order of the per-thread scans and of the warp combination does not matter
 //! because the order is total (indices are distinct).
+//!
+//! H200, 2026-12-02: the head threshold by `need` rounds of block argmax over global memory
+//! was 72–109 µs per launch (a barrier and a pass over the heads per round); the radix
+//! threshold, rank sort and parallel `exp` terms of the survivors take it to 15–19 µs.
 
 use crate::config::{GpuConfig, FILTER_THREADS};
 use crate::ir::{Func, Var, NEG_INF};
@@ -27,18 +35,28 @@ pub(crate) const NAME: &str = "flashsample_filter";
 const WARPS: u32 = FILTER_THREADS / 32;
 /// Entries the merge may stage in shared memory (8 bytes each).
 pub(crate) const CANDIDATES: u32 = 4096;
+/// Staged candidates up to which the merge rank-sorts them (`cnt²` shared reads spread over
+/// the CTA, no barriers); more run `need` rounds of block argmax over the staged entries.
+const RANK_SORT_MAX: u32 = 2048;
+// The head threshold's histograms have one bin per thread.
+const _: () = assert!(FILTER_THREADS == 256);
 
 /// Static shared memory: the sorted top list, the staged candidates, a double-buffered
-/// per-warp reduction scratch (score, index, payload, pad) and four counters / flags.
+/// per-warp reduction scratch (score, index, payload, pad), eight counters / flags, the
+/// head threshold's 256-bin histogram and per-warp sums, and the survivors' `exp` terms.
 pub(crate) fn shared_decls() -> String {
     format!(
         "@fs_filter_top = internal addrspace(3) global [{} x i64] undef, align 8\n\
          @fs_filter_cand = internal addrspace(3) global [{CANDIDATES} x i64] undef, align 8\n\
          @fs_filter_red = internal addrspace(3) global [{} x i32] undef, align 16\n\
-         @fs_filter_misc = internal addrspace(3) global [4 x i32] undef, align 4\n\
+         @fs_filter_misc = internal addrspace(3) global [8 x i32] undef, align 4\n\
+         @fs_filter_hist = internal addrspace(3) global [256 x i32] undef, align 4\n\
+         @fs_filter_wsum = internal addrspace(3) global [{WARPS} x i32] undef, align 4\n\
+         @fs_filter_ex = internal addrspace(3) global [{} x float] undef, align 4\n\
          declare i32 @llvm.umin.i32(i32, i32)\n",
         MAX_LIST_CAPACITY,
-        2 * WARPS * 4
+        2 * WARPS * 4,
+        MAX_LIST_CAPACITY
     )
 }
 
@@ -203,9 +221,113 @@ fn select_rounds(
     (f.get(&found), f.get(&px), f.get(&pi))
 }
 
+/// A threshold for the merge from the tile heads, by a two-level radix select over their
+/// order keys ([`Func::order_key`]): level one histograms key bits 31..24 of the live heads,
+/// finds the bin holding the `need`-th largest key (from the top, by a block suffix scan),
+/// level two does the same on bits 23..16 inside that bin. Returns `(on, t)`: `on` iff at
+/// least `need` heads are live, and then `t` = (bin₁ << 24 | bin₂ << 16) with at least `need`
+/// heads of key ≥ t, so the `need`-th best head has a key ≥ t, and so does every token of
+/// the row's global top `need` (each ranks at or before that head). Entries with a key below
+/// `t` can be dropped. It replaces `need` rounds of block argmax over the heads (each a pass
+/// over global memory and a barrier) by two passes; the bins are 2^-7 of an octave wide, so
+/// few more than `need` entries pass. Every thread gets the result (uniform).
+fn head_threshold(f: &mut Func, k: &Ctx, need: &str, heads_load: &dyn Fn(&mut Func, &str) -> (String, String)) -> (String, String) {
+    let threads = FILTER_THREADS.to_string();
+    let hist = |f: &mut Func, bin: &str| f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_hist, i32 {bin}"));
+    let wsum = |f: &mut Func, w: &str| f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_wsum, i32 {w}"));
+    let lane = f.v(format!("and i32 {}, 31", k.tid));
+    let prefix = f.var("i32", "0");
+    let want = f.var("i32", need);
+    let on = f.var("i1", "true");
+    for level in 0..2u32 {
+        let shift = 24 - 8 * level;
+        let ha = hist(f, &k.tid);
+        f.s(format!("store i32 0, ptr addrspace(3) {ha}, align 4"));
+        f.barrier();
+        let pre = f.get(&prefix);
+        f.for_loop(&k.tid, "%tiles", &threads, |f, e| {
+            let (x, _) = heads_load(f, e);
+            let key = f.order_key(&x);
+            let live = f.v(format!("icmp ne i32 {key}, 0"));
+            let inside = if level == 0 {
+                live
+            } else {
+                let hi = f.v(format!("lshr i32 {key}, {}", shift + 8));
+                let same = f.v(format!("icmp eq i32 {hi}, {pre}"));
+                f.and1(&live, &same)
+            };
+            f.if_then(&inside, |f| {
+                let bin = f.v(format!("lshr i32 {key}, {shift}"));
+                let bin = f.v(format!("and i32 {bin}, 255"));
+                let a = hist(f, &bin);
+                f.s(format!("atomicrmw add ptr addrspace(3) {a}, i32 1 monotonic"));
+            });
+        });
+        f.barrier();
+        // Thread t owns bin t: s = Σ hist[t..] over its warp's bins, then the higher warps.
+        let h = f.v(format!("load i32, ptr addrspace(3) {ha}, align 4"));
+        let mut sfx = h.clone();
+        for d in [1u32, 2, 4, 8, 16] {
+            let o = f.shfl_down_i32(&sfx, d);
+            let l = f.add(&lane, &d.to_string());
+            let inw = f.ult(&l, "32");
+            let o = f.sel("i32", &inw, &o, "0");
+            sfx = f.add(&sfx, &o);
+        }
+        let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
+        f.if_then(&lane0, |f| {
+            let a = wsum(f, &k.warp);
+            f.s(format!("store i32 {sfx}, ptr addrspace(3) {a}, align 4"));
+        });
+        f.barrier();
+        let (mut above, mut total) = ("0".to_string(), "0".to_string());
+        for w in 0..WARPS {
+            let a = wsum(f, &w.to_string());
+            let ws = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
+            let hi = f.v(format!("icmp ugt i32 {w}, {}", k.warp));
+            let add = f.sel("i32", &hi, &ws, "0");
+            above = f.add(&above, &add);
+            total = f.add(&total, &ws);
+        }
+        let s_t = f.add(&sfx, &above);
+        let s_next = f.v(format!("sub i32 {s_t}, {h}"));
+        let wv = f.get(&want);
+        let reach = f.v(format!("icmp uge i32 {s_t}, {wv}"));
+        let short = f.ult(&s_next, &wv);
+        let pick = f.and1(&reach, &short);
+        let (bin_a, above_a) = (misc(f, 4), misc(f, 5));
+        f.if_then(&pick, |f| {
+            f.s(format!("store i32 {}, ptr addrspace(3) {bin_a}, align 4", k.tid));
+            f.s(format!("store i32 {s_next}, ptr addrspace(3) {above_a}, align 4"));
+        });
+        f.barrier();
+        if level == 0 {
+            // Fewer than `need` live heads: no threshold (and level two is moot).
+            let enough = f.v(format!("icmp uge i32 {total}, {wv}"));
+            f.set(&on, &enough);
+        }
+        let ov = f.get(&on);
+        f.if_then(&ov, |f| {
+            let bin = f.v(format!("load i32, ptr addrspace(3) {bin_a}, align 4"));
+            let ab = f.v(format!("load i32, ptr addrspace(3) {above_a}, align 4"));
+            let p0 = f.get(&prefix);
+            let p1 = f.v(format!("shl i32 {p0}, 8"));
+            let p1 = f.v(format!("or i32 {p1}, {bin}"));
+            f.set(&prefix, &p1);
+            let w1 = f.v(format!("sub i32 {wv}, {ab}"));
+            f.set(&want, &w1);
+        });
+        // The next level rewrites hist / wsum / misc only after its first two barriers,
+        // which every thread passes after these reads.
+    }
+    let p = f.get(&prefix);
+    let t = f.v(format!("shl i32 {p}, 16"));
+    (f.get(&on), t)
+}
+
 /// `abi::filter::survivors` in one thread over the shared top list of `found` entries:
 /// returns `(k, error)`. The f32 steps and their order are the abi's.
-fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str), lse: &str) -> (String, String) {
+fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) -> (String, String) {
     let (top_k, top_p, min_p) = filt;
     let logit = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_top", e).0;
     let n = f.var("i32", found);
@@ -268,16 +390,16 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str), ls
         &tp_on,
         |f| {
             let nv = f.get(&n);
-            let top0 = logit(f, "0");
-            // Bounded: renormalize over top[..n] (max top0); else the row's full logsumexp.
-            let shift = f.sel("float", &b, &top0, lse);
+            // exp(top[i] − shift) was computed by the CTA (`exp_terms`), same f32 steps.
+            let ex_at = |f: &mut Func, i: &str| {
+                let a = f.v(format!("getelementptr float, ptr addrspace(3) @fs_filter_ex, i32 {i}"));
+                f.v(format!("load float, ptr addrspace(3) {a}, align 4"))
+            };
             let cut = f.var("float", top_p);
             f.if_then(&b, |f| {
                 let total = f.var("float", "0.0");
                 f.for_loop("0", &nv, "1", |f, i| {
-                    let l = logit(f, i);
-                    let d = f.fsub(&l, &shift);
-                    let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                    let ex = ex_at(f, i);
                     let t0 = f.get(&total);
                     let t1 = f.fadd(&t0, &ex);
                     f.set(&total, &t1);
@@ -308,9 +430,7 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str), ls
                         &brk,
                         |f| f.set(&stop, "true"),
                         |f| {
-                            let l = logit(f, &kv);
-                            let d = f.fsub(&l, &shift);
-                            let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                            let ex = ex_at(f, &kv);
                             let c1 = f.fadd(&cv, &ex);
                             f.set(&cum, &c1);
                             let k1 = f.add(&kv, "1");
@@ -420,18 +540,15 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                     load_global_scored(f, "%lists", &off)
                 };
                 // Threshold from the tile heads (see the module docs); none when too few.
-                let tau_x = f.var("float", NEG_INF);
-                let tau_i = f.var("i32", &none);
+                let tau_key = f.var("i32", "0");
                 let tau_on = f.var("i1", "false");
                 let enough = f.v(format!("icmp uge i32 %tiles, {need_r}"));
                 f.if_then(&enough, |f| {
-                    let (n, x, i) = select_rounds(f, &k, &need_r, "%tiles", &heads_load, &|_: &mut Func, _: &str, _: &str, _: &str| {});
-                    let full = f.v(format!("icmp eq i32 {n}, {need_r}"));
-                    f.set(&tau_on, &full);
-                    f.set(&tau_x, &x);
-                    f.set(&tau_i, &i);
+                    let (on, key) = head_threshold(f, &k, &need_r, &heads_load);
+                    f.set(&tau_on, &on);
+                    f.set(&tau_key, &key);
                 });
-                let (tx, ti, ton) = (f.get(&tau_x), f.get(&tau_i), f.get(&tau_on));
+                let (tkey, ton) = (f.get(&tau_key), f.get(&tau_on));
                 let cnt_a = misc(f, 0);
                 let ovf_a = misc(f, 1);
                 f.if_then(&k.tid0, |f| {
@@ -442,10 +559,12 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                 f.for_loop(&k.tid, &len, &threads, |f, e| {
                     let (x, i) = all_load(f, e);
                     let real = f.v(format!("icmp ne i32 {i}, {none}"));
-                    let live = f.v(format!("fcmp ogt float {x}, {NEG_INF}"));
-                    let after_tau = f.beats(&tx, &ti, &x, &i);
-                    let after_tau = f.and1(&ton, &after_tau);
-                    let within = f.v(format!("xor i1 {after_tau}, true"));
+                    // 0 unless x > -inf.
+                    let key = f.order_key(&x);
+                    let live = f.v(format!("icmp ne i32 {key}, 0"));
+                    let below = f.ult(&key, &tkey);
+                    let below = f.and1(&ton, &below);
+                    let within = f.v(format!("xor i1 {below}, true"));
                     let keep = f.and1(&real, &live);
                     let keep = f.and1(&keep, &within);
                     f.if_then(&keep, |f| {
@@ -457,24 +576,52 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                 f.barrier();
                 let cnt = f.v(format!("load i32, ptr addrspace(3) {cnt_a}, align 4"));
                 let staged = f.v(format!("icmp ule i32 {cnt}, {CANDIDATES}"));
+                let few = f.v(format!("icmp ule i32 {cnt}, {RANK_SORT_MAX}"));
                 let write_top = |f: &mut Func, kk: &str, x: &str, i: &str| {
                     let t0 = k.tid0.clone();
                     f.if_then(&t0, |f| store_shared_scored(f, "@fs_filter_top", kk, x, i));
                 };
                 let found = f.var("i32", "0");
+                let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
                 f.if_else(
-                    &staged,
+                    &few,
                     |f| {
-                        let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
-                        let (n, _, _) = select_rounds(f, &k, &need_r, &cnt, &cand_load, &write_top);
+                        // Rank sort: entry e goes to top[rank(e)], rank = how many staged
+                        // entries beat it. The order is total (distinct indices), so the
+                        // ranks are distinct and top[..min(cnt, need)] is the sorted best.
+                        f.for_loop(&k.tid, &cnt, &threads, |f, e| {
+                            let (x, i) = cand_load(f, e);
+                            let rank = f.var("i32", "0");
+                            f.for_loop("0", &cnt, "1", |f, j| {
+                                let (xj, ij) = cand_load(f, j);
+                                let b = f.beats(&xj, &ij, &x, &i);
+                                let b = f.v(format!("zext i1 {b} to i32"));
+                                let r0 = f.get(&rank);
+                                let r1 = f.add(&r0, &b);
+                                f.set(&rank, &r1);
+                            });
+                            let r = f.get(&rank);
+                            let in_top = f.ult(&r, &need_r);
+                            f.if_then(&in_top, |f| store_shared_scored(f, "@fs_filter_top", &r, &x, &i));
+                        });
+                        let n = f.v(format!("call i32 @llvm.umin.i32(i32 {cnt}, i32 {need_r})"));
                         f.set(&found, &n);
                     },
                     |f| {
-                        let (n, _, _) = select_rounds(f, &k, &need_r, &len, &all_load, &write_top);
-                        f.set(&found, &n);
+                        f.if_else(
+                            &staged,
+                            |f| {
+                                let (n, _, _) = select_rounds(f, &k, &need_r, &cnt, &cand_load, &write_top);
+                                f.set(&found, &n);
+                            },
+                            |f| {
+                                let (n, _, _) = select_rounds(f, &k, &need_r, &len, &all_load, &write_top);
+                                f.set(&found, &n);
+                            },
+                        );
                     },
                 );
-                // Thread 0's last write to the top list is read below.
+                // The top list's writes are read below.
                 f.barrier();
                 let found = f.get(&found);
 
@@ -550,6 +697,32 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
     ))
 }
 
+/// The top-p terms `exp_f32(top[i] − shift)` for `i < found`, one per thread, into
+/// `@fs_filter_ex`: `survivors` sums them in list order in one thread (the abi's sequential
+/// f32 sums), so only the `exp`s, which are independent, run in parallel. `shift` is
+/// `survivors`' choice: `top[0]` when the candidate set is bounded (complete lists, a
+/// top-k that fits, or min-p), else the row's logsumexp. Ends with a barrier.
+fn exp_terms(f: &mut Func, k: &Ctx, found: &str, need: &str, filt: (&str, &str, &str), lse: &str) {
+    let (top_k, _, min_p) = filt;
+    let complete = f.ult(found, need);
+    let k_on = f.v(format!("icmp ne i32 {top_k}, 0"));
+    let k_fits = f.v(format!("icmp ule i32 {top_k}, {found}"));
+    let k_use = f.and1(&k_on, &k_fits);
+    let mp_on = f.v(format!("fcmp ogt float {min_p}, 0.0"));
+    let b = f.v(format!("or i1 {complete}, {k_use}"));
+    let b = f.v(format!("or i1 {b}, {mp_on}"));
+    let (top0, _) = load_shared_scored(f, "@fs_filter_top", "0");
+    let shift = f.sel("float", &b, &top0, lse);
+    f.for_loop(&k.tid, found, &FILTER_THREADS.to_string(), |f, i| {
+        let (l, _) = load_shared_scored(f, "@fs_filter_top", i);
+        let d = f.fsub(&l, &shift);
+        let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+        let a = f.v(format!("getelementptr float, ptr addrspace(3) @fs_filter_ex, i32 {i}"));
+        f.s(format!("store float {ex}, ptr addrspace(3) {a}, align 4"));
+    });
+    f.barrier();
+}
+
 /// Survivors (thread 0, broadcast through shared memory), then per sample the Gumbel-max
 /// draw over them (`abi::filter::draw`), overwriting stage two's outputs.
 #[allow(clippy::too_many_arguments)]
@@ -566,9 +739,10 @@ fn draw_filtered(
     let none = (INDEX_NONE as i32).to_string();
     let kept_a = misc(f, 2);
     let err_a = misc(f, 3);
+    exp_terms(f, k, found, "%need", filt, lse);
     let t0 = k.tid0.clone();
     f.if_then(&t0, |f| {
-        let (n, err) = survivors(f, found, "%need", filt, lse);
+        let (n, err) = survivors(f, found, "%need", filt);
         let e = f.v(format!("zext i1 {err} to i32"));
         f.s(format!("store i32 {n}, ptr addrspace(3) {kept_a}, align 4"));
         f.s(format!("store i32 {e}, ptr addrspace(3) {err_a}, align 4"));

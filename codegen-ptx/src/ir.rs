@@ -258,6 +258,36 @@ impl Func {
         let o = self.shfl_xor_i32(&i, mask);
         self.v(format!("bitcast i32 {o} to float"))
     }
+    pub(crate) fn shfl_down_i32(&mut self, v: &str, delta: u32) -> String {
+        self.v(format!(
+            "call i32 @llvm.nvvm.shfl.sync.down.i32(i32 -1, i32 {v}, i32 {delta}, i32 31)"
+        ))
+    }
+    /// Warp-wide unsigned max (`redux.sync.max.u32`, sm_80+); every lane must take part.
+    pub(crate) fn redux_umax(&mut self, v: &str) -> String {
+        self.v(format!("call i32 @llvm.nvvm.redux.sync.umax(i32 {v}, i32 -1)"))
+    }
+    /// `vote.sync.ballot.b32` over the full warp.
+    pub(crate) fn ballot(&mut self, p: &str) -> String {
+        self.v(format!("call i32 @llvm.nvvm.vote.ballot.sync(i32 -1, i1 {p})"))
+    }
+    pub(crate) fn umax(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("call i32 @llvm.umax.i32(i32 {a}, i32 {b})"))
+    }
+    /// An order key of a logit: `key(a) > key(b)` iff `a > b`, equal keys iff equal values,
+    /// and 0 (below every key) for values that are not `> -inf` (`-inf`, NaN), which never
+    /// enter a list. `-0.0` is first made `+0.0` (an exact `+ 0.0`) so the two zeros, equal
+    /// as floats, get one key; positive values get the sign bit set, negative ones are
+    /// bit-inverted.
+    pub(crate) fn order_key(&mut self, x: &str) -> String {
+        let z = self.fadd(x, "0.0");
+        let b = self.v(format!("bitcast float {z} to i32"));
+        let m = self.v(format!("ashr i32 {b}, 31"));
+        let flip = self.v(format!("or i32 {m}, -2147483648"));
+        let k = self.v(format!("xor i32 {b}, {flip}"));
+        let live = self.v(format!("fcmp ogt float {x}, {NEG_INF}"));
+        self.sel("i32", &live, &k, "0")
+    }
     pub(crate) fn barrier(&mut self) {
         self.s("call void asm sideeffect \"bar.sync 0;\", \"~{memory}\"() #1");
     }
@@ -281,6 +311,11 @@ declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()
 declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()
 declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()
 declare i32 @llvm.nvvm.shfl.sync.bfly.i32(i32, i32, i32, i32)
+declare i32 @llvm.nvvm.shfl.sync.down.i32(i32, i32, i32, i32)
+declare i32 @llvm.nvvm.redux.sync.umax(i32, i32)
+declare i32 @llvm.nvvm.vote.ballot.sync(i32, i1)
+declare i32 @llvm.cttz.i32(i32, i1)
+declare i32 @llvm.umax.i32(i32, i32)
 declare float @llvm.nvvm.add.rn.f(float, float)
 declare float @llvm.nvvm.mul.rn.f(float, float)
 declare float @llvm.nvvm.div.rn.f(float, float)

@@ -954,11 +954,16 @@ impl Gen<'_> {
     }
 
     /// DESIGN.md step 6b: the tile's transformed logits go to shared memory (column-major:
-    /// `vocab_tile` floats per batch column, after the scratch), then one warp per row takes
-    /// `list_per_tile` rounds of warp argmax. Round `k` takes the best entry that ranks
-    /// strictly after round `k − 1`'s winner (higher x, ties to the lower index), so nothing
-    /// is written back and the list comes out sorted; once no eligible token is left every
-    /// later round writes `Scored::EMPTY`.
+    /// `vocab_tile` floats per batch column, after the scratch), then one warp per row selects
+    /// the row's `list_per_tile` best in registers: lane `l` holds the `E = vocab_tile / 32`
+    /// consecutive tokens `l·E ..`, as order keys ([`Func::order_key`]: 0 for tokens that are
+    /// not eligible). A round is one `redux.sync.max` over the lanes' best keys; the lowest
+    /// lane holding that key (ballot) owns the lowest such index (lanes hold ascending index
+    /// ranges), takes its lowest position with that key, zeroes it, and writes list entry
+    /// `k` itself. A round whose max is 0 (nothing eligible left) writes `Scored::EMPTY` from
+    /// lane 0. So the list is sorted by x descending, ties to the lower index, as before, with
+    /// no shared-memory traffic or shuffle chains per round; a warp runs `rows` rows side by
+    /// side so their rounds' latencies overlap (they were latency-bound one row at a time).
     fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
         let c = self.c;
         let vt = c.vocab_tile;
@@ -990,66 +995,116 @@ impl Gen<'_> {
         f.barrier();
         let none = INDEX_NONE as i32;
         let per_tile = c.list_per_tile;
-        let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
+        let bt = c.batch_tile;
+        let per_lane = vt / 32;
+        // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
+        // that `rows · per_lane` keys and logits stay in registers.
+        let rows = (16 / per_lane).clamp(1, 4).min(bt.div_ceil(c.warps));
         let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
-        let store_ok = f.and1(&lane0, &lists_ok);
-        f.for_loop(&th.warp, &c.batch_tile.to_string(), &c.warps.to_string(), |f, col| {
-            let row = f.add(&it.b0, col);
-            let row_ok = f.ult(&row, "%batch");
-            f.if_then(&row_ok, |f| {
-                let col_off = f.mul(col, &vt.to_string());
+        let lane_first = f.mul(&th.lane, &per_lane.to_string());
+        let warp_first = f.mul(&th.warp, &rows.to_string());
+        let group_step = (c.warps * rows).to_string();
+        f.for_loop(&warp_first, &bt.to_string(), &group_step, |f, col0| {
+            // Per row of the group: keys and logits (registers), the list slot, store guard.
+            let mut keys: Vec<Vec<Var>> = Vec::new();
+            let mut xs: Vec<Vec<String>> = Vec::new();
+            let mut slot0s = Vec::new();
+            let mut oks = Vec::new();
+            for r in 0..rows {
+                let col = f.add(col0, &r.to_string());
+                let col_in = f.ult(&col, &bt.to_string());
+                // A column past the tile reads the last column (stays inside the list area)
+                // and stores nothing.
+                let col_rd = f.sel("i32", &col_in, &col, &(bt - 1).to_string());
+                let row = f.add(&it.b0, &col);
+                let row_ok = f.ult(&row, "%batch");
+                let ok = f.and1(&row_ok, &col_in);
+                let ok = f.and1(&ok, &lists_ok);
+                oks.push(ok);
+                let e = f.mul(&col_rd, &vt.to_string());
+                let e = f.add(&e, &lane_first);
+                let off = f.v(format!("shl i32 {e}, 2"));
+                let off = f.add(&off, &base.to_string());
+                let mut vals = Vec::new();
+                if per_lane.is_multiple_of(4) {
+                    for v4 in 0..per_lane / 4 {
+                        let o = f.add(&off, &(v4 * 16).to_string());
+                        let a = f.saddr("@fs_smem", &o);
+                        let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+                        for o in 0..4 {
+                            vals.push(f.v(format!("extractelement <4 x float> {vec}, i32 {o}")));
+                        }
+                    }
+                } else {
+                    for o in 0..per_lane {
+                        let oo = f.add(&off, &(o * 4).to_string());
+                        let a = f.saddr("@fs_smem", &oo);
+                        vals.push(f.v(format!("load float, ptr addrspace(3) {a}, align 4")));
+                    }
+                }
+                let kv: Vec<Var> = vals
+                    .iter()
+                    .map(|v| {
+                        let k = f.order_key(v);
+                        f.var("i32", &k)
+                    })
+                    .collect();
+                keys.push(kv);
+                xs.push(vals);
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
-                let slot0 = f.mul(&slot0, &per_tile.to_string());
-                let px = f.var("float", NEG_INF);
-                let pi = f.var("i32", &none.to_string());
-                let first = f.var("i1", "true");
-                f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
-                    let (pxv, piv, fv) = (f.get(&px), f.get(&pi), f.get(&first));
-                    let bx = f.var("float", NEG_INF);
-                    let bi = f.var("i32", &none.to_string());
-                    f.for_loop("0", &(vt / 32).to_string(), "1", |f, e| {
-                        let e32 = f.v(format!("shl i32 {e}, 5"));
-                        let local = f.add(&e32, &th.lane);
-                        let ei = f.add(&col_off, &local);
-                        let off = f.v(format!("shl i32 {ei}, 2"));
-                        let off = f.add(&off, &base.to_string());
-                        let a = f.saddr("@fs_smem", &off);
-                        let xv = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-                        let v = f.add(&it.v0, &local);
-                        let after = f.beats(&pxv, &piv, &xv, &v);
-                        let after = f.v(format!("or i1 {fv}, {after}"));
-                        let live = f.v(format!("fcmp ogt float {xv}, {NEG_INF}"));
-                        let (bxv, biv) = (f.get(&bx), f.get(&bi));
-                        // Entries are visited in ascending index: strict > keeps the lower.
-                        let gt = f.v(format!("fcmp ogt float {xv}, {bxv}"));
-                        let take = f.and1(&after, &live);
-                        let take = f.and1(&take, &gt);
-                        let nx = f.sel("float", &take, &xv, &bxv);
-                        let ni = f.sel("i32", &take, &v, &biv);
-                        f.set(&bx, &nx);
-                        f.set(&bi, &ni);
-                    });
-                    let (mut bxv, mut biv) = (f.get(&bx), f.get(&bi));
-                    for sh in [16, 8, 4, 2, 1] {
-                        let ox = f.shfl_xor_f32(&bxv, sh);
-                        let oi = f.shfl_xor_i32(&biv, sh);
-                        let take = f.beats(&ox, &oi, &bxv, &biv);
-                        bxv = f.sel("float", &take, &ox, &bxv);
-                        biv = f.sel("i32", &take, &oi, &biv);
+                slot0s.push(f.mul(&slot0, &per_tile.to_string()));
+            }
+            f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
+                // All rows' reductions first (straight-line, so they interleave), then the
+                // stores (each a branch).
+                let mut writes = Vec::new();
+                for r in 0..rows as usize {
+                    let cur: Vec<String> = keys[r].iter().map(|v| f.get(v)).collect();
+                    let mut best = cur[0].clone();
+                    for kk in &cur[1..] {
+                        best = f.umax(&best, kk);
                     }
-                    f.if_then(&store_ok, |f| {
-                        let slot = f.add(&slot0, k);
+                    let m = f.redux_umax(&best);
+                    let mine = f.v(format!("icmp eq i32 {best}, {m}"));
+                    let ball = f.ballot(&mine);
+                    // Never 0: the lane holding the max votes.
+                    let low = f.v(format!("call i32 @llvm.cttz.i32(i32 {ball}, i1 true)"));
+                    let me = f.v(format!("icmp eq i32 {}, {low}", th.lane));
+                    let found = f.var("i1", "false");
+                    let (mut wx, mut wo) = (NEG_INF.to_string(), "0".to_string());
+                    for (o, kk) in cur.iter().enumerate() {
+                        let fv = f.get(&found);
+                        let nf = f.v(format!("xor i1 {fv}, true"));
+                        let hit = f.v(format!("icmp eq i32 {kk}, {m}"));
+                        let hit = f.and1(&hit, &nf);
+                        let hit = f.and1(&hit, &me);
+                        let nk = f.sel("i32", &hit, "0", kk);
+                        f.set(&keys[r][o], &nk);
+                        wx = f.sel("float", &hit, &xs[r][o], &wx);
+                        wo = f.sel("i32", &hit, &o.to_string(), &wo);
+                        let nfv = f.v(format!("or i1 {fv}, {hit}"));
+                        f.set(&found, &nfv);
+                    }
+                    // m == 0: every lane's best is 0, the ballot is full and lane 0 writes EMPTY.
+                    let real = f.v(format!("icmp ne i32 {m}, 0"));
+                    let idx = f.add(&lane_first, &wo);
+                    let idx = f.add(&it.v0, &idx);
+                    let idx = f.sel("i32", &real, &idx, &none.to_string());
+                    let lx = f.sel("float", &real, &wx, NEG_INF);
+                    let w = f.and1(&me, &oks[r]);
+                    writes.push((w, lx, idx));
+                }
+                for (r, (w, lx, idx)) in writes.iter().enumerate() {
+                    f.if_then(w, |f| {
+                        let slot = f.add(&slot0s[r], k);
                         let s64 = f.zext64(&slot);
                         let a = f.gaddr("%lists", &s64, 8);
-                        f.s(format!("store float {bxv}, ptr addrspace(1) {a}, align 4"));
+                        f.s(format!("store float {lx}, ptr addrspace(1) {a}, align 4"));
                         let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                        f.s(format!("store i32 {biv}, ptr addrspace(1) {a1}, align 4"));
+                        f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
                     });
-                    f.set(&px, &bxv);
-                    f.set(&pi, &biv);
-                    f.set(&first, "false");
-                });
+                }
             });
         });
     }

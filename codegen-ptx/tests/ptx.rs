@@ -508,3 +508,24 @@ fn large_tiles_outline_the_per_token_math() {
     assert!(k.ptx.contains(".func"), "noise/exp/softcap are functions");
     assert!(k.ptx.contains("mma.sync.aligned.m16n8k16"));
 }
+
+#[test]
+fn list_epilogue_selects_in_registers_for_the_heuristic_tiles() {
+    // The heuristic's tiles for B = 1, 16, 64 (256, 32 or 64 columns), both archs: the
+    // per-tile top lists come from warp `redux.sync` rounds over register keys, with no
+    // local memory, and the filter kernel's head threshold is a histogram, not rounds.
+    let p = filtered(DType::BF16);
+    for (vt, bt, warps) in [(256, 8, 8), (128, 32, 4), (128, 64, 4)] {
+        let c = with_lists(cfg(vt, bt, 64, warps, 4, false), &p);
+        for arch in [Arch::Sm80, Arch::Sm90] {
+            let k = ptx(&p, &c, arch);
+            let s1 = stage1_text(&k.ptx);
+            assert!(s1.contains("redux.sync.max.u32"), "{c:?} {arch:?}");
+            assert!(s1.contains("vote.sync.ballot.b32"), "{c:?} {arch:?}");
+            assert!(!k.ptx.contains(".local"), "{c:?} {arch:?}: no local memory");
+            if std::env::var_os("FS_DUMP_PTX").is_some() {
+                std::fs::write(format!("/tmp/fs_{vt}_{bt}_{warps}_{arch:?}.ptx"), &k.ptx).unwrap();
+            }
+        }
+    }
+}

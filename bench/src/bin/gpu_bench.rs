@@ -161,6 +161,13 @@ fn main() {
         .build()
         .expect("filtered bench pipeline");
     let filtered = Sampler::new(filtered, &device).expect("filtered sampler");
+    let lse_only = PipelineBuilder::new("BenchLse", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .gumbel("seed", 1)
+        .outputs(flashsample_ir::Outputs { logsumexp: true, ..Default::default() })
+        .build()
+        .expect("logsumexp bench pipeline");
+    let lse_only = Sampler::new(lse_only, &device).expect("logsumexp sampler");
     // (D, V, B, fused seconds, config)
     let mut filter_rows: Vec<(usize, usize, usize, f64, String)> = Vec::new();
     let mut rows = Vec::new();
@@ -228,6 +235,39 @@ fn main() {
                 other => format!("{other:?}"),
             };
             eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
+            // Where the time goes: stage one (with its list epilogue), two, three.
+            let kc = filtered.config_for(batch, dim, vocab);
+            let split = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+                .unwrap_or_else(|e| panic!("stage timing filtered D={dim} V={vocab} B={batch}: {e}"));
+            let med = |k: usize| median(split.iter().map(|s| s[k]).collect()) * 1e6;
+            let plain_s1 = {
+                let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+                let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
+                flashsample::cuda::time_fused_stages(&sampler, ht, &wt, &p, None, 3, args.reps.max(50))
+                    .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
+                    .unwrap_or(f64::NAN)
+            };
+            eprintln!(
+                "  stages B={batch}: stage one {:.1} us (unfiltered pipeline's {plain_s1:.1}), stage two {:.1} us, stage three {:.1} us",
+                med(0),
+                med(1),
+                med(2)
+            );
+            // Stage one's extra cost split: the logsumexp partials alone (no lists), and the
+            // filtered pipeline with 1-entry lists (transpose + one selection round).
+            let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+            let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
+            let lse_s1 = flashsample::cuda::time_fused_stages(&lse_only, ht, &wt, &p, None, 3, args.reps.max(50))
+                .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
+                .unwrap_or(f64::NAN);
+            let one = match &kc {
+                KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
+                other => other.clone(),
+            };
+            let one_s1 = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&one), 3, args.reps.max(50))
+                .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
+                .unwrap_or(f64::NAN);
+            eprintln!("  stage one B={batch}: +logsumexp only {lse_s1:.1} us, filtered with list_per_tile 1 {one_s1:.1} us");
             filter_rows.push((dim, vocab, batch, fused_s, config));
         }
     }

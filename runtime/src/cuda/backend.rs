@@ -568,6 +568,61 @@ impl CudaBackend {
             .collect()
     }
 
+    /// Per-stage device time (seconds: stage one, stage two, stage three or 0) of each of
+    /// `reps` launches after `warmup`, from events recorded between the kernels; as
+    /// [`CudaBackend::time`] otherwise. The events add a little to the total.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_stages(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<[f64; 3]>> {
+        if weights.is_empty() {
+            return Err(Error::EmptyOperand("weights list"));
+        }
+        let kernel = self.kernel(config)?;
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity())?;
+        for i in 0..warmup {
+            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
+            self.launch_stage2(&kernel, &l)?;
+            self.launch_filter(&kernel, &l)?;
+        }
+        self.sync("warm-up launches")?;
+        let ctx = self.device.context();
+        let stream = self.device.stream();
+        let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
+        let mut events = Vec::with_capacity(reps);
+        for i in 0..reps {
+            let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
+            e[0].record(stream).map_err(drv("cuEventRecord"))?;
+            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
+            e[1].record(stream).map_err(drv("cuEventRecord"))?;
+            self.launch_stage2(&kernel, &l)?;
+            e[2].record(stream).map_err(drv("cuEventRecord"))?;
+            self.launch_filter(&kernel, &l)?;
+            e[3].record(stream).map_err(drv("cuEventRecord"))?;
+            events.push(e);
+        }
+        self.sync("timed launches")?;
+        events
+            .iter()
+            .map(|e| {
+                let mut out = [0.0; 3];
+                for (k, o) in out.iter_mut().enumerate() {
+                    *o = f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3;
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
     /// Runs stage one alone into a candidate buffer pre-filled with `poison` (and an LSE
     /// buffer of NaNs), and returns both buffers as written, for tests that check every slot.
     pub fn debug_stage1(

@@ -61,6 +61,23 @@ pub fn time_fused(
     backend.time(&hidden, weights, params, shape, &config, warmup, reps)
 }
 
+/// Per-stage device time (seconds: stage one, stage two, stage three, 0 without lists) of
+/// each of `reps` launches, as [`time_fused`] otherwise (events between the kernels).
+#[doc(hidden)]
+pub fn time_fused_stages(
+    sampler: &Sampler,
+    hidden: Tensor<'_>,
+    weights: &[Tensor<'_>],
+    params: &SamplingParams<'_>,
+    config: Option<&KernelConfig>,
+    warmup: usize,
+    reps: usize,
+) -> Result<Vec<[f64; 3]>> {
+    let first = weights.first().ok_or(Error::EmptyOperand("weights list"))?;
+    let (backend, shape, config) = cuda_parts(sampler, &hidden, first, params, config)?;
+    backend.time_stages(&hidden, weights, params, shape, &config, warmup, reps)
+}
+
 /// Test hook: runs stage one alone into a candidate buffer pre-filled with `poison` (and an
 /// LSE buffer of NaNs) and returns the buffers as the kernel left them.
 #[doc(hidden)]
