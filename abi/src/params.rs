@@ -38,6 +38,12 @@ impl RowFilter {
     pub fn is_off(&self) -> bool {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
+
+    /// Whether the candidate set is cut inside the top list by a top-k or a min-p, so stage
+    /// three never needs the row's full logsumexp (a lone top-p measures mass against it).
+    pub fn is_bounded(&self) -> bool {
+        self.top_k > 0 || self.min_p > 0.0
+    }
 }
 
 impl Default for RowFilter {
@@ -291,6 +297,22 @@ impl SamplingParams<'_> {
             Some(seeds) => (seeds[row], 0),
             None => (self.seed, row as u32),
         }
+    }
+
+    /// Whether this launch needs the rows' full logsumexp: the pipeline outputs it (logsumexp,
+    /// logprob, top logprobs), or some sampled row filters by a lone top-p. Backends may skip
+    /// the online logsumexp of stage one otherwise (it is most of a filtered launch's extra cost).
+    pub fn needs_logsumexp(&self, pipeline: &Pipeline, batch: usize) -> bool {
+        let o = pipeline.outputs;
+        if o.logsumexp || o.logprob || o.top_logprobs > 0 {
+            return true;
+        }
+        pipeline.filter_max_k().is_some()
+            && !pipeline.is_greedy()
+            && (0..batch).any(|r| {
+                let f = self.row_filter(r);
+                !f.is_off() && !f.is_bounded() && self.row_temperature(pipeline, r) != 0.0
+            })
     }
 
     /// The row's filter, `RowFilter::OFF` when the launch has none.
