@@ -134,7 +134,7 @@ pub struct CpuLaunch<'a> {
     pub lists: Option<&'a mut [Scored]>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.
     pub candidates: &'a mut [Candidate],
-    /// `[batch * tiles]`, iff `pipeline.needs_logsumexp()`.
+    /// `[batch * tiles]`, iff the kernel was compiled with the logsumexp (`CpuKernel::logsumexp`).
     pub lse: Option<&'a mut [LsePartial]>,
 }
 
@@ -144,6 +144,8 @@ pub struct CpuKernel {
     clif: String,
     pipeline: Pipeline,
     config: CpuConfig,
+    /// Whether the kernel writes logsumexp partials (and so takes an `lse` buffer).
+    logsumexp: bool,
     pool: rayon::ThreadPool,
     _code: JitCode,
 }
@@ -175,7 +177,18 @@ fn check_host() -> Result<(), CpuCodegenError> {
 impl CpuKernel {
     /// Lowers and JITs the stage-one kernel of `pipeline` for `config`.
     pub fn compile(pipeline: &Pipeline, config: &CpuConfig) -> Result<CpuKernel, CpuCodegenError> {
+        Self::compile_with(pipeline, config, pipeline.needs_logsumexp())
+    }
+
+    /// [`CpuKernel::compile`], choosing whether the kernel writes logsumexp partials. A filter
+    /// pipeline needs them only for rows with a lone top-p (`SamplingParams::needs_logsumexp`),
+    /// and they are most of a filtered launch's extra cost, so the runtime compiles both.
+    pub fn compile_with(pipeline: &Pipeline, config: &CpuConfig, logsumexp: bool) -> Result<CpuKernel, CpuCodegenError> {
         pipeline.validate()?;
+        let o = pipeline.outputs;
+        if !logsumexp && (o.logsumexp || o.logprob || o.top_logprobs > 0) {
+            return Err(CpuCodegenError::BadArgument("the pipeline outputs need the logsumexp".into()));
+        }
         config.validate()?;
         check_host()?;
 
@@ -198,7 +211,7 @@ impl CpuKernel {
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        let plan = Plan::new(pipeline, config.row_block, config.vocab_tile);
+        let plan = Plan { needs_lse: logsumexp, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
@@ -217,6 +230,7 @@ impl CpuKernel {
         Ok(CpuKernel {
             entry,
             clif,
+            logsumexp,
             pipeline: pipeline.clone(),
             config: config.clone(),
             pool,
@@ -225,6 +239,11 @@ impl CpuKernel {
     }
 
     /// The kernel's CLIF as built, before Cranelift's optimizations.
+    /// Whether this kernel writes logsumexp partials.
+    pub fn logsumexp(&self) -> bool {
+        self.logsumexp
+    }
+
     pub fn clif(&self) -> &str {
         &self.clif
     }
@@ -282,7 +301,7 @@ impl CpuKernel {
         let count = checked(checked(a.batch, samples, "candidates")?, tiles, "candidates")?;
         expect_len("candidates", a.candidates.len(), count)?;
         debug_assert_eq!(count, layout.candidate_count());
-        let lse = match (p.needs_logsumexp(), a.lse) {
+        let lse = match (self.logsumexp, a.lse) {
             (true, Some(l)) => {
                 expect_len("lse", l.len(), checked(a.batch, tiles, "lse")?)?;
                 l.as_mut_ptr()

@@ -18,7 +18,7 @@ pub(crate) struct CpuBackend {
     pipeline: Arc<Pipeline>,
     threads: usize,
     /// Compiled kernels by config; a handful at most (one per shape bucket in use).
-    kernels: Mutex<Vec<(CpuConfig, Arc<CpuKernel>)>>,
+    kernels: Mutex<Vec<((CpuConfig, bool), Arc<CpuKernel>)>>,
     /// Config per shape, so tuning files are read once per shape, not once per launch.
     configs: Mutex<HashMap<Shape, CpuConfig>>,
 }
@@ -52,14 +52,16 @@ impl CpuBackend {
             .clone()
     }
 
-    fn kernel(&self, config: &CpuConfig) -> Result<Arc<CpuKernel>> {
+    /// The kernel for `config`, with or without logsumexp partials (`logsumexp`).
+    fn kernel(&self, config: &CpuConfig, logsumexp: bool) -> Result<Arc<CpuKernel>> {
         // A poisoned lock only means another thread panicked mid-insert; the Vec is still valid.
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, k)) = kernels.iter().find(|(c, _)| c == config) {
+        let key = (config.clone(), logsumexp);
+        if let Some((_, k)) = kernels.iter().find(|(c, _)| *c == key) {
             return Ok(k.clone());
         }
-        let k = Arc::new(CpuKernel::compile(&self.pipeline, config)?);
-        kernels.push((config.clone(), k.clone()));
+        let k = Arc::new(CpuKernel::compile_with(&self.pipeline, config, logsumexp)?);
+        kernels.push((key, k.clone()));
         Ok(k)
     }
 
@@ -92,13 +94,15 @@ impl CpuBackend {
         let weight_bytes =
             weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
         config.validate()?;
-        let kernel = self.kernel(config)?;
+        // Filter pipelines need the row logsumexp only for some launches (lone top-p rows).
+        let logsumexp = params.needs_logsumexp(&self.pipeline, shape.batch);
+        let kernel = self.kernel(config, logsumexp)?;
         let p = &self.pipeline;
         let layout = StageTwo { batch: shape.batch, samples: p.samples_per_row() as usize, tiles: kernel.tiles(shape.vocab) };
         let temperatures = params.row_temperatures(p, shape.batch);
         // Poisoned, so a slot the kernel failed to write cannot pass for a sample.
         let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONFINITE, logit: f32::NAN }; layout.candidate_count()];
-        let mut lse = p.needs_logsumexp().then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
+        let mut lse = logsumexp.then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
         let lists_layout = TopLists { batch: shape.batch, tiles: layout.tiles, per_tile };
         // The kernel inserts into the lists, so they start empty rather than poisoned.
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);

@@ -141,6 +141,30 @@ fn serving_pipeline_pathwise_at_qwen_scale() {
 }
 
 #[test]
+fn bounded_filters_skip_the_logsumexp_without_changing_a_token() {
+    // Top-k-bounded rows need no row logsumexp, so that launch runs a kernel without it; asking
+    // for logprobs forces the other kernel. Tokens and scores must not notice.
+    let build = |outputs| {
+        PipelineBuilder::new("Bounded", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .filter("f", 16)
+            .gumbel("seed", 2)
+            .outputs(outputs)
+            .build()
+            .unwrap()
+    };
+    let lean = build(SCORE);
+    let full = build(Outputs { logprob: true, ..SCORE });
+    let case = Case::random(&lean, 12, 32, 3000, 8, 3.0).with_filter(RowFilter { top_k: 10, top_p: 0.8, min_p: 0.0 });
+    let a = case.run(&Sampler::new(lean.clone(), &cpu()).unwrap()).unwrap();
+    let b = case.run(&Sampler::new(full.clone(), &cpu()).unwrap()).unwrap();
+    assert_eq!((&a.tokens, &a.scores), (&b.tokens, &b.scores));
+    assert!(a.logprobs.is_none() && b.logprobs.is_some());
+    case.check(&lean, &a, &(0..12).collect::<Vec<_>>()).unwrap();
+    assert!(!case.params(&lean).needs_logsumexp(&lean, 12) && case.params(&full).needs_logsumexp(&full, 12));
+}
+
+#[test]
 fn per_row_seeds_make_a_row_independent_of_its_position() {
     let p = plain();
     let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
