@@ -96,9 +96,10 @@ fn run_case(ctx: &Arc<CudaContext>, case: &Case, bench: usize) -> Result<f64, St
     c.validate(p, &GpuLimits::H200)
         .map_err(|e| format!("validate: {e}"))?;
     let opts = match std::env::var("OUTLINE").as_deref() {
-        Ok("1") => CodegenOptions { outline_math: true },
+        Ok("1") => CodegenOptions { outline_math: true, skip_logsumexp: false },
         Ok("0") => CodegenOptions {
             outline_math: false,
+            skip_logsumexp: false,
         },
         _ => CodegenOptions::for_config(c),
     };
@@ -650,9 +651,10 @@ fn bench_big(ctx: &Arc<CudaContext>) {
         let mut results = Vec::new();
         for c in configs {
             let opts = match std::env::var("OUTLINE").as_deref() {
-                Ok("1") => CodegenOptions { outline_math: true },
+                Ok("1") => CodegenOptions { outline_math: true, skip_logsumexp: false },
                 Ok("0") => CodegenOptions {
                     outline_math: false,
+                    skip_logsumexp: false,
                 },
                 _ => CodegenOptions::for_config(&c),
             };

@@ -657,8 +657,17 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                         f.if_then(&t0, |f| f.s(format!("store i32 3, ptr addrspace(1) {sa}, align 4")));
                     },
                     |f| {
-                        let la = f.gaddr("%lse", &r64, 4);
-                        let lse = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
+                        // lse = 0 (a launch without the logsumexp, CodegenOptions::
+                        // skip_logsumexp): NaN. The runtime passes 0 only when no row reads it
+                        // (no top logprobs, no lone top-p); a stray read poisons, never faults.
+                        let lse_v = f.var("float", "0x7FF8000000000000");
+                        let has_lse = f.v("icmp ne ptr addrspace(1) %lse, null");
+                        f.if_then(&has_lse, |f| {
+                            let la = f.gaddr("%lse", &r64, 4);
+                            let v = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
+                            f.set(&lse_v, &v);
+                        });
+                        let lse = f.get(&lse_v);
                         // Top-n logprobs (every row), EMPTY past the row's eligible tokens.
                         let top_ok = f.v("icmp ne ptr addrspace(1) %out_top, null");
                         let tn = f.v("icmp ne i32 %top_n, 0");

@@ -35,7 +35,7 @@ use inkwell::{
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
-    " gen 4"
+    " gen 5"
 );
 
 /// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).
@@ -87,6 +87,13 @@ pub struct CompiledPtx {
 pub struct CodegenOptions {
     /// Call the per-token noise / exp / softcap functions instead of inlining them.
     pub outline_math: bool,
+    /// Compile stage one without the logsumexp partials (DESIGN.md step 7) even though the
+    /// pipeline has them (`Pipeline::needs_logsumexp`): it never reads or writes `lse`, so
+    /// the caller passes `lse = 0` to all three kernels. Only for launches where
+    /// `SamplingParams::needs_logsumexp` is false (no logsumexp / logprob / top-logprob
+    /// output, no sampled row with a lone top-p): tokens, scores and logits are unchanged
+    /// there, as stage three never reads the row logsumexp of a bounded row.
+    pub skip_logsumexp: bool,
 }
 
 impl CodegenOptions {
@@ -97,6 +104,7 @@ impl CodegenOptions {
     pub fn for_config(config: &GpuConfig) -> Self {
         CodegenOptions {
             outline_math: config.accumulators_per_thread() >= 32,
+            skip_logsumexp: false,
         }
     }
 }
@@ -106,7 +114,8 @@ pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxErr
     llvm_ir_with(pipeline, config, CodegenOptions::for_config(config))
 }
 
-fn llvm_ir_with(
+/// [`llvm_ir`] with explicit [`CodegenOptions`].
+pub fn llvm_ir_with(
     pipeline: &Pipeline,
     config: &GpuConfig,
     options: CodegenOptions,
@@ -118,7 +127,8 @@ fn llvm_ir_with(
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
     m.push_str(&math::helpers(options.outline_math));
-    m.push_str(&stage1::emit(pipeline, config));
+    let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;
+    m.push_str(&stage1::emit(pipeline, config, lse));
     m.push('\n');
     m.push_str(&stage2::emit());
     if pipeline.list_capacity() > 0 {

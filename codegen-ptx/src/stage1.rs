@@ -41,6 +41,8 @@ struct Gen<'a> {
     quads: u32,
     /// 8-column n tiles per CTA.
     ntiles: u32,
+    /// Whether the epilogue computes and stores the logsumexp partials (DESIGN.md step 7).
+    lse: bool,
 }
 
 impl Gen<'_> {
@@ -80,12 +82,15 @@ fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
     }
 }
 
-pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
+/// Stage one; `lse`: with the logsumexp partials (the pipeline needs them and the caller
+/// did not ask to skip them).
+pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let g = Gen {
         p,
         c,
         quads: c.quads_per_thread(),
         ntiles: c.batch_tile / 8,
+        lse,
     };
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
@@ -560,7 +565,7 @@ impl Gen<'_> {
         let has_temp = p.temperature().is_some();
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();
-        let lse = p.needs_logsumexp();
+        let lse = self.lse;
         let samples = p.samples_per_row();
 
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());

@@ -529,3 +529,51 @@ fn list_epilogue_selects_in_registers_for_the_heuristic_tiles() {
         }
     }
 }
+
+/// The IR text of one `define` (up to the next one).
+fn ir_function<'a>(ir: &'a str, name: &str) -> &'a str {
+    let start = ir.find(&format!("@{name}(")).and_then(|i| ir[..i].rfind("define ")).expect(name);
+    let end = ir[start + 7..].find("\ndefine ").map_or(ir.len(), |e| start + 7 + e);
+    &ir[start..end]
+}
+
+#[test]
+fn skip_logsumexp_variant_has_no_lse_epilogue() {
+    use flashsample_codegen_ptx::{compile_with, llvm_ir_with, CodegenOptions};
+    // A top-k serving pipeline without logprob outputs: lists, so `needs_logsumexp()`.
+    let p = PipelineBuilder::new("TopK", DType::BF16, DType::BF16)
+        .temperature_per_row("t")
+        .filter("filter", 50)
+        .gumbel("seed", 1)
+        .build()
+        .unwrap();
+    assert!(p.needs_logsumexp());
+    let c = with_lists(cfg(256, 64, 64, 8, 4, false), &p);
+    let with = CodegenOptions::for_config(&c);
+    let without = CodegenOptions { skip_logsumexp: true, ..with };
+    let ir_with = llvm_ir_with(&p, &c, with).unwrap();
+    let ir_without = llvm_ir_with(&p, &c, without).unwrap();
+    let (s1_with, s1_without) = (ir_function(&ir_with, "flashsample_stage1"), ir_function(&ir_without, "flashsample_stage1"));
+    // With: the online exp sum and the null-checked store of the partials.
+    assert!(s1_with.contains("@fs_exp_f32(") && s1_with.contains("icmp ne ptr addrspace(1) %lse, null"));
+    // Without: `%lse` is only the parameter (never read, compared or stored through), no exp.
+    assert_eq!(s1_without.matches("%lse").count(), 1, "only the parameter");
+    assert!(!s1_without.contains("@fs_exp_f32("));
+    // Stage two and three are shared (both check their lse pointers for 0).
+    for name in ["flashsample_stage2", "flashsample_filter"] {
+        assert_eq!(ir_function(&ir_with, name), ir_function(&ir_without, name), "{name}");
+    }
+    let f = ir_function(&ir_without, "flashsample_filter");
+    assert!(f.contains("icmp ne ptr addrspace(1) %lse, null"), "stage three reads lse only when given");
+    // PTX: stage one of the variant stores exactly the two lse floats fewer.
+    let k_with = compile_with(&p, &c, Arch::Sm90, with).unwrap();
+    let k_without = compile_with(&p, &c, Arch::Sm90, without).unwrap();
+    let stores = |ptx: &str| stage1_text(ptx).matches("st.global").count();
+    assert_eq!(stores(&k_with.ptx), stores(&k_without.ptx) + 2);
+    assert!(!k_without.ptx.contains(".local"));
+    // Pipelines without lists or lse outputs are unaffected by the option.
+    let g = greedy(DType::BF16);
+    let gc = tensor_small();
+    let go = CodegenOptions::for_config(&gc);
+    assert_eq!(llvm_ir_with(&g, &gc, go).unwrap(), llvm_ir_with(&g, &gc, CodegenOptions { skip_logsumexp: true, ..go }).unwrap());
+}

@@ -658,3 +658,39 @@ fn chi_square_for_every_filter_and_the_penalties() {
         eprintln!("ok: chi-square {} {filter:?} p = {pv:.3}", pipeline.name);
     }
 }
+
+#[test]
+fn bounded_filter_skips_the_logsumexp_without_changing_a_token() {
+    // Rows bounded by top-k (or min-p) need no row logsumexp: the lean pipeline's launch runs
+    // stage one without it (lse = 0 to every stage); a logprob output forces the variant with
+    // it. Tokens, scores and logits must not notice. A lone top-p row puts the lean pipeline
+    // back on the logsumexp variant, also unchanged.
+    let (device, _dev) = gpu_or_skip!();
+    let build = |outputs| {
+        PipelineBuilder::new("BoundedGpu", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .filter("f", 16)
+            .gumbel("seed", 2)
+            .outputs(outputs)
+            .build()
+            .unwrap()
+    };
+    let lean = build(SCORE);
+    let full = build(Outputs { logprob: true, ..SCORE });
+    let (a_s, b_s) = (Sampler::new(lean.clone(), &device).unwrap(), Sampler::new(full.clone(), &device).unwrap());
+    let case = || Case::random(&lean, 12, 64, 5000, 8, FILTER_LOGIT_STD).with_filter(RowFilter { top_k: 10, top_p: 0.8, min_p: 0.0 });
+    let bounded = case();
+    let mut mixed = case();
+    mixed.filters[1] = RowFilter { top_k: 0, top_p: 1.0, min_p: 0.05 };
+    let mut lone = case();
+    lone.filters[1] = mixed.filters[1];
+    lone.filters[2] = RowFilter::top_p(0.5);
+    for (name, case, lean_needs) in [("top-k", &bounded, false), ("top-k + min-p", &mixed, false), ("with a lone top-p", &lone, true)] {
+        assert_eq!(case.params(&lean).needs_logsumexp(&lean, case.batch), lean_needs, "{name}");
+        let a = case.run(&a_s).unwrap_or_else(|e| panic!("{name} lean: {e}"));
+        let b = case.run(&b_s).unwrap_or_else(|e| panic!("{name} logprob: {e}"));
+        assert_eq!((&a.tokens, &a.scores), (&b.tokens, &b.scores), "{name}");
+        assert!(a.logprobs.is_none() && b.logprobs.is_some(), "{name}");
+        case.check(&lean, &a, &(0..case.batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

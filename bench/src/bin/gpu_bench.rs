@@ -44,6 +44,10 @@ struct Args {
     /// Also write the merged results as JSON here.
     #[arg(long)]
     json_out: Option<String>,
+    /// Also time stage one of the filtered pipeline with 1-entry lists (transpose + one
+    /// selection round), to split the list epilogue's cost.
+    #[arg(long)]
+    split_lists: bool,
 }
 
 /// Deterministic, fast pseudo-normal bf16 values (sum of 4 uniforms), `std` scaled.
@@ -161,6 +165,16 @@ fn main() {
         .build()
         .expect("filtered bench pipeline");
     let filtered = Sampler::new(filtered, &device).expect("filtered sampler");
+    // The same filter with a logprob output: the launch needs the row logsumexp, so stage
+    // one keeps its logsumexp partials (what every filtered launch computed before gen 5).
+    let filtered_lse = PipelineBuilder::new("BenchTopKTopPLogprob", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .filter("filter", 50)
+        .gumbel("seed", 1)
+        .outputs(flashsample_ir::Outputs { logprob: true, ..Default::default() })
+        .build()
+        .expect("filtered logprob bench pipeline");
+    let filtered_lse = Sampler::new(filtered_lse, &device).expect("filtered logprob sampler");
     let lse_only = PipelineBuilder::new("BenchLse", DType::BF16, DType::BF16)
         .temperature_per_row("temperature")
         .gumbel("seed", 1)
@@ -260,14 +274,24 @@ fn main() {
             let lse_s1 = flashsample::cuda::time_fused_stages(&lse_only, ht, &wt, &p, None, 3, args.reps.max(50))
                 .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                 .unwrap_or(f64::NAN);
-            let one = match &kc {
-                KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
-                other => other.clone(),
-            };
-            let one_s1 = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&one), 3, args.reps.max(50))
-                .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
-                .unwrap_or(f64::NAN);
-            eprintln!("  stage one B={batch}: +logsumexp only {lse_s1:.1} us, filtered with list_per_tile 1 {one_s1:.1} us");
+            // The same launch with the logsumexp (stage one's partials, stage two's merge).
+            let with_lse = flashsample::cuda::time_fused_stages(&filtered_lse, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+                .map(|t| [0, 1, 2].map(|k| median(t.iter().map(|s| s[k]).collect()) * 1e6))
+                .unwrap_or([f64::NAN; 3]);
+            eprintln!(
+                "  stage one B={batch}: +logsumexp only {lse_s1:.1} us; filtered with the logsumexp (logprob output) s1 {:.1} / s2 {:.1} / s3 {:.1} us",
+                with_lse[0], with_lse[1], with_lse[2]
+            );
+            if args.split_lists {
+                let one = match &kc {
+                    KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
+                    other => other.clone(),
+                };
+                let one_s1 = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&one), 3, args.reps.max(50))
+                    .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
+                    .unwrap_or(f64::NAN);
+                eprintln!("  stage one B={batch}: filtered with list_per_tile 1 {one_s1:.1} us");
+            }
             filter_rows.push((dim, vocab, batch, fused_s, config));
         }
     }

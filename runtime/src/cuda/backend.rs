@@ -10,6 +10,11 @@
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; rerun with `need = MAX_LIST_CAPACITY` and exact lists for it (DESIGN.md
 //!   step 9 "Fallback"). Only a nucleus past 1024 tokens reaches the caller.
+//!
+//! Launches that do not need the rows' logsumexp (`SamplingParams::needs_logsumexp` false:
+//! no logsumexp / logprob / top-logprob output and no sampled row with a lone top-p) use the
+//! stage-one variant without it (`CodegenOptions::skip_logsumexp`) and pass lse = 0 to all
+//! three stages; stage three reads the row logsumexp only for those rows and outputs.
 
 use super::{
     cache::{self, LoadedKernel},
@@ -198,9 +203,17 @@ impl CudaBackend {
             .clone()
     }
 
-    fn kernel(&self, config: &GpuConfig) -> Result<Arc<LoadedKernel>> {
+    /// The kernels for `config`; `lse`: with stage one's logsumexp partials (see
+    /// [`CudaBackend::launch_lse`]).
+    fn kernel(&self, config: &GpuConfig, lse: bool) -> Result<Arc<LoadedKernel>> {
         config.validate(&self.pipeline, self.device.limits())?;
-        cache::kernel(&self.device, &self.pipeline, config)
+        cache::kernel(&self.device, &self.pipeline, config, !lse)
+    }
+
+    /// Whether this launch computes the logsumexp: the pipeline has it and the launch needs
+    /// it. The same for the reruns of a launch (it depends on the parameters only).
+    fn launch_lse(&self, params: &SamplingParams<'_>, batch: usize) -> bool {
+        self.pipeline.needs_logsumexp() && params.needs_logsumexp(&self.pipeline, batch)
     }
 
     /// Device address of a matmul operand; host operands are uploaded (kept in `uploads`).
@@ -232,6 +245,7 @@ impl CudaBackend {
         shape: Shape,
         config: &GpuConfig,
         need: u32,
+        lse: bool,
     ) -> Result<Launch> {
         let p = &self.pipeline;
         let dev = &*self.device;
@@ -254,12 +268,12 @@ impl CudaBackend {
             None => 0,
         };
         let n = shape.batch * samples;
-        let lse_ptr = if p.needs_logsumexp() {
+        let lse_ptr = if lse {
             scratch.lse.ensure(dev, shape.batch * layout.tiles * std::mem::size_of::<LsePartial>())?
         } else {
             0
         };
-        let out_lse = if p.needs_logsumexp() { scratch.out_lse.ensure(dev, shape.batch * 4)? } else { 0 };
+        let out_lse = if lse { scratch.out_lse.ensure(dev, shape.batch * 4)? } else { 0 };
         let mut host: Vec<Vec<u8>> = Vec::new();
         let mut up = |buf: &mut Buf, bytes: Vec<u8>| -> Result<u64> {
             let ptr = buf.upload(dev, &bytes)?;
@@ -466,10 +480,11 @@ impl CudaBackend {
         config: &GpuConfig,
         need: u32,
     ) -> Result<Attempt> {
-        let kernel = self.kernel(config)?;
+        let lse = self.launch_lse(params, shape.batch);
+        let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need)?;
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
         self.launch_stage1(&kernel, &l, l.weights[0])?;
         self.launch_stage2(&kernel, &l)?;
         self.launch_filter(&kernel, &l)?;
@@ -479,7 +494,7 @@ impl CudaBackend {
         let tokens: Vec<u32> = from_bytes(&scratch.tokens.download(dev, n * 4)?);
         let scores: Vec<f32> = from_bytes(&scratch.scores.download(dev, n * 4)?);
         let logits: Vec<f32> = from_bytes(&scratch.logits.download(dev, n * 4)?);
-        let logsumexp = if self.pipeline.needs_logsumexp() {
+        let logsumexp = if l.out_lse != 0 {
             Some(from_bytes::<f32>(&scratch.out_lse.download(dev, shape.batch * 4)?))
         } else {
             None
@@ -536,10 +551,11 @@ impl CudaBackend {
         if weights.is_empty() {
             return Err(Error::EmptyOperand("weights list"));
         }
-        let kernel = self.kernel(config)?;
+        let lse = self.launch_lse(params, shape.batch);
+        let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity())?;
+        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
         for i in 0..warmup {
             self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
             self.launch_stage2(&kernel, &l)?;
@@ -585,10 +601,11 @@ impl CudaBackend {
         if weights.is_empty() {
             return Err(Error::EmptyOperand("weights list"));
         }
-        let kernel = self.kernel(config)?;
+        let lse = self.launch_lse(params, shape.batch);
+        let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity())?;
+        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
         for i in 0..warmup {
             self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
             self.launch_stage2(&kernel, &l)?;
@@ -634,10 +651,13 @@ impl CudaBackend {
         config: &GpuConfig,
         poison: Candidate,
     ) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
-        let kernel = self.kernel(config)?;
+        // Always the variant with the logsumexp (the pipeline's full contract), so tests see
+        // every partial.
+        let lse = self.pipeline.needs_logsumexp();
+        let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity())?;
+        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity(), lse)?;
         let layout = StageTwo { batch: shape.batch, samples: l.samples, tiles: l.geometry.tiles };
         let dev = &*self.device;
         let cand_poison = vec![poison; layout.candidate_count()];
@@ -661,6 +681,6 @@ impl CudaBackend {
     /// Whether the kernel for `config` is loaded from the on-disk PTX cache (compiling or
     /// loading it now if needed).
     pub fn kernel_from_disk(&self, config: &GpuConfig) -> Result<bool> {
-        Ok(self.kernel(config)?.from_disk)
+        Ok(self.kernel(config, self.pipeline.needs_logsumexp())?.from_disk)
     }
 }

@@ -1,7 +1,7 @@
 //! Kernel caches: loaded modules in process, PTX text on disk.
 //!
 //! In process, a module is keyed by (device ordinal, pipeline fingerprint, GpuConfig, arch,
-//! compiler version); devices are opened once per ordinal, so the ordinal names the context
+//! compiler version, whether stage one skips the logsumexp); devices are opened once per ordinal, so the ordinal names the context
 //! the module lives in. On disk, PTX is stored under `$FLASHSAMPLE_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/flashsample`, else `~/.cache/flashsample`, in `ptx/`. The disk cache
 //! only saves LLVM time: any failure to read or write it is a warning, never an error.
@@ -13,7 +13,7 @@ use super::{
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
-use flashsample_codegen_ptx::GpuConfig;
+use flashsample_codegen_ptx::{CodegenOptions, GpuConfig};
 use flashsample_ir::Pipeline;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -39,18 +39,24 @@ struct Key {
     config: String,
     arch: String,
     compiler: &'static str,
+    /// Stage one without the logsumexp partials (`CodegenOptions::skip_logsumexp`).
+    skip_lse: bool,
 }
 
 impl Key {
     fn file_name(&self) -> String {
         let h = xxhash_rust::xxh3::xxh3_64(self.config.as_bytes());
         let compiler: String = self.compiler.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect();
-        format!("{:016x}-{}-{h:016x}-{compiler}.ptx", self.fingerprint, self.arch)
+        let variant = if self.skip_lse { "-nolse" } else { "" };
+        format!("{:016x}-{}-{h:016x}-{compiler}{variant}.ptx", self.fingerprint, self.arch)
     }
     /// First line of a cached file: the full key, checked on read so a hash collision or a
     /// hand-copied file cannot load the wrong kernel.
     fn header(&self) -> String {
-        format!("// flashsample-ptx-cache fingerprint={:016x} arch={} compiler={} config={}\n", self.fingerprint, self.arch, self.compiler, self.config)
+        format!(
+            "// flashsample-ptx-cache fingerprint={:016x} arch={} compiler={} skip_lse={} config={}\n",
+            self.fingerprint, self.arch, self.compiler, self.skip_lse, self.config
+        )
     }
 }
 
@@ -76,14 +82,18 @@ fn warn(msg: String) {
 }
 
 /// The loaded kernels of `pipeline` with `config` on `device`: from this process's cache,
-/// else from the disk cache, else compiled now (and written to the disk cache).
-pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfig) -> Result<Arc<LoadedKernel>> {
+/// else from the disk cache, else compiled now (and written to the disk cache). `skip_lse`:
+/// stage one without the logsumexp partials (only for pipelines that have them; the caller
+/// then passes lse = 0 to every stage).
+pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfig, skip_lse: bool) -> Result<Arc<LoadedKernel>> {
+    let skip_lse = skip_lse && pipeline.needs_logsumexp();
     let key = Key {
         ordinal: device.ordinal(),
         fingerprint: pipeline.fingerprint(),
         config: serde_json::to_string(config).map_err(|e| Error::Cuda(format!("cannot serialize the GPU config: {e}")))?,
         arch: format!("{:?}", device.arch()).to_lowercase(),
         compiler: ptx::compiler_version(),
+        skip_lse,
     };
     // Held across compilation: two threads asking for one kernel compile it once.
     let mut map = loaded().lock().unwrap_or_else(|e| e.into_inner());
@@ -101,7 +111,8 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let kernel = match kernel {
         Some(k) => k,
         None => {
-            let compiled = flashsample_codegen_ptx::compile(pipeline, config, device.arch())?;
+            let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
+            let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
             let k = load(device, text, false, compiled.filter.is_some())?;
             if let Some(p) = &path {
@@ -197,7 +208,7 @@ mod tests {
     use super::*;
 
     fn key() -> Key {
-        Key { ordinal: 0, fingerprint: 0xabc, config: "{\"t\":1}".into(), arch: "sm90".into(), compiler: "0.1.0+x/y" }
+        Key { ordinal: 0, fingerprint: 0xabc, config: "{\"t\":1}".into(), arch: "sm90".into(), compiler: "0.1.0+x/y", skip_lse: false }
     }
 
     #[test]
@@ -208,6 +219,9 @@ mod tests {
         assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)), "{name}");
         let other = Key { config: "{\"t\":2}".into(), ..key() };
         assert_ne!(other.file_name(), name);
+        let nolse = Key { skip_lse: true, ..key() };
+        assert_ne!(nolse.file_name(), name);
+        assert_ne!(nolse.header(), key().header());
     }
 
     #[test]
