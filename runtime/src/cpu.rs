@@ -14,11 +14,14 @@ use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
 
+/// A compiled kernel's config and whether it writes logsumexp partials.
+type KernelKey = (CpuConfig, bool);
+
 pub(crate) struct CpuBackend {
     pipeline: Arc<Pipeline>,
     threads: usize,
     /// Compiled kernels by config; a handful at most (one per shape bucket in use).
-    kernels: Mutex<Vec<((CpuConfig, bool), Arc<CpuKernel>)>>,
+    kernels: Mutex<Vec<(KernelKey, Arc<CpuKernel>)>>,
     /// Config per shape, so tuning files are read once per shape, not once per launch.
     configs: Mutex<HashMap<Shape, CpuConfig>>,
 }
