@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: GPU tests, compute-sanitizer, benchmark. Binaries are built
-# elsewhere and carried in .carry/ (gpu = the tests/tests/gpu.rs binary, gpu_bench).
+# elsewhere and carried in .carry/ (gpu-test = the tests/tests/gpu.rs binary, target/release/deps/gpu-*,
+# stripped; gpu_bench).
 # STAGES picks what runs (default: all); logs go to $OUT, a short summary is printed last.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -9,7 +10,8 @@ STAGES=${STAGES:-"info tests cache sanitizer bench"}
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x "$BIN"/gpu "$BIN"/gpu_bench 2>/dev/null
+chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench 2>/dev/null
+GPU_TEST=$BIN/gpu-test
 # Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
 export FLASHSAMPLE_CACHE_DIR=/tmp/flashsample-cache
@@ -22,18 +24,18 @@ if has info; then
 fi
 if has tests; then
   start=$SECONDS
-  "$BIN/gpu" --test-threads=4 ${TEST_FILTER:-} >"$OUT/tests.log" 2>&1
+  "$GPU_TEST" --test-threads=4 ${TEST_FILTER:-} >"$OUT/tests.log" 2>&1
   rc=$?
   summary+=("tests rc=$rc ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/tests.log" | head -20)")
 fi
 if has cache; then
-  FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$BIN/gpu" ptx_disk_cache --exact --nocapture >"$OUT/cache.log" 2>&1
+  FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$GPU_TEST" ptx_disk_cache --exact --nocapture >"$OUT/cache.log" 2>&1
   summary+=("disk cache second process rc=$?: $(grep -E 'ok: PTX|panicked' "$OUT/cache.log" | head -2)")
 fi
 if has sanitizer; then
   start=$SECONDS
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu" "$SAN_FILTER" --test-threads=1 >"$OUT/sanitizer.log" 2>&1
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$GPU_TEST" "$SAN_FILTER" --test-threads=1 >"$OUT/sanitizer.log" 2>&1
   summary+=("memcheck rc=$? ($((SECONDS - start)) s): $(grep -E 'ERROR SUMMARY|test result' "$OUT/sanitizer.log" | tr '\n' ' ')")
 fi
 if has peers; then
