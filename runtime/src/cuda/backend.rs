@@ -548,6 +548,41 @@ impl CudaBackend {
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<f64>> {
+        self.warmed_up(hidden, weights, params, shape, config, warmup, |kernel, l| {
+            let ctx = self.device.context();
+            let stream = self.device.stream();
+            let mut events = Vec::with_capacity(reps + 1);
+            let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
+            let first = new_event()?;
+            first.record(stream).map_err(drv("cuEventRecord"))?;
+            events.push(first);
+            for i in 0..reps {
+                self.launch_all(kernel, l, i)?;
+                let e = new_event()?;
+                e.record(stream).map_err(drv("cuEventRecord"))?;
+                events.push(e);
+            }
+            self.sync("timed launches")?;
+            events
+                .windows(2)
+                .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e-3).map_err(drv("cuEventElapsedTime")))
+                .collect()
+        })
+    }
+
+    /// Compiles (or fetches) the launch's kernel, uploads its inputs under the launch lock, runs
+    /// `warmup` complete launches and hands the prepared launch to `timed`.
+    #[allow(clippy::too_many_arguments)]
+    fn warmed_up<T>(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        warmup: usize,
+        timed: impl FnOnce(&LoadedKernel, &Launch) -> Result<T>,
+    ) -> Result<T> {
         if weights.is_empty() {
             return Err(Error::EmptyOperand("weights list"));
         }
@@ -557,31 +592,17 @@ impl CudaBackend {
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
         for i in 0..warmup {
-            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
-            self.launch_stage2(&kernel, &l)?;
-            self.launch_filter(&kernel, &l)?;
+            self.launch_all(&kernel, &l, i)?;
         }
         self.sync("warm-up launches")?;
-        let ctx = self.device.context();
-        let stream = self.device.stream();
-        let mut events = Vec::with_capacity(reps + 1);
-        let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
-        let first = new_event()?;
-        first.record(stream).map_err(drv("cuEventRecord"))?;
-        events.push(first);
-        for i in 0..reps {
-            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
-            self.launch_stage2(&kernel, &l)?;
-            self.launch_filter(&kernel, &l)?;
-            let e = new_event()?;
-            e.record(stream).map_err(drv("cuEventRecord"))?;
-            events.push(e);
-        }
-        self.sync("timed launches")?;
-        events
-            .windows(2)
-            .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) * 1e-3).map_err(drv("cuEventElapsedTime")))
-            .collect()
+        timed(&kernel, &l)
+    }
+
+    /// Stages one, two and three of launch `i` (weights rotate through the prepared buffers).
+    fn launch_all(&self, kernel: &LoadedKernel, l: &Launch, i: usize) -> Result<()> {
+        self.launch_stage1(kernel, l, l.weights[i % l.weights.len()])?;
+        self.launch_stage2(kernel, l)?;
+        self.launch_filter(kernel, l)
     }
 
     /// Per-stage device time (seconds: stage one, stage two, stage three or 0) of each of
@@ -598,46 +619,34 @@ impl CudaBackend {
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<[f64; 3]>> {
-        if weights.is_empty() {
-            return Err(Error::EmptyOperand("weights list"));
-        }
-        let lse = self.launch_lse(params, shape.batch);
-        let kernel = self.kernel(config, lse)?;
-        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
-        for i in 0..warmup {
-            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
-            self.launch_stage2(&kernel, &l)?;
-            self.launch_filter(&kernel, &l)?;
-        }
-        self.sync("warm-up launches")?;
-        let ctx = self.device.context();
-        let stream = self.device.stream();
-        let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
-        let mut events = Vec::with_capacity(reps);
-        for i in 0..reps {
-            let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
-            e[0].record(stream).map_err(drv("cuEventRecord"))?;
-            self.launch_stage1(&kernel, &l, l.weights[i % l.weights.len()])?;
-            e[1].record(stream).map_err(drv("cuEventRecord"))?;
-            self.launch_stage2(&kernel, &l)?;
-            e[2].record(stream).map_err(drv("cuEventRecord"))?;
-            self.launch_filter(&kernel, &l)?;
-            e[3].record(stream).map_err(drv("cuEventRecord"))?;
-            events.push(e);
-        }
-        self.sync("timed launches")?;
-        events
-            .iter()
-            .map(|e| {
-                let mut out = [0.0; 3];
-                for (k, o) in out.iter_mut().enumerate() {
-                    *o = f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3;
-                }
-                Ok(out)
-            })
-            .collect()
+        self.warmed_up(hidden, weights, params, shape, config, warmup, |kernel, l| {
+            let ctx = self.device.context();
+            let stream = self.device.stream();
+            let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
+            let mut events = Vec::with_capacity(reps);
+            for i in 0..reps {
+                let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
+                e[0].record(stream).map_err(drv("cuEventRecord"))?;
+                self.launch_stage1(kernel, l, l.weights[i % l.weights.len()])?;
+                e[1].record(stream).map_err(drv("cuEventRecord"))?;
+                self.launch_stage2(kernel, l)?;
+                e[2].record(stream).map_err(drv("cuEventRecord"))?;
+                self.launch_filter(kernel, l)?;
+                e[3].record(stream).map_err(drv("cuEventRecord"))?;
+                events.push(e);
+            }
+            self.sync("timed launches")?;
+            events
+                .iter()
+                .map(|e| {
+                    let mut out = [0.0; 3];
+                    for (k, o) in out.iter_mut().enumerate() {
+                        *o = f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3;
+                    }
+                    Ok(out)
+                })
+                .collect()
+        })
     }
 
     /// Runs stage one alone into a candidate buffer pre-filled with `poison` (and an LSE
