@@ -659,7 +659,9 @@ impl Gen<'_> {
             let qb = f.add(&it.v0, &warp_base);
             let qb = f.add(&qb, &(q * 32).to_string());
             let qb = f.add(&qb, &g4);
-            let mask_words: Vec<String> = if has_mask {
+            // A quad never straddles a bitset word, so one word per column (row) serves it:
+            // of the allowed-token bitset and of the penalized-token bitset.
+            let quad_words = |f: &mut Func, table: &str| -> Vec<String> {
                 let qok = f.ult(&qb, "%vocab");
                 let qs = f.sel("i32", &qok, &qb, "0");
                 let wcol = f.v(format!("lshr i32 {qs}, 5"));
@@ -668,30 +670,13 @@ impl Gen<'_> {
                         let wi = f.mul(&cl.row_safe, &words);
                         let wi = f.add(&wi, &wcol);
                         let wi = f.zext64(&wi);
-                        let a = f.gaddr("%allowed", &wi, 4);
+                        let a = f.gaddr(table, &wi, 4);
                         f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
                     })
                     .collect()
-            } else {
-                Vec::new()
             };
-            // A quad never straddles a bitset word, so one penalty word per column serves it.
-            let pen_words: Vec<String> = if has_pen {
-                let qok = f.ult(&qb, "%vocab");
-                let qs = f.sel("i32", &qok, &qb, "0");
-                let wcol = f.v(format!("lshr i32 {qs}, 5"));
-                cols.iter()
-                    .map(|cl| {
-                        let wi = f.mul(&cl.row_safe, &words);
-                        let wi = f.add(&wi, &wcol);
-                        let wi = f.zext64(&wi);
-                        let a = f.gaddr("%pen_bits", &wi, 4);
-                        f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
+            let mask_words = if has_mask { quad_words(f, "%allowed") } else { Vec::new() };
+            let pen_words = if has_pen { quad_words(f, "%pen_bits") } else { Vec::new() };
             for o in 0..4 {
                 let v = f.add(&qb, &o.to_string());
                 let v_ok = f.ult(&v, "%vocab");
