@@ -112,7 +112,7 @@ pub struct ShapeInputs<'h> {
 
 impl<'h> ShapeInputs<'h> {
     pub fn new(pipeline: &Pipeline, head: &'h HeadInputs, batch: usize) -> Result<ShapeInputs<'h>, TuneError> {
-        let case = prefix(&head.big, batch);
+        let case = head.big.prefix(batch);
         let rows = checked_rows(batch);
         let params = case.params(pipeline);
         let problem = Problem {
@@ -181,29 +181,6 @@ impl<'h> ShapeInputs<'h> {
             Ok(s) => Outcome::Timed(Measured { config: to_json(config), median_us: s * 1e6 }),
             Err(e) => Outcome::Failed(e.to_string()),
         }
-    }
-}
-
-/// The first `b` rows of `big` (same weights, bias and seed), weights left empty (the head's
-/// are passed separately).
-fn prefix(big: &Case, b: usize) -> Case {
-    let words = big.vocab.div_ceil(32);
-    Case {
-        batch: b,
-        dim: big.dim,
-        vocab: big.vocab,
-        hidden: MatrixData::from_f32(big.hidden.dtype, b, big.dim, &big.hidden.exact[..b * big.dim]),
-        weights: MatrixData::from_f32(big.weights.dtype, 0, big.dim, &[]),
-        temperatures: big.temperatures[..b].to_vec(),
-        bias: big.bias.clone(),
-        mask: big.mask[..b * words].to_vec(),
-        banned: big.banned[..b].to_vec(),
-        seed: big.seed,
-        filters: big.filters[..b].to_vec(),
-        repetition: big.repetition[..b].to_vec(),
-        presence: big.presence[..b].to_vec(),
-        frequency: big.frequency[..b].to_vec(),
-        history: big.history[..b].to_vec(),
     }
 }
 

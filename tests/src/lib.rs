@@ -278,6 +278,29 @@ impl Case {
         Ok(())
     }
 
+    /// The first `b` rows of this case (same bias, mask words, seed and per-row parameters),
+    /// weights left empty: callers pass the full head's weights separately.
+    pub fn prefix(&self, b: usize) -> Case {
+        let words = self.vocab.div_ceil(32);
+        Case {
+            batch: b,
+            dim: self.dim,
+            vocab: self.vocab,
+            hidden: MatrixData::from_f32(self.hidden.dtype, b, self.dim, &self.hidden.exact[..b * self.dim]),
+            weights: MatrixData::from_f32(self.weights.dtype, 0, self.dim, &[]),
+            temperatures: self.temperatures[..b].to_vec(),
+            bias: self.bias.clone(),
+            mask: self.mask[..b * words].to_vec(),
+            banned: self.banned[..b].to_vec(),
+            seed: self.seed,
+            filters: self.filters[..b].to_vec(),
+            repetition: self.repetition[..b].to_vec(),
+            presence: self.presence[..b].to_vec(),
+            frequency: self.frequency[..b].to_vec(),
+            history: self.history[..b].to_vec(),
+        }
+    }
+
     /// Every row gets `filter`.
     pub fn with_filter(mut self, filter: RowFilter) -> Case {
         self.filters.iter_mut().for_each(|f| *f = filter);
@@ -300,6 +323,32 @@ pub fn chi_square_filter_cases() -> Vec<(Pipeline, RowFilter)> {
             RowFilter::OFF,
         ),
     ]
+}
+
+/// Samples `sampler`'s (filter) pipeline on 2000 identical rows, every one under `filter` and the
+/// same penalty history, over 5 seeds, and checks the counts against the reference's
+/// renormalized distribution: chi-square p > 1e-3, and with a top-k no token outside it.
+/// The p-value, or what failed.
+pub fn chi_square_filtered(sampler: &Sampler, filter: RowFilter, dim: usize) -> Result<f64, String> {
+    let pipeline = sampler.pipeline();
+    let mut case = Case::identical_rows(pipeline, 2000, dim, 12, 1.5).with_filter(filter);
+    case.history[0] = vec![(0, 2), (3, 0), (5, 1)];
+    for row in 1..case.batch {
+        case.history[row] = case.history[0].clone();
+    }
+    let counts = case.draw_counts(sampler, 5).map_err(|e| e.to_string())?;
+    let probs = case.probabilities(pipeline, 0);
+    let (stat, p) = chi_square(&counts, &probs);
+    if p <= 1e-3 {
+        return Err(format!("{} {filter:?}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name));
+    }
+    if filter.top_k > 0 {
+        let outside: u64 = probs.iter().zip(&counts).filter(|(q, _)| **q == 0.0).map(|(_, c)| c).sum();
+        if outside != 0 {
+            return Err(format!("{}: {outside} tokens outside the top-k were drawn", pipeline.name));
+        }
+    }
+    Ok(p)
 }
 
 /// One pipeline per transform, for the chi-square tests of every backend.

@@ -3,7 +3,7 @@
 
 use flashsample::{Device, Error, ListError, ParamError, PenaltyArg, RowError, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_tests::{chi_square, chi_square_filter_cases, chi_square_pipelines, Case, MatrixData};
+use flashsample_tests::{chi_square, chi_square_filter_cases, chi_square_filtered, chi_square_pipelines, Case, MatrixData};
 use proptest::prelude::*;
 
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
@@ -103,19 +103,7 @@ fn chi_square_for_every_transform() {
 fn chi_square_for_every_filter_and_the_penalties() {
     for (pipeline, filter) in &chi_square_filter_cases() {
         let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
-        let mut case = Case::identical_rows(pipeline, 2000, 8, 12, 1.5).with_filter(*filter);
-        case.history[0] = vec![(0, 2), (3, 0), (5, 1)];
-        for row in 1..case.batch {
-            case.history[row] = case.history[0].clone();
-        }
-        let counts = case.draw_counts(&sampler, 5).unwrap();
-        let probs = case.probabilities(pipeline, 0);
-        let (stat, p) = chi_square(&counts, &probs);
-        assert!(p > SIGNIFICANCE, "{} {filter:?}: chi-square {stat:.1}, p = {p:.2e}\ncounts {counts:?}\nprobs {probs:?}", pipeline.name);
-        if filter.top_k > 0 {
-            let outside = probs.iter().zip(&counts).filter(|(p, _)| **p == 0.0).map(|(_, c)| c).sum::<u64>();
-            assert_eq!(outside, 0, "{}: tokens outside the top-k were drawn", pipeline.name);
-        }
+        chi_square_filtered(&sampler, *filter, 8).unwrap();
     }
 }
 

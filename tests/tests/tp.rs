@@ -196,35 +196,13 @@ fn gpu_tp_matches_single_gpu(world: usize, vocab: usize, dim: usize, batches: &[
             .collect();
         let tp = TensorParallelSampler::new(p.clone(), shards).unwrap_or_else(|e| panic!("TP={world}: {e}"));
         for &b in batches {
-            let sub = prefix_rows(&case, b);
+            let sub = case.prefix(b);
             let params = sub.params(&p);
             let want = single.sample(sub.hidden.tensor(), Tensor::device(&full), &params).unwrap();
             let got = tp.sample(&[sub.hidden.tensor()], &params).unwrap_or_else(|e| panic!("{} TP={world} B={b}: {e}", p.name));
             assert_same(&format!("{} TP={world} B={b} V={vocab} D={dim}", p.name), &want, &got);
         }
         eprintln!("ok: {} TP={world} V={vocab} D={dim} B={batches:?}", p.name);
-    }
-}
-
-/// The first `b` rows of `big` (weights left empty; only hidden and parameters are read).
-fn prefix_rows(big: &Case, b: usize) -> Case {
-    let words = big.vocab.div_ceil(32);
-    Case {
-        batch: b,
-        dim: big.dim,
-        vocab: big.vocab,
-        hidden: rows(&big.hidden, 0..b),
-        weights: MatrixData::from_f32(big.weights.dtype, 0, big.dim, &[]),
-        temperatures: big.temperatures[..b].to_vec(),
-        bias: big.bias.clone(),
-        mask: big.mask[..b * words].to_vec(),
-        banned: big.banned[..b].to_vec(),
-        seed: big.seed,
-        filters: big.filters[..b].to_vec(),
-        repetition: big.repetition[..b].to_vec(),
-        presence: big.presence[..b].to_vec(),
-        frequency: big.frequency[..b].to_vec(),
-        history: big.history[..b].to_vec(),
     }
 }
 
