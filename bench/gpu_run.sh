@@ -2,7 +2,7 @@
 # One call on a lent GPU machine: GPU tests, compute-sanitizer, benchmark. Binaries are built
 # elsewhere and carried in .carry/ (gpu-test = the tests/tests/gpu.rs binary, target/release/deps/gpu-*,
 # stripped; gpu_bench).
-# STAGES picks what runs (default: all); logs go to $OUT, a short summary is printed last.
+# STAGES picks what runs (default: all but profile); logs go to $OUT, a short summary is printed last.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -41,6 +41,20 @@ fi
 if has peers; then
   PYTHONUNBUFFERED=1 python3 bench/peers/torch_peers.py --json ${PEER_ARGS:-} >"$OUT/peers.json" 2>"$OUT/peers.log"
   summary+=("peers rc=$?")
+fi
+if has profile; then
+  # Registers / spills of every cached module, then Nsight Compute on stage one per batch.
+  for b in ${PROFILE_BATCHES:-64 256}; do
+    ncu --clock-control none --kernel-name flashsample_stage1 --launch-skip 4 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section LaunchStats --section Occupancy --section InstructionStats \
+      --section SchedulerStats "$BIN/gpu_bench" --shapes "${PROFILE_SHAPE:-4096:151936}" --batches "$b" \
+      --filter-batches "" --python none --reps 3 --warmup 2 --rotate 1 >"$OUT/ncu-b$b.txt" 2>&1
+    summary+=("ncu B=$b rc=$?")
+  done
+  for f in "$FLASHSAMPLE_CACHE_DIR"/ptx/*.ptx; do
+    echo "== $f"; ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"
+  done >"$OUT/ptxas.txt" 2>&1
 fi
 if has bench; then
   start=$SECONDS

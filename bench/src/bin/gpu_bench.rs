@@ -23,8 +23,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256")]
     batches: Vec<usize>,
     /// Batches of the filtered rows (top-k 50, top-p 0.9); empty for none.
-    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
-    filter_batches: Vec<usize>,
+    #[arg(long, default_value = "1,16,64,256", value_parser = batch_list)]
+    filter_batches: BatchList,
     #[arg(long, default_value_t = 50)]
     reps: usize,
     #[arg(long, default_value_t = 10)]
@@ -48,6 +48,20 @@ struct Args {
     /// selection round), to split the list epilogue's cost.
     #[arg(long)]
     split_lists: bool,
+}
+
+/// A comma-separated batch list that may be empty (`--filter-batches ""`), which clap's
+/// `value_delimiter` on a `Vec<usize>` rejects.
+#[derive(Clone)]
+struct BatchList(Vec<usize>);
+
+fn batch_list(s: &str) -> Result<BatchList, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|b| !b.is_empty())
+        .map(|b| b.parse().map_err(|e| format!("batch {b:?}: {e}")))
+        .collect::<Result<_, _>>()
+        .map(BatchList)
 }
 
 /// Deterministic, fast pseudo-normal bf16 values (sum of 4 uniforms), `std` scaled.
@@ -232,7 +246,7 @@ fn main() {
             }
             rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
         }
-        for &batch in &args.filter_batches {
+        for &batch in &args.filter_batches.0 {
             let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
             let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let filters = vec![RowFilter { top_k: 50, top_p: 0.9, min_p: 0.0 }; batch];
@@ -428,7 +442,7 @@ fn run_peers(args: &Args) -> Option<PeerMap> {
         .arg("--batches")
         .arg(batches.join(","))
         .arg("--filter-batches")
-        .arg(args.filter_batches.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+        .arg(args.filter_batches.0.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
         .arg("--reps")
         .arg(args.reps.max(50).to_string())
         .arg("--warmup")
