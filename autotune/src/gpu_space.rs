@@ -45,7 +45,7 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     let btiles = c.batch_tiles(batch) as f64;
     let padded = btiles * f64::from(c.batch_tile);
     let resident = resident_ctas(c, limits);
-    let (gx, gy, _) = c.grid(batch, vocab, limits.sm_count);
+    let (gx, gy, _) = c.grid(batch, vocab, resident * limits.sm_count);
     let ctas = f64::from(gx) * f64::from(gy);
     let slots = f64::from(resident) * sms;
     let waves = (ctas / slots).ceil().max(1.0);

@@ -70,8 +70,12 @@ impl GpuLimits {
 /// - `warps`: warps per CTA; they split the vocab tile.
 /// - `stages`: depth of the `cp.async` shared-memory ring (2..=8) for the tensor-core
 ///   path; `1` selects the SIMT path (no ring, any dtypes; required for f32 or mixed dtypes).
-/// - `persistent`: launch `min(work items, ctas_per_sm · SMs)` CTAs that loop over the
-///   (vocab tile, batch tile) work items instead of one CTA per item.
+/// - `persistent`: launch as many CTAs as the device holds at once (the runtime asks the
+///   driver's occupancy calculator), each looping over the (vocab tile, batch tile) work
+///   items, instead of one CTA per item. On the tensor path a persistent CTA issues the next
+///   item's first `stages − 1` slices before running this item's epilogue (the epilogue's
+///   scratch then sits after the ring instead of aliasing it), so the epilogue's math
+///   overlaps the next item's HBM stream instead of leaving the SM's memory pipe idle.
 /// - `list_per_tile`: entries of each (row, vocab tile) top list (DESIGN.md step 6b); 0 for
 ///   pipelines without lists, else `1..=min(MAX_LIST_CAPACITY, vocab_tile)` (normally at
 ///   most the capacity; longer only for the NucleusTooLarge fallback). Shorter lists are
@@ -139,7 +143,31 @@ impl GpuConfig {
         (self.vocab_tile + self.batch_tile) * self.k_step * 2
     }
 
-    /// Bytes of the epilogue's cross-warp scratch (aliases the ring once the k loop is done):
+    /// Whether the epilogue overlaps the next item's prologue loads (persistent tensor path).
+    pub fn overlaps_epilogue(&self) -> bool {
+        self.persistent && self.is_tensor()
+    }
+
+    /// Bytes of the `cp.async` ring (0 on the SIMT path).
+    pub(crate) fn ring_bytes(&self) -> u32 {
+        if self.is_tensor() {
+            self.stages * self.stage_bytes()
+        } else {
+            0
+        }
+    }
+
+    /// Where the epilogue's scratch starts: after the ring when the epilogue overlaps the
+    /// next item's loads, else at 0 (aliasing the drained ring).
+    pub(crate) fn scratch_base(&self) -> u32 {
+        if self.overlaps_epilogue() {
+            self.ring_bytes()
+        } else {
+            0
+        }
+    }
+
+    /// Bytes of the epilogue's cross-warp scratch:
     /// per (warp, column) score, index, logit, lse max, lse sum, non-finite flag.
     pub(crate) fn scratch_bytes(&self) -> u32 {
         self.warps * self.batch_tile * 4 * 6
@@ -158,12 +186,12 @@ impl GpuConfig {
     /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
     /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
     pub fn smem_bytes(&self) -> u32 {
-        let ring = if self.is_tensor() {
-            self.stages * self.stage_bytes()
+        let epilogue = self.scratch_bytes() + self.list_bytes();
+        if self.overlaps_epilogue() {
+            self.ring_bytes() + epilogue
         } else {
-            0
-        };
-        ring.max(self.scratch_bytes() + self.list_bytes())
+            self.ring_bytes().max(epilogue)
+        }
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
@@ -209,20 +237,16 @@ impl GpuConfig {
         batch.div_ceil(self.batch_tile as usize)
     }
 
-    /// Resident CTAs per SM a persistent launch plans for: as many as fit 1024 threads
-    /// (every sm_80+ SM holds at least that many) and the opt-in shared memory, at least 1.
-    pub fn ctas_per_sm(&self) -> u32 {
-        (1024 / self.block_threads()).clamp(1, 4)
-    }
-
     /// Stage-one grid `(x, y, z)`: `(tiles, batch tiles, 1)`, or for a persistent config
-    /// `(min(tiles · batch tiles, ctas_per_sm · sm_count), 1, 1)`. Zero-sized when
-    /// `batch` or `vocab` is 0 (do not launch). The block is `(block_threads(), 1, 1)`.
-    pub fn grid(&self, batch: usize, vocab: usize, sm_count: u32) -> (u32, u32, u32) {
+    /// `(min(tiles · batch tiles, resident), 1, 1)`, where `resident` is how many of these
+    /// CTAs the whole device holds at once (occupancy per SM × SMs; more would queue behind
+    /// the first and finish last). Zero-sized when `batch` or `vocab` is 0 (do not launch).
+    /// The block is `(block_threads(), 1, 1)`.
+    pub fn grid(&self, batch: usize, vocab: usize, resident: u32) -> (u32, u32, u32) {
         let (tiles, btiles) = (self.tiles(vocab) as u64, self.batch_tiles(batch) as u64);
         if self.persistent {
             let items = tiles * btiles;
-            let ctas = items.min(u64::from(self.ctas_per_sm()) * u64::from(sm_count.max(1)));
+            let ctas = items.min(u64::from(resident.max(1)));
             (ctas as u32, 1, 1)
         } else {
             (tiles as u32, btiles as u32, 1)

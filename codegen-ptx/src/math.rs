@@ -162,9 +162,42 @@ fn philox(attr: &str) -> String {
     ))
 }
 
-/// All math helpers of a module. `outline` keeps the per-token functions (noise, exp,
+/// The Gumbel noise of one quad (4 consecutive tokens, one Philox block) for two batch
+/// rows at once: `fs_philox(ctr, row, s, 0, key)` per row, then `fs_gumbel_f32` of each
+/// word; rows a then b. Both are inlined here, so out of line the call still carries eight
+/// independent noise chains (the epilogue's latency is these chains, not their op count).
+fn noise_pair(attr: &str) -> String {
+    let mut f = Func::new();
+    let ty = "{ i32, i32, i32, i32 }";
+    let mut gumbels = Vec::new();
+    for (row, k0, k1) in [("%row_a", "%ka0", "%ka1"), ("%row_b", "%kb0", "%kb1")] {
+        let r = f.v(format!(
+            "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 0, i32 {k0}, i32 {k1})"
+        ));
+        for w in 0..4 {
+            let bits = f.v(format!("extractvalue {ty} {r}, {w}"));
+            gumbels.push(f.v(format!("call float @fs_gumbel_f32(i32 {bits})")));
+        }
+    }
+    let out = NOISE_PAIR_TY;
+    let mut agg = "undef".to_string();
+    for (i, g) in gumbels.iter().enumerate() {
+        agg = f.v(format!("insertvalue {out} {agg}, float {g}, {i}"));
+    }
+    f.s(format!("ret {out} {agg}"));
+    f.finish(&format!(
+        "define internal {out} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
+         i32 %row_b, i32 %kb0, i32 %kb1) {attr}"
+    ))
+}
+
+/// The return type of `@fs_noise_pair`: row a's four noises, then row b's.
+pub(crate) const NOISE_PAIR_TY: &str = "{ float, float, float, float, float, float, float, float }";
+
+/// All math helpers of a module. `outline` keeps the per-token functions (noise pairs, exp,
 /// softcap) out of line (`#2`, noinline), so the unrolled epilogue stays small enough for
-/// the instruction cache; otherwise everything is inlined (`#0`).
+/// the instruction cache; otherwise everything is inlined (`#0`). Philox and the Gumbel
+/// transform are always inlined into their callers (the noise pair, stage three).
 pub(crate) fn helpers(outline: bool) -> String {
     let attr = if outline { "#2" } else { "#0" };
     let mut out = String::from("declare i32 @llvm.fptosi.sat.i32.f32(float)\n\n");
@@ -172,8 +205,9 @@ pub(crate) fn helpers(outline: bool) -> String {
         ln_f32(),
         exp_f32(attr),
         softcap_f32(attr),
-        gumbel_f32(attr),
-        philox(attr),
+        gumbel_f32("#0"),
+        philox("#0"),
+        noise_pair(attr),
     ] {
         out.push_str(&f);
         out.push('\n');

@@ -26,6 +26,20 @@ struct Thread {
     t: String,
 }
 
+/// Kernel-wide values of the tensor path's `cp.async` ring.
+struct Ring {
+    /// Address of `@fs_smem` (i64).
+    smem: String,
+    /// k slices of `k_step` per item.
+    ktiles: String,
+    /// Whether both operands allow 16-byte `cp.async` chunks.
+    aligned: String,
+}
+
+fn commit_group(f: &mut Func) {
+    f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
+}
+
 /// One work item: its vocab tile index, first vocab row and first batch row.
 struct Item {
     vtile: String,
@@ -123,24 +137,40 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let item0 = f.add(&cx, &cyx);
     let stride = f.mul(&nx, &ny);
 
-    f.for_loop(&item0, &items, &stride, |f, item| {
-        // Batch tiles vary fastest, so the CTAs sharing a W tile run together and W is read
-        // from HBM about once (the others hit L2).
+    // Batch tiles vary fastest, so the CTAs sharing a W tile run together and W is read
+    // from HBM about once (the others hit L2).
+    let item_of = |f: &mut Func, item: &str| {
         let btile = f.v(format!("urem i32 {item}, {btiles}"));
         let vtile = f.v(format!("udiv i32 {item}, {btiles}"));
         let v0 = f.mul(&vtile, &vt.to_string());
         let b0 = f.mul(&btile, &bt.to_string());
-        let it = Item {
+        Item {
             vtile,
             vtiles: vtiles.clone(),
             v0,
             b0,
+        }
+    };
+    let ring = c.is_tensor().then(|| g.ring(&mut f));
+    let overlap = c.overlaps_epilogue();
+    if let (Some(ring), true) = (&ring, overlap) {
+        let valid = f.ult(&item0, &items);
+        let first = item_of(&mut f, &item0);
+        g.prologue(&mut f, &th, &first, ring, Some(&valid));
+    }
+    f.for_loop(&item0, &items, &stride, |f, item| {
+        let it = item_of(f, item);
+        let acc = match &ring {
+            Some(ring) => g.tensor_mainloop(f, &th, &it, ring, !overlap),
+            None => g.simt_mainloop(f, &th, &it),
         };
-        let acc = if c.is_tensor() {
-            g.tensor_mainloop(f, &th, &it)
-        } else {
-            g.simt_mainloop(f, &th, &it)
-        };
+        if let (Some(ring), true) = (&ring, overlap) {
+            // The next item's first slices stream in while this item's epilogue computes.
+            let next = f.add(item, &stride);
+            let valid = f.ult(&next, &items);
+            let next_it = item_of(f, &next);
+            g.prologue(f, &th, &next_it, ring, Some(&valid));
+        }
         g.epilogue(f, &th, &it, &acc);
         // The next item's loads overwrite the scratch this item's epilogue read.
         f.barrier();
@@ -293,23 +323,9 @@ impl Gen<'_> {
     /// Tensor cores: a `stages`-deep cp.async ring of (W tile, H tile) k slices in shared
     /// memory, ldmatrix fragments, mma.sync m16n8k16 with f32 accumulators.
     ///
-    /// Shared layout of a stage: W tile `vocab_tile` rows then H tile `batch_tile` rows, each
-    /// row `k_step` elements (128 or 256 bytes) of 16-byte chunks. Chunk `c` of row `r` is
-    /// stored at chunk `c ^ s(r)` with `s(r) = (r >> 2) & 7` for W and `r & 7` for H, so the 8
-    /// row addresses of every ldmatrix phase (W rows 4g + const, H rows n..n+7) fall in 8
-    /// distinct bank groups.
-    fn tensor_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<String> {
-        let c = self.c;
-        let ks = c.k_step;
-        let cpr = ks / 8; // 16-byte chunks per row
-        let row_bytes = ks * 2;
-        let w_tile_bytes = c.vocab_tile * row_bytes;
-        let stage_bytes = c.stage_bytes();
-        let mtiles = self.quads * 2;
-
-        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4)
-            .map(|_| f.var("float", "0.0"))
-            .collect();
+    /// Kernel-wide values of the `cp.async` ring, computed once before the item loop.
+    fn ring(&self, f: &mut Func) -> Ring {
+        let ks = self.c.k_step;
         let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i64");
         let ks_up = f.add("%dim", &(ks - 1).to_string());
         let ktiles = f.v(format!("udiv i32 {ks_up}, {ks}"));
@@ -323,111 +339,150 @@ impl Gen<'_> {
         let hw = f.v(format!("and i64 {hw}, 15"));
         let p_ok = f.v(format!("icmp eq i64 {hw}, 0"));
         let aligned = f.and1(&d_ok, &p_ok);
+        Ring { smem, ktiles, aligned }
+    }
 
-        let load_stage = |f: &mut Func, kt: &str, slot: &str| {
-            let kbase = f.mul(kt, &ks.to_string());
-            let slot_off = f.mul(slot, &stage_bytes.to_string());
-            let chunks = |f: &mut Func, asynchronous: bool| {
-                for (is_w, rows, tile_off, base_row, limit, ptr) in [
-                    (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
-                    (
-                        false,
-                        c.batch_tile,
-                        w_tile_bytes,
-                        &it.b0,
-                        "%batch",
-                        "%hidden",
-                    ),
-                ] {
-                    let n_chunks = rows * cpr;
-                    let nthr = c.block_threads();
-                    for u in 0..n_chunks.div_ceil(nthr) {
-                        let i = f.add(&th.tid, &(u * nthr).to_string());
-                        let body = |f: &mut Func| {
-                            let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
-                            let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
-                            let s = if is_w {
-                                f.v(format!("lshr i32 {row}, 2"))
-                            } else {
-                                row.clone()
-                            };
-                            let s = f.v(format!("and i32 {s}, 7"));
-                            let sw = f.v(format!("xor i32 {cc}, {s}"));
-                            let ro = f.mul(&row, &row_bytes.to_string());
-                            let so = f.v(format!("shl i32 {sw}, 4"));
-                            let dst = f.add(&slot_off, &ro);
-                            let dst = f.add(&dst, &so);
-                            let dst = f.add(&dst, &tile_off.to_string());
-                            let gr = f.add(base_row, &row);
-                            let row_ok = f.ult(&gr, limit);
-                            let c8 = f.v(format!("shl i32 {cc}, 3"));
-                            let k = f.add(&kbase, &c8);
-                            let gr64 = f.zext64(&gr);
-                            let d64 = f.zext64("%dim");
-                            let row_elem = f.v(format!("mul i64 {gr64}, {d64}"));
-                            if asynchronous {
-                                let k_ok = f.ult(&k, "%dim");
+    /// Issues slice `kt` of item `it` into ring slot `slot` (no commit).
+    ///
+    /// Shared layout of a stage: W tile `vocab_tile` rows then H tile `batch_tile` rows, each
+    /// row `k_step` elements (128 or 256 bytes) of 16-byte chunks. Chunk `c` of row `r` is
+    /// stored at chunk `c ^ s(r)` with `s(r) = (r >> 2) & 7` for W and `r & 7` for H, so the 8
+    /// row addresses of every ldmatrix phase (W rows 4g + const, H rows n..n+7) fall in 8
+    /// distinct bank groups.
+    fn load_stage(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, kt: &str, slot: &str) {
+        let c = self.c;
+        let ks = c.k_step;
+        let cpr = ks / 8; // 16-byte chunks per row
+        let row_bytes = ks * 2;
+        let w_tile_bytes = c.vocab_tile * row_bytes;
+        let stage_bytes = c.stage_bytes();
+        let (smem, aligned) = (&ring.smem, &ring.aligned);
+        let kbase = f.mul(kt, &ks.to_string());
+        let slot_off = f.mul(slot, &stage_bytes.to_string());
+        let chunks = |f: &mut Func, asynchronous: bool| {
+            for (is_w, rows, tile_off, base_row, limit, ptr) in [
+                (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
+                (
+                    false,
+                    c.batch_tile,
+                    w_tile_bytes,
+                    &it.b0,
+                    "%batch",
+                    "%hidden",
+                ),
+            ] {
+                let n_chunks = rows * cpr;
+                let nthr = c.block_threads();
+                for u in 0..n_chunks.div_ceil(nthr) {
+                    let i = f.add(&th.tid, &(u * nthr).to_string());
+                    let body = |f: &mut Func| {
+                        let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
+                        let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
+                        let s = if is_w {
+                            f.v(format!("lshr i32 {row}, 2"))
+                        } else {
+                            row.clone()
+                        };
+                        let s = f.v(format!("and i32 {s}, 7"));
+                        let sw = f.v(format!("xor i32 {cc}, {s}"));
+                        let ro = f.mul(&row, &row_bytes.to_string());
+                        let so = f.v(format!("shl i32 {sw}, 4"));
+                        let dst = f.add(&slot_off, &ro);
+                        let dst = f.add(&dst, &so);
+                        let dst = f.add(&dst, &tile_off.to_string());
+                        let gr = f.add(base_row, &row);
+                        let row_ok = f.ult(&gr, limit);
+                        let c8 = f.v(format!("shl i32 {cc}, 3"));
+                        let k = f.add(&kbase, &c8);
+                        let gr64 = f.zext64(&gr);
+                        let d64 = f.zext64("%dim");
+                        let row_elem = f.v(format!("mul i64 {gr64}, {d64}"));
+                        if asynchronous {
+                            let k_ok = f.ult(&k, "%dim");
+                            let ok = f.and1(&row_ok, &k_ok);
+                            let k64 = f.zext64(&k);
+                            let e = f.v(format!("add i64 {row_elem}, {k64}"));
+                            let e = f.sel("i64", &ok, &e, "0");
+                            let src = f.gaddr(ptr, &e, 2);
+                            let d64 = f.zext64(&dst);
+                            let d64 = f.v(format!("add i64 {smem}, {d64}"));
+                            // src-size 0 zero-fills the chunk: rows past V or B, k past D.
+                            let size = f.sel("i32", &ok, "16", "0");
+                            f.s(format!(
+                                "call void asm sideeffect \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \
+                                 \"l,l,r,~{{memory}}\"(i64 {d64}, ptr addrspace(1) {src}, i32 {size}) #1"
+                            ));
+                        } else {
+                            let mut halves = Vec::new();
+                            for e in 0..8 {
+                                let ke = f.add(&k, &e.to_string());
+                                let k_ok = f.ult(&ke, "%dim");
                                 let ok = f.and1(&row_ok, &k_ok);
-                                let k64 = f.zext64(&k);
-                                let e = f.v(format!("add i64 {row_elem}, {k64}"));
-                                let e = f.sel("i64", &ok, &e, "0");
-                                let src = f.gaddr(ptr, &e, 2);
-                                let d64 = f.zext64(&dst);
-                                let d64 = f.v(format!("add i64 {smem}, {d64}"));
-                                // src-size 0 zero-fills the chunk: rows past V or B, k past D.
-                                let size = f.sel("i32", &ok, "16", "0");
-                                f.s(format!(
-                                    "call void asm sideeffect \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \
-                                     \"l,l,r,~{{memory}}\"(i64 {d64}, ptr addrspace(1) {src}, i32 {size}) #1"
-                                ));
-                            } else {
-                                let mut halves = Vec::new();
-                                for e in 0..8 {
-                                    let ke = f.add(&k, &e.to_string());
-                                    let k_ok = f.ult(&ke, "%dim");
-                                    let ok = f.and1(&row_ok, &k_ok);
-                                    let k64 = f.zext64(&ke);
-                                    let ix = f.v(format!("add i64 {row_elem}, {k64}"));
-                                    let ix = f.sel("i64", &ok, &ix, "0");
-                                    let a = f.gaddr(ptr, &ix, 2);
-                                    let v = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
-                                    let v = f.sel("i16", &ok, &v, "0");
-                                    halves.push(f.v(format!("zext i16 {v} to i32")));
-                                }
-                                let mut vec = "undef".to_string();
-                                for w in 0..4 {
-                                    let hi = f.v(format!("shl i32 {}, 16", halves[2 * w + 1]));
-                                    let word = f.v(format!("or i32 {}, {hi}", halves[2 * w]));
-                                    vec = f.v(format!(
-                                        "insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"
-                                    ));
-                                }
-                                let sa = f.saddr("@fs_smem", &dst);
-                                f.s(format!(
-                                    "store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"
+                                let k64 = f.zext64(&ke);
+                                let ix = f.v(format!("add i64 {row_elem}, {k64}"));
+                                let ix = f.sel("i64", &ok, &ix, "0");
+                                let a = f.gaddr(ptr, &ix, 2);
+                                let v = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
+                                let v = f.sel("i16", &ok, &v, "0");
+                                halves.push(f.v(format!("zext i16 {v} to i32")));
+                            }
+                            let mut vec = "undef".to_string();
+                            for w in 0..4 {
+                                let hi = f.v(format!("shl i32 {}, 16", halves[2 * w + 1]));
+                                let word = f.v(format!("or i32 {}, {hi}", halves[2 * w]));
+                                vec = f.v(format!(
+                                    "insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"
                                 ));
                             }
-                        };
-                        if (u + 1) * nthr > n_chunks {
-                            let inr = f.ult(&i, &n_chunks.to_string());
-                            f.if_then(&inr, body);
-                        } else {
-                            body(f);
+                            let sa = f.saddr("@fs_smem", &dst);
+                            f.s(format!(
+                                "store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"
+                            ));
                         }
+                    };
+                    if (u + 1) * nthr > n_chunks {
+                        let inr = f.ult(&i, &n_chunks.to_string());
+                        f.if_then(&inr, body);
+                    } else {
+                        body(f);
                     }
                 }
-            };
-            f.if_else(&aligned, |f| chunks(f, true), |f| chunks(f, false));
+            }
         };
-        let commit = |f: &mut Func| {
-            f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1")
-        };
+        f.if_else(&aligned, |f| chunks(f, true), |f| chunks(f, false));
+    
+    }
 
-        // Prologue: stages − 1 slices in flight (always commit, so group counting is static).
-        for s in 0..c.stages - 1 {
-            let in_range = f.ult(&s.to_string(), &ktiles);
-            f.if_then(&in_range, |f| load_stage(f, &s.to_string(), &s.to_string()));
-            commit(f);
+    /// The first `stages − 1` slices of item `it` (only where `valid`, if given); always
+    /// commits `stages − 1` groups, so the group counting stays static.
+    fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
+        for s in 0..self.c.stages - 1 {
+            let in_range = f.ult(&s.to_string(), &ring.ktiles);
+            let go = match valid {
+                Some(v) => f.and1(&in_range, v),
+                None => in_range,
+            };
+            f.if_then(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
+            commit_group(f);
+        }
+    }
+
+    /// `own_prologue`: issue this item's prologue here (false when the previous item's
+    /// epilogue already did, [`GpuConfig::overlaps_epilogue`]).
+    fn tensor_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
+        let c = self.c;
+        let ks = c.k_step;
+        let row_bytes = ks * 2;
+        let w_tile_bytes = c.vocab_tile * row_bytes;
+        let stage_bytes = c.stage_bytes();
+        let mtiles = self.quads * 2;
+        let (smem, ktiles) = (&ring.smem, &ring.ktiles);
+
+        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4)
+            .map(|_| f.var("float", "0.0"))
+            .collect();
+        if own_prologue {
+            self.prologue(f, th, it, ring, None);
         }
         let dtype = match self.p.weights.dtype {
             DType::F16 => "f16",
@@ -458,9 +513,9 @@ impl Gen<'_> {
             let pf_ok = f.ult(&pf, &ktiles);
             f.if_then(&pf_ok, |f| {
                 let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
-                load_stage(f, &pf, &slot);
+                self.load_stage(f, th, it, ring, &pf, &slot);
             });
-            commit(f);
+            commit_group(f);
             let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
             let slot_off = f.mul(&slot, &stage_bytes.to_string());
             let slot_addr = f.zext64(&slot_off);
@@ -538,7 +593,8 @@ impl Gen<'_> {
             }
         });
         f.s("call void asm sideeffect \"cp.async.wait_group 0;\", \"~{memory}\"() #1");
-        // The epilogue's scratch aliases the ring.
+        // Every warp is done reading the ring: the epilogue's scratch may alias it, or the
+        // next item's prologue may refill it.
         f.barrier();
 
         // Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column).
@@ -560,8 +616,9 @@ impl Gen<'_> {
         let p = self.p;
         let bt = c.batch_tile;
         let e = c.warps * bt; // scratch entries
+        let sb = c.scratch_base();
         let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) =
-            (0, 4 * e, 8 * e, 12 * e, 16 * e, 20 * e);
+            (sb, sb + 4 * e, sb + 8 * e, sb + 12 * e, sb + 16 * e, sb + 20 * e);
         let has_temp = p.temperature().is_some();
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();
@@ -848,9 +905,10 @@ impl Gen<'_> {
         let none = INDEX_NONE as i32;
         f.for_loop("0", &samples.to_string(), "1", |f, s| {
             let mut best = Vec::new();
-            for (ci, cl) in cols.iter().enumerate() {
-                let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let (mut bs, mut bi, mut bl) = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+            // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
+            for (n, pair) in cols.chunks(2).enumerate() {
+                let mut acc_best: Vec<(String, String, String)> =
+                    vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
                 for q in 0..self.quads {
                     let noise: Vec<String> = if p.is_greedy() {
                         Vec::new()
@@ -858,43 +916,45 @@ impl Gen<'_> {
                         // Global index g = v + vocab_offset (a multiple of 4: same quads).
                         let g = f.add(&quad_base[q as usize], "%vocab_offset");
                         let ctr = f.v(format!("lshr i32 {g}, 2"));
-                        let ty = "{ i32, i32, i32, i32 }";
+                        let (a, b) = (&pair[0], &pair[pair.len() - 1]);
+                        let ty = crate::math::NOISE_PAIR_TY;
                         let r = f.v(format!(
-                            "call {ty} @fs_philox(i32 {ctr}, i32 {}, i32 {s}, i32 0, i32 {}, i32 {})",
-                            cl.ctr_row, cl.key_lo, cl.key_hi
+                            "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
+                            a.ctr_row, a.key_lo, a.key_hi, b.ctr_row, b.key_lo, b.key_hi
                         ));
-                        (0..4)
-                            .map(|w| {
-                                let bits = f.v(format!("extractvalue {ty} {r}, {w}"));
-                                f.v(format!("call float @fs_gumbel_f32(i32 {bits})"))
-                            })
-                            .collect()
+                        (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
                     };
-                    for o in 0..4 {
-                        let xv = &x[self.acc_index(q, o, n, j)];
-                        let score = if p.is_greedy() {
-                            xv.clone()
-                        } else {
-                            let noisy = f.fadd(xv, &noise[o as usize]);
-                            f.sel("float", &cl.greedy, xv, &noisy)
-                        };
-                        let v = f.add(&quad_base[q as usize], &o.to_string());
-                        let better = f.v(format!("fcmp ogt float {score}, {bs}"));
-                        bs = f.sel("float", &better, &score, &bs);
-                        bi = f.sel("i32", &better, &v, &bi);
-                        bl = f.sel("float", &better, xv, &bl);
+                    for (pj, cl) in pair.iter().enumerate() {
+                        let (n, j) = (n as u32, pj as u32);
+                        let (bs, bi, bl) = &mut acc_best[pj];
+                        for o in 0..4 {
+                            let xv = &x[self.acc_index(q, o, n, j)];
+                            let score = if p.is_greedy() {
+                                xv.clone()
+                            } else {
+                                let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
+                                f.sel("float", &cl.greedy, xv, &noisy)
+                            };
+                            let v = f.add(&quad_base[q as usize], &o.to_string());
+                            let better = f.v(format!("fcmp ogt float {score}, {bs}"));
+                            *bs = f.sel("float", &better, &score, bs);
+                            *bi = f.sel("i32", &better, &v, bi);
+                            *bl = f.sel("float", &better, xv, bl);
+                        }
                     }
                 }
-                for sh in [4, 8, 16] {
-                    let os = f.shfl_xor_f32(&bs, sh);
-                    let oi = f.shfl_xor_i32(&bi, sh);
-                    let ol = f.shfl_xor_f32(&bl, sh);
-                    let take = f.beats(&os, &oi, &bs, &bi);
-                    bs = f.sel("float", &take, &os, &bs);
-                    bi = f.sel("i32", &take, &oi, &bi);
-                    bl = f.sel("float", &take, &ol, &bl);
+                for (mut bs, mut bi, mut bl) in acc_best {
+                    for sh in [4, 8, 16] {
+                        let os = f.shfl_xor_f32(&bs, sh);
+                        let oi = f.shfl_xor_i32(&bi, sh);
+                        let ol = f.shfl_xor_f32(&bl, sh);
+                        let take = f.beats(&os, &oi, &bs, &bi);
+                        bs = f.sel("float", &take, &os, &bs);
+                        bi = f.sel("i32", &take, &oi, &bi);
+                        bl = f.sel("float", &take, &ol, &bl);
+                    }
+                    best.push((bs, bi, bl));
                 }
-                best.push((bs, bi, bl));
             }
             f.if_then(&lane_lt4, |f| {
                 for (ci, cl) in cols.iter().enumerate() {
@@ -957,7 +1017,7 @@ impl Gen<'_> {
     fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
         let c = self.c;
         let vt = c.vocab_tile;
-        let base = c.scratch_bytes();
+        let base = c.scratch_base() + c.scratch_bytes();
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));

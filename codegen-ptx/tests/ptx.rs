@@ -483,8 +483,11 @@ fn geometry() {
         list_per_tile: 0,
         ..c.clone()
     };
-    assert_eq!(p.ctas_per_sm(), 4);
-    assert_eq!(p.grid(64, 151_936, 132), (528, 1, 1));
+    assert_eq!(p.grid(64, 151_936, 132), (132, 1, 1), "as many CTAs as are resident");
+    // The persistent tensor path keeps its epilogue scratch after the ring (it overlaps the
+    // next item's prologue), so it needs both.
+    assert!(p.overlaps_epilogue() && !c.overlaps_epilogue());
+    assert_eq!(p.smem_bytes(), c.smem_bytes() + 8 * 8 * 4 * 6);
     assert_eq!(
         p.grid(1, 1000, 132),
         (4, 1, 1),

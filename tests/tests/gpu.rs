@@ -660,3 +660,52 @@ fn bounded_filter_skips_the_logsumexp_without_changing_a_token() {
         case.check(&lean, &a, &(0..case.batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
+
+/// Persistent tensor-path CTAs issue the next item's first slices before this item's
+/// epilogue (the scratch then sits after the ring): the tokens, scores, logsumexp and top
+/// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
+/// order, same noise), pathwise against the reference, and every candidate slot written.
+#[test]
+fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
+    let (device, dev) = gpu_or_skip!();
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let tile = |vocab_tile, batch_tile, warps, stages| flashsample::GpuConfig {
+        vocab_tile,
+        batch_tile,
+        k_step: 64,
+        warps,
+        stages,
+        persistent: true,
+        list_per_tile: 0,
+    };
+    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
+    for (p, batch, dim, vocab, std) in [
+        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
+        (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
+        (serving(), 64, 4096, 151_936, FILTER_LOGIT_STD),
+        (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
+    ] {
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, 91 + batch as u64, std);
+        for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2)] {
+            c.fit_lists(&p);
+            // Lists take shared memory on top of the ring: fewer stages where they must.
+            while c.stages > 2 && c.validate(&p, dev.limits()).is_err() {
+                c.stages -= 1;
+            }
+            let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
+            let one_per_item = KernelConfig::Cuda(flashsample::GpuConfig { persistent: false, ..c.clone() });
+            let persistent = KernelConfig::Cuda(c.clone());
+            let a = case.run_with(&sampler, &one_per_item).unwrap_or_else(|e| panic!("{what}, one CTA per item: {e}"));
+            let b = case.run_with(&sampler, &persistent).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(a, b, "{what}: persistent launch differs from one CTA per item");
+            case.check(&p, &b, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let params = case.params(&p);
+            let (layout, cands, _) =
+                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&persistent), poison)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
+            eprintln!("ok: {what}");
+        }
+    }
+}

@@ -127,19 +127,27 @@ struct Row {
 
 /// Sweep candidates: the batch tile that covers the batch (≤ 128), warps × vocab tile
 /// variants, persistent or not, the deepest ring (≤ 4 stages) that fits.
+/// The `--sweep` space for one batch: 4 or 8 warps, one or two 32-row blocks per warp, the
+/// batch tile that covers the batch (and 64 below it for larger batches), 3 or 4 stages,
+/// one CTA per item or persistent (whose epilogue overlaps the next item's loads).
 fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &flashsample_codegen_ptx::GpuLimits) -> Vec<GpuConfig> {
     let bt = (batch.next_multiple_of(8)).clamp(8, 128) as u32;
+    let mut bts = vec![bt];
+    if bt > 64 {
+        bts.push(64);
+    }
     let mut out = Vec::new();
     for warps in [4u32, 8] {
         for quads in [1u32, 2] {
-            for persistent in [false, true] {
-                let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile: bt, k_step: 64, warps, stages: 4, persistent, list_per_tile: 0 };
-                c.fit_lists(pipeline);
-                while c.stages > 2 && c.validate(pipeline, limits).is_err() {
-                    c.stages -= 1;
-                }
-                if c.validate(pipeline, limits).is_ok() {
-                    out.push(c);
+            for &batch_tile in &bts {
+                for stages in [3u32, 4] {
+                    for persistent in [false, true] {
+                        let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0 };
+                        c.fit_lists(pipeline);
+                        if c.validate(pipeline, limits).is_ok() {
+                            out.push(c);
+                        }
+                    }
                 }
             }
         }

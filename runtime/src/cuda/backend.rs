@@ -40,9 +40,6 @@ fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
     bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
 }
 
-/// Dynamic shared memory a block gets without opting in (CUDA's fixed default).
-const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
-
 /// Stage two's per-row status codes (DESIGN.md "GPU").
 const STATUS_OK: u32 = 0;
 const STATUS_ALL_MASKED: u32 = 1;
@@ -238,6 +235,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn prepare(
         &self,
+        kernel: &LoadedKernel,
         scratch: &mut Scratch,
         hidden: &Tensor<'_>,
         weights: &[Tensor<'_>],
@@ -250,7 +248,7 @@ impl CudaBackend {
         let p = &self.pipeline;
         let dev = &*self.device;
         let samples = p.samples_per_row() as usize;
-        let geometry = ptx::geometry(config, shape.batch, shape.vocab, self.device.sm_count());
+        let geometry = ptx::geometry(config, shape.batch, shape.vocab, kernel.stage1_per_sm * self.device.sm_count());
         let layout = StageTwo { batch: shape.batch, samples, tiles: geometry.tiles };
         let mut uploads = Vec::new();
         let hidden_ptr = self.operand(hidden, &mut uploads)?;
@@ -346,13 +344,8 @@ impl CudaBackend {
     }
 
     fn launch_stage1(&self, k: &LoadedKernel, l: &Launch, weights: u64) -> Result<()> {
+        // The kernel opted into `stage1_smem` when it was loaded (cache::load).
         let g = &l.geometry;
-        if g.stage1_smem > DEFAULT_SMEM_LIMIT {
-            // Blocks get more than 48 KB of dynamic shared memory only after opting in.
-            k.stage1
-                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, g.stage1_smem as i32)
-                .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
-        }
         let (batch, dim, vocab) = (l.shape.batch as u32, l.shape.dim as u32, l.shape.vocab as u32);
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
         let stream = self.device.stream();
@@ -484,7 +477,7 @@ impl CudaBackend {
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
+        let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
         self.launch_stage1(&kernel, &l, l.weights[0])?;
         self.launch_stage2(&kernel, &l)?;
         self.launch_filter(&kernel, &l)?;
@@ -590,7 +583,7 @@ impl CudaBackend {
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
+        let l = self.prepare(&kernel, &mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
         for i in 0..warmup {
             self.launch_all(&kernel, &l, i)?;
         }
@@ -666,7 +659,7 @@ impl CudaBackend {
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity(), lse)?;
+        let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity(), lse)?;
         let layout = StageTwo { batch: shape.batch, samples: l.samples, tiles: l.geometry.tiles };
         let dev = &*self.device;
         let cand_poison = vec![poison; layout.candidate_count()];

@@ -19,6 +19,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Dynamic shared memory a block gets without opting in (CUDA's fixed default).
+const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
+
 /// A pipeline's kernels, loaded into one device's context.
 pub(crate) struct LoadedKernel {
     pub stage1: CudaFunction,
@@ -29,6 +32,9 @@ pub(crate) struct LoadedKernel {
     _module: Arc<CudaModule>,
     /// Whether the PTX came from the disk cache (for tests and logs).
     pub from_disk: bool,
+    /// Stage-one CTAs one SM holds at once (the driver's occupancy calculator, with the
+    /// config's dynamic shared memory): sizes persistent grids.
+    pub stage1_per_sm: u32,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -103,7 +109,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let path = cache_dir().map(|d| d.join("ptx").join(key.file_name()));
     let mut kernel = None;
     if let Some(text) = path.as_ref().and_then(|p| read_cached(p, &key)) {
-        match load(device, &text, true, pipeline.list_capacity() > 0) {
+        match load(device, &text, true, pipeline.list_capacity() > 0, config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", path.as_ref().map_or(String::new(), |p| p.display().to_string()))),
         }
@@ -114,7 +120,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false, compiled.filter.is_some())?;
+            let k = load(device, text, false, compiled.filter.is_some(), config)?;
             if let Some(p) = &path {
                 write_cached(p, &key, text);
             }
@@ -160,7 +166,9 @@ fn write_cached(path: &PathBuf, key: &Key, text: &str) {
 }
 
 /// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`).
-fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool) -> Result<LoadedKernel> {
+/// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
+/// its occupancy read with it.
+fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, config: &GpuConfig) -> Result<LoadedKernel> {
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
@@ -178,7 +186,22 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool) -> Resul
     } else {
         None
     };
-    Ok(LoadedKernel { stage1, stage2, filter, _module: module, from_disk })
+    let smem = config.smem_bytes();
+    if smem > DEFAULT_SMEM_LIMIT {
+        stage1
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+    }
+    let stage1_per_sm = stage1
+        .occupancy_max_active_blocks_per_multiprocessor(config.block_threads(), smem as usize, None)
+        .map_err(drv("cuOccupancyMaxActiveBlocksPerMultiprocessor(flashsample_stage1)"))?;
+    if stage1_per_sm == 0 {
+        return Err(Error::Unsupported(format!(
+            "stage one with {config:?} ({} threads, {smem} B shared memory) fits no SM of this GPU",
+            config.block_threads()
+        )));
+    }
+    Ok(LoadedKernel { stage1, stage2, filter, _module: module, from_disk, stage1_per_sm })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

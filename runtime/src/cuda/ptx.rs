@@ -45,9 +45,10 @@ pub(crate) struct Geometry {
     pub filter_block: u32,
 }
 
-pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, sm_count: u32) -> Geometry {
+/// `resident`: stage-one CTAs the whole device holds at once (occupancy × SMs).
+pub(crate) fn geometry(config: &GpuConfig, batch: usize, vocab: usize, resident: u32) -> Geometry {
     Geometry {
-        stage1_grid: config.grid(batch, vocab, sm_count),
+        stage1_grid: config.grid(batch, vocab, resident),
         stage1_block: config.block_threads(),
         stage1_smem: config.smem_bytes(),
         tiles: config.tiles(vocab),
