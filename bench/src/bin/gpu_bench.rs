@@ -48,6 +48,11 @@ struct Args {
     /// selection round), to split the list epilogue's cost.
     #[arg(long)]
     split_lists: bool,
+    /// Also time these configs (a JSON array of GpuConfig objects) at every batch, each with
+    /// the bench pipeline and with a greedy one (no temperature, no noise: the epilogue's
+    /// noise cost is the difference).
+    #[arg(long)]
+    configs: Option<String>,
 }
 
 /// A comma-separated batch list that may be empty (`--filter-batches ""`), which clap's
@@ -180,6 +185,12 @@ fn main() {
         .build()
         .expect("bench pipeline");
     let sampler = Sampler::new(pipeline, &device).expect("sampler");
+    let greedy = Sampler::new(PipelineBuilder::new("BenchGreedy", DType::BF16, DType::BF16).build().expect("greedy bench pipeline"), &device)
+        .expect("greedy sampler");
+    let extra: Vec<GpuConfig> = match &args.configs {
+        Some(json) => serde_json::from_str(json).unwrap_or_else(|e| panic!("--configs: {e}")),
+        None => Vec::new(),
+    };
     let filtered = PipelineBuilder::new("BenchTopKTopP", DType::BF16, DType::BF16)
         .temperature_per_row("temperature")
         .filter("filter", 50)
@@ -251,6 +262,16 @@ fn main() {
                         Err(e) => eprintln!("  sweep B={batch} {c:?}: {e}"),
                     }
                 }
+            }
+            for c in &extra {
+                let kc = KernelConfig::Cuda(c.clone());
+                let time = |s: &Sampler, p: &SamplingParams<'_>| {
+                    flashsample::cuda::time_fused(s, ht, &wt, p, Some(&kc), 3, args.reps.max(50))
+                        .map(|t| format!("{:.1} us", median(t) * 1e6))
+                        .unwrap_or_else(|e| e.to_string())
+                };
+                let g = time(&greedy, &SamplingParams::default());
+                eprintln!("  config B={batch} {} (greedy {g}) {c:?}", time(&sampler, &params));
             }
             rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
         }
