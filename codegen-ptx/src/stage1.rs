@@ -28,7 +28,8 @@ struct Thread {
 
 /// Kernel-wide values of the tensor path's `cp.async` ring.
 struct Ring {
-    /// Address of `@fs_smem` (i64).
+    /// Shared-window address of `@fs_smem` (i32: shared addresses fit 32 bits, which saves
+    /// the 64-bit adds and registers of every cp.async and ldmatrix address).
     smem: String,
     /// k slices of `k_step` per item.
     ktiles: String,
@@ -326,7 +327,7 @@ impl Gen<'_> {
     /// Kernel-wide values of the `cp.async` ring, computed once before the item loop.
     fn ring(&self, f: &mut Func) -> Ring {
         let ks = self.c.k_step;
-        let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i64");
+        let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i32");
         let ks_up = f.add("%dim", &(ks - 1).to_string());
         let ktiles = f.v(format!("udiv i32 {ks_up}, {ks}"));
         // cp.async needs 16-byte aligned global chunks: rows of D·2 bytes with D % 8 == 0 and
@@ -400,17 +401,22 @@ impl Gen<'_> {
                         if asynchronous {
                             let k_ok = f.ult(&k, "%dim");
                             let ok = f.and1(&row_ok, &k_ok);
-                            let k64 = f.zext64(&k);
-                            let e = f.v(format!("add i64 {row_elem}, {k64}"));
-                            let e = f.sel("i64", &ok, &e, "0");
-                            let src = f.gaddr(ptr, &e, 2);
-                            let d64 = f.zext64(&dst);
-                            let d64 = f.v(format!("add i64 {smem}, {d64}"));
+                            // The chunk's row pointer does not depend on the slice, so LLVM
+                            // hoists it out of the k loop; a slice adds its byte offset (one
+                            // 64-bit add per chunk) and only the final pointer is selected.
+                            let c64 = f.zext64(&c8);
+                            let e = f.v(format!("add i64 {row_elem}, {c64}"));
+                            let row_ptr = f.gaddr(ptr, &e, 2);
+                            let kb = f.zext64(&kbase);
+                            let kb = f.v(format!("shl i64 {kb}, 1"));
+                            let src = f.v(format!("getelementptr i8, ptr addrspace(1) {row_ptr}, i64 {kb}"));
+                            let src = f.sel("ptr addrspace(1)", &ok, &src, ptr);
+                            let d32 = f.add(smem, &dst);
                             // src-size 0 zero-fills the chunk: rows past V or B, k past D.
                             let size = f.sel("i32", &ok, "16", "0");
                             f.s(format!(
                                 "call void asm sideeffect \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \
-                                 \"l,l,r,~{{memory}}\"(i64 {d64}, ptr addrspace(1) {src}, i32 {size}) #1"
+                                 \"r,l,r,~{{memory}}\"(i32 {d32}, ptr addrspace(1) {src}, i32 {size}) #1"
                             ));
                         } else {
                             let mut halves = Vec::new();
@@ -518,23 +524,22 @@ impl Gen<'_> {
             commit_group(f);
             let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
             let slot_off = f.mul(&slot, &stage_bytes.to_string());
-            let slot_addr = f.zext64(&slot_off);
-            let slot_addr = f.v(format!("add i64 {smem}, {slot_addr}"));
+            let slot_addr = f.add(smem, &slot_off);
             let ldm = |f: &mut Func, x: u32, byte_off: &str| -> Vec<String> {
-                let off = f.zext64(byte_off);
-                let a = f.v(format!("add i64 {slot_addr}, {off}"));
+                let a = f.add(&slot_addr, byte_off);
                 let (outs, regs) = if x == 4 {
                     ("{ i32, i32, i32, i32 }", "{$0,$1,$2,$3}, [$4]")
                 } else {
                     ("{ i32, i32 }", "{$0,$1}, [$2]")
                 };
-                let cons = if x == 4 { "=r,=r,=r,=r,l,~{memory}" } else { "=r,=r,l,~{memory}" };
+                let cons = if x == 4 { "=r,=r,=r,=r,r,~{memory}" } else { "=r,=r,r,~{memory}" };
                 let r = f.v(format!(
-                    "call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{x}.shared.b16 {regs};\", \"{cons}\"(i64 {a}) #1"
+                    "call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{x}.shared.b16 {regs};\", \"{cons}\"(i32 {a}) #1"
                 ));
                 (0..x).map(|i| f.v(format!("extractvalue {outs} {r}, {i}"))).collect()
             };
-            for kk in 0..ks / 16 {
+            // Fragments of k16 step kk (A per m tile, B per n tile).
+            let frags = |f: &mut Func, kk: u32| -> (Vec<Vec<String>>, Vec<Vec<String>>) {
                 // A fragments: lane l gives MMA row l & 15 of k half l >> 4.
                 let mut a_frag = Vec::new();
                 let ca = f.add(&khalf_a, &(kk * 2).to_string());
@@ -570,6 +575,16 @@ impl Gen<'_> {
                         b_frag.push(r[2..4].to_vec());
                     }
                     n += if pair { 2 } else { 1 };
+                }
+                (a_frag, b_frag)
+            };
+            // Step kk + 1's ldmatrix are issued before step kk's MMAs, so their shared-memory
+            // latency hides behind the tensor pipe instead of stalling it.
+            let mut next = Some(frags(f, 0));
+            for kk in 0..ks / 16 {
+                let (a_frag, b_frag) = next.take().unwrap_or_default();
+                if kk + 1 < ks / 16 {
+                    next = Some(frags(f, kk + 1));
                 }
                 for mt in 0..mtiles {
                     for n in 0..self.ntiles {
