@@ -687,7 +687,7 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 91 + batch as u64, std);
-        for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2)] {
+        for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)] {
             c.fit_lists(&p);
             // Lists take shared memory on top of the ring: fewer stages where they must.
             while c.stages > 2 && c.validate(&p, dev.limits()).is_err() {

@@ -192,10 +192,18 @@ impl CudaBackend {
                     c.fit_lists(&self.pipeline);
                     c
                 });
-                match fitted.filter(|c| c.validate(&self.pipeline, self.device.limits()).is_ok()) {
-                    Some(c) => c,
-                    None => self.heuristic(shape),
-                }
+                let limits = self.device.limits();
+                let valid = |c: &GpuConfig| c.validate(&self.pipeline, limits).is_ok();
+                // A persistent tile keeps its epilogue scratch (and lists) beside the ring; where
+                // that does not fit, the same tile with one CTA per item aliases them.
+                let fitted = fitted.and_then(|c| {
+                    if valid(&c) {
+                        Some(c)
+                    } else {
+                        Some(GpuConfig { persistent: false, ..c }).filter(valid)
+                    }
+                });
+                fitted.unwrap_or_else(|| self.heuristic(shape))
             })
             .clone()
     }
