@@ -694,6 +694,11 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
                 c.stages -= 1;
             }
             let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
+            if let Err(e) = c.validate(&p, dev.limits()) {
+                // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
+                eprintln!("not run (does not fit this GPU): {what}: {e}");
+                continue;
+            }
             let one_per_item = KernelConfig::Cuda(flashsample::GpuConfig { persistent: false, ..c.clone() });
             let persistent = KernelConfig::Cuda(c.clone());
             let a = case.run_with(&sampler, &one_per_item).unwrap_or_else(|e| panic!("{what}, one CTA per item: {e}"));
