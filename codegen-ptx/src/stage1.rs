@@ -455,8 +455,7 @@ impl Gen<'_> {
                 }
             }
         };
-        f.if_else(&aligned, |f| chunks(f, true), |f| chunks(f, false));
-    
+        f.if_else(aligned, |f| chunks(f, true), |f| chunks(f, false));
     }
 
     /// The first `stages − 1` slices of item `it` (only where `valid`, if given); always
@@ -507,7 +506,7 @@ impl Gen<'_> {
         let a_row_base = f.add(&warp_row, &m7x4);
         let a_row_base = f.add(&a_row_base, &mhi);
 
-        f.for_loop("0", &ktiles, "1", |f, kt| {
+        f.for_loop("0", ktiles, "1", |f, kt| {
             f.s(format!(
                 "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
                 c.stages - 2
@@ -516,7 +515,7 @@ impl Gen<'_> {
             // the prefetch below overwrites (consumed at iteration kt − 1).
             f.barrier();
             let pf = f.add(kt, &(c.stages - 1).to_string());
-            let pf_ok = f.ult(&pf, &ktiles);
+            let pf_ok = f.ult(&pf, ktiles);
             f.if_then(&pf_ok, |f| {
                 let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
                 self.load_stage(f, th, it, ring, &pf, &slot);

@@ -249,40 +249,29 @@ fn main() {
                 other => format!("{other:?}"),
             };
             eprintln!("fused D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
+            // The sweep's configs and `--configs`, timed alike; the fastest is the tuned time.
+            let sweep = if args.sweep { sweep_configs(sampler.pipeline(), batch, dev.limits()) } else { Vec::new() };
+            let candidates = sweep.into_iter().map(|c| ("sweep", c)).chain(extra.iter().cloned().map(|c| ("config", c)));
             let mut tuned: Option<(f64, String)> = None;
-            if args.sweep {
-                for c in sweep_configs(sampler.pipeline(), batch, dev.limits()) {
-                    let kc = KernelConfig::Cuda(c.clone());
-                    match flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&kc), 3, args.reps.max(50)) {
-                        Ok(t) => {
-                            let m = median(t);
-                            eprintln!("  sweep B={batch} {:.1} us {c:?}", m * 1e6);
-                            if tuned.as_ref().is_none_or(|(b, _)| m < *b) {
-                                tuned = Some((m, format!("{c:?}")));
-                            }
-                        }
-                        Err(e) => eprintln!("  sweep B={batch} {c:?}: {e}"),
-                    }
-                }
-            }
-            for c in &extra {
+            for (label, c) in candidates {
                 let kc = KernelConfig::Cuda(c.clone());
                 let time = |s: &Sampler, p: &SamplingParams<'_>| {
-                    flashsample::cuda::time_fused(s, ht, &wt, p, Some(&kc), 3, args.reps.max(50))
-                        .map(|t| format!("{:.1} us", median(t) * 1e6))
-                        .unwrap_or_else(|e| e.to_string())
+                    flashsample::cuda::time_fused(s, ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
                 };
-                let t = flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&kc), 3, args.reps.max(50)).map(median);
                 // The greedy pipeline (no temperature, no noise): the epilogue's noise cost is the difference.
-                let g = if args.greedy { format!(" (greedy {})", time(&greedy, &SamplingParams::default())) } else { String::new() };
-                match t {
+                let g = match (args.greedy && label == "config").then(|| time(&greedy, &SamplingParams::default())) {
+                    Some(Ok(m)) => format!(" (greedy {:.1} us)", m * 1e6),
+                    Some(Err(e)) => format!(" (greedy: {e})"),
+                    None => String::new(),
+                };
+                match time(&sampler, &params) {
                     Ok(m) => {
-                        eprintln!("  config B={batch} {:.1} us{g} {c:?}", m * 1e6);
+                        eprintln!("  {label} B={batch} {:.1} us{g} {c:?}", m * 1e6);
                         if tuned.as_ref().is_none_or(|(b, _)| m < *b) {
                             tuned = Some((m, format!("{c:?}")));
                         }
                     }
-                    Err(e) => eprintln!("  config B={batch} {c:?}: {e}"),
+                    Err(e) => eprintln!("  {label} B={batch} {c:?}: {e}"),
                 }
             }
             rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
