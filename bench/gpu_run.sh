@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: peers profile ptxas
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
@@ -52,9 +52,14 @@ if has profile; then
       --filter-batches "" --python none --reps 3 --warmup 2 --rotate 1 >"$OUT/ncu-b$b.txt" 2>&1
     summary+=("ncu B=$b rc=$?")
   done
+fi
+if has profile || has ptxas; then
+  # Each module at its own target (sm_90a for wgmma configs); warnings (wgmma serialization) kept.
   for f in "$FLASHSAMPLE_CACHE_DIR"/ptx/*.ptx; do
-    echo "== $f"; ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|registers|spill"
+    arch=$(awk '$1 == ".target" { print $2; exit }' "$f")
+    echo "== $f ($arch)"; ptxas -arch="$arch" -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|registers|spill|arning"
   done >"$OUT/ptxas.txt" 2>&1
+  summary+=("ptxas: $(grep -c '^==' "$OUT/ptxas.txt") modules, $(grep -c arning "$OUT/ptxas.txt") warnings")
 fi
 if has bench; then
   start=$SECONDS

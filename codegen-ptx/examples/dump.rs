@@ -1,7 +1,8 @@
 //! Prints the PTX (or with `ir`, the LLVM IR) of a pipeline: `cargo run --example dump [ir]
 //! [simt] [bench] [filter]`. `bench` is gpu_bench's pipeline (per-row temperature + Gumbel),
 //! `filter` adds its top-k/top-p filter; the tile config comes from the environment
-//! (`VT`, `BT`, `WARPS`, `KS`, `STAGES`, defaults 128, 16, 4, 64, 4).
+//! (`VT`, `BT`, `WARPS`, `KS`, `STAGES`, defaults 128, 16, 4, 64, 4; `WGMMA=1` and
+//! `PERSISTENT=1` switch those on).
 use flashsample_codegen_ptx::{compile, llvm_ir, Arch, GpuConfig};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 
@@ -43,8 +44,9 @@ fn main() {
         k_step: env_u32("KS", 64),
         warps: env_u32("WARPS", 4),
         stages: if simt { 1 } else { env_u32("STAGES", 4) },
-        persistent: false,
+        persistent: env_u32("PERSISTENT", 0) == 1,
         list_per_tile: 0,
+        wgmma: env_u32("WGMMA", 0) == 1,
     };
     c.fit_lists(&p);
     if has("ir") {

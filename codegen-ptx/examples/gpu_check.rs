@@ -471,6 +471,7 @@ fn main() {
         stages,
         persistent,
         list_per_tile: 0,
+        wgmma: false,
     };
     let mk = |name: &str, pipeline: Pipeline, config: GpuConfig, batch, dim, vocab| Case {
         name: name.to_string(),

@@ -82,6 +82,11 @@ impl GpuLimits {
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
 ///   with [`GpuConfig::exact_lists`]. Absent in older tuning files (serde default 0; the
 ///   runtime fills it in with [`GpuConfig::fit_lists`]).
+/// - `wgmma`: Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a PTX, compute capability
+///   9.0 only) instead of `ldmatrix` + `mma.sync`: each group of 4 warps multiplies its
+///   vocab rows straight from the shared-memory ring (no fragment loads, about twice
+///   `mma.sync`'s tensor rate on an H100/H200). Needs `warps % 4 == 0` and `k_step == 64`
+///   (one 128-byte swizzle atom per row). Absent in older tuning files (serde default false).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
@@ -92,6 +97,8 @@ pub struct GpuConfig {
     pub persistent: bool,
     #[serde(default)]
     pub list_per_tile: u32,
+    #[serde(default)]
+    pub wgmma: bool,
 }
 
 /// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
@@ -119,7 +126,7 @@ fn bad(knob: &'static str, reason: impl Into<String>) -> PtxError {
 }
 
 impl GpuConfig {
-    /// Whether this config runs the tensor-core (mma.sync) path; `stages == 1` is SIMT.
+    /// Whether this config runs the tensor-core (mma.sync or wgmma) path; `stages == 1` is SIMT.
     pub fn is_tensor(&self) -> bool {
         self.stages >= 2
     }
@@ -335,8 +342,16 @@ impl GpuConfig {
             if self.stages > 8 {
                 return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
             }
+            if self.wgmma && !self.warps.is_multiple_of(4) {
+                return Err(bad("warps", format!("{}; wgmma runs whole warpgroups, so a multiple of 4", self.warps)));
+            }
+            if self.wgmma && self.k_step != 64 {
+                return Err(bad("k_step", format!("{}; wgmma takes 64 (one 128-byte swizzle atom per row)", self.k_step)));
+            }
         } else if self.stages != 1 {
             return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
+        } else if self.wgmma {
+            return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma; use stages >= 2"));
         }
         let cap = pipeline.list_capacity();
         if cap == 0 && self.list_per_tile != 0 {
@@ -365,6 +380,11 @@ impl GpuConfig {
     pub fn validate(&self, pipeline: &Pipeline, limits: &GpuLimits) -> Result<(), PtxError> {
         Arch::from_compute_capability(limits.compute_capability)?;
         self.validate_shape(pipeline)?;
+        if self.wgmma && limits.compute_capability != (9, 0) {
+            return Err(PtxError::WgmmaNeedsSm90a {
+                compute_capability: limits.compute_capability,
+            });
+        }
         if self.block_threads() > limits.max_threads_per_block {
             return Err(PtxError::OverLimit {
                 what: "threads per block",
@@ -417,6 +437,7 @@ impl GpuConfig {
                 stages: 1,
                 persistent: false,
                 list_per_tile: 0,
+                wgmma: false,
             };
             c.fit_lists(pipeline);
             return c;
@@ -435,6 +456,7 @@ impl GpuConfig {
             stages: 4,
             persistent: false,
             list_per_tile: 0,
+            wgmma: false,
         };
         c.fit_lists(pipeline);
         while c.stages > 2 && c.smem_bytes() > limits.max_shared_per_block_optin {
@@ -469,17 +491,21 @@ impl GpuConfig {
                                 };
                                 lists.dedup();
                                 for list_per_tile in lists {
-                                    let c = GpuConfig {
-                                        vocab_tile,
-                                        batch_tile,
-                                        k_step,
-                                        warps,
-                                        stages,
-                                        persistent,
-                                        list_per_tile,
-                                    };
-                                    if c.validate(pipeline, limits).is_ok() {
-                                        out.push(c);
+                                    for wgmma in [false, true] {
+                                        let c = GpuConfig {
+                                            vocab_tile,
+                                            batch_tile,
+                                            k_step,
+                                            warps,
+                                            stages,
+                                            persistent,
+                                            list_per_tile,
+                                            wgmma,
+                                        };
+                                        // validate drops wgmma off compute capability 9.0.
+                                        if c.validate(pipeline, limits).is_ok() {
+                                            out.push(c);
+                                        }
                                     }
                                 }
                             }

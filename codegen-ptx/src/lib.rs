@@ -35,7 +35,7 @@ use inkwell::{
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
-    " gen 7"
+    " gen 8"
 );
 
 /// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).
@@ -56,6 +56,8 @@ pub enum PtxError {
     },
     #[error("compute capability {}.{} is not supported (flashsample needs sm_80 or newer: mma.sync bf16, ldmatrix, cp.async)", compute_capability.0, compute_capability.1)]
     UnsupportedArch { compute_capability: (u32, u32) },
+    #[error("wgmma configs need an sm_90a device (compute capability 9.0: H100/H200); this one is {}.{}", compute_capability.0, compute_capability.1)]
+    WgmmaNeedsSm90a { compute_capability: (u32, u32) },
     #[error("hidden {hidden:?} × weights {weights:?}: {reason}")]
     UnsupportedDtypes {
         hidden: DType,
@@ -123,7 +125,10 @@ pub fn llvm_ir_with(
     config.validate_shape(pipeline)?;
     let mut m = String::from(ir::PRELUDE);
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
-    m.push_str("@fs_smem = external addrspace(3) global [0 x i8], align 16\n");
+    // wgmma's 128-byte swizzle is a function of absolute shared addresses: every 8-row
+    // atom of the ring must start on a 1024-byte boundary.
+    let smem_align = if config.wgmma { 1024 } else { 16 };
+    m.push_str(&format!("@fs_smem = external addrspace(3) global [0 x i8], align {smem_align}\n"));
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
     m.push_str(&math::helpers(options.outline_math));
@@ -157,7 +162,12 @@ pub fn compile_with(
     options: CodegenOptions,
 ) -> Result<CompiledPtx, PtxError> {
     let text = llvm_ir_with(pipeline, config, options)?;
-    let ptx = ir_to_ptx(&text, arch)?;
+    let cpu = match (config.wgmma, arch) {
+        (false, _) => arch.sm_name(),
+        (true, Arch::Sm90) => "sm_90a",
+        (true, Arch::Sm80) => return Err(PtxError::WgmmaNeedsSm90a { compute_capability: (8, 0) }),
+    };
+    let ptx = ir_to_ptx(&text, cpu)?;
     Ok(CompiledPtx {
         ptx,
         stage1: stage1::NAME,
@@ -169,20 +179,21 @@ pub fn compile_with(
 }
 
 /// Parses LLVM IR text, optimises it at O3 and emits PTX.
-fn ir_to_ptx(text: &str, arch: Arch) -> Result<String, PtxError> {
+/// `cpu`: the NVPTX processor (`sm_80`, `sm_90`, `sm_90a`).
+fn ir_to_ptx(text: &str, cpu: &str) -> Result<String, PtxError> {
     Target::initialize_nvptx(&InitializationConfig::default());
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| PtxError::Llvm(e.to_string()))?;
     let machine = target
         .create_target_machine(
             &triple,
-            arch.sm_name(),
+            cpu,
             PTX_FEATURES,
             OptimizationLevel::Aggressive,
             RelocMode::Default,
             CodeModel::Default,
         )
-        .ok_or_else(|| PtxError::Llvm(format!("no NVPTX target machine for {}", arch.sm_name())))?;
+        .ok_or_else(|| PtxError::Llvm(format!("no NVPTX target machine for {cpu}")))?;
     let context = Context::create();
     let buffer = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), "flashsample");
     let module = context

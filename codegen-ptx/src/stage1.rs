@@ -37,6 +37,29 @@ struct Ring {
     aligned: String,
 }
 
+/// An inline-asm statement whose f32 results are `tied` (read and written in place, PTX
+/// `+f`) after the plain `inputs` (constraint, value).
+fn asm_floats(f: &mut Func, insn: &str, inputs: &[(&str, &str)], tied: &[String]) -> Vec<String> {
+    let n = tied.len();
+    let ty = format!("{{ {} }}", vec!["float"; n].join(", "));
+    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    cons.extend(inputs.iter().map(|(c, _)| c.to_string()));
+    cons.extend((0..n).map(|i| i.to_string()));
+    let ty_of = |c: &str| match c {
+        "l" => "i64",
+        "r" => "i32",
+        _ => "float",
+    };
+    let mut args: Vec<String> = inputs.iter().map(|(c, v)| format!("{} {v}", ty_of(c))).collect();
+    args.extend(tied.iter().map(|v| format!("float {v}")));
+    let r = f.v(format!(
+        "call {ty} asm sideeffect \"{insn}\", \"{},~{{memory}}\"({}) #1",
+        cons.join(","),
+        args.join(", ")
+    ));
+    (0..n).map(|i| f.v(format!("extractvalue {ty} {r}, {i}"))).collect()
+}
+
 fn commit_group(f: &mut Func) {
     f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
 }
@@ -162,6 +185,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     f.for_loop(&item0, &items, &stride, |f, item| {
         let it = item_of(f, item);
         let acc = match &ring {
+            Some(ring) if c.wgmma => g.wgmma_mainloop(f, &th, &it, ring, !overlap),
             Some(ring) => g.tensor_mainloop(f, &th, &it, ring, !overlap),
             None => g.simt_mainloop(f, &th, &it),
         };
@@ -379,14 +403,17 @@ impl Gen<'_> {
                     let body = |f: &mut Func| {
                         let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
                         let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
-                        let s = if is_w {
+                        // wgmma: W row `row` sits at shared row `at` of the warpgroup's
+                        // m64 operands, swizzled by the 128-byte mode (`at & 7`).
+                        let at = if is_w && c.wgmma { self.wgmma_smem_row(f, &row) } else { row.clone() };
+                        let s = if is_w && !c.wgmma {
                             f.v(format!("lshr i32 {row}, 2"))
                         } else {
-                            row.clone()
+                            at.clone()
                         };
                         let s = f.v(format!("and i32 {s}, 7"));
                         let sw = f.v(format!("xor i32 {cc}, {s}"));
-                        let ro = f.mul(&row, &row_bytes.to_string());
+                        let ro = f.mul(&at, &row_bytes.to_string());
                         let so = f.v(format!("shl i32 {sw}, 4"));
                         let dst = f.add(&slot_off, &ro);
                         let dst = f.add(&dst, &so);
@@ -470,6 +497,145 @@ impl Gen<'_> {
             f.if_then(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
             commit_group(f);
         }
+    }
+
+    /// The shared-memory row (of a stage's W tile) that holds W tile row `r` on the wgmma
+    /// path, so that wgmma's accumulator layout is the mma.sync path's (module doc).
+    ///
+    /// Warpgroup `G` (warps `4G..4G+4`) multiplies `2·quads` m64 operands of 64 rows each,
+    /// the `mt`-th at shared rows `(G·2·quads + mt)·64`; in one, warp `k` of the group gets
+    /// accumulator rows `16k + g` and `16k + g + 8`, which must hold the W rows the mma.sync
+    /// path gives m tile `mt` of warp `4G + k`: `4g + 2(mt & 1)` (+1) of 32-row block `mt >> 1`.
+    fn wgmma_smem_row(&self, f: &mut Func, r: &str) -> String {
+        let wr = self.warp_rows();
+        let mtiles = self.quads * 2;
+        let w = f.v(format!("udiv i32 {r}, {wr}"));
+        let rem = f.v(format!("urem i32 {r}, {wr}"));
+        let k = f.v(format!("and i32 {w}, 3"));
+        let grp = f.v(format!("lshr i32 {w}, 2"));
+        let blk = f.v(format!("lshr i32 {rem}, 5"));
+        let q = f.v(format!("and i32 {rem}, 31"));
+        let g = f.v(format!("lshr i32 {q}, 2"));
+        let h = f.v(format!("lshr i32 {q}, 1"));
+        let h = f.v(format!("and i32 {h}, 1"));
+        let e = f.v(format!("and i32 {q}, 1"));
+        let mt = f.v(format!("shl i32 {blk}, 1"));
+        let mt = f.v(format!("or i32 {mt}, {h}"));
+        let op = f.mul(&grp, &mtiles.to_string());
+        let op = f.add(&op, &mt);
+        let base = f.v(format!("shl i32 {op}, 6"));
+        let k16 = f.v(format!("shl i32 {k}, 4"));
+        let e8 = f.v(format!("shl i32 {e}, 3"));
+        let at = f.add(&base, &k16);
+        let at = f.add(&at, &g);
+        f.add(&at, &e8)
+    }
+
+    /// Hopper: the same `cp.async` ring, but each warpgroup multiplies its `2·quads` m64 W
+    /// operands by the H tile with `wgmma.mma_async` m64n{batch_tile}k16 straight from
+    /// shared memory (both operands K-major, 128-byte swizzle), one commit group per slice.
+    /// A slice's wgmmas are issued before the prefetch, so the tensor pipe runs while the
+    /// threads issue the next loads; the slot the prefetch overwrites was read by the
+    /// previous slice's wgmmas, which every warpgroup waits for before the barrier.
+    fn wgmma_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
+        let c = self.c;
+        let n = c.batch_tile;
+        let per = n / 2; // f32 accumulators of one m64nN operand per thread
+        let mtiles = self.quads * 2;
+        let w_tile_bytes = c.vocab_tile * 128;
+        let (smem, ktiles) = (&ring.smem, &ring.ktiles);
+        let dtype = match self.p.weights.dtype {
+            DType::F16 => "f16",
+            _ => "bf16",
+        };
+        let acc: Vec<Var> = (0..mtiles * per).map(|_| f.var("float", "0.0")).collect();
+        if own_prologue {
+            self.prologue(f, th, it, ring, None);
+        }
+        let grp = f.v(format!("lshr i32 {}, 2", th.warp));
+        let a_grp = f.mul(&grp, &(mtiles * 64 * 128).to_string());
+        // Descriptor: start address >> 4 (bits 0-13), leading byte offset 1 (unused by
+        // swizzled K-major), stride byte offset 1024 >> 4 (8-row atoms, bits 32-45),
+        // 128-byte swizzle (bits 62-63).
+        const DESC: u64 = (1 << 16) | (64 << 32) | (1 << 62);
+        // Every accumulator through one asm, so LLVM cannot move their uses across it.
+        let fence_all = |f: &mut Func, insn: &str| {
+            let vals: Vec<String> = acc.iter().map(|a| f.get(a)).collect();
+            let out = asm_floats(f, insn, &[], &vals);
+            for (a, v) in acc.iter().zip(out) {
+                f.set(a, &v);
+            }
+        };
+        f.for_loop("0", ktiles, "1", |f, kt| {
+            f.s(format!(
+                "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
+                c.stages - 2
+            ));
+            // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
+            f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
+            fence_all(f, "wgmma.wait_group.sync.aligned 0;");
+            f.barrier();
+            let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
+            let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
+            let slot_addr = f.add(smem, &slot_off);
+            let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
+            let s4 = f.zext64(&s4);
+            let desc0 = f.v(format!("or i64 {s4}, {DESC}"));
+            let a_desc0 = {
+                let g4 = f.v(format!("lshr i32 {a_grp}, 4"));
+                let g4 = f.zext64(&g4);
+                f.v(format!("add i64 {desc0}, {g4}"))
+            };
+            fence_all(f, "wgmma.fence.sync.aligned;");
+            for kk in 0..c.k_step / 16 {
+                let db = f.v(format!("add i64 {desc0}, {}", (w_tile_bytes + kk * 32) >> 4));
+                for mt in 0..mtiles {
+                    let da = f.v(format!("add i64 {a_desc0}, {}", (mt * 64 * 128 + kk * 32) >> 4));
+                    let range = (mt * per) as usize..((mt + 1) * per) as usize;
+                    let vals: Vec<String> = acc[range.clone()].iter().map(|a| f.get(a)).collect();
+                    let regs: Vec<String> = (0..per).map(|i| format!("${i}")).collect();
+                    let insn = format!(
+                        "{{ .reg .pred p; setp.ne.b32 p, ${}, 0; \
+                         wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{}}}, ${}, ${}, p, 1, 1, 0, 0; }}",
+                        per + 2,
+                        regs.join(","),
+                        per,
+                        per + 1
+                    );
+                    let out = asm_floats(f, &insn, &[("l", &da), ("l", &db), ("r", "1")], &vals);
+                    for (a, v) in acc[range].iter().zip(out) {
+                        f.set(a, &v);
+                    }
+                }
+            }
+            f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
+            let pf = f.add(kt, &(c.stages - 1).to_string());
+            let pf_ok = f.ult(&pf, ktiles);
+            f.if_then(&pf_ok, |f| {
+                let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
+                self.load_stage(f, th, it, ring, &pf, &slot);
+            });
+            commit_group(f);
+        });
+        fence_all(f, "wgmma.wait_group.sync.aligned 0;");
+        f.s("call void asm sideeffect \"cp.async.wait_group 0;\", \"~{memory}\"() #1");
+        f.barrier();
+        self.fragments_to_accumulators(f, &acc)
+    }
+
+    /// Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column); the same
+    /// for mma.sync's m16n8 tiles and wgmma's m64nN operands (warp slices of 16 rows).
+    fn fragments_to_accumulators(&self, f: &mut Func, acc: &[Var]) -> Vec<String> {
+        let mut out = vec![String::new(); self.acc_count()];
+        for mt in 0..self.quads * 2 {
+            for n in 0..self.ntiles {
+                for i in 0..4u32 {
+                    let v = f.get(&acc[((mt * self.ntiles + n) * 4 + i) as usize]);
+                    out[self.acc_index(mt >> 1, 2 * (mt & 1) + (i >> 1), n, i & 1)] = v;
+                }
+            }
+        }
+        out
     }
 
     /// `own_prologue`: issue this item's prologue here (false when the previous item's
@@ -611,17 +777,7 @@ impl Gen<'_> {
         // next item's prologue may refill it.
         f.barrier();
 
-        // Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column).
-        let mut out = vec![String::new(); self.acc_count()];
-        for mt in 0..mtiles {
-            for n in 0..self.ntiles {
-                for i in 0..4u32 {
-                    let v = f.get(&acc[((mt * self.ntiles + n) * 4 + i) as usize]);
-                    out[self.acc_index(mt >> 1, 2 * (mt & 1) + (i >> 1), n, i & 1)] = v;
-                }
-            }
-        }
-        out
+        self.fragments_to_accumulators(f, &acc)
     }
 
     /// DESIGN.md steps 2–7 on the thread's accumulators, then the cross-warp reduction.

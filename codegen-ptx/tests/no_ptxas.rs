@@ -23,6 +23,7 @@ fn generates_ptx_with_an_empty_path() {
         stages: 2,
         persistent: false,
         list_per_tile: 0,
+        wgmma: false,
     };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));

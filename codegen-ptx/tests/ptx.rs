@@ -68,6 +68,7 @@ fn cfg(
         stages,
         persistent,
         list_per_tile: 0,
+        wgmma: false,
     }
 }
 
@@ -579,4 +580,61 @@ fn skip_logsumexp_variant_has_no_lse_epilogue() {
     let gc = tensor_small();
     let go = CodegenOptions::for_config(&gc);
     assert_eq!(llvm_ir_with(&g, &gc, go).unwrap(), llvm_ir_with(&g, &gc, CodegenOptions { skip_logsumexp: true, ..go }).unwrap());
+}
+
+fn wgmma(c: GpuConfig) -> GpuConfig {
+    GpuConfig { wgmma: true, ..c }
+}
+
+#[test]
+fn wgmma_path_targets_sm_90a_and_multiplies_from_shared_memory() {
+    for (dtype, name) in [(DType::BF16, "bf16"), (DType::F16, "f16")] {
+        for (c, n, per_slice) in [
+            (wgmma(cfg(256, 64, 64, 8, 4, false)), 64, 8),
+            (wgmma(cfg(512, 8, 64, 4, 3, true)), 8, 32),
+        ] {
+            let k = ptx(&full(dtype), &c, Arch::Sm90);
+            let t = stage1_text(&k.ptx);
+            assert!(k.ptx.contains(".target sm_90a"), "{c:?}");
+            assert!(k.ptx.contains(".extern .shared .align 1024 .b8 fs_smem[]"), "swizzle atoms need 1024-byte alignment");
+            let insn = format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{name}.{name}");
+            // k_step / 16 steps × 2·quads m64 operands per warpgroup, fully unrolled.
+            assert_eq!(t.matches(&insn).count(), per_slice, "{c:?}");
+            assert!(!t.contains("ldmatrix") && !t.contains("mma.sync"), "{c:?}");
+            for needed in ["fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 0", "cp.async.cg.shared.global"] {
+                assert!(t.contains(needed), "{c:?}: {needed}");
+            }
+            assert!(!k.ptx.contains(".local"), "{c:?}: no local memory");
+        }
+    }
+}
+
+#[test]
+fn wgmma_configs_are_refused_where_they_cannot_run() {
+    let p = full(DType::BF16);
+    let ok = wgmma(cfg(256, 64, 64, 8, 4, false));
+    ok.validate(&p, &GpuLimits::H200).unwrap();
+    let a100 = GpuLimits { compute_capability: (8, 0), ..GpuLimits::H200 };
+    assert!(matches!(ok.validate(&p, &a100), Err(PtxError::WgmmaNeedsSm90a { compute_capability: (8, 0) })));
+    let blackwell = GpuLimits { compute_capability: (10, 0), ..GpuLimits::H200 };
+    assert!(matches!(ok.validate(&p, &blackwell), Err(PtxError::WgmmaNeedsSm90a { .. })));
+    assert!(matches!(compile(&p, &ok, Arch::Sm80), Err(PtxError::WgmmaNeedsSm90a { .. })));
+    for (bad, knob) in [
+        (wgmma(cfg(64, 8, 64, 2, 2, false)), "warps"),
+        (wgmma(cfg(256, 16, 128, 8, 2, false)), "k_step"),
+        (wgmma(cfg(128, 8, 64, 4, 1, false)), "wgmma"),
+    ] {
+        match bad.validate_shape(&p) {
+            Err(PtxError::InvalidConfig { knob: k, .. }) => assert_eq!(k, knob, "{bad:?}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.wgmma));
+    assert!(!GpuConfig::enumerate(&p, &a100).iter().any(|c| c.wgmma));
+}
+
+#[test]
+fn snapshot_tensor_bf16_wgmma_persistent() {
+    let c = wgmma(cfg(128, 8, 64, 4, 2, true));
+    insta::assert_snapshot!("tensor_bf16_wgmma_persistent", ptx(&greedy(DType::BF16), &c, Arch::Sm90).ptx);
 }

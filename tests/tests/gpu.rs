@@ -677,6 +677,7 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         stages,
         persistent: true,
         list_per_tile: 0,
+        wgmma: false,
     };
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
@@ -711,6 +712,73 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
             eprintln!("ok: {what}");
+        }
+    }
+}
+
+/// The wgmma main loop (sm_90a: warpgroup MMA straight from the swizzled ring) must give
+/// the samples the reference gives, pathwise, for one and two warpgroups, 1 to 4 m64
+/// operands per group, batch tiles 8 to 128, D not a multiple of the slice or of 8 (zero-
+/// filled and unaligned slices), persistent or not, with lists; every candidate slot is
+/// written. It runs on compute capability 9.0 only and says so elsewhere.
+#[test]
+fn wgmma_mainloop_pathwise() {
+    let (device, dev) = gpu_or_skip!();
+    if dev.limits().compute_capability != (9, 0) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: wgmma needs compute capability 9.0, this GPU is {:?}", dev.limits().compute_capability);
+        return;
+    }
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent| flashsample::GpuConfig {
+        vocab_tile,
+        batch_tile,
+        k_step: 64,
+        warps,
+        stages,
+        persistent,
+        list_per_tile: 0,
+        wgmma: true,
+    };
+    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
+    for (p, batch, dim, vocab, std) in [
+        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
+        (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
+        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
+        (serving(), 64, 4096, 151_936, FILTER_LOGIT_STD),
+        (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
+    ] {
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, 57 + batch as u64, std);
+        for mut c in [
+            tile(256, 64, 8, 4, false),
+            tile(256, 64, 8, 4, true),
+            tile(128, 64, 4, 4, false),
+            tile(256, 8, 8, 4, false),
+            tile(128, 16, 4, 4, true),
+            tile(512, 32, 8, 2, false),
+            tile(256, 128, 8, 3, false),
+        ] {
+            c.fit_lists(&p);
+            while c.stages > 2 && c.validate(&p, dev.limits()).is_err() {
+                c.stages -= 1;
+            }
+            let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
+            if let Err(e) = c.validate(&p, dev.limits()) {
+                eprintln!("not run (does not fit this GPU): {what}: {e}");
+                continue;
+            }
+            let wgmma = KernelConfig::Cuda(c.clone());
+            let got = case.run_with(&sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
+            case.check(&p, &got, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let params = case.params(&p);
+            let (layout, cands, _) =
+                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&wgmma), poison)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
+            let sync = KernelConfig::Cuda(flashsample::GpuConfig { wgmma: false, ..c.clone() });
+            let same = case.run_with(&sampler, &sync).map(|s| s == got).unwrap_or(false);
+            eprintln!("ok: {what} (bit-equal to mma.sync: {same})");
         }
     }
 }

@@ -149,10 +149,13 @@ fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &fl
             for &batch_tile in &bts {
                 for stages in [3u32, 4] {
                     for persistent in [false, true] {
-                        let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0 };
-                        c.fit_lists(pipeline);
-                        if c.validate(pipeline, limits).is_ok() {
-                            out.push(c);
+                        for wgmma in [false, true] {
+                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma };
+                            c.fit_lists(pipeline);
+                            // validate drops wgmma off compute capability 9.0.
+                            if c.validate(pipeline, limits).is_ok() {
+                                out.push(c);
+                            }
                         }
                     }
                 }
