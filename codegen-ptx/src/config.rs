@@ -150,6 +150,16 @@ impl GpuConfig {
         (self.vocab_tile + self.batch_tile) * self.k_step * 2
     }
 
+    /// Slices in flight ahead of the one being multiplied: `stages − 1` with mma.sync; with
+    /// wgmma `stages − 2`, as the previous slice's wgmmas may still read their slot.
+    pub(crate) fn prefetch_depth(&self) -> u32 {
+        if self.wgmma {
+            self.stages - 2
+        } else {
+            self.stages - 1
+        }
+    }
+
     /// Whether the epilogue overlaps the next item's prologue loads (persistent tensor path).
     pub fn overlaps_epilogue(&self) -> bool {
         self.persistent && self.is_tensor()
@@ -344,6 +354,9 @@ impl GpuConfig {
             }
             if self.wgmma && !self.warps.is_multiple_of(4) {
                 return Err(bad("warps", format!("{}; wgmma runs whole warpgroups, so a multiple of 4", self.warps)));
+            }
+            if self.wgmma && self.stages < 3 {
+                return Err(bad("stages", format!("{}; wgmma keeps one slice's MMAs in flight while the ring refills, so 3..=8", self.stages)));
             }
             if self.wgmma && self.k_step != 64 {
                 return Err(bad("k_step", format!("{}; wgmma takes 64 (one 128-byte swizzle atom per row)", self.k_step)));

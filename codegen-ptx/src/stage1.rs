@@ -485,10 +485,10 @@ impl Gen<'_> {
         f.if_else(aligned, |f| chunks(f, true), |f| chunks(f, false));
     }
 
-    /// The first `stages − 1` slices of item `it` (only where `valid`, if given); always
-    /// commits `stages − 1` groups, so the group counting stays static.
+    /// The first [`GpuConfig::prefetch_depth`] slices of item `it` (only where `valid`, if
+    /// given); always commits that many groups, so the group counting stays static.
     fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
-        for s in 0..self.c.stages - 1 {
+        for s in 0..self.c.prefetch_depth() {
             let in_range = f.ult(&s.to_string(), &ring.ktiles);
             let go = match valid {
                 Some(v) => f.and1(&in_range, v),
@@ -534,15 +534,19 @@ impl Gen<'_> {
     /// Hopper: the same `cp.async` ring, but each warpgroup multiplies its `2·quads` m64 W
     /// operands by the H tile with `wgmma.mma_async` m64n{batch_tile}k16 straight from
     /// shared memory (both operands K-major, 128-byte swizzle), one commit group per slice.
-    /// A slice's wgmmas are issued before the prefetch, so the tensor pipe runs while the
-    /// threads issue the next loads; the slot the prefetch overwrites was read by the
-    /// previous slice's wgmmas, which every warpgroup waits for before the barrier.
+    ///
+    /// Slice kt's wgmmas are queued while slice kt − 1's still run (`wait_group 1` after the
+    /// issue), so the tensor pipe does not drain at every CTA barrier. The prefetch then
+    /// refills the slot of slice kt − 2, which every warpgroup finished before this
+    /// iteration's barrier; hence the ring runs [`GpuConfig::prefetch_depth`] =
+    /// `stages − 2` slices ahead.
     fn wgmma_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
         let c = self.c;
         let n = c.batch_tile;
         let per = n / 2; // f32 accumulators of one m64nN operand per thread
         let mtiles = self.quads * 2;
         let w_tile_bytes = c.vocab_tile * 128;
+        let depth = c.prefetch_depth();
         let (smem, ktiles) = (&ring.smem, &ring.ktiles);
         let dtype = match self.p.weights.dtype {
             DType::F16 => "f16",
@@ -569,11 +573,10 @@ impl Gen<'_> {
         f.for_loop("0", ktiles, "1", |f, kt| {
             f.s(format!(
                 "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
-                c.stages - 2
+                depth - 1
             ));
             // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
             f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
-            fence_all(f, "wgmma.wait_group.sync.aligned 0;");
             f.barrier();
             let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
             let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
@@ -609,7 +612,9 @@ impl Gen<'_> {
                 }
             }
             f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
-            let pf = f.add(kt, &(c.stages - 1).to_string());
+            // Slice kt − 1's group is done (for this warpgroup) before the next barrier.
+            fence_all(f, "wgmma.wait_group.sync.aligned 1;");
+            let pf = f.add(kt, &depth.to_string());
             let pf_ok = f.ult(&pf, ktiles);
             f.if_then(&pf_ok, |f| {
                 let slot = f.v(format!("urem i32 {pf}, {}", c.stages));

@@ -601,7 +601,7 @@ fn wgmma_path_targets_sm_90a_and_multiplies_from_shared_memory() {
             // k_step / 16 steps × 2·quads m64 operands per warpgroup, fully unrolled.
             assert_eq!(t.matches(&insn).count(), per_slice, "{c:?}");
             assert!(!t.contains("ldmatrix") && !t.contains("mma.sync"), "{c:?}");
-            for needed in ["fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 0", "cp.async.cg.shared.global"] {
+            for needed in ["fence.proxy.async.shared::cta", "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0", "cp.async.cg.shared.global"] {
                 assert!(t.contains(needed), "{c:?}: {needed}");
             }
             assert!(!k.ptx.contains(".local"), "{c:?}: no local memory");
@@ -620,9 +620,10 @@ fn wgmma_configs_are_refused_where_they_cannot_run() {
     assert!(matches!(ok.validate(&p, &blackwell), Err(PtxError::WgmmaNeedsSm90a { .. })));
     assert!(matches!(compile(&p, &ok, Arch::Sm80), Err(PtxError::WgmmaNeedsSm90a { .. })));
     for (bad, knob) in [
-        (wgmma(cfg(64, 8, 64, 2, 2, false)), "warps"),
-        (wgmma(cfg(256, 16, 128, 8, 2, false)), "k_step"),
+        (wgmma(cfg(64, 8, 64, 2, 3, false)), "warps"),
+        (wgmma(cfg(256, 16, 128, 8, 3, false)), "k_step"),
         (wgmma(cfg(128, 8, 64, 4, 1, false)), "wgmma"),
+        (wgmma(cfg(128, 8, 64, 4, 2, false)), "stages"),
     ] {
         match bad.validate_shape(&p) {
             Err(PtxError::InvalidConfig { knob: k, .. }) => assert_eq!(k, knob, "{bad:?}"),
@@ -635,6 +636,6 @@ fn wgmma_configs_are_refused_where_they_cannot_run() {
 
 #[test]
 fn snapshot_tensor_bf16_wgmma_persistent() {
-    let c = wgmma(cfg(128, 8, 64, 4, 2, true));
+    let c = wgmma(cfg(128, 8, 64, 4, 3, true));
     insta::assert_snapshot!("tensor_bf16_wgmma_persistent", ptx(&greedy(DType::BF16), &c, Arch::Sm90).ptx);
 }

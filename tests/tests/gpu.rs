@@ -717,8 +717,8 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
 }
 
 /// The wgmma main loop (sm_90a: warpgroup MMA straight from the swizzled ring) must give
-/// the samples the reference gives, pathwise, for one and two warpgroups, 1 to 4 m64
-/// operands per group, batch tiles 8 to 128, D not a multiple of the slice or of 8 (zero-
+/// the samples the reference gives, pathwise, for one and two warpgroups, 2 to 8 m64
+/// operands per group, batch tiles 8 to 128, 3 to 5 stages, D not a multiple of the slice or of 8 (zero-
 /// filled and unaligned slices), persistent or not, with lists; every candidate slot is
 /// written. It runs on compute capability 9.0 only and says so elsewhere.
 #[test]
@@ -750,17 +750,23 @@ fn wgmma_mainloop_pathwise() {
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 57 + batch as u64, std);
-        for mut c in [
-            tile(256, 64, 8, 4, false),
-            tile(256, 64, 8, 4, true),
-            tile(128, 64, 4, 4, false),
-            tile(256, 8, 8, 4, false),
-            tile(128, 16, 4, 4, true),
-            tile(512, 32, 8, 2, false),
-            tile(256, 128, 8, 3, false),
-        ] {
+        // The f64 reference of the big shapes costs seconds per check: fewer tiles there.
+        let tiles = if vocab > 100_000 {
+            vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 4, true), tile(256, 128, 8, 3, false)]
+        } else {
+            vec![
+                tile(256, 64, 8, 4, false),
+                tile(256, 64, 8, 4, true),
+                tile(128, 64, 4, 4, false),
+                tile(256, 8, 8, 4, false),
+                tile(128, 16, 4, 3, true),
+                tile(512, 32, 8, 3, false),
+                tile(256, 128, 8, 3, false),
+            ]
+        };
+        for mut c in tiles {
             c.fit_lists(&p);
-            while c.stages > 2 && c.validate(&p, dev.limits()).is_err() {
+            while c.stages > 3 && c.validate(&p, dev.limits()).is_err() {
                 c.stages -= 1;
             }
             let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
@@ -776,9 +782,7 @@ fn wgmma_mainloop_pathwise() {
                 cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&wgmma), poison)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
-            let sync = KernelConfig::Cuda(flashsample::GpuConfig { wgmma: false, ..c.clone() });
-            let same = case.run_with(&sampler, &sync).map(|s| s == got).unwrap_or(false);
-            eprintln!("ok: {what} (bit-equal to mma.sync: {same})");
+            eprintln!("ok: {what}");
         }
     }
 }
