@@ -69,7 +69,14 @@ proptest! {
         let pipeline = &pipelines()[which];
         let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
         let case = Case::random(pipeline, batch, dim, vocab, seed, 3.0);
-        let samples = case.run(&sampler).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let samples = match case.run(&sampler) {
+            // Near-flat logits (D = 1) can give a top-p nucleus wider than the 1024-entry
+            // lists: a documented error naming the row, not a sample to check.
+            Err(flashsample::Error::List(flashsample::ListError::NucleusTooLarge { .. })) => {
+                return Err(TestCaseError::reject("nucleus larger than the list capacity"));
+            }
+            r => r.map_err(|e| TestCaseError::fail(e.to_string()))?,
+        };
         let rows: Vec<usize> = (0..batch).collect();
         case.check(pipeline, &samples, &rows).map_err(TestCaseError::fail)?;
     }
