@@ -661,6 +661,24 @@ fn bounded_filter_skips_the_logsumexp_without_changing_a_token() {
     }
 }
 
+/// Sizes `c`'s lists for `p`, then drops stages (down to `min_stages`) until it fits the
+/// device, since lists take shared memory on top of the ring. Returns the case's name, or
+/// `None` after printing why a config that still does not fit is not run.
+fn fit_to_device(c: &mut flashsample::GpuConfig, p: &Pipeline, dev: &CudaDevice, min_stages: u32, shape: String) -> Option<String> {
+    c.fit_lists(p);
+    while c.stages > min_stages && c.validate(p, dev.limits()).is_err() {
+        c.stages -= 1;
+    }
+    let what = format!("{} {shape} {c:?}", p.name);
+    match c.validate(p, dev.limits()) {
+        Ok(()) => Some(what),
+        Err(e) => {
+            eprintln!("not run (does not fit this GPU): {what}: {e}");
+            None
+        }
+    }
+}
+
 /// Persistent tensor-path CTAs issue the next item's first slices before this item's
 /// epilogue (the scratch then sits after the ring): the tokens, scores, logsumexp and top
 /// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
@@ -689,17 +707,8 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 91 + batch as u64, std);
         for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)] {
-            c.fit_lists(&p);
-            // Lists take shared memory on top of the ring: fewer stages where they must.
-            while c.stages > 2 && c.validate(&p, dev.limits()).is_err() {
-                c.stages -= 1;
-            }
-            let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
-            if let Err(e) = c.validate(&p, dev.limits()) {
-                // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
-                eprintln!("not run (does not fit this GPU): {what}: {e}");
-                continue;
-            }
+            // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
+            let Some(what) = fit_to_device(&mut c, &p, &dev, 2, format!("B={batch} D={dim} V={vocab}")) else { continue };
             let one_per_item = KernelConfig::Cuda(flashsample::GpuConfig { persistent: false, ..c.clone() });
             let persistent = KernelConfig::Cuda(c.clone());
             let a = case.run_with(&sampler, &one_per_item).unwrap_or_else(|e| panic!("{what}, one CTA per item: {e}"));
@@ -765,15 +774,7 @@ fn wgmma_mainloop_pathwise() {
             ]
         };
         for mut c in tiles {
-            c.fit_lists(&p);
-            while c.stages > 3 && c.validate(&p, dev.limits()).is_err() {
-                c.stages -= 1;
-            }
-            let what = format!("{} B={batch} D={dim} V={vocab} {c:?}", p.name);
-            if let Err(e) = c.validate(&p, dev.limits()) {
-                eprintln!("not run (does not fit this GPU): {what}: {e}");
-                continue;
-            }
+            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
             let wgmma = KernelConfig::Cuda(c.clone());
             let got = case.run_with(&sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
             case.check(&p, &got, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
