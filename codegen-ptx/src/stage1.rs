@@ -60,6 +60,11 @@ fn asm_floats(f: &mut Func, insn: &str, inputs: &[(&str, &str)], tied: &[String]
     (0..n).map(|i| f.v(format!("extractvalue {ty} {r}, {i}"))).collect()
 }
 
+/// Waits until at most `pending` of this thread's cp.async groups are in flight.
+fn cp_async_wait(f: &mut Func, pending: u32) {
+    f.s(format!("call void asm sideeffect \"cp.async.wait_group {pending};\", \"~{{memory}}\"() #1"));
+}
+
 fn commit_group(f: &mut Func) {
     f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
 }
@@ -546,7 +551,6 @@ impl Gen<'_> {
         let per = n / 2; // f32 accumulators of one m64nN operand per thread
         let mtiles = self.quads * 2;
         let w_tile_bytes = c.vocab_tile * 128;
-        let depth = c.prefetch_depth();
         let (smem, ktiles) = (&ring.smem, &ring.ktiles);
         let dtype = match self.p.weights.dtype {
             DType::F16 => "f16",
@@ -557,7 +561,18 @@ impl Gen<'_> {
             self.prologue(f, th, it, ring, None);
         }
         let grp = f.v(format!("lshr i32 {}, 2", th.warp));
-        let a_grp = f.mul(&grp, &(mtiles * 64 * 128).to_string());
+        // The warpgroup's first m64 operand, in descriptor units (16 bytes).
+        let a_grp = f.mul(&grp, &(mtiles * 64 * 128 / 16).to_string());
+        let a_grp = f.zext64(&a_grp);
+        let regs: Vec<String> = (0..per).map(|i| format!("${i}")).collect();
+        let mma = format!(
+            "{{ .reg .pred p; setp.ne.b32 p, ${}, 0; \
+             wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{}}}, ${}, ${}, p, 1, 1, 0, 0; }}",
+            per + 2,
+            regs.join(","),
+            per,
+            per + 1
+        );
         // Descriptor: start address >> 4 (bits 0-13), leading byte offset 1 (unused by
         // swizzled K-major), stride byte offset 1024 >> 4 (8-row atoms, bits 32-45),
         // 128-byte swizzle (bits 62-63).
@@ -571,10 +586,7 @@ impl Gen<'_> {
             }
         };
         f.for_loop("0", ktiles, "1", |f, kt| {
-            f.s(format!(
-                "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
-                depth - 1
-            ));
+            cp_async_wait(f, c.prefetch_depth() - 1);
             // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
             f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
             f.barrier();
@@ -584,11 +596,7 @@ impl Gen<'_> {
             let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
             let s4 = f.zext64(&s4);
             let desc0 = f.v(format!("or i64 {s4}, {DESC}"));
-            let a_desc0 = {
-                let g4 = f.v(format!("lshr i32 {a_grp}, 4"));
-                let g4 = f.zext64(&g4);
-                f.v(format!("add i64 {desc0}, {g4}"))
-            };
+            let a_desc0 = f.v(format!("add i64 {desc0}, {a_grp}"));
             fence_all(f, "wgmma.fence.sync.aligned;");
             for kk in 0..c.k_step / 16 {
                 let db = f.v(format!("add i64 {desc0}, {}", (w_tile_bytes + kk * 32) >> 4));
@@ -596,16 +604,7 @@ impl Gen<'_> {
                     let da = f.v(format!("add i64 {a_desc0}, {}", (mt * 64 * 128 + kk * 32) >> 4));
                     let range = (mt * per) as usize..((mt + 1) * per) as usize;
                     let vals: Vec<String> = acc[range.clone()].iter().map(|a| f.get(a)).collect();
-                    let regs: Vec<String> = (0..per).map(|i| format!("${i}")).collect();
-                    let insn = format!(
-                        "{{ .reg .pred p; setp.ne.b32 p, ${}, 0; \
-                         wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{}}}, ${}, ${}, p, 1, 1, 0, 0; }}",
-                        per + 2,
-                        regs.join(","),
-                        per,
-                        per + 1
-                    );
-                    let out = asm_floats(f, &insn, &[("l", &da), ("l", &db), ("r", "1")], &vals);
+                    let out = asm_floats(f, &mma, &[("l", &da), ("l", &db), ("r", "1")], &vals);
                     for (a, v) in acc[range].iter().zip(out) {
                         f.set(a, &v);
                     }
@@ -614,16 +613,10 @@ impl Gen<'_> {
             f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
             // Slice kt − 1's group is done (for this warpgroup) before the next barrier.
             fence_all(f, "wgmma.wait_group.sync.aligned 1;");
-            let pf = f.add(kt, &depth.to_string());
-            let pf_ok = f.ult(&pf, ktiles);
-            f.if_then(&pf_ok, |f| {
-                let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
-                self.load_stage(f, th, it, ring, &pf, &slot);
-            });
-            commit_group(f);
+            self.prefetch(f, th, it, ring, kt);
         });
         fence_all(f, "wgmma.wait_group.sync.aligned 0;");
-        f.s("call void asm sideeffect \"cp.async.wait_group 0;\", \"~{memory}\"() #1");
+        cp_async_wait(f, 0);
         f.barrier();
         self.fragments_to_accumulators(f, &acc)
     }
@@ -641,6 +634,19 @@ impl Gen<'_> {
             }
         }
         out
+    }
+
+    /// At iteration `kt`: issues slice `kt + prefetch_depth` (if it exists) into its ring slot
+    /// and commits a group either way, so the group counting stays static.
+    fn prefetch(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, kt: &str) {
+        let c = self.c;
+        let pf = f.add(kt, &c.prefetch_depth().to_string());
+        let pf_ok = f.ult(&pf, &ring.ktiles);
+        f.if_then(&pf_ok, |f| {
+            let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
+            self.load_stage(f, th, it, ring, &pf, &slot);
+        });
+        commit_group(f);
     }
 
     /// `own_prologue`: issue this item's prologue here (false when the previous item's
@@ -678,20 +684,11 @@ impl Gen<'_> {
         let a_row_base = f.add(&a_row_base, &mhi);
 
         f.for_loop("0", ktiles, "1", |f, kt| {
-            f.s(format!(
-                "call void asm sideeffect \"cp.async.wait_group {};\", \"~{{memory}}\"() #1",
-                c.stages - 2
-            ));
+            cp_async_wait(f, c.prefetch_depth() - 1);
             // Slice kt has landed for every thread, and everyone is done reading the slot
             // the prefetch below overwrites (consumed at iteration kt − 1).
             f.barrier();
-            let pf = f.add(kt, &(c.stages - 1).to_string());
-            let pf_ok = f.ult(&pf, ktiles);
-            f.if_then(&pf_ok, |f| {
-                let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
-                self.load_stage(f, th, it, ring, &pf, &slot);
-            });
-            commit_group(f);
+            self.prefetch(f, th, it, ring, kt);
             let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
             let slot_off = f.mul(&slot, &stage_bytes.to_string());
             let slot_addr = f.add(smem, &slot_off);
@@ -777,7 +774,7 @@ impl Gen<'_> {
                 }
             }
         });
-        f.s("call void asm sideeffect \"cp.async.wait_group 0;\", \"~{memory}\"() #1");
+        cp_async_wait(f, 0);
         // Every warp is done reading the ring: the epilogue's scratch may alias it, or the
         // next item's prologue may refill it.
         f.barrier();
