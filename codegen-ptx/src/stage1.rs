@@ -1079,53 +1079,69 @@ impl Gen<'_> {
             let mut best = Vec::new();
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
-                let mut acc_best: Vec<(String, String, String)> =
-                    vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
-                for q in 0..self.quads {
-                    let noise: Vec<String> = if p.is_greedy() {
-                        Vec::new()
-                    } else {
-                        // Global index g = v + vocab_offset (a multiple of 4: same quads).
-                        let g = f.add(&quad_base[q as usize], "%vocab_offset");
-                        let ctr = f.v(format!("lshr i32 {g}, 2"));
-                        let (a, b) = (&pair[0], &pair[pair.len() - 1]);
-                        let ty = crate::math::NOISE_PAIR_TY;
-                        let r = f.v(format!(
-                            "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
-                            a.ctr_row, a.key_lo, a.key_hi, b.ctr_row, b.key_lo, b.key_hi
-                        ));
-                        (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
-                    };
-                    for (pj, cl) in pair.iter().enumerate() {
-                        let (n, j) = (n as u32, pj as u32);
-                        let (bs, bi, bl) = &mut acc_best[pj];
-                        for o in 0..4 {
-                            let xv = &x[self.acc_index(q, o, n, j)];
-                            let score = if p.is_greedy() {
-                                xv.clone()
-                            } else {
-                                let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
-                                f.sel("float", &cl.greedy, xv, &noisy)
-                            };
-                            let v = f.add(&quad_base[q as usize], &o.to_string());
-                            let better = f.v(format!("fcmp ogt float {score}, {bs}"));
-                            *bs = f.sel("float", &better, &score, bs);
-                            *bi = f.sel("i32", &better, &v, bi);
-                            *bl = f.sel("float", &better, xv, bl);
+                // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
+                // whole: the test is uniform over the CTA, and the noise is most of the
+                // epilogue's work. Its columns report NONE, which no live row reads.
+                let outs: Vec<[Var; 3]> = pair
+                    .iter()
+                    .map(|_| [f.var("float", NEG_INF), f.var("i32", &none.to_string()), f.var("float", NEG_INF)])
+                    .collect();
+                let first_row = f.add(&it.b0, &(n as u32 * 8).to_string());
+                let live = f.ult(&first_row, "%batch");
+                f.if_then(&live, |f| {
+                    let mut acc_best: Vec<(String, String, String)> =
+                        vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
+                    for q in 0..self.quads {
+                        let noise: Vec<String> = if p.is_greedy() {
+                            Vec::new()
+                        } else {
+                            // Global index g = v + vocab_offset (a multiple of 4: same quads).
+                            let g = f.add(&quad_base[q as usize], "%vocab_offset");
+                            let ctr = f.v(format!("lshr i32 {g}, 2"));
+                            let (a, b) = (&pair[0], &pair[pair.len() - 1]);
+                            let ty = crate::math::NOISE_PAIR_TY;
+                            let r = f.v(format!(
+                                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
+                                a.ctr_row, a.key_lo, a.key_hi, b.ctr_row, b.key_lo, b.key_hi
+                            ));
+                            (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
+                        };
+                        for (pj, cl) in pair.iter().enumerate() {
+                            let (n, j) = (n as u32, pj as u32);
+                            let (bs, bi, bl) = &mut acc_best[pj];
+                            for o in 0..4 {
+                                let xv = &x[self.acc_index(q, o, n, j)];
+                                let score = if p.is_greedy() {
+                                    xv.clone()
+                                } else {
+                                    let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
+                                    f.sel("float", &cl.greedy, xv, &noisy)
+                                };
+                                let v = f.add(&quad_base[q as usize], &o.to_string());
+                                let better = f.v(format!("fcmp ogt float {score}, {bs}"));
+                                *bs = f.sel("float", &better, &score, bs);
+                                *bi = f.sel("i32", &better, &v, bi);
+                                *bl = f.sel("float", &better, xv, bl);
+                            }
                         }
                     }
-                }
-                for (mut bs, mut bi, mut bl) in acc_best {
-                    for sh in [4, 8, 16] {
-                        let os = f.shfl_xor_f32(&bs, sh);
-                        let oi = f.shfl_xor_i32(&bi, sh);
-                        let ol = f.shfl_xor_f32(&bl, sh);
-                        let take = f.beats(&os, &oi, &bs, &bi);
-                        bs = f.sel("float", &take, &os, &bs);
-                        bi = f.sel("i32", &take, &oi, &bi);
-                        bl = f.sel("float", &take, &ol, &bl);
+                    for ((mut bs, mut bi, mut bl), out) in acc_best.into_iter().zip(&outs) {
+                        for sh in [4, 8, 16] {
+                            let os = f.shfl_xor_f32(&bs, sh);
+                            let oi = f.shfl_xor_i32(&bi, sh);
+                            let ol = f.shfl_xor_f32(&bl, sh);
+                            let take = f.beats(&os, &oi, &bs, &bi);
+                            bs = f.sel("float", &take, &os, &bs);
+                            bi = f.sel("i32", &take, &oi, &bi);
+                            bl = f.sel("float", &take, &ol, &bl);
+                        }
+                        for (slot, v) in out.iter().zip([bs, bi, bl]) {
+                            f.set(slot, &v);
+                        }
                     }
-                    best.push((bs, bi, bl));
+                });
+                for [bs, bi, bl] in &outs {
+                    best.push((f.get(bs), f.get(bi), f.get(bl)));
                 }
             }
             f.if_then(&lane_lt4, |f| {
