@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn resident_ctas_respect_shared_memory() {
         let l = GpuLimits::H200;
-        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false };
+        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false };
         assert_eq!(resident_ctas(&big, &l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
     }
 }

@@ -46,7 +46,8 @@ fn main() {
         stages: if simt { 1 } else { env_u32("STAGES", 4) },
         persistent: env_u32("PERSISTENT", 0) == 1,
         list_per_tile: 0,
-        wgmma: env_u32("WGMMA", 0) == 1,
+        wgmma: env_u32("WGMMA", 0) == 1 || env_u32("TMA", 0) == 1,
+        tma: env_u32("TMA", 0) == 1,
     };
     c.fit_lists(&p);
     if has("ir") {

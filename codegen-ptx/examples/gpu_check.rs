@@ -472,6 +472,7 @@ fn main() {
         persistent,
         list_per_tile: 0,
         wgmma: false,
+        tma: false,
     };
     let mk = |name: &str, pipeline: Pipeline, config: GpuConfig, batch, dim, vocab| Case {
         name: name.to_string(),

@@ -87,6 +87,12 @@ impl GpuLimits {
 ///   vocab rows straight from the shared-memory ring (no fragment loads, about twice
 ///   `mma.sync`'s tensor rate on an H100/H200). Needs `warps % 4 == 0` and `k_step == 64`
 ///   (one 128-byte swizzle atom per row). Absent in older tuning files (serde default false).
+/// - `tma` (needs `wgmma`): the ring is filled by the Tensor Memory Accelerator
+///   (`cp.async.bulk.tensor`, one thread issues a stage's boxes) and guarded by mbarriers
+///   (a full and an empty barrier per slot) instead of per-thread `cp.async` and a CTA
+///   barrier per slice; the ring runs `stages − 1` slices ahead. Needs `D % 8 == 0` and
+///   `V % 4 == 0` (the tensor maps' strides and the permuted row view, see
+///   [`GpuConfig::tma_fits`]); the runtime runs other shapes with `tma` off.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
@@ -99,6 +105,8 @@ pub struct GpuConfig {
     pub list_per_tile: u32,
     #[serde(default)]
     pub wgmma: bool,
+    #[serde(default)]
+    pub tma: bool,
 }
 
 /// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
@@ -153,7 +161,10 @@ impl GpuConfig {
     /// Slices in flight ahead of the one being multiplied: `stages − 1` with mma.sync; with
     /// wgmma `stages − 2`, as the previous slice's wgmmas may still read their slot.
     pub(crate) fn prefetch_depth(&self) -> u32 {
-        if self.wgmma {
+        if self.tma {
+            // The producer refills the slot of slice kt − 1 once every warp has released it.
+            self.stages - 1
+        } else if self.wgmma {
             self.stages - 2
         } else {
             self.stages - 1
@@ -203,12 +214,40 @@ impl GpuConfig {
     /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
     /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
     pub fn smem_bytes(&self) -> u32 {
+        self.mbarrier_base() + self.mbarrier_bytes()
+    }
+
+    /// Where the TMA ring's mbarriers start (after the ring and the epilogue's scratch).
+    pub(crate) fn mbarrier_base(&self) -> u32 {
         let epilogue = self.scratch_bytes() + self.list_bytes();
-        if self.overlaps_epilogue() {
+        let data = if self.overlaps_epilogue() {
             self.ring_bytes() + epilogue
         } else {
             self.ring_bytes().max(epilogue)
+        };
+        data.next_multiple_of(8)
+    }
+
+    /// A full and an empty mbarrier (8 bytes each) per ring slot with `tma`, else none.
+    pub(crate) fn mbarrier_bytes(&self) -> u32 {
+        if self.tma {
+            16 * self.stages
+        } else {
+            0
         }
+    }
+
+    /// Whether the TMA path can read operands of this shape: 16-byte row strides
+    /// (`dim % 8 == 0`) and whole 4-row groups of W (`vocab % 4 == 0`), as the W tensor map
+    /// views rows `4q + 2h + e` as three dimensions so that each box lands in wgmma's row order.
+    pub fn tma_fits(dim: usize, vocab: usize) -> bool {
+        dim.is_multiple_of(8) && vocab.is_multiple_of(4) && dim > 0 && vocab > 0
+    }
+
+    /// This config for an operand shape: `tma` switched off where [`GpuConfig::tma_fits`] fails
+    /// (the same tile on the `cp.async` ring).
+    pub fn for_shape(&self, dim: usize, vocab: usize) -> GpuConfig {
+        GpuConfig { tma: self.tma && GpuConfig::tma_fits(dim, vocab), ..self.clone() }
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
@@ -358,13 +397,16 @@ impl GpuConfig {
             if self.wgmma && self.stages < 3 {
                 return Err(bad("stages", format!("{}; wgmma keeps one slice's MMAs in flight while the ring refills, so 3..=8", self.stages)));
             }
+            if self.tma && !self.wgmma {
+                return Err(bad("tma", "the TMA ring feeds wgmma; set wgmma too"));
+            }
             if self.wgmma && self.k_step != 64 {
                 return Err(bad("k_step", format!("{}; wgmma takes 64 (one 128-byte swizzle atom per row)", self.k_step)));
             }
         } else if self.stages != 1 {
             return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
-        } else if self.wgmma {
-            return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma; use stages >= 2"));
+        } else if self.wgmma || self.tma {
+            return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma or TMA; use stages >= 2"));
         }
         let cap = pipeline.list_capacity();
         if cap == 0 && self.list_per_tile != 0 {
@@ -453,6 +495,7 @@ impl GpuConfig {
                 persistent: false,
                 list_per_tile: 0,
                 wgmma: false,
+                tma: false,
             };
             c.fit_lists(pipeline);
             return c;
@@ -473,6 +516,7 @@ impl GpuConfig {
             persistent: false,
             list_per_tile: 0,
             wgmma,
+            tma: false,
         };
         c.fit_lists(pipeline);
         let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
@@ -515,7 +559,7 @@ impl GpuConfig {
                                 };
                                 lists.dedup();
                                 for list_per_tile in lists {
-                                    for wgmma in [false, true] {
+                                    for (wgmma, tma) in [(false, false), (true, false), (true, true)] {
                                         let c = GpuConfig {
                                             vocab_tile,
                                             batch_tile,
@@ -525,6 +569,7 @@ impl GpuConfig {
                                             persistent,
                                             list_per_tile,
                                             wgmma,
+                                            tma,
                                         };
                                         // validate drops wgmma off compute capability 9.0.
                                         if c.validate(pipeline, limits).is_ok() {

@@ -65,6 +65,33 @@ fn cp_async_wait(f: &mut Func, pending: u32) {
     f.s(format!("call void asm sideeffect \"cp.async.wait_group {pending};\", \"~{{memory}}\"() #1"));
 }
 
+/// Blocks until the mbarrier at shared address `bar` has completed the phase of `parity`
+/// (`try_wait` may time out and is retried; it acquires what the phase released).
+fn mbarrier_wait(f: &mut Func, bar: &str, parity: &str) {
+    let done = f.var("i32", "0");
+    f.while_loop(
+        |f| {
+            let d = f.get(&done);
+            f.v(format!("icmp eq i32 {d}, 0"))
+        },
+        |f| {
+            let r = f.v(format!(
+                "call i32 asm sideeffect \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \
+                 \"=r,r,r,~{{memory}}\"(i32 {bar}, i32 {parity}) #1"
+            ));
+            f.set(&done, &r);
+        },
+    );
+}
+
+/// One arrival on the mbarrier at shared address `bar` (release: this thread's prior reads
+/// of the slot are done before the producer may overwrite it).
+fn mbarrier_arrive(f: &mut Func, bar: &str) {
+    f.s(format!(
+        "call void asm sideeffect \"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }}\", \"r,~{{memory}}\"(i32 {bar}) #1"
+    ));
+}
+
 fn commit_group(f: &mut Func) {
     f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
 }
@@ -75,6 +102,9 @@ struct Item {
     vtiles: String,
     v0: String,
     b0: String,
+    /// This CTA's count of items before this one (0, 1, ...): the TMA ring numbers slices
+    /// across items, `seq · ktiles + kt`, for its mbarrier phases.
+    seq: String,
 }
 
 struct Gen<'a> {
@@ -173,14 +203,20 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
         let vtile = f.v(format!("udiv i32 {item}, {btiles}"));
         let v0 = f.mul(&vtile, &vt.to_string());
         let b0 = f.mul(&btile, &bt.to_string());
+        let done = f.v(format!("sub i32 {item}, {item0}"));
+        let seq = f.v(format!("udiv i32 {done}, {stride}"));
         Item {
             vtile,
             vtiles: vtiles.clone(),
             v0,
             b0,
+            seq,
         }
     };
     let ring = c.is_tensor().then(|| g.ring(&mut f));
+    if let (Some(ring), true) = (&ring, c.tma) {
+        g.init_mbarriers(&mut f, &th, ring);
+    }
     let overlap = c.overlaps_epilogue();
     if let (Some(ring), true) = (&ring, overlap) {
         let valid = f.ult(&item0, &items);
@@ -215,7 +251,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
          ptr addrspace(1) noalias readonly %row_seeds, ptr addrspace(1) noalias readonly %pen_bits, \
          ptr addrspace(1) noalias readonly %pen_offsets, ptr addrspace(1) noalias readonly %pen_tokens, \
          ptr addrspace(1) noalias readonly %pen_subtract, ptr addrspace(1) noalias readonly %pen_repetition, \
-         ptr addrspace(1) noalias %lists) \"nvvm.maxntid\"=\"{}\"",
+         ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"",
         c.block_threads()
     );
     let mut out = String::new();
@@ -493,6 +529,20 @@ impl Gen<'_> {
     /// The first [`GpuConfig::prefetch_depth`] slices of item `it` (only where `valid`, if
     /// given); always commits that many groups, so the group counting stays static.
     fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
+        if self.c.tma {
+            let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
+            let go = match valid {
+                Some(v) => f.and1(&t0, v),
+                None => t0,
+            };
+            f.if_then(&go, |f| {
+                for s in 0..self.c.prefetch_depth() {
+                    let in_range = f.ult(&s.to_string(), &ring.ktiles);
+                    f.if_then(&in_range, |f| self.tma_issue(f, it, ring, &s.to_string()));
+                }
+            });
+            return;
+        }
         for s in 0..self.c.prefetch_depth() {
             let in_range = f.ult(&s.to_string(), &ring.ktiles);
             let go = match valid {
@@ -502,6 +552,95 @@ impl Gen<'_> {
             f.if_then(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
             commit_group(f);
         }
+    }
+
+    /// Shared addresses of ring slot `slot`'s full and empty mbarriers.
+    fn mbarriers(&self, f: &mut Func, ring: &Ring, slot: &str) -> (String, String) {
+        let base = f.add(&ring.smem, &self.c.mbarrier_base().to_string());
+        let s8 = f.v(format!("shl i32 {slot}, 3"));
+        let full = f.add(&base, &s8);
+        let empty = f.add(&full, &(8 * self.c.stages).to_string());
+        (full, empty)
+    }
+
+    /// Thread 0 initialises every slot's mbarriers: full expects the producer's one arrival
+    /// (plus the stage's transaction bytes), empty one arrival per warp.
+    fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
+        let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
+        f.if_then(&t0, |f| {
+            for s in 0..self.c.stages {
+                let (full, empty) = self.mbarriers(f, ring, &s.to_string());
+                for (bar, count) in [(full, 1), (empty, self.c.warps)] {
+                    f.s(format!(
+                        "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count}) #1"
+                    ));
+                }
+            }
+            f.s("call void asm sideeffect \"fence.mbarrier_init.release.cluster;\", \"~{memory}\"() #1");
+        });
+        f.barrier();
+    }
+
+    /// Producer (thread 0): slice `kt` of item `it` into its ring slot through the TMA, once
+    /// the slot's previous slice is released. Slices are numbered across the CTA's items
+    /// (`j = seq · ktiles + kt`, slot `j % stages`), so every slot's phases alternate.
+    ///
+    /// The W tensor map (`%tmaps`, 4-d) views rows as `r = 4q + e + 2h` (dims k, q, e, h);
+    /// one box `{64, 8, 2, 1}` at `(k0, R/4, 0, h)` is the 16 shared rows `g + 8e` that hold W
+    /// rows `R + 4g + 2h + e`: exactly [`Gen::wgmma_smem_row`]'s placement of warp `4G + k`'s
+    /// m64 operand `mt = 2·blk + h` (`R = v0 + (4G + k)·warp_rows + 32·blk`). The H map
+    /// (2-d, at `%tmaps + 128`) gives one `{64, batch_tile}` box. Rows past V or B and k past
+    /// D are zero-filled by the TMA and still count towards the stage's bytes.
+    fn tma_issue(&self, f: &mut Func, it: &Item, ring: &Ring, kt: &str) {
+        let c = self.c;
+        let j0 = f.mul(&it.seq, &ring.ktiles);
+        let j = f.add(&j0, kt);
+        let slot = f.v(format!("urem i32 {j}, {}", c.stages));
+        let (full, empty) = self.mbarriers(f, ring, &slot);
+        let reuse = f.v(format!("icmp uge i32 {j}, {}", c.stages));
+        f.if_then(&reuse, |f| {
+            let round = f.v(format!("udiv i32 {j}, {}", c.stages));
+            let parity = f.v(format!("add i32 {round}, 1"));
+            let parity = f.v(format!("and i32 {parity}, 1"));
+            mbarrier_wait(f, &empty, &parity);
+        });
+        f.s(format!(
+            "call void asm sideeffect \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }}\", \
+             \"r,r,~{{memory}}\"(i32 {full}, i32 {}) #1",
+            c.stage_bytes()
+        ));
+        let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
+        let dst0 = f.add(&ring.smem, &slot_off);
+        let k0 = f.mul(kt, &c.k_step.to_string());
+        let maps = f.v("addrspacecast ptr addrspace(1) %tmaps to ptr");
+        let w_map = f.v(format!("ptrtoint ptr {maps} to i64"));
+        let h_map = f.v(format!("add i64 {w_map}, 128"));
+        let q0 = f.v(format!("lshr i32 {}, 2", it.v0));
+        let mtiles = self.quads * 2;
+        let wr = self.warp_rows();
+        for grp in 0..c.warps / 4 {
+            for mt in 0..mtiles {
+                for k in 0..4 {
+                    let box_ix = (grp * mtiles + mt) * 4 + k;
+                    let dst = f.add(&dst0, &(box_ix * 16 * 128).to_string());
+                    let r_off = (4 * grp + k) * wr + 32 * (mt >> 1);
+                    let q = f.add(&q0, &(r_off / 4).to_string());
+                    f.s(format!(
+                        "call void asm sideeffect \"cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+                         [$0], [$1, {{$2, $3, $4, $5}}], [$6];\", \"r,l,r,r,r,r,r,~{{memory}}\"\
+                         (i32 {dst}, i64 {w_map}, i32 {k0}, i32 {q}, i32 0, i32 {}, i32 {full}) #1",
+                        mt & 1
+                    ));
+                }
+            }
+        }
+        let dst = f.add(&dst0, &(c.vocab_tile * 128).to_string());
+        f.s(format!(
+            "call void asm sideeffect \"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+             [$0], [$1, {{$2, $3}}], [$4];\", \"r,l,r,r,r,~{{memory}}\"\
+             (i32 {dst}, i64 {h_map}, i32 {k0}, i32 {}, i32 {full}) #1",
+            it.b0
+        ));
     }
 
     /// The shared-memory row (of a stage's W tile) that holds W tile row `r` on the wgmma
@@ -585,12 +724,26 @@ impl Gen<'_> {
                 f.set(a, &v);
             }
         };
+        // TMA ring: slice numbers across items (see `tma_issue`); lane 0 of each warp.
+        let j0 = f.mul(&it.seq, ktiles);
+        let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
+        let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
         f.for_loop("0", ktiles, "1", |f, kt| {
-            cp_async_wait(f, c.prefetch_depth() - 1);
-            // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
-            f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
-            f.barrier();
-            let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
+            let slot = if c.tma {
+                let j = f.add(&j0, kt);
+                let slot = f.v(format!("urem i32 {j}, {}", c.stages));
+                let round = f.v(format!("udiv i32 {j}, {}", c.stages));
+                let parity = f.v(format!("and i32 {round}, 1"));
+                let (full, _) = self.mbarriers(f, ring, &slot);
+                mbarrier_wait(f, &full, &parity);
+                slot
+            } else {
+                cp_async_wait(f, c.prefetch_depth() - 1);
+                // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
+                f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
+                f.barrier();
+                f.v(format!("urem i32 {kt}, {}", c.stages))
+            };
             let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
             let slot_addr = f.add(smem, &slot_off);
             let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
@@ -613,10 +766,38 @@ impl Gen<'_> {
             f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
             // Slice kt − 1's group is done (for this warpgroup) before the next barrier.
             fence_all(f, "wgmma.wait_group.sync.aligned 1;");
-            self.prefetch(f, th, it, ring, kt);
+            if c.tma {
+                // Each warp releases slot kt − 1; then the producer refills it with slice
+                // kt + stages − 1 (waiting for the other warps' releases).
+                let started = f.v(format!("icmp ugt i32 {kt}, 0"));
+                let release = f.and1(&started, &lane0);
+                f.if_then(&release, |f| {
+                    let j = f.add(&j0, kt);
+                    let prev = f.v(format!("add i32 {j}, -1"));
+                    let ps = f.v(format!("urem i32 {prev}, {}", c.stages));
+                    let (_, empty) = self.mbarriers(f, ring, &ps);
+                    mbarrier_arrive(f, &empty);
+                });
+                let next = f.add(kt, &(c.stages - 1).to_string());
+                let more = f.ult(&next, ktiles);
+                let go = f.and1(&more, &t0);
+                f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
+            } else {
+                self.prefetch(f, th, it, ring, kt);
+            }
         });
         fence_all(f, "wgmma.wait_group.sync.aligned 0;");
-        cp_async_wait(f, 0);
+        if c.tma {
+            f.if_then(&lane0, |f| {
+                let j = f.add(&j0, ktiles);
+                let last = f.v(format!("add i32 {j}, -1"));
+                let ls = f.v(format!("urem i32 {last}, {}", c.stages));
+                let (_, empty) = self.mbarriers(f, ring, &ls);
+                mbarrier_arrive(f, &empty);
+            });
+        } else {
+            cp_async_wait(f, 0);
+        }
         f.barrier();
         self.fragments_to_accumulators(f, &acc)
     }

@@ -24,6 +24,7 @@ fn generates_ptx_with_an_empty_path() {
         persistent: false,
         list_per_tile: 0,
         wgmma: false,
+        tma: false,
     };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));

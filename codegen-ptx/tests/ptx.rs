@@ -69,6 +69,7 @@ fn cfg(
         persistent,
         list_per_tile: 0,
         wgmma: false,
+        tma: false,
     }
 }
 
@@ -139,7 +140,7 @@ fn stage1_has_the_design_parameter_list() {
         types,
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
-            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
         ]
     );
     let head = &k.ptx[k.ptx.find(".entry flashsample_stage2(").unwrap()..];
@@ -638,4 +639,51 @@ fn wgmma_configs_are_refused_where_they_cannot_run() {
 fn snapshot_tensor_bf16_wgmma_persistent() {
     let c = wgmma(cfg(128, 8, 64, 4, 3, true));
     insta::assert_snapshot!("tensor_bf16_wgmma_persistent", ptx(&greedy(DType::BF16), &c, Arch::Sm90).ptx);
+}
+
+fn tma(c: GpuConfig) -> GpuConfig {
+    GpuConfig { wgmma: true, tma: true, ..c }
+}
+
+#[test]
+fn tma_ring_loads_boxes_and_waits_on_mbarriers() {
+    for (c, boxes) in [(tma(cfg(256, 64, 64, 8, 5, false)), 16), (tma(cfg(512, 8, 64, 4, 3, true)), 32)] {
+        let k = ptx(&full(DType::BF16), &c, Arch::Sm90);
+        let t = stage1_text(&k.ptx);
+        assert!(k.ptx.contains(".target sm_90a"), "{c:?}");
+        // One W box per 16 shared rows and one H box, in the prologue and in the refill.
+        let w_boxes = t.matches("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
+        let h_boxes = t.matches("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
+        assert_eq!(w_boxes % boxes, 0, "{c:?}: {w_boxes} W boxes");
+        assert_eq!(w_boxes / boxes, h_boxes, "{c:?}");
+        assert!(h_boxes >= 2, "{c:?}: prologue and refill");
+        for needed in ["mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster", "mbarrier.try_wait.parity.shared::cta.b64", "mbarrier.arrive.expect_tx.shared::cta.b64", "mbarrier.arrive.shared::cta.b64", "wgmma.wait_group.sync.aligned 1"] {
+            assert!(t.contains(needed), "{c:?}: {needed}");
+        }
+        // No per-thread copies, no proxy fence for them, no CTA barrier inside the k loop:
+        // the only barriers are the init, the end of each item's k loop and the epilogue's.
+        assert!(!t.contains("cp.async.cg") && !t.contains("cp.async.wait_group") && !t.contains("fence.proxy.async"), "{c:?}");
+        let plain = ptx(&full(DType::BF16), &GpuConfig { tma: false, ..c.clone() }, Arch::Sm90);
+        let bars = |s: &str| s.matches("bar.sync").count();
+        assert_eq!(bars(t), bars(stage1_text(&plain.ptx)), "{c:?}: TMA adds the init barrier and drops the per-slice one");
+        assert!(!k.ptx.contains(".local"), "{c:?}: no local memory");
+        // The mbarriers sit after everything else, 8-byte aligned.
+        assert_eq!(c.smem_bytes(), GpuConfig { tma: false, ..c.clone() }.smem_bytes().next_multiple_of(8) + 16 * c.stages);
+    }
+}
+
+#[test]
+fn tma_configs_need_wgmma_and_describable_shapes() {
+    let p = full(DType::BF16);
+    let bad = GpuConfig { tma: true, ..cfg(256, 64, 64, 8, 4, false) };
+    assert!(matches!(bad.validate_shape(&p), Err(PtxError::InvalidConfig { knob: "tma", .. })), "{bad:?}");
+    let ok = tma(cfg(256, 64, 64, 8, 5, false));
+    ok.validate(&p, &GpuLimits::H200).unwrap();
+    assert!(GpuConfig::tma_fits(4096, 151_936) && GpuConfig::tma_fits(8192, 128_256));
+    assert!(!GpuConfig::tma_fits(4095, 151_936) && !GpuConfig::tma_fits(4096, 151_937) && !GpuConfig::tma_fits(203, 1000));
+    assert!(ok.for_shape(4096, 151_936).tma);
+    assert_eq!(ok.for_shape(4096, 1003), GpuConfig { tma: false, ..ok.clone() });
+    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.tma));
+    let a100 = GpuLimits { compute_capability: (8, 0), ..GpuLimits::H200 };
+    assert!(!GpuConfig::enumerate(&p, &a100).iter().any(|c| c.tma));
 }

@@ -696,6 +696,7 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         persistent: true,
         list_per_tile: 0,
         wgmma: false,
+        tma: false,
     };
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
@@ -748,6 +749,7 @@ fn wgmma_mainloop_pathwise() {
         persistent,
         list_per_tile: 0,
         wgmma: true,
+        tma: false,
     };
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
@@ -781,6 +783,71 @@ fn wgmma_mainloop_pathwise() {
             let params = case.params(&p);
             let (layout, cands, _) =
                 cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&wgmma), poison)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
+            eprintln!("ok: {what}");
+        }
+    }
+}
+
+/// The TMA ring (`tma`: tensor maps, `cp.async.bulk.tensor` boxes in wgmma row order,
+/// full/empty mbarriers instead of a CTA barrier per slice) feeds the same wgmmas the
+/// same bytes, so its samples must equal the `cp.async` wgmma path's exactly and the
+/// reference's pathwise: one and two warpgroups, batch tiles 8 to 128, fewer k slices
+/// than the ring is deep (D = 128), partial vocab and batch tiles, persistent CTAs that
+/// carry the mbarrier phases across several items, and every candidate slot written.
+/// Shapes the maps cannot describe (V % 4 != 0, D % 8 != 0) run the cp.async ring.
+#[test]
+fn tma_ring_equals_cp_async_ring() {
+    let (device, dev) = gpu_or_skip!();
+    if dev.limits().compute_capability != (9, 0) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: TMA + wgmma need compute capability 9.0, this GPU is {:?}", dev.limits().compute_capability);
+        return;
+    }
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent| flashsample::GpuConfig {
+        vocab_tile,
+        batch_tile,
+        k_step: 64,
+        warps,
+        stages,
+        persistent,
+        list_per_tile: 0,
+        wgmma: true,
+        tma: true,
+    };
+    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
+    for (p, batch, dim, vocab, std) in [
+        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
+        (qwen(DType::F16, 1), 17, 200, 1000, 4.0),
+        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
+        (serving(), 33, 128, 50_256, FILTER_LOGIT_STD),
+    ] {
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, 23 + batch as u64, std);
+        let tiles = if vocab > 100_000 {
+            vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 5, true), tile(256, 128, 8, 4, false)]
+        } else {
+            vec![
+                tile(256, 64, 8, 5, false),
+                tile(256, 8, 8, 4, true),
+                tile(128, 64, 4, 4, false),
+                tile(128, 16, 4, 3, true),
+                tile(256, 128, 8, 3, false),
+            ]
+        };
+        for mut c in tiles {
+            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
+            let tma = KernelConfig::Cuda(c.clone());
+            let ring = KernelConfig::Cuda(flashsample::GpuConfig { tma: false, ..c.clone() });
+            let a = case.run_with(&sampler, &ring).unwrap_or_else(|e| panic!("{what}, cp.async ring: {e}"));
+            let b = case.run_with(&sampler, &tma).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(a, b, "{what}: the TMA ring differs from the cp.async ring");
+            case.check(&p, &b, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let params = case.params(&p);
+            let (layout, cands, _) =
+                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&tma), poison)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
             eprintln!("ok: {what}");

@@ -149,8 +149,8 @@ fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &fl
             for &batch_tile in &bts {
                 for stages in [3u32, 4] {
                     for persistent in [false, true] {
-                        for wgmma in [false, true] {
-                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma };
+                        for (wgmma, tma) in [(false, false), (true, false), (true, true)] {
+                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma, tma };
                             c.fit_lists(pipeline);
                             // validate drops wgmma off compute capability 9.0.
                             if c.validate(pipeline, limits).is_ok() {

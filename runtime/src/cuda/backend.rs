@@ -16,6 +16,7 @@
 //! stage-one variant without it (`CodegenOptions::skip_logsumexp`) and pass lse = 0 to all
 //! three stages; stage three reads the row logsumexp only for those rows and outputs.
 
+use super::tma;
 use super::{
     cache::{self, LoadedKernel},
     device::drv,
@@ -104,6 +105,7 @@ struct Scratch {
     pen_subtract: Buf,
     pen_repetition: Buf,
     lists: Buf,
+    tmaps: Buf,
     filters: Buf,
     greedy: Buf,
     out_top: Buf,
@@ -124,6 +126,8 @@ fn bytes_of<T: bytemuck::Pod + Default>(v: &[T]) -> Vec<u8> {
 struct Launch {
     hidden: u64,
     weights: Vec<u64>,
+    /// Per weight buffer, its W and H tensor maps (TMA configs; 0 otherwise).
+    tmaps: Vec<u64>,
     temperatures: u64,
     bias: u64,
     allowed: u64,
@@ -261,6 +265,18 @@ impl CudaBackend {
         let mut uploads = Vec::new();
         let hidden_ptr = self.operand(hidden, &mut uploads)?;
         let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut uploads)).collect::<Result<Vec<_>>>()?;
+        // The TMA stage one reads its operands through tensor maps encoded here (one pair per
+        // weight buffer); the bytes stay alive until the queued copy ran (Launch::_host).
+        let (tmaps, tmap_bytes) = if config.tma {
+            let mut maps = Vec::with_capacity(weight_ptrs.len() * 2 * tma::MAP_BYTES);
+            for &w in &weight_ptrs {
+                maps.extend_from_slice(&tma::encode_operands(w, hidden_ptr, shape.vocab, shape.dim, shape.batch, config.batch_tile)?);
+            }
+            let base = scratch.tmaps.upload(dev, &maps)?;
+            ((0..weight_ptrs.len()).map(|i| base + (i * 2 * tma::MAP_BYTES) as u64).collect(), Some(maps))
+        } else {
+            (vec![0; weight_ptrs.len()], None)
+        };
         let temperatures: Vec<u8> = bytemuck::cast_slice(&params.row_temperatures(p, shape.batch)).to_vec();
         let bias: Option<Vec<u8>> = params.bias.map(|b| bytemuck::cast_slice(b).to_vec());
         let allowed: Option<Vec<u8>> = params.allowed_bitset(shape.batch, shape.vocab).map(|a| bytemuck::cast_slice(&a).to_vec());
@@ -321,6 +337,7 @@ impl CudaBackend {
         let launch = Launch {
             hidden: hidden_ptr,
             weights: weight_ptrs,
+            tmaps,
             temperatures: temperatures_ptr,
             bias: bias_ptr,
             allowed: allowed_ptr,
@@ -345,13 +362,15 @@ impl CudaBackend {
             shape,
             samples,
             geometry,
-            _host: [Some(temperatures), bias, allowed].into_iter().flatten().chain(host).collect(),
+            _host: [Some(temperatures), bias, allowed, tmap_bytes].into_iter().flatten().chain(host).collect(),
             _uploads: uploads,
         };
         Ok(launch)
     }
 
-    fn launch_stage1(&self, k: &LoadedKernel, l: &Launch, weights: u64) -> Result<()> {
+    /// Stage one on weight buffer `w` of the launch.
+    fn launch_stage1(&self, k: &LoadedKernel, l: &Launch, w: usize) -> Result<()> {
+        let (weights, tmaps) = (l.weights[w], l.tmaps[w]);
         // The kernel opted into `stage1_smem` when it was loaded (cache::load).
         let g = &l.geometry;
         let (batch, dim, vocab) = (l.shape.batch as u32, l.shape.dim as u32, l.shape.vocab as u32);
@@ -376,7 +395,8 @@ impl CudaBackend {
             .arg(&l.pen[2])
             .arg(&l.pen[3])
             .arg(&l.pen[4])
-            .arg(&l.lists);
+            .arg(&l.lists)
+            .arg(&tmaps);
         // SAFETY: the arguments match DESIGN.md's stage-one signature; every buffer is sized
         // from the same geometry the kernel was generated for.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
@@ -482,11 +502,13 @@ impl CudaBackend {
         need: u32,
     ) -> Result<Attempt> {
         let lse = self.launch_lse(params, shape.batch);
+        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
+        let config = &config.for_shape(shape.dim, shape.vocab);
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
-        self.launch_stage1(&kernel, &l, l.weights[0])?;
+        self.launch_stage1(&kernel, &l, 0)?;
         self.launch_stage2(&kernel, &l)?;
         self.launch_filter(&kernel, &l)?;
         let n = shape.batch * l.samples;
@@ -588,6 +610,8 @@ impl CudaBackend {
             return Err(Error::EmptyOperand("weights list"));
         }
         let lse = self.launch_lse(params, shape.batch);
+        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
+        let config = &config.for_shape(shape.dim, shape.vocab);
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -601,7 +625,7 @@ impl CudaBackend {
 
     /// Stages one, two and three of launch `i` (weights rotate through the prepared buffers).
     fn launch_all(&self, kernel: &LoadedKernel, l: &Launch, i: usize) -> Result<()> {
-        self.launch_stage1(kernel, l, l.weights[i % l.weights.len()])?;
+        self.launch_stage1(kernel, l, i % l.weights.len())?;
         self.launch_stage2(kernel, l)?;
         self.launch_filter(kernel, l)
     }
@@ -628,7 +652,7 @@ impl CudaBackend {
             for i in 0..reps {
                 let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
                 e[0].record(stream).map_err(drv("cuEventRecord"))?;
-                self.launch_stage1(kernel, l, l.weights[i % l.weights.len()])?;
+                self.launch_stage1(kernel, l, i % l.weights.len())?;
                 e[1].record(stream).map_err(drv("cuEventRecord"))?;
                 self.launch_stage2(kernel, l)?;
                 e[2].record(stream).map_err(drv("cuEventRecord"))?;
@@ -664,6 +688,8 @@ impl CudaBackend {
         // Always the variant with the logsumexp (the pipeline's full contract), so tests see
         // every partial.
         let lse = self.pipeline.needs_logsumexp();
+        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
+        let config = &config.for_shape(shape.dim, shape.vocab);
         let kernel = self.kernel(config, lse)?;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -676,7 +702,7 @@ impl CudaBackend {
         if self.pipeline.needs_logsumexp() {
             scratch.lse.upload(dev, bytemuck::cast_slice(&lse_poison))?;
         }
-        self.launch_stage1(&kernel, &l, l.weights[0])?;
+        self.launch_stage1(&kernel, &l, 0)?;
         let cands: Vec<Candidate> =
             from_bytes(&scratch.candidates.download(dev, layout.candidate_count() * std::mem::size_of::<Candidate>())?);
         let lse = if self.pipeline.needs_logsumexp() {

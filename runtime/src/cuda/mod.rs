@@ -11,6 +11,7 @@ mod backend;
 mod cache;
 mod device;
 mod ptx;
+mod tma;
 
 pub(crate) use backend::CudaBackend;
 pub use cache::cache_dir;
