@@ -585,10 +585,11 @@ impl Gen<'_> {
     /// the slot's previous slice is released. Slices are numbered across the CTA's items
     /// (`j = seq · ktiles + kt`, slot `j % stages`), so every slot's phases alternate.
     ///
-    /// The W tensor map (`%tmaps`, 4-d) views rows as `r = 4q + e + 2h` (dims k, q, e, h);
-    /// one box `{64, 8, 2, 1}` at `(k0, R/4, 0, h)` is the 16 shared rows `g + 8e` that hold W
-    /// rows `R + 4g + 2h + e`: exactly [`Gen::wgmma_smem_row`]'s placement of warp `4G + k`'s
-    /// m64 operand `mt = 2·blk + h` (`R = v0 + (4G + k)·warp_rows + 32·blk`). The H map
+    /// The W tensor map (`%tmaps`, 3-d) views rows as `r = 4q + c` (dims k, c, q; strides
+    /// ascending); one box `{64, 1, 8}` at `(k0, c, R/4)` is the 8 rows `R + 4g + c` (g = 0..8),
+    /// one 1024-byte swizzle atom. Boxes `c = 2h` and `2h + 1` fill the 16 shared rows `g + 8e`
+    /// that [`Gen::wgmma_smem_row`] gives W rows `R + 4g + 2h + e`: warp `4G + k`'s m64
+    /// operand `mt = 2·blk + h`, with `R = v0 + (4G + k)·warp_rows + 32·blk`. The H map
     /// (2-d, at `%tmaps + 128`) gives one `{64, batch_tile}` box. Rows past V or B and k past
     /// D are zero-filled by the TMA and still count towards the stage's bytes.
     fn tma_issue(&self, f: &mut Func, it: &Item, ring: &Ring, kt: &str) {
@@ -621,16 +622,18 @@ impl Gen<'_> {
         for grp in 0..c.warps / 4 {
             for mt in 0..mtiles {
                 for k in 0..4 {
-                    let box_ix = (grp * mtiles + mt) * 4 + k;
-                    let dst = f.add(&dst0, &(box_ix * 16 * 128).to_string());
                     let r_off = (4 * grp + k) * wr + 32 * (mt >> 1);
                     let q = f.add(&q0, &(r_off / 4).to_string());
-                    f.s(format!(
-                        "call void asm sideeffect \"cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
-                         [$0], [$1, {{$2, $3, $4, $5}}], [$6];\", \"r,l,r,r,r,r,r,~{{memory}}\"\
-                         (i32 {dst}, i64 {w_map}, i32 {k0}, i32 {q}, i32 0, i32 {}, i32 {full}) #1",
-                        mt & 1
-                    ));
+                    for e in 0..2 {
+                        let atom = ((grp * mtiles + mt) * 4 + k) * 2 + e;
+                        let dst = f.add(&dst0, &(atom * 8 * 128).to_string());
+                        f.s(format!(
+                            "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+                             [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"\
+                             (i32 {dst}, i64 {w_map}, i32 {k0}, i32 {}, i32 {q}, i32 {full}) #1",
+                            2 * (mt & 1) + e
+                        ));
+                    }
                 }
             }
         }

@@ -647,12 +647,12 @@ fn tma(c: GpuConfig) -> GpuConfig {
 
 #[test]
 fn tma_ring_loads_boxes_and_waits_on_mbarriers() {
-    for (c, boxes) in [(tma(cfg(256, 64, 64, 8, 5, false)), 16), (tma(cfg(512, 8, 64, 4, 3, true)), 32)] {
+    for (c, boxes) in [(tma(cfg(256, 64, 64, 8, 5, false)), 32), (tma(cfg(512, 8, 64, 4, 3, true)), 64)] {
         let k = ptx(&full(DType::BF16), &c, Arch::Sm90);
         let t = stage1_text(&k.ptx);
         assert!(k.ptx.contains(".target sm_90a"), "{c:?}");
-        // One W box per 16 shared rows and one H box, in the prologue and in the refill.
-        let w_boxes = t.matches("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
+        // One W box per 8 shared rows (a swizzle atom) and one H box, in the prologue and in the refill.
+        let w_boxes = t.matches("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
         let h_boxes = t.matches("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
         assert_eq!(w_boxes % boxes, 0, "{c:?}: {w_boxes} W boxes");
         assert_eq!(w_boxes / boxes, h_boxes, "{c:?}");
