@@ -27,6 +27,9 @@ const LANE_OPS_PER_SM: f64 = 128.0 * 1.7e9;
 /// Threads and shared memory per SM of every sm_80+ part (GpuLimits has per-block limits only).
 const THREADS_PER_SM: u32 = 2048;
 const SHARED_PER_SM_SLACK: u32 = 1024;
+/// How much slower the TMA ring measured than its cp.async twin on the H200 (gen 9: 1.3–2×,
+/// BENCHMARKS.md): it ranks behind the same tile on the cp.async ring, not beside it.
+const TMA_MEASURED_SLOWDOWN: f64 = 1.5;
 /// Fixed cost per launch pair (stage one + stage two), seconds.
 const LAUNCH_S: f64 = 6e-6;
 
@@ -62,7 +65,8 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     let mma = if c.is_tensor() { MMA_FLOPS_PER_SM } else { MMA_FLOPS_PER_SM / 8.0 };
     let math = flops / (mma * sms * wave_eff.max(1e-3));
     let epilogue = vocab as f64 * padded * EPILOGUE_OPS / (LANE_OPS_PER_SM * sms * wave_eff.max(1e-3));
-    mem.max(math + epilogue) + LAUNCH_S
+    let ring_factor = if c.tma { TMA_MEASURED_SLOWDOWN } else { 1.0 };
+    mem.max(math + epilogue) * ring_factor + LAUNCH_S
 }
 
 /// (`vocab_tile`, `batch_tile`, `warps`, `k_step`).
@@ -141,5 +145,15 @@ mod tests {
         let l = GpuLimits::H200;
         let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false };
         assert_eq!(resident_ctas(&big, &l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
+    }
+
+    #[test]
+    fn the_tma_ring_ranks_behind_its_cp_async_twin() {
+        let (p, l) = (pipeline(), GpuLimits::H200);
+        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false };
+        let tma = GpuConfig { tma: true, ..ring.clone() };
+        let order = rank(vec![tma.clone(), ring.clone()], &p, &l, 64, 4096, 151_936);
+        assert_eq!(order, vec![ring.clone(), tma.clone()]);
+        assert!(modeled_seconds(&tma, &l, 64, 4096, 151_936, 2) > modeled_seconds(&ring, &l, 64, 4096, 151_936, 2));
     }
 }

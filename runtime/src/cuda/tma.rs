@@ -15,7 +15,7 @@ pub(crate) const MAP_BYTES: usize = 128;
 /// order puts side by side (codegen-ptx `tma_issue`); H (`batch × dim`) is 2-d with `{64, batch_tile}` boxes. Both use
 /// the 128-byte swizzle and zero fill outside the tensor.
 pub(crate) fn encode_operands(weights: u64, hidden: u64, vocab: usize, dim: usize, batch: usize, batch_tile: u32) -> Result<[u8; 2 * MAP_BYTES]> {
-    if !flashsample_codegen_ptx::GpuConfig::tma_fits(dim, vocab) || weights % 16 != 0 || hidden % 16 != 0 {
+    if !flashsample_codegen_ptx::GpuConfig::tma_fits(dim, vocab) || !weights.is_multiple_of(16) || !hidden.is_multiple_of(16) {
         return Err(Error::Unsupported(format!(
             "TMA stage one for dim {dim}, vocab {vocab} (needs dim % 8 == 0, vocab % 4 == 0 and 16-byte aligned operands)"
         )));
