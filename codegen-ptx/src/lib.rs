@@ -35,7 +35,7 @@ use inkwell::{
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
-    " gen 9"
+    " gen 10"
 );
 
 /// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).
