@@ -563,6 +563,13 @@ impl Gen<'_> {
         (full, empty)
     }
 
+    /// This warp is done reading (global) slice `j`'s slot: one arrival on its empty barrier.
+    fn release_slot(&self, f: &mut Func, ring: &Ring, j: &str) {
+        let slot = f.v(format!("urem i32 {j}, {}", self.c.stages));
+        let (_, empty) = self.mbarriers(f, ring, &slot);
+        mbarrier_arrive(f, &empty);
+    }
+
     /// Thread 0 initialises every slot's mbarriers: full expects the producer's one arrival
     /// (plus the stage's transaction bytes), empty one arrival per warp.
     fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
@@ -687,6 +694,10 @@ impl Gen<'_> {
     /// refills the slot of slice kt − 2, which every warpgroup finished before this
     /// iteration's barrier; hence the ring runs [`GpuConfig::prefetch_depth`] =
     /// `stages − 2` slices ahead.
+    ///
+    /// With `tma` the ring is fed by [`Gen::tma_issue`] instead: every thread waits on the
+    /// slot's full mbarrier (no CTA barrier per slice), each warp releases slice kt − 1 after
+    /// `wait_group 1`, and thread 0 then refills that slot with slice kt + stages − 1.
     fn wgmma_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
         let c = self.c;
         let n = c.batch_tile;
@@ -777,9 +788,7 @@ impl Gen<'_> {
                 f.if_then(&release, |f| {
                     let j = f.add(&j0, kt);
                     let prev = f.v(format!("add i32 {j}, -1"));
-                    let ps = f.v(format!("urem i32 {prev}, {}", c.stages));
-                    let (_, empty) = self.mbarriers(f, ring, &ps);
-                    mbarrier_arrive(f, &empty);
+                    self.release_slot(f, ring, &prev);
                 });
                 let next = f.add(kt, &(c.stages - 1).to_string());
                 let more = f.ult(&next, ktiles);
@@ -794,9 +803,7 @@ impl Gen<'_> {
             f.if_then(&lane0, |f| {
                 let j = f.add(&j0, ktiles);
                 let last = f.v(format!("add i32 {j}, -1"));
-                let ls = f.v(format!("urem i32 {last}, {}", c.stages));
-                let (_, empty) = self.mbarriers(f, ring, &ls);
-                mbarrier_arrive(f, &empty);
+                self.release_slot(f, ring, &last);
             });
         } else {
             cp_async_wait(f, 0);

@@ -219,6 +219,14 @@ impl CudaBackend {
         cache::kernel(&self.device, &self.pipeline, config, !lse)
     }
 
+    /// [`CudaBackend::kernel`] for the config a launch of `shape` runs: shapes the TMA maps
+    /// cannot describe run the same tile on the cp.async ring ([`GpuConfig::for_shape`]).
+    fn kernel_for_shape(&self, config: &GpuConfig, shape: Shape, lse: bool) -> Result<(GpuConfig, Arc<LoadedKernel>)> {
+        let config = config.for_shape(shape.dim, shape.vocab);
+        let kernel = self.kernel(&config, lse)?;
+        Ok((config, kernel))
+    }
+
     /// Whether this launch computes the logsumexp: the pipeline has it and the launch needs
     /// it. The same for the reruns of a launch (it depends on the parameters only).
     fn launch_lse(&self, params: &SamplingParams<'_>, batch: usize) -> bool {
@@ -502,9 +510,8 @@ impl CudaBackend {
         need: u32,
     ) -> Result<Attempt> {
         let lse = self.launch_lse(params, shape.batch);
-        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
-        let config = &config.for_shape(shape.dim, shape.vocab);
-        let kernel = self.kernel(config, lse)?;
+        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
+        let config = &config;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
@@ -610,9 +617,8 @@ impl CudaBackend {
             return Err(Error::EmptyOperand("weights list"));
         }
         let lse = self.launch_lse(params, shape.batch);
-        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
-        let config = &config.for_shape(shape.dim, shape.vocab);
-        let kernel = self.kernel(config, lse)?;
+        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
+        let config = &config;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let l = self.prepare(&kernel, &mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
@@ -688,9 +694,8 @@ impl CudaBackend {
         // Always the variant with the logsumexp (the pipeline's full contract), so tests see
         // every partial.
         let lse = self.pipeline.needs_logsumexp();
-        // Shapes the TMA maps cannot describe run the same tile on the cp.async ring.
-        let config = &config.for_shape(shape.dim, shape.vocab);
-        let kernel = self.kernel(config, lse)?;
+        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
+        let config = &config;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity(), lse)?;
