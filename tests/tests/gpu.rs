@@ -679,6 +679,28 @@ fn fit_to_device(c: &mut flashsample::GpuConfig, p: &Pipeline, dev: &CudaDevice,
     }
 }
 
+/// Whether `dev` runs sm_90a code (compute capability 9.0); else prints why `what` is skipped.
+fn hopper_or_skip(dev: &CudaDevice, what: &str) -> bool {
+    let cc = dev.limits().compute_capability;
+    if cc != (9, 0) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {what} needs compute capability 9.0, this GPU is {cc:?}");
+    }
+    cc == (9, 0)
+}
+
+/// `got`, the samples of `config`, must match the reference pathwise, and a stage one of
+/// `config` over poisoned candidates must write every slot.
+fn check_pathwise_and_every_slot(sampler: &Sampler, case: &Case, p: &Pipeline, config: &KernelConfig, got: &flashsample::Samples, what: &str) {
+    case.check(p, got, &rows_to_check(case.batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
+    let params = case.params(p);
+    let (layout, cands, _) = cuda::debug_stage1_candidates(sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(config), poison)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
+    eprintln!("ok: {what}");
+}
+
 /// Persistent tensor-path CTAs issue the next item's first slices before this item's
 /// epilogue (the scratch then sits after the ring): the tokens, scores, logsumexp and top
 /// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
@@ -698,7 +720,6 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         wgmma: false,
         tma: false,
     };
-    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
@@ -715,13 +736,7 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
             let a = case.run_with(&sampler, &one_per_item).unwrap_or_else(|e| panic!("{what}, one CTA per item: {e}"));
             let b = case.run_with(&sampler, &persistent).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(a, b, "{what}: persistent launch differs from one CTA per item");
-            case.check(&p, &b, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let params = case.params(&p);
-            let (layout, cands, _) =
-                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&persistent), poison)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
-            eprintln!("ok: {what}");
+            check_pathwise_and_every_slot(&sampler, &case, &p, &persistent, &b, &what);
         }
     }
 }
@@ -734,9 +749,7 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
 #[test]
 fn wgmma_mainloop_pathwise() {
     let (device, dev) = gpu_or_skip!();
-    if dev.limits().compute_capability != (9, 0) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: wgmma needs compute capability 9.0, this GPU is {:?}", dev.limits().compute_capability);
+    if !hopper_or_skip(&dev, "wgmma") {
         return;
     }
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
@@ -751,7 +764,6 @@ fn wgmma_mainloop_pathwise() {
         wgmma: true,
         tma: false,
     };
-    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
@@ -779,13 +791,7 @@ fn wgmma_mainloop_pathwise() {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
             let wgmma = KernelConfig::Cuda(c.clone());
             let got = case.run_with(&sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
-            case.check(&p, &got, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let params = case.params(&p);
-            let (layout, cands, _) =
-                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&wgmma), poison)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
-            eprintln!("ok: {what}");
+            check_pathwise_and_every_slot(&sampler, &case, &p, &wgmma, &got, &what);
         }
     }
 }
@@ -800,9 +806,7 @@ fn wgmma_mainloop_pathwise() {
 #[test]
 fn tma_ring_equals_cp_async_ring() {
     let (device, dev) = gpu_or_skip!();
-    if dev.limits().compute_capability != (9, 0) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: TMA + wgmma need compute capability 9.0, this GPU is {:?}", dev.limits().compute_capability);
+    if !hopper_or_skip(&dev, "TMA + wgmma") {
         return;
     }
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
@@ -817,7 +821,6 @@ fn tma_ring_equals_cp_async_ring() {
         wgmma: true,
         tma: true,
     };
-    let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1000, 4.0),
@@ -844,13 +847,7 @@ fn tma_ring_equals_cp_async_ring() {
             let a = case.run_with(&sampler, &ring).unwrap_or_else(|e| panic!("{what}, cp.async ring: {e}"));
             let b = case.run_with(&sampler, &tma).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(a, b, "{what}: the TMA ring differs from the cp.async ring");
-            case.check(&p, &b, &rows_to_check(batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let params = case.params(&p);
-            let (layout, cands, _) =
-                cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(&tma), poison)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
-            eprintln!("ok: {what}");
+            check_pathwise_and_every_slot(&sampler, &case, &p, &tma, &b, &what);
         }
     }
 }
