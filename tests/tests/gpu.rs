@@ -741,6 +741,11 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
     }
 }
 
+/// A wgmma tile config (k_step 64, no lists until `fit_to_device`), on the TMA ring or not.
+fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persistent: bool, tma: bool) -> flashsample::GpuConfig {
+    flashsample::GpuConfig { vocab_tile, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma: true, tma }
+}
+
 /// The wgmma main loop (sm_90a: warpgroup MMA straight from the swizzled ring) must give
 /// the samples the reference gives, pathwise, for one and two warpgroups, 2 to 8 m64
 /// operands per group, batch tiles 8 to 128, 3 to 5 stages, D not a multiple of the slice or of 8 (zero-
@@ -753,17 +758,7 @@ fn wgmma_mainloop_pathwise() {
         return;
     }
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages, persistent| flashsample::GpuConfig {
-        vocab_tile,
-        batch_tile,
-        k_step: 64,
-        warps,
-        stages,
-        persistent,
-        list_per_tile: 0,
-        wgmma: true,
-        tma: false,
-    };
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false);
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
@@ -810,17 +805,7 @@ fn tma_ring_equals_cp_async_ring() {
         return;
     }
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages, persistent| flashsample::GpuConfig {
-        vocab_tile,
-        batch_tile,
-        k_step: 64,
-        warps,
-        stages,
-        persistent,
-        list_per_tile: 0,
-        wgmma: true,
-        tma: true,
-    };
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, true);
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1000, 4.0),
