@@ -55,6 +55,10 @@ struct Args {
     /// With `--configs`: also time each with the greedy pipeline.
     #[arg(long)]
     greedy: bool,
+    /// Zero the hidden rows from this one on (the kernel's work and traffic stay the same,
+    /// only the tensor cores' operands change): isolates data-dependent costs such as power.
+    #[arg(long)]
+    hidden_live_rows: Option<usize>,
 }
 
 /// A comma-separated batch list that may be empty (`--filter-batches ""`), which clap's
@@ -236,7 +240,10 @@ fn main() {
         eprintln!("D={dim} V={vocab}: copy bandwidth {:.2} TB/s, weights {:.2} GB", bw / 1e12, wbytes / 1e9);
         let wt: Vec<Tensor<'_>> = weights.iter().map(Tensor::device).collect();
         for &batch in &args.batches {
-            let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            let mut hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            if let Some(live) = args.hidden_live_rows {
+                hidden[(live.min(batch) * dim)..].fill(bf16::ZERO);
+            }
             let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
             let config = sampler.config_for(batch, dim, vocab);
