@@ -475,6 +475,8 @@ impl GpuConfig {
     ///   D 4096, against 483 µs for 4 warps 128 × 64 with 3 stages); on compute capability
     ///   9.0 with wgmma and 5 stages (H200, gen 8, D 4096: 426 µs at B = 64 against 444 for
     ///   mma.sync in the same run, 1125 against 1332 at B = 256).
+    /// - batch ≥ 192 with wgmma: 256 × 128, 4 stages (H200, gen 10, same process: 973 against
+    ///   1039 µs at D 4096 B = 256 for 256 × 64 with 5 stages, 1388 against 1603 at D 8192).
     /// - `tma` stays off: the TMA ring measured 1.3–2× slower than the cp.async ring on the same
     ///   tiles (H200, gen 9).
     ///
@@ -502,19 +504,20 @@ impl GpuConfig {
             c.fit_lists(pipeline);
             return c;
         }
+        let wgmma = batch > 32 && limits.compute_capability == (9, 0);
         let (vocab_tile, batch_tile, warps) = match batch {
             0..=8 => (256, 8, 8),
             9..=16 => (128, 16, 4),
             17..=32 => (128, 32, 4),
+            192.. if wgmma => (256, 128, 8),
             _ => (256, 64, 8),
         };
-        let wgmma = batch > 32 && limits.compute_capability == (9, 0);
         let mut c = GpuConfig {
             vocab_tile,
             batch_tile,
             k_step: 64,
             warps,
-            stages: if wgmma { 5 } else { 4 },
+            stages: if wgmma && batch_tile == 64 { 5 } else { 4 },
             persistent: false,
             list_per_tile: 0,
             wgmma,
