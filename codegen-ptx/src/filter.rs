@@ -111,16 +111,8 @@ fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &V
     let bi = f.var("i32", &none);
     let bp = f.var("float", NEG_INF);
     scan(f, &bs, &bi, &bp);
-    let (mut s, mut i, mut p) = (f.get(&bs), f.get(&bi), f.get(&bp));
-    for sh in [16, 8, 4, 2, 1] {
-        let os = f.shfl_xor_f32(&s, sh);
-        let oi = f.shfl_xor_i32(&i, sh);
-        let op = f.shfl_xor_f32(&p, sh);
-        let take = f.beats(&os, &oi, &s, &i);
-        s = f.sel("float", &take, &os, &s);
-        i = f.sel("i32", &take, &oi, &i);
-        p = f.sel("float", &take, &op, &p);
-    }
+    let lane_best = (f.get(&bs), f.get(&bi), f.get(&bp));
+    let (s, i, p) = f.shfl_best(lane_best, &[16, 8, 4, 2, 1]);
     let par = f.get(&k.parity);
     let half = f.mul(&par, &(WARPS * 4).to_string());
     let slot = |f: &mut Func, w: &str, field: u32| -> String {
@@ -138,7 +130,7 @@ fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &V
     // The other half is written by the next reduction; the one after that (same half) comes
     // after the next reduction's barrier, which every thread passes only once done reading.
     f.barrier();
-    let (mut s2, mut i2, mut p2) = (NEG_INF.to_string(), none.clone(), NEG_INF.to_string());
+    let mut best = (NEG_INF.to_string(), none.clone(), NEG_INF.to_string());
     for w in 0..WARPS {
         let w = w.to_string();
         let a = slot(f, &w, 0);
@@ -147,14 +139,11 @@ fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &V
         let wi = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
         let a = slot(f, &w, 2);
         let wp = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-        let take = f.beats(&ws, &wi, &s2, &i2);
-        s2 = f.sel("float", &take, &ws, &s2);
-        i2 = f.sel("i32", &take, &wi, &i2);
-        p2 = f.sel("float", &take, &wp, &p2);
+        best = f.keep_best(best, (&ws, &wi, &wp));
     }
     let np = f.v(format!("xor i32 {par}, 1"));
     f.set(&k.parity, &np);
-    (s2, i2, p2)
+    best
 }
 
 /// Up to `count` rounds of block argmax over entries `0..n` (`load` gives an entry's logit

@@ -32,6 +32,27 @@ impl Func {
         self.v(format!("or i1 {gt}, {tie}"))
     }
 
+    /// The better of two (score, index, payload) candidates by [`Func::beats`]: `other`
+    /// where it beats `best`, else `best`.
+    pub(crate) fn keep_best(&mut self, best: (String, String, String), other: (&str, &str, &str)) -> (String, String, String) {
+        let (bs, bi, bp) = best;
+        let (os, oi, op) = other;
+        let take = self.beats(os, oi, &bs, &bi);
+        (self.sel("float", &take, os, &bs), self.sel("i32", &take, oi, &bi), self.sel("float", &take, op, &bp))
+    }
+
+    /// [`Func::keep_best`] over the lanes of a warp: one butterfly step per shuffle mask in
+    /// `masks`, so the lanes the masks span end with their best candidate.
+    pub(crate) fn shfl_best(&mut self, mut best: (String, String, String), masks: &[u32]) -> (String, String, String) {
+        for &sh in masks {
+            let os = self.shfl_xor_f32(&best.0, sh);
+            let oi = self.shfl_xor_i32(&best.1, sh);
+            let op = self.shfl_xor_f32(&best.2, sh);
+            best = self.keep_best(best, (&os, &oi, &op));
+        }
+        best
+    }
+
     /// Merges two online-softmax states `(max, Σ exp(x − max))`; an empty state (`max = -inf`)
     /// contributes nothing.
     pub(crate) fn lse_combine(&mut self, m1: &str, s1: &str, m2: &str, s2: &str) -> (String, String) {

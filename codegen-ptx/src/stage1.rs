@@ -1316,16 +1316,8 @@ impl Gen<'_> {
                             }
                         }
                     }
-                    for ((mut bs, mut bi, mut bl), out) in acc_best.into_iter().zip(&outs) {
-                        for sh in [4, 8, 16] {
-                            let os = f.shfl_xor_f32(&bs, sh);
-                            let oi = f.shfl_xor_i32(&bi, sh);
-                            let ol = f.shfl_xor_f32(&bl, sh);
-                            let take = f.beats(&os, &oi, &bs, &bi);
-                            bs = f.sel("float", &take, &os, &bs);
-                            bi = f.sel("i32", &take, &oi, &bi);
-                            bl = f.sel("float", &take, &ol, &bl);
-                        }
+                    for (best, out) in acc_best.into_iter().zip(&outs) {
+                        let (bs, bi, bl) = f.shfl_best(best, &[4, 8, 16]);
                         for (slot, v) in out.iter().zip([bs, bi, bl]) {
                             f.set(slot, &v);
                         }
@@ -1345,7 +1337,7 @@ impl Gen<'_> {
             });
             f.barrier();
             f.if_then(&tid_lt_bt, |f| {
-                let (mut bs, mut bi, mut bl) = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+                let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
                 let mut flag = "0".to_string();
                 for w in 0..c.warps {
                     let slot = scratch_slot(f, &w.to_string(), &th.tid);
@@ -1354,11 +1346,9 @@ impl Gen<'_> {
                     let wl = ld_shared(f, "float", sc_logit, &slot);
                     let wf = ld_shared(f, "i32", sc_flag, &slot);
                     flag = f.v(format!("or i32 {flag}, {wf}"));
-                    let take = f.beats(&ws, &wi, &bs, &bi);
-                    bs = f.sel("float", &take, &ws, &bs);
-                    bi = f.sel("i32", &take, &wi, &bi);
-                    bl = f.sel("float", &take, &wl, &bl);
+                    best = f.keep_best(best, (&ws, &wi, &wl));
                 }
+                let (bs, bi, bl) = best;
                 let nf = f.v(format!("icmp ne i32 {flag}, 0"));
                 let index = f.sel("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
                 let row = f.add(&it.b0, &th.tid);

@@ -72,19 +72,17 @@ pub(crate) fn emit() -> String {
                 let v = f.sel("float", &take, &cl, &l0);
                 f.set(&bl, &v);
             });
-            let (mut s1, mut i1, mut l1, mut fl) =
-                (f.get(&bs), f.get(&bi), f.get(&bl), f.get(&flag));
+            let mut lane_best = (f.get(&bs), f.get(&bi), f.get(&bl));
+            let mut fl = f.get(&flag);
             for sh in [16, 8, 4, 2, 1] {
-                let os = f.shfl_xor_f32(&s1, sh);
-                let oi = f.shfl_xor_i32(&i1, sh);
-                let ol = f.shfl_xor_f32(&l1, sh);
+                let os = f.shfl_xor_f32(&lane_best.0, sh);
+                let oi = f.shfl_xor_i32(&lane_best.1, sh);
+                let ol = f.shfl_xor_f32(&lane_best.2, sh);
                 let of = f.shfl_xor_i32(&fl, sh);
                 fl = f.v(format!("or i32 {fl}, {of}"));
-                let take = f.beats(&os, &oi, &s1, &i1);
-                s1 = f.sel("float", &take, &os, &s1);
-                i1 = f.sel("i32", &take, &oi, &i1);
-                l1 = f.sel("float", &take, &ol, &l1);
+                lane_best = f.keep_best(lane_best, (&os, &oi, &ol));
             }
+            let (s1, i1, l1) = lane_best;
             f.if_then(&lane0, |f| {
                 for (field, ty, v) in [
                     (0, "float", &s1),
@@ -98,12 +96,8 @@ pub(crate) fn emit() -> String {
             });
             f.barrier();
             f.if_then(&tid0, |f| {
-                let (mut s2, mut i2, mut l2, mut f2) = (
-                    NEG_INF.to_string(),
-                    none.to_string(),
-                    NEG_INF.to_string(),
-                    "0".to_string(),
-                );
+                let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+                let mut f2 = "0".to_string();
                 for w in 0..WARPS {
                     let w = w.to_string();
                     let ld = |f: &mut Func, field: u32, ty: &str| {
@@ -117,11 +111,9 @@ pub(crate) fn emit() -> String {
                         ld(f, 3, "i32"),
                     );
                     f2 = f.v(format!("or i32 {f2}, {wf}"));
-                    let take = f.beats(&ws, &wi, &s2, &i2);
-                    s2 = f.sel("float", &take, &ws, &s2);
-                    i2 = f.sel("i32", &take, &wi, &i2);
-                    l2 = f.sel("float", &take, &wl, &l2);
+                    best = f.keep_best(best, (&ws, &wi, &wl));
                 }
+                let (s2, i2, l2) = best;
                 let out = f.mul(&row, "%samples");
                 let out = f.add(&out, s);
                 let o64 = f.zext64(&out);
