@@ -143,14 +143,14 @@ mod tests {
     #[test]
     fn resident_ctas_respect_shared_memory() {
         let l = GpuLimits::H200;
-        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false };
+        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false, wgmma_drain: false, stagger_us: 0 };
         assert_eq!(resident_ctas(&big, &l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
     }
 
     #[test]
     fn the_tma_ring_ranks_behind_its_cp_async_twin() {
         let (p, l) = (pipeline(), GpuLimits::H200);
-        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false };
+        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: false, stagger_us: 0 };
         let tma = GpuConfig { tma: true, ..ring.clone() };
         let order = rank(vec![tma.clone(), ring.clone()], &p, &l, 64, 4096, 151_936);
         assert_eq!(order, vec![ring.clone(), tma.clone()]);

@@ -48,6 +48,8 @@ fn main() {
         list_per_tile: 0,
         wgmma: env_u32("WGMMA", 0) == 1 || env_u32("TMA", 0) == 1,
         tma: env_u32("TMA", 0) == 1,
+        wgmma_drain: env_u32("DRAIN", 0) == 1,
+        stagger_us: env_u32("STAGGER_US", 0),
     };
     c.fit_lists(&p);
     if has("ir") {

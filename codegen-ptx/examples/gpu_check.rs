@@ -473,6 +473,8 @@ fn main() {
         list_per_tile: 0,
         wgmma: false,
         tma: false,
+        wgmma_drain: false,
+        stagger_us: 0,
     };
     let mk = |name: &str, pipeline: Pipeline, config: GpuConfig, batch, dim, vocab| Case {
         name: name.to_string(),

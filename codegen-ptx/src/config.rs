@@ -93,6 +93,15 @@ impl GpuLimits {
 ///   barrier per slice; the ring runs `stages − 1` slices ahead. Needs `D % 8 == 0` and
 ///   `V % 4 == 0` (the tensor maps' strides and the permuted row view, see
 ///   [`GpuConfig::tma_fits`]); the runtime runs other shapes with `tma` off.
+/// - `wgmma_drain` (needs `wgmma`, not `tma`): each warpgroup waits for a slice's MMAs before
+///   the next slice's barrier, so no slot is held by MMAs in flight and the `cp.async` ring runs
+///   `stages − 1` slices ahead instead of `stages − 2`. The MMAs are a fifth of a slice's time
+///   at LM-head shapes, so one more slice of loads in flight is worth more than overlapping them.
+/// - `stagger_us`: the second CTA of each SM in the first wave (CTAs `nsmid .. 2·nsmid`) sleeps
+///   this long (`%globaltimer`) before starting. Two co-resident CTAs otherwise start together,
+///   take the same time per tile and run their epilogues (noise, argmax: no loads in flight)
+///   at the same moments; staggered, one CTA's epilogue overlaps the other's W stream. Only
+///   useful where two CTAs fit on an SM; 0 (off) up to [`MAX_STAGGER_US`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
@@ -107,7 +116,19 @@ pub struct GpuConfig {
     pub wgmma: bool,
     #[serde(default)]
     pub tma: bool,
+    #[serde(default)]
+    pub wgmma_drain: bool,
+    #[serde(default)]
+    pub stagger_us: u32,
 }
+
+/// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
+pub const MAX_STAGGER_US: u32 = 200;
+/// The heuristic's stagger for its two-CTA-per-SM tiles (H200, gen 11: 30 µs was best of
+/// 0–80 at D 4096 and D 8192, B = 64).
+pub const HEURISTIC_STAGGER_US: u32 = 30;
+/// The staggers the autotuner tries (besides 0) on tiles of which two fit on an SM.
+pub const STAGGER_CANDIDATES_US: [u32; 3] = [20, 30, 40];
 
 /// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
 /// epilogue cheap, and a row overflows only when 8 of its top `need` tokens share one tile.
@@ -159,16 +180,27 @@ impl GpuConfig {
     }
 
     /// Slices in flight ahead of the one being multiplied: `stages − 1` with mma.sync; with
-    /// wgmma `stages − 2`, as the previous slice's wgmmas may still read their slot.
+    /// wgmma `stages − 2`, as the previous slice's wgmmas may still read their slot (unless
+    /// `wgmma_drain` waits for them).
     pub(crate) fn prefetch_depth(&self) -> u32 {
         if self.tma {
             // The producer refills the slot of slice kt − 1 once every warp has released it.
             self.stages - 1
-        } else if self.wgmma {
+        } else if self.wgmma && !self.wgmma_drain {
             self.stages - 2
         } else {
             self.stages - 1
         }
+    }
+
+    /// Whether two CTAs fit on one SM by shared memory, threads and (estimated) registers,
+    /// taking the SM's shared memory as the per-block opt-in limit plus the 1 KB the driver
+    /// reserves per block.
+    pub fn two_per_sm(&self, limits: &GpuLimits) -> bool {
+        const RESERVED_PER_BLOCK: u32 = 1024;
+        let smem = 2 * (self.smem_bytes() + RESERVED_PER_BLOCK) <= limits.max_shared_per_block_optin + RESERVED_PER_BLOCK;
+        let regs = 2 * self.estimated_registers() * self.block_threads() <= limits.max_regs_per_block;
+        smem && regs && 2 * self.block_threads() <= 2048
     }
 
     /// Whether the epilogue overlaps the next item's prologue loads (persistent tensor path).
@@ -400,13 +432,19 @@ impl GpuConfig {
             if self.tma && !self.wgmma {
                 return Err(bad("tma", "the TMA ring feeds wgmma; set wgmma too"));
             }
+            if self.wgmma_drain && (!self.wgmma || self.tma) {
+                return Err(bad("wgmma_drain", "drains the wgmma cp.async ring; needs wgmma without tma"));
+            }
             if self.wgmma && self.k_step != 64 {
                 return Err(bad("k_step", format!("{}; wgmma takes 64 (one 128-byte swizzle atom per row)", self.k_step)));
             }
         } else if self.stages != 1 {
             return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
-        } else if self.wgmma || self.tma {
+        } else if self.wgmma || self.tma || self.wgmma_drain {
             return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma or TMA; use stages >= 2"));
+        }
+        if self.stagger_us > MAX_STAGGER_US {
+            return Err(bad("stagger_us", format!("{} µs; 0..={MAX_STAGGER_US}", self.stagger_us)));
         }
         let cap = pipeline.list_capacity();
         if cap == 0 && self.list_per_tile != 0 {
@@ -470,11 +508,16 @@ impl GpuConfig {
     /// - batch ≤ 8 (memory-bound GEMV): 8 warps split a 256-row vocab tile, batch tile 8,
     ///   k_step 64, 4 stages (≈ 135 KB of `cp.async` in flight per SM).
     /// - batch ≤ 16: 4 warps, 128 × 16, k_step 64, 4 stages.
-    /// - batch ≤ 32: 4 warps, 128 × 32, k_step 64, 4 stages.
+    /// - batch ≤ 32: 4 warps, 128 × 32, k_step 64, 4 stages, staggered 30 µs (two CTAs per
+    ///   SM; H200, gen 11, D 4096 B = 32: 308 against 330 µs unstaggered).
     /// - larger: 8 warps, 256 × 64, k_step 64, 4 stages (H200, gen 7: 434 µs at B = 64,
     ///   D 4096, against 483 µs for 4 warps 128 × 64 with 3 stages); on compute capability
     ///   9.0 with wgmma and 5 stages (H200, gen 8, D 4096: 426 µs at B = 64 against 444 for
     ///   mma.sync in the same run, 1125 against 1332 at B = 256).
+    /// - 32 < batch ≤ 64 with wgmma: 4 warps, 128 × 64, 4 stages, `wgmma_drain`, staggered
+    ///   30 µs: two CTAs per SM whose epilogues overlap each other's W stream (H200, gen 11, same
+    ///   process: 352 against 390 µs for 256 × 64 with 5 stages at D 4096 B = 64, 558 against
+    ///   580 at D 8192). At B = 128 the same tile was slower (567 against 540 µs).
     /// - batch ≥ 192 with wgmma: 256 × 128, 4 stages (H200, gen 10, same process: 973 against
     ///   1039 µs at D 4096 B = 256 for 256 × 64 with 5 stages, 1388 against 1603 at D 8192).
     /// - `tma` stays off: the TMA ring measured 1.3–2× slower than the cp.async ring on the same
@@ -500,6 +543,8 @@ impl GpuConfig {
                 list_per_tile: 0,
                 wgmma: false,
                 tma: false,
+                wgmma_drain: false,
+                stagger_us: 0,
             };
             c.fit_lists(pipeline);
             return c;
@@ -509,6 +554,7 @@ impl GpuConfig {
             0..=8 => (256, 8, 8),
             9..=16 => (128, 16, 4),
             17..=32 => (128, 32, 4),
+            33..=64 if wgmma => (128, 64, 4),
             192.. if wgmma => (256, 128, 8),
             _ => (256, 64, 8),
         };
@@ -517,11 +563,13 @@ impl GpuConfig {
             batch_tile,
             k_step: 64,
             warps,
-            stages: if wgmma && batch_tile == 64 { 5 } else { 4 },
+            stages: if wgmma && vocab_tile == 256 && batch_tile == 64 { 5 } else { 4 },
             persistent: false,
             list_per_tile: 0,
             wgmma,
             tma: false,
+            wgmma_drain: wgmma && vocab_tile == 128,
+            stagger_us: 0,
         };
         c.fit_lists(pipeline);
         let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
@@ -531,9 +579,13 @@ impl GpuConfig {
         // wgmma needs 3 stages; below that, mma.sync with 2.
         if !fits(&c) {
             c.wgmma = false;
+            c.wgmma_drain = false;
             while c.stages > 2 && !fits(&c) {
                 c.stages -= 1;
             }
+        }
+        if vocab_tile == 128 && batch_tile >= 32 && c.two_per_sm(limits) {
+            c.stagger_us = HEURISTIC_STAGGER_US;
         }
         c
     }
@@ -564,7 +616,8 @@ impl GpuConfig {
                                 };
                                 lists.dedup();
                                 for list_per_tile in lists {
-                                    for (wgmma, tma) in [(false, false), (true, false), (true, true)] {
+                                    let rings = [(false, false, false), (true, false, false), (true, false, true), (true, true, false)];
+                                    for (wgmma, tma, wgmma_drain) in rings {
                                         let c = GpuConfig {
                                             vocab_tile,
                                             batch_tile,
@@ -575,11 +628,19 @@ impl GpuConfig {
                                             list_per_tile,
                                             wgmma,
                                             tma,
+                                            wgmma_drain,
+                                            stagger_us: 0,
                                         };
                                         // validate drops wgmma off compute capability 9.0.
-                                        if c.validate(pipeline, limits).is_ok() {
-                                            out.push(c);
+                                        if c.validate(pipeline, limits).is_err() {
+                                            continue;
                                         }
+                                        // A stagger only matters where two CTAs share an SM.
+                                        let staggers: &[u32] = if c.is_tensor() && c.two_per_sm(limits) { &STAGGER_CANDIDATES_US } else { &[] };
+                                        for &stagger_us in staggers {
+                                            out.push(GpuConfig { stagger_us, ..c.clone() });
+                                        }
+                                        out.push(c);
                                     }
                                 }
                             }

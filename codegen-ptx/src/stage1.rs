@@ -195,6 +195,9 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let cyx = f.mul(&cy, &nx);
     let item0 = f.add(&cx, &cyx);
     let stride = f.mul(&nx, &ny);
+    if c.stagger_us > 0 {
+        g.stagger(&mut f, &item0);
+    }
 
     // Batch tiles vary fastest, so the CTAs sharing a W tile run together and W is read
     // from HBM about once (the others hit L2).
@@ -554,6 +557,26 @@ impl Gen<'_> {
         }
     }
 
+    /// [`GpuConfig::stagger_us`]: CTAs `nsmid .. 2·nsmid` (the first wave's second CTA on
+    /// each SM, as the block scheduler fills every SM once before doubling up) sleep that
+    /// long before their first item. The delay persists: each later CTA takes the slot its
+    /// predecessor frees, so co-resident CTAs stay out of phase.
+    fn stagger(&self, f: &mut Func, item0: &str) {
+        let nsm = f.sreg("nsmid");
+        let second = f.v(format!("icmp uge i32 {item0}, {nsm}"));
+        let nsm2 = f.v(format!("shl i32 {nsm}, 1"));
+        let first_wave = f.ult(item0, &nsm2);
+        let go = f.and1(&second, &first_wave);
+        let ns = u64::from(self.c.stagger_us) * 1000;
+        f.if_then(&go, |f| {
+            f.s(format!(
+                "call void asm sideeffect \"{{ .reg .u64 t0, t1, d; .reg .pred p; mov.u64 t0, %globaltimer; \
+                 FS_STAGGER: nanosleep.u32 256; mov.u64 t1, %globaltimer; sub.u64 d, t1, t0; \
+                 setp.lt.u64 p, d, {ns}; @p bra FS_STAGGER; }}\", \"~{{memory}}\"() #1"
+            ));
+        });
+    }
+
     /// Shared addresses of ring slot `slot`'s full and empty mbarriers.
     fn mbarriers(&self, f: &mut Func, ring: &Ring, slot: &str) -> (String, String) {
         let base = f.add(&ring.smem, &self.c.mbarrier_base().to_string());
@@ -778,8 +801,12 @@ impl Gen<'_> {
                 }
             }
             f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
-            // Slice kt − 1's group is done (for this warpgroup) before the next barrier.
-            fence_all(f, "wgmma.wait_group.sync.aligned 1;");
+            // Slice kt − 1's group (with `wgmma_drain`, slice kt's) is done for this warpgroup
+            // before the next barrier.
+            fence_all(
+                f,
+                if c.wgmma_drain { "wgmma.wait_group.sync.aligned 0;" } else { "wgmma.wait_group.sync.aligned 1;" },
+            );
             if c.tma {
                 // Each warp releases slot kt − 1; then the producer refills it with slice
                 // kt + stages − 1 (waiting for the other warps' releases).

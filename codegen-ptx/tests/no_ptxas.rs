@@ -25,6 +25,8 @@ fn generates_ptx_with_an_empty_path() {
         list_per_tile: 0,
         wgmma: false,
         tma: false,
+        wgmma_drain: false,
+        stagger_us: 0,
     };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));

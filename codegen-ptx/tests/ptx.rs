@@ -70,6 +70,8 @@ fn cfg(
         list_per_tile: 0,
         wgmma: false,
         tma: false,
+        wgmma_drain: false,
+        stagger_us: 0,
     }
 }
 
@@ -686,4 +688,45 @@ fn tma_configs_need_wgmma_and_describable_shapes() {
     assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.tma));
     let a100 = GpuLimits { compute_capability: (8, 0), ..GpuLimits::H200 };
     assert!(!GpuConfig::enumerate(&p, &a100).iter().any(|c| c.tma));
+}
+
+#[test]
+fn drained_wgmma_ring_waits_for_every_slice_and_prefetches_deeper() {
+    let p = full(DType::BF16);
+    let plain = wgmma(cfg(128, 64, 64, 4, 4, false));
+    let drained = GpuConfig { wgmma_drain: true, ..plain.clone() };
+    let (tp, td) = (ptx(&p, &plain, Arch::Sm90), ptx(&p, &drained, Arch::Sm90));
+    let (tp, td) = (stage1_text(&tp.ptx), stage1_text(&td.ptx));
+    assert!(tp.contains("wgmma.wait_group.sync.aligned 1;") && !td.contains("wgmma.wait_group.sync.aligned 1;"));
+    assert!(td.contains("wgmma.wait_group.sync.aligned 0;"));
+    // The prologue issues stages − 1 slices instead of stages − 2: one more cp.async group.
+    let groups = |t: &str| t.matches("cp.async.commit_group").count();
+    assert_eq!(groups(td), groups(tp) + 1, "one more prologue group");
+    assert!(matches!(
+        GpuConfig { tma: true, ..drained.clone() }.validate_shape(&p),
+        Err(PtxError::InvalidConfig { knob: "wgmma_drain", .. })
+    ));
+    assert!(matches!(
+        GpuConfig { wgmma: false, ..drained.clone() }.validate_shape(&p),
+        Err(PtxError::InvalidConfig { knob: "wgmma_drain", .. })
+    ));
+}
+
+#[test]
+fn stagger_delays_only_the_first_waves_second_ctas() {
+    let p = full(DType::BF16);
+    let c = GpuConfig { stagger_us: 40, ..wgmma(cfg(128, 64, 64, 4, 4, false)) };
+    let t = ptx(&p, &c, Arch::Sm90).ptx;
+    let s1 = stage1_text(&t);
+    assert!(s1.contains("%nsmid") && s1.contains("%globaltimer") && s1.contains("setp.lt.u64 p, d, 40000;"), "40 µs in ns");
+    assert!(!stage1_text(&ptx(&p, &GpuConfig { stagger_us: 0, ..c.clone() }, Arch::Sm90).ptx).contains("%globaltimer"));
+    assert!(matches!(
+        GpuConfig { stagger_us: 201, ..c.clone() }.validate_shape(&p),
+        Err(PtxError::InvalidConfig { knob: "stagger_us", .. })
+    ));
+    // The autotuner tries staggers only where two CTAs share an SM.
+    assert!(c.two_per_sm(&GpuLimits::H200) && !wgmma(cfg(256, 64, 64, 8, 5, false)).two_per_sm(&GpuLimits::H200));
+    let space = GpuConfig::enumerate(&p, &GpuLimits::H200);
+    assert!(space.iter().any(|x| x.stagger_us > 0) && space.iter().any(|x| x.wgmma_drain));
+    assert!(space.iter().filter(|x| x.stagger_us > 0).all(|x| x.two_per_sm(&GpuLimits::H200)));
 }

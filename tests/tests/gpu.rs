@@ -719,6 +719,8 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         list_per_tile: 0,
         wgmma: false,
         tma: false,
+        wgmma_drain: false,
+        stagger_us: 0,
     };
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
@@ -743,7 +745,19 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
 
 /// A wgmma tile config (k_step 64, no lists until `fit_to_device`), on the TMA ring or not.
 fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persistent: bool, tma: bool) -> flashsample::GpuConfig {
-    flashsample::GpuConfig { vocab_tile, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma: true, tma }
+    flashsample::GpuConfig {
+        vocab_tile,
+        batch_tile,
+        k_step: 64,
+        warps,
+        stages,
+        persistent,
+        list_per_tile: 0,
+        wgmma: true,
+        tma,
+        wgmma_drain: false,
+        stagger_us: 0,
+    }
 }
 
 /// The wgmma main loop (sm_90a: warpgroup MMA straight from the swizzled ring) must give
@@ -787,6 +801,48 @@ fn wgmma_mainloop_pathwise() {
             let wgmma = KernelConfig::Cuda(c.clone());
             let got = case.run_with(&sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
             check_pathwise_and_every_slot(&sampler, &case, &p, &wgmma, &got, &what);
+        }
+    }
+}
+
+/// `wgmma_drain` (each slice's MMAs finish before the next barrier, the ring one slice
+/// deeper) and `stagger_us` (the first wave's second CTA per SM starts late) change when
+/// slots are refilled and when CTAs start, not what is multiplied: the samples must equal
+/// the plain wgmma ring's exactly and the reference's pathwise, with every candidate slot
+/// written. Two CTAs per SM (128 × 64, the B = 64 tuning), one (256 × 64), persistent CTAs,
+/// fewer k slices than stages (D = 128) and unaligned D.
+#[test]
+fn drained_staggered_wgmma_equals_plain_ring() {
+    let (device, dev) = gpu_or_skip!();
+    if !hopper_or_skip(&dev, "wgmma") {
+        return;
+    }
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent, stagger_us| flashsample::GpuConfig {
+        wgmma_drain: true,
+        stagger_us,
+        ..wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false)
+    };
+    for (p, batch, dim, vocab, std) in [
+        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
+        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
+        (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
+    ] {
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, 77 + batch as u64, std);
+        let tiles = if vocab > 100_000 {
+            vec![tile(128, 64, 4, 4, false, 40), tile(256, 64, 8, 5, false, 0)]
+        } else {
+            vec![tile(128, 64, 4, 4, false, 20), tile(128, 64, 4, 3, true, 5), tile(256, 8, 8, 4, false, 0), tile(256, 128, 8, 3, false, 10)]
+        };
+        for mut c in tiles {
+            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
+            let drained = KernelConfig::Cuda(c.clone());
+            let plain = KernelConfig::Cuda(flashsample::GpuConfig { wgmma_drain: false, stagger_us: 0, ..c.clone() });
+            let a = case.run_with(&sampler, &plain).unwrap_or_else(|e| panic!("{what}, plain ring: {e}"));
+            let b = case.run_with(&sampler, &drained).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(a, b, "{what}: the drained / staggered ring differs from the plain one");
+            check_pathwise_and_every_slot(&sampler, &case, &p, &drained, &b, &what);
         }
     }
 }
