@@ -10,10 +10,13 @@
 //! - the per-token epilogue (temperature, Philox, Gumbel log, compare) on the padded batch;
 //!
 //! math and epilogue are divided by the wave efficiency of the grid (resident CTAs per SM from
-//! shared memory, threads and registers; the last partial wave idles SMs).
+//! shared memory, threads and registers; the last partial wave idles SMs). The epilogue has no
+//! loads in flight, so it hides behind the W stream only where a second CTA on the SM runs out
+//! of phase (`stagger_us` with two resident CTAs, or a persistent grid's prefetch); otherwise it
+//! adds to the stream's time (H200, gen 11: 27 % of the warp time at B = 64, BENCHMARKS.md).
 
 use flashsample::{ir::Pipeline, GpuConfig};
-use flashsample_codegen_ptx::GpuLimits;
+use flashsample_codegen_ptx::{GpuLimits, HEURISTIC_STAGGER_US};
 
 /// Sustained HBM bandwidth assumed (H200 measures 4.2 TB/s device-to-device).
 const HBM_BYTES_PER_S: f64 = 4.0e12;
@@ -57,16 +60,26 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     let items = c.tiles(vocab) as f64 * btiles;
     let wave_eff = if c.persistent { items / ((items / ctas.max(1.0)).ceil() * ctas.max(1.0)) } else { ctas / (waves * slots) };
     let active_per_sm = (ctas / sms).min(f64::from(resident)).max(1e-3);
-    let ring = if c.is_tensor() { f64::from(c.stages.saturating_sub(1).max(1)) * f64::from((c.vocab_tile + c.batch_tile) * c.k_step * 2) } else { f64::from(c.vocab_tile * 64 * 2) };
+    // Slices in flight: wgmma keeps the previous slice's slot unless it drains.
+    let ahead = if c.wgmma && !c.tma && !c.wgmma_drain { 2 } else { 1 };
+    let ring = if c.is_tensor() { f64::from(c.stages.saturating_sub(ahead).max(1)) * f64::from((c.vocab_tile + c.batch_tile) * c.k_step * 2) } else { f64::from(c.vocab_tile * 64 * 2) };
     let mem_eff = (active_per_sm * ring / INFLIGHT_BYTES_PER_SM).min(1.0);
-    let bytes = (vocab * dim * elem_bytes) as f64 * btiles + batch as f64 * dim as f64 * 2.0 * c.tiles(vocab) as f64;
+    // H, re-read by every vocab tile, hits L2 and did not slow the k loop (H200, gen 11: the
+    // loop's warp samples were equal at B = 8 and B = 64), so only W's bytes count.
+    let bytes = (vocab * dim * elem_bytes) as f64 * btiles;
     let mem = bytes / (HBM_BYTES_PER_S * mem_eff);
     let flops = 2.0 * vocab as f64 * dim as f64 * padded;
-    let mma = if c.is_tensor() { MMA_FLOPS_PER_SM } else { MMA_FLOPS_PER_SM / 8.0 };
+    let mma = match (c.is_tensor(), c.wgmma) {
+        (true, true) => 2.0 * MMA_FLOPS_PER_SM,
+        (true, false) => MMA_FLOPS_PER_SM,
+        (false, _) => MMA_FLOPS_PER_SM / 8.0,
+    };
     let math = flops / (mma * sms * wave_eff.max(1e-3));
     let epilogue = vocab as f64 * padded * EPILOGUE_OPS / (LANE_OPS_PER_SM * sms * wave_eff.max(1e-3));
     let ring_factor = if c.tma { TMA_MEASURED_SLOWDOWN } else { 1.0 };
-    mem.max(math + epilogue) * ring_factor + LAUNCH_S
+    let overlapped = c.persistent || (resident >= 2 && c.stagger_us > 0);
+    let time = if overlapped { mem.max(math + epilogue) } else { mem.max(math) + epilogue };
+    time * ring_factor + LAUNCH_S
 }
 
 /// (`vocab_tile`, `batch_tile`, `warps`, `k_step`).
@@ -77,10 +90,10 @@ type TileShape = (u32, u32, u32, u32);
 /// model order, then the second-best of each, and so on. While memory-bound the model ties
 /// many ring depths and grid kinds of one tile shape; measuring those first would spend a
 /// short budget on near-duplicates. Ties prefer the heuristic's 4-stage ring, then
-/// non-persistent grids.
+/// non-persistent grids, then the heuristic's stagger.
 pub fn rank(space: Vec<GpuConfig>, pipeline: &Pipeline, limits: &GpuLimits, batch: usize, dim: usize, vocab: usize) -> Vec<GpuConfig> {
     let elem = pipeline.weights.dtype.size_bytes();
-    let tie = |c: &GpuConfig| (c.stages.abs_diff(4), c.persistent);
+    let tie = |c: &GpuConfig| (c.stages.abs_diff(4), c.persistent, c.stagger_us.abs_diff(HEURISTIC_STAGGER_US));
     let mut scored: Vec<(f64, GpuConfig)> =
         space.into_iter().map(|c| (modeled_seconds(&c, limits, batch, dim, vocab, elem), c)).collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| tie(&a.1).cmp(&tie(&b.1))));
@@ -155,5 +168,17 @@ mod tests {
         let order = rank(vec![tma.clone(), ring.clone()], &p, &l, 64, 4096, 151_936);
         assert_eq!(order, vec![ring.clone(), tma.clone()]);
         assert!(modeled_seconds(&tma, &l, 64, 4096, 151_936, 2) > modeled_seconds(&ring, &l, 64, 4096, 151_936, 2));
+    }
+
+    #[test]
+    fn a_staggered_pair_of_ctas_hides_the_epilogue_and_ranks_first() {
+        let (p, l) = (pipeline(), GpuLimits::H200);
+        let pair = GpuConfig { vocab_tile: 128, batch_tile: 64, k_step: 64, warps: 4, stages: 4, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: true, stagger_us: 0 };
+        let staggered = GpuConfig { stagger_us: HEURISTIC_STAGGER_US, ..pair.clone() };
+        assert!(resident_ctas(&pair, &l) >= 2);
+        let t = |c: &GpuConfig| modeled_seconds(c, &l, 64, 4096, 151_936, 2);
+        assert!(t(&staggered) < t(&pair));
+        let other = GpuConfig { stagger_us: 40, ..pair.clone() };
+        assert_eq!(rank(vec![other.clone(), pair.clone(), staggered.clone()], &p, &l, 64, 4096, 151_936)[0], staggered);
     }
 }

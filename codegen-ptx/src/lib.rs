@@ -18,7 +18,8 @@ mod stage2;
 
 pub use config::{
     uses_tensor_cores, Arch, GpuConfig, GpuLimits, DEFAULT_LIST_PER_TILE, FILTER_THREADS,
-    MAX_ACCUMULATORS_PER_THREAD, STAGE2_THREADS,
+    HEURISTIC_STAGGER_US, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS,
+    STAGGER_CANDIDATES_US,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};
