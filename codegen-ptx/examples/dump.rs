@@ -1,8 +1,8 @@
 //! Prints the PTX (or with `ir`, the LLVM IR) of a pipeline: `cargo run --example dump [ir]
 //! [simt] [bench] [filter]`. `bench` is gpu_bench's pipeline (per-row temperature + Gumbel),
 //! `filter` adds its top-k/top-p filter; the tile config comes from the environment
-//! (`VT`, `BT`, `WARPS`, `KS`, `STAGES`, defaults 128, 16, 4, 64, 4; `WGMMA=1` and
-//! `PERSISTENT=1` switch those on).
+//! (`VT`, `BT`, `WARPS`, `KS`, `STAGES`, defaults 128, 16, 4, 64, 4; `WGMMA=1`, `TMA=1`,
+//! `DRAIN=1` and `PERSISTENT=1` switch those on; `STAGGER_US` sets the stagger).
 use flashsample_codegen_ptx::{compile, llvm_ir, Arch, GpuConfig};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 

@@ -101,7 +101,9 @@ impl GpuLimits {
 ///   this long (`%globaltimer`) before starting. Two co-resident CTAs otherwise start together,
 ///   take the same time per tile and run their epilogues (noise, argmax: no loads in flight)
 ///   at the same moments; staggered, one CTA's epilogue overlaps the other's W stream. Only
-///   useful where two CTAs fit on an SM; 0 (off) up to [`MAX_STAGGER_US`].
+///   useful where two CTAs fit on an SM; 0 (off) up to [`MAX_STAGGER_US`]. `%nsmid` may exceed
+///   the SM count where SM ids are not contiguous; then a few first-slot CTAs wait and a few
+///   second-slot ones do not, which costs only part of the gain.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
