@@ -701,6 +701,24 @@ fn check_pathwise_and_every_slot(sampler: &Sampler, case: &Case, p: &Pipeline, c
     eprintln!("ok: {what}");
 }
 
+/// `variant` changes how stage one schedules its work, not what it computes: its samples must
+/// equal `baseline`'s exactly, match the reference pathwise, and write every candidate slot.
+fn variant_equals_baseline(
+    sampler: &Sampler,
+    case: &Case,
+    p: &Pipeline,
+    baseline: &flashsample::GpuConfig,
+    variant: &flashsample::GpuConfig,
+    what: &str,
+    baseline_name: &str,
+) {
+    let (baseline, variant) = (KernelConfig::Cuda(baseline.clone()), KernelConfig::Cuda(variant.clone()));
+    let a = case.run_with(sampler, &baseline).unwrap_or_else(|e| panic!("{what}, {baseline_name}: {e}"));
+    let b = case.run_with(sampler, &variant).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(a, b, "{what}: differs from the {baseline_name}");
+    check_pathwise_and_every_slot(sampler, case, p, &variant, &b, what);
+}
+
 /// Persistent tensor-path CTAs issue the next item's first slices before this item's
 /// epilogue (the scratch then sits after the ring): the tokens, scores, logsumexp and top
 /// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
@@ -733,12 +751,8 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)] {
             // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
             let Some(what) = fit_to_device(&mut c, &p, &dev, 2, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let one_per_item = KernelConfig::Cuda(flashsample::GpuConfig { persistent: false, ..c.clone() });
-            let persistent = KernelConfig::Cuda(c.clone());
-            let a = case.run_with(&sampler, &one_per_item).unwrap_or_else(|e| panic!("{what}, one CTA per item: {e}"));
-            let b = case.run_with(&sampler, &persistent).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(a, b, "{what}: persistent launch differs from one CTA per item");
-            check_pathwise_and_every_slot(&sampler, &case, &p, &persistent, &b, &what);
+            let one_per_item = flashsample::GpuConfig { persistent: false, ..c.clone() };
+            variant_equals_baseline(&sampler, &case, &p, &one_per_item, &c, &what, "one CTA per item");
         }
     }
 }
@@ -837,12 +851,8 @@ fn drained_staggered_wgmma_equals_plain_ring() {
         };
         for mut c in tiles {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let drained = KernelConfig::Cuda(c.clone());
-            let plain = KernelConfig::Cuda(flashsample::GpuConfig { wgmma_drain: false, stagger_us: 0, ..c.clone() });
-            let a = case.run_with(&sampler, &plain).unwrap_or_else(|e| panic!("{what}, plain ring: {e}"));
-            let b = case.run_with(&sampler, &drained).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(a, b, "{what}: the drained / staggered ring differs from the plain one");
-            check_pathwise_and_every_slot(&sampler, &case, &p, &drained, &b, &what);
+            let plain = flashsample::GpuConfig { wgmma_drain: false, stagger_us: 0, ..c.clone() };
+            variant_equals_baseline(&sampler, &case, &p, &plain, &c, &what, "plain ring");
         }
     }
 }
@@ -883,12 +893,8 @@ fn tma_ring_equals_cp_async_ring() {
         };
         for mut c in tiles {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let tma = KernelConfig::Cuda(c.clone());
-            let ring = KernelConfig::Cuda(flashsample::GpuConfig { tma: false, ..c.clone() });
-            let a = case.run_with(&sampler, &ring).unwrap_or_else(|e| panic!("{what}, cp.async ring: {e}"));
-            let b = case.run_with(&sampler, &tma).unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(a, b, "{what}: the TMA ring differs from the cp.async ring");
-            check_pathwise_and_every_slot(&sampler, &case, &p, &tma, &b, &what);
+            let ring = flashsample::GpuConfig { tma: false, ..c.clone() };
+            variant_equals_baseline(&sampler, &case, &p, &ring, &c, &what, "cp.async ring");
         }
     }
 }
