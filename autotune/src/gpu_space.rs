@@ -27,30 +27,18 @@ const MMA_FLOPS_PER_SM: f64 = 3.5e12;
 /// Epilogue instructions per (token, column) and lane-instructions per SM per second.
 const EPILOGUE_OPS: f64 = 120.0;
 const LANE_OPS_PER_SM: f64 = 128.0 * 1.7e9;
-/// Threads and shared memory per SM of every sm_80+ part (GpuLimits has per-block limits only).
-const THREADS_PER_SM: u32 = 2048;
-const SHARED_PER_SM_SLACK: u32 = 1024;
 /// How much slower the TMA ring measured than its cp.async twin on the H200 (gen 9: 1.3–2×,
 /// BENCHMARKS.md): it ranks behind the same tile on the cp.async ring, not beside it.
 const TMA_MEASURED_SLOWDOWN: f64 = 1.5;
 /// Fixed cost per launch pair (stage one + stage two), seconds.
 const LAUNCH_S: f64 = 6e-6;
 
-/// CTAs of `c` that fit on one SM at once.
-pub fn resident_ctas(c: &GpuConfig, limits: &GpuLimits) -> u32 {
-    let threads = THREADS_PER_SM / c.block_threads().max(1);
-    let smem = (limits.max_shared_per_block_optin + SHARED_PER_SM_SLACK) / c.smem_bytes().max(1);
-    let regs_per_thread = (c.accumulators_per_thread() + 72).min(255);
-    let regs = limits.max_regs_per_block / (regs_per_thread * c.block_threads()).max(1);
-    threads.min(smem).min(regs).clamp(1, 32)
-}
-
 /// Modeled seconds of one launch of `c` at (`batch`, `dim`, `vocab`), elements of `elem_bytes`.
 pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usize, vocab: usize, elem_bytes: usize) -> f64 {
     let sms = f64::from(limits.sm_count.max(1));
     let btiles = c.batch_tiles(batch) as f64;
     let padded = btiles * f64::from(c.batch_tile);
-    let resident = resident_ctas(c, limits);
+    let resident = c.resident_per_sm(limits);
     let (gx, gy, _) = c.grid(batch, vocab, resident * limits.sm_count);
     let ctas = f64::from(gx) * f64::from(gy);
     let slots = f64::from(resident) * sms;
@@ -157,7 +145,7 @@ mod tests {
     fn resident_ctas_respect_shared_memory() {
         let l = GpuLimits::H200;
         let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false, wgmma_drain: false, stagger_us: 0 };
-        assert_eq!(resident_ctas(&big, &l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
+        assert_eq!(big.resident_per_sm(&l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
     }
 
     #[test]
@@ -175,7 +163,7 @@ mod tests {
         let (p, l) = (pipeline(), GpuLimits::H200);
         let pair = GpuConfig { vocab_tile: 128, batch_tile: 64, k_step: 64, warps: 4, stages: 4, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: true, stagger_us: 0 };
         let staggered = GpuConfig { stagger_us: HEURISTIC_STAGGER_US, ..pair.clone() };
-        assert!(resident_ctas(&pair, &l) >= 2);
+        assert!(pair.resident_per_sm(&l) >= 2);
         let t = |c: &GpuConfig| modeled_seconds(c, &l, 64, 4096, 151_936, 2);
         assert!(t(&staggered) < t(&pair));
         let other = GpuConfig { stagger_us: 40, ..pair.clone() };

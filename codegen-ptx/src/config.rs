@@ -195,14 +195,22 @@ impl GpuConfig {
         }
     }
 
-    /// Whether two CTAs fit on one SM by shared memory, threads and (estimated) registers,
-    /// taking the SM's shared memory as the per-block opt-in limit plus the 1 KB the driver
-    /// reserves per block.
+    /// CTAs of this config that fit on one SM at once, by threads (2048 per SM on every sm_80+
+    /// part), shared memory (the SM holds the per-block opt-in limit plus 1 KB) and estimated
+    /// registers; at least 1.
+    pub fn resident_per_sm(&self, limits: &GpuLimits) -> u32 {
+        const THREADS_PER_SM: u32 = 2048;
+        const SHARED_PER_SM_SLACK: u32 = 1024;
+        let threads = THREADS_PER_SM / self.block_threads().max(1);
+        let smem = (limits.max_shared_per_block_optin + SHARED_PER_SM_SLACK) / self.smem_bytes().max(1);
+        let regs = limits.max_regs_per_block / (self.estimated_registers().min(255) * self.block_threads()).max(1);
+        threads.min(smem).min(regs).clamp(1, 32)
+    }
+
+    /// Whether two CTAs share an SM, so that a stagger can overlap one's epilogue with the
+    /// other's W stream.
     pub fn two_per_sm(&self, limits: &GpuLimits) -> bool {
-        const RESERVED_PER_BLOCK: u32 = 1024;
-        let smem = 2 * (self.smem_bytes() + RESERVED_PER_BLOCK) <= limits.max_shared_per_block_optin + RESERVED_PER_BLOCK;
-        let regs = 2 * self.estimated_registers() * self.block_threads() <= limits.max_regs_per_block;
-        smem && regs && 2 * self.block_threads() <= 2048
+        self.resident_per_sm(limits) >= 2
     }
 
     /// Whether the epilogue overlaps the next item's prologue loads (persistent tensor path).
