@@ -527,7 +527,8 @@ impl GpuConfig {
     /// - 32 < batch ≤ 64 with wgmma: 4 warps, 128 × 64, 4 stages, `wgmma_drain`, staggered
     ///   30 µs: two CTAs per SM whose epilogues overlap each other's W stream (H200, gen 11, same
     ///   process: 352 against 390 µs for 256 × 64 with 5 stages at D 4096 B = 64, 558 against
-    ///   580 at D 8192). At B = 128 the same tile was slower (567 against 540 µs).
+    ///   580 at D 8192). At B = 128 the same tile was slower (567 against 540 µs). Where two do
+    ///   not fit (a pipeline's lists take the room), 256 × 64 as below.
     /// - batch ≥ 192 with wgmma: 256 × 128, 4 stages (H200, gen 10, same process: 973 against
     ///   1039 µs at D 4096 B = 256 for 256 × 64 with 5 stages, 1388 against 1603 at D 8192).
     /// - `tma` stays off: the TMA ring measured 1.3–2× slower than the cp.async ring on the same
@@ -560,44 +561,47 @@ impl GpuConfig {
             return c;
         }
         let wgmma = batch > 32 && limits.compute_capability == (9, 0);
-        let (vocab_tile, batch_tile, warps) = match batch {
-            0..=8 => (256, 8, 8),
-            9..=16 => (128, 16, 4),
-            17..=32 => (128, 32, 4),
-            33..=64 if wgmma => (128, 64, 4),
-            192.. if wgmma => (256, 128, 8),
-            _ => (256, 64, 8),
-        };
-        let mut c = GpuConfig {
-            vocab_tile,
-            batch_tile,
-            k_step: 64,
-            warps,
-            stages: if wgmma && vocab_tile == 256 && batch_tile == 64 { 5 } else { 4 },
-            persistent: false,
-            list_per_tile: 0,
-            wgmma,
-            tma: false,
-            wgmma_drain: wgmma && vocab_tile == 128,
-            stagger_us: 0,
-        };
-        c.fit_lists(pipeline);
-        let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
-        while c.stages > 3 && !fits(&c) {
-            c.stages -= 1;
-        }
-        // wgmma needs 3 stages; below that, mma.sync with 2.
-        if !fits(&c) {
-            c.wgmma = false;
-            c.wgmma_drain = false;
-            while c.stages > 2 && !fits(&c) {
+        let tile = |vocab_tile: u32, batch_tile: u32, warps: u32| {
+            let mut c = GpuConfig {
+                vocab_tile,
+                batch_tile,
+                k_step: 64,
+                warps,
+                stages: if wgmma && vocab_tile == 256 && batch_tile == 64 { 5 } else { 4 },
+                persistent: false,
+                list_per_tile: 0,
+                wgmma,
+                tma: false,
+                wgmma_drain: wgmma && vocab_tile == 128,
+                stagger_us: 0,
+            };
+            c.fit_lists(pipeline);
+            let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
+            while c.stages > 3 && !fits(&c) {
                 c.stages -= 1;
             }
+            // wgmma needs 3 stages; below that, mma.sync with 2.
+            if !fits(&c) {
+                c.wgmma = false;
+                c.wgmma_drain = false;
+                while c.stages > 2 && !fits(&c) {
+                    c.stages -= 1;
+                }
+            }
+            if vocab_tile == 128 && batch_tile >= 32 && c.two_per_sm(limits) {
+                c.stagger_us = HEURISTIC_STAGGER_US;
+            }
+            c
+        };
+        match batch {
+            0..=8 => tile(256, 8, 8),
+            9..=16 => tile(128, 16, 4),
+            17..=32 => tile(128, 32, 4),
+            // The pair of 128 × 64 CTAs only pays where two fit (lists may not leave room).
+            33..=64 if wgmma => Some(tile(128, 64, 4)).filter(|c| c.stagger_us > 0).unwrap_or_else(|| tile(256, 64, 8)),
+            192.. if wgmma => tile(256, 128, 8),
+            _ => tile(256, 64, 8),
         }
-        if vocab_tile == 128 && batch_tile >= 32 && c.two_per_sm(limits) {
-            c.stagger_us = HEURISTIC_STAGGER_US;
-        }
-        c
     }
 
     /// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`].

@@ -730,3 +730,16 @@ fn stagger_delays_only_the_first_waves_second_ctas() {
     assert!(space.iter().any(|x| x.stagger_us > 0) && space.iter().any(|x| x.wgmma_drain));
     assert!(space.iter().filter(|x| x.stagger_us > 0).all(|x| x.two_per_sm(&GpuLimits::H200)));
 }
+
+#[test]
+fn heuristic_pairs_ctas_only_where_two_fit() {
+    let h200 = GpuLimits::H200;
+    let plain = greedy(DType::BF16);
+    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_936, &h200);
+    assert_eq!((c.vocab_tile, c.warps, c.wgmma_drain, c.stagger_us), (128, 4, true, 30), "{c:?}");
+    assert!(c.two_per_sm(&h200));
+    // Where two do not fit (less shared memory per SM), the one-CTA 256 × 64 tile, unstaggered.
+    let small = GpuLimits { max_shared_per_block_optin: 150_000, ..h200 };
+    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_936, &small);
+    assert_eq!((c.vocab_tile, c.warps, c.stagger_us), (256, 8, 0), "{c:?}");
+}
