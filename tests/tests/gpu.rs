@@ -46,6 +46,18 @@ macro_rules! gpu_or_skip {
     };
 }
 
+/// Like `gpu_or_skip!`, and also returns (with the printed reason) off compute capability 9.0,
+/// where `what` (wgmma, the TMA) does not exist.
+macro_rules! hopper_gpu_or_skip {
+    ($what:expr) => {{
+        let (device, dev) = gpu_or_skip!();
+        if !hopper_or_skip(&dev, $what) {
+            return;
+        }
+        (device, dev)
+    }};
+}
+
 /// Big shapes use most of the GPU's memory bandwidth and the host's cores for the reference;
 /// running two at once only slows both (and doubles host memory), so they take turns.
 static BIG: Mutex<()> = Mutex::new(());
@@ -781,10 +793,7 @@ fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persist
 /// written. It runs on compute capability 9.0 only and says so elsewhere.
 #[test]
 fn wgmma_mainloop_pathwise() {
-    let (device, dev) = gpu_or_skip!();
-    if !hopper_or_skip(&dev, "wgmma") {
-        return;
-    }
+    let (device, dev) = hopper_gpu_or_skip!("wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false);
     for (p, batch, dim, vocab, std) in [
@@ -827,10 +836,7 @@ fn wgmma_mainloop_pathwise() {
 /// fewer k slices than stages (D = 128) and unaligned D.
 #[test]
 fn drained_staggered_wgmma_equals_plain_ring() {
-    let (device, dev) = gpu_or_skip!();
-    if !hopper_or_skip(&dev, "wgmma") {
-        return;
-    }
+    let (device, dev) = hopper_gpu_or_skip!("wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent, stagger_us| flashsample::GpuConfig {
         wgmma_drain: true,
@@ -866,10 +872,7 @@ fn drained_staggered_wgmma_equals_plain_ring() {
 /// Shapes the maps cannot describe (V % 4 != 0, D % 8 != 0) run the cp.async ring.
 #[test]
 fn tma_ring_equals_cp_async_ring() {
-    let (device, dev) = gpu_or_skip!();
-    if !hopper_or_skip(&dev, "TMA + wgmma") {
-        return;
-    }
+    let (device, dev) = hopper_gpu_or_skip!("TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, true);
     for (p, batch, dim, vocab, std) in [
