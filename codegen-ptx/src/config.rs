@@ -598,7 +598,7 @@ impl GpuConfig {
             9..=16 => tile(128, 16, 4),
             17..=32 => tile(128, 32, 4),
             // The pair of 128 × 64 CTAs only pays where two fit (lists may not leave room).
-            33..=64 if wgmma => Some(tile(128, 64, 4)).filter(|c| c.stagger_us > 0).unwrap_or_else(|| tile(256, 64, 8)),
+            33..=64 if wgmma => Some(tile(128, 64, 4)).filter(|c| c.two_per_sm(limits)).unwrap_or_else(|| tile(256, 64, 8)),
             192.. if wgmma => tile(256, 128, 8),
             _ => tile(256, 64, 8),
         }
