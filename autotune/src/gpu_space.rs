@@ -144,14 +144,14 @@ mod tests {
     #[test]
     fn resident_ctas_respect_shared_memory() {
         let l = GpuLimits::H200;
-        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false, wgmma_drain: false, stagger_us: 0 };
+        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false, wgmma_drain: false, stagger_us: 0, pingpong: false };
         assert_eq!(big.resident_per_sm(&l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
     }
 
     #[test]
     fn the_tma_ring_ranks_behind_its_cp_async_twin() {
         let (p, l) = (pipeline(), GpuLimits::H200);
-        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: false, stagger_us: 0 };
+        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: false, stagger_us: 0, pingpong: false };
         let tma = GpuConfig { tma: true, ..ring.clone() };
         let order = rank(vec![tma.clone(), ring.clone()], &p, &l, 64, 4096, 151_936);
         assert_eq!(order, vec![ring.clone(), tma.clone()]);
@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn a_staggered_pair_of_ctas_hides_the_epilogue_and_ranks_first() {
         let (p, l) = (pipeline(), GpuLimits::H200);
-        let pair = GpuConfig { vocab_tile: 128, batch_tile: 64, k_step: 64, warps: 4, stages: 4, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: true, stagger_us: 0 };
+        let pair = GpuConfig { vocab_tile: 128, batch_tile: 64, k_step: 64, warps: 4, stages: 4, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: true, stagger_us: 0, pingpong: false };
         let staggered = GpuConfig { stagger_us: HEURISTIC_STAGGER_US, ..pair.clone() };
         assert!(pair.resident_per_sm(&l) >= 2);
         let t = |c: &GpuConfig| modeled_seconds(c, &l, 64, 4096, 151_936, 2);

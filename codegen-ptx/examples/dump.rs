@@ -50,6 +50,7 @@ fn main() {
         tma: env_u32("TMA", 0) == 1,
         wgmma_drain: env_u32("DRAIN", 0) == 1,
         stagger_us: env_u32("STAGGER_US", 0),
+        pingpong: env_u32("PINGPONG", 0) != 0,
     };
     c.fit_lists(&p);
     if has("ir") {

@@ -475,6 +475,7 @@ fn main() {
         tma: false,
         wgmma_drain: false,
         stagger_us: 0,
+        pingpong: false,
     };
     let mk = |name: &str, pipeline: Pipeline, config: GpuConfig, batch, dim, vocab| Case {
         name: name.to_string(),

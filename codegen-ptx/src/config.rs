@@ -104,6 +104,13 @@ impl GpuLimits {
 ///   useful where two CTAs fit on an SM; 0 (off) up to [`MAX_STAGGER_US`]. `%nsmid` may exceed
 ///   the SM count where SM ids are not contiguous; then a few first-slot CTAs wait and a few
 ///   second-slot ones do not, which costs only part of the gain.
+/// - `pingpong` (needs `tma` and `persistent`): warp specialization. The CTA runs two consumer
+///   warpgroup sets of `warps` warps each plus one producer warp ([`GpuConfig::block_threads`]).
+///   The producer streams the CTA's items slice by slice through the TMA ring, gated only by the
+///   empty mbarriers; consumer set `s` takes the CTA's items `s, s + 2, ...`. While one set
+///   runs an item's epilogue (no loads of its own), the other multiplies the next item, so the
+///   W stream never pauses for an epilogue (the CUTLASS ping-pong schedule, without a timer).
+///   Absent in older tuning files (serde default false).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuConfig {
     pub vocab_tile: u32,
@@ -122,6 +129,8 @@ pub struct GpuConfig {
     pub wgmma_drain: bool,
     #[serde(default)]
     pub stagger_us: u32,
+    #[serde(default)]
+    pub pingpong: bool,
 }
 
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
@@ -162,8 +171,28 @@ impl GpuConfig {
         self.stages >= 2
     }
 
+    /// Threads per CTA: `warps` warps, or with `pingpong` two consumer sets of `warps` warps
+    /// and the producer warp.
     pub fn block_threads(&self) -> u32 {
+        if self.pingpong {
+            self.consumer_threads() * 2 + 32
+        } else {
+            self.consumer_threads()
+        }
+    }
+
+    /// Threads that multiply and reduce one work item (`warps · 32`).
+    pub(crate) fn consumer_threads(&self) -> u32 {
         self.warps * 32
+    }
+
+    /// Epilogue scratch areas: one per consumer set.
+    pub(crate) fn consumer_sets(&self) -> u32 {
+        if self.pingpong {
+            2
+        } else {
+            1
+        }
     }
 
     /// 32-row vocab blocks per warp (each thread owns one quad of each).
@@ -259,9 +288,14 @@ impl GpuConfig {
         self.mbarrier_base() + self.mbarrier_bytes()
     }
 
+    /// Bytes of one consumer set's epilogue area: the scratch, then the list tile.
+    pub(crate) fn epilogue_bytes(&self) -> u32 {
+        self.scratch_bytes() + self.list_bytes()
+    }
+
     /// Where the TMA ring's mbarriers start (after the ring and the epilogue's scratch).
     pub(crate) fn mbarrier_base(&self) -> u32 {
-        let epilogue = self.scratch_bytes() + self.list_bytes();
+        let epilogue = self.epilogue_bytes() * self.consumer_sets();
         let data = if self.overlaps_epilogue() {
             self.ring_bytes() + epilogue
         } else {
@@ -280,16 +314,18 @@ impl GpuConfig {
     }
 
     /// Whether the TMA path can read operands of this shape: 16-byte row strides
-    /// (`dim % 8 == 0`) and whole 4-row groups of W (`vocab % 4 == 0`), as the W tensor map
-    /// views rows `4q + 2h + e` as three dimensions so that each box lands in wgmma's row order.
+    /// (`dim % 8 == 0`) and whole 32-row blocks of W (`vocab % 32 == 0`), as the W tensor map
+    /// views row `32K + 4g + 2h + e` as four dimensions so that one box per warpgroup lands in
+    /// wgmma's row order (a partial block would put rows past V inside the map's bounds).
     pub fn tma_fits(dim: usize, vocab: usize) -> bool {
-        dim.is_multiple_of(8) && vocab.is_multiple_of(4) && dim > 0 && vocab > 0
+        dim.is_multiple_of(8) && vocab.is_multiple_of(32) && dim > 0 && vocab > 0
     }
 
-    /// This config for an operand shape: `tma` switched off where [`GpuConfig::tma_fits`] fails
-    /// (the same tile on the `cp.async` ring).
+    /// This config for an operand shape: where [`GpuConfig::tma_fits`] fails, `tma` (and the
+    /// `pingpong` schedule it feeds) switched off: the same tile on the `cp.async` ring.
     pub fn for_shape(&self, dim: usize, vocab: usize) -> GpuConfig {
-        GpuConfig { tma: self.tma && GpuConfig::tma_fits(dim, vocab), ..self.clone() }
+        let tma = self.tma && GpuConfig::tma_fits(dim, vocab);
+        GpuConfig { tma, pingpong: self.pingpong && tma, ..self.clone() }
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
@@ -394,13 +430,13 @@ impl GpuConfig {
                 ),
             ));
         }
-        if self.batch_tile > self.block_threads() {
+        if self.batch_tile > self.consumer_threads() {
             return Err(bad(
                 "batch_tile",
                 format!(
                     "{} exceeds the {} threads that reduce it",
                     self.batch_tile,
-                    self.block_threads()
+                    self.consumer_threads()
                 ),
             ));
         }
@@ -442,6 +478,15 @@ impl GpuConfig {
             if self.tma && !self.wgmma {
                 return Err(bad("tma", "the TMA ring feeds wgmma; set wgmma too"));
             }
+            if self.tma && self.quads_per_thread() != 1 {
+                return Err(bad(
+                    "tma",
+                    format!("vocab_tile {} with {} warps; the TMA W box covers 32 rows per warp, so vocab_tile = 32 · warps", self.vocab_tile, self.warps),
+                ));
+            }
+            if self.pingpong && !(self.tma && self.persistent) {
+                return Err(bad("pingpong", "the ping-pong schedule streams a persistent CTA's items through the TMA ring; set tma and persistent"));
+            }
             if self.wgmma_drain && (!self.wgmma || self.tma) {
                 return Err(bad("wgmma_drain", "drains the wgmma cp.async ring; needs wgmma without tma"));
             }
@@ -450,7 +495,7 @@ impl GpuConfig {
             }
         } else if self.stages != 1 {
             return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
-        } else if self.wgmma || self.tma || self.wgmma_drain {
+        } else if self.wgmma || self.tma || self.wgmma_drain || self.pingpong {
             return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma or TMA; use stages >= 2"));
         }
         if self.stagger_us > MAX_STAGGER_US {
@@ -556,6 +601,7 @@ impl GpuConfig {
                 tma: false,
                 wgmma_drain: false,
                 stagger_us: 0,
+                pingpong: false,
             };
             c.fit_lists(pipeline);
             return c;
@@ -574,6 +620,7 @@ impl GpuConfig {
                 tma: false,
                 wgmma_drain: wgmma && vocab_tile == 128,
                 stagger_us: 0,
+                pingpong: false,
             };
             c.fit_lists(pipeline);
             let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
@@ -615,7 +662,7 @@ impl GpuConfig {
             for quads in [1u32, 2, 4] {
                 for batch_tile in [8u32, 16, 32, 64, 128] {
                     let (k_steps, stages): (&[u32], &[u32]) = if tensor {
-                        (&[64, 128], &[2, 3, 4, 6])
+                        (&[64, 128], &[2, 3, 4, 6, 8])
                     } else {
                         (&[64], &[1])
                     };
@@ -630,8 +677,15 @@ impl GpuConfig {
                                 };
                                 lists.dedup();
                                 for list_per_tile in lists {
-                                    let rings = [(false, false, false), (true, false, false), (true, false, true), (true, true, false)];
-                                    for (wgmma, tma, wgmma_drain) in rings {
+                                    // (wgmma, tma, wgmma_drain, pingpong)
+                                    let rings = [
+                                        (false, false, false, false),
+                                        (true, false, false, false),
+                                        (true, false, true, false),
+                                        (true, true, false, false),
+                                        (true, true, false, true),
+                                    ];
+                                    for (wgmma, tma, wgmma_drain, pingpong) in rings {
                                         let c = GpuConfig {
                                             vocab_tile,
                                             batch_tile,
@@ -644,6 +698,7 @@ impl GpuConfig {
                                             tma,
                                             wgmma_drain,
                                             stagger_us: 0,
+                                            pingpong,
                                         };
                                         // validate drops wgmma off compute capability 9.0.
                                         if c.validate(pipeline, limits).is_err() {

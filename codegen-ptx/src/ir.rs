@@ -17,6 +17,10 @@ pub(crate) struct Func {
     allocas: String,
     body: String,
     next: u32,
+    /// What [`Func::barrier`] synchronises: `None` is the whole CTA (`bar.sync 0`); `Some((id,
+    /// threads))` a named barrier of `threads` threads, for code that one warp-specialized
+    /// consumer set runs while the rest of the CTA does other work.
+    barrier_scope: Option<(String, u32)>,
 }
 
 /// `-inf` as an LLVM float literal.
@@ -75,6 +79,7 @@ impl Func {
             allocas: String::new(),
             body: String::new(),
             next: 0,
+            barrier_scope: None,
         }
     }
 
@@ -310,7 +315,19 @@ impl Func {
         self.sel("i32", &live, &k, "0")
     }
     pub(crate) fn barrier(&mut self) {
-        self.s("call void asm sideeffect \"bar.sync 0;\", \"~{memory}\"() #1");
+        match self.barrier_scope.clone() {
+            None => self.s("call void asm sideeffect \"bar.sync 0;\", \"~{memory}\"() #1"),
+            Some((id, threads)) => self.s(format!(
+                "call void asm sideeffect \"bar.sync $0, {threads};\", \"r,~{{memory}}\"(i32 {id}) #1"
+            )),
+        }
+    }
+
+    /// Runs `body` with [`Func::barrier`] scoped to named barrier `id` (a value) of `threads`.
+    pub(crate) fn with_barrier_scope(&mut self, id: &str, threads: u32, body: impl FnOnce(&mut Func)) {
+        let outer = self.barrier_scope.replace((id.to_string(), threads));
+        body(self);
+        self.barrier_scope = outer;
     }
     pub(crate) fn sreg(&mut self, name: &str) -> String {
         self.v(format!("call i32 @llvm.nvvm.read.ptx.sreg.{name}()"))

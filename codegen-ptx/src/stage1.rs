@@ -19,11 +19,15 @@ pub(crate) const NAME: &str = "flashsample_stage1";
 
 /// Per-thread values every part of the kernel uses.
 struct Thread {
+    /// Thread and warp index within the threads working on one item (the CTA, or with
+    /// `pingpong` this thread's consumer set).
     tid: String,
     warp: String,
     lane: String,
     g: String,
     t: String,
+    /// Byte offset in `@fs_smem` of this thread's epilogue area (scratch, then list tile).
+    scratch: String,
 }
 
 /// Kernel-wide values of the tensor path's `cp.async` ring.
@@ -177,6 +181,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
         lane,
         g: lg,
         t: lt,
+        scratch: c.scratch_base().to_string(),
     };
 
     let vt = c.vocab_tile;
@@ -220,6 +225,11 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     if let (Some(ring), true) = (&ring, c.tma) {
         g.init_mbarriers(&mut f, &th, ring);
     }
+    if let (Some(ring), true) = (&ring, c.pingpong) {
+        g.pingpong(&mut f, &th, ring, &item0, &items, &stride, &item_of);
+        f.s("ret void");
+        return g.finish(f);
+    }
     let overlap = c.overlaps_epilogue();
     if let (Some(ring), true) = (&ring, overlap) {
         let valid = f.ult(&item0, &items);
@@ -245,25 +255,94 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
         f.barrier();
     });
     f.s("ret void");
-    let header = format!(
-        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %hidden, \
-         ptr addrspace(1) noalias readonly %weights, ptr addrspace(1) noalias readonly %temperatures, \
-         ptr addrspace(1) noalias readonly %bias, ptr addrspace(1) noalias readonly %allowed, \
-         ptr addrspace(1) noalias %candidates, ptr addrspace(1) noalias %lse, i64 %seed, \
-         i32 %batch, i32 %dim, i32 %vocab, i32 %vocab_offset, \
-         ptr addrspace(1) noalias readonly %row_seeds, ptr addrspace(1) noalias readonly %pen_bits, \
-         ptr addrspace(1) noalias readonly %pen_offsets, ptr addrspace(1) noalias readonly %pen_tokens, \
-         ptr addrspace(1) noalias readonly %pen_subtract, ptr addrspace(1) noalias readonly %pen_repetition, \
-         ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"",
-        c.block_threads()
-    );
-    let mut out = String::new();
-    if p.has_penalties() {
-        out.push_str(&penalize_token());
-        out.push('\n');
+    g.finish(f)
+}
+
+impl Gen<'_> {
+    /// The kernel's text: `f` as `flashsample_stage1`, after the helpers it calls.
+    fn finish(&self, f: Func) -> String {
+        let (p, c) = (self.p, self.c);
+        let header = format!(
+            "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %hidden, \
+             ptr addrspace(1) noalias readonly %weights, ptr addrspace(1) noalias readonly %temperatures, \
+             ptr addrspace(1) noalias readonly %bias, ptr addrspace(1) noalias readonly %allowed, \
+             ptr addrspace(1) noalias %candidates, ptr addrspace(1) noalias %lse, i64 %seed, \
+             i32 %batch, i32 %dim, i32 %vocab, i32 %vocab_offset, \
+             ptr addrspace(1) noalias readonly %row_seeds, ptr addrspace(1) noalias readonly %pen_bits, \
+             ptr addrspace(1) noalias readonly %pen_offsets, ptr addrspace(1) noalias readonly %pen_tokens, \
+             ptr addrspace(1) noalias readonly %pen_subtract, ptr addrspace(1) noalias readonly %pen_repetition, \
+             ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"",
+            c.block_threads()
+        );
+        let mut out = String::new();
+        if p.has_penalties() {
+            out.push_str(&penalize_token());
+            out.push('\n');
+        }
+        out.push_str(&f.finish(&header));
+        out
     }
-    out.push_str(&f.finish(&header));
-    out
+
+    /// [`GpuConfig::pingpong`]: warps `2·warps ..` are the producer (lane 0 streams every slice
+    /// of the CTA's items through [`Gen::tma_issue`], gated by the empty mbarriers); consumer set
+    /// `s` (warps `s·warps ..`) takes the CTA's items `s, s + 2, ...`, each through the TMA
+    /// mainloop and the epilogue, with its own scratch and named barrier `1 + s`. The sets never
+    /// wait for each other: one's epilogue runs while the other multiplies the next item, and
+    /// the producer keeps the ring full throughout.
+    #[allow(clippy::too_many_arguments)]
+    fn pingpong(
+        &self,
+        f: &mut Func,
+        th: &Thread,
+        ring: &Ring,
+        item0: &str,
+        items: &str,
+        stride: &str,
+        item_of: &dyn Fn(&mut Func, &str) -> Item,
+    ) {
+        let c = self.c;
+        let set = f.v(format!("udiv i32 {}, {}", th.warp, c.warps));
+        let producer = f.v(format!("icmp eq i32 {set}, 2"));
+        f.if_else(
+            &producer,
+            |f| {
+                let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
+                f.if_then(&lane0, |f| {
+                    f.for_loop(item0, items, stride, |f, item| {
+                        let it = item_of(f, item);
+                        f.for_loop("0", &ring.ktiles, "1", |f, kt| self.tma_issue(f, &it, ring, kt));
+                    });
+                });
+            },
+            |f| {
+                let threads = c.consumer_threads();
+                let tid0 = f.mul(&set, &threads.to_string());
+                let warp0 = f.mul(&set, &c.warps.to_string());
+                let area = f.mul(&set, &c.epilogue_bytes().to_string());
+                let local = Thread {
+                    tid: f.v(format!("sub i32 {}, {tid0}", th.tid)),
+                    warp: f.v(format!("sub i32 {}, {warp0}", th.warp)),
+                    lane: th.lane.clone(),
+                    g: th.g.clone(),
+                    t: th.t.clone(),
+                    scratch: f.add(&th.scratch, &area),
+                };
+                let id = f.add(&set, "1");
+                let first = f.mul(&set, stride);
+                let first = f.add(item0, &first);
+                let step = f.v(format!("shl i32 {stride}, 1"));
+                f.with_barrier_scope(&id, threads, |f| {
+                    f.for_loop(&first, items, &step, |f, item| {
+                        let it = item_of(f, item);
+                        let acc = self.wgmma_mainloop(f, &local, &it, ring, false);
+                        self.epilogue(f, &local, &it, &acc);
+                        // The set's next epilogue rewrites the scratch this one read.
+                        f.barrier();
+                    });
+                });
+            },
+        );
+    }
 }
 
 /// DESIGN.md step 3, penalties, for a token whose bit is set: binary search of `v` in the
@@ -615,13 +694,15 @@ impl Gen<'_> {
     /// the slot's previous slice is released. Slices are numbered across the CTA's items
     /// (`j = seq · ktiles + kt`, slot `j % stages`), so every slot's phases alternate.
     ///
-    /// The W tensor map (`%tmaps`, 3-d) views rows as `r = 4q + c` (dims k, c, q; strides
-    /// ascending); one box `{64, 1, 8}` at `(k0, c, R/4)` is the 8 rows `R + 4g + c` (g = 0..8),
-    /// one 1024-byte swizzle atom. Boxes `c = 2h` and `2h + 1` fill the 16 shared rows `g + 8e`
-    /// that [`Gen::wgmma_smem_row`] gives W rows `R + 4g + 2h + e`: warp `4G + k`'s m64
-    /// operand `mt = 2·blk + h`, with `R = v0 + (4G + k)·warp_rows + 32·blk`. The H map
-    /// (2-d, at `%tmaps + 128`) gives one `{64, batch_tile}` box. Rows past V or B and k past
-    /// D are zero-filled by the TMA and still count towards the stage's bytes.
+    /// The W tensor map (`%tmaps`, 5-d) views row `r = 32K + 4g + 2h + e` as dims
+    /// `(k, g, e, K, h)` (strides 4, 1, 32 and 2 rows: the order of the shared rows, not of
+    /// memory). With `vocab_tile = 32 · warps` (one 32-row block per warp), one box
+    /// `{64, 8, 2, 4, 2}` at `(k0, 0, 0, v0/32 + 4G, 0)` is warpgroup `G`'s 128 rows, landing
+    /// at shared row `g + 8e + 16k + 64h` of its operands: where [`Gen::wgmma_smem_row`] puts
+    /// W row `v0 + 32(4G + k) + 4g + 2h + e`. So a slice is one 16 KB box per warpgroup (gen
+    /// 9 issued 32 one-atom boxes and was slower than `cp.async`). The H map (2-d, at
+    /// `%tmaps + 128`) gives one `{64, batch_tile}` box. Rows past V or B and k past D are
+    /// zero-filled by the TMA and still count towards the stage's bytes.
     fn tma_issue(&self, f: &mut Func, it: &Item, ring: &Ring, kt: &str) {
         let c = self.c;
         let j0 = f.mul(&it.seq, &ring.ktiles);
@@ -646,26 +727,15 @@ impl Gen<'_> {
         let maps = f.v("addrspacecast ptr addrspace(1) %tmaps to ptr");
         let w_map = f.v(format!("ptrtoint ptr {maps} to i64"));
         let h_map = f.v(format!("add i64 {w_map}, 128"));
-        let q0 = f.v(format!("lshr i32 {}, 2", it.v0));
-        let mtiles = self.quads * 2;
-        let wr = self.warp_rows();
+        let blk0 = f.v(format!("lshr i32 {}, 5", it.v0));
         for grp in 0..c.warps / 4 {
-            for mt in 0..mtiles {
-                for k in 0..4 {
-                    let r_off = (4 * grp + k) * wr + 32 * (mt >> 1);
-                    let q = f.add(&q0, &(r_off / 4).to_string());
-                    for e in 0..2 {
-                        let atom = ((grp * mtiles + mt) * 4 + k) * 2 + e;
-                        let dst = f.add(&dst0, &(atom * 8 * 128).to_string());
-                        f.s(format!(
-                            "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
-                             [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"\
-                             (i32 {dst}, i64 {w_map}, i32 {k0}, i32 {}, i32 {q}, i32 {full}) #1",
-                            2 * (mt & 1) + e
-                        ));
-                    }
-                }
-            }
+            let blk = f.add(&blk0, &(4 * grp).to_string());
+            let dst = f.add(&dst0, &(grp * 128 * 128).to_string());
+            f.s(format!(
+                "call void asm sideeffect \"cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+                 [$0], [$1, {{$2, 0, 0, $3, 0}}], [$4];\", \"r,l,r,r,r,~{{memory}}\"\
+                 (i32 {dst}, i64 {w_map}, i32 {k0}, i32 {blk}, i32 {full}) #1"
+            ));
         }
         let dst = f.add(&dst0, &(c.vocab_tile * 128).to_string());
         f.s(format!(
@@ -817,10 +887,13 @@ impl Gen<'_> {
                     let prev = f.v(format!("add i32 {j}, -1"));
                     self.release_slot(f, ring, &prev);
                 });
-                let next = f.add(kt, &(c.stages - 1).to_string());
-                let more = f.ult(&next, ktiles);
-                let go = f.and1(&more, &t0);
-                f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
+                // With `pingpong` the producer warp refills it instead.
+                if !c.pingpong {
+                    let next = f.add(kt, &(c.stages - 1).to_string());
+                    let more = f.ult(&next, ktiles);
+                    let go = f.and1(&more, &t0);
+                    f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
+                }
             } else {
                 self.prefetch(f, th, it, ring, kt);
             }
@@ -1006,9 +1079,7 @@ impl Gen<'_> {
         let p = self.p;
         let bt = c.batch_tile;
         let e = c.warps * bt; // scratch entries
-        let sb = c.scratch_base();
-        let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) =
-            (sb, sb + 4 * e, sb + 8 * e, sb + 12 * e, sb + 16 * e, sb + 20 * e);
+        let (sc_score, sc_index, sc_logit, sc_max, sc_sum, sc_flag) = (0, 4 * e, 8 * e, 12 * e, 16 * e, 20 * e);
         let has_temp = p.temperature().is_some();
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();
@@ -1203,11 +1274,13 @@ impl Gen<'_> {
         };
         let st_shared = |f: &mut Func, ty: &str, region: u32, slot4: &str, v: &str| {
             let off = f.add(slot4, &region.to_string());
+            let off = f.add(&off, &th.scratch);
             let a = f.saddr("@fs_smem", &off);
             f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
         };
         let ld_shared = |f: &mut Func, ty: &str, region: u32, slot4: &str| -> String {
             let off = f.add(slot4, &region.to_string());
+            let off = f.add(&off, &th.scratch);
             let a = f.saddr("@fs_smem", &off);
             f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
         };
@@ -1413,7 +1486,7 @@ impl Gen<'_> {
     fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
         let c = self.c;
         let vt = c.vocab_tile;
-        let base = c.scratch_base() + c.scratch_bytes();
+        let base = f.add(&th.scratch, &c.scratch_bytes().to_string());
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));

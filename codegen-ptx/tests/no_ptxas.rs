@@ -27,6 +27,7 @@ fn generates_ptx_with_an_empty_path() {
         tma: false,
         wgmma_drain: false,
         stagger_us: 0,
+        pingpong: false,
     };
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));

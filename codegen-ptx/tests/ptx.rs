@@ -72,6 +72,7 @@ fn cfg(
         tma: false,
         wgmma_drain: false,
         stagger_us: 0,
+        pingpong: false,
     }
 }
 
@@ -649,12 +650,13 @@ fn tma(c: GpuConfig) -> GpuConfig {
 
 #[test]
 fn tma_ring_loads_boxes_and_waits_on_mbarriers() {
-    for (c, boxes) in [(tma(cfg(256, 64, 64, 8, 5, false)), 32), (tma(cfg(512, 8, 64, 4, 3, true)), 64)] {
+    for (c, boxes) in [(tma(cfg(256, 64, 64, 8, 5, false)), 2), (tma(cfg(128, 8, 64, 4, 3, true)), 1)] {
         let k = ptx(&full(DType::BF16), &c, Arch::Sm90);
         let t = stage1_text(&k.ptx);
         assert!(k.ptx.contains(".target sm_90a"), "{c:?}");
-        // One W box per 8 shared rows (a swizzle atom) and one H box, in the prologue and in the refill.
-        let w_boxes = t.matches("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
+        // One 5-d W box per warpgroup (its 128 rows in wgmma order) and one H box, in the
+        // prologue and in the refill.
+        let w_boxes = t.matches("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
         let h_boxes = t.matches("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes").count();
         assert_eq!(w_boxes % boxes, 0, "{c:?}: {w_boxes} W boxes");
         assert_eq!(w_boxes / boxes, h_boxes, "{c:?}");
@@ -683,6 +685,11 @@ fn tma_configs_need_wgmma_and_describable_shapes() {
     ok.validate(&p, &GpuLimits::H200).unwrap();
     assert!(GpuConfig::tma_fits(4096, 151_936) && GpuConfig::tma_fits(8192, 128_256));
     assert!(!GpuConfig::tma_fits(4095, 151_936) && !GpuConfig::tma_fits(4096, 151_937) && !GpuConfig::tma_fits(203, 1000));
+    // Whole 32-row blocks of W only (the box's row dims would reach past V inside the map).
+    assert!(!GpuConfig::tma_fits(4096, 1000) && GpuConfig::tma_fits(4096, 1056));
+    // The W box covers one 32-row block per warp.
+    let wide = tma(cfg(512, 8, 64, 4, 3, true));
+    assert!(matches!(wide.validate_shape(&p), Err(PtxError::InvalidConfig { knob: "tma", .. })), "{wide:?}");
     assert!(ok.for_shape(4096, 151_936).tma);
     assert_eq!(ok.for_shape(4096, 1003), GpuConfig { tma: false, ..ok.clone() });
     assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.tma));
@@ -742,4 +749,37 @@ fn heuristic_pairs_ctas_only_where_two_fit() {
     let small = GpuLimits { max_shared_per_block_optin: 150_000, ..h200 };
     let c = GpuConfig::heuristic(&plain, 64, 4096, 151_936, &small);
     assert_eq!((c.vocab_tile, c.warps, c.stagger_us), (256, 8, 0), "{c:?}");
+}
+
+#[test]
+fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
+    let p = full(DType::BF16);
+    let c = GpuConfig { pingpong: true, ..tma(cfg(128, 64, 64, 4, 8, true)) };
+    c.validate(&p, &GpuLimits::H200).unwrap();
+    assert_eq!(c.block_threads(), 2 * 128 + 32);
+    let ring = GpuConfig { pingpong: false, ..c.clone() };
+    // Two epilogue areas after the ring, then the mbarriers.
+    let epilogue = ring.smem_bytes() - 16 * c.stages - c.stages * (128 + 64) * 64 * 2;
+    assert_eq!(c.smem_bytes(), ring.smem_bytes() + epilogue);
+    let k = ptx(&p, &c, Arch::Sm90);
+    let t = stage1_text(&k.ptx);
+    assert!(t.contains(".maxntid 288"), "block of 288 threads");
+    // One CTA barrier (after the mbarrier init); everything else syncs one consumer set on
+    // its named barrier (1 or 2) of 128 threads.
+    assert_eq!(t.matches("bar.sync 0;").count(), 1);
+    assert!(t.matches(", 128;").count() >= 2 && t.contains("bar.sync %r"), "named barriers of one set");
+    // The producer's loop is the only place boxes are issued: one W and one H box per slice.
+    assert_eq!(t.matches("cp.async.bulk.tensor.5d").count(), 1);
+    assert_eq!(t.matches("cp.async.bulk.tensor.2d").count(), 1);
+    assert!(!k.ptx.contains(".local"), "no local memory");
+    for (bad, knob) in [
+        (GpuConfig { persistent: false, ..c.clone() }, "pingpong"),
+        (GpuConfig { tma: false, ..c.clone() }, "pingpong"),
+    ] {
+        assert!(matches!(bad.validate_shape(&p), Err(PtxError::InvalidConfig { knob: k, .. }) if k == knob), "{bad:?}");
+    }
+    // Shapes the maps cannot describe run the persistent cp.async ring.
+    assert_eq!(c.for_shape(203, 1003), GpuConfig { tma: false, pingpong: false, ..c.clone() });
+    assert!(c.for_shape(4096, 151_936).pingpong);
+    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.pingpong && c.stages == 8));
 }

@@ -154,7 +154,7 @@ fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &fl
                 for stages in [3u32, 4] {
                     for persistent in [false, true] {
                         for (wgmma, tma) in [(false, false), (true, false), (true, true)] {
-                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma, tma, wgmma_drain: false, stagger_us: 0 };
+                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma, tma, wgmma_drain: false, stagger_us: 0, pingpong: false };
                             c.fit_lists(pipeline);
                             // validate drops wgmma off compute capability 9.0.
                             if c.validate(pipeline, limits).is_ok() {

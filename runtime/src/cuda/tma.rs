@@ -10,18 +10,19 @@ pub(crate) const MAP_BYTES: usize = 128;
 
 /// W and H maps for one launch, as the kernel reads them at `%tmaps`.
 ///
-/// W (`vocab × dim`, row-major, 2-byte elements) is viewed as 3-d `(k, c, q)` with row
-/// `4q + c`, so that one `{64, 1, 8}` box holds the 8 rows `4q + c` that wgmma's accumulator
-/// order puts side by side (codegen-ptx `tma_issue`); H (`batch × dim`) is 2-d with `{64, batch_tile}` boxes. Both use
-/// the 128-byte swizzle and zero fill outside the tensor.
+/// W (`vocab × dim`, row-major, 2-byte elements) is viewed as 5-d `(k, g, e, K, h)` with row
+/// `32K + 4g + 2h + e` (strides of 4, 1, 32 and 2 rows: listed in the order the rows sit in
+/// shared memory), so that one `{64, 8, 2, 4, 2}` box is a warpgroup's 128 rows in wgmma's
+/// accumulator order (codegen-ptx `tma_issue`); H (`batch × dim`) is 2-d with
+/// `{64, batch_tile}` boxes. Both use the 128-byte swizzle and zero fill outside the tensor.
 pub(crate) fn encode_operands(weights: u64, hidden: u64, vocab: usize, dim: usize, batch: usize, batch_tile: u32) -> Result<[u8; 2 * MAP_BYTES]> {
     if !flashsample_codegen_ptx::GpuConfig::tma_fits(dim, vocab) || !weights.is_multiple_of(16) || !hidden.is_multiple_of(16) {
         return Err(Error::Unsupported(format!(
-            "TMA stage one for dim {dim}, vocab {vocab} (needs dim % 8 == 0, vocab % 4 == 0 and 16-byte aligned operands)"
+            "TMA stage one for dim {dim}, vocab {vocab} (needs dim % 8 == 0, vocab % 32 == 0 and 16-byte aligned operands)"
         )));
     }
     let row = 2 * dim as u64;
-    let w = encode(weights, &[dim as u64, 4, vocab as u64 / 4], &[row, 4 * row], &[64, 1, 8])?;
+    let w = encode(weights, &[dim as u64, 8, 2, vocab as u64 / 32, 2], &[4 * row, row, 32 * row, 2 * row], &[64, 8, 2, 4, 2])?;
     let h = encode(hidden, &[dim as u64, batch as u64], &[row], &[64, batch_tile])?;
     let mut out = [0u8; 2 * MAP_BYTES];
     out[..MAP_BYTES].copy_from_slice(bytemuck::cast_slice(&w.opaque));
