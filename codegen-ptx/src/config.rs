@@ -133,6 +133,14 @@ pub struct GpuConfig {
     pub pingpong: bool,
 }
 
+/// Threads of the ping-pong producer warpgroup, and the registers it keeps (CUTLASS's 40).
+const PRODUCER_THREADS: u32 = 128;
+const PRODUCER_REGS: u32 = 40;
+/// The register file of one sm_90 CTA, and the most a thread may hold (`setmaxnreg` takes
+/// multiples of 8 in 24..=256; ptxas allocates at most 255, so 248).
+const REGS_PER_SM_SM90: u32 = 65_536;
+const MAX_REGS_PER_THREAD: u32 = 248;
+
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
 pub const MAX_STAGGER_US: u32 = 200;
 /// The heuristic's stagger for its two-CTA-per-SM tiles (H200, gen 11: 30 µs was best of
@@ -172,13 +180,26 @@ impl GpuConfig {
     }
 
     /// Threads per CTA: `warps` warps, or with `pingpong` two consumer sets of `warps` warps
-    /// and the producer warp.
+    /// and the producer warpgroup (one warp of it issues; a whole warpgroup, because
+    /// `setmaxnreg` moves registers a warpgroup at a time).
     pub fn block_threads(&self) -> u32 {
         if self.pingpong {
-            self.consumer_threads() * 2 + 32
+            self.consumer_threads() * 2 + PRODUCER_THREADS
         } else {
             self.consumer_threads()
         }
+    }
+
+    /// With `pingpong`, registers per thread: (the kernel's `.maxnreg`, the producer's after
+    /// `setmaxnreg.dec`, the consumers' after `setmaxnreg.inc`). The producer needs a few
+    /// dozen; what it gives back lets the consumers' epilogue run without spilling (at the
+    /// kernel-wide 168 of 384 threads the 128 × 64 tile spilled about 1 KB per thread, H200).
+    pub(crate) fn pingpong_registers(&self) -> (u32, u32, u32) {
+        let floor8 = |r: u32| (r / 8 * 8).min(MAX_REGS_PER_THREAD);
+        let kernel = floor8(REGS_PER_SM_SM90 / self.block_threads());
+        let producer = PRODUCER_REGS.min(kernel);
+        let consumer = floor8((REGS_PER_SM_SM90 - producer * PRODUCER_THREADS) / (2 * self.consumer_threads())).max(kernel);
+        (kernel, producer, consumer)
     }
 
     /// Threads that multiply and reduce one work item (`warps · 32`).
@@ -304,12 +325,13 @@ impl GpuConfig {
         data.next_multiple_of(8)
     }
 
-    /// A full and an empty mbarrier (8 bytes each) per ring slot with `tma`, else none.
+    /// A full and an empty mbarrier (8 bytes each) per ring slot with `tma`, else none; with
+    /// `pingpong` also one mainloop-done barrier per consumer set.
     pub(crate) fn mbarrier_bytes(&self) -> u32 {
-        if self.tma {
-            16 * self.stages
-        } else {
-            0
+        match (self.tma, self.pingpong) {
+            (true, true) => 16 * self.stages + 16,
+            (true, false) => 16 * self.stages,
+            _ => 0,
         }
     }
 
@@ -548,10 +570,15 @@ impl GpuConfig {
             });
         }
         let regs = self.estimated_registers();
-        if regs > 255 || regs * self.block_threads() > limits.max_regs_per_block {
+        let needed = if self.pingpong {
+            regs * 2 * self.consumer_threads() + PRODUCER_REGS * PRODUCER_THREADS
+        } else {
+            regs * self.block_threads()
+        };
+        if regs > 255 || needed > limits.max_regs_per_block {
             return Err(PtxError::OverLimit {
                 what: "registers per block (estimated)",
-                needed: regs * self.block_threads(),
+                needed,
                 limit: limits.max_regs_per_block.min(255 * self.block_threads()),
             });
         }

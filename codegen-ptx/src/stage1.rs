@@ -271,8 +271,10 @@ impl Gen<'_> {
              ptr addrspace(1) noalias readonly %row_seeds, ptr addrspace(1) noalias readonly %pen_bits, \
              ptr addrspace(1) noalias readonly %pen_offsets, ptr addrspace(1) noalias readonly %pen_tokens, \
              ptr addrspace(1) noalias readonly %pen_subtract, ptr addrspace(1) noalias readonly %pen_repetition, \
-             ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"",
-            c.block_threads()
+             ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"{}",
+            c.block_threads(),
+            // setmaxnreg needs the kernel's register budget fixed up front.
+            if c.pingpong { format!(" \"nvvm.maxnreg\"=\"{}\"", c.pingpong_registers().0) } else { String::new() }
         );
         let mut out = String::new();
         if p.has_penalties() {
@@ -283,12 +285,14 @@ impl Gen<'_> {
         out
     }
 
-    /// [`GpuConfig::pingpong`]: warps `2·warps ..` are the producer (lane 0 streams every slice
-    /// of the CTA's items through [`Gen::tma_issue`], gated by the empty mbarriers); consumer set
+    /// [`GpuConfig::pingpong`]: warps `2·warps ..` are the producer warpgroup (lane 0 of its first
+    /// warp streams every slice of the CTA's items through [`Gen::tma_issue`], gated by the empty
+    /// mbarriers; the group gives its registers to the consumers, `setmaxnreg`); consumer set
     /// `s` (warps `s·warps ..`) takes the CTA's items `s, s + 2, ...`, each through the TMA
-    /// mainloop and the epilogue, with its own scratch and named barrier `1 + s`. The sets never
-    /// wait for each other: one's epilogue runs while the other multiplies the next item, and
-    /// the producer keeps the ring full throughout.
+    /// mainloop and the epilogue, with its own scratch and named barrier `1 + s`. Mainloops
+    /// take turns (a mainloop-done mbarrier per set, as CUTLASS orders its math warpgroups), so
+    /// one set's epilogue runs while the other multiplies the next item, and the producer keeps
+    /// the ring full throughout.
     #[allow(clippy::too_many_arguments)]
     fn pingpong(
         &self,
@@ -301,13 +305,20 @@ impl Gen<'_> {
         item_of: &dyn Fn(&mut Func, &str) -> Item,
     ) {
         let c = self.c;
+        let (_, producer_regs, consumer_regs) = c.pingpong_registers();
+        let setmaxnreg = |f: &mut Func, op: &str, regs: u32| {
+            f.s(format!("call void asm sideeffect \"setmaxnreg.{op}.sync.aligned.u32 {regs};\", \"~{{memory}}\"() #1"));
+        };
         let set = f.v(format!("udiv i32 {}, {}", th.warp, c.warps));
         let producer = f.v(format!("icmp eq i32 {set}, 2"));
         f.if_else(
             &producer,
             |f| {
+                setmaxnreg(f, "dec", producer_regs);
+                let first_warp = f.v(format!("icmp eq i32 {}, {}", th.warp, 2 * c.warps));
                 let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
-                f.if_then(&lane0, |f| {
+                let issuer = f.and1(&first_warp, &lane0);
+                f.if_then(&issuer, |f| {
                     f.for_loop(item0, items, stride, |f, item| {
                         let it = item_of(f, item);
                         f.for_loop("0", &ring.ktiles, "1", |f, kt| self.tma_issue(f, &it, ring, kt));
@@ -315,6 +326,7 @@ impl Gen<'_> {
                 });
             },
             |f| {
+                setmaxnreg(f, "inc", consumer_regs);
                 let threads = c.consumer_threads();
                 let tid0 = f.mul(&set, &threads.to_string());
                 let warp0 = f.mul(&set, &c.warps.to_string());
@@ -331,10 +343,26 @@ impl Gen<'_> {
                 let first = f.mul(&set, stride);
                 let first = f.add(item0, &first);
                 let step = f.v(format!("shl i32 {stride}, 1"));
+                let other = f.v(format!("xor i32 {set}, 1"));
+                let other_done = self.mainloop_done(f, ring, &other);
+                let my_done = self.mainloop_done(f, ring, &set);
+                let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
                 f.with_barrier_scope(&id, threads, |f| {
                     f.for_loop(&first, items, &step, |f, item| {
                         let it = item_of(f, item);
+                        // Mainloops run in item order: item q waits for the end of item
+                        // q − 1's (the other set's mainloop number (q − 1) / 2). A slot's full
+                        // barrier then has completed every earlier round, so its parity names
+                        // this item's round and not one `stages` slices back.
+                        let started = f.v(format!("icmp ugt i32 {}, 0", it.seq));
+                        f.if_then(&started, |f| {
+                            let prev = f.v(format!("add i32 {}, -1", it.seq));
+                            let m = f.v(format!("lshr i32 {prev}, 1"));
+                            let parity = f.v(format!("and i32 {m}, 1"));
+                            mbarrier_wait(f, &other_done, &parity);
+                        });
                         let acc = self.wgmma_mainloop(f, &local, &it, ring, false);
+                        f.if_then(&lane0, |f| mbarrier_arrive(f, &my_done));
                         self.epilogue(f, &local, &it, &acc);
                         // The set's next epilogue rewrites the scratch this one read.
                         f.barrier();
@@ -672,18 +700,33 @@ impl Gen<'_> {
         mbarrier_arrive(f, &empty);
     }
 
+    /// With `pingpong`: the mainloop-done mbarrier of consumer set `set` (after the slots').
+    fn mainloop_done(&self, f: &mut Func, ring: &Ring, set: &str) -> String {
+        let base = f.add(&ring.smem, &(self.c.mbarrier_base() + 16 * self.c.stages).to_string());
+        let s8 = f.v(format!("shl i32 {set}, 3"));
+        f.add(&base, &s8)
+    }
+
     /// Thread 0 initialises every slot's mbarriers: full expects the producer's one arrival
-    /// (plus the stage's transaction bytes), empty one arrival per warp.
+    /// (plus the stage's transaction bytes), empty one arrival per warp; with `pingpong` each
+    /// set's mainloop-done barrier one arrival per warp of the set.
     fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
         let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
         f.if_then(&t0, |f| {
+            let mut bars = Vec::new();
             for s in 0..self.c.stages {
                 let (full, empty) = self.mbarriers(f, ring, &s.to_string());
-                for (bar, count) in [(full, 1), (empty, self.c.warps)] {
-                    f.s(format!(
-                        "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count}) #1"
-                    ));
+                bars.extend([(full, 1), (empty, self.c.warps)]);
+            }
+            if self.c.pingpong {
+                for set in ["0", "1"] {
+                    bars.push((self.mainloop_done(f, ring, set), self.c.warps));
                 }
+            }
+            for (bar, count) in bars {
+                f.s(format!(
+                    "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count}) #1"
+                ));
             }
             f.s("call void asm sideeffect \"fence.mbarrier_init.release.cluster;\", \"~{memory}\"() #1");
         });

@@ -756,14 +756,18 @@ fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     let p = full(DType::BF16);
     let c = GpuConfig { pingpong: true, ..tma(cfg(128, 64, 64, 4, 8, true)) };
     c.validate(&p, &GpuLimits::H200).unwrap();
-    assert_eq!(c.block_threads(), 2 * 128 + 32);
+    assert_eq!(c.block_threads(), 2 * 128 + 128);
     let ring = GpuConfig { pingpong: false, ..c.clone() };
-    // Two epilogue areas after the ring, then the mbarriers.
+    // Two epilogue areas after the ring, then the slots' mbarriers and one mainloop-done
+    // barrier per set.
     let epilogue = ring.smem_bytes() - 16 * c.stages - c.stages * (128 + 64) * 64 * 2;
-    assert_eq!(c.smem_bytes(), ring.smem_bytes() + epilogue);
+    assert_eq!(c.smem_bytes(), ring.smem_bytes() + epilogue + 16);
     let k = ptx(&p, &c, Arch::Sm90);
     let t = stage1_text(&k.ptx);
-    assert!(t.contains(".maxntid 288"), "block of 288 threads");
+    assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages + 2);
+    assert!(t.contains(".maxntid 384") && t.contains(".maxnreg 168"), "block of 384 threads, 168 registers each");
+    // The producer warpgroup keeps 40 registers; the consumers take the rest.
+    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 40;") && t.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
     // One CTA barrier (after the mbarrier init); everything else syncs one consumer set on
     // its named barrier (1 or 2) of 128 threads.
     assert_eq!(t.matches("bar.sync 0;").count(), 1);
