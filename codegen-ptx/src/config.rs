@@ -603,10 +603,14 @@ impl GpuConfig {
     ///   not fit (a pipeline's lists take the room), 256 × 64 as below.
     /// - batch ≥ 192 with wgmma: 256 × 128, 4 stages (H200, gen 10, same process: 973 against
     ///   1039 µs at D 4096 B = 256 for 256 × 64 with 5 stages, 1388 against 1603 at D 8192).
-    /// - `tma` stays off: the TMA ring measured 1.3–2× slower than the cp.async ring on the same
-    ///   tiles (H200, gen 9).
+    /// - batch > 32 on compute capability 9.0 where the TMA maps describe the shape
+    ///   ([`GpuConfig::tma_fits`]): `pingpong`, 4-warp sets, 128 × 64 with 8 stages (128 × 128
+    ///   with 6 from batch 192), before all of the above (H200, gen 12, same process, D 4096 /
+    ///   D 8192: B = 64 320 / 520 µs against 343 / 530 for the drained staggered pair, B = 128
+    ///   467 / 728 against 525 / 749, B = 256 with 128 × 128 898 / 1256 against 939 / 1398).
+    ///   Stages are reduced to fit (lists); where not even 3 fit, the tiles above.
     ///
-    /// Stages are reduced until shared memory fits `limits`. `dim` is unused today.
+    /// Stages are reduced until shared memory fits `limits`.
     pub fn heuristic(
         pipeline: &Pipeline,
         batch: usize,
@@ -614,7 +618,6 @@ impl GpuConfig {
         vocab: usize,
         limits: &GpuLimits,
     ) -> GpuConfig {
-        let _ = (dim, vocab);
         if !uses_tensor_cores(pipeline) {
             let mut c = GpuConfig {
                 vocab_tile: 128,
@@ -667,6 +670,39 @@ impl GpuConfig {
             }
             c
         };
+        // The ping-pong schedule on the TMA ring, where the maps describe the shape and the
+        // tile fits (lists may not leave room); None sends the batch to the tiles below.
+        let pingpong = |batch_tile: u32, stages: u32| {
+            if !wgmma || !GpuConfig::tma_fits(dim, vocab) {
+                return None;
+            }
+            let mut c = GpuConfig {
+                vocab_tile: 128,
+                batch_tile,
+                k_step: 64,
+                warps: 4,
+                stages,
+                persistent: true,
+                list_per_tile: 0,
+                wgmma: true,
+                tma: true,
+                wgmma_drain: false,
+                stagger_us: 0,
+                pingpong: true,
+            };
+            c.fit_lists(pipeline);
+            while c.stages > 3 && c.validate(pipeline, limits).is_err() {
+                c.stages -= 1;
+            }
+            c.validate(pipeline, limits).is_ok().then_some(c)
+        };
+        if let Some(c) = match batch {
+            33..=191 => pingpong(64, 8),
+            192.. => pingpong(128, 6),
+            _ => None,
+        } {
+            return c;
+        }
         match batch {
             0..=8 => tile(256, 8, 8),
             9..=16 => tile(128, 16, 4),

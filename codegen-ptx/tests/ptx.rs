@@ -742,13 +742,39 @@ fn stagger_delays_only_the_first_waves_second_ctas() {
 fn heuristic_pairs_ctas_only_where_two_fit() {
     let h200 = GpuLimits::H200;
     let plain = greedy(DType::BF16);
-    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_936, &h200);
-    assert_eq!((c.vocab_tile, c.warps, c.wgmma_drain, c.stagger_us), (128, 4, true, 30), "{c:?}");
+    // A vocabulary the TMA maps cannot describe (V % 32 != 0) keeps the cp.async tiles.
+    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_937, &h200);
+    assert_eq!((c.vocab_tile, c.warps, c.wgmma_drain, c.stagger_us, c.pingpong), (128, 4, true, 30, false), "{c:?}");
     assert!(c.two_per_sm(&h200));
     // Where two do not fit (less shared memory per SM), the one-CTA 256 × 64 tile, unstaggered.
     let small = GpuLimits { max_shared_per_block_optin: 150_000, ..h200 };
-    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_936, &small);
+    let c = GpuConfig::heuristic(&plain, 64, 4096, 151_937, &small);
     assert_eq!((c.vocab_tile, c.warps, c.stagger_us), (256, 8, 0), "{c:?}");
+}
+
+#[test]
+fn heuristic_takes_pingpong_above_batch_32_where_the_maps_fit() {
+    let h200 = GpuLimits::H200;
+    for p in [greedy(DType::BF16), full(DType::BF16)] {
+        for (batch, batch_tile) in [(33, 64), (64, 64), (128, 64), (191, 64), (192, 128), (256, 128)] {
+            let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
+            c.validate(&p, &h200).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            if p.list_capacity() == 0 {
+                assert!(c.pingpong && c.tma && c.persistent && (c.vocab_tile, c.batch_tile) == (128, batch_tile), "B={batch}: {c:?}");
+                assert_eq!(c.stages, if batch_tile == 64 { 8 } else { 6 }, "B={batch}");
+            } else if c.pingpong {
+                // Lists take shared memory: fewer stages, never an invalid config.
+                assert!(c.stages >= 3 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
+            }
+        }
+        for b in [1, 16, 32] {
+            assert!(!GpuConfig::heuristic(&p, b, 4096, 151_936, &h200).pingpong, "B={b}");
+        }
+        // No wgmma below compute capability 9.0, no TMA maps for D % 8 != 0.
+        let a100 = GpuLimits { compute_capability: (8, 0), ..h200 };
+        assert!(!GpuConfig::heuristic(&p, 64, 4096, 151_936, &a100).pingpong);
+        assert!(!GpuConfig::heuristic(&p, 64, 4095, 151_936, &h200).pingpong);
+    }
 }
 
 #[test]
