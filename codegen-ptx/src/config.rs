@@ -608,7 +608,9 @@ impl GpuConfig {
     ///   with 6 from batch 192), before all of the above (H200, gen 12, same process, D 4096 /
     ///   D 8192: B = 64 320 / 520 µs against 343 / 530 for the drained staggered pair, B = 128
     ///   467 / 728 against 525 / 749, B = 256 with 128 × 128 898 / 1256 against 939 / 1398).
-    ///   Stages are reduced to fit (lists); where not even 3 fit, the tiles above.
+    ///   Stages are reduced to fit (lists); from batch 192, a pipeline with lists whose
+    ///   128 × 128 tile does not fit takes 128 × 64; where not even 3 stages fit, the tiles
+    ///   above.
     ///
     /// Stages are reduced until shared memory fits `limits`.
     pub fn heuristic(
@@ -698,7 +700,9 @@ impl GpuConfig {
         };
         if let Some(c) = match batch {
             33..=191 => pingpong(64, 8),
-            192.. => pingpong(128, 6),
+            // A pipeline's lists leave no room for three 128-column slots next to two
+            // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
+            192.. => pingpong(128, 6).or_else(|| pingpong(64, 8)),
             _ => None,
         } {
             return c;

@@ -32,11 +32,13 @@ use inkwell::{
 };
 
 /// Changes whenever the generated code may change, so cached PTX from another version is
-/// never loaded.
+/// never loaded: the crate version and a hash of this crate's sources (`build.rs`), because a
+/// hand-bumped generation number was forgotten across two codegen generations.
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
-    " gen 10"
+    " src ",
+    env!("FLASHSAMPLE_PTX_SOURCE_HASH")
 );
 
 /// PTX ISA version the modules declare (`.version 8.0`: CUDA 12.0 drivers and newer).

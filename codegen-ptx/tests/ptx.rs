@@ -755,15 +755,17 @@ fn heuristic_pairs_ctas_only_where_two_fit() {
 #[test]
 fn heuristic_takes_pingpong_above_batch_32_where_the_maps_fit() {
     let h200 = GpuLimits::H200;
-    for p in [greedy(DType::BF16), full(DType::BF16)] {
+    for p in [greedy(DType::BF16), full(DType::BF16), filtered(DType::BF16)] {
         for (batch, batch_tile) in [(33, 64), (64, 64), (128, 64), (191, 64), (192, 128), (256, 128)] {
             let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
             c.validate(&p, &h200).unwrap_or_else(|e| panic!("{c:?}: {e}"));
             if p.list_capacity() == 0 {
                 assert!(c.pingpong && c.tma && c.persistent && (c.vocab_tile, c.batch_tile) == (128, batch_tile), "B={batch}: {c:?}");
                 assert_eq!(c.stages, if batch_tile == 64 { 8 } else { 6 }, "B={batch}");
-            } else if c.pingpong {
-                // Lists take shared memory: fewer stages, never an invalid config.
+            } else {
+                // Lists take shared memory: fewer stages (and from B = 192 the 64-column
+                // tile), still the ping-pong schedule, never an invalid config.
+                assert!(c.pingpong && (c.vocab_tile, c.batch_tile) == (128, 64), "B={batch}: {c:?}");
                 assert!(c.stages >= 3 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             }
         }

@@ -882,6 +882,8 @@ fn tma_ring_equals_cp_async_ring() {
         (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
         (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
         (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
+        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
+        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 23 + batch as u64, std);
@@ -909,9 +911,9 @@ fn tma_ring_equals_cp_async_ring() {
 /// barrier) multiplies the same slices in the same order as one consumer on the TMA ring, so
 /// its samples must equal that ring's exactly and the reference's pathwise, with every
 /// candidate slot written: one and two warpgroups per set, batch tiles 16 to 128, 4 to 8
-/// stages, fewer k slices than stages (D = 128), partial vocab and batch tiles, lists, CTAs
-/// with an odd number of items (one set does one more), and shapes the maps cannot describe
-/// (D = 203, V = 1003), which run the persistent cp.async ring instead.
+/// stages, fewer k slices than stages (D = 128), partial vocab and batch tiles, lists (one and
+/// four batch tiles), CTAs with an odd number of items (one set does one more), and shapes the
+/// maps cannot describe (D = 203, V = 1003), which run the persistent cp.async ring instead.
 #[test]
 fn pingpong_equals_tma_ring() {
     let (device, dev) = hopper_gpu_or_skip!("ping-pong TMA + wgmma");
@@ -922,6 +924,8 @@ fn pingpong_equals_tma_ring() {
         (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
         (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
         (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
+        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
+        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 31 + batch as u64, std);
