@@ -1,11 +1,14 @@
-//! Hashes this crate's sources into `FLASHSAMPLE_PTX_SOURCE_HASH`, so the PTX cache key
+//! Hashes this crate's sources and the backend contract's (`abi`: Philox, f32 math, launch
+//! layout, all emitted into the PTX) into `FLASHSAMPLE_PTX_SOURCE_HASH`, so the PTX cache key
 //! (`COMPILER_VERSION`) changes with every edit of the code generator without anyone having
 //! to remember to bump a number.
 use std::{fs, path::Path};
 
 fn main() {
     let mut files = Vec::new();
-    collect(Path::new("src"), &mut files);
+    for dir in ["src", "../abi/src"] {
+        collect(Path::new(dir), &mut files);
+    }
     files.sort();
     let mut bytes = Vec::new();
     for f in &files {
@@ -13,6 +16,7 @@ fn main() {
         bytes.extend(fs::read(f).unwrap_or_else(|e| panic!("reading {}: {e}", f.display())));
     }
     println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=../abi/src");
     println!("cargo:rustc-env=FLASHSAMPLE_PTX_SOURCE_HASH={:016x}", xxhash_rust::xxh3::xxh3_64(&bytes));
 }
 

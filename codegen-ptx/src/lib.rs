@@ -32,8 +32,8 @@ use inkwell::{
 };
 
 /// Changes whenever the generated code may change, so cached PTX from another version is
-/// never loaded: the crate version and a hash of this crate's sources (`build.rs`), because a
-/// hand-bumped generation number was forgotten across two codegen generations.
+/// never loaded: the crate version and a hash of this crate's and `abi`'s sources (`build.rs`),
+/// because a hand-bumped generation number was forgotten across two codegen generations.
 pub const COMPILER_VERSION: &str = concat!(
     "flashsample-codegen-ptx ",
     env!("CARGO_PKG_VERSION"),
