@@ -9,6 +9,7 @@
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
+//! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
 
 pub mod candidates;
 pub mod filter;
@@ -16,7 +17,9 @@ pub mod math;
 pub mod params;
 pub mod rng;
 pub mod sharded;
+pub mod status;
 
 pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 pub use filter::{ListError, Scored, TopLists};
+pub use status::{RowStatus, RowStatusError};
 pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};

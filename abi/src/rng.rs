@@ -41,6 +41,32 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
+/// What a Philox call's noise is for. Its code is the low two bits of counter word 3, so the
+/// streams never share a counter whatever the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum NoiseStream {
+    /// Per-token Gumbel noise (stage one, the filter's draw, the reference).
+    Token = 0,
+    /// The tensor-parallel merge's choice of shard (`sharded::shard_noise_bits`).
+    Shard = 1,
+    /// Speculative verification: acceptance uniforms.
+    SpecAccept = 2,
+    /// Speculative verification: residual draws.
+    SpecResidual = 3,
+}
+
+/// Bits of the per-row step in counter word 3 (the low two bits name the [`NoiseStream`]);
+/// a step counts modulo `2^STEP_BITS`.
+pub const STEP_BITS: u32 = 30;
+
+/// Counter word 3 of a Philox call: `(step mod 2^30) · 4 + stream`. A decode step that
+/// increments `step` draws fresh noise for every token; step 0 is the noise of a launch that
+/// gives no steps.
+pub const fn counter_word3(step: u32, stream: NoiseStream) -> u32 {
+    (step << 2) | stream as u32
+}
+
 /// The Philox key for a 64-bit seed.
 pub fn key(seed: u64) -> [u32; 2] {
     [seed as u32, (seed >> 32) as u32]

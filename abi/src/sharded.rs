@@ -11,7 +11,7 @@ use crate::{
 
 /// Counter word 3 of the shard-selection stream (token noise uses 0), so shard draws are
 /// independent of every token's noise.
-pub const SHARD_STREAM: u32 = 1;
+pub const SHARD_STREAM: u32 = crate::rng::counter_word3(0, crate::rng::NoiseStream::Shard);
 
 /// Noise bits for choosing among shards for (row, sample).
 pub fn shard_noise_bits(seed: u64, row: u32, sample: u32, shard: u32) -> u32 {
