@@ -121,6 +121,7 @@ impl CpuBackend {
             allowed,
             seed: params.seed,
             row_seeds: params.row_seeds,
+            row_steps: params.row_steps,
             vocab_offset: params.vocab_offset,
             penalties: penalties.as_ref(),
             lists: lists.as_deref_mut(),

@@ -100,7 +100,7 @@ impl ShardedSampler {
             let row_draws = &draws[row * samples..][..samples];
             let row_lse = log_mass_total(row_draws[0].iter().map(|d| d.log_mass));
             for (s, d) in row_draws.iter().enumerate() {
-                let k = pick_shard(d, params.seed, row as u32, s as u32, greedy).ok_or(RowError::AllMasked { row })?;
+                let k = pick_shard(d, params.seed, row as u32, s as u32, params.row_step(row), greedy).ok_or(RowError::AllMasked { row })?;
                 let w = d[k].winner.ok_or(RowError::AllMasked { row })?;
                 out.tokens.push(w.index);
                 if let Some(v) = out.scores.as_mut() {

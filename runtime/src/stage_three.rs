@@ -37,8 +37,9 @@ pub(crate) fn finish(
         }
         let kept = survivors(&top, &filter, lse, top.len() < need, row)?;
         let (key, stream_row) = params.row_stream(row);
+        let step = params.row_step(row);
         for s in 0..samples {
-            let (w, score) = draw(&top[..kept], key, stream_row, s as u32, params.vocab_offset)
+            let (w, score) = draw(&top[..kept], key, stream_row, step, s as u32, params.vocab_offset)
                 .ok_or(RowError::AllMasked { row })?;
             let i = row * samples + s;
             reduced.tokens[i] = w.index;
