@@ -251,7 +251,7 @@ fn main() {
             // A correctness smoke check before timing: the launch succeeds and returns B tokens.
             let s = sampler.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("D={dim} V={vocab} B={batch}: {e}"));
             assert_eq!(s.tokens.len(), batch);
-            let t = flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+            let t = sampler.cuda().expect("a CUDA sampler").time_fused(ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("timing D={dim} V={vocab} B={batch}: {e}"));
             let fused_s = median(t);
             let config = match &config {
@@ -266,7 +266,7 @@ fn main() {
             for (label, c) in candidates {
                 let kc = KernelConfig::Cuda(c.clone());
                 let time = |s: &Sampler, p: &SamplingParams<'_>| {
-                    flashsample::cuda::time_fused(s, ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
+                    s.cuda().expect("a CUDA sampler").time_fused(ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
                 };
                 // The greedy pipeline (no temperature, no noise): the epilogue's noise cost is the difference.
                 let g = match (args.greedy && label == "config").then(|| time(&greedy, &SamplingParams::default())) {
@@ -295,7 +295,7 @@ fn main() {
             let s = filtered.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("filtered D={dim} V={vocab} B={batch}: {e}"));
             assert_eq!(s.tokens.len(), batch);
             let config = filtered.config_for(batch, dim, vocab);
-            let t = flashsample::cuda::time_fused(&filtered, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+            let t = filtered.cuda().expect("a CUDA sampler").time_fused(ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("timing filtered D={dim} V={vocab} B={batch}: {e}"));
             let fused_s = median(t);
             let config = match &config {
@@ -305,13 +305,13 @@ fn main() {
             eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
             // Where the time goes: stage one (with its list epilogue), two, three.
             let kc = filtered.config_for(batch, dim, vocab);
-            let split = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+            let split = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("stage timing filtered D={dim} V={vocab} B={batch}: {e}"));
             let med = |k: usize| median(split.iter().map(|s| s[k]).collect()) * 1e6;
             let plain_s1 = {
                 let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
                 let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
-                flashsample::cuda::time_fused_stages(&sampler, ht, &wt, &p, None, 3, args.reps.max(50))
+                sampler.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &p, None, 3, args.reps.max(50))
                     .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                     .unwrap_or(f64::NAN)
             };
@@ -325,11 +325,11 @@ fn main() {
             // filtered pipeline with 1-entry lists (transpose + one selection round).
             let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
-            let lse_s1 = flashsample::cuda::time_fused_stages(&lse_only, ht, &wt, &p, None, 3, args.reps.max(50))
+            let lse_s1 = lse_only.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &p, None, 3, args.reps.max(50))
                 .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                 .unwrap_or(f64::NAN);
             // The same launch with the logsumexp (stage one's partials, stage two's merge).
-            let with_lse = flashsample::cuda::time_fused_stages(&filtered_lse, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+            let with_lse = filtered_lse.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
                 .map(|t| [0, 1, 2].map(|k| median(t.iter().map(|s| s[k]).collect()) * 1e6))
                 .unwrap_or([f64::NAN; 3]);
             eprintln!(
@@ -341,7 +341,7 @@ fn main() {
                     KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
                     other => other.clone(),
                 };
-                let one_s1 = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&one), 3, args.reps.max(50))
+                let one_s1 = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&one), 3, args.reps.max(50))
                     .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                     .unwrap_or(f64::NAN);
                 eprintln!("  stage one B={batch}: filtered with list_per_tile 1 {one_s1:.1} us");
