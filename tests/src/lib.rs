@@ -1,6 +1,8 @@
 //! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
+pub mod gpu;
+
 use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
