@@ -1,7 +1,9 @@
 //! The CPU-only build: `flashsample` with `default-features = false` depends on no LLVM and no
-//! CUDA crate, and builds and passes its own tests with LLVM hidden (`LLVM_SYS_221_PREFIX`
+//! CUDA crate, and it and its unit tests compile with LLVM hidden (`LLVM_SYS_221_PREFIX`
 //! pointing nowhere makes any llvm-sys build script fail). Runs cargo itself, in a target
-//! directory of its own (`target/cpu-only`) so it never waits on the outer build's lock.
+//! directory of its own (`target/cpu-only`) so it never waits on the outer build's lock, and
+//! type-checks rather than builds, to keep CI's extra time to about a minute. Running the
+//! CPU-only tests: `cargo test --release -p flashsample --no-default-features --lib`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,9 +34,9 @@ fn cpu_only_dependency_tree_has_no_llvm_or_cuda() {
 }
 
 #[test]
-fn cpu_only_build_passes_its_tests_without_llvm() {
+fn cpu_only_build_compiles_without_llvm() {
     let target = workspace().join("target").join("cpu-only");
-    let out = cargo(&["test", "--release", "-p", "flashsample", "--no-default-features", "--lib"])
+    let out = cargo(&["check", "--release", "-p", "flashsample", "--no-default-features", "--lib", "--tests"])
         .env("CARGO_TARGET_DIR", &target)
         .env("LLVM_SYS_221_PREFIX", "/nonexistent/llvm-hidden-by-flashsample-tests")
         .env_remove("RUSTFLAGS")
@@ -42,6 +44,5 @@ fn cpu_only_build_passes_its_tests_without_llvm() {
         .expect("cargo runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the CPU-only build or its tests failed:\n{stderr}\n{stdout}");
-    assert!(stdout.contains("test result: ok"), "{stdout}");
+    assert!(out.status.success(), "the CPU-only build does not compile without LLVM:\n{stderr}\n{stdout}");
 }

@@ -1,6 +1,6 @@
 //! CUDA devices and device-resident tensors.
 
-use super::aux::AuxKernels;
+use super::runtime_kernels::AuxKernels;
 use super::ptx;
 use crate::{Element, Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
@@ -178,7 +178,7 @@ impl CudaDevice {
         format!("cuda:{} ({}, sm_{a}{b}, {} SMs)", self.ordinal, self.name, self.sm_count)
     }
 
-    /// The runtime's small kernels (`cuda::aux`), loaded into this device's context once.
+    /// The runtime's small kernels (`cuda::runtime_kernels`), loaded into this device's context once.
     pub(crate) fn aux_kernels(&self) -> Result<Arc<AuxKernels>> {
         let mut aux = self.aux.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = aux.as_ref() {

@@ -16,7 +16,7 @@
 //! the sampler.
 
 mod args;
-mod aux;
+mod runtime_kernels;
 mod backend;
 mod cache;
 mod device;

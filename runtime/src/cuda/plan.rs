@@ -14,7 +14,7 @@
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
 
-use super::aux::{AuxKernels, STORE_WORDS};
+use super::runtime_kernels::{AuxKernels, STORE_WORDS};
 use super::cache::{self, LoadedKernel};
 use super::device::drv;
 use super::ptx::{self, Geometry};
