@@ -4,7 +4,9 @@ use crate::cpu::CpuBackend;
 #[cfg(feature = "cuda")]
 use crate::cuda::CudaSampler;
 use crate::launch::{check_operands, KernelConfig, Samples, Shape};
-use crate::{tuning::DeviceIdentity, Device, Error, Result, Tensor};
+#[cfg(feature = "cuda")]
+use crate::Error;
+use crate::{tuning::DeviceIdentity, Device, Result, Tensor};
 use flashsample_abi::SamplingParams;
 use flashsample_ir::Pipeline;
 use std::sync::Arc;

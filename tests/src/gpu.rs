@@ -60,8 +60,16 @@ pub struct DeviceCase {
     pub row_steps: Option<CudaSlice<u32>>,
     /// `RowFilter`s as their three words each.
     pub filters: Option<CudaSlice<u32>>,
-    /// bits, offsets, tokens (u32) and subtract, repetition (f32).
-    pub penalties: Option<(CudaSlice<u32>, CudaSlice<u32>, CudaSlice<u32>, CudaSlice<f32>, CudaSlice<f32>)>,
+    pub penalties: Option<PenaltyBuffers>,
+}
+
+/// `abi::PenaltyTable` in device buffers.
+pub struct PenaltyBuffers {
+    pub bits: CudaSlice<u32>,
+    pub offsets: CudaSlice<u32>,
+    pub tokens: CudaSlice<u32>,
+    pub subtract: CudaSlice<f32>,
+    pub repetition: CudaSlice<f32>,
 }
 
 impl DeviceCase {
@@ -84,7 +92,13 @@ impl DeviceCase {
             filters: params.filter.map(|f| up(s, bytemuck::cast_slice::<RowFilter, u32>(f))),
             penalties: params
                 .penalty_table(b, v)
-                .map(|t| (up(s, &t.bits), up(s, &t.offsets), up(s, &t.tokens), up(s, &t.subtract), up(s, &t.repetition))),
+                .map(|t| PenaltyBuffers {
+                    bits: up(s, &t.bits),
+                    offsets: up(s, &t.offsets),
+                    tokens: up(s, &t.tokens),
+                    subtract: up(s, &t.subtract),
+                    repetition: up(s, &t.repetition),
+                }),
         };
         dev.synchronize().expect("uploads");
         d
@@ -101,12 +115,12 @@ impl DeviceCase {
         inputs.row_seeds = self.row_seeds.as_ref().map(|b| DeviceIn::new(b, stream).expect("seeds"));
         inputs.row_steps = self.row_steps.as_ref().map(|b| DeviceIn::new(b, stream).expect("steps"));
         inputs.filters = self.filters.as_ref().map(|b| DeviceIn::new(b, stream).expect("filters"));
-        inputs.penalties = self.penalties.as_ref().map(|(bits, offsets, tokens, subtract, repetition)| DevicePenalties {
-            bits: DeviceIn::new(bits, stream).expect("bits"),
-            offsets: DeviceIn::new(offsets, stream).expect("offsets"),
-            tokens: DeviceIn::new(tokens, stream).expect("tokens"),
-            subtract: DeviceIn::new(subtract, stream).expect("subtract"),
-            repetition: DeviceIn::new(repetition, stream).expect("repetition"),
+        inputs.penalties = self.penalties.as_ref().map(|t| DevicePenalties {
+            bits: DeviceIn::new(&t.bits, stream).expect("bits"),
+            offsets: DeviceIn::new(&t.offsets, stream).expect("offsets"),
+            tokens: DeviceIn::new(&t.tokens, stream).expect("tokens"),
+            subtract: DeviceIn::new(&t.subtract, stream).expect("subtract"),
+            repetition: DeviceIn::new(&t.repetition, stream).expect("repetition"),
         });
         inputs
     }

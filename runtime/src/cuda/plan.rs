@@ -49,7 +49,7 @@ struct Scratch {
     logits: CudaSlice<u8>,
     /// Row logsumexps of launches whose caller does not ask for them (plans with the logsumexp).
     row_lse: Option<CudaSlice<u8>>,
-    /// Stage three's greedy flags (pipelines with a filter).
+    /// Stage three's greedy flags (pipelines with lists).
     greedy: Option<CudaSlice<u8>>,
     /// `[max_batch]` temperatures of pipelines without a run-time temperature (the constant, or 1).
     temperatures: CudaSlice<u8>,
@@ -169,7 +169,7 @@ impl SamplingPlan {
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
-            greedy: if pipeline.filter_max_k().is_some() { Some(alloc(max_batch * 4)?) } else { None },
+            greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
         };
         let aux = device.aux_kernels()?;
