@@ -1,6 +1,7 @@
 //! Stage one writes one [`Candidate`] per (row, sample, vocab tile) and, when the pipeline
 //! wants a logsumexp, one [`LsePartial`] per (row, tile). Stage two ([`StageTwo`]) reduces them.
 
+use crate::RowStatus;
 use bytemuck::{Pod, Zeroable};
 
 /// Index of a tile in which every token was excluded (masked, banned or `-inf`).
@@ -101,6 +102,45 @@ impl StageTwo {
         merge_logsumexp(&lse[row * self.tiles..][..self.tiles])
     }
 
+    /// Reduces the candidates of every row and sample, each row on its own: a row that cannot
+    /// be sampled gets its [`RowStatus`] (all masked, non-finite) and `INDEX_NONE` tokens with
+    /// NaN scores, logits and logsumexp; the other rows are sampled as by [`StageTwo::reduce`].
+    pub fn reduce_rows(&self, candidates: &[Candidate], lse: Option<&[LsePartial]>) -> (RowResult, Vec<RowStatus>) {
+        assert_eq!(candidates.len(), self.candidate_count(), "candidate buffer does not match its layout");
+        let n = self.batch * self.samples;
+        let mut out = RowResult {
+            tokens: Vec::with_capacity(n),
+            scores: Vec::with_capacity(n),
+            logits: Vec::with_capacity(n),
+            logsumexp: lse.map(|_| Vec::with_capacity(self.batch)),
+        };
+        let mut status = Vec::with_capacity(self.batch);
+        for row in 0..self.batch {
+            let winners: Result<Vec<Candidate>, RowStatus> = (0..self.samples)
+                .map(|sample| match self.winner(candidates, row, sample) {
+                    Ok(Some(c)) => Ok(c),
+                    Ok(None) => Err(RowStatus::AllMasked),
+                    Err(_) => Err(RowStatus::NonFinite),
+                })
+                .collect();
+            let failed = Candidate { score: f32::NAN, index: INDEX_NONE, logit: f32::NAN };
+            let (row_status, winners) = match winners {
+                Ok(w) => (RowStatus::Ok, w),
+                Err(st) => (st, vec![failed; self.samples]),
+            };
+            for c in winners {
+                out.tokens.push(c.index);
+                out.scores.push(c.score);
+                out.logits.push(c.logit);
+            }
+            if let (Some(lse), Some(dst)) = (lse, out.logsumexp.as_mut()) {
+                dst.push(if row_status == RowStatus::Ok { self.logsumexp(lse, row) as f32 } else { f32::NAN });
+            }
+            status.push(row_status);
+        }
+        (out, status)
+    }
+
     /// Reduces the candidates of every row and sample; any row error fails the launch.
     pub fn reduce(&self, candidates: &[Candidate], lse: Option<&[LsePartial]>) -> Result<RowResult, RowError> {
         assert_eq!(candidates.len(), self.candidate_count(), "candidate buffer does not match its layout");
@@ -164,6 +204,16 @@ mod tests {
         assert_eq!(s.reduce(&masked, None), Err(RowError::AllMasked { row: 1 }));
         let nan = [c(1.0, 1), c(0.0, INDEX_NONFINITE), c(0.0, 3), c(0.0, 4)];
         assert_eq!(s.reduce(&nan, None), Err(RowError::NonFinite { row: 0 }));
+    }
+
+    #[test]
+    fn reduce_rows_keeps_the_good_rows() {
+        let s = StageTwo { batch: 3, samples: 1, tiles: 2 };
+        let cands = [c(1.0, 1), c(0.0, 2), c(0.0, INDEX_NONE), c(0.0, INDEX_NONE), c(0.0, INDEX_NONFINITE), c(5.0, 4)];
+        let (r, status) = s.reduce_rows(&cands, None);
+        assert_eq!(status, vec![RowStatus::Ok, RowStatus::AllMasked, RowStatus::NonFinite]);
+        assert_eq!(r.tokens, vec![1, INDEX_NONE, INDEX_NONE]);
+        assert!(r.scores[1].is_nan() && r.logits[2].is_nan());
     }
 
     #[test]

@@ -191,13 +191,13 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
     Ok(n)
 }
 
-/// The Gumbel-max draw over `kept` for one (row, sample): the noise of token `v` is
-/// `noise_bits(seed, stream_row, sample, v + vocab_offset)`, as in stage one. Returns the
-/// winner and its perturbed score; `None` for an empty set.
-pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+/// The Gumbel-max draw over `kept` for one (row, sample) at decode step `step`: the noise of
+/// token `v` is `noise_bits(seed, stream_row, sample, v + vocab_offset, step)`, as in stage one.
+/// Returns the winner and its perturbed score; `None` for an empty set.
+pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
     let mut best: Option<(Scored, f32)> = None;
     for s in kept {
-        let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset)));
+        let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset), step));
         let score = s.logit + g;
         let better = match best {
             None => true,

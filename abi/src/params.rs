@@ -115,8 +115,12 @@ pub struct SamplingParams<'a> {
     pub banned: Option<&'a [Vec<u32>]>,
     pub seed: u64,
     /// `[B]` per-row seeds (one per request). A row with its own seed draws noise
-    /// `noise_bits(row_seeds[r], 0, s, v)`: independent of its position in the batch.
+    /// `noise_bits(row_seeds[r], 0, s, v, step)`: independent of its position in the batch.
     pub row_seeds: Option<&'a [u64]>,
+    /// `[B]` per-row decode steps (counter word 3, `abi::rng::counter_word3`); absent = every
+    /// row at step 0. A request that advances its step each decode step draws fresh noise
+    /// from one seed, and step `n` reproduces the same sample wherever it is computed.
+    pub row_steps: Option<&'a [u32]>,
     /// `[B]` per-row top-k / top-p / min-p, for pipelines with a `filter` transform.
     pub filter: Option<&'a [RowFilter]>,
     /// For pipelines with a `penalties` transform.
@@ -228,6 +232,11 @@ impl SamplingParams<'_> {
                 return Err(ParamError::Length { what: "row seeds", expected: batch, got: seeds.len() });
             }
         }
+        if let Some(steps) = self.row_steps {
+            if steps.len() != batch {
+                return Err(ParamError::Length { what: "row steps", expected: batch, got: steps.len() });
+            }
+        }
         if u64::from(self.vocab_offset) + vocab as u64 > 1 << 32 || !self.vocab_offset.is_multiple_of(4) {
             return Err(ParamError::VocabOffset { offset: self.vocab_offset, vocab });
         }
@@ -297,6 +306,11 @@ impl SamplingParams<'_> {
             Some(seeds) => (seeds[row], 0),
             None => (self.seed, row as u32),
         }
+    }
+
+    /// The decode step of `row`'s noise: `row_steps[row]`, or 0 without steps.
+    pub fn row_step(&self, row: usize) -> u32 {
+        self.row_steps.map_or(0, |s| s[row])
     }
 
     /// Whether this launch needs the rows' full logsumexp: the pipeline outputs it (logsumexp,

@@ -1,7 +1,10 @@
 //! The one noise source of flashsample.
 //!
-//! Noise for (seed, row, sample, vocab index `v`) is word `v % 4` of
-//! `philox4x32_10(counter = [v / 4, row, sample, 0], key = [seed_lo, seed_hi])`.
+//! Noise for (seed, row, sample, vocab index `v`, step) is word `v % 4` of
+//! `philox4x32_10(counter = [v / 4, row, sample, counter_word3(step, Token)], key = [seed_lo, seed_hi])`.
+//! `step` is the row's decode step (`SamplingParams::row_steps`, a device buffer in the
+//! device API): a decode loop that advances it draws fresh noise every step without a new seed,
+//! so a captured CUDA graph replays with new noise. Step 0 is the noise of a launch without steps.
 //! Indexing by the *global* vocabulary index makes the noise independent of tiling,
 //! thread count, backend and tensor-parallel sharding. Four consecutive tokens of one
 //! row share one Philox call, which is how both backends lay out their epilogues.
@@ -64,6 +67,7 @@ pub const STEP_BITS: u32 = 30;
 /// increments `step` draws fresh noise for every token; step 0 is the noise of a launch that
 /// gives no steps.
 pub const fn counter_word3(step: u32, stream: NoiseStream) -> u32 {
+    // `<< 2` drops the step's top two bits: steps count modulo 2^STEP_BITS.
     (step << 2) | stream as u32
 }
 
@@ -72,14 +76,14 @@ pub fn key(seed: u64) -> [u32; 2] {
     [seed as u32, (seed >> 32) as u32]
 }
 
-/// The Philox counter whose output word `vocab % 4` is the noise for this token.
-pub fn counter(row: u32, sample: u32, vocab: u32) -> [u32; 4] {
-    [vocab >> 2, row, sample, 0]
+/// The Philox counter whose output word `vocab % 4` is the noise for this token at `step`.
+pub fn counter(row: u32, sample: u32, vocab: u32, step: u32) -> [u32; 4] {
+    [vocab >> 2, row, sample, counter_word3(step, NoiseStream::Token)]
 }
 
-/// The 32 noise bits of one (seed, row, sample, vocab) token.
-pub fn noise_bits(seed: u64, row: u32, sample: u32, vocab: u32) -> u32 {
-    philox4x32_10(counter(row, sample, vocab), key(seed))[(vocab & 3) as usize]
+/// The 32 noise bits of one (seed, row, sample, vocab) token at decode step `step`.
+pub fn noise_bits(seed: u64, row: u32, sample: u32, vocab: u32, step: u32) -> u32 {
+    philox4x32_10(counter(row, sample, vocab, step), key(seed))[(vocab & 3) as usize]
 }
 
 /// The uniform in (0, 1) that `bits` stand for, exactly.
@@ -158,11 +162,34 @@ mod tests {
 
     #[test]
     fn noise_depends_on_every_coordinate() {
-        let base = noise_bits(7, 3, 1, 1001);
-        assert_ne!(base, noise_bits(8, 3, 1, 1001));
-        assert_ne!(base, noise_bits(7, 4, 1, 1001));
-        assert_ne!(base, noise_bits(7, 3, 2, 1001));
-        assert_ne!(base, noise_bits(7, 3, 1, 1002));
-        assert_ne!(base, noise_bits(7, 3, 1, 1005));
+        let base = noise_bits(7, 3, 1, 1001, 0);
+        assert_ne!(base, noise_bits(8, 3, 1, 1001, 0));
+        assert_ne!(base, noise_bits(7, 4, 1, 1001, 0));
+        assert_ne!(base, noise_bits(7, 3, 2, 1001, 0));
+        assert_ne!(base, noise_bits(7, 3, 1, 1002, 0));
+        assert_ne!(base, noise_bits(7, 3, 1, 1005, 0));
+        assert_ne!(base, noise_bits(7, 3, 1, 1001, 1));
+    }
+
+    #[test]
+    fn step_zero_is_the_stepless_counter() {
+        // A launch without steps keeps the noise it had before steps existed: word 3 = 0.
+        assert_eq!(counter(3, 1, 1001, 0), [250, 3, 1, 0]);
+        assert_eq!(counter(3, 1, 1001, 5), [250, 3, 1, 20]);
+    }
+
+    #[test]
+    fn steps_wrap_modulo_2_pow_30_and_never_meet_another_stream() {
+        assert_eq!(counter_word3(1 << STEP_BITS, NoiseStream::Token), counter_word3(0, NoiseStream::Token));
+        assert_eq!(counter_word3(u32::MAX, NoiseStream::Token), counter_word3((1 << STEP_BITS) - 1, NoiseStream::Token));
+        for step in [0, 1, 2, 77, (1 << STEP_BITS) - 1] {
+            let words: Vec<u32> = [NoiseStream::Token, NoiseStream::Shard, NoiseStream::SpecAccept, NoiseStream::SpecResidual]
+                .iter()
+                .map(|&s| counter_word3(step, s))
+                .collect();
+            for (i, a) in words.iter().enumerate() {
+                assert!(words[i + 1..].iter().all(|b| b != a), "step {step}: {words:?}");
+            }
+        }
     }
 }

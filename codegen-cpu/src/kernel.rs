@@ -6,6 +6,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
+use flashsample_abi::rng::{counter_word3, NoiseStream};
 use flashsample_abi::{Candidate, LsePartial, PenaltyTable, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
@@ -32,6 +33,9 @@ pub(crate) struct KernelArgs {
     /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`).
     pub row_keys: *const u64,
     pub row_counters: *const u32,
+    /// `[B]` Philox counter word 3 of each row's token noise:
+    /// `abi::rng::counter_word3(row_steps[r], NoiseStream::Token)`.
+    pub row_word3: *const u32,
     /// `vocab_offset / 4`: the global quad index of local token 0.
     pub quad_offset: u64,
     /// Penalized-token bitset `[B, ceil(V/32)]`, the fast test; null without penalties.
@@ -120,9 +124,11 @@ pub struct CpuLaunch<'a> {
     /// `[batch, ceil(vocab / 32)]` allowed-token bitset.
     pub allowed: Option<&'a [u32]>,
     pub seed: u64,
-    /// `[batch]` per-row seeds: row `r` draws `noise_bits(row_seeds[r], 0, s, v)` instead of
-    /// `noise_bits(seed, r, s, v)`.
+    /// `[batch]` per-row seeds: row `r` draws `noise_bits(row_seeds[r], 0, s, v, step)` instead
+    /// of `noise_bits(seed, r, s, v, step)`.
     pub row_seeds: Option<&'a [u64]>,
+    /// `[batch]` per-row decode steps (`SamplingParams::row_steps`); `None` = step 0 for all.
+    pub row_steps: Option<&'a [u32]>,
     /// Global index of token 0 (a multiple of 4): noise is drawn at `v + vocab_offset`.
     pub vocab_offset: u32,
     /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
@@ -316,6 +322,9 @@ impl CpuKernel {
         if let Some(seeds) = a.row_seeds {
             expect_len("row seeds", seeds.len(), a.batch)?;
         }
+        if let Some(steps) = a.row_steps {
+            expect_len("row steps", steps.len(), a.batch)?;
+        }
         let pen_table = match (p.has_penalties(), a.penalties) {
             (true, Some(t)) => {
                 expect_len("penalty bitset", t.bits.len(), checked(a.batch, a.vocab.div_ceil(32), "penalties")?)?;
@@ -356,6 +365,9 @@ impl CpuKernel {
             Some(seeds) => (seeds.to_vec(), vec![0; a.batch]),
             None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
         };
+        let row_word3: Vec<u32> = (0..a.batch)
+            .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), NoiseStream::Token))
+            .collect();
 
         let even_odd = matches!(p.weights.dtype, DType::BF16 | DType::F16);
         let hidden = hidden_blocks(a.hidden, a.batch, a.dim, self.config.row_block as usize, even_odd);
@@ -377,6 +389,7 @@ impl CpuKernel {
             tiles: tiles as u64,
             row_keys: row_keys.as_ptr(),
             row_counters: row_counters.as_ptr(),
+            row_word3: row_word3.as_ptr(),
             quad_offset: u64::from(a.vocab_offset / 4),
             pen_bits: pen_table.map_or(std::ptr::null(), |t| t.bits.as_ptr()),
             pen_table: pen_table.map_or(std::ptr::null(), |t| t as *const PenaltyTable),

@@ -146,6 +146,7 @@ struct Launch {
     lse: Value,
     row_keys: Value,
     row_counters: Value,
+    row_word3: Value,
     quad_offset: Value,
     pen_bits: Value,
     pen_table: Value,
@@ -236,6 +237,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let lse = self.arg(offset_of!(KernelArgs, lse));
         let row_keys = self.arg(offset_of!(KernelArgs, row_keys));
         let row_counters = self.arg(offset_of!(KernelArgs, row_counters));
+        let row_word3 = self.arg(offset_of!(KernelArgs, row_word3));
         let quad_offset = self.arg(offset_of!(KernelArgs, quad_offset));
         let pen_bits = self.arg(offset_of!(KernelArgs, pen_bits));
         let pen_table = self.arg(offset_of!(KernelArgs, pen_table));
@@ -268,6 +270,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             lse,
             row_keys,
             row_counters,
+            row_word3,
             quad_offset,
             pen_bits,
             pen_table,
@@ -846,7 +849,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let key_hi = b.ins().ushr_imm_u(key, 32);
                 let key_hi = b.ins().ireduce(I32, key_hi);
                 let c2 = b.ins().ireduce(I32, s);
-                let c3 = b.ins().iconst(I32, 0);
+                let word3_addr = b.ins().iadd(l.row_word3, row4);
+                let c3 = b.ins().load(I32, input(), word3_addr, 0);
                 let words = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
                 let mut bits = b.ins().scalar_to_vector(I32X4, words[0]);
                 for (lane, &w) in words.iter().enumerate().skip(1) {

@@ -136,9 +136,9 @@ fn every_tokens_noise_is_gumbel_f32_of_its_philox_bits() {
                 for t in 0..layout.tiles {
                     let v = 4 * t + offset;
                     let c = cands[layout.slot(r, s, t)];
-                    // random_inputs may give per-row seeds and a vocabulary offset: both must reach the noise.
+                    // random_inputs may give per-row seeds, steps and a vocabulary offset: all must reach the noise.
                     let (key, ctr_row) = inp.stream(r);
-                    let want = gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset));
+                    let want = gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset, inp.step(r)));
                     assert_eq!((c.index, c.score.to_bits(), c.logit), (v as u32, want.to_bits(), 0.0), "row {r} sample {s} token {v}");
                 }
             }
@@ -177,6 +177,7 @@ fn every_16_bit_pattern_widens_exactly() {
                 allowed: Some(one_per_tile(1, vocab, offset)),
                 seed: 0,
                 row_seeds: None,
+                row_steps: None,
                 vocab_offset: 0,
                 penalties: None,
             };

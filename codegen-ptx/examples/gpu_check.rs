@@ -339,7 +339,7 @@ fn run_case(ctx: &Arc<CudaContext>, case: &Case, bench: usize) -> Result<f64, St
                     if greedy || xs[i] == f32::NEG_INFINITY {
                         xs[i]
                     } else {
-                        xs[i] + gumbel_f32(noise_bits(seed, r as u32, smp as u32, i as u32))
+                        xs[i] + gumbel_f32(noise_bits(seed, r as u32, smp as u32, i as u32, 0))
                     }
                 };
                 let best = (lo..hi)
@@ -366,7 +366,7 @@ fn run_case(ctx: &Arc<CudaContext>, case: &Case, bench: usize) -> Result<f64, St
                             got.logit
                         } else {
                             got.logit
-                                + gumbel_f32(noise_bits(seed, r as u32, smp as u32, gi as u32))
+                                + gumbel_f32(noise_bits(seed, r as u32, smp as u32, gi as u32, 0))
                         };
                         if got.score.to_bits() != want_score.to_bits() {
                             errors.push(format!(

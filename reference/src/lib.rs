@@ -235,6 +235,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
             lses.push(lse);
             let candidates = self.candidate_set(row, &rl);
             let (key, stream_row) = self.params.row_stream(row);
+            let step = self.params.row_step(row);
             for sample in 0..self.pipeline.samples_per_row() {
                 let (mut best, mut second, mut token) = (f64::NEG_INFINITY, f64::NEG_INFINITY, u32::MAX);
                 let mut bound = 0.0f64;
@@ -246,7 +247,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                         (x, rl.bounds[v])
                     } else {
                         let global = v as u32 + self.params.vocab_offset;
-                        let g = gumbel_f64(noise_bits(key, stream_row, sample, global));
+                        let g = gumbel_f64(noise_bits(key, stream_row, sample, global, step));
                         (x + g, rl.bounds[v] + GUMBEL_F32_ABS_ERROR + (x + g).abs() * U)
                     };
                     bound = bound.max(b);

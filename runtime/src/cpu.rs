@@ -1,14 +1,14 @@
 //! The CPU device: Cranelift-JIT'd stage one, `abi::StageTwo` on the host.
 
 use crate::{
-    sampler::Shape,
+    launch::Shape,
     stage_three,
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
 };
 use std::collections::HashMap;
-use flashsample_abi::{Candidate, ListError, LsePartial, SamplingParams, Scored, StageTwo, TopLists};
+use flashsample_abi::{Candidate, LsePartial, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_ir::MAX_LIST_CAPACITY;
 use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
@@ -121,6 +121,7 @@ impl CpuBackend {
             allowed,
             seed: params.seed,
             row_seeds: params.row_seeds,
+            row_steps: params.row_steps,
             vocab_offset: params.vocab_offset,
             penalties: penalties.as_ref(),
             lists: lists.as_deref_mut(),
@@ -130,6 +131,8 @@ impl CpuBackend {
         Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)) })
     }
 
+    /// Samples every row; a row that cannot be sampled gets its error in
+    /// [`Samples::row_errors`] and does not fail the others.
     pub fn sample(
         &self,
         hidden: &Tensor<'_>,
@@ -144,22 +147,18 @@ impl CpuBackend {
         let mut per_tile = capacity;
         loop {
             let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile)?;
-            let mut reduced = one.layout.reduce(&one.candidates, one.lse.as_deref())?;
+            let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
             let top_logprobs = match &one.lists {
-                Some((layout, lists)) => {
-                    match stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced) {
-                        // A top-p / min-p nucleus past the pipeline's capacity: rerun once with
-                        // the largest lists; exact, just slower, and only for such launches.
-                        Err(Error::List(ListError::NucleusTooLarge { .. })) if per_tile < MAX_LIST_CAPACITY as usize => {
-                            per_tile = MAX_LIST_CAPACITY as usize;
-                            continue;
-                        }
-                        other => other?,
-                    }
-                }
+                Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced, &mut status),
                 None => None,
             };
-            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
+            // A top-p / min-p nucleus past the pipeline's capacity: rerun once with the largest
+            // lists; exact, just slower, and only for such launches.
+            if per_tile < MAX_LIST_CAPACITY as usize && status.contains(&RowStatus::NucleusTooLarge) {
+                per_tile = MAX_LIST_CAPACITY as usize;
+                continue;
+            }
+            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, per_tile.max(capacity));
             samples.top_logprobs = top_logprobs;
             return Ok(samples);
         }

@@ -40,6 +40,8 @@ pub enum Error {
     /// A CUDA driver call failed; the message names the call.
     #[error("CUDA driver error: {0}")]
     Cuda(String),
+    /// The PTX code generator refused a config or failed.
+    #[cfg(feature = "cuda")]
     #[error("PTX code generation failed: {0}")]
     PtxCodegen(#[from] flashsample_codegen_ptx::PtxError),
 }

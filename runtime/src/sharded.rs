@@ -5,7 +5,7 @@
 
 use crate::{
     cpu::{host_f32, CpuBackend},
-    sampler::{check_operands, Shape},
+    launch::{check_operands, Shape},
     Device, Error, Result, Samples, Tensor,
 };
 use flashsample_abi::{
@@ -34,15 +34,18 @@ impl ShardedSampler {
                 "sharded sampling of pipelines with a filter, penalties or top logprobs".into(),
             ));
         }
-        let Device::Cpu { threads } = device else {
-            return Err(Error::Unsupported(format!("sharded sampling on {}; use Device::cpu()", device.describe())));
+        let threads = match device {
+            Device::Cpu { threads } => *threads,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => return Err(Error::Unsupported(format!("sharded sampling on {}; use Device::cpu()", device.describe()))),
         };
         let mut local = pipeline.clone();
         local.outputs.score = true;
         local.outputs.logsumexp = true;
-        Ok(ShardedSampler { pipeline: Arc::new(pipeline), shard: CpuBackend::new(Arc::new(local), *threads) })
+        Ok(ShardedSampler { pipeline: Arc::new(pipeline), shard: CpuBackend::new(Arc::new(local), threads) })
     }
 
+    /// The user's pipeline.
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }
@@ -94,13 +97,14 @@ impl ShardedSampler {
             logsumexp: self.pipeline.outputs.logsumexp.then(Vec::new),
             logprobs: self.pipeline.outputs.logprob.then(Vec::new),
             top_logprobs: None,
+            row_errors: vec![None; batch],
         };
         for row in 0..batch {
             let greedy = self.pipeline.is_greedy() || params.row_temperature(&self.pipeline, row) == 0.0;
             let row_draws = &draws[row * samples..][..samples];
             let row_lse = log_mass_total(row_draws[0].iter().map(|d| d.log_mass));
             for (s, d) in row_draws.iter().enumerate() {
-                let k = pick_shard(d, params.seed, row as u32, s as u32, greedy).ok_or(RowError::AllMasked { row })?;
+                let k = pick_shard(d, params.seed, row as u32, s as u32, params.row_step(row), greedy).ok_or(RowError::AllMasked { row })?;
                 let w = d[k].winner.ok_or(RowError::AllMasked { row })?;
                 out.tokens.push(w.index);
                 if let Some(v) = out.scores.as_mut() {

@@ -2,22 +2,24 @@
 //! lists (`abi::filter`), after stage two's unfiltered reduction. The CPU backend runs it; the
 //! CUDA backend runs the same steps in its `flashsample_filter` kernel.
 
-use crate::Result;
 use flashsample_abi::filter::{draw, merge_row, survivors};
-use flashsample_abi::{RowError, RowResult, SamplingParams, Scored, TopLists};
+use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
 
 /// Rewrites the filtered rows of `reduced` and returns the top logprobs if the pipeline asks.
+/// Rows whose `status` is not ok are left alone (empty top logprobs); a row whose lists cannot
+/// give its exact filtered sample gets the list status instead of a sample.
 pub(crate) fn finish(
     pipeline: &Pipeline,
     params: &SamplingParams<'_>,
     layout: TopLists,
     lists: &[Scored],
     reduced: &mut RowResult,
-) -> Result<Option<TopLogprobs>> {
+    status: &mut [RowStatus],
+) -> Option<TopLogprobs> {
     // Lists at least as long as the capacity (the fallback's are longer) are merged to their
     // own length: a longer list is exact for a larger nucleus.
     let need = layout.per_tile.max(pipeline.list_capacity() as usize);
@@ -25,7 +27,22 @@ pub(crate) fn finish(
     let top_n = pipeline.outputs.top_logprobs as usize;
     let mut top_logprobs = (top_n > 0).then(|| Vec::with_capacity(layout.batch));
     for row in 0..layout.batch {
-        let top = merge_row(layout.row(lists, row), layout.per_tile, need, row)?;
+        if status[row] != RowStatus::Ok {
+            if let Some(out) = top_logprobs.as_mut() {
+                out.push(Vec::new());
+            }
+            continue;
+        }
+        let top = match merge_row(layout.row(lists, row), layout.per_tile, need, row) {
+            Ok(top) => top,
+            Err(e) => {
+                status[row] = list_status(e);
+                if let Some(out) = top_logprobs.as_mut() {
+                    out.push(Vec::new());
+                }
+                continue;
+            }
+        };
         let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
         if let Some(out) = top_logprobs.as_mut() {
             out.push(top.iter().take(top_n).map(|s| (s.index, s.logit - lse)).collect());
@@ -35,16 +52,32 @@ pub(crate) fn finish(
         if filter.is_off() || greedy || pipeline.filter_max_k().is_none() {
             continue;
         }
-        let kept = survivors(&top, &filter, lse, top.len() < need, row)?;
+        let kept = match survivors(&top, &filter, lse, top.len() < need, row) {
+            Ok(k) => k,
+            Err(e) => {
+                status[row] = list_status(e);
+                continue;
+            }
+        };
         let (key, stream_row) = params.row_stream(row);
+        let step = params.row_step(row);
         for s in 0..samples {
-            let (w, score) = draw(&top[..kept], key, stream_row, s as u32, params.vocab_offset)
-                .ok_or(RowError::AllMasked { row })?;
+            let Some((w, score)) = draw(&top[..kept], key, stream_row, step, s as u32, params.vocab_offset) else {
+                status[row] = RowStatus::AllMasked;
+                break;
+            };
             let i = row * samples + s;
             reduced.tokens[i] = w.index;
             reduced.scores[i] = score;
             reduced.logits[i] = w.logit;
         }
     }
-    Ok(top_logprobs)
+    top_logprobs
+}
+
+fn list_status(e: ListError) -> RowStatus {
+    match e {
+        ListError::Overflow { .. } => RowStatus::ListOverflow,
+        ListError::NucleusTooLarge { .. } => RowStatus::NucleusTooLarge,
+    }
 }

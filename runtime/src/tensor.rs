@@ -4,7 +4,9 @@ use std::marker::PhantomData;
 
 /// A matmul element type: bf16, f16 or f32.
 pub trait Element: bytemuck::Pod + Send + Sync {
+    /// The IR dtype of this element type.
     const DTYPE: DType;
+    /// The element's exact value as f32.
     fn to_f32(self) -> f32;
 }
 impl Element for half::bf16 {
@@ -30,7 +32,8 @@ impl Element for f32 {
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Storage<'a> {
     Host(&'a [u8]),
-    /// Already on a GPU ([`crate::CudaDevice::upload`]).
+    /// Already on a GPU (`CudaDevice::upload`).
+    #[cfg(feature = "cuda")]
     Device(&'a crate::DeviceTensor),
 }
 
@@ -49,15 +52,19 @@ impl<'a> Tensor<'a> {
         Ok(Matrix::new(data, rows, cols)?.into())
     }
     /// A matrix already on a GPU; its dtype and shape are the upload's.
+    #[cfg(feature = "cuda")]
     pub fn device(t: &'a crate::DeviceTensor) -> Self {
         Tensor { dtype: t.dtype(), rows: t.rows(), cols: t.cols(), storage: Storage::Device(t) }
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Rows.
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Columns.
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -65,12 +72,14 @@ impl<'a> Tensor<'a> {
     pub(crate) fn host_bytes(&self) -> Option<&'a [u8]> {
         match self.storage {
             Storage::Host(b) => Some(b),
+            #[cfg(feature = "cuda")]
             Storage::Device(_) => None,
         }
     }
     pub(crate) fn location(&self) -> String {
         match self.storage {
             Storage::Host(_) => "the host".to_string(),
+            #[cfg(feature = "cuda")]
             Storage::Device(t) => t.location(),
         }
     }
@@ -96,6 +105,7 @@ impl<'a, T: Element> Matrix<'a, T> {
     }
 
     /// Views a GPU tensor as a typed matrix; fails if it was uploaded as another dtype.
+    #[cfg(feature = "cuda")]
     pub fn on_device(t: &'a crate::DeviceTensor) -> Result<Self> {
         if t.dtype() != T::DTYPE {
             return Err(Error::DType { operand: "device tensor", expected: T::DTYPE, got: t.dtype() });

@@ -35,7 +35,7 @@
 
 use crate::{
     cuda::{CudaDevice, DeviceTensor},
-    sampler::check_operands,
+    launch::check_operands,
     Device, Element, Error, PenaltyArg, Sampler, Samples, SamplingParams, Tensor,
 };
 use cudarc::driver::CudaSlice;
@@ -76,13 +76,7 @@ fn nccl(call: &'static str) -> impl FnOnce(cudarc::nccl::result::NcclError) -> T
     move |e| TpError::Nccl { call, code: format!("{:?}", e.0) }
 }
 
-/// `Error::Cuda` naming the driver call, as the CUDA backend reports them.
-fn drv(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
-    move |e| {
-        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-        Error::Cuda(format!("{call}: {name}"))
-    }
-}
+use crate::cuda::drv;
 
 /// Checks that libnccl can be loaded, before any cudarc NCCL call (which would panic).
 fn require_nccl() -> Result<(), TpError> {
@@ -190,6 +184,7 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
         logsumexp: outputs.logsumexp.then_some(lse),
         logprobs,
         top_logprobs: None,
+        row_errors: vec![None; batch],
     })
 }
 
@@ -352,7 +347,7 @@ pub fn summarize_shard(
     if local.all_empty {
         return Ok(RankSummary::empty(batch, samples, with_lse));
     }
-    let out = sampler.sample(hidden, shard, &local.params()?)?;
+    let out = sampler.sample(hidden, shard, &local.params()?)?.into_complete()?;
     let lse_of = |row: usize| out.logsumexp.as_ref().map_or(f32::NEG_INFINITY, |l| l[row]);
     let mut summary = RankSummary { winners: Vec::with_capacity(batch * samples), lse: Vec::new() };
     for row in 0..batch {

@@ -323,6 +323,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "cuda")]
     fn shipped_h200_file_tunes_both_lm_heads_at_every_batch() {
         let (name, text) = SHIPPED[0];
         let file = TuningFile::parse(text, Path::new(name)).unwrap();

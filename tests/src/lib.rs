@@ -1,6 +1,8 @@
 //! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
+pub mod gpu;
+
 use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
@@ -145,12 +147,19 @@ impl Case {
         }
     }
 
+    /// Samples every row; a row the kernels could not sample fails the call (its error).
     pub fn run(&self, sampler: &Sampler) -> flashsample::Result<Samples> {
+        self.run_rows(sampler).and_then(Samples::into_complete)
+    }
+
+    /// Samples every row, with per-row outcomes (`Samples::row_errors`).
+    pub fn run_rows(&self, sampler: &Sampler) -> flashsample::Result<Samples> {
         sampler.sample(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()))
     }
 
+    /// [`Case::run`] with an explicit config.
     pub fn run_with(&self, sampler: &Sampler, config: &KernelConfig) -> flashsample::Result<Samples> {
-        sampler.sample_with(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()), config)
+        sampler.sample_with(self.hidden.tensor(), self.weights.tensor(), &self.params(sampler.pipeline()), config).and_then(Samples::into_complete)
     }
 
     /// Median seconds of `reps` launches with `config` after `warmup`.
@@ -218,8 +227,18 @@ impl Case {
     /// near-ties within the derived bound), scores within the bound (when the pipeline
     /// returns them), logsumexp and logprobs too.
     pub fn check(&self, pipeline: &Pipeline, samples: &Samples, rows: &[usize]) -> Result<(), String> {
-        let params = self.params(pipeline);
-        let problem = self.problem(pipeline, &params);
+        self.check_with(pipeline, &self.params(pipeline), samples, rows)
+    }
+
+    /// [`Case::check`] of samples drawn with `params` (this case's, with changes such as row
+    /// seeds or steps); every checked row must have been sampled.
+    pub fn check_with(&self, pipeline: &Pipeline, params: &SamplingParams<'_>, samples: &Samples, rows: &[usize]) -> Result<(), String> {
+        for &row in rows {
+            if let Err(e) = samples.row_outcome(row) {
+                return Err(format!("row {row} was not sampled: {e}"));
+            }
+        }
+        let problem = self.problem(pipeline, params);
         let (refs, lses) = problem.sample_rows(rows).map_err(|e| format!("reference failed: {e}"))?;
         let s = samples.samples_per_row;
         for (i, &row) in rows.iter().enumerate() {

@@ -252,7 +252,7 @@ fn stage_one_writes_every_candidate_slot() {
         let params = case.params(&p);
         let what = format!("{} B={batch} D={dim} V={vocab}", p.name);
         let (layout, cands, lse) =
-            cuda::debug_stage1_candidates(&sampler, case.hidden.tensor(), case.weights.tensor(), &params, None, poison)
+            sampler.cuda().expect("a CUDA sampler").debug_stage1_candidates(case.hidden.tensor(), case.weights.tensor(), &params, None, poison)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(layout.candidate_count(), cands.len());
         for row in 0..batch {
@@ -422,7 +422,7 @@ fn ptx_disk_cache() {
     let case = Case::random(&p, 2, 64, 1000, 3, 2.0);
     case.run(&sampler).unwrap();
     let config: KernelConfig = sampler.config_for(2, 64, 1000);
-    let from_disk = cuda::debug_kernel_from_disk(&sampler, &config).unwrap();
+    let from_disk = sampler.cuda().expect("a CUDA sampler").debug_kernel_from_disk(&config).unwrap();
     if std::env::var("FLASHSAMPLE_EXPECT_DISK_CACHE").as_deref() == Ok("1") {
         assert!(from_disk, "the second process compiled the kernel again instead of loading the cached PTX");
     }
@@ -707,7 +707,7 @@ fn check_pathwise_and_every_slot(sampler: &Sampler, case: &Case, p: &Pipeline, c
     case.check(p, got, &rows_to_check(case.batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     let params = case.params(p);
-    let (layout, cands, _) = cuda::debug_stage1_candidates(sampler, case.hidden.tensor(), case.weights.tensor(), &params, Some(config), poison)
+    let (layout, cands, _) = sampler.cuda().expect("a CUDA sampler").debug_stage1_candidates(case.hidden.tensor(), case.weights.tensor(), &params, Some(config), poison)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(cands.iter().all(|c| c.index != POISON_INDEX), "{what}: a candidate slot of {} was never written", layout.candidate_count());
     eprintln!("ok: {what}");

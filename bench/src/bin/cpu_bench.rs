@@ -83,7 +83,7 @@ fn unfused_sample(logits: &[f32], batch: usize, vocab: usize, temperature: f32, 
             let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let probs: Vec<f32> = row.iter().map(|&x| ((x - m) / temperature).exp()).collect();
             let total: f32 = probs.iter().sum();
-            let target = uniform_f64(noise_bits(seed, b as u32, 0, 0)) as f32 * total;
+            let target = uniform_f64(noise_bits(seed, b as u32, 0, 0, 0)) as f32 * total;
             let mut acc = 0.0f32;
             for (i, p) in probs.iter().enumerate() {
                 acc += p;
@@ -116,7 +116,7 @@ fn unfused_sample_filtered(logits: &[f32], batch: usize, vocab: usize, temperatu
                 cum += probs[kept];
                 kept += 1;
             }
-            let target = uniform_f64(noise_bits(seed, b as u32, 0, 0)) as f32 * cum;
+            let target = uniform_f64(noise_bits(seed, b as u32, 0, 0, 0)) as f32 * cum;
             let mut acc = 0.0f32;
             for j in 0..kept {
                 acc += probs[j];

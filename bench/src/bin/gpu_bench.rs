@@ -4,7 +4,10 @@
 //! cuBLAS matmul alone, torch.compile'd matmul + softmax + multinomial, cuBLAS matmul +
 //! Gumbel-argmax). Prints one markdown table with ratios and the targets, hit or missed;
 //! then a second table for the fused top-k = 50, top-p = 0.9 filter (stage three included)
-//! against a torch.compile'd matmul → /T → top-k → softmax → top-p → multinomial.
+//! against a torch.compile'd matmul → /T → top-k → softmax → top-p → multinomial; then the
+//! per-step overhead of each API in a decode loop (`--overhead-batches`): wall time per step of
+//! the host API, of the device API (`cuda::SamplingPlan`) without a graph, and of a CUDA graph
+//! replay, next to the kernels' event time.
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
@@ -55,6 +58,10 @@ struct Args {
     /// With `--configs`: also time each with the greedy pipeline.
     #[arg(long)]
     greedy: bool,
+    /// Batches of the API overhead table (wall time per step: host API, device API, graph
+    /// replay, next to the kernels' event time); empty for none.
+    #[arg(long, default_value = "1,16,64,256", value_parser = batch_list)]
+    overhead_batches: BatchList,
     /// Zero the hidden rows from this one on (the kernel's work and traffic stay the same,
     /// only the tensor cores' operands change): isolates data-dependent costs such as power.
     #[arg(long)]
@@ -228,6 +235,7 @@ fn main() {
     let mut filter_rows: Vec<(usize, usize, usize, f64, String)> = Vec::new();
     let mut rows = Vec::new();
     let mut copy_bw = 0.0f64;
+    let mut overhead_rows: Vec<Vec<String>> = Vec::new();
     for &(dim, vocab) in &shapes {
         let host_w = random_bf16(vocab * dim, 3.0 / (dim as f32).sqrt(), 7);
         let weights: Vec<_> = (0..args.rotate.max(1))
@@ -251,7 +259,7 @@ fn main() {
             // A correctness smoke check before timing: the launch succeeds and returns B tokens.
             let s = sampler.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("D={dim} V={vocab} B={batch}: {e}"));
             assert_eq!(s.tokens.len(), batch);
-            let t = flashsample::cuda::time_fused(&sampler, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+            let t = sampler.cuda().expect("a CUDA sampler").time_fused(ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("timing D={dim} V={vocab} B={batch}: {e}"));
             let fused_s = median(t);
             let config = match &config {
@@ -266,7 +274,7 @@ fn main() {
             for (label, c) in candidates {
                 let kc = KernelConfig::Cuda(c.clone());
                 let time = |s: &Sampler, p: &SamplingParams<'_>| {
-                    flashsample::cuda::time_fused(s, ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
+                    s.cuda().expect("a CUDA sampler").time_fused(ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
                 };
                 // The greedy pipeline (no temperature, no noise): the epilogue's noise cost is the difference.
                 let g = match (args.greedy && label == "config").then(|| time(&greedy, &SamplingParams::default())) {
@@ -295,7 +303,7 @@ fn main() {
             let s = filtered.sample(ht, wt[0], &params).unwrap_or_else(|e| panic!("filtered D={dim} V={vocab} B={batch}: {e}"));
             assert_eq!(s.tokens.len(), batch);
             let config = filtered.config_for(batch, dim, vocab);
-            let t = flashsample::cuda::time_fused(&filtered, ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
+            let t = filtered.cuda().expect("a CUDA sampler").time_fused(ht, &wt, &params, Some(&config), args.warmup, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("timing filtered D={dim} V={vocab} B={batch}: {e}"));
             let fused_s = median(t);
             let config = match &config {
@@ -305,13 +313,13 @@ fn main() {
             eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
             // Where the time goes: stage one (with its list epilogue), two, three.
             let kc = filtered.config_for(batch, dim, vocab);
-            let split = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+            let split = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
                 .unwrap_or_else(|e| panic!("stage timing filtered D={dim} V={vocab} B={batch}: {e}"));
             let med = |k: usize| median(split.iter().map(|s| s[k]).collect()) * 1e6;
             let plain_s1 = {
                 let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
                 let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
-                flashsample::cuda::time_fused_stages(&sampler, ht, &wt, &p, None, 3, args.reps.max(50))
+                sampler.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &p, None, 3, args.reps.max(50))
                     .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                     .unwrap_or(f64::NAN)
             };
@@ -325,11 +333,11 @@ fn main() {
             // filtered pipeline with 1-entry lists (transpose + one selection round).
             let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let p = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
-            let lse_s1 = flashsample::cuda::time_fused_stages(&lse_only, ht, &wt, &p, None, 3, args.reps.max(50))
+            let lse_s1 = lse_only.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &p, None, 3, args.reps.max(50))
                 .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                 .unwrap_or(f64::NAN);
             // The same launch with the logsumexp (stage one's partials, stage two's merge).
-            let with_lse = flashsample::cuda::time_fused_stages(&filtered_lse, ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+            let with_lse = filtered_lse.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
                 .map(|t| [0, 1, 2].map(|k| median(t.iter().map(|s| s[k]).collect()) * 1e6))
                 .unwrap_or([f64::NAN; 3]);
             eprintln!(
@@ -341,7 +349,7 @@ fn main() {
                     KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
                     other => other.clone(),
                 };
-                let one_s1 = flashsample::cuda::time_fused_stages(&filtered, ht, &wt, &params, Some(&one), 3, args.reps.max(50))
+                let one_s1 = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&one), 3, args.reps.max(50))
                     .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
                     .unwrap_or(f64::NAN);
                 eprintln!("  stage one B={batch}: filtered with list_per_tile 1 {one_s1:.1} us");
@@ -350,6 +358,13 @@ fn main() {
         }
     }
 
+    // The overhead table runs last, on its own weights, so its buffers never crowd the others.
+    for &(dim, vocab) in &shapes {
+        for &batch in &args.overhead_batches.0 {
+            let row = overhead(dev, &sampler, dim, vocab, batch, args.reps.max(100)).unwrap_or_else(|e| panic!("overhead D={dim} V={vocab} B={batch}: {e}"));
+            overhead_rows.push(row);
+        }
+    }
     let peers = run_peers(&args);
     let mut table = Vec::new();
     let mut json_rows = Vec::new();
@@ -464,6 +479,68 @@ fn main() {
         println!("top-k 50 + top-p 0.9 (fused stage one + two + three vs torch.compile'd matmul, /T, top-k, softmax, top-p, multinomial):");
         print_table(&["D", "V", "B", "fused filtered", "fused unfiltered", "compile top-k/top-p", "speedup", "config"], &ftable);
     }
+    if !overhead_rows.is_empty() {
+        println!();
+        println!(
+            "decode-step overhead (us per step; kernels = event time of one launch's kernels; host = Sampler::sample with device \
+             hidden states, synchronous; device = SamplingPlan::launch back to back on one stream; graph = replays of a captured launch; \
+             targets: graph <= 1.02x, device <= 1.05x):"
+        );
+        print_table(&["D", "V", "B", "kernels", "host API", "host/kernels", "device API", "device/kernels", "graph replay", "graph/kernels"], &overhead_rows);
+    }
+}
+
+/// One row of the overhead table: medians over `reps` steps at one weight buffer.
+fn overhead(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler, dim: usize, vocab: usize, batch: usize, reps: usize) -> flashsample::Result<Vec<String>> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use flashsample::cuda::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};
+    use std::time::Instant;
+    let drv = |e: result::DriverError| flashsample::Error::Cuda(format!("overhead: {e:?}"));
+    let weights = dev.upload(&random_bf16(vocab * dim, 3.0 / (dim as f32).sqrt(), 7), vocab, dim)?;
+    let hidden = dev.upload(&random_bf16(batch * dim, 1.0, 13), batch, dim)?;
+    let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
+    let (ht, wt) = (Tensor::device(&hidden), Tensor::device(&weights));
+    let cuda = sampler.cuda().ok_or_else(|| flashsample::Error::Unsupported("a CUDA sampler".into()))?;
+    let kernels = median(cuda.time_fused(ht, &[wt], &params, None, 10, reps)?);
+    let host = flashsample_bench::median_secs(10, reps, || sampler.sample(ht, wt, &params).map(|_| ()))?;
+
+    let plan = cuda.plan(batch, dim, vocab)?;
+    let stream = dev.context().new_stream().map_err(drv)?;
+    let temps_dev = stream.clone_htod(&temps).map_err(drv)?;
+    let mut tokens = stream.alloc_zeros::<u32>(batch).map_err(drv)?;
+    let mut status = stream.alloc_zeros::<u32>(batch).map_err(drv)?;
+    let launch = |tokens: &mut cudarc::driver::CudaSlice<u32>, status: &mut cudarc::driver::CudaSlice<u32>| -> flashsample::Result<()> {
+        let mut inputs = DeviceInputs::new(DeviceMatrix::from_tensor(&hidden), DeviceMatrix::from_tensor(&weights), 1234);
+        inputs.temperatures = Some(DeviceIn::new(&temps_dev, &stream)?);
+        plan.launch(&stream, inputs, DeviceOutputs::new(DeviceOut::new(tokens, &stream)?, DeviceOut::new(status, &stream)?))
+    };
+    // Back to back, one synchronization per batch of launches: the wall time per step a
+    // decode loop that never waits for the host would see.
+    let per_step = |f: &mut dyn FnMut() -> flashsample::Result<()>| -> flashsample::Result<f64> {
+        for _ in 0..10 {
+            f()?;
+        }
+        stream.synchronize().map_err(drv)?;
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            let start = Instant::now();
+            for _ in 0..reps {
+                f()?;
+            }
+            stream.synchronize().map_err(drv)?;
+            t.push(start.elapsed().as_secs_f64() / reps as f64);
+        }
+        Ok(median(t))
+    };
+    let device = per_step(&mut || launch(&mut tokens, &mut status))?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(drv)?;
+    launch(&mut tokens, &mut status)?;
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).map_err(drv)?.ok_or_else(|| flashsample::Error::Cuda("empty graph".into()))?;
+    let replay = per_step(&mut || graph.launch().map_err(drv))?;
+    let us = |s: f64| format!("{:.1}", s * 1e6);
+    let x = |s: f64| format!("{:.3}x", s / kernels);
+    Ok(vec![dim.to_string(), vocab.to_string(), batch.to_string(), us(kernels), us(host), x(host), us(device), x(device), us(replay), x(replay)])
 }
 
 type PeerMap = HashMap<(usize, usize, usize), HashMap<String, f64>>;

@@ -14,7 +14,7 @@
 
 use clap::Parser;
 use flashsample::{
-    bf16, cuda,
+    bf16,
     ir::{Outputs, PipelineBuilder},
     tp::{shard_pipeline, shard_ranges},
     CudaDevice, Device, DeviceTensor, Sampler, SamplingParams, TemperatureArg, TensorParallelSampler, Tensor,
@@ -100,7 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &b in &a.batches {
         let h = Tensor::host(&hidden[..b * dim], b, dim)?;
         let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps[..b]), seed: 7, ..Default::default() };
-        let fused = median(cuda::time_fused(&single, h, &[Tensor::device(&full)], &params, None, a.warmup, a.reps)?);
+        let fused = median(single.cuda().expect("a CUDA sampler").time_fused(h, &[Tensor::device(&full)], &params, None, a.warmup, a.reps)?);
         let wall = flashsample_bench::median_secs(a.warmup, a.reps, || single.sample(h, Tensor::device(&full), &params).map(|_| ()))?;
         baseline.push((fused, wall));
     }
@@ -125,7 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let h = Tensor::host(&hidden[..b * dim], b, dim)?;
             let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps[..b]), seed: 7, ..Default::default() };
             let step = median(sampler.time(&[h], &params, a.warmup, a.reps)?);
-            let shard_fused = median(cuda::time_fused(&local, h, &[Tensor::device(&shard)], &params, None, a.warmup, a.reps)?);
+            let shard_fused = median(local.cuda().expect("a CUDA sampler").time_fused(h, &[Tensor::device(&shard)], &params, None, a.warmup, a.reps)?);
             let (fused1, wall1) = baseline[i];
             rows.push(vec![tp.to_string(), b.to_string(), us(step), us(shard_fused), us(wall1), us(fused1), format!("{:.2}x", wall1 / step)]);
             json.push(serde_json::json!({

@@ -24,6 +24,7 @@ pub struct Inputs {
     pub allowed: Option<Vec<u32>>,
     pub seed: u64,
     pub row_seeds: Option<Vec<u64>>,
+    pub row_steps: Option<Vec<u32>>,
     pub vocab_offset: u32,
     pub penalties: Option<PenaltyTable>,
 }
@@ -35,6 +36,11 @@ impl Inputs {
             Some(seeds) => (seeds[r], 0),
             None => (self.seed, r as u32),
         }
+    }
+
+    /// Decode step of row `r`'s noise (counter word 3).
+    pub fn step(&self, r: usize) -> u32 {
+        self.row_steps.as_ref().map_or(0, |s| s[r])
     }
 }
 
@@ -97,7 +103,7 @@ pub fn score(p: &Pipeline, inp: &Inputs, r: usize, s: usize, v: usize, x: f32) -
         x
     } else {
         let (key, ctr_row) = inp.stream(r);
-        x + gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset))
+        x + gumbel_f32(noise_bits(key, ctr_row, s as u32, v as u32 + inp.vocab_offset, inp.step(r)))
     }
 }
 
@@ -184,6 +190,7 @@ pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Ca
             allowed: inp.allowed.as_deref(),
             seed: inp.seed,
             row_seeds: inp.row_seeds.as_deref(),
+            row_steps: inp.row_steps.as_deref(),
             vocab_offset: inp.vocab_offset,
             penalties: inp.penalties.as_ref(),
             lists: lists.as_deref_mut(),
@@ -318,8 +325,9 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
             .expect("penalties given")
     });
     let row_seeds = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
+    let row_steps = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let vocab_offset = 4 * rng.random_range(0..1000u32);
-    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, vocab_offset, penalties }
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, penalties }
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {

@@ -1,64 +1,67 @@
-//! The CUDA backend of one sampler: config choice, kernel lookup, launch of the stages on
-//! the device's stream, read-back and the mapping of the kernels' statuses to row errors.
+//! [`CudaSampler`]: the CUDA half of a [`crate::Sampler`]. It chooses tile configs, makes
+//! device-API plans ([`CudaSampler::plan`]), and serves the host API on the same plans: upload
+//! the host parameters, [`SamplingPlan::enqueue`] on the device's stream, read back, and map
+//! each row's status to its outcome.
 //!
-//! Pipelines with lists (filter / top logprobs) launch stage three (`flashsample_filter`)
-//! after stage two. Its two list statuses are retried, each at most once, never returned
+//! Pipelines with lists launch stage three (`flashsample_filter`). The host API runs the tuned
+//! short lists and retries their two list statuses, each at most once, never returning one
 //! while a retry can still give the exact answer:
 //! - Overflow (3): some tile's `list_per_tile` entries may have dropped a top token; rerun
 //!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
 //!   whole tile cannot have dropped anything, so this rerun cannot overflow).
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; rerun with `need = MAX_LIST_CAPACITY` and exact lists for it (DESIGN.md
-//!   step 9 "Fallback"). Only a nucleus past 1024 tokens reaches the caller.
+//!   step 9 "Fallback"). Only a row whose nucleus is past 1024 tokens keeps the status, as its
+//!   row error.
 //!
-//! Launches that do not need the rows' logsumexp (`SamplingParams::needs_logsumexp` false:
-//! no logsumexp / logprob / top-logprob output and no sampled row with a lone top-p) use the
-//! stage-one variant without it (`CodegenOptions::skip_logsumexp`) and pass lse = 0 to all
-//! three stages; stage three reads the row logsumexp only for those rows and outputs.
+//! Launches that do not need the rows' logsumexp (`SamplingParams::needs_logsumexp` false)
+//! use the stage-one variant without it (`CodegenOptions::skip_logsumexp`).
 
-use super::tma;
-use super::{
-    cache::{self, LoadedKernel},
-    device::drv,
-    ptx::{self, Geometry},
-    CudaDevice, DeviceTensor,
-};
-use crate::{
-    sampler::Shape,
-    tensor::Storage,
-    tuning::{self, DeviceIdentity, ShapeKey},
-    Error, Result, Samples, Tensor,
-};
-use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use flashsample_abi::{Candidate, ListError, LsePartial, RowError, RowResult, SamplingParams, Scored, StageTwo, INDEX_NONE};
+use super::cache;
+use super::device::drv;
+use super::plan::{from_bytes, Args, Boundary, SamplingPlan};
+use super::{ptx, CudaDevice, DeviceTensor};
+use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
+use crate::tensor::Storage;
+use crate::tuning::{self, DeviceIdentity, ShapeKey};
+use crate::{Error, Result, Tensor};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
+use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, INDEX_NONE};
 use flashsample_codegen_ptx::GpuConfig;
-use flashsample_ir::{Pipeline, MAX_LIST_CAPACITY};
+use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
-fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
-    bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
-}
+/// Host-path plans kept per sampler (each owns its scratch); the oldest is dropped beyond this.
+const HOST_PLANS: usize = 4;
 
-/// Stage two's per-row status codes (DESIGN.md "GPU").
-const STATUS_OK: u32 = 0;
-const STATUS_ALL_MASKED: u32 = 1;
-const STATUS_NONFINITE: u32 = 2;
-/// Stage three's: a tile list was too short / the nucleus outgrew `need`.
-const STATUS_OVERFLOW: u32 = 3;
-const STATUS_NUCLEUS: u32 = 4;
-
-pub(crate) struct CudaBackend {
+/// The CUDA half of a sampler (see the module docs). Reach it with [`crate::Sampler::cuda`].
+pub struct CudaSampler {
     pipeline: Arc<Pipeline>,
     device: Arc<CudaDevice>,
     /// Config per shape, so the tuning files are read once per shape.
     configs: Mutex<HashMap<Shape, GpuConfig>>,
-    /// Device buffers reused across launches (they only grow).
-    scratch: Mutex<Scratch>,
+    /// The host API's plans and parameter buffers.
+    host: Mutex<HostState>,
 }
 
-/// A growable device buffer.
+/// What identifies a host-path plan.
+#[derive(Clone, Debug, PartialEq)]
+struct PlanKey {
+    dim: usize,
+    vocab: usize,
+    config: GpuConfig,
+    need: u32,
+    lse: bool,
+}
+
+#[derive(Default)]
+struct HostState {
+    plans: Vec<(PlanKey, SamplingPlan)>,
+    bufs: HostBufs,
+}
+
+/// A growable device buffer for the host path's uploads and outputs.
 #[derive(Default)]
 struct Buf(Option<CudaSlice<u8>>);
 
@@ -72,14 +75,16 @@ impl Buf {
         let b = self.0.as_ref().ok_or_else(|| Error::Cuda("scratch buffer missing".into()))?;
         Ok(b.device_ptr(dev.stream()).0)
     }
+    /// Queues a copy of `bytes` (kept alive by the caller until the stream is synchronized).
     fn upload(&mut self, dev: &CudaDevice, bytes: &[u8]) -> Result<u64> {
-        let ptr = self.ensure(dev, bytes.len())?;
-        if let Some(b) = self.0.as_mut() {
+        let ptr = self.ensure(dev, bytes.len().max(1))?;
+        if let (Some(b), false) = (self.0.as_mut(), bytes.is_empty()) {
             let mut view = b.slice_mut(0..bytes.len());
             dev.stream().memcpy_htod(bytes, &mut view).map_err(drv("cuMemcpyHtoDAsync"))?;
         }
         Ok(ptr)
     }
+    /// Queues a copy of the first `bytes` bytes to the host (read after synchronizing).
     fn download(&self, dev: &CudaDevice, bytes: usize) -> Result<Vec<u8>> {
         let b = self.0.as_ref().ok_or_else(|| Error::Cuda("scratch buffer missing".into()))?;
         dev.stream().clone_dtoh(&b.slice(0..bytes)).map_err(drv("cuMemcpyDtoHAsync"))
@@ -87,89 +92,48 @@ impl Buf {
 }
 
 #[derive(Default)]
-struct Scratch {
+struct HostBufs {
     temperatures: Buf,
     bias: Buf,
     allowed: Buf,
-    candidates: Buf,
-    lse: Buf,
+    row_seeds: Buf,
+    row_steps: Buf,
+    filters: Buf,
+    penalties: [Buf; 5],
     tokens: Buf,
+    status: Buf,
     scores: Buf,
     logits: Buf,
-    out_lse: Buf,
-    status: Buf,
-    row_seeds: Buf,
-    pen_bits: Buf,
-    pen_offsets: Buf,
-    pen_tokens: Buf,
-    pen_subtract: Buf,
-    pen_repetition: Buf,
-    lists: Buf,
-    tmaps: Buf,
-    filters: Buf,
-    greedy: Buf,
-    out_top: Buf,
+    logsumexp: Buf,
+    top: Buf,
 }
 
-/// Bytes of a slice, at least one element's worth (a zero-length upload is still a valid
-/// buffer the kernel may be handed).
-fn bytes_of<T: bytemuck::Pod + Default>(v: &[T]) -> Vec<u8> {
-    if v.is_empty() {
-        bytemuck::cast_slice(&[T::default()]).to_vec()
-    } else {
-        bytemuck::cast_slice(v).to_vec()
-    }
-}
-
-/// Everything one launch passes to the kernels, plus the host data that must outlive the
-/// queued copies and the temporary uploads of host operands.
-struct Launch {
-    hidden: u64,
+/// A host launch's arguments on the device, and the host memory its queued copies read.
+struct Uploaded {
+    args: Args,
     weights: Vec<u64>,
-    /// Per weight buffer, its W and H tensor maps (TMA configs; 0 otherwise).
-    tmaps: Vec<u64>,
-    temperatures: u64,
-    bias: u64,
-    allowed: u64,
-    candidates: u64,
-    lse: u64,
-    tokens: u64,
-    scores: u64,
-    logits: u64,
-    out_lse: u64,
-    status: u64,
-    seed: u64,
-    vocab_offset: u32,
-    row_seeds: u64,
-    /// pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition (0 without penalties).
-    pen: [u64; 5],
-    lists: u64,
-    filters: u64,
-    greedy: u64,
-    out_top: u64,
-    per_tile: u32,
-    /// Rows stage three merges to (the capacity, or MAX_LIST_CAPACITY in the fallback).
-    need: u32,
-    top_n: u32,
-    shape: Shape,
-    samples: usize,
-    geometry: Geometry,
     _host: Vec<Vec<u8>>,
-    _uploads: Vec<DeviceTensor>,
+    _operands: Vec<DeviceTensor>,
 }
 
-/// What one launch of all stages gave.
-enum Attempt {
-    Done(Samples),
-    Overflow { row: usize },
-    Nucleus { row: usize },
+/// What one host launch read back.
+struct Readback {
+    status: Vec<RowStatus>,
+    reduced: RowResult,
+    top: Option<Vec<Scored>>,
 }
 
-impl CudaBackend {
-    pub fn new(pipeline: Arc<Pipeline>, device: Arc<CudaDevice>) -> Self {
-        CudaBackend { pipeline, device, configs: Mutex::new(HashMap::new()), scratch: Mutex::new(Scratch::default()) }
+impl CudaSampler {
+    pub(crate) fn new(pipeline: Arc<Pipeline>, device: Arc<CudaDevice>) -> Self {
+        CudaSampler { pipeline, device, configs: Mutex::new(HashMap::new()), host: Mutex::new(HostState::default()) }
     }
 
+    /// The device this sampler runs on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// The identity tuning files key this device by.
     pub fn identity(&self) -> DeviceIdentity {
         DeviceIdentity::Cuda {
             name: self.device.name().to_string(),
@@ -178,12 +142,13 @@ impl CudaBackend {
         }
     }
 
-    pub fn heuristic(&self, shape: Shape) -> GpuConfig {
+    /// `GpuConfig::heuristic` for this device and shape.
+    pub(crate) fn heuristic(&self, shape: Shape) -> GpuConfig {
         GpuConfig::heuristic(&self.pipeline, shape.batch, shape.dim, shape.vocab, self.device.limits())
     }
 
     /// The tuning file's nearest valid entry for this device, else the heuristic.
-    pub fn config_for(&self, shape: Shape) -> GpuConfig {
+    pub(crate) fn config_for(&self, shape: Shape) -> GpuConfig {
         let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
         configs
             .entry(shape)
@@ -200,37 +165,57 @@ impl CudaBackend {
                 let valid = |c: &GpuConfig| c.validate(&self.pipeline, limits).is_ok();
                 // A persistent tile keeps its epilogue scratch (and lists) beside the ring; where
                 // that does not fit, the same tile with one CTA per item aliases them.
-                let fitted = fitted.and_then(|c| {
-                    if valid(&c) {
-                        Some(c)
-                    } else {
-                        Some(GpuConfig { persistent: false, ..c }).filter(valid)
-                    }
-                });
+                let fitted = fitted.and_then(|c| if valid(&c) { Some(c) } else { Some(GpuConfig { persistent: false, ..c }).filter(valid) });
                 fitted.unwrap_or_else(|| self.heuristic(shape))
             })
             .clone()
     }
 
-    /// The kernels for `config`; `lse`: with stage one's logsumexp partials (see
-    /// [`CudaBackend::launch_lse`]).
-    fn kernel(&self, config: &GpuConfig, lse: bool) -> Result<Arc<LoadedKernel>> {
-        config.validate(&self.pipeline, self.device.limits())?;
-        cache::kernel(&self.device, &self.pipeline, config, !lse)
-    }
-
-    /// [`CudaBackend::kernel`] for the config a launch of `shape` runs: shapes the TMA maps
-    /// cannot describe run the same tile on the cp.async ring ([`GpuConfig::for_shape`]).
-    fn kernel_for_shape(&self, config: &GpuConfig, shape: Shape, lse: bool) -> Result<(GpuConfig, Arc<LoadedKernel>)> {
-        let config = config.for_shape(shape.dim, shape.vocab);
-        let kernel = self.kernel(&config, lse)?;
-        Ok((config, kernel))
+    /// A device-API plan for launches of up to `max_batch` rows against `[vocab, dim]` weights:
+    /// each batch's tuned (or heuristic) tile with lists that cannot overflow, every kernel
+    /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]).
+    pub fn plan(&self, max_batch: usize, dim: usize, vocab: usize) -> Result<SamplingPlan> {
+        let shape = check_shape(max_batch, dim, vocab, dim)?;
+        let capacity = self.pipeline.list_capacity();
+        let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
+        for batch in 1..=max_batch {
+            let mut c = self.config_for(Shape { batch, ..shape }).for_shape(dim, vocab);
+            if capacity > 0 {
+                c = c.exact_lists(capacity);
+            }
+            match configs.last_mut() {
+                Some((up_to, last)) if *last == c => *up_to = batch,
+                _ => configs.push((batch, c)),
+            }
+        }
+        SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, configs, true, capacity)
     }
 
     /// Whether this launch computes the logsumexp: the pipeline has it and the launch needs
     /// it. The same for the reruns of a launch (it depends on the parameters only).
     fn launch_lse(&self, params: &SamplingParams<'_>, batch: usize) -> bool {
         self.pipeline.needs_logsumexp() && params.needs_logsumexp(&self.pipeline, batch)
+    }
+
+    /// The host path's plan for this launch, built (and cached) on first use.
+    fn host_plan<'h>(plans: &'h mut Vec<(PlanKey, SamplingPlan)>, this: &CudaSampler, key: PlanKey, batch: usize) -> Result<&'h mut SamplingPlan> {
+        let found = plans.iter().position(|(k, p)| *k == key && p.max_batch() >= batch);
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let max_batch = batch.next_power_of_two();
+                let shape = Shape { batch: max_batch, dim: key.dim, vocab: key.vocab };
+                let plan =
+                    SamplingPlan::build(this.pipeline.clone(), this.device.clone(), shape, vec![(max_batch, key.config.clone())], key.lse, key.need)?;
+                plans.retain(|(k, _)| *k != key);
+                if plans.len() >= HOST_PLANS {
+                    plans.remove(0);
+                }
+                plans.push((key, plan));
+                plans.len() - 1
+            }
+        };
+        Ok(&mut plans[at].1)
     }
 
     /// Device address of a matmul operand; host operands are uploaded (kept in `uploads`).
@@ -251,59 +236,16 @@ impl CudaBackend {
         }
     }
 
-    /// Uploads the launch's arguments and sizes the output buffers.
-    #[allow(clippy::too_many_arguments)]
-    fn prepare(
-        &self,
-        kernel: &LoadedKernel,
-        scratch: &mut Scratch,
-        hidden: &Tensor<'_>,
-        weights: &[Tensor<'_>],
-        params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
-        need: u32,
-        lse: bool,
-    ) -> Result<Launch> {
-        let p = &self.pipeline;
+    /// Queues the uploads of a host launch's operands and parameters into `bufs`.
+    fn upload(&self, bufs: &mut HostBufs, hidden: &Tensor<'_>, weights: &[Tensor<'_>], params: &SamplingParams<'_>, shape: Shape, lse: bool) -> Result<Uploaded> {
+        let p = &*self.pipeline;
         let dev = &*self.device;
-        let samples = p.samples_per_row() as usize;
-        let geometry = ptx::geometry(config, shape.batch, shape.vocab, kernel.stage1_per_sm * self.device.sm_count());
-        let layout = StageTwo { batch: shape.batch, samples, tiles: geometry.tiles };
-        let mut uploads = Vec::new();
-        let hidden_ptr = self.operand(hidden, &mut uploads)?;
-        let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut uploads)).collect::<Result<Vec<_>>>()?;
-        // The TMA stage one reads its operands through tensor maps encoded here (one pair per
-        // weight buffer); the bytes stay alive until the queued copy ran (Launch::_host).
-        let (tmaps, tmap_bytes) = if config.tma {
-            let mut maps = Vec::with_capacity(weight_ptrs.len() * 2 * tma::MAP_BYTES);
-            for &w in &weight_ptrs {
-                maps.extend_from_slice(&tma::encode_operands(w, hidden_ptr, shape.vocab, shape.dim, shape.batch, config.batch_tile)?);
-            }
-            let base = scratch.tmaps.upload(dev, &maps)?;
-            ((0..weight_ptrs.len()).map(|i| base + (i * 2 * tma::MAP_BYTES) as u64).collect(), Some(maps))
-        } else {
-            (vec![0; weight_ptrs.len()], None)
-        };
-        let temperatures: Vec<u8> = bytemuck::cast_slice(&params.row_temperatures(p, shape.batch)).to_vec();
-        let bias: Option<Vec<u8>> = params.bias.map(|b| bytemuck::cast_slice(b).to_vec());
-        let allowed: Option<Vec<u8>> = params.allowed_bitset(shape.batch, shape.vocab).map(|a| bytemuck::cast_slice(&a).to_vec());
-        let temperatures_ptr = scratch.temperatures.upload(dev, &temperatures)?;
-        let bias_ptr = match &bias {
-            Some(b) => scratch.bias.upload(dev, b)?,
-            None => 0,
-        };
-        let allowed_ptr = match &allowed {
-            Some(a) => scratch.allowed.upload(dev, a)?,
-            None => 0,
-        };
-        let n = shape.batch * samples;
-        let lse_ptr = if lse {
-            scratch.lse.ensure(dev, shape.batch * layout.tiles * std::mem::size_of::<LsePartial>())?
-        } else {
-            0
-        };
-        let out_lse = if lse { scratch.out_lse.ensure(dev, shape.batch * 4)? } else { 0 };
+        if params.row_steps.is_some_and(|s| s.iter().any(|&x| x != 0)) && !ptx::KERNELS_TAKE_ROW_STEPS {
+            return Err(Error::Unsupported("per-row decode steps on the GPU: these PTX kernels have no row_steps parameter".into()));
+        }
+        let mut operands = Vec::new();
+        let hidden_ptr = self.operand(hidden, &mut operands)?;
+        let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut operands)).collect::<Result<Vec<_>>>()?;
         let mut host: Vec<Vec<u8>> = Vec::new();
         let mut up = |buf: &mut Buf, bytes: Vec<u8>| -> Result<u64> {
             let ptr = buf.upload(dev, &bytes)?;
@@ -311,195 +253,106 @@ impl CudaBackend {
             host.push(bytes);
             Ok(ptr)
         };
-        let row_seeds = match params.row_seeds {
-            Some(seeds) => up(&mut scratch.row_seeds, bytes_of(seeds))?,
+        let run_time_t = matches!(p.temperature(), Some(Temperature::Scalar { .. } | Temperature::PerRow { .. }));
+        let temperatures = if run_time_t { up(&mut bufs.temperatures, bytes_of(&params.row_temperatures(p, shape.batch)))? } else { 0 };
+        let bias = match params.bias {
+            Some(b) => up(&mut bufs.bias, bytes_of(b))?,
             None => 0,
         };
-        let pen = match params.penalty_table(shape.batch, shape.vocab) {
-            Some(t) => [
-                up(&mut scratch.pen_bits, bytes_of(&t.bits))?,
-                up(&mut scratch.pen_offsets, bytes_of(&t.offsets))?,
-                up(&mut scratch.pen_tokens, bytes_of(&t.tokens))?,
-                up(&mut scratch.pen_subtract, bytes_of(&t.subtract))?,
-                up(&mut scratch.pen_repetition, bytes_of(&t.repetition))?,
-            ],
+        let allowed = match params.allowed_bitset(shape.batch, shape.vocab) {
+            Some(a) => up(&mut bufs.allowed, bytes_of(&a))?,
+            None => 0,
+        };
+        let row_seeds = match params.row_seeds {
+            Some(s) => up(&mut bufs.row_seeds, bytes_of(s))?,
+            None => 0,
+        };
+        let row_steps = match params.row_steps {
+            Some(s) if ptx::KERNELS_TAKE_ROW_STEPS => up(&mut bufs.row_steps, bytes_of(s))?,
+            _ => 0,
+        };
+        let filters = match params.filter {
+            Some(f) => up(&mut bufs.filters, bytes_of(f))?,
+            None => 0,
+        };
+        let penalties = match params.penalty_table(shape.batch, shape.vocab) {
+            Some(t) => {
+                let [b0, b1, b2, b3, b4] = &mut bufs.penalties;
+                [
+                    up(b0, bytes_of(&t.bits))?,
+                    up(b1, bytes_of(&t.offsets))?,
+                    up(b2, bytes_of(&t.tokens))?,
+                    up(b3, bytes_of(&t.subtract))?,
+                    up(b4, bytes_of(&t.repetition))?,
+                ]
+            }
             None => [0; 5],
         };
-        let has_lists = p.list_capacity() > 0;
-        let (lists, filters, greedy, out_top) = if has_lists {
-            let lists = scratch.lists.ensure(dev, shape.batch * geometry.tiles * config.list_per_tile as usize * std::mem::size_of::<Scored>())?;
-            let filters = match params.filter {
-                Some(f) => up(&mut scratch.filters, bytes_of(f))?,
-                None => 0,
-            };
-            let greedy: Vec<u32> = (0..shape.batch)
-                .map(|r| u32::from(p.is_greedy() || params.row_temperature(p, r) == 0.0))
-                .collect();
-            let greedy = up(&mut scratch.greedy, bytes_of(&greedy))?;
-            let top_n = p.outputs.top_logprobs as usize;
-            let out_top = if top_n > 0 { scratch.out_top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 };
-            (lists, filters, greedy, out_top)
-        } else {
-            (0, 0, 0, 0)
-        };
-        let launch = Launch {
+        let n = shape.batch * p.samples_per_row() as usize;
+        let top_n = p.outputs.top_logprobs as usize;
+        let args = Args {
+            shape,
             hidden: hidden_ptr,
-            weights: weight_ptrs,
-            tmaps,
-            temperatures: temperatures_ptr,
-            bias: bias_ptr,
-            allowed: allowed_ptr,
-            candidates: scratch.candidates.ensure(dev, layout.candidate_count() * std::mem::size_of::<Candidate>())?,
-            lse: lse_ptr,
-            tokens: scratch.tokens.ensure(dev, n * 4)?,
-            scores: scratch.scores.ensure(dev, n * 4)?,
-            logits: scratch.logits.ensure(dev, n * 4)?,
-            out_lse,
-            status: scratch.status.ensure(dev, shape.batch * 4)?,
+            weights: weight_ptrs[0],
             seed: params.seed,
             vocab_offset: params.vocab_offset,
+            temperatures,
+            bias,
+            allowed,
             row_seeds,
-            pen,
-            lists,
+            row_steps,
             filters,
-            greedy,
-            out_top,
-            per_tile: config.list_per_tile,
-            need,
-            top_n: p.outputs.top_logprobs,
-            shape,
-            samples,
-            geometry,
-            _host: [Some(temperatures), bias, allowed, tmap_bytes].into_iter().flatten().chain(host).collect(),
-            _uploads: uploads,
+            penalties,
+            tokens: bufs.tokens.ensure(dev, n * 4)?,
+            status: bufs.status.ensure(dev, shape.batch * 4)?,
+            scores: bufs.scores.ensure(dev, n * 4)?,
+            logits: bufs.logits.ensure(dev, n * 4)?,
+            logsumexp: if lse { bufs.logsumexp.ensure(dev, shape.batch * 4)? } else { 0 },
+            logprobs: 0,
+            top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
         };
-        Ok(launch)
+        Ok(Uploaded { args, weights: weight_ptrs, _host: host, _operands: operands })
     }
 
-    /// Stage one on weight buffer `w` of the launch.
-    fn launch_stage1(&self, k: &LoadedKernel, l: &Launch, w: usize) -> Result<()> {
-        let (weights, tmaps) = (l.weights[w], l.tmaps[w]);
-        // The kernel opted into `stage1_smem` when it was loaded (cache::load).
-        let g = &l.geometry;
-        let (batch, dim, vocab) = (l.shape.batch as u32, l.shape.dim as u32, l.shape.vocab as u32);
-        let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
-        let stream = self.device.stream();
-        let mut b = stream.launch_builder(&k.stage1);
-        b.arg(&l.hidden)
-            .arg(&weights)
-            .arg(&l.temperatures)
-            .arg(&l.bias)
-            .arg(&l.allowed)
-            .arg(&l.candidates)
-            .arg(&l.lse)
-            .arg(&l.seed)
-            .arg(&batch)
-            .arg(&dim)
-            .arg(&vocab)
-            .arg(&l.vocab_offset)
-            .arg(&l.row_seeds)
-            .arg(&l.pen[0])
-            .arg(&l.pen[1])
-            .arg(&l.pen[2])
-            .arg(&l.pen[3])
-            .arg(&l.pen[4])
-            .arg(&l.lists)
-            .arg(&tmaps);
-        // SAFETY: the arguments match DESIGN.md's stage-one signature; every buffer is sized
-        // from the same geometry the kernel was generated for.
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
-        Ok(())
-    }
-
-    fn launch_stage2(&self, k: &LoadedKernel, l: &Launch) -> Result<()> {
-        let g = &l.geometry;
-        let (batch, samples, tiles) = (l.shape.batch as u32, l.samples as u32, g.tiles as u32);
-        let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
-        let stream = self.device.stream();
-        let mut b = stream.launch_builder(&k.stage2);
-        b.arg(&l.candidates)
-            .arg(&l.lse)
-            .arg(&batch)
-            .arg(&samples)
-            .arg(&tiles)
-            .arg(&l.tokens)
-            .arg(&l.scores)
-            .arg(&l.logits)
-            .arg(&l.out_lse)
-            .arg(&l.status);
-        // SAFETY: as for stage one, with DESIGN.md's stage-two signature.
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
-        Ok(())
-    }
-
-    /// Stage three, for pipelines with lists (a no-op otherwise).
-    fn launch_filter(&self, k: &LoadedKernel, l: &Launch) -> Result<()> {
-        let Some(func) = &k.filter else {
-            if self.pipeline.list_capacity() > 0 {
-                return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
-            }
-            return Ok(());
-        };
-        let g = &l.geometry;
-        let (tiles, batch, samples) = (g.tiles as u32, l.shape.batch as u32, l.samples as u32);
-        let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
-        let stream = self.device.stream();
-        let mut b = stream.launch_builder(func);
-        b.arg(&l.lists)
-            .arg(&tiles)
-            .arg(&l.per_tile)
-            .arg(&l.need)
-            .arg(&batch)
-            .arg(&samples)
-            .arg(&l.filters)
-            .arg(&l.out_lse)
-            .arg(&l.greedy)
-            .arg(&l.seed)
-            .arg(&l.row_seeds)
-            .arg(&l.vocab_offset)
-            .arg(&l.top_n)
-            .arg(&l.tokens)
-            .arg(&l.scores)
-            .arg(&l.logits)
-            .arg(&l.out_top)
-            .arg(&l.status);
-        // SAFETY: as for stage one, with DESIGN.md's stage-three signature; lists, filters,
-        // greedy flags and out_top are sized for this launch's batch, tiles and per_tile.
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
-        Ok(())
-    }
-
-    /// Waits for the stream, naming what was queued if it faulted.
-    fn sync(&self, after: &'static str) -> Result<()> {
-        self.device.stream().synchronize().map_err(|e| Error::Cuda(format!("cuStreamSynchronize after {after}: {}", super::device::driver_error_text(&e))))
-    }
-
-    pub fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
-        let mut config = config.clone();
+    /// Samples every row on the host API; a row the kernels cannot sample gets its error in
+    /// [`Samples::row_errors`].
+    pub(crate) fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
+        let lse = self.launch_lse(params, shape.batch);
+        let mut config = config.for_shape(shape.dim, shape.vocab);
         let mut need = self.pipeline.list_capacity();
         loop {
-            match self.sample_once(hidden, weights, params, shape, &config, need)? {
-                Attempt::Done(s) => return Ok(s),
-                Attempt::Overflow { row } => {
-                    let exact = config.exact_lists(need);
-                    if exact.list_per_tile <= config.list_per_tile {
-                        // Cannot happen (whole-tile lists never overflow); never loop.
-                        return Err(ListError::Overflow { row }.into());
-                    }
+            let r = self.sample_once(hidden, weights, params, shape, &config, need, lse)?;
+            if r.status.contains(&RowStatus::ListOverflow) {
+                let exact = config.exact_lists(need);
+                // Whole-tile lists never overflow: a second overflow is reported, never looped on.
+                if exact.list_per_tile > config.list_per_tile {
                     config = exact;
-                }
-                Attempt::Nucleus { row } => {
-                    if need >= MAX_LIST_CAPACITY {
-                        return Err(ListError::NucleusTooLarge { row, capacity: need as usize }.into());
-                    }
-                    need = MAX_LIST_CAPACITY;
-                    config = config.exact_lists(need);
+                    continue;
                 }
             }
+            if r.status.contains(&RowStatus::NucleusTooLarge) && need < MAX_LIST_CAPACITY {
+                need = MAX_LIST_CAPACITY;
+                config = config.exact_lists(need);
+                continue;
+            }
+            let top_n = self.pipeline.outputs.top_logprobs as usize;
+            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize);
+            samples.top_logprobs = r.top.map(|top| {
+                top.chunks(top_n.max(1))
+                    .take(shape.batch)
+                    .zip(&r.status)
+                    .map(|(row, st)| match st {
+                        RowStatus::Ok => row.iter().take_while(|s| s.index != INDEX_NONE).map(|s| (s.index, s.logit)).collect(),
+                        _ => Vec::new(),
+                    })
+                    .collect()
+            });
+            return Ok(samples);
         }
     }
 
-    /// One launch of every stage with `config` and stage three merging `need` per row.
+    /// One host launch of every stage with `config` and stage three merging `need` per row.
+    #[allow(clippy::too_many_arguments)]
     fn sample_once(
         &self,
         hidden: &Tensor<'_>,
@@ -508,86 +361,110 @@ impl CudaBackend {
         shape: Shape,
         config: &GpuConfig,
         need: u32,
-    ) -> Result<Attempt> {
-        let lse = self.launch_lse(params, shape.batch);
-        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
-        let config = &config;
+        lse: bool,
+    ) -> Result<Readback> {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, need, lse)?;
-        self.launch_stage1(&kernel, &l, 0)?;
-        self.launch_stage2(&kernel, &l)?;
-        self.launch_filter(&kernel, &l)?;
-        let n = shape.batch * l.samples;
+        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        let HostState { plans, bufs } = &mut *host;
+        let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config: config.clone(), need, lse };
+        let plan = Self::host_plan(plans, self, key, shape.batch)?;
+        let up = self.upload(bufs, hidden, std::slice::from_ref(weights), params, shape, lse)?;
         let dev = &*self.device;
-        let status: Vec<u32> = from_bytes(&scratch.status.download(dev, shape.batch * 4)?);
-        let tokens: Vec<u32> = from_bytes(&scratch.tokens.download(dev, n * 4)?);
-        let scores: Vec<f32> = from_bytes(&scratch.scores.download(dev, n * 4)?);
-        let logits: Vec<f32> = from_bytes(&scratch.logits.download(dev, n * 4)?);
-        let logsumexp = if l.out_lse != 0 {
-            Some(from_bytes::<f32>(&scratch.out_lse.download(dev, shape.batch * 4)?))
-        } else {
-            None
-        };
-        let top_n = l.top_n as usize;
-        let top: Option<Vec<Scored>> = if l.out_top != 0 {
-            Some(from_bytes(&scratch.out_top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?))
-        } else {
-            None
-        };
+        plan.enqueue(dev.stream(), &up.args, &mut |_| Ok(()))?;
+        let n = shape.batch * self.pipeline.samples_per_row() as usize;
+        let status: Vec<u32> = from_bytes(&bufs.status.download(dev, shape.batch * 4)?);
+        let tokens: Vec<u32> = from_bytes(&bufs.tokens.download(dev, n * 4)?);
+        let scores: Vec<f32> = from_bytes(&bufs.scores.download(dev, n * 4)?);
+        let logits: Vec<f32> = from_bytes(&bufs.logits.download(dev, n * 4)?);
+        let logsumexp = if up.args.logsumexp != 0 { Some(from_bytes::<f32>(&bufs.logsumexp.download(dev, shape.batch * 4)?)) } else { None };
+        let top_n = self.pipeline.outputs.top_logprobs as usize;
+        let top = if up.args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
-        drop(l);
-        // Stage-two errors of any row first (as the CPU's reduce), then the list statuses.
-        for (row, &s) in status.iter().enumerate() {
-            match s {
-                STATUS_OK | STATUS_OVERFLOW | STATUS_NUCLEUS => {}
-                STATUS_ALL_MASKED => return Err(RowError::AllMasked { row }.into()),
-                STATUS_NONFINITE => return Err(RowError::NonFinite { row }.into()),
-                other => return Err(Error::Cuda(format!("the kernels wrote unknown status {other} for row {row}"))),
-            }
-        }
-        if let Some(row) = status.iter().position(|&s| s == STATUS_OVERFLOW) {
-            return Ok(Attempt::Overflow { row });
-        }
-        if let Some(row) = status.iter().position(|&s| s == STATUS_NUCLEUS) {
-            return Ok(Attempt::Nucleus { row });
-        }
-        let reduced = RowResult { tokens, scores, logits, logsumexp };
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced);
-        samples.top_logprobs = top.map(|top| {
-            top.chunks(top_n.max(1))
-                .take(shape.batch)
-                .map(|row| row.iter().take_while(|s| s.index != INDEX_NONE).map(|s| (s.index, s.logit)).collect())
-                .collect()
-        });
-        Ok(Attempt::Done(samples))
+        drop(up);
+        let status = status
+            .iter()
+            .enumerate()
+            .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top })
     }
 
-    /// Device time in seconds of stage one + stage two (+ stage three with lists), per launch, for `reps` launches after
-    /// `warmup`, cycling through `weights` (rotating buffers keep the L2 cache from holding
-    /// the weights between launches). Launches are queued back to back and bracketed by
-    /// events, so host launch overhead is not part of the numbers.
-    #[allow(clippy::too_many_arguments)]
-    pub fn time(
+    /// Waits for the stream, naming what was queued if it faulted.
+    fn sync(&self, after: &'static str) -> Result<()> {
+        self.device.stream().synchronize().map_err(|e| Error::Cuda(format!("cuStreamSynchronize after {after}: {}", super::device::driver_error_text(&e))))
+    }
+
+    /// Checks a timing or debug launch and picks its config (`None`: what `sample` would use).
+    fn check(&self, hidden: &Tensor<'_>, weights: &[Tensor<'_>], params: &SamplingParams<'_>, config: Option<&KernelConfig>) -> Result<(Shape, GpuConfig)> {
+        let first = weights.first().ok_or(Error::EmptyOperand("weights list"))?;
+        let shape = check_operands(&self.pipeline, hidden, first)?;
+        for w in weights {
+            if (w.rows(), w.cols(), w.dtype()) != (first.rows(), first.cols(), first.dtype()) {
+                return Err(Error::Shape("every weight buffer of a timed launch must have the same shape and dtype".into()));
+            }
+        }
+        params.validate(&self.pipeline, shape.batch, shape.vocab)?;
+        let config = match config {
+            Some(KernelConfig::Cuda(c)) => c.clone(),
+            None => self.config_for(shape),
+            #[allow(unreachable_patterns)]
+            Some(_) => return Err(Error::ConfigBackend { sampler: self.device.describe() }),
+        };
+        Ok((shape, config.for_shape(shape.dim, shape.vocab)))
+    }
+
+    /// Uploads a launch once per weight buffer, runs `warmup` launches cycling through them
+    /// (rotating buffers keep the L2 cache from holding the weights between launches), then
+    /// hands the plan and the launches to `run`.
+    fn timed<T>(
         &self,
-        hidden: &Tensor<'_>,
+        hidden: Tensor<'_>,
         weights: &[Tensor<'_>],
         params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
+        config: Option<&KernelConfig>,
+        warmup: usize,
+        run: impl FnOnce(&SamplingPlan, &CudaStream, &[Args]) -> Result<T>,
+    ) -> Result<T> {
+        let (shape, config) = self.check(&hidden, weights, params, config)?;
+        let lse = self.launch_lse(params, shape.batch);
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        let HostState { plans, bufs } = &mut *host;
+        let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: self.pipeline.list_capacity(), lse };
+        let plan = Self::host_plan(plans, self, key, shape.batch)?;
+        let up = self.upload(bufs, &hidden, weights, params, shape, lse)?;
+        let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, ..up.args }).collect();
+        let stream = self.device.stream().clone();
+        for i in 0..warmup {
+            plan.enqueue(&stream, &launches[i % launches.len()], &mut |_| Ok(()))?;
+        }
+        self.sync("warm-up launches")?;
+        let out = run(plan, &stream, &launches)?;
+        drop(up);
+        Ok(out)
+    }
+
+    /// Device time (seconds) of each of `reps` complete launches (every stage, CUDA events)
+    /// after `warmup`, cycling through `weights` (all of one shape) so no launch finds the
+    /// previous one's weights in L2. `config` defaults to what `Sampler::sample` would use.
+    pub fn time_fused(
+        &self,
+        hidden: Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<f64>> {
-        self.warmed_up(hidden, weights, params, shape, config, warmup, |kernel, l| {
+        self.timed(hidden, weights, params, config, warmup, |plan, stream, launches| {
             let ctx = self.device.context();
-            let stream = self.device.stream();
-            let mut events = Vec::with_capacity(reps + 1);
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
+            let mut events = Vec::with_capacity(reps + 1);
             let first = new_event()?;
             first.record(stream).map_err(drv("cuEventRecord"))?;
             events.push(first);
             for i in 0..reps {
-                self.launch_all(kernel, l, i)?;
+                plan.enqueue(stream, &launches[i % launches.len()], &mut |_| Ok(()))?;
                 let e = new_event()?;
                 e.record(stream).map_err(drv("cuEventRecord"))?;
                 events.push(e);
@@ -600,70 +477,33 @@ impl CudaBackend {
         })
     }
 
-    /// Compiles (or fetches) the launch's kernel, uploads its inputs under the launch lock, runs
-    /// `warmup` complete launches and hands the prepared launch to `timed`.
-    #[allow(clippy::too_many_arguments)]
-    fn warmed_up<T>(
+    /// Per-stage device time (seconds: stage one, stage two, stage three and the finishing
+    /// kernel) of each of `reps` launches, as [`CudaSampler::time_fused`] otherwise (events
+    /// between the kernels, which add a little to the total).
+    pub fn time_fused_stages(
         &self,
-        hidden: &Tensor<'_>,
+        hidden: Tensor<'_>,
         weights: &[Tensor<'_>],
         params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
-        warmup: usize,
-        timed: impl FnOnce(&LoadedKernel, &Launch) -> Result<T>,
-    ) -> Result<T> {
-        if weights.is_empty() {
-            return Err(Error::EmptyOperand("weights list"));
-        }
-        let lse = self.launch_lse(params, shape.batch);
-        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
-        let config = &config;
-        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&kernel, &mut scratch, hidden, weights, params, shape, config, self.pipeline.list_capacity(), lse)?;
-        for i in 0..warmup {
-            self.launch_all(&kernel, &l, i)?;
-        }
-        self.sync("warm-up launches")?;
-        timed(&kernel, &l)
-    }
-
-    /// Stages one, two and three of launch `i` (weights rotate through the prepared buffers).
-    fn launch_all(&self, kernel: &LoadedKernel, l: &Launch, i: usize) -> Result<()> {
-        self.launch_stage1(kernel, l, i % l.weights.len())?;
-        self.launch_stage2(kernel, l)?;
-        self.launch_filter(kernel, l)
-    }
-
-    /// Per-stage device time (seconds: stage one, stage two, stage three or 0) of each of
-    /// `reps` launches after `warmup`, from events recorded between the kernels; as
-    /// [`CudaBackend::time`] otherwise. The events add a little to the total.
-    #[allow(clippy::too_many_arguments)]
-    pub fn time_stages(
-        &self,
-        hidden: &Tensor<'_>,
-        weights: &[Tensor<'_>],
-        params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
+        config: Option<&KernelConfig>,
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<[f64; 3]>> {
-        self.warmed_up(hidden, weights, params, shape, config, warmup, |kernel, l| {
+        self.timed(hidden, weights, params, config, warmup, |plan, stream, launches| {
             let ctx = self.device.context();
-            let stream = self.device.stream();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps);
             for i in 0..reps {
                 let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
-                e[0].record(stream).map_err(drv("cuEventRecord"))?;
-                self.launch_stage1(kernel, l, i % l.weights.len())?;
-                e[1].record(stream).map_err(drv("cuEventRecord"))?;
-                self.launch_stage2(kernel, l)?;
-                e[2].record(stream).map_err(drv("cuEventRecord"))?;
-                self.launch_filter(kernel, l)?;
-                e[3].record(stream).map_err(drv("cuEventRecord"))?;
+                plan.enqueue(stream, &launches[i % launches.len()], &mut |at| {
+                    let k = match at {
+                        Boundary::Start => 0,
+                        Boundary::AfterStageOne => 1,
+                        Boundary::AfterStageTwo => 2,
+                        Boundary::End => 3,
+                    };
+                    e[k].record(stream).map_err(drv("cuEventRecord"))
+                })?;
                 events.push(e);
             }
             self.sync("timed launches")?;
@@ -680,48 +520,52 @@ impl CudaBackend {
         })
     }
 
-    /// Runs stage one alone into a candidate buffer pre-filled with `poison` (and an LSE
-    /// buffer of NaNs), and returns both buffers as written, for tests that check every slot.
-    pub fn debug_stage1(
+    /// Test hook: one launch into a candidate buffer pre-filled with `poison` (and partials of
+    /// NaN); the candidates and partials as stage one left them. Always the kernel variant with
+    /// the logsumexp (the pipeline's full contract), so tests see every partial.
+    #[doc(hidden)]
+    pub fn debug_stage1_candidates(
         &self,
-        hidden: &Tensor<'_>,
-        weights: &Tensor<'_>,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
         params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
+        config: Option<&KernelConfig>,
         poison: Candidate,
     ) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
-        // Always the variant with the logsumexp (the pipeline's full contract), so tests see
-        // every partial.
+        let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
         let lse = self.pipeline.needs_logsumexp();
-        let (config, kernel) = self.kernel_for_shape(config, shape, lse)?;
-        let config = &config;
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let l = self.prepare(&kernel, &mut scratch, hidden, std::slice::from_ref(weights), params, shape, config, self.pipeline.list_capacity(), lse)?;
-        let layout = StageTwo { batch: shape.batch, samples: l.samples, tiles: l.geometry.tiles };
-        let dev = &*self.device;
-        let cand_poison = vec![poison; layout.candidate_count()];
-        scratch.candidates.upload(dev, bytemuck::cast_slice(&cand_poison))?;
-        let lse_poison = vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles];
-        if self.pipeline.needs_logsumexp() {
-            scratch.lse.upload(dev, bytemuck::cast_slice(&lse_poison))?;
-        }
-        self.launch_stage1(&kernel, &l, 0)?;
-        let cands: Vec<Candidate> =
-            from_bytes(&scratch.candidates.download(dev, layout.candidate_count() * std::mem::size_of::<Candidate>())?);
-        let lse = if self.pipeline.needs_logsumexp() {
-            Some(from_bytes(&scratch.lse.download(dev, lse_poison.len() * std::mem::size_of::<LsePartial>())?))
-        } else {
-            None
-        };
-        self.sync("flashsample_stage1")?;
-        Ok((layout, cands, lse))
+        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        let need = self.pipeline.list_capacity();
+        let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
+        plan.poison_scratch(poison)?;
+        let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
+        let out = plan.debug_stage_one(&up.args)?;
+        drop(up);
+        Ok(out)
     }
 
-    /// Whether the kernel for `config` is loaded from the on-disk PTX cache (compiling or
-    /// loading it now if needed).
-    pub fn kernel_from_disk(&self, config: &GpuConfig) -> Result<bool> {
-        Ok(self.kernel(config, self.pipeline.needs_logsumexp())?.from_disk)
+    /// Test hook: whether the kernel for `config` is loaded from the on-disk PTX cache
+    /// (compiling or loading it now if needed).
+    #[doc(hidden)]
+    pub fn debug_kernel_from_disk(&self, config: &KernelConfig) -> Result<bool> {
+        match config {
+            KernelConfig::Cuda(c) => {
+                c.validate(&self.pipeline, self.device.limits())?;
+                Ok(cache::kernel(&self.device, &self.pipeline, c, !self.pipeline.needs_logsumexp())?.from_disk)
+            }
+            #[allow(unreachable_patterns)]
+            _ => Err(Error::ConfigBackend { sampler: self.device.describe() }),
+        }
+    }
+}
+
+/// Bytes of a slice, at least one element's worth (a zero-length upload is still a valid
+/// buffer the kernel may be handed).
+fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    if v.is_empty() {
+        bytemuck::cast_slice(&[T::zeroed()]).to_vec()
+    } else {
+        bytemuck::cast_slice(v).to_vec()
     }
 }

@@ -1,5 +1,6 @@
 //! CUDA devices and device-resident tensors.
 
+use super::runtime_kernels::AuxKernels;
 use super::ptx;
 use crate::{Element, Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
@@ -32,9 +33,11 @@ pub struct CudaDevice {
     sm_count: u32,
     arch: Arch,
     limits: GpuLimits,
-    /// Held for the whole of one launch (argument upload, both stages, read-back): launches
-    /// share the stream and the per-sampler scratch buffers, so they must not interleave.
+    /// Held for the whole of one host-API launch (argument upload, the stages, read-back):
+    /// host launches share the stream and the per-sampler buffers, so they must not interleave.
     pub(crate) launch_lock: Mutex<()>,
+    /// The runtime's own small kernels, loaded on first use.
+    aux: Mutex<Option<Arc<AuxKernels>>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -132,18 +135,23 @@ impl CudaDevice {
             arch,
             limits,
             launch_lock: Mutex::new(()),
+            aux: Mutex::new(None),
         })
     }
 
+    /// The device's CUDA ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
+    /// The device's name as the driver reports it.
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// `(major, minor)` compute capability.
     pub fn compute_capability(&self) -> (u32, u32) {
         self.compute_capability
     }
+    /// Streaming multiprocessors.
     pub fn sm_count(&self) -> u32 {
         self.sm_count
     }
@@ -155,6 +163,7 @@ impl CudaDevice {
     pub fn limits(&self) -> &GpuLimits {
         &self.limits
     }
+    /// The device's primary context (every stream a plan launches on must belong to it).
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
@@ -163,9 +172,21 @@ impl CudaDevice {
         &self.stream
     }
 
+    /// `cuda:N (name, sm_XY, N SMs)`.
     pub fn describe(&self) -> String {
         let (a, b) = self.compute_capability;
         format!("cuda:{} ({}, sm_{a}{b}, {} SMs)", self.ordinal, self.name, self.sm_count)
+    }
+
+    /// The runtime's small kernels (`cuda::runtime_kernels`), loaded into this device's context once.
+    pub(crate) fn aux_kernels(&self) -> Result<Arc<AuxKernels>> {
+        let mut aux = self.aux.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = aux.as_ref() {
+            return Ok(a.clone());
+        }
+        let a = Arc::new(AuxKernels::load(self)?);
+        *aux = Some(a.clone());
+        Ok(a)
     }
 
     /// Waits for everything queued on this device's stream.

@@ -1,0 +1,547 @@
+//! [`SamplingPlan`]: the device API. A plan is made once for (pipeline, device, max batch,
+//! D, V): it chooses the tile config of every batch up to the maximum, compiles and loads their
+//! kernels and allocates every scratch buffer. A launch then only enqueues kernels on the
+//! caller's stream, reading the caller's device buffers and writing the caller's outputs: it
+//! never allocates, never copies from the host and never synchronizes, so it can be captured
+//! into a CUDA graph.
+//!
+//! Exactness without a host round trip: the plan's kernels keep tile lists long enough that
+//! they cannot overflow (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)`
+//! entries), so stage three never needs the host's rerun. A row whose top-p / min-p nucleus
+//! outgrows the lists gets status `NucleusTooLarge` (the host API reruns such launches with
+//! longer lists; the device API reports the row).
+//!
+//! Launches of one plan share its scratch: order them on one stream (or order the streams).
+//! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
+
+use super::runtime_kernels::{AuxKernels, STORE_WORDS};
+use super::cache::{self, LoadedKernel};
+use super::device::drv;
+use super::ptx::{self, Geometry};
+use super::tma;
+use super::{CudaDevice, DeviceInputs, DeviceOutputs};
+use crate::launch::{check_shape, Shape};
+use crate::{Error, Result};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo};
+use flashsample_codegen_ptx::GpuConfig;
+use flashsample_ir::{Pipeline, Temperature, Transform};
+use std::sync::Arc;
+
+/// The kernels a plan runs for batches up to `up_to`.
+struct PlanKernel {
+    up_to: usize,
+    config: GpuConfig,
+    kernel: Arc<LoadedKernel>,
+}
+
+/// Device buffers a plan owns.
+struct Scratch {
+    candidates: CudaSlice<u8>,
+    /// Stage one's per-tile logsumexp partials (plans with the logsumexp).
+    lse_partials: Option<CudaSlice<u8>>,
+    /// Stage one's per-tile lists (pipelines with lists).
+    lists: Option<CudaSlice<u8>>,
+    /// The TMA configs' two tensor maps (written on the device per launch).
+    tmaps: CudaSlice<u8>,
+    /// Scores and logits of launches whose caller does not ask for them.
+    scores: CudaSlice<u8>,
+    logits: CudaSlice<u8>,
+    /// Row logsumexps of launches whose caller does not ask for them (plans with the logsumexp).
+    row_lse: Option<CudaSlice<u8>>,
+    /// Stage three's greedy flags (pipelines with lists).
+    greedy: Option<CudaSlice<u8>>,
+    /// `[max_batch]` temperatures of pipelines without a run-time temperature (the constant, or 1).
+    temperatures: CudaSlice<u8>,
+}
+
+/// A launch resolved to device addresses (0 = absent), what [`SamplingPlan::enqueue`] runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Args {
+    pub shape: Shape,
+    pub hidden: u64,
+    pub weights: u64,
+    pub seed: u64,
+    pub vocab_offset: u32,
+    pub temperatures: u64,
+    pub bias: u64,
+    pub allowed: u64,
+    pub row_seeds: u64,
+    /// The stage-one and stage-three `row_steps` argument (`[B]` u32 or 0).
+    pub row_steps: u64,
+    pub filters: u64,
+    /// pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition (0 without penalties).
+    pub penalties: [u64; 5],
+    pub tokens: u64,
+    pub status: u64,
+    pub scores: u64,
+    pub logits: u64,
+    pub logsumexp: u64,
+    pub logprobs: u64,
+    pub top: u64,
+}
+
+/// Points between a launch's kernels, for the benchmarks' events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Boundary {
+    Start,
+    AfterStageOne,
+    AfterStageTwo,
+    End,
+}
+
+/// A compiled, allocated sampling launch for one pipeline, device and shape bound (see the
+/// module docs). Make it with [`crate::cuda::CudaSampler::plan`].
+pub struct SamplingPlan {
+    pipeline: Arc<Pipeline>,
+    device: Arc<CudaDevice>,
+    max_batch: usize,
+    dim: usize,
+    vocab: usize,
+    /// Stage one computes the logsumexp partials.
+    lse: bool,
+    /// Rows stage three merges each row's lists to.
+    need: u32,
+    kernels: Vec<PlanKernel>,
+    aux: Arc<AuxKernels>,
+    scratch: Scratch,
+}
+
+impl std::fmt::Debug for SamplingPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplingPlan")
+            .field("pipeline", &self.pipeline.name)
+            .field("device", &self.device.describe())
+            .field("max_batch", &self.max_batch)
+            .field("dim", &self.dim)
+            .field("vocab", &self.vocab)
+            .field("configs", &self.kernels.iter().map(|k| (k.up_to, &k.config)).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl SamplingPlan {
+    /// A plan running `configs[i].1` for batches up to `configs[i].0` (ascending, the last one
+    /// `max_batch`); `lse`: stage one computes the logsumexp partials; `need`: stage three's
+    /// merge length.
+    pub(crate) fn build(
+        pipeline: Arc<Pipeline>,
+        device: Arc<CudaDevice>,
+        shape: Shape,
+        configs: Vec<(usize, GpuConfig)>,
+        lse: bool,
+        need: u32,
+    ) -> Result<SamplingPlan> {
+        let Shape { batch: max_batch, dim, vocab } = check_shape(shape.batch, shape.dim, shape.vocab, shape.dim)?;
+        if configs.last().map(|c| c.0) != Some(max_batch) {
+            return Err(Error::Cuda("a plan's configs must cover its max batch".into()));
+        }
+        let lse = lse && pipeline.needs_logsumexp();
+        let mut kernels = Vec::with_capacity(configs.len());
+        for (up_to, config) in configs {
+            config.validate(&pipeline, device.limits())?;
+            let kernel = cache::kernel(&device, &pipeline, &config, !lse)?;
+            kernels.push(PlanKernel { up_to, config, kernel });
+        }
+        let samples = pipeline.samples_per_row() as usize;
+        let tiles = kernels.iter().map(|k| k.config.tiles(vocab)).max().unwrap_or(1);
+        let per_tile = kernels.iter().map(|k| k.config.list_per_tile as usize).max().unwrap_or(0);
+        let n = max_batch * samples;
+        let alloc = |bytes: usize| device.alloc_bytes(bytes);
+        let has_lists = pipeline.list_capacity() > 0;
+        let constant_t = match pipeline.temperature() {
+            Some(Temperature::Const(t)) => Some(t.get()),
+            Some(_) => None,
+            None => Some(1.0),
+        };
+        let mut temperatures = alloc(max_batch * 4)?;
+        if let Some(t) = constant_t {
+            let ts = vec![t; max_batch];
+            device.stream().memcpy_htod(bytemuck::cast_slice::<f32, u8>(&ts), &mut temperatures).map_err(drv("cuMemcpyHtoDAsync"))?;
+            // `ts` is pageable host memory the copy reads: wait before it is dropped.
+            device.synchronize()?;
+        }
+        let scratch = Scratch {
+            candidates: alloc(n * tiles * std::mem::size_of::<Candidate>())?,
+            lse_partials: if lse { Some(alloc(max_batch * tiles * std::mem::size_of::<LsePartial>())?) } else { None },
+            lists: if has_lists { Some(alloc(max_batch * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
+            tmaps: alloc(2 * tma::MAP_BYTES)?,
+            scores: alloc(n * 4)?,
+            logits: alloc(n * 4)?,
+            row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
+            greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
+            temperatures,
+        };
+        let aux = device.aux_kernels()?;
+        Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch })
+    }
+
+    /// The largest batch a launch may have.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    /// The hidden dimension every launch has.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+    /// The vocabulary every launch has.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+    /// The pipeline the plan runs.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+    /// The device the plan's kernels and scratch live on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+    /// The tile configs the plan runs, each with the largest batch it serves.
+    pub fn configs(&self) -> impl Iterator<Item = (usize, &GpuConfig)> {
+        self.kernels.iter().map(|k| (k.up_to, &k.config))
+    }
+    /// The list capacity a `NucleusTooLarge` row outgrew.
+    pub fn list_capacity(&self) -> usize {
+        self.need as usize
+    }
+
+    /// The typed error of each row from a status buffer the launch wrote (copied to the host when
+    /// the caller chooses): `None` for a sampled row. An unknown code is an error.
+    pub fn row_errors(&self, status: &[u32]) -> Result<Vec<Option<RowStatusError>>> {
+        status
+            .iter()
+            .enumerate()
+            .map(|(row, &code)| match RowStatus::from_code(code) {
+                Some(s) => Ok(s.error(row, self.list_capacity())),
+                None => Err(Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))),
+            })
+            .collect()
+    }
+
+    /// Enqueues one sampling launch on `stream` (the device's primary context). Reads
+    /// `inputs`, writes `outputs`; no allocation, host copy or synchronization. Errors here are
+    /// host-side checks (shapes, dtypes, missing buffers) and driver launch failures; what
+    /// only the kernels know lands in `outputs.status`.
+    pub fn launch(&self, stream: &CudaStream, inputs: DeviceInputs<'_>, outputs: DeviceOutputs<'_>) -> Result<()> {
+        let args = self.resolve(&inputs, &outputs)?;
+        self.enqueue(stream, &args, &mut |_| Ok(()))
+        // `inputs` and `outputs` drop here, after the kernels are queued: their cudarc events
+        // (when the buffers' context tracks them) record this launch's reads and writes.
+    }
+
+    /// [`SamplingPlan::launch`] on a raw `CUstream` (engines not on cudarc).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the plan device's primary context, kept alive until
+    /// the launch has run.
+    pub unsafe fn launch_on_raw_stream(&self, stream: sys::CUstream, inputs: DeviceInputs<'_>, outputs: DeviceOutputs<'_>) -> Result<()> {
+        // SAFETY: the caller's contract above.
+        let stream = unsafe { self.device.context().wrap_borrowed_stream(stream) };
+        self.launch(&stream, inputs, outputs)
+    }
+
+    /// Checks a device launch's arguments against the plan and the pipeline.
+    fn resolve(&self, i: &DeviceInputs<'_>, o: &DeviceOutputs<'_>) -> Result<Args> {
+        let p = &*self.pipeline;
+        for (m, op, name) in [(&i.hidden, &p.hidden, "hidden"), (&i.weights, &p.weights, "weights")] {
+            if m.dtype != op.dtype {
+                return Err(Error::DType { operand: name, expected: op.dtype, got: m.dtype });
+            }
+        }
+        let shape = check_shape(i.hidden.rows, i.hidden.cols, i.weights.rows, i.weights.cols)?;
+        if shape.batch > self.max_batch || shape.dim != self.dim || shape.vocab != self.vocab {
+            return Err(Error::Shape(format!(
+                "a launch of hidden [{}, {}] and weights [{}, {}] on a plan for batch <= {}, D = {}, V = {}",
+                shape.batch, shape.dim, shape.vocab, shape.dim, self.max_batch, self.dim, self.vocab
+            )));
+        }
+        let (b, s) = (shape.batch, p.samples_per_row() as usize);
+        let words = flashsample_abi::params::mask_words_per_row(shape.vocab);
+        let has = |f: fn(&Transform) -> bool| p.transforms.iter().any(f);
+        let run_time_t = matches!(p.temperature(), Some(Temperature::Scalar { .. } | Temperature::PerRow { .. }));
+        let temperatures = expect_in("temperatures", run_time_t, i.temperatures.as_ref().map(|t| (t.address(), t.len())), b)?;
+        let bias = expect_in("bias", has(|t| matches!(t, Transform::Bias { .. })), i.bias.as_ref().map(|t| (t.address(), t.len())), shape.vocab)?;
+        let masked = has(|t| matches!(t, Transform::Mask { .. } | Transform::Ban { .. }));
+        let allowed = expect_in("allowed bitset (mask and bans)", masked, i.allowed.as_ref().map(|t| (t.address(), t.len())), b * words)?;
+        let filters = expect_in("filter", p.filter_max_k().is_some(), i.filters.as_ref().map(|t| (t.address(), t.len())), b)?;
+        let row_seeds = optional_in("row seeds", i.row_seeds.as_ref().map(|t| (t.address(), t.len())), b)?;
+        let row_steps = optional_in("row steps", i.row_steps.as_ref().map(|t| (t.address(), t.len())), b)?;
+        if row_steps != 0 && !ptx::KERNELS_TAKE_ROW_STEPS {
+            return Err(Error::Unsupported("per-row decode steps on the GPU: these PTX kernels have no row_steps parameter".into()));
+        }
+        if u64::from(i.vocab_offset) + shape.vocab as u64 > 1 << 32 || !i.vocab_offset.is_multiple_of(4) {
+            return Err(ParamError::VocabOffset { offset: i.vocab_offset, vocab: shape.vocab }.into());
+        }
+        let penalties = match (p.has_penalties(), &i.penalties) {
+            (true, Some(t)) => {
+                expect_len("penalty bitset", t.bits.len(), b * words)?;
+                expect_len("penalty offsets", t.offsets.len(), b + 1)?;
+                expect_len("repetition penalties", t.repetition.len(), b)?;
+                expect_len("penalty values", t.subtract.len(), t.tokens.len())?;
+                [t.bits.address(), t.offsets.address(), t.tokens.address(), t.subtract.address(), t.repetition.address()]
+            }
+            (true, None) => return Err(ParamError::Missing("penalties").into()),
+            (false, Some(_)) => return Err(ParamError::Unexpected("penalties").into()),
+            (false, None) => [0; 5],
+        };
+        let out = |what, buf: Option<(u64, usize)>, want: usize| -> Result<u64> {
+            match buf {
+                Some((ptr, len)) if len >= want => Ok(ptr),
+                Some((_, len)) => Err(ParamError::Length { what, expected: want, got: len }.into()),
+                None => Ok(0),
+            }
+        };
+        let tokens = out("tokens", Some((o.tokens.address(), o.tokens.len())), b * s)?;
+        let status = out("status", Some((o.status.address(), o.status.len())), b)?;
+        let scores = out("scores", o.scores.as_ref().map(|t| (t.address(), t.len())), b * s)?;
+        let logits = out("logits", o.logits.as_ref().map(|t| (t.address(), t.len())), b * s)?;
+        let logsumexp = out("logsumexp", o.logsumexp.as_ref().map(|t| (t.address(), t.len())), b)?;
+        let logprobs = out("logprobs", o.logprobs.as_ref().map(|t| (t.address(), t.len())), b * s)?;
+        let top_n = p.outputs.top_logprobs as usize;
+        let top = out("top logprobs", o.top_logprobs.as_ref().map(|t| (t.address(), t.len())), b * top_n)?;
+        if (logsumexp != 0 || logprobs != 0) && !self.lse {
+            return Err(ParamError::Unexpected("logsumexp / logprobs output (the pipeline computes no logsumexp)").into());
+        }
+        if top != 0 && top_n == 0 {
+            return Err(ParamError::Unexpected("top logprobs output (the pipeline declares none)").into());
+        }
+        Ok(Args {
+            shape,
+            hidden: i.hidden.ptr,
+            weights: i.weights.ptr,
+            seed: i.seed,
+            vocab_offset: i.vocab_offset,
+            temperatures,
+            bias,
+            allowed,
+            row_seeds,
+            row_steps,
+            filters,
+            penalties,
+            tokens,
+            status,
+            scores,
+            logits,
+            logsumexp,
+            logprobs,
+            top,
+        })
+    }
+
+    /// The kernels and config for `batch` rows.
+    fn kernel_for(&self, batch: usize) -> Result<&PlanKernel> {
+        self.kernels
+            .iter()
+            .find(|k| k.up_to >= batch)
+            .ok_or_else(|| Error::Shape(format!("batch {batch} exceeds the plan's max batch {}", self.max_batch)))
+    }
+
+    /// The launch geometry of `batch` rows.
+    fn geometry(&self, k: &PlanKernel, batch: usize) -> Geometry {
+        ptx::geometry(&k.config, batch, self.vocab, k.kernel.stage1_per_sm * self.device.sm_count())
+    }
+
+    /// Stage two's candidate layout for `batch` rows (tests read the candidates).
+    pub(crate) fn layout(&self, batch: usize) -> Result<StageTwo> {
+        let k = self.kernel_for(batch)?;
+        Ok(StageTwo { batch, samples: self.pipeline.samples_per_row() as usize, tiles: self.geometry(k, batch).tiles })
+    }
+
+    fn addr(&self, s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
+        // The device's context does not track events (CudaDevice::open): the guard records nothing.
+        s.device_ptr(stream).0
+    }
+
+    /// Queues every kernel of one launch on `stream`; `at` runs at each [`Boundary`] (the
+    /// benchmarks record events there).
+    pub(crate) fn enqueue(&self, stream: &CudaStream, a: &Args, at: &mut dyn FnMut(Boundary) -> Result<()>) -> Result<()> {
+        let k = self.kernel_for(a.shape.batch)?;
+        let g = self.geometry(k, a.shape.batch);
+        let sc = &self.scratch;
+        at(Boundary::Start)?;
+        let tmaps = if k.config.tma {
+            let maps = tma::encode_operands(a.weights, a.hidden, self.vocab, self.dim, a.shape.batch, k.config.batch_tile)?;
+            let mut words = [0u64; STORE_WORDS];
+            for (w, chunk) in words.iter_mut().zip(maps.chunks_exact(8)) {
+                *w = u64::from_le_bytes(chunk.try_into().map_err(|_| Error::Cuda("tensor map size".into()))?);
+            }
+            let dst = self.addr(&sc.tmaps, stream);
+            self.aux.store_words(stream, dst, &words)?;
+            dst
+        } else {
+            0
+        };
+        let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&sc.temperatures, stream) };
+        let lse_partials = sc.lse_partials.as_ref().map_or(0, |b| self.addr(b, stream));
+        let lists = sc.lists.as_ref().map_or(0, |b| self.addr(b, stream));
+        let candidates = self.addr(&sc.candidates, stream);
+        let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
+
+        // Stage one (DESIGN.md's parameter table).
+        let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
+        let mut b = stream.launch_builder(&k.kernel.stage1);
+        b.arg(&a.hidden)
+            .arg(&a.weights)
+            .arg(&temperatures)
+            .arg(&a.bias)
+            .arg(&a.allowed)
+            .arg(&candidates)
+            .arg(&lse_partials)
+            .arg(&a.seed)
+            .arg(&batch)
+            .arg(&dim)
+            .arg(&vocab)
+            .arg(&a.vocab_offset)
+            .arg(&a.row_seeds)
+            .arg(&a.penalties[0])
+            .arg(&a.penalties[1])
+            .arg(&a.penalties[2])
+            .arg(&a.penalties[3])
+            .arg(&a.penalties[4])
+            .arg(&lists)
+            .arg(&tmaps);
+        if ptx::KERNELS_TAKE_ROW_STEPS {
+            // The stage-one `row_steps` parameter (`*const u32 [B]` or 0), last in the table.
+            b.arg(&a.row_steps);
+        }
+        // SAFETY: the arguments match the stage-one signature; every buffer is sized for the
+        // plan's max batch and the largest tiles of its configs (build), and the caller's were
+        // checked against this launch's shape (resolve).
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
+        at(Boundary::AfterStageOne)?;
+
+        // Stage two.
+        let scores = if a.scores != 0 { a.scores } else { self.addr(&sc.scores, stream) };
+        let logits = if a.logits != 0 { a.logits } else { self.addr(&sc.logits, stream) };
+        let row_lse = match (&sc.row_lse, a.logsumexp) {
+            (None, _) => 0,
+            (Some(_), l) if l != 0 => l,
+            (Some(buf), _) => self.addr(buf, stream),
+        };
+        let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
+        let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
+        let mut b = stream.launch_builder(&k.kernel.stage2);
+        b.arg(&candidates)
+            .arg(&lse_partials)
+            .arg(&batch)
+            .arg(&samples)
+            .arg(&tiles)
+            .arg(&a.tokens)
+            .arg(&scores)
+            .arg(&logits)
+            .arg(&row_lse)
+            .arg(&a.status);
+        // SAFETY: as for stage one, with the stage-two signature.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
+        at(Boundary::AfterStageTwo)?;
+
+        // Stage three, for pipelines with lists.
+        if let Some(filter) = &k.kernel.filter {
+            let greedy = match &sc.greedy {
+                Some(buf) => {
+                    let dst = self.addr(buf, stream);
+                    self.aux.greedy_flags(stream, temperatures, dst, batch, self.pipeline.is_greedy())?;
+                    dst
+                }
+                None => 0,
+            };
+            let (per_tile, top_n) = (k.config.list_per_tile, self.pipeline.outputs.top_logprobs);
+            let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
+            let mut b = stream.launch_builder(filter);
+            b.arg(&lists)
+                .arg(&tiles)
+                .arg(&per_tile)
+                .arg(&self.need)
+                .arg(&batch)
+                .arg(&samples)
+                .arg(&a.filters)
+                .arg(&row_lse)
+                .arg(&greedy)
+                .arg(&a.seed)
+                .arg(&a.row_seeds)
+                .arg(&a.vocab_offset)
+                .arg(&top_n)
+                .arg(&a.tokens)
+                .arg(&scores)
+                .arg(&logits)
+                .arg(&a.top)
+                .arg(&a.status);
+            if ptx::KERNELS_TAKE_ROW_STEPS {
+                // The stage-three `row_steps` parameter, last in its signature.
+                b.arg(&a.row_steps);
+            }
+            // SAFETY: as for stage one, with the stage-three signature.
+            unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
+        } else if self.pipeline.list_capacity() > 0 {
+            return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
+        }
+        let n = batch * samples;
+        self.aux.finalize(stream, a.tokens, a.status, logits, row_lse, if row_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
+        at(Boundary::End)
+    }
+
+    /// Overwrites the candidate and logsumexp-partial scratch with `poison` / NaN (tests check
+    /// that stage one writes every slot). Synchronizes the device's stream.
+    pub(crate) fn poison_scratch(&mut self, poison: Candidate) -> Result<()> {
+        let dev = self.device.clone();
+        let cands = vec![poison; self.scratch.candidates.len() / std::mem::size_of::<Candidate>()];
+        dev.stream().memcpy_htod(bytemuck::cast_slice::<Candidate, u8>(&cands), &mut self.scratch.candidates).map_err(drv("cuMemcpyHtoDAsync"))?;
+        if let Some(buf) = self.scratch.lse_partials.as_mut() {
+            let nan = vec![LsePartial { max: f32::NAN, sum: f32::NAN }; buf.len() / std::mem::size_of::<LsePartial>()];
+            dev.stream().memcpy_htod(bytemuck::cast_slice::<LsePartial, u8>(&nan), buf).map_err(drv("cuMemcpyHtoDAsync"))?;
+        }
+        dev.synchronize()
+    }
+
+    /// Stage one alone of `a`, and the candidates and partials it left (tests). Synchronizes.
+    pub(crate) fn debug_stage_one(&self, a: &Args) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
+        let layout = self.layout(a.shape.batch)?;
+        let stream = self.device.stream().clone();
+        // Run the whole launch: stage one's output is not touched by the later stages.
+        self.enqueue(&stream, a, &mut |_| Ok(()))?;
+        let cands: Vec<u8> = stream
+            .clone_dtoh(&self.scratch.candidates.slice(0..layout.candidate_count() * std::mem::size_of::<Candidate>()))
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        let lse = match &self.scratch.lse_partials {
+            Some(buf) => Some(
+                stream
+                    .clone_dtoh(&buf.slice(0..a.shape.batch * layout.tiles * std::mem::size_of::<LsePartial>()))
+                    .map_err(drv("cuMemcpyDtoHAsync"))?,
+            ),
+            None => None,
+        };
+        self.device.synchronize()?;
+        Ok((layout, from_bytes(&cands), lse.map(|l| from_bytes(&l))))
+    }
+}
+
+/// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
+pub(crate) fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
+}
+
+/// The address of a buffer the pipeline requires (`wanted`) or forbids, at least `len` long.
+fn expect_in(what: &'static str, wanted: bool, buf: Option<(u64, usize)>, len: usize) -> Result<u64> {
+    match (wanted, buf) {
+        (true, None) => Err(ParamError::Missing(what).into()),
+        (false, Some(_)) => Err(ParamError::Unexpected(what).into()),
+        (false, None) => Ok(0),
+        (true, Some((ptr, got))) => expect_len(what, got, len).map(|()| ptr),
+    }
+}
+
+/// The address of an optional buffer, at least `len` long.
+fn optional_in(what: &'static str, buf: Option<(u64, usize)>, len: usize) -> Result<u64> {
+    match buf {
+        None => Ok(0),
+        Some((ptr, got)) => expect_len(what, got, len).map(|()| ptr),
+    }
+}
+
+/// Whether a buffer of `got` elements holds the `want` a launch reads.
+fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
+    if got < want {
+        return Err(ParamError::Length { what, expected: want, got }.into());
+    }
+    Ok(())
+}
