@@ -37,7 +37,7 @@ impl LsePartial {
 pub enum RowError {
     #[error("row {row}: every token is masked, banned or -inf, so there is nothing to sample")]
     AllMasked { row: usize },
-    #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf)")]
+    #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf, and the parameters for values that overflow f32)")]
     NonFinite { row: usize },
 }
 
@@ -82,13 +82,15 @@ impl StageTwo {
     }
 
     /// The winning candidate of (row, sample) over all tiles: `Ok(None)` if every tile was
-    /// empty, `Err` if any tile met a non-finite logit.
+    /// empty, `Err` if any tile met a non-finite raw logit or its winner's score is `+inf` or
+    /// NaN (a transformed logit that overflowed f32, e.g. `logit / T` for a tiny `T`).
     pub fn winner(&self, candidates: &[Candidate], row: usize, sample: usize) -> Result<Option<Candidate>, RowError> {
         let mut best: Option<Candidate> = None;
         for c in &candidates[self.slot(row, sample, 0)..][..self.tiles] {
             match c.index {
                 INDEX_NONFINITE => return Err(RowError::NonFinite { row }),
                 INDEX_NONE => {}
+                _ if c.score.is_nan() || c.score == f32::INFINITY => return Err(RowError::NonFinite { row }),
                 _ if best.is_none_or(|b| Self::beats(c, &b)) => best = Some(*c),
                 _ => {}
             }
@@ -164,6 +166,9 @@ mod tests {
         assert_eq!(s.reduce(&masked, None), Err(RowError::AllMasked { row: 1 }));
         let nan = [c(1.0, 1), c(0.0, INDEX_NONFINITE), c(0.0, 3), c(0.0, 4)];
         assert_eq!(s.reduce(&nan, None), Err(RowError::NonFinite { row: 0 }));
+        // A transformed logit that overflowed to +inf wins its tile with score +inf.
+        let overflow = [c(1.0, 1), c(2.0, 2), c(0.0, 3), c(f32::INFINITY, 4)];
+        assert_eq!(s.reduce(&overflow, None), Err(RowError::NonFinite { row: 1 }));
     }
 
     #[test]

@@ -152,14 +152,14 @@ impl<'h> ShapeInputs<'h> {
                 check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - self.lses[i];
-                    let tol = 2.0 * logsumexp_tolerance(r.bound, vocab);
+                    let tol = r.logprob_tolerance(self.lses[i], vocab);
                     if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
                         return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
                     }
                 }
             }
             if let Some(lse) = &samples.logsumexp {
-                let tol = logsumexp_tolerance(self.refs[i * s].bound, vocab);
+                let tol = logsumexp_tolerance(self.refs[i * s].lse_bound, vocab);
                 if (f64::from(lse[row]) - self.lses[i]).abs() > tol {
                     return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], self.lses[i]));
                 }
