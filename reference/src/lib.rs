@@ -450,8 +450,14 @@ fn cuts(order: &[usize], logits: &[f64], f: &RowFilter, b: f64) -> (usize, usize
     if f.top_k > 0 && (f.top_k as usize) < n {
         let k = f.top_k as usize;
         n = k;
-        lo = above(x(k) + 2.0 * b).min(k);
-        hi = at_least(x(k - 1) - 2.0 * b).max(k);
+        if b == 0.0 {
+            // The f32 logits are these exactly (e.g. all saturated by a softcap): f32 ranks
+            // them as `order` does, ties to the lower token.
+            (lo, hi) = (k, k);
+        } else {
+            lo = above(x(k) + 2.0 * b).min(k);
+            hi = at_least(x(k - 1) - 2.0 * b).max(k);
+        }
     }
     if f.min_p > 0.0 && n > 0 {
         // The f32 threshold adds ln_f32's error (< 1e-6) to the logit's.
