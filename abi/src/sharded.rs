@@ -13,7 +13,8 @@ use crate::{
 /// independent of every token's noise.
 pub const SHARD_STREAM: u32 = crate::rng::counter_word3(0, crate::rng::NoiseStream::Shard);
 
-/// Noise bits for choosing among shards for (row, sample).
+/// Noise bits for choosing among shards for (row, sample). `(seed, row)` is the row's noise
+/// stream, `SamplingParams::row_stream`: `(seed, row)`, or `(row_seeds[row], 0)`.
 pub fn shard_noise_bits(seed: u64, row: u32, sample: u32, shard: u32) -> u32 {
     philox4x32_10([shard, row, sample, SHARD_STREAM], key(seed))[0]
 }
@@ -27,7 +28,8 @@ pub struct ShardDraw {
     pub log_mass: f64,
 }
 
-/// The shard whose local sample becomes the row's sample, `None` if every shard is empty.
+/// The shard whose local sample becomes the row's sample, `None` if every shard is empty;
+/// `(seed, row)` is the row's noise stream (see [`shard_noise_bits`]).
 /// Greedy rows take the shard with the best local score (ties to the lower shard).
 pub fn pick_shard(draws: &[ShardDraw], seed: u64, row: u32, sample: u32, greedy: bool) -> Option<usize> {
     let key_of = |k: usize, d: &ShardDraw| -> Option<f64> {

@@ -613,6 +613,34 @@ mod sharded {
         }
     }
 
+    /// A row with its own seed draws its shard, like its tokens, from that seed alone: identical
+    /// requests agree wherever they sit in the batch.
+    #[test]
+    fn per_row_seeds_pick_the_shard_too() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16).temperature_per_row("t").outputs(SCORE).build().unwrap();
+        let case = Case::identical_rows(&p, 64, 8, 40, 1.5);
+        let parts = shards(&case, &[13, 11, 16]);
+        let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+        let sampler = ShardedSampler::new(p.clone(), &cpu()).unwrap();
+        let run = |seeds: &[u64]| {
+            let params = SamplingParams { row_seeds: Some(seeds), ..case.params(&p) };
+            sampler.sample(case.hidden.tensor(), &tensors, &params).unwrap().tokens
+        };
+        for seed in 0..10u64 {
+            let same = vec![seed; 64];
+            let tokens = run(&same);
+            assert!(tokens.iter().all(|&t| t == tokens[0]), "seed {seed}: identical requests disagree: {tokens:?}");
+        }
+        // And a row's sample does not depend on the other rows' seeds.
+        let seeds: Vec<u64> = (0..64).collect();
+        let mut shifted = seeds.clone();
+        shifted.rotate_left(5);
+        let (a, b) = (run(&seeds), run(&shifted));
+        for r in 0..64 {
+            assert_eq!(a[(r + 5) % 64], b[r], "row seed {}", (r + 5) % 64);
+        }
+    }
+
     #[test]
     fn every_shard_masked_is_an_error() {
         let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16).mask("m").build().unwrap();
