@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use flashsample::{
     ir::{DType, Outputs, Pipeline, PipelineBuilder},
-    tuning::{ShapeKey, TuningFile, TUNING_ENV},
+    tuning::{ShapeKey, TunedConfig, TuningFile, TUNING_ENV},
     Device, GpuConfig, KernelConfig, Sampler,
 };
 use flashsample_autotune::{
@@ -113,6 +113,8 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
             let limits = CpuLimits { threads: *threads, ..CpuLimits::detect() };
             cpu_space::enumerate(shape.batch, shape.dim, shape.vocab, pipeline.weights.dtype.size_bytes(), &limits)
                 .into_iter()
+                // What the runtime would refuse to load (scratch past its bound) is not worth timing.
+                .filter(|c| c.unusable(shape).is_none())
                 .map(KernelConfig::Cpu)
                 .collect()
         }
@@ -157,7 +159,7 @@ fn main() -> Result<()> {
     let pipeline = builtin(&args.pipeline, dtype)?;
     let device = match args.device.split_once(':') {
         None if args.device == "cpu" => Device::cpu(),
-        Some(("cpu", n)) => Device::cpu_with_threads(n.parse().context("cpu:THREADS")?),
+        Some(("cpu", n)) => Device::cpu_with_threads(n.parse().context("cpu:THREADS")?)?,
         Some(("cuda", n)) => Device::cuda(n.parse().context("cuda:ORDINAL")?)?,
         _ => bail!("unknown device `{}` (expected cpu, cpu:THREADS or cuda:ORDINAL)", args.device),
     };

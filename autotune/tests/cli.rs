@@ -43,7 +43,7 @@ fn tunes_resumes_and_the_runtime_uses_the_result() {
         .outputs(Outputs { score: true, ..Outputs::default() })
         .build()
         .unwrap();
-    let sampler = Sampler::new(p, &Device::cpu_with_threads(2)).unwrap();
+    let sampler = Sampler::new(p, &Device::cpu_with_threads(2).unwrap()).unwrap();
     let best_b5: KernelConfig = serde_json::from_value(entries.iter().find(|e| e.shape.batch == 5).unwrap().best.config.clone()).unwrap();
     assert_eq!(sampler.config_for(6, 48, 3001), best_b5);
     std::fs::remove_dir_all(dir).ok();

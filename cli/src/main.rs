@@ -76,7 +76,7 @@ enum Command {
 fn parse_device(s: &str) -> Result<Device> {
     match s.split_once(':') {
         None if s == "cpu" => Ok(Device::cpu()),
-        Some(("cpu", n)) => Ok(Device::cpu_with_threads(n.parse().context("cpu:THREADS")?)),
+        Some(("cpu", n)) => Ok(Device::cpu_with_threads(n.parse().context("cpu:THREADS")?)?),
         Some(("cuda", n)) => Ok(Device::cuda(n.parse().context("cuda:ORDINAL")?)?),
         _ => bail!("unknown device `{s}` (expected cpu, cpu:THREADS or cuda:ORDINAL)"),
     }

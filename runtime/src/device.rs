@@ -1,4 +1,5 @@
 use crate::cuda::CudaDevice;
+use flashsample_codegen_cpu::MAX_THREADS;
 use std::sync::Arc;
 
 /// Where a [`crate::Sampler`] runs.
@@ -11,13 +12,20 @@ pub enum Device {
 }
 
 impl Device {
-    /// The CPU with one worker thread per available core.
+    /// The CPU with one worker thread per available core (at most
+    /// [`flashsample_codegen_cpu::MAX_THREADS`]).
     pub fn cpu() -> Device {
-        Device::Cpu { threads: std::thread::available_parallelism().map_or(1, |n| n.get()) }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Device::Cpu { threads: cores.min(MAX_THREADS) }
     }
 
-    pub fn cpu_with_threads(threads: usize) -> Device {
-        Device::Cpu { threads: threads.max(1) }
+    /// The CPU with `threads` worker threads: `Error::CpuThreads` unless `threads` is in
+    /// `1..=`[`flashsample_codegen_cpu::MAX_THREADS`].
+    pub fn cpu_with_threads(threads: usize) -> crate::Result<Device> {
+        if !(1..=MAX_THREADS).contains(&threads) {
+            return Err(crate::Error::CpuThreads { threads, max: MAX_THREADS });
+        }
+        Ok(Device::Cpu { threads })
     }
 
     /// CUDA device `ordinal`: `Error::NoCudaDriver` without libcuda, `Error::NoCudaDevice`
@@ -27,10 +35,29 @@ impl Device {
         CudaDevice::open(ordinal).map(Device::Cuda)
     }
 
+    /// A short description for logs: `cpu (N threads)` or the GPU's name.
     pub fn describe(&self) -> String {
         match self {
             Device::Cpu { threads } => format!("cpu ({threads} threads)"),
             Device::Cuda(d) => d.describe(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_thread_counts_are_checked_at_construction() {
+        for bad in [0, MAX_THREADS + 1, 5000] {
+            match Device::cpu_with_threads(bad) {
+                Err(crate::Error::CpuThreads { threads, max: MAX_THREADS }) => assert_eq!(threads, bad),
+                other => panic!("{bad} threads: {other:?}"),
+            }
+        }
+        assert!(matches!(Device::cpu_with_threads(1), Ok(Device::Cpu { threads: 1 })));
+        assert!(matches!(Device::cpu_with_threads(MAX_THREADS), Ok(Device::Cpu { threads: MAX_THREADS })));
+        assert!(matches!(Device::cpu(), Device::Cpu { threads } if (1..=MAX_THREADS).contains(&threads)));
     }
 }

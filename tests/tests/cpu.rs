@@ -423,8 +423,8 @@ fn same_seed_same_samples_different_seed_different_samples() {
 fn thread_count_does_not_change_samples() {
     let p = pipelines()[1].clone();
     let case = Case::random(&p, 5, 40, 3000, 9, 2.0);
-    let one = case.run(&Sampler::new(p.clone(), &Device::cpu_with_threads(1)).unwrap()).unwrap();
-    let two = case.run(&Sampler::new(p, &Device::cpu_with_threads(2)).unwrap()).unwrap();
+    let one = case.run(&Sampler::new(p.clone(), &Device::cpu_with_threads(1).unwrap()).unwrap()).unwrap();
+    let two = case.run(&Sampler::new(p, &Device::cpu_with_threads(2).unwrap()).unwrap()).unwrap();
     assert_eq!(one, two);
 }
 
