@@ -24,35 +24,51 @@ pub struct Candidate {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct LsePartial {
+    /// Largest allowed logit of the tile (`-inf` if none).
     pub max: f32,
+    /// `Σ exp(x − max)` over the tile's allowed tokens.
     pub sum: f32,
 }
 
 impl LsePartial {
+    /// A tile with no allowed token.
     pub const EMPTY: LsePartial = LsePartial { max: f32::NEG_INFINITY, sum: 0.0 };
 }
 
 /// A row that cannot be sampled.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RowError {
+    /// Every token of the row is excluded.
     #[error("row {row}: every token is masked, banned or -inf, so there is nothing to sample")]
-    AllMasked { row: usize },
+    AllMasked {
+        /// The row.
+        row: usize,
+    },
+    /// The row's logits are not finite (status 2).
     #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf, and the parameters for values that overflow f32)")]
-    NonFinite { row: usize },
+    NonFinite {
+        /// The row.
+        row: usize,
+    },
 }
 
 /// The layout of one launch's candidate buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageTwo {
+    /// Rows.
     pub batch: usize,
+    /// Samples per row.
     pub samples: usize,
+    /// Vocabulary tiles.
     pub tiles: usize,
 }
 
 /// The final samples of one launch, row-major `[B, samples]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowResult {
+    /// Sampled token of each (row, sample).
     pub tokens: Vec<u32>,
+    /// Its perturbed score.
     pub scores: Vec<f32>,
     /// Transformed logit of each sampled token.
     pub logits: Vec<f32>,
@@ -66,6 +82,7 @@ impl StageTwo {
         vocab.div_ceil(tile)
     }
 
+    /// Candidates of the whole launch.
     pub fn candidate_count(&self) -> usize {
         self.batch * self.samples * self.tiles
     }

@@ -177,28 +177,74 @@ pub enum ParamError {
     Unexpected(&'static str),
     /// An operand of the wrong length.
     #[error("`{what}` has {got} elements, expected {expected}")]
-    Length { what: &'static str, expected: usize, got: usize },
+    Length {
+        /// The operand.
+        what: &'static str,
+        /// Its expected length.
+        expected: usize,
+        /// Its length.
+        got: usize,
+    },
     /// A NaN, infinite or negative temperature.
     #[error("temperature of row {row} is {value}; temperatures must be finite and >= 0 (0 = greedy)")]
-    Temperature { row: usize, value: f32 },
+    Temperature {
+        /// The row.
+        row: usize,
+        /// The value given.
+        value: f32,
+    },
     /// A NaN or `+inf` bias.
     #[error("bias[{index}] is {value}; a bias must be finite or -inf")]
-    Bias { index: usize, value: f32 },
+    Bias {
+        /// The token.
+        index: usize,
+        /// The value given.
+        value: f32,
+    },
     /// A banned token id past the vocabulary.
     #[error("banned token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
-    BannedOutOfRange { row: usize, token: u32, vocab: usize },
+    BannedOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
     /// A row's top-k / top-p / min-p is out of range.
     #[error("row {row}: {what}")]
-    Filter { row: usize, what: String },
+    Filter {
+        /// The row.
+        row: usize,
+        /// The operand.
+        what: String,
+    },
     /// A row's penalties are out of range.
     #[error("row {row}: {what}")]
-    Penalty { row: usize, what: String },
+    Penalty {
+        /// The row.
+        row: usize,
+        /// The operand.
+        what: String,
+    },
     /// A penalized token id past the vocabulary.
     #[error("penalized token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
-    HistoryOutOfRange { row: usize, token: u32, vocab: usize },
+    HistoryOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
     /// A `vocab_offset` that is not a multiple of 4 or runs past 2^32 tokens.
     #[error("vocab_offset {offset} must be a multiple of 4 and, with the vocabulary of {vocab}, stay below 2^32")]
-    VocabOffset { offset: u32, vocab: usize },
+    VocabOffset {
+        /// The offset given.
+        offset: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
 }
 
 /// u32 words per row of a `[B, V]` token bitset.

@@ -413,6 +413,7 @@ pub struct CandidateSet {
 }
 
 impl CandidateSet {
+    /// Whether an f32 backend may cut differently than `kept`.
     pub fn is_ambiguous(&self) -> bool {
         self.sure != self.kept.len() || self.possible.len() != self.kept.len()
     }

@@ -394,3 +394,8 @@ pub fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, f64) {
     let p = 1.0 - ChiSquared::new(df).expect("df > 0").cdf(stat);
     (stat, p)
 }
+
+/// README.md, so `cargo test` compiles and runs its Rust example and it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExample;
