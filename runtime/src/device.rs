@@ -5,7 +5,9 @@ use std::sync::Arc;
 /// Where a [`crate::Sampler`] runs.
 #[derive(Clone, Debug)]
 pub enum Device {
-    /// Cranelift-JIT'd kernels on this machine's cores.
+    /// Cranelift-JIT'd kernels on this machine's cores, with `threads` in
+    /// `1..=`[`flashsample_codegen_cpu::MAX_THREADS`] ([`Device::cpu_with_threads`] checks it;
+    /// a launch rejects a device built with another count).
     Cpu { threads: usize },
     /// An NVIDIA GPU (compute capability 8.0 or newer) through the CUDA driver.
     Cuda(Arc<CudaDevice>),
