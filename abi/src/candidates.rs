@@ -25,35 +25,51 @@ pub struct Candidate {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct LsePartial {
+    /// Largest allowed logit of the tile (`-inf` if none).
     pub max: f32,
+    /// `Σ exp(x − max)` over the tile's allowed tokens.
     pub sum: f32,
 }
 
 impl LsePartial {
+    /// A tile with no allowed token.
     pub const EMPTY: LsePartial = LsePartial { max: f32::NEG_INFINITY, sum: 0.0 };
 }
 
 /// A row that cannot be sampled.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RowError {
+    /// Every token of the row is excluded.
     #[error("row {row}: every token is masked, banned or -inf, so there is nothing to sample")]
-    AllMasked { row: usize },
-    #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf)")]
-    NonFinite { row: usize },
+    AllMasked {
+        /// The row.
+        row: usize,
+    },
+    /// The row's logits are not finite (status 2).
+    #[error("row {row}: the logits contain NaN or infinity (check the hidden states and weights for NaN/inf, and the parameters for values that overflow f32)")]
+    NonFinite {
+        /// The row.
+        row: usize,
+    },
 }
 
 /// The layout of one launch's candidate buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageTwo {
+    /// Rows.
     pub batch: usize,
+    /// Samples per row.
     pub samples: usize,
+    /// Vocabulary tiles.
     pub tiles: usize,
 }
 
 /// The final samples of one launch, row-major `[B, samples]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowResult {
+    /// Sampled token of each (row, sample).
     pub tokens: Vec<u32>,
+    /// Its perturbed score.
     pub scores: Vec<f32>,
     /// Transformed logit of each sampled token.
     pub logits: Vec<f32>,
@@ -67,6 +83,7 @@ impl StageTwo {
         vocab.div_ceil(tile)
     }
 
+    /// Candidates of the whole launch.
     pub fn candidate_count(&self) -> usize {
         self.batch * self.samples * self.tiles
     }
@@ -83,13 +100,15 @@ impl StageTwo {
     }
 
     /// The winning candidate of (row, sample) over all tiles: `Ok(None)` if every tile was
-    /// empty, `Err` if any tile met a non-finite logit.
+    /// empty, `Err` if any tile met a non-finite raw logit or its winner's score is `+inf` or
+    /// NaN (a transformed logit that overflowed f32, e.g. `logit / T` for a tiny `T`).
     pub fn winner(&self, candidates: &[Candidate], row: usize, sample: usize) -> Result<Option<Candidate>, RowError> {
         let mut best: Option<Candidate> = None;
         for c in &candidates[self.slot(row, sample, 0)..][..self.tiles] {
             match c.index {
                 INDEX_NONFINITE => return Err(RowError::NonFinite { row }),
                 INDEX_NONE => {}
+                _ if c.score.is_nan() || c.score == f32::INFINITY => return Err(RowError::NonFinite { row }),
                 _ if best.is_none_or(|b| Self::beats(c, &b)) => best = Some(*c),
                 _ => {}
             }
@@ -204,6 +223,9 @@ mod tests {
         assert_eq!(s.reduce(&masked, None), Err(RowError::AllMasked { row: 1 }));
         let nan = [c(1.0, 1), c(0.0, INDEX_NONFINITE), c(0.0, 3), c(0.0, 4)];
         assert_eq!(s.reduce(&nan, None), Err(RowError::NonFinite { row: 0 }));
+        // A transformed logit that overflowed to +inf wins its tile with score +inf.
+        let overflow = [c(1.0, 1), c(2.0, 2), c(0.0, 3), c(f32::INFINITY, 4)];
+        assert_eq!(s.reduce(&overflow, None), Err(RowError::NonFinite { row: 1 }));
     }
 
     #[test]

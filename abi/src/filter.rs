@@ -29,7 +29,9 @@ use bytemuck::{Pod, Zeroable};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct Scored {
+    /// Transformed logit.
     pub logit: f32,
+    /// Vocabulary index, or `INDEX_NONE` for padding.
     pub index: u32,
 }
 
@@ -37,6 +39,7 @@ impl Scored {
     /// Padding of a list with fewer eligible tokens than slots.
     pub const EMPTY: Scored = Scored { logit: f32::NEG_INFINITY, index: INDEX_NONE };
 
+    /// Whether this is padding.
     pub fn is_empty(&self) -> bool {
         self.index == INDEX_NONE
     }
@@ -50,16 +53,21 @@ impl Scored {
 /// Layout of stage one's list buffer: `[B, tiles, per_tile]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopLists {
+    /// Rows.
     pub batch: usize,
+    /// Vocabulary tiles.
     pub tiles: usize,
+    /// Entries per (row, tile) list.
     pub per_tile: usize,
 }
 
 impl TopLists {
+    /// Entries of the whole buffer.
     pub fn len(&self) -> usize {
         self.batch * self.tiles * self.per_tile
     }
 
+    /// Whether the buffer holds no entry.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -85,14 +93,24 @@ pub fn insert(list: &mut [Scored], s: Scored) {
 /// Why a row's lists cannot give its exact filtered sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ListError {
+    /// A tile's list was too short for the row's cut (status 3; the GPU reruns with longer lists).
     #[error("row {row}: a vocabulary tile may hold more top tokens than its list kept")]
-    Overflow { row: usize },
+    Overflow {
+        /// The row.
+        row: usize,
+    },
+    /// A top-p / min-p nucleus past the lists' capacity (status 4).
     #[error(
         "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, more than the fused \
          filter's candidate lists hold (max_k, and the runtime's fallback of {max}); set a top-k for the row",
         max = flashsample_ir::MAX_LIST_CAPACITY
     )]
-    NucleusTooLarge { row: usize, capacity: usize },
+    NucleusTooLarge {
+        /// The row.
+        row: usize,
+        /// Entries the lists held.
+        capacity: usize,
+    },
 }
 
 /// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).

@@ -10,11 +10,15 @@
 pub const LN_REDUCE_BITS: i32 = 0x3f35_04f3;
 /// `ln 2` split so that `e · LN2_HI` is exact for |e| < 2^9.
 pub const LN2_HI: f32 = 0.693_145_75;
+/// The rest of `ln 2`.
 pub const LN2_LO: f32 = 1.428_606_8e-6;
 /// atanh series coefficients of `ln((1+s)/(1-s)) = 2s(1 + s²/3 + s⁴/5 + s⁶/7 + s⁸/9)`.
 pub const LN_C3: f32 = 1.0 / 3.0;
+/// See [`LN_C3`].
 pub const LN_C5: f32 = 1.0 / 5.0;
+/// See [`LN_C3`].
 pub const LN_C7: f32 = 1.0 / 7.0;
+/// See [`LN_C3`].
 pub const LN_C9: f32 = 1.0 / 9.0;
 
 /// Natural log of a positive, normal, finite `x`.
@@ -33,6 +37,7 @@ pub fn ln_f32(x: f32) -> f32 {
     e.mul_add(LN2_HI, e.mul_add(LN2_LO, ln_m))
 }
 
+/// `log2(e)`, the exponent's scale in `exp_f32`.
 pub const LOG2_E: f32 = std::f32::consts::LOG2_E;
 /// Below this `exp_f32` returns exactly 0 (the true value is < 2⁻¹²⁵).
 pub const EXP_MIN_INPUT: f32 = -87.0;

@@ -2,13 +2,30 @@
 
 use bytemuck::{Pod, Zeroable};
 use flashsample_ir::{Pipeline, Temperature, Transform};
+use std::ops::RangeInclusive;
+
+/// Positive temperatures below this sample greedily, exactly as `T = 0` does (vLLM's
+/// `_SAMPLING_EPS`). Below it `logit / T` no longer differs from the argmax in any way f32
+/// can show, and `1 / T` overflows f32 near 3e-39. [`SamplingParams::row_temperature`]
+/// applies it, so every backend, stage three and the reference see the same `0`.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
+/// Accepted repetition penalties (1 = off). Outside it a penalty scales a logit by more than
+/// 100x: it pushes logits toward f32 overflow without changing which tokens can win.
+pub const REPETITION_PENALTY: RangeInclusive<f32> = 0.01..=100.0;
+
+/// Accepted presence and frequency penalties (0 = off), as vLLM and the OpenAI API accept.
+pub const PRESENCE_FREQUENCY_PENALTY: RangeInclusive<f32> = -2.0..=2.0;
 
 /// Temperature values supplied at launch (constant temperatures live in the pipeline).
 #[derive(Clone, Copy, Debug, Default)]
 pub enum TemperatureArg<'a> {
+    /// The pipeline has no run-time temperature (none, or a constant one).
     #[default]
     None,
+    /// One temperature for every row (a pipeline declaring `temperature(logits, scalar t)`).
     Scalar(f32),
+    /// `[B]` temperatures, one per row (a pipeline declaring a per-row temperature).
     PerRow(&'a [f32]),
 }
 
@@ -25,16 +42,20 @@ pub struct RowFilter {
 }
 
 impl RowFilter {
+    /// No filtering: the row samples from its whole distribution.
     pub const OFF: RowFilter = RowFilter { top_k: 0, top_p: 1.0, min_p: 0.0 };
 
+    /// Only a top-k.
     pub fn top_k(k: u32) -> Self {
         RowFilter { top_k: k, ..Self::OFF }
     }
 
+    /// Only a top-p.
     pub fn top_p(p: f32) -> Self {
         RowFilter { top_p: p, ..Self::OFF }
     }
 
+    /// Whether the filter keeps every token.
     pub fn is_off(&self) -> bool {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
@@ -57,12 +78,13 @@ impl Default for RowFilter {
 /// with count 0 gets only the repetition penalty, as vLLM's prompt mask does.
 #[derive(Clone, Copy, Debug)]
 pub struct PenaltyArg<'a> {
-    /// `[B]`, > 0; 1 = off. Positive logits are divided by it, others multiplied.
+    /// `[B]`, in [`REPETITION_PENALTY`]; 1 = off. Positive logits are divided by it, others multiplied.
     pub repetition: &'a [f32],
-    /// `[B]`, subtracted once from every generated token's logit; 0 = off.
+    /// `[B]`, in [`PRESENCE_FREQUENCY_PENALTY`], subtracted once from every generated token's logit; 0 = off.
     pub presence: &'a [f32],
-    /// `[B]`, subtracted `count` times; 0 = off.
+    /// `[B]`, in [`PRESENCE_FREQUENCY_PENALTY`], subtracted `count` times; 0 = off.
     pub frequency: &'a [f32],
+    /// `[B]` lists of (token, count); a token listed twice has the sum of its counts.
     pub history: &'a [Vec<(u32, u32)>],
 }
 
@@ -80,6 +102,21 @@ pub struct PenaltyTable {
     pub subtract: Vec<f32>,
     /// `[B]`.
     pub repetition: Vec<f32>,
+}
+
+/// One row's history with repeated tokens merged (counts added in u64, so they cannot wrap),
+/// sorted by token; `None` if the counts of one token overflow u64.
+fn merged_history(history: &[(u32, u32)]) -> Option<Vec<(u32, u64)>> {
+    let mut sorted = history.to_vec();
+    sorted.sort_unstable();
+    let mut rows: Vec<(u32, u64)> = Vec::with_capacity(sorted.len());
+    for (tok, n) in sorted {
+        match rows.last_mut() {
+            Some(last) if last.0 == tok => last.1 = last.1.checked_add(u64::from(n))?,
+            _ => rows.push((tok, u64::from(n))),
+        }
+    }
+    Some(rows)
 }
 
 /// The penalized logit of one listed token, the f32 steps every backend emits.
@@ -106,6 +143,7 @@ impl PenaltyTable {
 /// Everything a launch needs besides the two matrices.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SamplingParams<'a> {
+    /// The run-time temperature, for pipelines that declare one.
     pub temperature: TemperatureArg<'a>,
     /// `[V]` additive bias; `-inf` bans a token for every row.
     pub bias: Option<&'a [f32]>,
@@ -113,6 +151,7 @@ pub struct SamplingParams<'a> {
     pub mask: Option<&'a [u32]>,
     /// Per-row banned token ids (`B` lists).
     pub banned: Option<&'a [Vec<u32>]>,
+    /// The launch's Philox key; row `r` draws noise `noise_bits(seed, r, s, v)` unless it has its own seed.
     pub seed: u64,
     /// `[B]` per-row seeds (one per request). A row with its own seed draws noise
     /// `noise_bits(row_seeds[r], 0, s, v, step)`: independent of its position in the batch.
@@ -134,26 +173,82 @@ pub struct SamplingParams<'a> {
 /// A launch parameter that does not fit the pipeline or the shapes.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParamError {
+    /// The pipeline declares an operand the launch did not pass.
     #[error("the pipeline declares `{0}`, but no value was passed for it")]
     Missing(&'static str),
+    /// The launch passed an operand the pipeline does not declare.
     #[error("`{0}` was passed, but the pipeline does not declare it")]
     Unexpected(&'static str),
+    /// An operand of the wrong length.
     #[error("`{what}` has {got} elements, expected {expected}")]
-    Length { what: &'static str, expected: usize, got: usize },
+    Length {
+        /// The operand.
+        what: &'static str,
+        /// Its expected length.
+        expected: usize,
+        /// Its length.
+        got: usize,
+    },
+    /// A NaN, infinite or negative temperature.
     #[error("temperature of row {row} is {value}; temperatures must be finite and >= 0 (0 = greedy)")]
-    Temperature { row: usize, value: f32 },
+    Temperature {
+        /// The row.
+        row: usize,
+        /// The value given.
+        value: f32,
+    },
+    /// A NaN or `+inf` bias.
     #[error("bias[{index}] is {value}; a bias must be finite or -inf")]
-    Bias { index: usize, value: f32 },
+    Bias {
+        /// The token.
+        index: usize,
+        /// The value given.
+        value: f32,
+    },
+    /// A banned token id past the vocabulary.
     #[error("banned token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
-    BannedOutOfRange { row: usize, token: u32, vocab: usize },
+    BannedOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A row's top-k / top-p / min-p is out of range.
     #[error("row {row}: {what}")]
-    Filter { row: usize, what: String },
+    Filter {
+        /// The row.
+        row: usize,
+        /// The operand.
+        what: String,
+    },
+    /// A row's penalties are out of range.
     #[error("row {row}: {what}")]
-    Penalty { row: usize, what: String },
+    Penalty {
+        /// The row.
+        row: usize,
+        /// The operand.
+        what: String,
+    },
+    /// A penalized token id past the vocabulary.
     #[error("penalized token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
-    HistoryOutOfRange { row: usize, token: u32, vocab: usize },
+    HistoryOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A `vocab_offset` that is not a multiple of 4 or runs past 2^32 tokens.
     #[error("vocab_offset {offset} must be a multiple of 4 and, with the vocabulary of {vocab}, stay below 2^32")]
-    VocabOffset { offset: u32, vocab: usize },
+    VocabOffset {
+        /// The offset given.
+        offset: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
 }
 
 /// u32 words per row of a `[B, V]` token bitset.
@@ -282,16 +377,27 @@ impl SamplingParams<'_> {
                 for row in 0..batch {
                     let bad = |what: String| Err(ParamError::Penalty { row, what });
                     let r = p.repetition[row];
-                    if !(r.is_finite() && r > 0.0) {
-                        return bad(format!("repetition penalty is {r}; it must be finite and > 0"));
+                    if !REPETITION_PENALTY.contains(&r) {
+                        return bad(format!(
+                            "repetition penalty is {r}; it must be in [{}, {}] (1 = off)",
+                            REPETITION_PENALTY.start(),
+                            REPETITION_PENALTY.end()
+                        ));
                     }
                     for (name, v) in [("presence", p.presence[row]), ("frequency", p.frequency[row])] {
-                        if !v.is_finite() {
-                            return bad(format!("{name} penalty is {v}; it must be finite"));
+                        if !PRESENCE_FREQUENCY_PENALTY.contains(&v) {
+                            return bad(format!(
+                                "{name} penalty is {v}; it must be in [{}, {}] (0 = off)",
+                                PRESENCE_FREQUENCY_PENALTY.start(),
+                                PRESENCE_FREQUENCY_PENALTY.end()
+                            ));
                         }
                     }
                     if let Some(&(token, _)) = p.history[row].iter().find(|(t, _)| *t as usize >= vocab) {
                         return Err(ParamError::HistoryOutOfRange { row, token, vocab });
+                    }
+                    if merged_history(&p.history[row]).is_none() {
+                        return bad("the counts of one token add up past 2^64".into());
                     }
                 }
             }
@@ -347,17 +453,8 @@ impl SamplingParams<'_> {
         };
         t.offsets.push(0);
         for row in 0..batch {
-            let mut merged: Vec<(u32, u32)> = p.history[row].clone();
-            merged.sort_unstable();
-            // Repeated (token, count) pairs add up.
-            let mut rows: Vec<(u32, u32)> = Vec::with_capacity(merged.len());
-            for (tok, n) in merged {
-                match rows.last_mut() {
-                    Some(last) if last.0 == tok => last.1 += n,
-                    _ => rows.push((tok, n)),
-                }
-            }
-            for (tok, n) in rows {
+            // `validate` rejected histories whose merged counts overflow.
+            for (tok, n) in merged_history(&p.history[row]).unwrap_or_default() {
                 t.bits[row * words + tok as usize / 32] |= 1 << (tok % 32);
                 t.tokens.push(tok);
                 let present = if n > 0 { p.presence[row] } else { 0.0 };
@@ -368,13 +465,19 @@ impl SamplingParams<'_> {
         Some(t)
     }
 
-    /// The temperature row `row` is sampled at: 0 means greedy, 1 when the pipeline has none.
+    /// The temperature row `row` is sampled at: 0 means greedy (also for positive
+    /// temperatures below [`MIN_TEMPERATURE`]), 1 when the pipeline has none.
     pub fn row_temperature(&self, pipeline: &Pipeline, row: usize) -> f32 {
-        match (pipeline.temperature(), self.temperature) {
+        let t = match (pipeline.temperature(), self.temperature) {
             (Some(Temperature::Const(t)), _) => t.get(),
             (Some(_), TemperatureArg::Scalar(t)) => t,
             (Some(_), TemperatureArg::PerRow(t)) => t[row],
             _ => 1.0,
+        };
+        if t < MIN_TEMPERATURE {
+            0.0
+        } else {
+            t
         }
     }
 
@@ -416,5 +519,61 @@ fn check_temperature(row: usize, value: f32) -> Result<(), ParamError> {
         Ok(())
     } else {
         Err(ParamError::Temperature { row, value })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsample_ir::{DType, PipelineBuilder};
+
+    fn penalized(repetition: f32, presence: f32, frequency: f32, history: &[Vec<(u32, u32)>]) -> Result<(), ParamError> {
+        let p = PipelineBuilder::new("P", DType::F32, DType::F32).penalties("pen").build().unwrap();
+        let pen = PenaltyArg { repetition: &[repetition], presence: &[presence], frequency: &[frequency], history };
+        SamplingParams { penalties: Some(pen), ..Default::default() }.validate(&p, 1, 64)
+    }
+
+    #[test]
+    fn tiny_positive_temperatures_are_greedy() {
+        let p = PipelineBuilder::new("T", DType::F32, DType::F32).temperature_per_row("t").build().unwrap();
+        let temps = [1e-38f32, 1e-45, 9.9e-6, MIN_TEMPERATURE, 0.7, 0.0];
+        let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), ..Default::default() };
+        params.validate(&p, temps.len(), 8).unwrap();
+        assert_eq!(params.row_temperatures(&p, temps.len()), vec![0.0, 0.0, 0.0, MIN_TEMPERATURE, 0.7, 0.0]);
+        let c = PipelineBuilder::new("C", DType::F32, DType::F32).temperature_const(1e-30).build().unwrap();
+        assert_eq!(SamplingParams::default().row_temperature(&c, 0), 0.0);
+    }
+
+    #[test]
+    fn extreme_penalties_are_parameter_errors() {
+        let h = vec![vec![(3u32, 1u32)]];
+        penalized(1.0, 0.0, 0.0, &h).unwrap();
+        penalized(*REPETITION_PENALTY.start(), -2.0, 2.0, &h).unwrap();
+        penalized(*REPETITION_PENALTY.end(), 2.0, -2.0, &h).unwrap();
+        for (rep, presence, frequency, what) in [
+            (1e-45, 0.0, 0.0, "repetition penalty is 0.000000000000000000000000000000000000000000001"),
+            (0.0, 0.0, 0.0, "repetition penalty is 0;"),
+            (f32::INFINITY, 0.0, 0.0, "repetition penalty is inf"),
+            (f32::NAN, 0.0, 0.0, "repetition penalty is NaN"),
+            (1e3, 0.0, 0.0, "repetition penalty is 1000"),
+            (1.0, 0.0, -1e38, "frequency penalty is -1000000"),
+            (1.0, 2.5, 0.0, "presence penalty is 2.5"),
+            (1.0, f32::NAN, 0.0, "presence penalty is NaN"),
+        ] {
+            match penalized(rep, presence, frequency, &h) {
+                Err(e @ ParamError::Penalty { row: 0, .. }) => assert!(e.to_string().contains(what), "{e}"),
+                other => panic!("({rep}, {presence}, {frequency}): {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn repeated_counts_add_up_without_wrapping() {
+        let h = vec![vec![(7u32, u32::MAX), (9, 2), (7, 1)]];
+        penalized(1.0, 0.5, 2.0, &h).unwrap();
+        let pen = PenaltyArg { repetition: &[1.0], presence: &[0.5], frequency: &[2.0], history: &h };
+        let t = SamplingParams { penalties: Some(pen), ..Default::default() }.penalty_table(1, 64).unwrap();
+        assert_eq!(t.tokens, vec![7, 9]);
+        assert_eq!(t.subtract, vec![2.0 * 4_294_967_296.0 + 0.5, 4.5]);
     }
 }

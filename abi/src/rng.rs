@@ -16,10 +16,15 @@
 
 use crate::math::ln_f32;
 
+/// Philox-4x32 multiplier of words 0 and 1 (Salmon et al., 2011).
 pub const PHILOX_M0: u32 = 0xD251_1F53;
+/// Philox-4x32 multiplier of words 2 and 3.
 pub const PHILOX_M1: u32 = 0xCD9E_8D57;
+/// Philox key schedule increment of key word 0 (the golden ratio).
 pub const PHILOX_W0: u32 = 0x9E37_79B9;
+/// Philox key schedule increment of key word 1 (√3 − 1).
 pub const PHILOX_W1: u32 = 0xBB67_AE85;
+/// Rounds of Philox-4x32-10.
 pub const PHILOX_ROUNDS: usize = 10;
 
 /// Largest |gumbel_f32 − gumbel_f64| over all inputs (checked exhaustively over

@@ -11,7 +11,8 @@ use crate::{
 
 /// Noise bits for choosing among shards for (row, sample) at decode step `step`: counter
 /// `[shard, row, sample, counter_word3(step, Shard)]`, a stream of its own, so shard draws are
-/// independent of every token's noise at every step.
+/// independent of every token's noise at every step. `(seed, row)` is the row's noise stream,
+/// `SamplingParams::row_stream`: `(seed, row)`, or `(row_seeds[row], 0)`.
 pub fn shard_noise_bits(seed: u64, row: u32, sample: u32, shard: u32, step: u32) -> u32 {
     philox4x32_10([shard, row, sample, counter_word3(step, NoiseStream::Shard)], key(seed))[0]
 }
@@ -27,7 +28,7 @@ pub struct ShardDraw {
 
 /// The shard whose local sample becomes the row's sample, `None` if every shard is empty.
 /// Greedy rows take the shard with the best local score (ties to the lower shard). `(seed,
-/// row)` is the row's noise stream (`SamplingParams::row_stream`), `step` its decode step.
+/// row)` is the row's noise stream (see [`shard_noise_bits`]), `step` its decode step.
 pub fn pick_shard(draws: &[ShardDraw], seed: u64, row: u32, sample: u32, step: u32, greedy: bool) -> Option<usize> {
     let key_of = |k: usize, d: &ShardDraw| -> Option<f64> {
         let w = d.winner?;

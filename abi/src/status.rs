@@ -52,8 +52,10 @@ impl RowStatus {
 /// The typed error a non-ok [`RowStatus`] stands for.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RowStatusError {
+    /// Status 1 or 2.
     #[error(transparent)]
     Row(#[from] RowError),
+    /// Status 3 or 4.
     #[error(transparent)]
     List(#[from] ListError),
 }

@@ -5,6 +5,7 @@ use flashsample::CpuConfig;
 /// What the CPU search space depends on, read from the machine (or recorded, for tests).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CpuLimits {
+    /// Worker threads of the kernel.
     pub threads: usize,
     /// Per-core L2 size in bytes.
     pub l2_bytes: usize,
@@ -34,7 +35,9 @@ pub fn parse_cache_size(s: &str) -> Option<usize> {
     }
 }
 
+/// Vocab tile widths tried.
 pub const VOCAB_TILES: [u32; 7] = [32, 64, 128, 256, 512, 1024, 2048];
+/// Row blocks tried.
 pub const ROW_BLOCKS: [u32; 3] = [1, 2, 4];
 
 /// Every config worth compiling for this shape, pruned before any compile:

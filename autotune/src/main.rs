@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use flashsample::{
     ir::{DType, Outputs, Pipeline, PipelineBuilder},
-    tuning::{ShapeKey, TuningFile, TUNING_ENV},
+    tuning::{ShapeKey, TunedConfig, TuningFile, TUNING_ENV},
     Device, GpuConfig, KernelConfig, Sampler,
 };
 use flashsample_autotune::{
@@ -23,9 +23,30 @@ use flashsample_autotune::{
     tune::{tune_shape, Effort, HeadInputs, Outcome, ShapeInputs},
 };
 use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+/// A count that must be at least 1 (a batch, a dimension, repetitions).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A time budget in seconds: finite and positive.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x < 1e9 => Ok(x),
+        Ok(x) => Err(format!("{x} is not a positive number of seconds")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The command line.
 #[derive(Parser)]
 #[command(name = "flashsample-autotune", version, about = "Tune flashsample kernels for this device")]
 struct Args {
@@ -35,14 +56,17 @@ struct Args {
     /// Element type of both operands for built-in pipelines.
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    #[arg(long, default_value_t = 151_936)]
+    /// Vocabulary size V.
+    #[arg(long, default_value_t = 151_936, value_parser = positive)]
     vocab: usize,
-    #[arg(long, default_value_t = 4096)]
+    /// Hidden size D.
+    #[arg(long, default_value_t = 4096, value_parser = positive)]
     hidden: usize,
     /// Several heads in one run, as `D:V` pairs (overrides --hidden / --vocab), sharing --budget-s.
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128,256")]
+    /// Batch sizes to tune.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128,256", value_parser = positive)]
     batch: Vec<usize>,
     /// `cpu`, `cpu:THREADS` or `cuda:ORDINAL`.
     #[arg(long, default_value = "cpu")]
@@ -53,27 +77,93 @@ struct Args {
     /// Keep shapes already in the output file for this device instead of measuring them again.
     #[arg(long)]
     resume: bool,
+    /// Untimed launches before timing a config.
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    #[arg(long, default_value_t = 10)]
+    /// Timed launches per config (the median is kept).
+    #[arg(long, default_value_t = 10, value_parser = positive)]
     reps: usize,
     /// Configs kept per shape in the file and the printed table.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = positive)]
     top: usize,
     /// Wall-clock budget in seconds for the whole run (weights, references, compiles,
     /// timing), shared evenly by the shapes still to measure; turns the quick pass on.
-    #[arg(long)]
+    #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
     budget_s: Option<f64>,
     /// Measure only the heuristic and the K best configs by the cost model (CUDA) or
     /// enumeration order (CPU); turns the quick pass on.
     #[arg(long)]
     top_heuristic: Option<usize>,
     /// Launches per config in the quick pass.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive)]
     quick_reps: usize,
     /// Configs of the quick pass timed again with --warmup / --reps.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = positive)]
     finalists: usize,
+}
+
+/// Progress on stderr: a bar on a terminal; plain lines elsewhere (logs, CI), at most one
+/// per `PLAIN_EVERY` while configs are measured.
+struct Progress {
+    bar: ProgressBar,
+    plain: bool,
+    last_line: std::cell::Cell<Instant>,
+}
+
+const PLAIN_EVERY: Duration = Duration::from_secs(5);
+
+impl Progress {
+    fn new(total: u64) -> Progress {
+        let plain = !std::io::stderr().is_terminal();
+        let bar = if plain { ProgressBar::hidden() } else { ProgressBar::new(total) };
+        bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} configs  {msg}").expect("static template"));
+        Progress { bar, plain, last_line: std::cell::Cell::new(Instant::now()) }
+    }
+
+    /// What is being done now.
+    fn stage(&self, msg: String) {
+        if self.plain {
+            eprintln!("{msg}");
+            self.last_line.set(Instant::now());
+        } else {
+            self.bar.set_message(msg);
+        }
+    }
+
+    /// A line that stays (a result or a failure).
+    fn note(&self, msg: String) {
+        if self.plain {
+            eprintln!("{msg}");
+            self.last_line.set(Instant::now());
+        } else {
+            self.bar.println(msg);
+        }
+    }
+
+    /// One more config measured: `done` of `of` for the shape named `what`.
+    fn config_done(&self, what: &str, done: usize, of: usize) {
+        self.bar.inc(1);
+        if self.plain && self.last_line.get().elapsed() >= PLAIN_EVERY {
+            self.stage(format!("{what}: {done}/{of} configs measured"));
+        }
+    }
+}
+
+/// An error and its causes on one line, each cause once: a cause whose text its parent
+/// already shows (as `#[error("...: {0}")]` wrappers do) is not repeated.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn builtin(name: &str, dtype: DType) -> Result<Pipeline> {
@@ -113,6 +203,8 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
             let limits = CpuLimits { threads: *threads, ..CpuLimits::detect() };
             cpu_space::enumerate(shape.batch, shape.dim, shape.vocab, pipeline.weights.dtype.size_bytes(), &limits)
                 .into_iter()
+                // What the runtime would refuse to load (scratch past its bound) is not worth timing.
+                .filter(|c| c.unusable(shape).is_none())
                 .map(KernelConfig::Cpu)
                 .collect()
         }
@@ -146,18 +238,30 @@ fn parse_heads(args: &Args) -> Result<Vec<(usize, usize)>> {
         .iter()
         .map(|s| {
             let (d, v) = s.split_once(':').with_context(|| format!("--shapes entry `{s}` is not D:V"))?;
-            Ok((d.parse().context("D in --shapes")?, v.parse().context("V in --shapes")?))
+            let d = positive(d).map_err(anyhow::Error::msg).with_context(|| format!("D in --shapes entry `{s}`"))?;
+            let v = positive(v).map_err(anyhow::Error::msg).with_context(|| format!("V in --shapes entry `{s}`"))?;
+            Ok((d, v))
         })
         .collect()
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", error_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let args = Args::parse();
     let dtype = DType::from_name(&args.dtype).with_context(|| format!("unknown dtype {}", args.dtype))?;
     let pipeline = builtin(&args.pipeline, dtype)?;
     let device = match args.device.split_once(':') {
         None if args.device == "cpu" => Device::cpu(),
-        Some(("cpu", n)) => Device::cpu_with_threads(n.parse().context("cpu:THREADS")?),
+        Some(("cpu", n)) => Device::cpu_with_threads(n.parse().context("cpu:THREADS")?)?,
         Some(("cuda", n)) => Device::cuda(n.parse().context("cuda:ORDINAL")?)?,
         _ => bail!("unknown device `{}` (expected cpu, cpu:THREADS or cuda:ORDINAL)", args.device),
     };
@@ -192,21 +296,24 @@ fn main() -> Result<()> {
     };
     let end = args.budget_s.map(|s| started + Duration::from_secs_f64(s));
     let spaces: Vec<Vec<KernelConfig>> = todo.iter().map(|s| search_space(&sampler, &device, &pipeline, s, args.top_heuristic)).collect();
-    let bar = ProgressBar::new(spaces.iter().map(|s| s.len() as u64).sum());
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} configs  {msg}").expect("static template"));
+    let progress = Progress::new(spaces.iter().map(|s| s.len() as u64).sum());
     let mut measured = 0usize;
     let mut head_prep: Option<Duration> = None;
     for &(dim, vocab) in &heads {
         let of_head: Vec<usize> = (0..todo.len()).filter(|&i| (todo[i].dim, todo[i].vocab) == (dim, vocab)).collect();
         let Some(max_b) = of_head.iter().map(|&i| todo[i].batch).max() else { continue };
         let t = Instant::now();
-        bar.set_message(format!("D={dim} V={vocab}: inputs"));
+        progress.stage(format!("D={dim} V={vocab}: generating the LM head and {max_b} hidden rows"));
         let head = HeadInputs::new(&sampler, max_b, dim, vocab)?;
         head_prep.get_or_insert(t.elapsed());
         for &i in &of_head {
             let (shape, space) = (todo[i], &spaces[i]);
-            bar.set_message(format!("D={dim} V={vocab} B={}", shape.batch));
+            let what = format!("D={dim} V={vocab} B={}", shape.batch);
+            let shape_started = Instant::now();
+            progress.stage(format!("{what}: float64 reference of the checked rows"));
             let inputs = ShapeInputs::new(&pipeline, &head, shape.batch)?;
+            progress.stage(format!("{what}: measuring {} configs", space.len()));
+            let mut done = 0usize;
             // This shape's even share of what is left, keeping one head preparation per head
             // still to come.
             let deadline = end.map(|end| {
@@ -216,20 +323,29 @@ fn main() -> Result<()> {
                 Instant::now() + left / (todo.len() - measured).max(1) as u32
             });
             let entry = tune_shape(&sampler, &inputs, shape, space, effort, deadline, |config, outcome| {
-                bar.inc(1);
+                done += 1;
+                progress.config_done(&what, done, space.len());
                 match outcome {
                     Outcome::Timed(_) | Outcome::Skipped => {}
-                    Outcome::Failed(e) => bar.println(format!("B={} {config:?}: failed: {e}", shape.batch)),
-                    Outcome::Wrong(e) => bar.println(format!("B={} {config:?}: WRONG SAMPLES, discarded: {e}", shape.batch)),
+                    Outcome::Failed(e) => progress.note(format!("{what} {config:?}: failed: {e}")),
+                    Outcome::Wrong(e) => progress.note(format!("{what} {config:?}: WRONG SAMPLES, discarded: {e}")),
                 }
             })?;
+            let heuristic = entry.heuristic.median_us;
+            // `upsert` keeps the heuristic where it measured faster than the search's best.
+            let saved = if heuristic < entry.best.median_us { heuristic } else { entry.best.median_us };
+            progress.note(format!(
+                "{what}: saved {saved:.1} us, heuristic {heuristic:.1} us ({:.2}x), {done} configs in {:.1} s",
+                heuristic / saved,
+                shape_started.elapsed().as_secs_f64()
+            ));
             file.upsert(&identity, entry);
             // Saved after every shape so an interrupted run resumes where it stopped.
             file.save(&out)?;
             measured += 1;
         }
     }
-    bar.finish_and_clear();
+    progress.bar.finish_and_clear();
 
     let Some(section) = file.device(&identity) else { bail!("no entries for {identity}") };
     println!("| D | V | B | rank | config | median us | vs heuristic |");

@@ -20,8 +20,11 @@ use std::time::Instant;
 /// How hard to measure.
 #[derive(Clone, Copy, Debug)]
 pub struct Effort {
+    /// Untimed launches before timing.
     pub warmup: usize,
+    /// Timed launches (the median is kept).
     pub reps: usize,
+    /// Configs kept per shape.
     pub top: usize,
     /// Launches per config in the quick pass; 0 = full mode (no quick pass).
     pub quick_reps: usize,
@@ -32,6 +35,7 @@ pub struct Effort {
 /// A config that was compiled and run, and what came of it.
 #[derive(Clone, Debug)]
 pub enum Outcome {
+    /// Correct samples, and its time.
     Timed(Measured),
     /// Failed to compile or launch (the message says why).
     Failed(String),
@@ -41,12 +45,16 @@ pub enum Outcome {
     Skipped,
 }
 
+/// Why a shape could not be tuned.
 #[derive(Debug, thiserror::Error)]
 pub enum TuneError {
+    /// Every config failed or gave wrong samples.
     #[error("no config produced correct samples at {0:?}; first failure: {1}")]
     NothingCorrect(ShapeKey, String),
+    /// The runtime failed outside a config's measurement.
     #[error(transparent)]
     Runtime(#[from] flashsample::Error),
+    /// The float64 reference rejected the inputs.
     #[error("float64 reference failed: {0}")]
     Reference(String),
 }
@@ -68,11 +76,14 @@ fn checked_rows(batch: usize) -> Vec<usize> {
 /// random weights, and their device copy when the sampler runs on a GPU, so no config pays a
 /// multi-GB upload.
 pub struct HeadInputs {
+    /// The weights and the largest batch of hidden states and parameters.
     pub big: Case,
+    /// The weights on the GPU, when the sampler runs there.
     pub device_weights: Option<DeviceTensor>,
 }
 
 impl HeadInputs {
+    /// Random inputs for `max_batch` rows of a `[vocab, dim]` head.
     pub fn new(sampler: &Sampler, max_batch: usize, dim: usize, vocab: usize) -> Result<HeadInputs, TuneError> {
         let big = Case::random(sampler.pipeline(), max_batch, dim, vocab, 0x7075_6e65, 4.0);
         let device_weights = match sampler.device() {
@@ -82,6 +93,7 @@ impl HeadInputs {
         Ok(HeadInputs { big, device_weights })
     }
 
+    /// The weights as a launch takes them (the device copy if there is one).
     pub fn weights(&self) -> Tensor<'_> {
         match &self.device_weights {
             Some(d) => Tensor::device(d),
@@ -111,6 +123,7 @@ pub struct ShapeInputs<'h> {
 }
 
 impl<'h> ShapeInputs<'h> {
+    /// The first `batch` rows of `head` and their reference samples.
     pub fn new(pipeline: &Pipeline, head: &'h HeadInputs, batch: usize) -> Result<ShapeInputs<'h>, TuneError> {
         let case = head.big.prefix(batch);
         let rows = checked_rows(batch);
@@ -152,14 +165,14 @@ impl<'h> ShapeInputs<'h> {
                 check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - self.lses[i];
-                    let tol = 2.0 * logsumexp_tolerance(r.bound, vocab);
+                    let tol = r.logprob_tolerance(self.lses[i], vocab);
                     if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
                         return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
                     }
                 }
             }
             if let Some(lse) = &samples.logsumexp {
-                let tol = logsumexp_tolerance(self.refs[i * s].bound, vocab);
+                let tol = logsumexp_tolerance(self.refs[i * s].lse_bound, vocab);
                 if (f64::from(lse[row]) - self.lses[i]).abs() > tol {
                     return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], self.lses[i]));
                 }

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 pub(crate) const MAX_ROW_BLOCK: u32 = 8;
 /// Largest vocab tile (tokens); a tile's winner is tracked in one slot, so this only bounds work per task.
 pub(crate) const MAX_VOCAB_TILE: u32 = 1 << 24;
-pub(crate) const MAX_THREADS: usize = 1024;
+/// Most worker threads a CPU kernel (and so a CPU device) runs.
+pub const MAX_THREADS: usize = 1024;
 
 /// Tuning knobs of the CPU stage-one kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,6 +11,6 @@ mod kernel;
 mod lower;
 mod math;
 
-pub use config::CpuConfig;
+pub use config::{CpuConfig, MAX_THREADS};
 pub use error::CpuCodegenError;
 pub use kernel::{CpuKernel, CpuLaunch};

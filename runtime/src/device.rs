@@ -4,13 +4,15 @@
 use crate::cuda::CudaDevice;
 #[cfg(feature = "cuda")]
 use std::sync::Arc;
+use flashsample_codegen_cpu::MAX_THREADS;
 
 /// Where a [`crate::Sampler`] runs.
 #[derive(Clone, Debug)]
 pub enum Device {
     /// Cranelift-JIT'd kernels on this machine's cores.
     Cpu {
-        /// Worker threads of the kernel's pool.
+        /// Worker threads of the kernel's pool, in `1..=`[`flashsample_codegen_cpu::MAX_THREADS`]
+        /// ([`Device::cpu_with_threads`] checks it; a launch rejects a device built with another count).
         threads: usize,
     },
     /// An NVIDIA GPU (compute capability 8.0 or newer) through the CUDA driver.
@@ -19,14 +21,20 @@ pub enum Device {
 }
 
 impl Device {
-    /// The CPU with one worker thread per available core.
+    /// The CPU with one worker thread per available core (at most
+    /// [`flashsample_codegen_cpu::MAX_THREADS`]).
     pub fn cpu() -> Device {
-        Device::Cpu { threads: std::thread::available_parallelism().map_or(1, |n| n.get()) }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Device::Cpu { threads: cores.min(MAX_THREADS) }
     }
 
-    /// The CPU with `threads` worker threads (at least one).
-    pub fn cpu_with_threads(threads: usize) -> Device {
-        Device::Cpu { threads: threads.max(1) }
+    /// The CPU with `threads` worker threads: `Error::CpuThreads` unless `threads` is in
+    /// `1..=`[`flashsample_codegen_cpu::MAX_THREADS`].
+    pub fn cpu_with_threads(threads: usize) -> crate::Result<Device> {
+        if !(1..=MAX_THREADS).contains(&threads) {
+            return Err(crate::Error::CpuThreads { threads, max: MAX_THREADS });
+        }
+        Ok(Device::Cpu { threads })
     }
 
     /// CUDA device `ordinal`: `Error::NoCudaDriver` without libcuda, `Error::NoCudaDevice`
@@ -44,5 +52,23 @@ impl Device {
             #[cfg(feature = "cuda")]
             Device::Cuda(d) => d.describe(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_thread_counts_are_checked_at_construction() {
+        for bad in [0, MAX_THREADS + 1, 5000] {
+            match Device::cpu_with_threads(bad) {
+                Err(crate::Error::CpuThreads { threads, max: MAX_THREADS }) => assert_eq!(threads, bad),
+                other => panic!("{bad} threads: {other:?}"),
+            }
+        }
+        assert!(matches!(Device::cpu_with_threads(1), Ok(Device::Cpu { threads: 1 })));
+        assert!(matches!(Device::cpu_with_threads(MAX_THREADS), Ok(Device::Cpu { threads: MAX_THREADS })));
+        assert!(matches!(Device::cpu(), Device::Cpu { threads } if (1..=MAX_THREADS).contains(&threads)));
     }
 }

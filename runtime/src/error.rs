@@ -23,6 +23,8 @@ pub enum Error {
     DType { operand: &'static str, expected: DType, got: DType },
     #[error("{0} holds {1} elements, which does not match its {2} x {3} shape")]
     Length(&'static str, usize, usize, usize),
+    #[error("{threads} CPU threads requested; a CPU device runs 1..={max}")]
+    CpuThreads { threads: usize, max: usize },
     #[error("CPU code generation failed: {0}")]
     CpuCodegen(#[from] flashsample_codegen_cpu::CpuCodegenError),
     #[error("the kernel config is for another backend than this sampler's ({sampler})")]

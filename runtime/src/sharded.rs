@@ -103,8 +103,10 @@ impl ShardedSampler {
             let greedy = self.pipeline.is_greedy() || params.row_temperature(&self.pipeline, row) == 0.0;
             let row_draws = &draws[row * samples..][..samples];
             let row_lse = log_mass_total(row_draws[0].iter().map(|d| d.log_mass));
+            // The row's own noise stream (its seed, if it has one), as its tokens use.
+            let (key, stream_row) = params.row_stream(row);
             for (s, d) in row_draws.iter().enumerate() {
-                let k = pick_shard(d, params.seed, row as u32, s as u32, params.row_step(row), greedy).ok_or(RowError::AllMasked { row })?;
+                let k = pick_shard(d, key, stream_row, s as u32, params.row_step(row), greedy).ok_or(RowError::AllMasked { row })?;
                 let w = d[k].winner.ok_or(RowError::AllMasked { row })?;
                 out.tokens.push(w.index);
                 if let Some(v) = out.scores.as_mut() {

@@ -5,9 +5,14 @@
 //! `$XDG_CACHE_HOME/flashsample/tuning.json` (or `~/.cache/flashsample/tuning.json`), then the
 //! defaults shipped in this crate (`runtime/tuning/*.json`). A file that is missing is skipped
 //! silently; one that is corrupt, of another schema, or has no section for this device is
-//! skipped with a warning on stderr. With no entry, backends use their documented heuristic.
+//! skipped with a warning on stderr, and so is an entry whose config is not a valid config of
+//! the backend or needs more scratch memory than [`TunedConfig::unusable`] allows. With no
+//! entry, backends use their documented heuristic.
 
-use flashsample_ir::DType;
+use flashsample_abi::{Candidate, LsePartial, Scored};
+use flashsample_codegen_cpu::CpuConfig;
+use flashsample_codegen_ptx::GpuConfig;
+use flashsample_ir::{DType, MAX_LIST_CAPACITY};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -19,11 +24,70 @@ pub const TUNING_ENV: &str = "FLASHSAMPLE_TUNING";
 /// Tuning files shipped with the crate, measured on the named devices.
 const SHIPPED: &[(&str, &str)] = &[("runtime/tuning/h200.json", include_str!("../tuning/h200.json"))];
 
+/// Host scratch of one CPU launch per (row, vocab tile), at most: one sample's candidate, the
+/// logsumexp partial and the largest top lists (the nucleus fallback's 1024 entries).
+const CPU_SCRATCH_PER_ROW_TILE: usize =
+    size_of::<Candidate>() + size_of::<LsePartial>() + MAX_LIST_CAPACITY as usize * size_of::<Scored>();
+
+/// Scratch a tuned config may always use; above it, at most twice the heuristic's.
+pub const SCRATCH_ALLOWANCE_BYTES: usize = 64 << 20;
+
+/// Upper bound on the host scratch (candidates, logsumexp partials, top lists) of a CPU
+/// launch of `shape` cut into vocab tiles of `vocab_tile` tokens.
+pub fn cpu_scratch_bytes(shape: &ShapeKey, vocab_tile: u32) -> usize {
+    let tiles = shape.vocab.div_ceil(vocab_tile.max(1) as usize);
+    shape.batch.saturating_mul(tiles).saturating_mul(CPU_SCRATCH_PER_ROW_TILE)
+}
+
+/// A backend config as a tuning file holds it, checked before a launch uses it.
+pub trait TunedConfig: DeserializeOwned {
+    /// The backend's name in warnings ("CPU config").
+    const WHAT: &'static str;
+    /// Why this config must not run `shape`, if it must not.
+    fn unusable(&self, shape: &ShapeKey) -> Option<String>;
+}
+
+impl TunedConfig for CpuConfig {
+    const WHAT: &'static str = "CPU config";
+
+    /// Invalid (`CpuConfig::validate`), or so many vocab tiles that its scratch passes both
+    /// [`SCRATCH_ALLOWANCE_BYTES`] and twice the heuristic's.
+    fn unusable(&self, shape: &ShapeKey) -> Option<String> {
+        if let Err(e) = self.validate() {
+            return Some(e.to_string());
+        }
+        let heuristic = CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab);
+        let allowed = SCRATCH_ALLOWANCE_BYTES.max(2 * cpu_scratch_bytes(shape, heuristic.vocab_tile));
+        let needs = cpu_scratch_bytes(shape, self.vocab_tile);
+        (needs > allowed).then(|| {
+            format!(
+                "vocab_tile {} needs up to {} MiB of scratch at B = {}, V = {}; at most {} MiB is allowed",
+                self.vocab_tile,
+                needs >> 20,
+                shape.batch,
+                shape.vocab,
+                allowed >> 20
+            )
+        })
+    }
+}
+
+impl TunedConfig for GpuConfig {
+    const WHAT: &'static str = "GPU config";
+
+    /// Its validity depends on the pipeline and the device: the CUDA backend checks it.
+    fn unusable(&self, _shape: &ShapeKey) -> Option<String> {
+        None
+    }
+}
+
 /// What a tuning section is valid for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum DeviceIdentity {
+    /// A CPU model (from `/proc/cpuinfo`) with a worker-thread count.
     Cpu { model: String, threads: usize },
+    /// An NVIDIA GPU.
     Cuda { name: String, compute_capability: (u32, u32), sm_count: u32 },
 }
 
@@ -52,9 +116,13 @@ impl DeviceIdentity {
 /// The shape a config was tuned for.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShapeKey {
+    /// Element type of the weights.
     pub dtype: DType,
+    /// Vocabulary size V.
     pub vocab: usize,
+    /// Hidden size D.
     pub dim: usize,
+    /// Batch size B.
     pub batch: usize,
 }
 
@@ -71,13 +139,16 @@ impl ShapeKey {
 pub struct Measured {
     /// A backend config (`CpuConfig` or `GpuConfig`) as JSON.
     pub config: serde_json::Value,
+    /// Median launch time in microseconds.
     pub median_us: f64,
 }
 
 /// The result of tuning one shape.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuningEntry {
+    /// The shape measured.
     pub shape: ShapeKey,
+    /// The fastest config, never slower than `heuristic` (see [`TuningFile::upsert`]).
     pub best: Measured,
     /// The best few, fastest first.
     pub top: Vec<Measured>,
@@ -88,24 +159,31 @@ pub struct TuningEntry {
 /// All entries of one device.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceTuning {
+    /// The device measured.
     pub device: DeviceIdentity,
+    /// One entry per shape.
     pub entries: Vec<TuningEntry>,
 }
 
 /// A tuning file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuningFile {
+    /// [`TUNING_SCHEMA`].
     pub schema: u32,
+    /// One section per device.
     pub devices: Vec<DeviceTuning>,
 }
 
 /// Why a tuning file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TuningError {
+    /// The file could not be read or written.
     #[error("cannot read tuning file {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// The file is not a tuning file.
     #[error("tuning file {path} is corrupt: {source}")]
     Corrupt { path: PathBuf, source: serde_json::Error },
+    /// The file has another layout version.
     #[error("tuning file {path} has schema {found}; this flashsample reads schema {TUNING_SCHEMA}")]
     Schema { path: PathBuf, found: u32 },
 }
@@ -117,6 +195,7 @@ impl Default for TuningFile {
 }
 
 impl TuningFile {
+    /// Parses a tuning file's text (`path` names it in errors).
     pub fn parse(text: &str, path: &Path) -> Result<TuningFile, TuningError> {
         let file: TuningFile =
             serde_json::from_str(text).map_err(|source| TuningError::Corrupt { path: path.to_path_buf(), source })?;
@@ -126,6 +205,7 @@ impl TuningFile {
         Ok(file)
     }
 
+    /// Reads and parses the tuning file at `path`.
     pub fn load(path: &Path) -> Result<TuningFile, TuningError> {
         let text = std::fs::read_to_string(path).map_err(|source| TuningError::Io { path: path.to_path_buf(), source })?;
         Self::parse(&text, path)
@@ -143,12 +223,20 @@ impl TuningFile {
         std::fs::rename(&tmp, path).map_err(io)
     }
 
+    /// The section of `device`, if the file has one.
     pub fn device(&self, device: &DeviceIdentity) -> Option<&DeviceTuning> {
         self.devices.iter().find(|d| &d.device == device)
     }
 
-    /// Inserts or replaces the entry for `entry.shape` of `device`.
-    pub fn upsert(&mut self, device: &DeviceIdentity, entry: TuningEntry) {
+    /// Inserts or replaces the entry for `entry.shape` of `device`. Where the heuristic was
+    /// measured faster than `entry.best` (a quick pass can rank configs wrongly), the
+    /// heuristic's config becomes the best: a saved entry never slows a launch down.
+    pub fn upsert(&mut self, device: &DeviceIdentity, mut entry: TuningEntry) {
+        if entry.heuristic.median_us < entry.best.median_us {
+            entry.best = entry.heuristic.clone();
+            entry.top.retain(|m| m.config != entry.heuristic.config);
+            entry.top.insert(0, entry.heuristic.clone());
+        }
         let section = match self.devices.iter().position(|d| &d.device == device) {
             Some(i) => &mut self.devices[i],
             None => {
@@ -164,11 +252,15 @@ impl TuningFile {
 impl DeviceTuning {
     /// The best config of the nearest tuned shape bucket with the same dtype.
     pub fn nearest<C: DeserializeOwned>(&self, shape: &ShapeKey) -> Option<C> {
+        self.nearest_entry(shape).and_then(|e| serde_json::from_value(e.best.config.clone()).ok())
+    }
+
+    /// The nearest tuned shape bucket with the same dtype.
+    pub fn nearest_entry(&self, shape: &ShapeKey) -> Option<&TuningEntry> {
         self.entries
             .iter()
             .filter(|e| e.shape.dtype == shape.dtype)
             .min_by(|a, b| a.shape.distance(shape).total_cmp(&b.shape.distance(shape)))
-            .and_then(|e| serde_json::from_value(e.best.config.clone()).ok())
     }
 }
 
@@ -182,18 +274,21 @@ fn standard_path() -> Option<PathBuf> {
 /// Result of looking up a config: the config if any file had one, and the warnings met.
 #[derive(Debug, Default)]
 pub struct Lookup<C> {
+    /// The usable config found, if any.
     pub config: Option<C>,
+    /// The file it came from.
     pub source: Option<String>,
+    /// Sources skipped and why, for the caller to print once.
     pub warnings: Vec<String>,
 }
 
 /// Looks `shape` up for `device` in the tuning files, in the documented order.
-pub fn lookup<C: DeserializeOwned>(device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
+pub fn lookup<C: TunedConfig>(device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
     lookup_from(std::env::var_os(TUNING_ENV).map(PathBuf::from), standard_path(), device, shape)
 }
 
 /// [`lookup`] with the user-named and standard paths given (the user-named one must exist).
-fn lookup_from<C: DeserializeOwned>(env: Option<PathBuf>, standard: Option<PathBuf>, device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
+fn lookup_from<C: TunedConfig>(env: Option<PathBuf>, standard: Option<PathBuf>, device: &DeviceIdentity, shape: &ShapeKey) -> Lookup<C> {
     let mut out = Lookup { config: None, source: None, warnings: Vec::new() };
     let mut candidates: Vec<(String, Result<TuningFile, TuningError>)> = Vec::new();
     for path in env.iter().chain(standard.iter()) {
@@ -210,10 +305,19 @@ fn lookup_from<C: DeserializeOwned>(env: Option<PathBuf>, standard: Option<PathB
             Err(e) => out.warnings.push(format!("{e}; using the next tuning source")),
             Ok(file) => match file.device(device) {
                 Some(section) => {
-                    if let Some(c) = section.nearest::<C>(shape) {
-                        out.config = Some(c);
-                        out.source = Some(name);
-                        return out;
+                    let Some(entry) = section.nearest_entry(shape) else { continue };
+                    let at = &entry.shape;
+                    let skip = format!("tuning file {name}: the entry for B = {}, D = {}, V = {}", at.batch, at.dim, at.vocab);
+                    match serde_json::from_value::<C>(entry.best.config.clone()) {
+                        Err(e) => out.warnings.push(format!("{skip} is not a {}: {e}; using the next tuning source", C::WHAT)),
+                        Ok(c) => match c.unusable(shape) {
+                            Some(why) => out.warnings.push(format!("{skip} is unusable: {why}; using the next tuning source")),
+                            None => {
+                                out.config = Some(c);
+                                out.source = Some(name);
+                                return out;
+                            }
+                        },
                     }
                 }
                 None if !name.starts_with("runtime/tuning/") => {
@@ -252,6 +356,13 @@ mod tests {
     #[derive(Deserialize, Debug, PartialEq)]
     struct Cfg {
         tile: u32,
+    }
+
+    impl TunedConfig for Cfg {
+        const WHAT: &'static str = "test config";
+        fn unusable(&self, _shape: &ShapeKey) -> Option<String> {
+            None
+        }
     }
 
     fn cpu() -> DeviceIdentity {
@@ -313,6 +424,51 @@ mod tests {
         assert_eq!(l.config, Some(Cfg { tile: 9 }));
         assert!(l.warnings.is_empty());
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn unusable_configs_are_dropped_with_a_warning() {
+        let dir = std::env::temp_dir().join(format!("fs-unusable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = DeviceIdentity::this_cpu(2);
+        let shape = ShapeKey { dtype: DType::BF16, vocab: 151_936, dim: 4096, batch: 16 };
+        let with = |config: serde_json::Value| {
+            let m = Measured { config, median_us: 1.0 };
+            let mut f = TuningFile::default();
+            f.upsert(&me, TuningEntry { shape, best: m.clone(), top: vec![m.clone()], heuristic: m });
+            let path = dir.join("t.json");
+            f.save(&path).unwrap();
+            lookup_from::<CpuConfig>(Some(path), None, &me, &shape)
+        };
+        let ok = with(serde_json::json!({ "vocab_tile": 1024, "row_block": 4, "threads": 2 }));
+        assert_eq!(ok.config, Some(CpuConfig { vocab_tile: 1024, row_block: 4, threads: 2 }), "{:?}", ok.warnings);
+        assert!(ok.warnings.is_empty(), "{:?}", ok.warnings);
+        // Valid, but 37984 tiles x 16 rows of scratch (gigabytes with the largest lists).
+        let extreme = with(serde_json::json!({ "vocab_tile": 4, "row_block": 4, "threads": 2 }));
+        assert_eq!(extreme.config, None);
+        assert!(extreme.warnings.iter().any(|w| w.contains("scratch") && w.contains("vocab_tile 4")), "{:?}", extreme.warnings);
+        let invalid = with(serde_json::json!({ "vocab_tile": 6, "row_block": 4, "threads": 2 }));
+        assert_eq!(invalid.config, None);
+        assert!(invalid.warnings.iter().any(|w| w.contains("multiple of 4")), "{:?}", invalid.warnings);
+        let garbage = with(serde_json::json!({ "tile": 3 }));
+        assert_eq!(garbage.config, None);
+        assert!(garbage.warnings.iter().any(|w| w.contains("not a CPU config")), "{:?}", garbage.warnings);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_saved_entry_is_never_slower_than_the_heuristic() {
+        let m = |tile: u32, us: f64| Measured { config: serde_json::json!({ "tile": tile }), median_us: us };
+        let shape = ShapeKey { dtype: DType::BF16, vocab: 1000, dim: 64, batch: 4 };
+        let mut f = TuningFile::default();
+        // A quick pass's "best", re-timed fully, came out slower than the heuristic.
+        f.upsert(&cpu(), TuningEntry { shape, best: m(2, 10.0), top: vec![m(2, 10.0), m(3, 12.0)], heuristic: m(1, 9.4) });
+        let e = &f.device(&cpu()).unwrap().entries[0];
+        assert_eq!(e.best, m(1, 9.4));
+        assert_eq!(e.top, vec![m(1, 9.4), m(2, 10.0), m(3, 12.0)]);
+        // A heuristic that failed (NaN) changes nothing.
+        f.upsert(&cpu(), TuningEntry { shape, best: m(2, 10.0), top: vec![m(2, 10.0)], heuristic: m(1, f64::NAN) });
+        assert_eq!(f.device(&cpu()).unwrap().entries[0].best, m(2, 10.0));
     }
 
     #[test]

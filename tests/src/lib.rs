@@ -249,17 +249,17 @@ impl Case {
                 check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
                 if let Some(lp) = &samples.logprobs {
                     let want = r.logit - lses[i];
-                    let tol = 2.0 * logsumexp_tolerance(r.bound, self.vocab);
+                    let tol = r.logprob_tolerance(lses[i], self.vocab);
                     if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
                         return Err(format!("row {row} sample {k}: logprob {} vs reference {want}", lp[slot]));
                     }
                 }
             }
             if let Some(top) = &samples.top_logprobs {
-                self.check_top_logprobs(&problem, row, &top[row], lses[i], refs[i * s].bound)?;
+                self.check_top_logprobs(&problem, row, &top[row], lses[i], refs[i * s].lse_bound)?;
             }
             if let Some(lse) = &samples.logsumexp {
-                let tol = logsumexp_tolerance(refs[i * s].bound, self.vocab);
+                let tol = logsumexp_tolerance(refs[i * s].lse_bound, self.vocab);
                 if (f64::from(lse[row]) - lses[i]).abs() > tol {
                     return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], lses[i]));
                 }
@@ -271,24 +271,26 @@ impl Case {
 
 impl Case {
     /// `got` must be `n` most likely tokens of `row`, most likely first, with their logprobs:
-    /// each logprob within tolerance of the reference, each token within the f32 bound of the
+    /// each logprob within tolerance of the reference, each token within the f32 bounds of the
     /// reference's n-th largest logit (so only near-ties may swap).
-    fn check_top_logprobs(&self, problem: &Problem<'_, f32, f32>, row: usize, got: &[(u32, f32)], lse: f64, bound: f64) -> Result<(), String> {
+    fn check_top_logprobs(&self, problem: &Problem<'_, f32, f32>, row: usize, got: &[(u32, f32)], lse: f64, lse_bound: f64) -> Result<(), String> {
         let rl = problem.row_logits(row).map_err(|e| e.to_string())?;
         let n = problem.pipeline.outputs.top_logprobs as usize;
-        let mut sorted: Vec<f64> = rl.logits.iter().cloned().filter(|x| *x > f64::NEG_INFINITY).collect();
-        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut sorted: Vec<(f64, f64)> =
+            rl.logits.iter().zip(&rl.bounds).map(|(&x, &b)| (x, b)).filter(|(x, _)| *x > f64::NEG_INFINITY).collect();
+        sorted.sort_by(|a, b| b.0.total_cmp(&a.0));
         if got.len() != n.min(sorted.len()) {
             return Err(format!("row {row}: {} top logprobs, expected {}", got.len(), n.min(sorted.len())));
         }
-        let tol = 2.0 * logsumexp_tolerance(bound, self.vocab);
         for (j, &(tok, lp)) in got.iter().enumerate() {
-            let want = rl.logits[tok as usize] - lse;
+            let (x, b) = (rl.logits[tok as usize], rl.bounds[tok as usize]);
+            let want = x - lse;
+            let tol = b + logsumexp_tolerance(lse_bound, self.vocab) + 2.0 * f64::from(f32::EPSILON) * want.abs();
             if (f64::from(lp) - want).abs() > tol {
                 return Err(format!("row {row} top {j}: token {tok} logprob {lp} vs reference {want}"));
             }
-            if rl.logits[tok as usize] < sorted[j] - 2.0 * bound {
-                return Err(format!("row {row} top {j}: token {tok} (logit {}) is not the {j}-th most likely ({})", rl.logits[tok as usize], sorted[j]));
+            if x + b < sorted[j].0 - sorted[j].1 {
+                return Err(format!("row {row} top {j}: token {tok} (logit {x}) is not the {j}-th most likely ({})", sorted[j].0));
             }
             if j > 0 && lp > got[j - 1].1 {
                 return Err(format!("row {row}: top logprobs out of order at {j}"));
@@ -411,3 +413,8 @@ pub fn chi_square(counts: &[u64], probs: &[f64]) -> (f64, f64) {
     let p = 1.0 - ChiSquared::new(df).expect("df > 0").cdf(stat);
     (stat, p)
 }
+
+/// README.md, so `cargo test` compiles and runs its Rust example and it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExample;

@@ -92,6 +92,29 @@ fn pathwise_at_qwen_scale() {
     case.check(pipeline, &samples, &[0, 1, 2, 3]).unwrap();
 }
 
+/// A softcap that saturates most logits (every one past `TANH_SATURATE · cap` is the same f32
+/// value) and then a top-k / top-p / min-p: f32 ties go to the lower token, as in the reference.
+#[test]
+fn saturated_softcap_then_filter_matches_the_reference() {
+    let mut mismatches = Vec::new();
+    for cap in [0.5f32, 2.0] {
+        for cap_first in [false, true] {
+            let b = PipelineBuilder::new("CapFilter", DType::BF16, DType::BF16);
+            let b = if cap_first { b.softcap(cap).temperature_per_row("t") } else { b.temperature_per_row("t").softcap(cap) };
+            let p = b.filter("f", 8).outputs(SCORE).build().unwrap();
+            let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+            for seed in 0..25u64 {
+                let case = Case::random(&p, 10, 16, 500, seed, 40.0);
+                let samples = case.run(&sampler).unwrap();
+                if let Err(e) = case.check(&p, &samples, &(0..10).collect::<Vec<_>>()) {
+                    mismatches.push(format!("cap {cap} first {cap_first} seed {seed}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{} of 100 launches disagree:\n{}", mismatches.len(), mismatches.join("\n"));
+}
+
 const SIGNIFICANCE: f64 = 1e-3;
 
 #[test]
@@ -300,6 +323,69 @@ fn nan_hidden_state_is_an_error_naming_the_row() {
     }
 }
 
+/// Extreme but valid parameters give the reference's sample or a typed error, never NaN or a
+/// wrong token: a tiny temperature is greedy, penalty counts add up without wrapping, a logit
+/// that overflows f32 fails its row, and absurd penalties are parameter errors.
+#[test]
+fn extreme_values_are_errors_or_correct_samples() {
+    let p = PipelineBuilder::new("Extreme", DType::F32, DType::F32)
+        .penalties("pen")
+        .temperature_per_row("t")
+        .outputs(Outputs { score: true, logprob: true, ..Outputs::default() })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    // One logit per token (D = 1): token 39 is the argmax, token 7 next, 15 third.
+    let vocab = 40;
+    let weights: Vec<f32> = (0..vocab).map(|v| match v { 39 => 6.0, 7 => 5.0, 15 => 4.5, _ => (v as f32 * 0.7).sin() }).collect();
+    let hidden = [1.0f32; 4];
+    let (h, w) = (Tensor::host(&hidden, 4, 1).unwrap(), Tensor::host(&weights, vocab, 1).unwrap());
+    let temps = [1e-38f32, 1e-45, 0.0, 2.0];
+    let history = vec![vec![]; 4];
+    let ones = [1.0f32; 4];
+    let zeros = [0.0f32; 4];
+    let pen = PenaltyArg { repetition: &ones, presence: &zeros, frequency: &zeros, history: &history };
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), penalties: Some(pen), seed: 9, ..Default::default() };
+    let check = |params: &SamplingParams<'_>, samples: &flashsample::Samples| {
+        let problem = flashsample_reference::Problem { pipeline: &p, hidden: &hidden, weights: &weights, batch: 4, dim: 1, vocab, params };
+        let (refs, _) = problem.sample_all().unwrap();
+        for (r, reference) in refs.iter().enumerate() {
+            flashsample_reference::check_pathwise(reference, samples.tokens[r], samples.scores.as_ref().unwrap()[r])
+                .unwrap_or_else(|e| panic!("row {r}: {e}"));
+        }
+    };
+    let out = sampler.sample(h, w, &params).unwrap();
+    assert_eq!(&out.tokens[..3], &[39, 39, 39], "tiny temperatures are greedy");
+    assert!(out.logprobs.as_ref().unwrap().iter().all(|l| l.is_finite()), "{out:?}");
+    check(&params, &out);
+
+    // Counts of one token add up past u32::MAX: token 7 is penalized by 2^33, not dropped.
+    let history = vec![vec![(39, 0)], vec![(39, 1)], vec![(7, u32::MAX), (7, 1), (39, 3)], vec![]];
+    let freq = [0.0f32, 2.0, 2.0, 0.0];
+    let pen = PenaltyArg { repetition: &ones, presence: &zeros, frequency: &freq, history: &history };
+    let params = SamplingParams { penalties: Some(pen), ..params };
+    let out = sampler.sample(h, w, &params).unwrap();
+    assert_eq!(out.tokens[2], 15, "39 and 7 are penalized away: {out:?}");
+    check(&params, &out);
+
+    // A logit of 1e34 at T = 1e-5 overflows f32: the row fails, the others do not matter.
+    let big: Vec<f32> = weights.iter().enumerate().map(|(v, &x)| if v == 3 { 1e34 } else { x }).collect();
+    let temps = [1.0f32, 1e-5, 1.0, 1.0];
+    let e = sampler
+        .sample(h, Tensor::host(&big, vocab, 1).unwrap(), &SamplingParams { temperature: TemperatureArg::PerRow(&temps), ..params })
+        .unwrap_err();
+    assert!(matches!(e, Error::Row(RowError::NonFinite { row: 1 })), "{e}");
+
+    // Penalties that only push logits toward overflow are parameter errors naming the row.
+    for (rep, frequency) in [(1e-45f32, 0.0f32), (1.0, -1e38)] {
+        let reps = [1.0, 1.0, 1.0, rep];
+        let freqs = [0.0, 0.0, 0.0, frequency];
+        let pen = PenaltyArg { repetition: &reps, presence: &zeros, frequency: &freqs, history: &history };
+        let e = sampler.sample(h, w, &SamplingParams { penalties: Some(pen), ..params }).unwrap_err();
+        assert!(matches!(e, Error::Param(ParamError::Penalty { row: 3, .. })), "{e}");
+    }
+}
+
 #[test]
 fn temperature_zero_is_greedy() {
     let p = PipelineBuilder::new("T", DType::BF16, DType::BF16).temperature_per_row("t").outputs(SCORE).build().unwrap();
@@ -337,8 +423,8 @@ fn same_seed_same_samples_different_seed_different_samples() {
 fn thread_count_does_not_change_samples() {
     let p = pipelines()[1].clone();
     let case = Case::random(&p, 5, 40, 3000, 9, 2.0);
-    let one = case.run(&Sampler::new(p.clone(), &Device::cpu_with_threads(1)).unwrap()).unwrap();
-    let two = case.run(&Sampler::new(p, &Device::cpu_with_threads(2)).unwrap()).unwrap();
+    let one = case.run(&Sampler::new(p.clone(), &Device::cpu_with_threads(1).unwrap()).unwrap()).unwrap();
+    let two = case.run(&Sampler::new(p, &Device::cpu_with_threads(2).unwrap()).unwrap()).unwrap();
     assert_eq!(one, two);
 }
 
@@ -524,6 +610,34 @@ mod sharded {
             let problem = case.problem(&p, &params);
             let (stat, pv) = chi_square(&counts, &problem.probabilities(0).unwrap());
             assert!(pv > SIGNIFICANCE, "shards {sizes:?}: chi-square {stat:.1}, p = {pv:.2e}, counts {counts:?}");
+        }
+    }
+
+    /// A row with its own seed draws its shard, like its tokens, from that seed alone: identical
+    /// requests agree wherever they sit in the batch.
+    #[test]
+    fn per_row_seeds_pick_the_shard_too() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16).temperature_per_row("t").outputs(SCORE).build().unwrap();
+        let case = Case::identical_rows(&p, 64, 8, 40, 1.5);
+        let parts = shards(&case, &[13, 11, 16]);
+        let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+        let sampler = ShardedSampler::new(p.clone(), &cpu()).unwrap();
+        let run = |seeds: &[u64]| {
+            let params = SamplingParams { row_seeds: Some(seeds), ..case.params(&p) };
+            sampler.sample(case.hidden.tensor(), &tensors, &params).unwrap().tokens
+        };
+        for seed in 0..10u64 {
+            let same = vec![seed; 64];
+            let tokens = run(&same);
+            assert!(tokens.iter().all(|&t| t == tokens[0]), "seed {seed}: identical requests disagree: {tokens:?}");
+        }
+        // And a row's sample does not depend on the other rows' seeds.
+        let seeds: Vec<u64> = (0..64).collect();
+        let mut shifted = seeds.clone();
+        shifted.rotate_left(5);
+        let (a, b) = (run(&seeds), run(&shifted));
+        for r in 0..64 {
+            assert_eq!(a[(r + 5) % 64], b[r], "row seed {}", (r + 5) % 64);
         }
     }
 

@@ -43,7 +43,7 @@ fn rows(m: &MatrixData, range: std::ops::Range<usize>) -> MatrixData {
 
 /// Simulated TP on the CPU: one CPU sampler per shard, merged by the pure host function.
 fn simulated_tp(pipeline: &Pipeline, case: &Case, params: &SamplingParams<'_>, world: usize) -> flashsample::Result<Samples> {
-    let device = Device::cpu_with_threads(2);
+    let device = Device::cpu_with_threads(2).unwrap();
     let local = Sampler::new(shard_pipeline(pipeline).expect("no list pipelines here"), &device)?;
     let mut summaries: Vec<RankSummary> = Vec::new();
     for r in shard_ranges(case.vocab, world, 4).expect("vocab splits") {
@@ -74,7 +74,7 @@ fn cpu_simulated_tp_equals_tp1_pathwise() {
             for (vocab, dim, batch) in [(3001usize, 48usize, 9usize), (1024, 64, 3)] {
                 let case = Case::random(&p, batch, dim, vocab, vocab as u64 * 7 + dim as u64, 4.0);
                 let params = case.params(&p);
-                let tp1 = Sampler::new(p.clone(), &Device::cpu_with_threads(2)).unwrap();
+                let tp1 = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
                 let want = tp1.sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
                 for world in [1usize, 2, 4, 8] {
                     let got = simulated_tp(&p, &case, &params, world).unwrap();
@@ -91,7 +91,7 @@ fn cpu_simulated_tp_with_per_row_seeds_and_a_global_offset() {
     let case = Case::random(p, 6, 32, 2050, 5, 4.0);
     let seeds: Vec<u64> = (0..6).map(|r| 1000 + r * 17).collect();
     let params = SamplingParams { row_seeds: Some(&seeds), vocab_offset: 4096, ..case.params(p) };
-    let want = Sampler::new(p.clone(), &Device::cpu_with_threads(2)).unwrap().sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    let want = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap().sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
     for world in [2usize, 4, 8] {
         assert_same(&format!("row seeds TP={world}"), &want, &simulated_tp(p, &case, &params, world).unwrap());
     }
@@ -119,7 +119,7 @@ fn cpu_simulated_tp_rows_confined_to_one_shard() {
     // Shard 2 banned by the bias for everyone.
     case.bias[ranges[2].clone()].fill(f32::NEG_INFINITY);
     let params = case.params(p);
-    let want = Sampler::new(p.clone(), &Device::cpu_with_threads(2)).unwrap().sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    let want = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap().sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
     assert!(want.row(2).iter().all(|&t| t as usize == only));
     for world in [2usize, 4, 8] {
         assert_same(&format!("confined rows TP={world}"), &want, &simulated_tp(p, &case, &params, world).unwrap());

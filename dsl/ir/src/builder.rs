@@ -29,72 +29,88 @@ impl PipelineBuilder {
         }
     }
 
+    /// Replaces the hidden-state operand (default `hidden: DTYPE[B, D]`).
     pub fn hidden(mut self, operand: Operand) -> Self {
         self.pipeline.hidden = operand;
         self
     }
 
+    /// Replaces the weights operand (default `weights: DTYPE[V, D]`).
     pub fn weights(mut self, operand: Operand) -> Self {
         self.pipeline.weights = operand;
         self
     }
 
+    /// Appends a transform; the others below are shorthands for it.
     pub fn transform(mut self, t: Transform) -> Self {
         self.pipeline.transforms.push(t);
         self
     }
 
+    /// `logits / t` with `t` baked into the kernel (0 = greedy).
     pub fn temperature_const(self, t: f32) -> Self {
         self.transform(Transform::Temperature(Temperature::Const(F32::new(t))))
     }
 
+    /// `logits / t` with one `t` passed per launch.
     pub fn temperature_scalar(self, operand: &str) -> Self {
         self.transform(Transform::Temperature(Temperature::Scalar { operand: operand.into() }))
     }
 
+    /// `logits / t[r]` with `[B]` temperatures passed per launch (0 = greedy row).
     pub fn temperature_per_row(self, operand: &str) -> Self {
         self.transform(Transform::Temperature(Temperature::PerRow { operand: operand.into() }))
     }
 
+    /// `logits + bias[v]` with an f32 `[V]` operand.
     pub fn bias(self, operand: &str) -> Self {
         self.transform(Transform::Bias { operand: operand.into() })
     }
 
+    /// Keeps the tokens set in a `[B, ceil(V/32)]` bitset operand.
     pub fn mask(self, operand: &str) -> Self {
         self.transform(Transform::Mask { operand: operand.into() })
     }
 
+    /// Excludes per-row lists of token ids.
     pub fn ban(self, operand: &str) -> Self {
         self.transform(Transform::Ban { operand: operand.into() })
     }
 
+    /// `cap · tanh(logit / cap)`.
     pub fn softcap(self, cap: f32) -> Self {
         self.transform(Transform::Softcap { cap: F32::new(cap) })
     }
 
+    /// vLLM's repetition / presence / frequency penalties, per row.
     pub fn penalties(self, operand: &str) -> Self {
         self.transform(Transform::Penalties { operand: operand.into() })
     }
 
+    /// Per-row top-k / top-p / min-p with lists of `max_k` entries; must be last.
     pub fn filter(self, operand: &str, max_k: u32) -> Self {
         self.transform(Transform::Filter { operand: operand.into(), max_k })
     }
 
+    /// Samples `samples` tokens per row by Gumbel-max with the launch seed `seed` (the default, 1 sample).
     pub fn gumbel(mut self, seed: &str, samples: u32) -> Self {
         self.pipeline.sampler = Sampler::GumbelMax { seed: seed.into(), samples };
         self
     }
 
+    /// Takes the argmax instead of sampling.
     pub fn argmax(mut self) -> Self {
         self.pipeline.sampler = Sampler::Argmax;
         self
     }
 
+    /// The extra outputs to return.
     pub fn outputs(mut self, outputs: Outputs) -> Self {
         self.pipeline.outputs = outputs;
         self
     }
 
+    /// Validates and returns the pipeline.
     pub fn build(self) -> Result<Pipeline, IrError> {
         self.pipeline.validate()?;
         Ok(self.pipeline)

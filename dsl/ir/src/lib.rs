@@ -4,9 +4,10 @@
 //! an ordered list of elementwise [`Transform`]s applied to each logit in the
 //! matmul epilogue, one [`Sampler`] and the extra [`Outputs`] requested. It is
 //! validated once ([`Pipeline::validate`]), has a canonical text form
-//! ([`std::fmt::Display`] / [`Pipeline::parse`]) and a stable
-//! [`Pipeline::fingerprint`] that keys kernel caches. The `flashsample!` macro,
-//! the CLI and tests all build pipelines through [`PipelineBuilder`].
+//! ([`std::fmt::Display`] / [`Pipeline::parse`], whose docs give its syntax and how it differs
+//! from the `flashsample!` macro's) and a stable [`Pipeline::fingerprint`] that keys kernel
+//! caches. The `flashsample!` macro, the CLI and tests all build pipelines through
+//! [`PipelineBuilder`].
 
 mod builder;
 mod pipeline;

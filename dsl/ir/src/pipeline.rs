@@ -3,18 +3,23 @@ use serde::{Deserialize, Serialize};
 /// Element type of a matmul operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
+    /// bfloat16.
     BF16,
+    /// IEEE half precision.
     F16,
+    /// IEEE single precision.
     F32,
 }
 
 impl DType {
+    /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
             DType::BF16 | DType::F16 => 2,
             DType::F32 => 4,
         }
     }
+    /// The name the text form and the macro use (`bf16`, `f16`, `f32`).
     pub fn name(self) -> &'static str {
         match self {
             DType::BF16 => "bf16",
@@ -22,6 +27,7 @@ impl DType {
             DType::F32 => "f32",
         }
     }
+    /// The dtype of a name, `None` if unknown.
     pub fn from_name(s: &str) -> Option<DType> {
         match s {
             "bf16" => Some(DType::BF16),
@@ -34,12 +40,17 @@ impl DType {
 
 /// An f32 constant held by its bits, so pipelines are `Eq + Hash` and print exactly.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct F32(pub u32);
+pub struct F32(
+    /// The f32's bits.
+    pub u32,
+);
 
 impl F32 {
+    /// Holds `v`.
     pub fn new(v: f32) -> Self {
         F32(v.to_bits())
     }
+    /// The value.
     pub fn get(self) -> f32 {
         f32::from_bits(self.0)
     }
@@ -54,7 +65,9 @@ impl std::fmt::Debug for F32 {
 /// A rank-2 matmul operand: `name: dtype[rows, cols]` with symbolic dimension names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Operand {
+    /// The name the pipeline refers to it by.
     pub name: String,
+    /// Element type.
     pub dtype: DType,
     /// Symbolic names of the two dimensions, e.g. `["B", "D"]`.
     pub dims: [String; 2],
@@ -66,9 +79,15 @@ pub enum Temperature {
     /// A constant baked into the kernel.
     Const(F32),
     /// One f32 for the whole batch, passed at launch.
-    Scalar { operand: String },
+    Scalar {
+        /// Its name.
+        operand: String,
+    },
     /// One f32 per row (`[B]`), passed at launch.
-    PerRow { operand: String },
+    PerRow {
+        /// Its name.
+        operand: String,
+    },
 }
 
 /// An elementwise transform of one logit, applied in declaration order in the epilogue.
@@ -77,29 +96,54 @@ pub enum Transform {
     /// `logit / T` (per row); rows with `T = 0` are sampled greedily.
     Temperature(Temperature),
     /// `logit + bias[v]` with an f32 `[V]` operand (`-inf` bans a token).
-    Bias { operand: String },
+    Bias {
+        /// Its name.
+        operand: String,
+    },
     /// Keep only tokens whose bit is set in a `[B, ceil(V/32)]` u32 bitset (bit `v%32` of word `v/32`).
     /// Masked tokens are excluded from sampling whatever transforms follow.
-    Mask { operand: String },
+    Mask {
+        /// Its name.
+        operand: String,
+    },
     /// Exclude per-row lists of banned token ids. Same exclusion semantics as [`Transform::Mask`].
-    Ban { operand: String },
+    Ban {
+        /// Its name.
+        operand: String,
+    },
     /// `cap · tanh(logit / cap)`, Gemma-style soft-capping.
-    Softcap { cap: F32 },
+    Softcap {
+        /// The cap, finite and > 0.
+        cap: F32,
+    },
     /// vLLM's repetition, presence and frequency penalties from per-row lists of
     /// (token, count) pairs passed at launch, applied to the logit at this position.
-    Penalties { operand: String },
+    Penalties {
+        /// Its name.
+        operand: String,
+    },
     /// Per-row top-k, then min-p, then top-p (each optional per row, passed at launch) on the
     /// transformed logits; the sample is drawn from the renormalized survivors. `max_k` is the
     /// capacity of the fused candidate lists: the largest top-k, and the most tokens a
     /// top-p / min-p nucleus may hold when the row sets no top-k. Always the last transform.
-    Filter { operand: String, max_k: u32 },
+    Filter {
+        /// Its name.
+        operand: String,
+        /// Capacity of the candidate lists, in 1..=MAX_LIST_CAPACITY.
+        max_k: u32,
+    },
 }
 
 /// How the token is chosen from the transformed logits.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Sampler {
     /// Exact sampling from `softmax(logits)` by Gumbel-max, `samples` independent draws per row.
-    GumbelMax { seed: String, samples: u32 },
+    GumbelMax {
+        /// Name of the seed operand.
+        seed: String,
+        /// Draws per row.
+        samples: u32,
+    },
     /// Greedy `argmax(logits)`.
     Argmax,
 }
@@ -120,13 +164,17 @@ pub struct Outputs {
 /// A validated-or-not sampling pipeline; see the crate docs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Pipeline {
+    /// The pipeline's (and the macro's struct's) name.
     pub name: String,
     /// `[B, D]` hidden states.
     pub hidden: Operand,
     /// `[V, D]` LM-head weights.
     pub weights: Operand,
+    /// Applied to each logit in this order.
     pub transforms: Vec<Transform>,
+    /// How the token is chosen.
     pub sampler: Sampler,
+    /// Extra outputs.
     pub outputs: Outputs,
 }
 
@@ -137,6 +185,7 @@ impl Pipeline {
         xxhash_rust::xxh3::xxh3_64(self.to_string().as_bytes())
     }
 
+    /// The temperature transform, if any.
     pub fn temperature(&self) -> Option<&Temperature> {
         self.transforms.iter().find_map(|t| match t {
             Transform::Temperature(t) => Some(t),
@@ -144,10 +193,12 @@ impl Pipeline {
         })
     }
 
+    /// Whether a mask or ban transform excludes tokens.
     pub fn has_mask(&self) -> bool {
         self.transforms.iter().any(|t| matches!(t, Transform::Mask { .. } | Transform::Ban { .. }))
     }
 
+    /// Whether the pipeline has a bias.
     pub fn has_bias(&self) -> bool {
         self.transforms.iter().any(|t| matches!(t, Transform::Bias { .. }))
     }
@@ -160,6 +211,7 @@ impl Pipeline {
         }
     }
 
+    /// Whether the sampler is argmax.
     pub fn is_greedy(&self) -> bool {
         matches!(self.sampler, Sampler::Argmax)
     }
@@ -169,6 +221,7 @@ impl Pipeline {
         self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0
     }
 
+    /// Whether the pipeline has penalties.
     pub fn has_penalties(&self) -> bool {
         self.transforms.iter().any(|t| matches!(t, Transform::Penalties { .. }))
     }

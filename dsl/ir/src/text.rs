@@ -19,8 +19,15 @@ use std::fmt;
 /// Why IR text did not parse.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParseError {
+    /// The text is not a pipeline (line 0: something is missing at the end).
     #[error("line {line}: {message}")]
-    Syntax { line: usize, message: String },
+    Syntax {
+        /// 1-based line number; 0 when something is missing at the end.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The text parsed, but the pipeline is invalid.
     #[error("invalid pipeline: {0}")]
     Invalid(#[from] IrError),
 }
@@ -124,7 +131,55 @@ impl Line<'_> {
 }
 
 impl Pipeline {
-    /// Parses the canonical text form and validates the result.
+    /// Parses the IR text form and validates the result.
+    ///
+    /// The text form is what `Display` prints, what `flashsample ir` shows and what
+    /// `flashsample sample --pipeline FILE` reads. One statement per line, in the order the
+    /// kernel applies them; blank lines and `//` comments are ignored:
+    ///
+    /// ```text
+    /// pipeline NAME
+    ///   HIDDEN: DTYPE[B, D]                       // DTYPE: bf16, f16 or f32; dims are names
+    ///   WEIGHTS: DTYPE[V, D]
+    ///   logits = matmul(HIDDEN, WEIGHTS)
+    ///   logits = TRANSFORM(logits, ARG)           // zero or more, each kind at most once:
+    ///       temperature(logits, per_row NAME)     //   one f32 per row (0 = greedy row)
+    ///       temperature(logits, scalar NAME)      //   one f32 for the launch
+    ///       temperature(logits, 0.7)              //   a constant
+    ///       bias(logits, NAME)                    //   f32 [V]; -inf bans a token
+    ///       mask(logits, NAME)                    //   u32 bitset [B, ceil(V/32)]
+    ///       ban(logits, NAME)                     //   per-row lists of token ids
+    ///       softcap(logits, 30)                   //   cap · tanh(logit / cap)
+    ///       penalties(logits, NAME)               //   repetition / presence / frequency
+    ///       filter(logits, NAME, max_k=64)        //   per-row top-k / top-p / min-p; last
+    ///   sample = gumbel_max(logits, SEED, samples=N)   // or: sample = argmax(logits)
+    ///   outputs(score, logsumexp, logprob, top_logprobs=N)   // optional, any subset
+    /// ```
+    ///
+    /// It differs from the `flashsample!` macro's syntax, which reads like Rust: there a
+    /// pipeline is `pub pipeline NAME { ... }` with `;` after each statement, operands are
+    /// declared together (`hidden: bf16[B, D], weights: bf16[V, D];`), temperature is
+    /// `logits / temperature[B]` (per row), `logits / temperature` (scalar) or `logits / 0.7`,
+    /// bias is `logits + bias[V]`, shapes are written on the operands (`mask(logits,
+    /// allowed[B, V])`, `ban(logits, banned[B])`, `penalties(logits, penalties[B])`), the filter
+    /// is `top_k_top_p(logits, filter[B], max_k = 64)`, the sampler is `gumbel_argmax(logits,
+    /// seed, samples = 1)` and `key = value` takes spaces. Both produce the same [`Pipeline`].
+    ///
+    /// ```
+    /// let p = flashsample_ir::Pipeline::parse(
+    ///     "pipeline Chat
+    ///        hidden: bf16[B, D]
+    ///        weights: bf16[V, D]
+    ///        logits = matmul(hidden, weights)
+    ///        logits = temperature(logits, per_row t)
+    ///        logits = filter(logits, f, max_k=64)
+    ///        sample = gumbel_max(logits, seed, samples=1)
+    ///        outputs(logprob)",
+    /// )?;
+    /// assert_eq!(p.filter_max_k(), Some(64));
+    /// assert_eq!(flashsample_ir::Pipeline::parse(&p.to_string())?, p);
+    /// # Ok::<(), flashsample_ir::ParseError>(())
+    /// ```
     pub fn parse(text: &str) -> Result<Pipeline, ParseError> {
         let mut lines = text
             .lines()

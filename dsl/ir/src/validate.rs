@@ -4,45 +4,109 @@ use std::collections::HashSet;
 /// Where in a pipeline an [`IrError`] was found, so front ends can point at the source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Location {
+    /// The pipeline's name.
     Name,
+    /// The hidden-state operand.
     Hidden,
+    /// The weights operand.
     Weights,
     /// Index into [`Pipeline::transforms`].
     Transform(usize),
+    /// The sampler.
     Sampler,
 }
 
 /// Why a pipeline is invalid.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum IrError {
+    /// A name that is not an identifier.
     #[error("`{name}` is not a valid identifier")]
-    InvalidName { name: String, at: Location },
+    InvalidName {
+        /// The name as written.
+        name: String,
+        /// Where it is.
+        at: Location,
+    },
     #[error(
         "shape mismatch: matmul contracts `{hidden}[.., {hidden_dim}]` with `{weights}[.., {weights_dim}]`; \
          the hidden dimension must be the same symbol in both operands"
     )]
-    ContractionMismatch { hidden: String, hidden_dim: String, weights: String, weights_dim: String },
+    /// The matmul's operands name different hidden dimensions.
+    ContractionMismatch {
+        /// The hidden operand's name.
+        hidden: String,
+        /// Its contracted dimension.
+        hidden_dim: String,
+        /// The weights operand's name.
+        weights: String,
+        /// Its contracted dimension.
+        weights_dim: String,
+    },
+    /// The batch dimension is named like the vocabulary dimension.
     #[error("the batch dimension `{0}` of the hidden states cannot also be the vocabulary dimension")]
     BatchIsVocab(String),
+    /// Two operands share a name.
     #[error("operand name `{name}` is used twice")]
-    DuplicateOperand { name: String, at: Location },
+    DuplicateOperand {
+        /// The name as written.
+        name: String,
+        /// Where it is.
+        at: Location,
+    },
+    /// A transform kind appears twice.
     #[error("`{kind}` appears twice; a pipeline takes at most one")]
-    DuplicateTransform { kind: &'static str, at: usize },
+    DuplicateTransform {
+        /// The transform kind.
+        kind: &'static str,
+        /// Where it is.
+        at: usize,
+    },
+    /// A softcap that is not finite and positive.
     #[error("softcap must be finite and > 0, got {cap}")]
-    InvalidSoftcap { cap: f32, at: usize },
+    InvalidSoftcap {
+        /// The cap given.
+        cap: f32,
+        /// Where it is.
+        at: usize,
+    },
+    /// A constant temperature that is not finite and non-negative.
     #[error("a constant temperature must be finite and >= 0, got {value}")]
-    InvalidTemperature { value: f32, at: usize },
+    InvalidTemperature {
+        /// The temperature given.
+        value: f32,
+        /// Where it is.
+        at: usize,
+    },
+    /// A sample count out of range.
     #[error("samples per row must be in 1..={max}, got {samples}", max = MAX_SAMPLES_PER_ROW)]
-    InvalidSampleCount { samples: u32 },
+    InvalidSampleCount {
+        /// The count given.
+        samples: u32,
+    },
+    /// A filter capacity out of range.
     #[error("filter max_k must be in 1..={max}, got {max_k}", max = MAX_LIST_CAPACITY)]
-    InvalidFilterCapacity { max_k: u32, at: usize },
+    InvalidFilterCapacity {
+        /// The capacity given.
+        max_k: u32,
+        /// Where it is.
+        at: usize,
+    },
+    /// A transform after the filter.
     #[error("the top-k/top-p filter must be the last transform (it acts on the final logits)")]
-    FilterNotLast { at: usize },
+    FilterNotLast {
+        /// Where it is.
+        at: usize,
+    },
+    /// A top-logprobs count out of range.
     #[error("top_logprobs must be in 0..={max}, got {n}", max = MAX_LIST_CAPACITY)]
-    InvalidTopLogprobs { n: u32 },
+    InvalidTopLogprobs {
+        /// The count given.
+        n: u32,
+    },
 }
 
 impl IrError {
+    /// Where in the pipeline the error is.
     pub fn location(&self) -> Location {
         match self {
             IrError::InvalidName { at, .. } | IrError::DuplicateOperand { at, .. } => *at,

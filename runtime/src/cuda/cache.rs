@@ -5,6 +5,12 @@
 //! the module lives in. On disk, PTX is stored under `$FLASHSAMPLE_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/flashsample`, else `~/.cache/flashsample`, in `ptx/`. The disk cache
 //! only saves LLVM time: any failure to read or write it is a warning, never an error.
+//!
+//! Cached PTX runs on the GPU, so the cache trusts only what this user wrote: `ptx/` is
+//! created `0700`; a directory or file owned by another user, or writable by group or others,
+//! is refused with a warning (the cache is then not used); files are written to a fresh
+//! `0600` temp file and renamed into place; each file's header carries the full key and a hash
+//! of its body, so a torn, corrupt or foreign file is a miss (recompiled), never an error.
 
 use super::{
     device::{drv, driver_error_text},
@@ -16,7 +22,8 @@ use cudarc::nvrtc::Ptx;
 use flashsample_codegen_ptx::{CodegenOptions, GpuConfig};
 use flashsample_ir::Pipeline;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Dynamic shared memory a block gets without opting in (CUDA's fixed default).
@@ -56,12 +63,17 @@ impl Key {
         let variant = if self.skip_lse { "-nolse" } else { "" };
         format!("{:016x}-{}-{h:016x}-{compiler}{variant}.ptx", self.fingerprint, self.arch)
     }
-    /// First line of a cached file: the full key, checked on read so a hash collision or a
-    /// hand-copied file cannot load the wrong kernel.
-    fn header(&self) -> String {
+    /// First line of a cached file: the full key and the body's hash, checked on read so a
+    /// hash collision, a hand-copied file or a torn write cannot load the wrong kernel.
+    fn header(&self, body: &str) -> String {
         format!(
-            "// flashsample-ptx-cache fingerprint={:016x} arch={} compiler={} skip_lse={} config={}\n",
-            self.fingerprint, self.arch, self.compiler, self.skip_lse, self.config
+            "// flashsample-ptx-cache fingerprint={:016x} arch={} compiler={} skip_lse={} config={} body_xxh3={:016x}\n",
+            self.fingerprint,
+            self.arch,
+            self.compiler,
+            self.skip_lse,
+            self.config,
+            xxhash_rust::xxh3::xxh3_64(body.as_bytes())
         )
     }
 }
@@ -84,7 +96,75 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 fn warn(msg: String) {
-    eprintln!("flashsample: warning: {msg}");
+    crate::tuning::warn_once(&[msg]);
+}
+
+/// Why the disk cache refuses a directory or file.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum Distrust {
+    #[error("it is owned by uid {owner}, not by this user (uid {me})")]
+    Owner { owner: u32, me: u32 },
+    #[error("it is writable by group or others (mode {mode:o})")]
+    Writable { mode: u32 },
+    #[error("it is not a {0}")]
+    Kind(&'static str),
+}
+
+/// Whether the disk cache may use a directory or file with these attributes: of the expected
+/// kind, owned by `me`, not writable by group or others.
+#[cfg(unix)]
+fn check_trust(meta: &std::fs::Metadata, dir: bool, me: u32) -> Result<(), Distrust> {
+    use std::os::unix::fs::MetadataExt;
+    if dir && !meta.is_dir() {
+        return Err(Distrust::Kind("directory"));
+    }
+    if !dir && !meta.is_file() {
+        return Err(Distrust::Kind("regular file"));
+    }
+    if meta.uid() != me {
+        return Err(Distrust::Owner { owner: meta.uid(), me });
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Distrust::Writable { mode: meta.mode() & 0o7777 });
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_trust(meta: &std::fs::Metadata, dir: bool, _me: u32) -> Result<(), Distrust> {
+    match (dir, meta.is_dir(), meta.is_file()) {
+        (true, true, _) | (false, _, true) => Ok(()),
+        (true, ..) => Err(Distrust::Kind("directory")),
+        (false, ..) => Err(Distrust::Kind("regular file")),
+    }
+}
+
+/// This process's effective user id (0 where there are none).
+fn my_uid() -> u32 {
+    #[cfg(unix)]
+    return rustix::process::geteuid().as_raw();
+    #[cfg(not(unix))]
+    0
+}
+
+/// The PTX directory, created `0700` if missing, if the cache may use it; a warning if not.
+fn trusted_dir(dir: &Path) -> Option<&Path> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    if let Err(e) = builder.create(dir) {
+        warn(format!("cannot create the PTX cache {}: {e}; not caching PTX on disk", dir.display()));
+        return None;
+    }
+    let verdict = std::fs::metadata(dir).map_err(|e| e.to_string()).and_then(|m| check_trust(&m, true, my_uid()).map_err(|d| d.to_string()));
+    match verdict {
+        Ok(()) => Some(dir),
+        Err(why) => {
+            warn(format!("not using the PTX cache {}: {why}", dir.display()));
+            None
+        }
+    }
 }
 
 /// The loaded kernels of `pipeline` with `config` on `device`: from this process's cache,
@@ -106,12 +186,13 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     if let Some(k) = map.get(&key) {
         return Ok(k.clone());
     }
-    let path = cache_dir().map(|d| d.join("ptx").join(key.file_name()));
+    let dir = cache_dir().map(|d| d.join("ptx"));
+    let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
-    if let Some(text) = path.as_ref().and_then(|p| read_cached(p, &key)) {
+    if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
         match load(device, &text, true, pipeline.list_capacity() > 0, config) {
             Ok(k) => kernel = Some(k),
-            Err(e) => warn(format!("ignoring cached PTX {}: {e}", path.as_ref().map_or(String::new(), |p| p.display().to_string()))),
+            Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }
     }
     let kernel = match kernel {
@@ -121,8 +202,8 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
             let k = load(device, text, false, compiled.filter.is_some(), config)?;
-            if let Some(p) = &path {
-                write_cached(p, &key, text);
+            if let Some(d) = dir {
+                write_cached(d, &key, text);
             }
             k
         }
@@ -132,33 +213,46 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     Ok(kernel)
 }
 
-fn read_cached(path: &PathBuf, key: &Key) -> Option<String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+/// The cached PTX of `key` in the trusted directory `dir`: `None` (a miss) if there is none,
+/// or it is not this user's alone, or its header or body does not match.
+fn read_cached(dir: &Path, key: &Key) -> Option<String> {
+    let path = dir.join(key.file_name());
+    let mut file = match std::fs::File::open(&path) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
             warn(format!("cannot read cached PTX {}: {e}", path.display()));
             return None;
         }
     };
-    let header = key.header();
-    match text.strip_prefix(&header) {
-        Some(body) => Some(body.to_string()),
-        None => {
-            warn(format!("cached PTX {} is for another kernel or corrupt; recompiling", path.display()));
-            None
-        }
+    // Checked on the open file, so it cannot be swapped between the check and the read.
+    let trust = file.metadata().map_err(|e| e.to_string()).and_then(|m| check_trust(&m, false, my_uid()).map_err(|d| d.to_string()));
+    if let Err(why) = trust {
+        warn(format!("not using cached PTX {}: {why}", path.display()));
+        return None;
     }
+    let mut text = String::new();
+    if let Err(e) = file.read_to_string(&mut text) {
+        warn(format!("cannot read cached PTX {}: {e}", path.display()));
+        return None;
+    }
+    let body = text.split_once('\n').and_then(|(first, body)| (format!("{first}\n") == key.header(body)).then_some(body));
+    if body.is_none() {
+        warn(format!("cached PTX {} is for another kernel or corrupt; recompiling", path.display()));
+    }
+    body.map(str::to_string)
 }
 
-fn write_cached(path: &PathBuf, key: &Key, text: &str) {
+/// Writes `text` as the cached PTX of `key` in the trusted directory `dir`: a fresh `0600`
+/// temp file renamed into place, so a concurrent reader sees the old file or the new one.
+fn write_cached(dir: &Path, key: &Key, text: &str) {
+    let path = dir.join(key.file_name());
     let result = (|| -> std::io::Result<()> {
-        let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent directory"))?;
-        std::fs::create_dir_all(dir)?;
-        // Write then rename, so a concurrent reader never sees half a file.
-        let tmp = dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
-        std::fs::write(&tmp, format!("{}{text}", key.header()))?;
-        std::fs::rename(&tmp, path)
+        let mut tmp = tempfile::Builder::new().prefix(".ptx-").suffix(".tmp").tempfile_in(dir)?;
+        tmp.write_all(key.header(text).as_bytes())?;
+        tmp.write_all(text.as_bytes())?;
+        tmp.persist(&path).map_err(|e| e.error)?;
+        Ok(())
     })();
     if let Err(e) = result {
         warn(format!("cannot write PTX cache {}: {e}", path.display()));
@@ -234,6 +328,23 @@ mod tests {
         Key { ordinal: 0, fingerprint: 0xabc, config: "{\"t\":1}".into(), arch: "sm90".into(), compiler: "0.1.0+x/y", skip_lse: false }
     }
 
+    /// A fresh directory under the system temp dir, removed on drop.
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("flashsample-{name}-")).tempdir().unwrap()
+    }
+
+    #[cfg(unix)]
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
     #[test]
     fn file_names_are_plain_and_key_specific() {
         let k = key();
@@ -244,29 +355,118 @@ mod tests {
         assert_ne!(other.file_name(), name);
         let nolse = Key { skip_lse: true, ..key() };
         assert_ne!(nolse.file_name(), name);
-        assert_ne!(nolse.header(), key().header());
+        assert_ne!(nolse.header(""), key().header(""));
     }
 
     #[test]
     fn round_trip_and_mismatched_header() {
-        let dir = std::env::temp_dir().join(format!("flashsample-cache-test-{}", std::process::id()));
-        let path = dir.join("ptx").join(key().file_name());
-        write_cached(&path, &key(), ".version 8.0\n");
-        assert_eq!(read_cached(&path, &key()).as_deref(), Some(".version 8.0\n"));
+        let root = scratch("cache");
+        let dir = root.path().join("ptx");
+        let dir = trusted_dir(&dir).expect("a fresh directory is trusted");
+        write_cached(dir, &key(), ".version 8.0\n");
+        assert_eq!(read_cached(dir, &key()).as_deref(), Some(".version 8.0\n"));
         // Same file name, different full key (as after a hash collision): not used.
         let other = Key { config: "{\"t\":3}".into(), ..key() };
-        assert_eq!(read_cached(&path, &other), None);
-        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::copy(dir.join(key().file_name()), dir.join(other.file_name())).unwrap();
+        assert_eq!(read_cached(dir, &other), None);
+    }
+
+    #[test]
+    fn corrupt_or_torn_entries_are_misses() {
+        let root = scratch("corrupt");
+        let dir = trusted_dir(&root.path().join("ptx")).unwrap().to_path_buf();
+        let path = dir.join(key().file_name());
+        write_cached(&dir, &key(), ".version 8.0\n.target sm_90a\n");
+        let good = std::fs::read_to_string(&path).unwrap();
+        // A torn write (header, half the body) and a flipped byte in the body.
+        std::fs::write(&path, &good[..good.len() - 5]).unwrap();
+        assert_eq!(read_cached(&dir, &key()), None);
+        std::fs::write(&path, good.replace("sm_90a", "sm_90b")).unwrap();
+        assert_eq!(read_cached(&dir, &key()), None);
+        std::fs::write(&path, [0xff, 0xfe, 0x00]).unwrap();
+        assert_eq!(read_cached(&dir, &key()), None, "not UTF-8: a miss, not an error");
+        // A predictable header alone is not enough: the body must hash to it.
+        std::fs::write(&path, format!("{}.entry evil\n", key().header(".version 8.0\n"))).unwrap();
+        assert_eq!(read_cached(&dir, &key()), None);
+        // Rewritten, it is used again.
+        write_cached(&dir, &key(), ".version 8.0\n");
+        assert_eq!(read_cached(&dir, &key()).as_deref(), Some(".version 8.0\n"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_cache_directory_is_private_and_writes_are_atomic() {
+        let root = scratch("private");
+        let dir = root.path().join("flashsample").join("ptx");
+        let dir = trusted_dir(&dir).unwrap();
+        assert_eq!(mode(dir), 0o700);
+        assert_eq!(mode(dir.parent().unwrap()), 0o700, "created parents are private too");
+        write_cached(dir, &key(), "ptx");
+        assert_eq!(mode(&dir.join(key().file_name())), 0o600);
+        let names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec![key().file_name()], "no temp file is left behind");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn shared_directories_and_files_are_refused() {
+        let root = scratch("shared");
+        let dir = root.path().join("ptx");
+        let trusted = trusted_dir(&dir).unwrap().to_path_buf();
+        write_cached(&trusted, &key(), "ptx");
+        // A file others may write could have been planted: a miss.
+        let file = dir.join(key().file_name());
+        set_mode(&file, 0o666);
+        assert_eq!(read_cached(&dir, &key()), None);
+        set_mode(&file, 0o600);
+        assert_eq!(read_cached(&dir, &key()).as_deref(), Some("ptx"));
+        // A directory others may write: not used at all.
+        for shared in [0o777, 0o770, 0o1777] {
+            set_mode(&dir, shared);
+            assert_eq!(trusted_dir(&dir), None, "mode {shared:o}");
+        }
+        set_mode(&dir, 0o700);
+        assert!(trusted_dir(&dir).is_some());
+        // A regular file where the directory should be.
+        let not_dir = root.path().join("file");
+        std::fs::write(&not_dir, b"x").unwrap();
+        assert_eq!(trusted_dir(&not_dir), None);
+        assert_eq!(trusted_dir(&not_dir.join("ptx")), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn another_users_directory_or_file_is_refused() {
+        let root = scratch("owner");
+        let dir = trusted_dir(&root.path().join("ptx")).unwrap().to_path_buf();
+        write_cached(&dir, &key(), "ptx");
+        let file = dir.join(key().file_name());
+        let me = my_uid();
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(check_trust(&meta, false, me), Ok(()));
+        assert_eq!(check_trust(&meta, false, me + 1), Err(Distrust::Owner { owner: me, me: me + 1 }));
+        assert_eq!(check_trust(&meta, true, me), Err(Distrust::Kind("directory")));
+        if me == 0 {
+            // As root, hand the file and then the directory to `nobody` for real.
+            let nobody = 65_534;
+            std::os::unix::fs::chown(&file, Some(nobody), None).unwrap();
+            assert_eq!(read_cached(&dir, &key()), None);
+            std::os::unix::fs::chown(&file, Some(me), None).unwrap();
+            assert_eq!(read_cached(&dir, &key()).as_deref(), Some("ptx"));
+            std::os::unix::fs::chown(&dir, Some(nobody), None).unwrap();
+            assert_eq!(trusted_dir(&dir), None);
+        }
     }
 
     #[test]
     fn unwritable_or_missing_cache_is_not_an_error() {
-        // A path under a regular file cannot be created: write_cached only warns.
-        let file = std::env::temp_dir().join(format!("flashsample-cache-file-{}", std::process::id()));
+        // A path under a regular file cannot be created: nothing is cached, nothing fails.
+        let root = scratch("unwritable");
+        let file = root.path().join("file");
         std::fs::write(&file, b"x").unwrap();
-        let path = file.join("ptx").join("k.ptx");
-        write_cached(&path, &key(), "ptx");
-        assert_eq!(read_cached(&path, &key()), None);
-        let _ = std::fs::remove_file(&file);
+        assert_eq!(trusted_dir(&file.join("ptx")), None);
+        write_cached(&file, &key(), "ptx");
+        assert_eq!(read_cached(&file, &key()), None);
+        assert_eq!(read_cached(root.path(), &key()), None, "a missing entry is a miss");
     }
 }
