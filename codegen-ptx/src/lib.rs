@@ -11,16 +11,19 @@
 
 mod config;
 mod filter;
+mod heuristic;
 mod ir;
+mod layout;
 mod math;
 mod stage1;
 mod stage2;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, DEFAULT_LIST_PER_TILE, FILTER_THREADS,
-    HEURISTIC_STAGGER_US, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS,
-    STAGGER_CANDIDATES_US,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE,
+    FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
+pub use heuristic::HEURISTIC_STAGGER_US;
+pub use layout::{ScratchLayout, SmemLayout};
 
 use flashsample_ir::{DType, IrError, Pipeline};
 use inkwell::{
@@ -130,7 +133,7 @@ pub fn llvm_ir_with(
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
     // wgmma's 128-byte swizzle is a function of absolute shared addresses: every 8-row
     // atom of the ring must start on a 1024-byte boundary.
-    let smem_align = if config.wgmma { 1024 } else { 16 };
+    let smem_align = if config.uses_wgmma() { 1024 } else { 16 };
     m.push_str(&format!("@fs_smem = external addrspace(3) global [0 x i8], align {smem_align}\n"));
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
@@ -165,7 +168,7 @@ pub fn compile_with(
     options: CodegenOptions,
 ) -> Result<CompiledPtx, PtxError> {
     let text = llvm_ir_with(pipeline, config, options)?;
-    let cpu = match (config.wgmma, arch) {
+    let cpu = match (config.uses_wgmma(), arch) {
         (false, _) => arch.sm_name(),
         (true, Arch::Sm90) => "sm_90a",
         (true, Arch::Sm80) => return Err(PtxError::WgmmaNeedsSm90a { compute_capability: (8, 0) }),

@@ -9,7 +9,7 @@
 //! addresses): MMA row `g` of m tile `2p + h` reads W row `4g + 2h`, row `g + 8` reads `4g + 2h + 1`.
 //! So each thread needs one Philox call per (quad, column, sample).
 
-use crate::config::GpuConfig;
+use crate::config::{GpuConfig, Schedule};
 use crate::ir::{f32c, Func, Var, NEG_INF};
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Pipeline, Transform};
@@ -181,7 +181,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
         lane,
         g: lg,
         t: lt,
-        scratch: c.scratch_base().to_string(),
+        scratch: c.smem_layout().epilogue.to_string(),
     };
 
     let vt = c.vocab_tile;
@@ -222,10 +222,10 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
         }
     };
     let ring = c.is_tensor().then(|| g.ring(&mut f));
-    if let (Some(ring), true) = (&ring, c.tma) {
+    if let (Some(ring), true) = (&ring, c.uses_tma()) {
         g.init_mbarriers(&mut f, &th, ring);
     }
-    if let (Some(ring), true) = (&ring, c.pingpong) {
+    if let (Some(ring), true) = (&ring, c.is_pingpong()) {
         g.pingpong(&mut f, &th, ring, &item0, &items, &stride, &item_of);
         f.s("ret void");
         return g.finish(f);
@@ -239,7 +239,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     f.for_loop(&item0, &items, &stride, |f, item| {
         let it = item_of(f, item);
         let acc = match &ring {
-            Some(ring) if c.wgmma => g.wgmma_mainloop(f, &th, &it, ring, !overlap),
+            Some(ring) if c.uses_wgmma() => g.wgmma_mainloop(f, &th, &it, ring, !overlap),
             Some(ring) => g.tensor_mainloop(f, &th, &it, ring, !overlap),
             None => g.simt_mainloop(f, &th, &it),
         };
@@ -274,7 +274,7 @@ impl Gen<'_> {
              ptr addrspace(1) noalias %lists, ptr addrspace(1) noalias readonly %tmaps) \"nvvm.maxntid\"=\"{}\"{}",
             c.block_threads(),
             // setmaxnreg needs the kernel's register budget fixed up front.
-            if c.pingpong { format!(" \"nvvm.maxnreg\"=\"{}\"", c.pingpong_registers().0) } else { String::new() }
+            if c.is_pingpong() { format!(" \"nvvm.maxnreg\"=\"{}\"", c.pingpong_registers().0) } else { String::new() }
         );
         let mut out = String::new();
         if p.has_penalties() {
@@ -330,7 +330,7 @@ impl Gen<'_> {
                 let threads = c.consumer_threads();
                 let tid0 = f.mul(&set, &threads.to_string());
                 let warp0 = f.mul(&set, &c.warps.to_string());
-                let area = f.mul(&set, &c.epilogue_bytes().to_string());
+                let area = f.mul(&set, &c.smem_layout().epilogue_bytes.to_string());
                 let local = Thread {
                     tid: f.v(format!("sub i32 {}, {tid0}", th.tid)),
                     warp: f.v(format!("sub i32 {}, {warp0}", th.warp)),
@@ -501,7 +501,7 @@ impl Gen<'_> {
     ///
     /// Kernel-wide values of the `cp.async` ring, computed once before the item loop.
     fn ring(&self, f: &mut Func) -> Ring {
-        let ks = self.c.k_step;
+        let ks = self.c.k_step();
         let smem = f.v("ptrtoint ptr addrspace(3) @fs_smem to i32");
         let ks_up = f.add("%dim", &(ks - 1).to_string());
         let ktiles = f.v(format!("udiv i32 {ks_up}, {ks}"));
@@ -527,11 +527,11 @@ impl Gen<'_> {
     /// distinct bank groups.
     fn load_stage(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, kt: &str, slot: &str) {
         let c = self.c;
-        let ks = c.k_step;
+        let ks = c.k_step();
         let cpr = ks / 8; // 16-byte chunks per row
         let row_bytes = ks * 2;
         let w_tile_bytes = c.vocab_tile * row_bytes;
-        let stage_bytes = c.stage_bytes();
+        let stage_bytes = c.smem_layout().slot_bytes;
         let (smem, aligned) = (&ring.smem, &ring.aligned);
         let kbase = f.mul(kt, &ks.to_string());
         let slot_off = f.mul(slot, &stage_bytes.to_string());
@@ -556,8 +556,8 @@ impl Gen<'_> {
                         let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
                         // wgmma: W row `row` sits at shared row `at` of the warpgroup's
                         // m64 operands, swizzled by the 128-byte mode (`at & 7`).
-                        let at = if is_w && c.wgmma { self.wgmma_smem_row(f, &row) } else { row.clone() };
-                        let s = if is_w && !c.wgmma {
+                        let at = if is_w && c.uses_wgmma() { self.wgmma_smem_row(f, &row) } else { row.clone() };
+                        let s = if is_w && !c.uses_wgmma() {
                             f.v(format!("lshr i32 {row}, 2"))
                         } else {
                             at.clone()
@@ -639,7 +639,7 @@ impl Gen<'_> {
     /// The first [`GpuConfig::prefetch_depth`] slices of item `it` (only where `valid`, if
     /// given); always commits that many groups, so the group counting stays static.
     fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
-        if self.c.tma {
+        if self.c.uses_tma() {
             let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
             let go = match valid {
                 Some(v) => f.and1(&t0, v),
@@ -686,23 +686,23 @@ impl Gen<'_> {
 
     /// Shared addresses of ring slot `slot`'s full and empty mbarriers.
     fn mbarriers(&self, f: &mut Func, ring: &Ring, slot: &str) -> (String, String) {
-        let base = f.add(&ring.smem, &self.c.mbarrier_base().to_string());
+        let base = f.add(&ring.smem, &self.c.smem_layout().mbarriers.to_string());
         let s8 = f.v(format!("shl i32 {slot}, 3"));
         let full = f.add(&base, &s8);
-        let empty = f.add(&full, &(8 * self.c.stages).to_string());
+        let empty = f.add(&full, &(8 * self.c.stages()).to_string());
         (full, empty)
     }
 
     /// This warp is done reading (global) slice `j`'s slot: one arrival on its empty barrier.
     fn release_slot(&self, f: &mut Func, ring: &Ring, j: &str) {
-        let slot = f.v(format!("urem i32 {j}, {}", self.c.stages));
+        let slot = f.v(format!("urem i32 {j}, {}", self.c.stages()));
         let (_, empty) = self.mbarriers(f, ring, &slot);
         mbarrier_arrive(f, &empty);
     }
 
     /// With `pingpong`: the mainloop-done mbarrier of consumer set `set` (after the slots').
     fn mainloop_done(&self, f: &mut Func, ring: &Ring, set: &str) -> String {
-        let base = f.add(&ring.smem, &(self.c.mbarrier_base() + 16 * self.c.stages).to_string());
+        let base = f.add(&ring.smem, &(self.c.smem_layout().mbarriers + 16 * self.c.stages()).to_string());
         let s8 = f.v(format!("shl i32 {set}, 3"));
         f.add(&base, &s8)
     }
@@ -714,11 +714,11 @@ impl Gen<'_> {
         let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
         f.if_then(&t0, |f| {
             let mut bars = Vec::new();
-            for s in 0..self.c.stages {
+            for s in 0..self.c.stages() {
                 let (full, empty) = self.mbarriers(f, ring, &s.to_string());
                 bars.extend([(full, 1), (empty, self.c.warps)]);
             }
-            if self.c.pingpong {
+            if self.c.is_pingpong() {
                 for set in ["0", "1"] {
                     bars.push((self.mainloop_done(f, ring, set), self.c.warps));
                 }
@@ -750,11 +750,11 @@ impl Gen<'_> {
         let c = self.c;
         let j0 = f.mul(&it.seq, &ring.ktiles);
         let j = f.add(&j0, kt);
-        let slot = f.v(format!("urem i32 {j}, {}", c.stages));
+        let slot = f.v(format!("urem i32 {j}, {}", c.stages()));
         let (full, empty) = self.mbarriers(f, ring, &slot);
-        let reuse = f.v(format!("icmp uge i32 {j}, {}", c.stages));
+        let reuse = f.v(format!("icmp uge i32 {j}, {}", c.stages()));
         f.if_then(&reuse, |f| {
-            let round = f.v(format!("udiv i32 {j}, {}", c.stages));
+            let round = f.v(format!("udiv i32 {j}, {}", c.stages()));
             let parity = f.v(format!("add i32 {round}, 1"));
             let parity = f.v(format!("and i32 {parity}, 1"));
             mbarrier_wait(f, &empty, &parity);
@@ -762,11 +762,11 @@ impl Gen<'_> {
         f.s(format!(
             "call void asm sideeffect \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }}\", \
              \"r,r,~{{memory}}\"(i32 {full}, i32 {}) #1",
-            c.stage_bytes()
+            c.smem_layout().slot_bytes
         ));
-        let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
+        let slot_off = f.mul(&slot, &c.smem_layout().slot_bytes.to_string());
         let dst0 = f.add(&ring.smem, &slot_off);
-        let k0 = f.mul(kt, &c.k_step.to_string());
+        let k0 = f.mul(kt, &c.k_step().to_string());
         let maps = f.v("addrspacecast ptr addrspace(1) %tmaps to ptr");
         let w_map = f.v(format!("ptrtoint ptr {maps} to i64"));
         let h_map = f.v(format!("add i64 {w_map}, 128"));
@@ -879,10 +879,10 @@ impl Gen<'_> {
         let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
         let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
         f.for_loop("0", ktiles, "1", |f, kt| {
-            let slot = if c.tma {
+            let slot = if c.uses_tma() {
                 let j = f.add(&j0, kt);
-                let slot = f.v(format!("urem i32 {j}, {}", c.stages));
-                let round = f.v(format!("udiv i32 {j}, {}", c.stages));
+                let slot = f.v(format!("urem i32 {j}, {}", c.stages()));
+                let round = f.v(format!("udiv i32 {j}, {}", c.stages()));
                 let parity = f.v(format!("and i32 {round}, 1"));
                 let (full, _) = self.mbarriers(f, ring, &slot);
                 mbarrier_wait(f, &full, &parity);
@@ -892,16 +892,16 @@ impl Gen<'_> {
                 // This thread's cp.async writes become visible to wgmma's (async-proxy) reads.
                 f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
                 f.barrier();
-                f.v(format!("urem i32 {kt}, {}", c.stages))
+                f.v(format!("urem i32 {kt}, {}", c.stages()))
             };
-            let slot_off = f.mul(&slot, &c.stage_bytes().to_string());
+            let slot_off = f.mul(&slot, &c.smem_layout().slot_bytes.to_string());
             let slot_addr = f.add(smem, &slot_off);
             let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
             let s4 = f.zext64(&s4);
             let desc0 = f.v(format!("or i64 {s4}, {DESC}"));
             let a_desc0 = f.v(format!("add i64 {desc0}, {a_grp}"));
             fence_all(f, "wgmma.fence.sync.aligned;");
-            for kk in 0..c.k_step / 16 {
+            for kk in 0..c.k_step() / 16 {
                 let db = f.v(format!("add i64 {desc0}, {}", (w_tile_bytes + kk * 32) >> 4));
                 for mt in 0..mtiles {
                     let da = f.v(format!("add i64 {a_desc0}, {}", (mt * 64 * 128 + kk * 32) >> 4));
@@ -918,9 +918,9 @@ impl Gen<'_> {
             // before the next barrier.
             fence_all(
                 f,
-                if c.wgmma_drain { "wgmma.wait_group.sync.aligned 0;" } else { "wgmma.wait_group.sync.aligned 1;" },
+                if matches!(c.schedule, Schedule::Wgmma { drain: true, .. }) { "wgmma.wait_group.sync.aligned 0;" } else { "wgmma.wait_group.sync.aligned 1;" },
             );
-            if c.tma {
+            if c.uses_tma() {
                 // Each warp releases slot kt − 1; then the producer refills it with slice
                 // kt + stages − 1 (waiting for the other warps' releases).
                 let started = f.v(format!("icmp ugt i32 {kt}, 0"));
@@ -931,8 +931,8 @@ impl Gen<'_> {
                     self.release_slot(f, ring, &prev);
                 });
                 // With `pingpong` the producer warp refills it instead.
-                if !c.pingpong {
-                    let next = f.add(kt, &(c.stages - 1).to_string());
+                if !c.is_pingpong() {
+                    let next = f.add(kt, &(c.stages() - 1).to_string());
                     let more = f.ult(&next, ktiles);
                     let go = f.and1(&more, &t0);
                     f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
@@ -942,7 +942,7 @@ impl Gen<'_> {
             }
         });
         fence_all(f, "wgmma.wait_group.sync.aligned 0;");
-        if c.tma {
+        if c.uses_tma() {
             f.if_then(&lane0, |f| {
                 let j = f.add(&j0, ktiles);
                 let last = f.v(format!("add i32 {j}, -1"));
@@ -977,7 +977,7 @@ impl Gen<'_> {
         let pf = f.add(kt, &c.prefetch_depth().to_string());
         let pf_ok = f.ult(&pf, &ring.ktiles);
         f.if_then(&pf_ok, |f| {
-            let slot = f.v(format!("urem i32 {pf}, {}", c.stages));
+            let slot = f.v(format!("urem i32 {pf}, {}", c.stages()));
             self.load_stage(f, th, it, ring, &pf, &slot);
         });
         commit_group(f);
@@ -987,10 +987,10 @@ impl Gen<'_> {
     /// epilogue already did, [`GpuConfig::overlaps_epilogue`]).
     fn tensor_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
         let c = self.c;
-        let ks = c.k_step;
+        let ks = c.k_step();
         let row_bytes = ks * 2;
         let w_tile_bytes = c.vocab_tile * row_bytes;
-        let stage_bytes = c.stage_bytes();
+        let stage_bytes = c.smem_layout().slot_bytes;
         let mtiles = self.quads * 2;
         let (smem, ktiles) = (&ring.smem, &ring.ktiles);
 
@@ -1023,7 +1023,7 @@ impl Gen<'_> {
             // the prefetch below overwrites (consumed at iteration kt − 1).
             f.barrier();
             self.prefetch(f, th, it, ring, kt);
-            let slot = f.v(format!("urem i32 {kt}, {}", c.stages));
+            let slot = f.v(format!("urem i32 {kt}, {}", c.stages()));
             let slot_off = f.mul(&slot, &stage_bytes.to_string());
             let slot_addr = f.add(smem, &slot_off);
             let ldm = |f: &mut Func, x: u32, byte_off: &str| -> Vec<String> {
@@ -1529,7 +1529,7 @@ impl Gen<'_> {
     fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
         let c = self.c;
         let vt = c.vocab_tile;
-        let base = f.add(&th.scratch, &c.scratch_bytes().to_string());
+        let base = f.add(&th.scratch, &c.smem_layout().scratch.bytes.to_string());
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));

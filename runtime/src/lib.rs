@@ -28,7 +28,7 @@ pub use sharded::ShardedSampler;
 pub use tp::{TensorParallelSampler, TpError};
 pub use tensor::{Element, Matrix, Tensor};
 pub use cuda::{CudaDevice, DeviceTensor};
-pub use flashsample_codegen_ptx::GpuConfig;
+pub use flashsample_codegen_ptx::{GpuConfig, Grid, GridKind, Schedule};
 
 /// The pipeline IR, re-exported for builders and the macro's expansion.
 pub use flashsample_ir as ir;

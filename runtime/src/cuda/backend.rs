@@ -30,7 +30,7 @@ use crate::{
     Error, Result, Samples, Tensor,
 };
 use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
-use flashsample_abi::{Candidate, ListError, LsePartial, RowError, RowResult, SamplingParams, Scored, StageTwo, INDEX_NONE};
+use flashsample_abi::{Candidate, ListError, LsePartial, RowError, RowResult, RowStatus, SamplingParams, Scored, StageTwo, INDEX_NONE};
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
@@ -40,14 +40,6 @@ use std::sync::{Arc, Mutex};
 fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
     bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
 }
-
-/// Stage two's per-row status codes (DESIGN.md "GPU").
-const STATUS_OK: u32 = 0;
-const STATUS_ALL_MASKED: u32 = 1;
-const STATUS_NONFINITE: u32 = 2;
-/// Stage three's: a tile list was too short / the nucleus outgrew `need`.
-const STATUS_OVERFLOW: u32 = 3;
-const STATUS_NUCLEUS: u32 = 4;
 
 pub(crate) struct CudaBackend {
     pipeline: Arc<Pipeline>,
@@ -200,11 +192,14 @@ impl CudaBackend {
                 let valid = |c: &GpuConfig| c.validate(&self.pipeline, limits).is_ok();
                 // A persistent tile keeps its epilogue scratch (and lists) beside the ring; where
                 // that does not fit, the same tile with one CTA per item aliases them.
+                // (A ping-pong tile is not retried: its consumer sets need the persistent grid.)
                 let fitted = fitted.and_then(|c| {
                     if valid(&c) {
                         Some(c)
+                    } else if c.is_pingpong() {
+                        None
                     } else {
-                        Some(GpuConfig { persistent: false, ..c }).filter(valid)
+                        Some(c.one_cta_per_item()).filter(valid)
                     }
                 });
                 fitted.unwrap_or_else(|| self.heuristic(shape))
@@ -275,7 +270,7 @@ impl CudaBackend {
         let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut uploads)).collect::<Result<Vec<_>>>()?;
         // The TMA stage one reads its operands through tensor maps encoded here (one pair per
         // weight buffer); the bytes stay alive until the queued copy ran (Launch::_host).
-        let (tmaps, tmap_bytes) = if config.tma {
+        let (tmaps, tmap_bytes) = if config.uses_tma() {
             let mut maps = Vec::with_capacity(weight_ptrs.len() * 2 * tma::MAP_BYTES);
             for &w in &weight_ptrs {
                 maps.extend_from_slice(&tma::encode_operands(w, hidden_ptr, shape.vocab, shape.dim, shape.batch, config.batch_tile)?);
@@ -538,18 +533,24 @@ impl CudaBackend {
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         drop(l);
         // Stage-two errors of any row first (as the CPU's reduce), then the list statuses.
+        let status = status
+            .iter()
+            .enumerate()
+            .map(|(row, &code)| {
+                RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}")))
+            })
+            .collect::<Result<Vec<RowStatus>>>()?;
         for (row, &s) in status.iter().enumerate() {
             match s {
-                STATUS_OK | STATUS_OVERFLOW | STATUS_NUCLEUS => {}
-                STATUS_ALL_MASKED => return Err(RowError::AllMasked { row }.into()),
-                STATUS_NONFINITE => return Err(RowError::NonFinite { row }.into()),
-                other => return Err(Error::Cuda(format!("the kernels wrote unknown status {other} for row {row}"))),
+                RowStatus::Ok | RowStatus::ListOverflow | RowStatus::NucleusTooLarge => {}
+                RowStatus::AllMasked => return Err(RowError::AllMasked { row }.into()),
+                RowStatus::NonFinite => return Err(RowError::NonFinite { row }.into()),
             }
         }
-        if let Some(row) = status.iter().position(|&s| s == STATUS_OVERFLOW) {
+        if let Some(row) = status.iter().position(|&s| s == RowStatus::ListOverflow) {
             return Ok(Attempt::Overflow { row });
         }
-        if let Some(row) = status.iter().position(|&s| s == STATUS_NUCLEUS) {
+        if let Some(row) = status.iter().position(|&s| s == RowStatus::NucleusTooLarge) {
             return Ok(Attempt::Nucleus { row });
         }
         let reduced = RowResult { tokens, scores, logits, logsumexp };
