@@ -15,6 +15,8 @@ mod heuristic;
 mod ir;
 mod layout;
 mod math;
+mod params;
+mod ptx;
 mod stage1;
 mod stage2;
 
@@ -24,6 +26,7 @@ pub use config::{
 };
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
+pub use params::{FilterArgs, KernelArg, KernelParams, Param, ParamKind, Stage1Args, Stage2Args, FILTER, STAGE1, STAGE2};
 
 use flashsample_ir::{DType, IrError, Pipeline};
 use inkwell::{

@@ -29,12 +29,22 @@ use crate::{
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
 };
-use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaSlice, DevicePtr, LaunchArgs, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, ListError, LsePartial, RowError, RowResult, RowStatus, SamplingParams, Scored, StageTwo, INDEX_NONE};
-use flashsample_codegen_ptx::GpuConfig;
+use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args};
 use flashsample_ir::{Pipeline, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Pushes a kernel's arguments in their parameter table's order.
+fn push_args<'a>(b: &mut LaunchArgs<'a>, args: &'a [KernelArg]) {
+    for a in args {
+        match a {
+            KernelArg::U64(v) => b.arg(v),
+            KernelArg::U32(v) => b.arg(v),
+        };
+    }
+}
 
 /// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
 fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
@@ -378,30 +388,35 @@ impl CudaBackend {
         let g = &l.geometry;
         let (batch, dim, vocab) = (l.shape.batch as u32, l.shape.dim as u32, l.shape.vocab as u32);
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
+        let args = Stage1Args {
+            hidden: l.hidden,
+            weights,
+            temperatures: l.temperatures,
+            bias: l.bias,
+            allowed: l.allowed,
+            candidates: l.candidates,
+            lse: l.lse,
+            seed: l.seed,
+            batch,
+            dim,
+            vocab,
+            vocab_offset: l.vocab_offset,
+            row_seeds: l.row_seeds,
+            pen_bits: l.pen[0],
+            pen_offsets: l.pen[1],
+            pen_tokens: l.pen[2],
+            pen_subtract: l.pen[3],
+            pen_repetition: l.pen[4],
+            lists: l.lists,
+            tmaps,
+        }
+        .args();
         let stream = self.device.stream();
         let mut b = stream.launch_builder(&k.stage1);
-        b.arg(&l.hidden)
-            .arg(&weights)
-            .arg(&l.temperatures)
-            .arg(&l.bias)
-            .arg(&l.allowed)
-            .arg(&l.candidates)
-            .arg(&l.lse)
-            .arg(&l.seed)
-            .arg(&batch)
-            .arg(&dim)
-            .arg(&vocab)
-            .arg(&l.vocab_offset)
-            .arg(&l.row_seeds)
-            .arg(&l.pen[0])
-            .arg(&l.pen[1])
-            .arg(&l.pen[2])
-            .arg(&l.pen[3])
-            .arg(&l.pen[4])
-            .arg(&l.lists)
-            .arg(&tmaps);
-        // SAFETY: the arguments match DESIGN.md's stage-one signature; every buffer is sized
-        // from the same geometry the kernel was generated for.
+        push_args(&mut b, &args);
+        // SAFETY: the arguments are codegen's stage-one parameter table in its order
+        // (`Stage1Args`); every buffer is sized from the same geometry the kernel was
+        // generated for.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
         Ok(())
     }
@@ -410,19 +425,23 @@ impl CudaBackend {
         let g = &l.geometry;
         let (batch, samples, tiles) = (l.shape.batch as u32, l.samples as u32, g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
+        let args = Stage2Args {
+            candidates: l.candidates,
+            lse: l.lse,
+            batch,
+            samples,
+            tiles,
+            out_tokens: l.tokens,
+            out_scores: l.scores,
+            out_logits: l.logits,
+            out_lse: l.out_lse,
+            out_status: l.status,
+        }
+        .args();
         let stream = self.device.stream();
         let mut b = stream.launch_builder(&k.stage2);
-        b.arg(&l.candidates)
-            .arg(&l.lse)
-            .arg(&batch)
-            .arg(&samples)
-            .arg(&tiles)
-            .arg(&l.tokens)
-            .arg(&l.scores)
-            .arg(&l.logits)
-            .arg(&l.out_lse)
-            .arg(&l.status);
-        // SAFETY: as for stage one, with DESIGN.md's stage-two signature.
+        push_args(&mut b, &args);
+        // SAFETY: as for stage one, with the stage-two table (`Stage2Args`).
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
         Ok(())
     }
@@ -438,27 +457,31 @@ impl CudaBackend {
         let g = &l.geometry;
         let (tiles, batch, samples) = (g.tiles as u32, l.shape.batch as u32, l.samples as u32);
         let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
+        let args = FilterArgs {
+            lists: l.lists,
+            tiles,
+            per_tile: l.per_tile,
+            need: l.need,
+            batch,
+            samples,
+            filters: l.filters,
+            lse: l.out_lse,
+            greedy: l.greedy,
+            seed: l.seed,
+            row_seeds: l.row_seeds,
+            vocab_offset: l.vocab_offset,
+            top_n: l.top_n,
+            out_tokens: l.tokens,
+            out_scores: l.scores,
+            out_logits: l.logits,
+            out_top: l.out_top,
+            out_status: l.status,
+        }
+        .args();
         let stream = self.device.stream();
         let mut b = stream.launch_builder(func);
-        b.arg(&l.lists)
-            .arg(&tiles)
-            .arg(&l.per_tile)
-            .arg(&l.need)
-            .arg(&batch)
-            .arg(&samples)
-            .arg(&l.filters)
-            .arg(&l.out_lse)
-            .arg(&l.greedy)
-            .arg(&l.seed)
-            .arg(&l.row_seeds)
-            .arg(&l.vocab_offset)
-            .arg(&l.top_n)
-            .arg(&l.tokens)
-            .arg(&l.scores)
-            .arg(&l.logits)
-            .arg(&l.out_top)
-            .arg(&l.status);
-        // SAFETY: as for stage one, with DESIGN.md's stage-three signature; lists, filters,
+        push_args(&mut b, &args);
+        // SAFETY: as for stage one, with the stage-three table (`FilterArgs`); lists, filters,
         // greedy flags and out_top are sized for this launch's batch, tiles and per_tile.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
         Ok(())
