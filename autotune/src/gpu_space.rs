@@ -14,7 +14,7 @@
 //! shared memory, threads and registers; the last partial wave idles SMs). The epilogue has no
 //! loads in flight, so it hides behind the W stream only where a second CTA on the SM runs out
 //! of phase (`stagger_us` with two resident CTAs, or a persistent grid's prefetch); otherwise it
-//! adds to the stream's time (H200, gen 11: 27 % of the warp time at B = 64, BENCHMARKS.md).
+//! adds to the stream's time (about a quarter of the warp time at B = 64, BENCHMARKS.md).
 
 use flashsample::{ir::Pipeline, GpuConfig};
 use flashsample_codegen_ptx::{uses_tensor_cores, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE, HEURISTIC_STAGGER_US};
@@ -110,8 +110,8 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     // Slices in flight: codegen's own prefetch depth and slot size.
     let ring = if c.is_tensor() { f64::from(c.prefetch_depth().max(1)) * f64::from(c.smem_layout().slot_bytes) } else { f64::from(c.vocab_tile * 64 * 2) };
     let mem_eff = (active_per_sm * ring / INFLIGHT_BYTES_PER_SM).min(1.0);
-    // H, re-read by every vocab tile, hits L2 and did not slow the k loop (H200, gen 11: the
-    // loop's warp samples were equal at B = 8 and B = 64), so only W's bytes count.
+    // H, re-read by every vocab tile, hits L2 and did not slow the k loop (its warp samples
+    // were equal at B = 8 and B = 64, BENCHMARKS.md), so only W's bytes count.
     let bytes = (vocab * dim * elem_bytes) as f64 * btiles;
     let mem = bytes / (HBM_BYTES_PER_S * mem_eff);
     let flops = 2.0 * vocab as f64 * dim as f64 * padded;
@@ -123,9 +123,8 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     let math = flops / (mma * sms * wave_eff.max(1e-3));
     let epilogue = vocab as f64 * padded * EPILOGUE_OPS / (LANE_OPS_PER_SM * sms * wave_eff.max(1e-3));
     // A persistent grid's prefetch, a staggered second CTA or the ping-pong's second consumer
-    // set runs one tile's epilogue under another's W stream. (The TMA ring, once 1.3–2× slower
-    // with 32 boxes per slice, measured 5 % faster than cp.async with one box per warpgroup,
-    // H200 gen 12, so it is modeled like the cp.async ring.)
+    // set runs one tile's epilogue under another's W stream. (The TMA ring measured about as
+    // fast as the cp.async ring, BENCHMARKS.md, so it is modeled like it.)
     let overlapped = c.is_persistent() || (resident >= 2 && c.stagger_us > 0);
     let time = if overlapped { mem.max(math + epilogue) } else { mem.max(math) + epilogue };
     time + LAUNCH_S

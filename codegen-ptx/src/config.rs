@@ -29,6 +29,7 @@ impl Arch {
         }
     }
 
+    /// The NVPTX processor name (`sm_80`, `sm_90`).
     pub fn sm_name(self) -> &'static str {
         match self {
             Arch::Sm80 => "sm_80",
@@ -41,11 +42,15 @@ impl Arch {
 /// source of architectural limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuLimits {
+    /// (major, minor).
     pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
     pub sm_count: u32,
     /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, bytes.
     pub max_shared_per_block_optin: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
     pub max_threads_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK`.
     pub max_regs_per_block: u32,
 }
 

@@ -758,6 +758,7 @@ fn draw_filtered(
             let key_hi = f.v(format!("lshr i64 {kv}, 32"));
             let key_hi = f.v(format!("trunc i64 {key_hi} to i32"));
             let ctr_row = f.sel("i32", &has_rs, "0", row);
+            let word3 = crate::math::token_word3(f, r64);
             f.for_loop("0", "%samples", "1", |f, s| {
                 let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
                     f.for_loop(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
@@ -766,7 +767,7 @@ fn draw_filtered(
                         let ctr = f.v(format!("lshr i32 {g}, 2"));
                         let ty = "{ i32, i32, i32, i32 }";
                         let r = f.v(format!(
-                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 0, i32 {key_lo}, i32 {key_hi})"
+                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 {word3}, i32 {key_lo}, i32 {key_hi})"
                         ));
                         let w = f.v(format!("and i32 {g}, 3"));
                         let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));

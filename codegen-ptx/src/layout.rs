@@ -58,8 +58,9 @@ pub struct SmemLayout {
     pub epilogue_bytes: u32,
     /// The scratch's fields, relative to an epilogue area.
     pub scratch: ScratchLayout,
-    /// Offset of the list tile relative to an epilogue area, and its bytes (0 without lists).
+    /// Offset of the list tile relative to an epilogue area.
     pub list_tile: u32,
+    /// Bytes of the list tile (0 without lists).
     pub list_tile_bytes: u32,
     /// Where the mbarriers start (8-byte aligned).
     pub mbarriers: u32,

@@ -33,7 +33,9 @@ impl ParamKind {
 /// One parameter: its name (the IR value `%name`) and kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Param {
+    /// The name (`%name` in the kernel's IR, the field of the argument struct).
     pub name: &'static str,
+    /// How it is passed.
     pub kind: ParamKind,
 }
 
@@ -42,6 +44,7 @@ pub struct Param {
 pub struct KernelParams {
     /// The kernel's entry name.
     pub kernel: &'static str,
+    /// The parameters in order.
     pub params: &'static [Param],
 }
 
@@ -152,6 +155,9 @@ kernel_params! {
         lists: MutPtr,
         /// `CUtensorMap [2]` (W map, H map; 64-byte aligned) for the TMA schedules, else 0.
         tmaps: ConstPtr,
+        /// `u32 [B]` per-row decode steps (noise counter word 3 = step · 4 + stream,
+        /// `abi::rng::counter_word3`) or 0 (every step 0).
+        row_steps: ConstPtr,
     }
 }
 
@@ -207,5 +213,7 @@ kernel_params! {
         out_top: MutPtr,
         /// `u32 [B]` (`abi::RowStatus` codes).
         out_status: MutPtr,
+        /// `u32 [B]` per-row decode steps, as stage one's, or 0.
+        row_steps: ConstPtr,
     }
 }

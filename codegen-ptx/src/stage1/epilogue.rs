@@ -15,6 +15,7 @@
 //! [`ScratchLayout`]: crate::ScratchLayout
 
 use super::{Gen, Item, Thread};
+use crate::math;
 use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF};
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::Transform;
@@ -30,6 +31,8 @@ struct Col {
     key_lo: String,
     key_hi: String,
     ctr_row: String,
+    /// Philox counter word 3: the row's decode step and the token stream.
+    word3: String,
     /// Penalty CSR range and repetition of the row.
     pen: Option<(String, String, String)>,
 }
@@ -91,8 +94,8 @@ impl Gen<'_> {
                 } else {
                     t_zero.clone()
                 };
-                let (key_lo, key_hi, ctr_row) = if p.is_greedy() {
-                    (String::new(), String::new(), String::new())
+                let (key_lo, key_hi, ctr_row, word3) = if p.is_greedy() {
+                    (String::new(), String::new(), String::new(), String::new())
                 } else {
                     let key = f.var("i64", "%seed");
                     f.if_then(&has_rs, |f| {
@@ -105,7 +108,9 @@ impl Gen<'_> {
                     let lo = f.v(format!("trunc i64 {k} to i32"));
                     let hi = f.v(format!("lshr i64 {k}, 32"));
                     let hi = f.v(format!("trunc i64 {hi} to i32"));
-                    (lo, hi, f.sel("i32", &has_rs, "0", &row))
+                    let ctr_row = f.sel("i32", &has_rs, "0", &row);
+                    let r64 = f.zext64(&row_safe);
+                    (lo, hi, ctr_row, math::token_word3(f, &r64))
                 };
                 let pen = has_pen.then(|| {
                     let r64 = f.zext64(&row_safe);
@@ -126,6 +131,7 @@ impl Gen<'_> {
                     key_lo,
                     key_hi,
                     ctr_row,
+                    word3,
                     pen,
                 });
             }
@@ -386,8 +392,8 @@ impl Gen<'_> {
                             let (a, b) = (&pair[0], &pair[pair.len() - 1]);
                             let ty = crate::math::NOISE_PAIR_TY;
                             let r = f.v(format!(
-                                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
-                                a.ctr_row, a.key_lo, a.key_hi, b.ctr_row, b.key_lo, b.key_hi
+                                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
+                                a.ctr_row, a.key_lo, a.key_hi, a.word3, b.ctr_row, b.key_lo, b.key_hi, b.word3
                             ));
                             (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
                         };
@@ -421,7 +427,7 @@ impl Gen<'_> {
                     best.push((f.get(bs), f.get(bi), f.get(bl)));
                 }
             }
-            f.if_then(&lane_lt4, |f| {
+            f.if_then(lane_lt4, |f| {
                 for (ci, cl) in cols.iter().enumerate() {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
                     self.st_scratch(f, th, "float", sc.score, &slot, &best[ci].0);
@@ -430,7 +436,7 @@ impl Gen<'_> {
                 }
             });
             f.barrier();
-            f.if_then(&tid_lt_bt, |f| {
+            f.if_then(tid_lt_bt, |f| {
                 let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
                 let mut flag = "0".to_string();
                 for w in 0..c.warps {

@@ -30,7 +30,7 @@ impl Gen<'_> {
                 f.if_then(&issuer, |f| {
                     f.for_loop(&items.first, &items.count, &items.stride, |f, item| {
                         let it = items.item(self, f, item);
-                        f.for_loop("0", &ring.ktiles.to_string(), "1", |f, kt| self.tma_issue(f, &it, ring, kt));
+                        f.for_loop("0", ring.ktiles.as_ref(), "1", |f, kt| self.tma_issue(f, &it, ring, kt));
                     });
                 });
             },

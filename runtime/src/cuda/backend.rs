@@ -409,6 +409,8 @@ impl CudaBackend {
             pen_repetition: l.pen[4],
             lists: l.lists,
             tmaps,
+            // Every row at step 0 until the device API passes per-row steps.
+            row_steps: 0,
         }
         .args();
         let stream = self.device.stream();
@@ -476,6 +478,7 @@ impl CudaBackend {
             out_logits: l.logits,
             out_top: l.out_top,
             out_status: l.status,
+            row_steps: 0,
         }
         .args();
         let stream = self.device.stream();
