@@ -1,5 +1,6 @@
-//! A cheap cost model of GPU tile configs, from `GpuLimits` and the shape alone, to rank the
-//! CUDA search space before anything is compiled (`--top-heuristic K` keeps the K best).
+//! The CUDA search space ([`enumerate`]) and a cheap cost model of its configs, from
+//! `GpuLimits` and the shape alone, to rank it before anything is compiled (`--top-heuristic K`
+//! keeps the K best).
 //!
 //! The model is a roofline with three efficiency factors; only the *ranking* matters, so the
 //! constants are round numbers for an sm_90-class part, not a calibration:
@@ -13,10 +14,71 @@
 //! shared memory, threads and registers; the last partial wave idles SMs). The epilogue has no
 //! loads in flight, so it hides behind the W stream only where a second CTA on the SM runs out
 //! of phase (`stagger_us` with two resident CTAs, or a persistent grid's prefetch); otherwise it
-//! adds to the stream's time (H200, gen 11: 27 % of the warp time at B = 64, BENCHMARKS.md).
+//! adds to the stream's time (about a quarter of the warp time at B = 64, BENCHMARKS.md).
 
 use flashsample::{ir::Pipeline, GpuConfig};
-use flashsample_codegen_ptx::{GpuLimits, HEURISTIC_STAGGER_US};
+use flashsample_codegen_ptx::{uses_tensor_cores, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE, HEURISTIC_STAGGER_US};
+
+/// The staggers tried (besides 0) on tiles of which two fit on an SM.
+pub const STAGGER_CANDIDATES_US: [u32; 3] = [20, 30, 40];
+
+/// The schedules of one ring depth, slice and grid: every mainloop kind (wgmma ones only
+/// with their 64-element slice), ping-pong only on a persistent grid.
+fn schedules(stages: u32, k_step: u32, grid: Grid) -> Vec<Schedule> {
+    let mut out = vec![Schedule::MmaSync { stages, k_step, grid }];
+    if k_step == flashsample_codegen_ptx::WGMMA_K_STEP {
+        out.extend([Schedule::Wgmma { stages, drain: false, grid }, Schedule::Wgmma { stages, drain: true, grid }, Schedule::WgmmaTma { stages, grid: grid.into() }]);
+        if grid == Grid::Persistent {
+            out.push(Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
+        }
+    }
+    out
+}
+
+/// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`]
+/// (which also drops wgmma off compute capability 9.0). Pipelines with lists also try
+/// `list_per_tile` 8 and 32 (capped): longer lists cost stage one time but overflow (and
+/// rerun) less. Staggers ([`STAGGER_CANDIDATES_US`]) only where two CTAs share an SM.
+pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
+    let mut out = Vec::new();
+    let tensor = uses_tensor_cores(pipeline);
+    let cap = pipeline.list_capacity();
+    for warps in [4u32, 8] {
+        for quads in [1u32, 2, 4] {
+            for batch_tile in [8u32, 16, 32, 64, 128] {
+                let vocab_tile = 32 * warps * quads;
+                let mut lists: Vec<u32> = if cap == 0 {
+                    vec![0]
+                } else {
+                    [DEFAULT_LIST_PER_TILE, 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
+                };
+                lists.dedup();
+                let (k_steps, depths): (&[u32], &[u32]) = if tensor { (&[64, 128], &[2, 3, 4, 6, 8]) } else { (&[0], &[1]) };
+                for &k_step in k_steps {
+                    for &stages in depths {
+                        for grid in [Grid::PerItem, Grid::Persistent] {
+                            let space = if tensor { schedules(stages, k_step, grid) } else { vec![Schedule::Simt { grid }] };
+                            for &list_per_tile in &lists {
+                                for &schedule in &space {
+                                    let c = GpuConfig { list_per_tile, ..GpuConfig::new(vocab_tile, batch_tile, warps, schedule) };
+                                    if c.validate(pipeline, limits).is_err() {
+                                        continue;
+                                    }
+                                    let staggers: &[u32] = if c.is_tensor() && c.two_per_sm(limits) { &STAGGER_CANDIDATES_US } else { &[] };
+                                    for &stagger_us in staggers {
+                                        out.push(c.clone().with_stagger(stagger_us));
+                                    }
+                                    out.push(c);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
 
 /// Sustained HBM bandwidth assumed (H200 measures 4.2 TB/s device-to-device).
 const HBM_BYTES_PER_S: f64 = 4.0e12;
@@ -43,18 +105,17 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     // Persistent grids loop over the work items, so they have no partial wave of CTAs, but
     // one of work items.
     let items = c.tiles(vocab) as f64 * btiles;
-    let wave_eff = if c.persistent { items / ((items / ctas.max(1.0)).ceil() * ctas.max(1.0)) } else { ctas / (waves * slots) };
+    let wave_eff = if c.is_persistent() { items / ((items / ctas.max(1.0)).ceil() * ctas.max(1.0)) } else { ctas / (waves * slots) };
     let active_per_sm = (ctas / sms).min(f64::from(resident)).max(1e-3);
-    // Slices in flight: wgmma keeps the previous slice's slot unless it drains.
-    let ahead = if c.wgmma && !c.tma && !c.wgmma_drain { 2 } else { 1 };
-    let ring = if c.is_tensor() { f64::from(c.stages.saturating_sub(ahead).max(1)) * f64::from((c.vocab_tile + c.batch_tile) * c.k_step * 2) } else { f64::from(c.vocab_tile * 64 * 2) };
+    // Slices in flight: codegen's own prefetch depth and slot size.
+    let ring = if c.is_tensor() { f64::from(c.prefetch_depth().max(1)) * f64::from(c.smem_layout().slot_bytes) } else { f64::from(c.vocab_tile * 64 * 2) };
     let mem_eff = (active_per_sm * ring / INFLIGHT_BYTES_PER_SM).min(1.0);
-    // H, re-read by every vocab tile, hits L2 and did not slow the k loop (H200, gen 11: the
-    // loop's warp samples were equal at B = 8 and B = 64), so only W's bytes count.
+    // H, re-read by every vocab tile, hits L2 and did not slow the k loop (its warp samples
+    // were equal at B = 8 and B = 64, BENCHMARKS.md), so only W's bytes count.
     let bytes = (vocab * dim * elem_bytes) as f64 * btiles;
     let mem = bytes / (HBM_BYTES_PER_S * mem_eff);
     let flops = 2.0 * vocab as f64 * dim as f64 * padded;
-    let mma = match (c.is_tensor(), c.wgmma) {
+    let mma = match (c.is_tensor(), c.uses_wgmma()) {
         (true, true) => 2.0 * MMA_FLOPS_PER_SM,
         (true, false) => MMA_FLOPS_PER_SM,
         (false, _) => MMA_FLOPS_PER_SM / 8.0,
@@ -62,10 +123,9 @@ pub fn modeled_seconds(c: &GpuConfig, limits: &GpuLimits, batch: usize, dim: usi
     let math = flops / (mma * sms * wave_eff.max(1e-3));
     let epilogue = vocab as f64 * padded * EPILOGUE_OPS / (LANE_OPS_PER_SM * sms * wave_eff.max(1e-3));
     // A persistent grid's prefetch, a staggered second CTA or the ping-pong's second consumer
-    // set runs one tile's epilogue under another's W stream. (The TMA ring, once 1.3–2× slower
-    // with 32 boxes per slice, measured 5 % faster than cp.async with one box per warpgroup,
-    // H200 gen 12, so it is modeled like the cp.async ring.)
-    let overlapped = c.persistent || (resident >= 2 && c.stagger_us > 0);
+    // set runs one tile's epilogue under another's W stream. (The TMA ring measured about as
+    // fast as the cp.async ring, BENCHMARKS.md, so it is modeled like it.)
+    let overlapped = c.is_persistent() || (resident >= 2 && c.stagger_us > 0);
     let time = if overlapped { mem.max(math + epilogue) } else { mem.max(math) + epilogue };
     time + LAUNCH_S
 }
@@ -81,13 +141,13 @@ type TileShape = (u32, u32, u32, u32);
 /// non-persistent grids, then the heuristic's stagger.
 pub fn rank(space: Vec<GpuConfig>, pipeline: &Pipeline, limits: &GpuLimits, batch: usize, dim: usize, vocab: usize) -> Vec<GpuConfig> {
     let elem = pipeline.weights.dtype.size_bytes();
-    let tie = |c: &GpuConfig| (c.stages.abs_diff(4), c.persistent, c.stagger_us.abs_diff(HEURISTIC_STAGGER_US));
+    let tie = |c: &GpuConfig| (c.stages().abs_diff(4), c.is_persistent(), c.stagger_us.abs_diff(HEURISTIC_STAGGER_US));
     let mut scored: Vec<(f64, GpuConfig)> =
         space.into_iter().map(|c| (modeled_seconds(&c, limits, batch, dim, vocab, elem), c)).collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| tie(&a.1).cmp(&tie(&b.1))));
     let mut groups: Vec<(TileShape, Vec<GpuConfig>)> = Vec::new();
     for (_, c) in scored {
-        let key = (c.vocab_tile, c.batch_tile, c.warps, c.k_step);
+        let key = (c.vocab_tile, c.batch_tile, c.warps, c.k_step());
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, g)) => g.push(c),
             None => groups.push((key, vec![c])),
@@ -107,10 +167,52 @@ mod tests {
     }
 
     #[test]
+    fn enumeration_is_pruned_dtype_specific_and_covers_every_schedule() {
+        let h200 = GpuLimits::H200;
+        let bf = pipeline();
+        let space = enumerate(&bf, &h200);
+        assert!(space.iter().all(|c| c.is_tensor() && c.validate(&bf, &h200).is_ok()));
+        assert!(space.iter().any(|c| c.batch_tile == 8 && c.warps == 8), "GEMV-style configs for small batches");
+        for schedule in [
+            Schedule::MmaSync { stages: 4, k_step: 128, grid: Grid::Persistent },
+            Schedule::Wgmma { stages: 4, drain: true, grid: Grid::PerItem },
+            Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem },
+            Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong },
+        ] {
+            assert!(space.iter().any(|c| c.schedule == schedule), "{schedule:?}");
+        }
+        // Staggers only where two CTAs share an SM.
+        assert!(space.iter().any(|c| c.stagger_us > 0));
+        assert!(space.iter().filter(|c| c.stagger_us > 0).all(|c| c.two_per_sm(&h200)));
+        // No wgmma below compute capability 9.0; a smaller device gets a smaller space.
+        let a100 = GpuLimits { compute_capability: (8, 0), ..h200 };
+        assert!(enumerate(&bf, &a100).iter().all(|c| !c.uses_wgmma()));
+        let small = GpuLimits { max_shared_per_block_optin: 48 * 1024, ..h200 };
+        let s = enumerate(&bf, &small);
+        assert!(!s.is_empty() && s.len() < space.len());
+        let f32s = enumerate(&PipelineBuilder::new("f", DType::F32, DType::F32).temperature_per_row("t").build().unwrap(), &h200);
+        assert!(!f32s.is_empty() && f32s.iter().all(|c| !c.is_tensor()));
+        // Pipelines with lists try two list lengths.
+        let lists = PipelineBuilder::new("l", DType::BF16, DType::BF16).filter("f", 64).build().unwrap();
+        let all = enumerate(&lists, &h200);
+        assert!(all.iter().any(|c| c.list_per_tile == 8) && all.iter().any(|c| c.list_per_tile == 32));
+        assert!(all.iter().all(|c| c.validate(&lists, &h200).is_ok()));
+    }
+
+    #[test]
+    fn a_spread_of_the_space_compiles_without_local_memory() {
+        let p = pipeline();
+        for c in enumerate(&p, &GpuLimits::H200).iter().step_by(17) {
+            let k = flashsample_codegen_ptx::compile(&p, c, flashsample_codegen_ptx::Arch::Sm90).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            assert!(!k.ptx.contains(".local"), "{c:?}");
+        }
+    }
+
+    #[test]
     fn small_batches_prefer_one_batch_tile_and_large_ones_stay_near_the_heuristic() {
         let p = pipeline();
         let l = GpuLimits::H200;
-        let space = GpuConfig::enumerate(&p, &l);
+        let space = enumerate(&p, &l);
         assert!(space.len() > 50, "{}", space.len());
         for batch in [1usize, 8, 16, 64, 256] {
             let ranked = rank(space.clone(), &p, &l, batch, 8192, 128_256);
@@ -135,7 +237,7 @@ mod tests {
         for batch in [1usize, 16, 64, 256] {
             let h = GpuConfig::heuristic(&p, batch, 8192, 128_256, &l);
             println!("B={batch} heuristic {:.1} us {h:?}", modeled_seconds(&h, &l, batch, 8192, 128_256, 2) * 1e6);
-            for c in rank(GpuConfig::enumerate(&p, &l), &p, &l, batch, 8192, 128_256).iter().take(5) {
+            for c in rank(enumerate(&p, &l), &p, &l, batch, 8192, 128_256).iter().take(5) {
                 println!("  {:.1} us {c:?}", modeled_seconds(c, &l, batch, 8192, 128_256, 2) * 1e6);
             }
         }
@@ -144,19 +246,19 @@ mod tests {
     #[test]
     fn resident_ctas_respect_shared_memory() {
         let l = GpuLimits::H200;
-        let big = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 128, warps: 8, stages: 4, persistent: false, list_per_tile: 0, wgmma: false, tma: false, wgmma_drain: false, stagger_us: 0, pingpong: false };
+        let big = GpuConfig::new(256, 64, 8, Schedule::MmaSync { stages: 4, k_step: 128, grid: Grid::PerItem });
         assert_eq!(big.resident_per_sm(&l), ((l.max_shared_per_block_optin + 1024) / big.smem_bytes()).max(1));
     }
 
     #[test]
     fn the_tma_ring_ranks_level_with_its_cp_async_twin_and_pingpong_first() {
         let (p, l) = (pipeline(), GpuLimits::H200);
-        let ring = GpuConfig { vocab_tile: 256, batch_tile: 64, k_step: 64, warps: 8, stages: 5, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: false, stagger_us: 0, pingpong: false };
-        let tma = GpuConfig { tma: true, ..ring.clone() };
+        let ring = GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 5, drain: false, grid: Grid::PerItem });
+        let tma = ring.clone().with_schedule(Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem });
         let t = |c: &GpuConfig| modeled_seconds(c, &l, 64, 4096, 151_936, 2);
         // One slice more in flight (no slot held by MMAs in flight), so never modeled slower.
         assert!(t(&tma) <= t(&ring));
-        let pingpong = GpuConfig { vocab_tile: 128, stages: 8, warps: 4, persistent: true, tma: true, pingpong: true, ..ring.clone() };
+        let pingpong = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong });
         pingpong.validate(&p, &l).unwrap();
         assert_eq!(rank(vec![ring.clone(), tma.clone(), pingpong.clone()], &p, &l, 64, 4096, 151_936)[0], pingpong);
     }
@@ -164,12 +266,12 @@ mod tests {
     #[test]
     fn a_staggered_pair_of_ctas_hides_the_epilogue_and_ranks_first() {
         let (p, l) = (pipeline(), GpuLimits::H200);
-        let pair = GpuConfig { vocab_tile: 128, batch_tile: 64, k_step: 64, warps: 4, stages: 4, persistent: false, list_per_tile: 0, wgmma: true, tma: false, wgmma_drain: true, stagger_us: 0, pingpong: false };
-        let staggered = GpuConfig { stagger_us: HEURISTIC_STAGGER_US, ..pair.clone() };
+        let pair = GpuConfig::new(128, 64, 4, Schedule::Wgmma { stages: 4, drain: true, grid: Grid::PerItem });
+        let staggered = pair.clone().with_stagger(HEURISTIC_STAGGER_US);
         assert!(pair.resident_per_sm(&l) >= 2);
         let t = |c: &GpuConfig| modeled_seconds(c, &l, 64, 4096, 151_936, 2);
         assert!(t(&staggered) < t(&pair));
-        let other = GpuConfig { stagger_us: 40, ..pair.clone() };
+        let other = pair.clone().with_stagger(40);
         assert_eq!(rank(vec![other.clone(), pair.clone(), staggered.clone()], &p, &l, 64, 4096, 151_936)[0], staggered);
     }
 }

@@ -15,7 +15,7 @@ use clap::Parser;
 use flashsample::{
     ir::{DType, Outputs, Pipeline, PipelineBuilder},
     tuning::{ShapeKey, TunedConfig, TuningFile, TUNING_ENV},
-    Device, GpuConfig, KernelConfig, Sampler,
+    Device, KernelConfig, Sampler,
 };
 use flashsample_autotune::{
     cpu_space::{self, CpuLimits},
@@ -211,7 +211,7 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
         // The PTX generator's own space, already pruned against this GPU's limits, ranked
         // by the cost model.
         Device::Cuda(gpu) => {
-            let valid = GpuConfig::enumerate(pipeline, gpu.limits())
+            let valid = gpu_space::enumerate(pipeline, gpu.limits())
                 .into_iter()
                 .filter(|c| c.validate(pipeline, gpu.limits()).is_ok())
                 .collect();

@@ -1,9 +1,10 @@
 //! Prints the PTX (or with `ir`, the LLVM IR) of a pipeline: `cargo run --example dump [ir]
 //! [simt] [bench] [filter]`. `bench` is gpu_bench's pipeline (per-row temperature + Gumbel),
-//! `filter` adds its top-k/top-p filter; the tile config comes from the environment
-//! (`VT`, `BT`, `WARPS`, `KS`, `STAGES`, defaults 128, 16, 4, 64, 4; `WGMMA=1`, `TMA=1`,
-//! `DRAIN=1` and `PERSISTENT=1` switch those on; `STAGGER_US` sets the stagger).
-use flashsample_codegen_ptx::{compile, llvm_ir, Arch, GpuConfig};
+//! `filter` adds its top-k/top-p filter (`simt`: f32 operands); the tile config comes from the
+//! environment: `SCHEDULE` (`simt`, `mma`, `wgmma`, `wgmma-drain`, `tma`, `pingpong`),
+//! `PERSISTENT=1`, `VT`, `BT`, `WARPS`, `KS` (mma only), `STAGES` (defaults 128, 16, 4, 64, 4)
+//! and `STAGGER_US`.
+use flashsample_codegen_ptx::{compile, llvm_ir, Arch, GpuConfig, Grid, GridKind, Schedule};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 
 fn env_u32(name: &str, default: u32) -> u32 {
@@ -38,20 +39,18 @@ fn main() {
             .build()
             .unwrap()
     };
-    let mut c = GpuConfig {
-        vocab_tile: env_u32("VT", 128),
-        batch_tile: env_u32("BT", 16),
-        k_step: env_u32("KS", 64),
-        warps: env_u32("WARPS", 4),
-        stages: if simt { 1 } else { env_u32("STAGES", 4) },
-        persistent: env_u32("PERSISTENT", 0) == 1,
-        list_per_tile: 0,
-        wgmma: env_u32("WGMMA", 0) == 1 || env_u32("TMA", 0) == 1,
-        tma: env_u32("TMA", 0) == 1,
-        wgmma_drain: env_u32("DRAIN", 0) == 1,
-        stagger_us: env_u32("STAGGER_US", 0),
-        pingpong: env_u32("PINGPONG", 0) != 0,
+    let stages = env_u32("STAGES", 4);
+    let grid = if env_u32("PERSISTENT", 0) == 1 { Grid::Persistent } else { Grid::PerItem };
+    let schedule = match std::env::var("SCHEDULE").as_deref().unwrap_or(if simt { "simt" } else { "mma" }) {
+        "simt" => Schedule::Simt { grid },
+        "mma" => Schedule::MmaSync { stages, k_step: env_u32("KS", 64), grid },
+        "wgmma" => Schedule::Wgmma { stages, drain: false, grid },
+        "wgmma-drain" => Schedule::Wgmma { stages, drain: true, grid },
+        "tma" => Schedule::WgmmaTma { stages, grid: grid.into() },
+        "pingpong" => Schedule::WgmmaTma { stages, grid: GridKind::PingPong },
+        other => panic!("SCHEDULE={other}: one of simt, mma, wgmma, wgmma-drain, tma, pingpong"),
     };
+    let mut c = GpuConfig::new(env_u32("VT", 128), env_u32("BT", 16), env_u32("WARPS", 4), schedule).with_stagger(env_u32("STAGGER_US", 0));
     c.fit_lists(&p);
     if has("ir") {
         println!("{}", llvm_ir(&p, &c).unwrap());

@@ -1,6 +1,9 @@
-//! Tile configurations of the stage-one kernel, their validation against device limits,
-//! the launch geometry they imply, and the autotuner's search space.
+//! Stage-one configurations: the target architecture and device limits, the schedule types
+//! ([`Schedule`]: mainloop kind × grid kind), the tile, its validation against the limits and
+//! the launch geometry it implies. The heuristic lives in `heuristic`, the shared-memory layout
+//! in `layout`, the autotuner's search space in `flashsample-autotune`.
 
+use crate::layout::SmemLayout;
 use crate::PtxError;
 use flashsample_ir::{DType, Pipeline, MAX_LIST_CAPACITY};
 use serde::{Deserialize, Serialize};
@@ -26,6 +29,7 @@ impl Arch {
         }
     }
 
+    /// The NVPTX processor name (`sm_80`, `sm_90`).
     pub fn sm_name(self) -> &'static str {
         match self {
             Arch::Sm80 => "sm_80",
@@ -38,11 +42,15 @@ impl Arch {
 /// source of architectural limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GpuLimits {
+    /// (major, minor).
     pub compute_capability: (u32, u32),
+    /// Streaming multiprocessors.
     pub sm_count: u32,
     /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, bytes.
     pub max_shared_per_block_optin: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`.
     pub max_threads_per_block: u32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK`.
     pub max_regs_per_block: u32,
 }
 
@@ -58,45 +66,143 @@ impl GpuLimits {
     };
 }
 
-/// One stage-one tile configuration. A CTA computes a `vocab_tile × batch_tile` block of
-/// logits and the candidates of that vocab tile for `batch_tile` rows.
+/// How a grid covers the (vocab tile, batch tile) work items, for schedules that cannot
+/// warp-specialize (everything but [`Schedule::WgmmaTma`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Grid {
+    /// One CTA per work item (grid `(tiles, batch tiles)`).
+    PerItem,
+    /// As many CTAs as the device holds at once, each looping over the items. On a ring
+    /// mainloop a CTA issues the next item's first slices before this item's epilogue (whose
+    /// scratch then sits after the ring instead of aliasing it), so the epilogue overlaps the
+    /// next item's HBM stream.
+    Persistent,
+}
+
+/// How a grid covers the work items: [`Grid`], plus the warp-specialized ping-pong schedule
+/// that only the TMA ring can feed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GridKind {
+    /// One CTA per work item.
+    PerItem,
+    /// Persistent CTAs looping over the items ([`Grid::Persistent`]).
+    Persistent,
+    /// Persistent CTAs of two consumer sets of `warps` warps plus a producer warpgroup (the
+    /// CUTLASS ping-pong schedule). The producer streams every slice of the CTA's items
+    /// through the TMA ring, gated only by the empty mbarriers; consumer set `s` takes the
+    /// CTA's items `s, s + 2, ...`. While one set runs an epilogue the other multiplies, so
+    /// the W stream never pauses for an epilogue, with no timer to tune.
+    PingPong,
+}
+
+impl From<Grid> for GridKind {
+    fn from(g: Grid) -> GridKind {
+        match g {
+            Grid::PerItem => GridKind::PerItem,
+            Grid::Persistent => GridKind::Persistent,
+        }
+    }
+}
+
+/// The stage-one schedule: a mainloop kind (how a CTA multiplies and how its operands reach
+/// shared memory) and the grid kind it runs under. Every value is a schedule codegen has;
+/// the ring depths and the k slice are checked by [`GpuConfig::validate_shape`].
+///
+/// | variant | loads | multiply | ring runs ahead |
+/// |---|---|---|---|
+/// | `Simt` | global loads (L1) | FMA per thread | — |
+/// | `MmaSync` | `cp.async` ring | `ldmatrix` + `mma.sync.m16n8k16` | `stages − 1` |
+/// | `Wgmma` | `cp.async` ring | `wgmma.mma_async` from shared memory | `stages − 2` (`drain`: `stages − 1`) |
+/// | `WgmmaTma` | TMA ring with mbarriers | `wgmma.mma_async` | `stages − 1` |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Schedule {
+    /// Each thread accumulates its own (token, column) pairs from global memory: any dtypes
+    /// (the only path for f32 or mixed operands), any D.
+    Simt { grid: Grid },
+    /// Tensor cores (sm_80+): a `stages`-deep (2..=8) `cp.async` ring of `k_step`-element
+    /// slices (64 or 128), `ldmatrix` fragments and `mma.sync`.
+    MmaSync { stages: u32, k_step: u32, grid: Grid },
+    /// Hopper's warpgroup MMA (sm_90a, compute capability 9.0): the same `cp.async` ring of
+    /// 64-element slices (one 128-byte swizzle atom per row), `stages` 3..=8; each group of 4
+    /// warps multiplies its vocab rows straight from the ring. A slice's wgmmas stay in flight
+    /// across the next barrier unless `drain`, which waits for them every slice so that no
+    /// slot is held by MMAs in flight and the ring runs one slice deeper (the MMAs are a fifth
+    /// of a slice's time at LM-head shapes: one more slice of loads is worth more).
+    Wgmma { stages: u32, drain: bool, grid: Grid },
+    /// [`Schedule::Wgmma`] fed by the Tensor Memory Accelerator: one thread issues a slice's
+    /// boxes, a full and an empty mbarrier per slot replace the CTA barrier per slice. Needs
+    /// one 32-row block per warp (`vocab_tile = 32 · warps`) and operand shapes the tensor
+    /// maps describe ([`GpuConfig::tma_fits`]; the runtime drops to `Wgmma` for others,
+    /// [`GpuConfig::for_shape`]).
+    WgmmaTma { stages: u32, grid: GridKind },
+}
+
+impl Schedule {
+    /// The grid kind.
+    pub fn grid(&self) -> GridKind {
+        match *self {
+            Schedule::Simt { grid } | Schedule::MmaSync { grid, .. } | Schedule::Wgmma { grid, .. } => grid.into(),
+            Schedule::WgmmaTma { grid, .. } => grid,
+        }
+    }
+
+    /// Depth of the shared-memory ring (1 on the SIMT path, which has none).
+    pub fn stages(&self) -> u32 {
+        match *self {
+            Schedule::Simt { .. } => 1,
+            Schedule::MmaSync { stages, .. } | Schedule::Wgmma { stages, .. } | Schedule::WgmmaTma { stages, .. } => stages,
+        }
+    }
+
+    /// The same schedule with a ring of `stages` slots (SIMT: unchanged).
+    pub fn with_stages(self, stages: u32) -> Schedule {
+        match self {
+            Schedule::Simt { .. } => self,
+            Schedule::MmaSync { k_step, grid, .. } => Schedule::MmaSync { stages, k_step, grid },
+            Schedule::Wgmma { drain, grid, .. } => Schedule::Wgmma { stages, drain, grid },
+            Schedule::WgmmaTma { grid, .. } => Schedule::WgmmaTma { stages, grid },
+        }
+    }
+
+    /// Hidden-dimension elements per ring slice (wgmma: 64; SIMT: 0, it has no ring).
+    pub fn k_step(&self) -> u32 {
+        match *self {
+            Schedule::Simt { .. } => 0,
+            Schedule::MmaSync { k_step, .. } => k_step,
+            Schedule::Wgmma { .. } | Schedule::WgmmaTma { .. } => WGMMA_K_STEP,
+        }
+    }
+
+    /// Short name of the mainloop kind, for errors and tables.
+    pub fn mainloop_name(&self) -> &'static str {
+        match self {
+            Schedule::Simt { .. } => "simt",
+            Schedule::MmaSync { .. } => "mma.sync",
+            Schedule::Wgmma { drain: false, .. } => "wgmma",
+            Schedule::Wgmma { drain: true, .. } => "wgmma drained",
+            Schedule::WgmmaTma { .. } => "wgmma + tma",
+        }
+    }
+}
+
+/// The k slice of the wgmma schedules: one 128-byte swizzle atom per row.
+pub const WGMMA_K_STEP: u32 = 64;
+
+/// One stage-one tile configuration. A CTA (with [`GridKind::PingPong`]: a consumer set)
+/// computes a `vocab_tile × batch_tile` block of logits and the candidates of that vocab tile
+/// for `batch_tile` rows, on the [`Schedule`] `schedule`.
 ///
 /// - `vocab_tile`: vocabulary rows per CTA and the candidate-buffer tile
 ///   ([`GpuConfig::tiles`]). A multiple of `32 · warps`: each warp owns
 ///   `vocab_tile / warps` rows in blocks of 32 (two m16 MMA tiles, so that every thread owns
 ///   whole quads of 4 consecutive tokens: one Philox call per quad).
 /// - `batch_tile`: batch rows per CTA (the MMA `n`), a multiple of 8, at most 128.
-/// - `k_step`: hidden-dimension elements per pipeline stage (64 or 128; tensor path).
-/// - `warps`: warps per CTA; they split the vocab tile.
-/// - `stages`: depth of the `cp.async` shared-memory ring (2..=8) for the tensor-core
-///   path; `1` selects the SIMT path (no ring, any dtypes; required for f32 or mixed dtypes).
-/// - `persistent`: launch as many CTAs as the device holds at once (the runtime asks the
-///   driver's occupancy calculator), each looping over the (vocab tile, batch tile) work
-///   items, instead of one CTA per item. On the tensor path a persistent CTA issues the next
-///   item's first `stages − 1` slices before running this item's epilogue (the epilogue's
-///   scratch then sits after the ring instead of aliasing it), so the epilogue's math
-///   overlaps the next item's HBM stream instead of leaving the SM's memory pipe idle.
+/// - `warps`: warps per CTA (per consumer set); they split the vocab tile.
 /// - `list_per_tile`: entries of each (row, vocab tile) top list (DESIGN.md step 6b); 0 for
 ///   pipelines without lists, else `1..=min(MAX_LIST_CAPACITY, vocab_tile)` (normally at
 ///   most the capacity; longer only for the NucleusTooLarge fallback). Shorter lists are
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
-///   with [`GpuConfig::exact_lists`]. Absent in older tuning files (serde default 0; the
-///   runtime fills it in with [`GpuConfig::fit_lists`]).
-/// - `wgmma`: Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a PTX, compute capability
-///   9.0 only) instead of `ldmatrix` + `mma.sync`: each group of 4 warps multiplies its
-///   vocab rows straight from the shared-memory ring (no fragment loads, about twice
-///   `mma.sync`'s tensor rate on an H100/H200). Needs `warps % 4 == 0` and `k_step == 64`
-///   (one 128-byte swizzle atom per row). Absent in older tuning files (serde default false).
-/// - `tma` (needs `wgmma`): the ring is filled by the Tensor Memory Accelerator
-///   (`cp.async.bulk.tensor`, one thread issues a stage's boxes) and guarded by mbarriers
-///   (a full and an empty barrier per slot) instead of per-thread `cp.async` and a CTA
-///   barrier per slice; the ring runs `stages − 1` slices ahead. Needs `D % 8 == 0` and
-///   `V % 4 == 0` (the tensor maps' strides and the permuted row view, see
-///   [`GpuConfig::tma_fits`]); the runtime runs other shapes with `tma` off.
-/// - `wgmma_drain` (needs `wgmma`, not `tma`): each warpgroup waits for a slice's MMAs before
-///   the next slice's barrier, so no slot is held by MMAs in flight and the `cp.async` ring runs
-///   `stages − 1` slices ahead instead of `stages − 2`. The MMAs are a fifth of a slice's time
-///   at LM-head shapes, so one more slice of loads in flight is worth more than overlapping them.
+///   with [`GpuConfig::exact_lists`].
 /// - `stagger_us`: the second CTA of each SM in the first wave (CTAs `nsmid .. 2·nsmid`) sleeps
 ///   this long (`%globaltimer`) before starting. Two co-resident CTAs otherwise start together,
 ///   take the same time per tile and run their epilogues (noise, argmax: no loads in flight)
@@ -104,33 +210,19 @@ impl GpuLimits {
 ///   useful where two CTAs fit on an SM; 0 (off) up to [`MAX_STAGGER_US`]. `%nsmid` may exceed
 ///   the SM count where SM ids are not contiguous; then a few first-slot CTAs wait and a few
 ///   second-slot ones do not, which costs only part of the gain.
-/// - `pingpong` (needs `tma` and `persistent`): warp specialization. The CTA runs two consumer
-///   warpgroup sets of `warps` warps each plus one producer warp ([`GpuConfig::block_threads`]).
-///   The producer streams the CTA's items slice by slice through the TMA ring, gated only by the
-///   empty mbarriers; consumer set `s` takes the CTA's items `s, s + 2, ...`. While one set
-///   runs an item's epilogue (no loads of its own), the other multiplies the next item, so the
-///   W stream never pauses for an epilogue (the CUTLASS ping-pong schedule, without a timer).
-///   Absent in older tuning files (serde default false).
+///
+/// Serialized as these fields; tuning files written before [`Schedule`] existed (flat
+/// `stages`, `k_step`, `persistent`, `wgmma`, `tma`, `wgmma_drain`, `pingpong` fields) still
+/// load, and a flag combination no schedule has is a deserialization error naming it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "legacy::ConfigRepr")]
 pub struct GpuConfig {
     pub vocab_tile: u32,
     pub batch_tile: u32,
-    pub k_step: u32,
     pub warps: u32,
-    pub stages: u32,
-    pub persistent: bool,
-    #[serde(default)]
+    pub schedule: Schedule,
     pub list_per_tile: u32,
-    #[serde(default)]
-    pub wgmma: bool,
-    #[serde(default)]
-    pub tma: bool,
-    #[serde(default)]
-    pub wgmma_drain: bool,
-    #[serde(default)]
     pub stagger_us: u32,
-    #[serde(default)]
-    pub pingpong: bool,
 }
 
 /// Threads of the ping-pong producer warpgroup, and the registers it keeps (CUTLASS's 40).
@@ -143,11 +235,6 @@ const MAX_REGS_PER_THREAD: u32 = 248;
 
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
 pub const MAX_STAGGER_US: u32 = 200;
-/// The heuristic's stagger for its two-CTA-per-SM tiles (H200, gen 11: 30 µs was best of
-/// 0–80 at D 4096 and D 8192, B = 64).
-pub const HEURISTIC_STAGGER_US: u32 = 30;
-/// The staggers the autotuner tries (besides 0) on tiles of which two fit on an SM.
-pub const STAGGER_CANDIDATES_US: [u32; 3] = [20, 30, 40];
 
 /// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
 /// epilogue cheap, and a row overflows only when 8 of its top `need` tokens share one tile.
@@ -174,26 +261,84 @@ fn bad(knob: &'static str, reason: impl Into<String>) -> PtxError {
 }
 
 impl GpuConfig {
-    /// Whether this config runs the tensor-core (mma.sync or wgmma) path; `stages == 1` is SIMT.
-    pub fn is_tensor(&self) -> bool {
-        self.stages >= 2
+    /// A `vocab_tile × batch_tile` tile of `warps` warps on `schedule`, without lists or
+    /// stagger ([`GpuConfig::fit_lists`], [`GpuConfig::with_stagger`]).
+    pub fn new(vocab_tile: u32, batch_tile: u32, warps: u32, schedule: Schedule) -> GpuConfig {
+        GpuConfig { vocab_tile, batch_tile, warps, schedule, list_per_tile: 0, stagger_us: 0 }
     }
 
-    /// Threads per CTA: `warps` warps, or with `pingpong` two consumer sets of `warps` warps
+    /// This config with a first-wave stagger of `stagger_us`.
+    pub fn with_stagger(self, stagger_us: u32) -> GpuConfig {
+        GpuConfig { stagger_us, ..self }
+    }
+
+    /// This config on `schedule` (same tile, lists and stagger).
+    pub fn with_schedule(self, schedule: Schedule) -> GpuConfig {
+        GpuConfig { schedule, ..self }
+    }
+
+    /// The same mainloop with one CTA per work item: where a persistent (or ping-pong) tile's
+    /// epilogue scratch does not fit beside the ring, this one aliases it.
+    pub fn one_cta_per_item(&self) -> GpuConfig {
+        let schedule = match self.schedule {
+            Schedule::Simt { .. } => Schedule::Simt { grid: Grid::PerItem },
+            Schedule::MmaSync { stages, k_step, .. } => Schedule::MmaSync { stages, k_step, grid: Grid::PerItem },
+            Schedule::Wgmma { stages, drain, .. } => Schedule::Wgmma { stages, drain, grid: Grid::PerItem },
+            Schedule::WgmmaTma { stages, .. } => Schedule::WgmmaTma { stages, grid: GridKind::PerItem },
+        };
+        self.clone().with_schedule(schedule)
+    }
+
+    /// Whether this config runs a tensor-core ring (mma.sync or wgmma), not SIMT.
+    pub fn is_tensor(&self) -> bool {
+        !matches!(self.schedule, Schedule::Simt { .. })
+    }
+
+    /// Depth of the ring ([`Schedule::stages`]).
+    pub fn stages(&self) -> u32 {
+        self.schedule.stages()
+    }
+
+    /// Elements per ring slice ([`Schedule::k_step`]).
+    pub fn k_step(&self) -> u32 {
+        self.schedule.k_step()
+    }
+
+    /// Whether the mainloop multiplies with `wgmma` (the module then targets sm_90a).
+    pub fn uses_wgmma(&self) -> bool {
+        matches!(self.schedule, Schedule::Wgmma { .. } | Schedule::WgmmaTma { .. })
+    }
+
+    /// Whether the ring is fed by the TMA (and the launch passes tensor maps).
+    pub fn uses_tma(&self) -> bool {
+        matches!(self.schedule, Schedule::WgmmaTma { .. })
+    }
+
+    /// Whether CTAs loop over work items (persistent or ping-pong grids).
+    pub fn is_persistent(&self) -> bool {
+        self.schedule.grid() != GridKind::PerItem
+    }
+
+    /// Whether the CTA is warp-specialized ([`GridKind::PingPong`]).
+    pub fn is_pingpong(&self) -> bool {
+        self.schedule.grid() == GridKind::PingPong
+    }
+
+    /// Threads per CTA: `warps` warps, or with ping-pong two consumer sets of `warps` warps
     /// and the producer warpgroup (one warp of it issues; a whole warpgroup, because
     /// `setmaxnreg` moves registers a warpgroup at a time).
     pub fn block_threads(&self) -> u32 {
-        if self.pingpong {
+        if self.is_pingpong() {
             self.consumer_threads() * 2 + PRODUCER_THREADS
         } else {
             self.consumer_threads()
         }
     }
 
-    /// With `pingpong`, registers per thread: (the kernel's `.maxnreg`, the producer's after
+    /// With ping-pong, registers per thread: (the kernel's `.maxnreg`, the producer's after
     /// `setmaxnreg.dec`, the consumers' after `setmaxnreg.inc`). The producer needs a few
     /// dozen; what it gives back lets the consumers' epilogue run without spilling (at the
-    /// kernel-wide 168 of 384 threads the 128 × 64 tile spilled about 1 KB per thread, H200).
+    /// kernel-wide 168 of 384 threads the 128 × 64 tile spilled about 1 KB per thread).
     pub(crate) fn pingpong_registers(&self) -> (u32, u32, u32) {
         let floor8 = |r: u32| (r / 8 * 8).min(MAX_REGS_PER_THREAD);
         let kernel = floor8(REGS_PER_SM_SM90 / self.block_threads());
@@ -207,9 +352,9 @@ impl GpuConfig {
         self.warps * 32
     }
 
-    /// Epilogue scratch areas: one per consumer set.
+    /// Epilogue areas: one per consumer set.
     pub(crate) fn consumer_sets(&self) -> u32 {
-        if self.pingpong {
+        if self.is_pingpong() {
             2
         } else {
             1
@@ -226,23 +371,28 @@ impl GpuConfig {
         self.quads_per_thread() * 4 * (self.batch_tile / 8) * 2
     }
 
-    /// Bytes of one ring stage: the W tile then the H tile, `k_step` elements per row.
-    pub(crate) fn stage_bytes(&self) -> u32 {
-        (self.vocab_tile + self.batch_tile) * self.k_step * 2
+    /// Slices in flight ahead of the one being multiplied: `stages − 1`, except on the
+    /// `cp.async` wgmma ring without `drain` (`stages − 2`), where the previous slice's wgmmas
+    /// may still read their slot. 0 on the SIMT path. The cost model reads this too.
+    pub fn prefetch_depth(&self) -> u32 {
+        match self.schedule {
+            Schedule::Simt { .. } => 0,
+            Schedule::Wgmma { stages, drain: false, .. } => stages - 2,
+            Schedule::MmaSync { stages, .. } | Schedule::Wgmma { stages, drain: true, .. } => stages - 1,
+            // The producer refills the slot of slice kt − 1 once every warp has released it.
+            Schedule::WgmmaTma { stages, .. } => stages - 1,
+        }
     }
 
-    /// Slices in flight ahead of the one being multiplied: `stages − 1` with mma.sync; with
-    /// wgmma `stages − 2`, as the previous slice's wgmmas may still read their slot (unless
-    /// `wgmma_drain` waits for them).
-    pub(crate) fn prefetch_depth(&self) -> u32 {
-        if self.tma {
-            // The producer refills the slot of slice kt − 1 once every warp has released it.
-            self.stages - 1
-        } else if self.wgmma && !self.wgmma_drain {
-            self.stages - 2
-        } else {
-            self.stages - 1
-        }
+    /// The shared-memory layout of a stage-one CTA (ring, epilogue areas, mbarriers).
+    pub fn smem_layout(&self) -> SmemLayout {
+        SmemLayout::of(self)
+    }
+
+    /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
+    /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
+    pub fn smem_bytes(&self) -> u32 {
+        self.smem_layout().total
     }
 
     /// CTAs of this config that fit on one SM at once, by threads (2048 per SM on every sm_80+
@@ -263,76 +413,9 @@ impl GpuConfig {
         self.resident_per_sm(limits) >= 2
     }
 
-    /// Whether the epilogue overlaps the next item's prologue loads (persistent tensor path).
+    /// Whether the epilogue overlaps the next item's prologue loads (persistent ring).
     pub fn overlaps_epilogue(&self) -> bool {
-        self.persistent && self.is_tensor()
-    }
-
-    /// Bytes of the `cp.async` ring (0 on the SIMT path).
-    pub(crate) fn ring_bytes(&self) -> u32 {
-        if self.is_tensor() {
-            self.stages * self.stage_bytes()
-        } else {
-            0
-        }
-    }
-
-    /// Where the epilogue's scratch starts: after the ring when the epilogue overlaps the
-    /// next item's loads, else at 0 (aliasing the drained ring).
-    pub(crate) fn scratch_base(&self) -> u32 {
-        if self.overlaps_epilogue() {
-            self.ring_bytes()
-        } else {
-            0
-        }
-    }
-
-    /// Bytes of the epilogue's cross-warp scratch:
-    /// per (warp, column) score, index, logit, lse max, lse sum, non-finite flag.
-    pub(crate) fn scratch_bytes(&self) -> u32 {
-        self.warps * self.batch_tile * 4 * 6
-    }
-
-    /// Bytes of the list epilogue's tile of transformed logits (`batch_tile` columns of
-    /// `vocab_tile` f32), placed after the scratch; 0 without lists.
-    pub(crate) fn list_bytes(&self) -> u32 {
-        if self.list_per_tile > 0 {
-            self.vocab_tile * self.batch_tile * 4
-        } else {
-            0
-        }
-    }
-
-    /// Dynamic shared memory of a stage-one launch, in bytes (above 48 KiB the runtime must
-    /// raise `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to this).
-    pub fn smem_bytes(&self) -> u32 {
-        self.mbarrier_base() + self.mbarrier_bytes()
-    }
-
-    /// Bytes of one consumer set's epilogue area: the scratch, then the list tile.
-    pub(crate) fn epilogue_bytes(&self) -> u32 {
-        self.scratch_bytes() + self.list_bytes()
-    }
-
-    /// Where the TMA ring's mbarriers start (after the ring and the epilogue's scratch).
-    pub(crate) fn mbarrier_base(&self) -> u32 {
-        let epilogue = self.epilogue_bytes() * self.consumer_sets();
-        let data = if self.overlaps_epilogue() {
-            self.ring_bytes() + epilogue
-        } else {
-            self.ring_bytes().max(epilogue)
-        };
-        data.next_multiple_of(8)
-    }
-
-    /// A full and an empty mbarrier (8 bytes each) per ring slot with `tma`, else none; with
-    /// `pingpong` also one mainloop-done barrier per consumer set.
-    pub(crate) fn mbarrier_bytes(&self) -> u32 {
-        match (self.tma, self.pingpong) {
-            (true, true) => 16 * self.stages + 16,
-            (true, false) => 16 * self.stages,
-            _ => 0,
-        }
+        self.is_persistent() && self.is_tensor()
     }
 
     /// Whether the TMA path can read operands of this shape: 16-byte row strides
@@ -343,11 +426,17 @@ impl GpuConfig {
         dim.is_multiple_of(8) && vocab.is_multiple_of(32) && dim > 0 && vocab > 0
     }
 
-    /// This config for an operand shape: where [`GpuConfig::tma_fits`] fails, `tma` (and the
-    /// `pingpong` schedule it feeds) switched off: the same tile on the `cp.async` ring.
+    /// This config for an operand shape: where [`GpuConfig::tma_fits`] fails, a
+    /// [`Schedule::WgmmaTma`] becomes the same tile on the `cp.async` wgmma ring
+    /// ([`Schedule::Wgmma`], ping-pong becoming a persistent grid).
     pub fn for_shape(&self, dim: usize, vocab: usize) -> GpuConfig {
-        let tma = self.tma && GpuConfig::tma_fits(dim, vocab);
-        GpuConfig { tma, pingpong: self.pingpong && tma, ..self.clone() }
+        match self.schedule {
+            Schedule::WgmmaTma { stages, grid } if !GpuConfig::tma_fits(dim, vocab) => {
+                let grid = if grid == GridKind::PerItem { Grid::PerItem } else { Grid::Persistent };
+                self.clone().with_schedule(Schedule::Wgmma { stages, drain: false, grid })
+            }
+            _ => self.clone(),
+        }
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
@@ -379,6 +468,7 @@ impl GpuConfig {
         (batch as u32, 1, 1)
     }
 
+    /// Stage-three threads per CTA.
     pub fn filter_block_threads(&self) -> u32 {
         FILTER_THREADS
     }
@@ -400,7 +490,7 @@ impl GpuConfig {
     /// The block is `(block_threads(), 1, 1)`.
     pub fn grid(&self, batch: usize, vocab: usize, resident: u32) -> (u32, u32, u32) {
         let (tiles, btiles) = (self.tiles(vocab) as u64, self.batch_tiles(batch) as u64);
-        if self.persistent {
+        if self.is_persistent() {
             let items = tiles * btiles;
             let ctas = items.min(u64::from(resident.max(1)));
             (ctas as u32, 1, 1)
@@ -409,6 +499,7 @@ impl GpuConfig {
         }
     }
 
+    /// Stage-one block: `(block_threads(), 1, 1)`.
     pub fn block(&self) -> (u32, u32, u32) {
         (self.block_threads(), 1, 1)
     }
@@ -418,6 +509,7 @@ impl GpuConfig {
         (batch as u32, 1, 1)
     }
 
+    /// Stage-two threads per CTA.
     pub fn stage2_block_threads(&self) -> u32 {
         STAGE2_THREADS
     }
@@ -471,54 +563,37 @@ impl GpuConfig {
                 ),
             ));
         }
-        if self.is_tensor() {
-            if !uses_tensor_cores(pipeline) {
-                return Err(PtxError::UnsupportedDtypes {
-                    hidden: pipeline.hidden.dtype,
-                    weights: pipeline.weights.dtype,
-                    reason: "tensor cores (stages >= 2) need hidden and weights of the same 16-bit dtype; use stages = 1 (SIMT)",
-                });
+        if self.is_tensor() && !uses_tensor_cores(pipeline) {
+            return Err(PtxError::UnsupportedDtypes {
+                hidden: pipeline.hidden.dtype,
+                weights: pipeline.weights.dtype,
+                reason: "tensor cores need hidden and weights of the same 16-bit dtype; use Schedule::Simt",
+            });
+        }
+        match self.schedule {
+            Schedule::Simt { .. } => {}
+            Schedule::MmaSync { stages, k_step, .. } => {
+                if !matches!(k_step, 64 | 128) {
+                    return Err(bad("k_step", format!("{k_step}; the mma.sync ring takes 64 or 128 (swizzled 128-byte rows)")));
+                }
+                if !(2..=8).contains(&stages) {
+                    return Err(bad("stages", format!("{stages}; the mma.sync ring takes 2..=8")));
+                }
             }
-            if !matches!(self.k_step, 64 | 128) {
-                return Err(bad(
-                    "k_step",
-                    format!(
-                        "{}; the tensor path takes 64 or 128 (swizzled 128-byte rows)",
-                        self.k_step
-                    ),
-                ));
+            Schedule::Wgmma { stages, .. } | Schedule::WgmmaTma { stages, .. } => {
+                if !self.warps.is_multiple_of(4) {
+                    return Err(bad("warps", format!("{}; wgmma runs whole warpgroups, so a multiple of 4", self.warps)));
+                }
+                if !(3..=8).contains(&stages) {
+                    return Err(bad("stages", format!("{stages}; wgmma keeps one slice's MMAs in flight while the ring refills, so 3..=8")));
+                }
             }
-            if self.stages > 8 {
-                return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
-            }
-            if self.wgmma && !self.warps.is_multiple_of(4) {
-                return Err(bad("warps", format!("{}; wgmma runs whole warpgroups, so a multiple of 4", self.warps)));
-            }
-            if self.wgmma && self.stages < 3 {
-                return Err(bad("stages", format!("{}; wgmma keeps one slice's MMAs in flight while the ring refills, so 3..=8", self.stages)));
-            }
-            if self.tma && !self.wgmma {
-                return Err(bad("tma", "the TMA ring feeds wgmma; set wgmma too"));
-            }
-            if self.tma && self.quads_per_thread() != 1 {
-                return Err(bad(
-                    "tma",
-                    format!("vocab_tile {} with {} warps; the TMA W box covers 32 rows per warp, so vocab_tile = 32 · warps", self.vocab_tile, self.warps),
-                ));
-            }
-            if self.pingpong && !(self.tma && self.persistent) {
-                return Err(bad("pingpong", "the ping-pong schedule streams a persistent CTA's items through the TMA ring; set tma and persistent"));
-            }
-            if self.wgmma_drain && (!self.wgmma || self.tma) {
-                return Err(bad("wgmma_drain", "drains the wgmma cp.async ring; needs wgmma without tma"));
-            }
-            if self.wgmma && self.k_step != 64 {
-                return Err(bad("k_step", format!("{}; wgmma takes 64 (one 128-byte swizzle atom per row)", self.k_step)));
-            }
-        } else if self.stages != 1 {
-            return Err(bad("stages", format!("{}; 1 (SIMT) or 2..=8", self.stages)));
-        } else if self.wgmma || self.tma || self.wgmma_drain || self.pingpong {
-            return Err(bad("wgmma", "the SIMT path (stages = 1) has no wgmma or TMA; use stages >= 2"));
+        }
+        if self.uses_tma() && self.quads_per_thread() != 1 {
+            return Err(bad(
+                "vocab_tile",
+                format!("{} with {} warps; the TMA W box covers 32 rows per warp, so vocab_tile = 32 · warps", self.vocab_tile, self.warps),
+            ));
         }
         if self.stagger_us > MAX_STAGGER_US {
             return Err(bad("stagger_us", format!("{} µs; 0..={MAX_STAGGER_US}", self.stagger_us)));
@@ -550,7 +625,7 @@ impl GpuConfig {
     pub fn validate(&self, pipeline: &Pipeline, limits: &GpuLimits) -> Result<(), PtxError> {
         Arch::from_compute_capability(limits.compute_capability)?;
         self.validate_shape(pipeline)?;
-        if self.wgmma && limits.compute_capability != (9, 0) {
+        if self.uses_wgmma() && limits.compute_capability != (9, 0) {
             return Err(PtxError::WgmmaNeedsSm90a {
                 compute_capability: limits.compute_capability,
             });
@@ -570,7 +645,7 @@ impl GpuConfig {
             });
         }
         let regs = self.estimated_registers();
-        let needed = if self.pingpong {
+        let needed = if self.is_pingpong() {
             regs * 2 * self.consumer_threads() + PRODUCER_REGS * PRODUCER_THREADS
         } else {
             regs * self.block_threads()
@@ -584,207 +659,102 @@ impl GpuConfig {
         }
         Ok(())
     }
+}
 
-    /// The documented fallback when no tuned config exists:
-    /// - f32 or mixed dtypes: SIMT, 4 warps, 128 × 8 tile.
-    /// - batch ≤ 8 (memory-bound GEMV): 8 warps split a 256-row vocab tile, batch tile 8,
-    ///   k_step 64, 4 stages (≈ 135 KB of `cp.async` in flight per SM).
-    /// - batch ≤ 16: 4 warps, 128 × 16, k_step 64, 4 stages.
-    /// - batch ≤ 32: 4 warps, 128 × 32, k_step 64, 4 stages, staggered 30 µs (two CTAs per
-    ///   SM; H200, gen 11, D 4096 B = 32: 308 against 330 µs unstaggered).
-    /// - larger: 8 warps, 256 × 64, k_step 64, 4 stages (H200, gen 7: 434 µs at B = 64,
-    ///   D 4096, against 483 µs for 4 warps 128 × 64 with 3 stages); on compute capability
-    ///   9.0 with wgmma and 5 stages (H200, gen 8, D 4096: 426 µs at B = 64 against 444 for
-    ///   mma.sync in the same run, 1125 against 1332 at B = 256).
-    /// - 32 < batch ≤ 64 with wgmma: 4 warps, 128 × 64, 4 stages, `wgmma_drain`, staggered
-    ///   30 µs: two CTAs per SM whose epilogues overlap each other's W stream (H200, gen 11, same
-    ///   process: 352 against 390 µs for 256 × 64 with 5 stages at D 4096 B = 64, 558 against
-    ///   580 at D 8192). At B = 128 the same tile was slower (567 against 540 µs). Where two do
-    ///   not fit (a pipeline's lists take the room), 256 × 64 as below.
-    /// - batch ≥ 192 with wgmma: 256 × 128, 4 stages (H200, gen 10, same process: 973 against
-    ///   1039 µs at D 4096 B = 256 for 256 × 64 with 5 stages, 1388 against 1603 at D 8192).
-    /// - batch > 32 on compute capability 9.0 where the TMA maps describe the shape
-    ///   ([`GpuConfig::tma_fits`]): `pingpong`, 4-warp sets, 128 × 64 with 8 stages (128 × 128
-    ///   with 6 from batch 192), before all of the above (H200, gen 12, same process, D 4096 /
-    ///   D 8192: B = 64 320 / 520 µs against 343 / 530 for the drained staggered pair, B = 128
-    ///   467 / 728 against 525 / 749, B = 256 with 128 × 128 898 / 1256 against 939 / 1398).
-    ///   Stages are reduced to fit (lists); from batch 192, a pipeline with lists whose
-    ///   128 × 128 tile does not fit takes 128 × 64; where not even 3 stages fit, the tiles
-    ///   above.
-    ///
-    /// Stages are reduced until shared memory fits `limits`.
-    pub fn heuristic(
-        pipeline: &Pipeline,
-        batch: usize,
-        dim: usize,
-        vocab: usize,
-        limits: &GpuLimits,
-    ) -> GpuConfig {
-        if !uses_tensor_cores(pipeline) {
-            let mut c = GpuConfig {
-                vocab_tile: 128,
-                batch_tile: 8,
-                k_step: 64,
-                warps: 4,
-                stages: 1,
-                persistent: false,
-                list_per_tile: 0,
-                wgmma: false,
-                tma: false,
-                wgmma_drain: false,
-                stagger_us: 0,
-                pingpong: false,
-            };
-            c.fit_lists(pipeline);
-            return c;
-        }
-        let wgmma = batch > 32 && limits.compute_capability == (9, 0);
-        let tile = |vocab_tile: u32, batch_tile: u32, warps: u32| {
-            let mut c = GpuConfig {
-                vocab_tile,
-                batch_tile,
-                k_step: 64,
-                warps,
-                stages: if wgmma && vocab_tile == 256 && batch_tile == 64 { 5 } else { 4 },
-                persistent: false,
-                list_per_tile: 0,
-                wgmma,
-                tma: false,
-                wgmma_drain: wgmma && vocab_tile == 128,
-                stagger_us: 0,
-                pingpong: false,
-            };
-            c.fit_lists(pipeline);
-            let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
-            while c.stages > 3 && !fits(&c) {
-                c.stages -= 1;
-            }
-            // wgmma needs 3 stages; below that, mma.sync with 2.
-            if !fits(&c) {
-                c.wgmma = false;
-                c.wgmma_drain = false;
-                while c.stages > 2 && !fits(&c) {
-                    c.stages -= 1;
-                }
-            }
-            if vocab_tile == 128 && batch_tile >= 32 && c.two_per_sm(limits) {
-                c.stagger_us = HEURISTIC_STAGGER_US;
-            }
-            c
-        };
-        // The ping-pong schedule on the TMA ring, where the maps describe the shape and the
-        // tile fits (lists may not leave room); None sends the batch to the tiles below.
-        let pingpong = |batch_tile: u32, stages: u32| {
-            if !wgmma || !GpuConfig::tma_fits(dim, vocab) {
-                return None;
-            }
-            let mut c = GpuConfig {
-                vocab_tile: 128,
-                batch_tile,
-                k_step: 64,
-                warps: 4,
-                stages,
-                persistent: true,
-                list_per_tile: 0,
-                wgmma: true,
-                tma: true,
-                wgmma_drain: false,
-                stagger_us: 0,
-                pingpong: true,
-            };
-            c.fit_lists(pipeline);
-            while c.stages > 3 && c.validate(pipeline, limits).is_err() {
-                c.stages -= 1;
-            }
-            c.validate(pipeline, limits).is_ok().then_some(c)
-        };
-        if let Some(c) = match batch {
-            33..=191 => pingpong(64, 8),
-            // A pipeline's lists leave no room for three 128-column slots next to two
-            // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
-            192.. => pingpong(128, 6).or_else(|| pingpong(64, 8)),
-            _ => None,
-        } {
-            return c;
-        }
-        match batch {
-            0..=8 => tile(256, 8, 8),
-            9..=16 => tile(128, 16, 4),
-            17..=32 => tile(128, 32, 4),
-            // The pair of 128 × 64 CTAs only pays where two fit (lists may not leave room).
-            33..=64 if wgmma => Some(tile(128, 64, 4)).filter(|c| c.two_per_sm(limits)).unwrap_or_else(|| tile(256, 64, 8)),
-            192.. if wgmma => tile(256, 128, 8),
-            _ => tile(256, 64, 8),
-        }
+/// The serde forms of [`GpuConfig`]: the current one, and the flat flags of tuning files
+/// written before [`Schedule`] existed.
+mod legacy {
+    use super::{GpuConfig, Grid, GridKind, Schedule};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    pub(super) enum ConfigRepr {
+        Current(Current),
+        Flags(Flags),
     }
 
-    /// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`].
-    /// Pipelines with lists also try `list_per_tile` 8 and 32 (capped): longer lists cost
-    /// stage one time but overflow (and rerun) less.
-    pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
-        let mut out = Vec::new();
-        let tensor = uses_tensor_cores(pipeline);
-        let cap = pipeline.list_capacity();
-        for warps in [4u32, 8] {
-            for quads in [1u32, 2, 4] {
-                for batch_tile in [8u32, 16, 32, 64, 128] {
-                    let (k_steps, stages): (&[u32], &[u32]) = if tensor {
-                        (&[64, 128], &[2, 3, 4, 6, 8])
-                    } else {
-                        (&[64], &[1])
-                    };
-                    for &k_step in k_steps {
-                        for &stages in stages {
-                            for persistent in [false, true] {
-                                let vocab_tile = 32 * warps * quads;
-                                let mut lists: Vec<u32> = if cap == 0 {
-                                    vec![0]
-                                } else {
-                                    [DEFAULT_LIST_PER_TILE, 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
-                                };
-                                lists.dedup();
-                                for list_per_tile in lists {
-                                    // (wgmma, tma, wgmma_drain, pingpong)
-                                    let rings = [
-                                        (false, false, false, false),
-                                        (true, false, false, false),
-                                        (true, false, true, false),
-                                        (true, true, false, false),
-                                        (true, true, false, true),
-                                    ];
-                                    for (wgmma, tma, wgmma_drain, pingpong) in rings {
-                                        let c = GpuConfig {
-                                            vocab_tile,
-                                            batch_tile,
-                                            k_step,
-                                            warps,
-                                            stages,
-                                            persistent,
-                                            list_per_tile,
-                                            wgmma,
-                                            tma,
-                                            wgmma_drain,
-                                            stagger_us: 0,
-                                            pingpong,
-                                        };
-                                        // validate drops wgmma off compute capability 9.0.
-                                        if c.validate(pipeline, limits).is_err() {
-                                            continue;
-                                        }
-                                        // A stagger only matters where two CTAs share an SM.
-                                        let staggers: &[u32] = if c.is_tensor() && c.two_per_sm(limits) { &STAGGER_CANDIDATES_US } else { &[] };
-                                        for &stagger_us in staggers {
-                                            out.push(GpuConfig { stagger_us, ..c.clone() });
-                                        }
-                                        out.push(c);
-                                    }
-                                }
-                            }
-                        }
-                    }
+    #[derive(Deserialize)]
+    pub(super) struct Current {
+        vocab_tile: u32,
+        batch_tile: u32,
+        warps: u32,
+        schedule: Schedule,
+        #[serde(default)]
+        list_per_tile: u32,
+        #[serde(default)]
+        stagger_us: u32,
+    }
+
+    /// The flat form: `stages == 1` meant SIMT; fields added later default to off.
+    #[derive(Deserialize)]
+    pub(super) struct Flags {
+        vocab_tile: u32,
+        batch_tile: u32,
+        k_step: u32,
+        warps: u32,
+        stages: u32,
+        persistent: bool,
+        #[serde(default)]
+        list_per_tile: u32,
+        #[serde(default)]
+        wgmma: bool,
+        #[serde(default)]
+        tma: bool,
+        #[serde(default)]
+        wgmma_drain: bool,
+        #[serde(default)]
+        stagger_us: u32,
+        #[serde(default)]
+        pingpong: bool,
+    }
+
+    impl TryFrom<ConfigRepr> for GpuConfig {
+        type Error = String;
+
+        fn try_from(repr: ConfigRepr) -> Result<GpuConfig, String> {
+            let f = match repr {
+                ConfigRepr::Current(c) => {
+                    return Ok(GpuConfig {
+                        vocab_tile: c.vocab_tile,
+                        batch_tile: c.batch_tile,
+                        warps: c.warps,
+                        schedule: c.schedule,
+                        list_per_tile: c.list_per_tile,
+                        stagger_us: c.stagger_us,
+                    })
                 }
-            }
+                ConfigRepr::Flags(f) => f,
+            };
+            let grid = if f.persistent { Grid::Persistent } else { Grid::PerItem };
+            let schedule = match (f.stages, f.wgmma, f.tma, f.wgmma_drain, f.pingpong) {
+                (1, false, false, false, false) => Schedule::Simt { grid },
+                (1, ..) => return Err("stages = 1 (SIMT) with wgmma, tma, wgmma_drain or pingpong".into()),
+                (stages, false, false, false, false) => Schedule::MmaSync { stages, k_step: f.k_step, grid },
+                (stages, true, false, drain, false) if f.k_step == super::WGMMA_K_STEP => Schedule::Wgmma { stages, drain, grid },
+                (stages, true, true, false, pingpong) if f.k_step == super::WGMMA_K_STEP => Schedule::WgmmaTma {
+                    stages,
+                    grid: match (pingpong, f.persistent) {
+                        (true, true) => GridKind::PingPong,
+                        (true, false) => return Err("pingpong without persistent".into()),
+                        (false, _) => grid.into(),
+                    },
+                },
+                _ => {
+                    return Err(format!(
+                        "no schedule has wgmma = {}, tma = {}, wgmma_drain = {}, pingpong = {}, k_step = {}",
+                        f.wgmma, f.tma, f.wgmma_drain, f.pingpong, f.k_step
+                    ))
+                }
+            };
+            Ok(GpuConfig {
+                vocab_tile: f.vocab_tile,
+                batch_tile: f.batch_tile,
+                warps: f.warps,
+                schedule,
+                list_per_tile: f.list_per_tile,
+                stagger_us: f.stagger_us,
+            })
         }
-        out
     }
 }

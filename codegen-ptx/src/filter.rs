@@ -1,8 +1,8 @@
 //! The stage-three kernel `flashsample_filter` (DESIGN.md step 9): one CTA of
 //! [`FILTER_THREADS`] per batch row merges the row's per-tile lists into its global top
-//! `need`, detects lists that were too short (status 3), applies the row's `RowFilter` in one
-//! thread with exactly `abi::filter::survivors`' f32 steps (status 4 when the nucleus does not
-//! fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
+//! `need`, detects lists that were too short (`RowStatus::ListOverflow`), applies the row's
+//! `RowFilter` in one thread with exactly `abi::filter::survivors`' f32 steps
+//! (`RowStatus::NucleusTooLarge` when the nucleus does not fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
 //! the top-n logprobs.
 //!
 //! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
@@ -21,14 +21,11 @@
 //! (higher logit, ties to the lower index), so nothing is written back and the result is
 //! sorted; the order of the per-thread scans and of the warp combination does not matter
 //! because the order is total (indices are distinct).
-//!
-//! H200, 2026-12-02: the head threshold by `need` rounds of block argmax over global memory
-//! was 72–109 µs per launch (a barrier and a pass over the heads per round); the radix
-//! threshold, rank sort and parallel `exp` terms of the survivors take it to 15–19 µs.
 
 use crate::config::{GpuConfig, FILTER_THREADS};
-use crate::ir::{Func, Var, NEG_INF};
-use flashsample_abi::INDEX_NONE;
+use crate::ir::{Func, Value, Var, NEG_INF};
+use crate::params::FILTER;
+use flashsample_abi::{RowStatus, INDEX_NONE};
 use flashsample_ir::MAX_LIST_CAPACITY;
 
 pub(crate) const NAME: &str = "flashsample_filter";
@@ -470,7 +467,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
         let r64 = f.zext64(&row);
         let sa = f.gaddr("%out_status", &r64, 4);
         let st = f.v(format!("load i32, ptr addrspace(1) {sa}, align 4"));
-        let ok = f.v(format!("icmp eq i32 {st}, 0"));
+        let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
         // Rows stage two failed keep their status; everything below is uniform over the CTA.
         f.if_then(&ok, |f| {
             let greedy = f.var("i1", "false");
@@ -643,7 +640,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                     &overflow,
                     |f| {
                         let t0 = k.tid0.clone();
-                        f.if_then(&t0, |f| f.s(format!("store i32 3, ptr addrspace(1) {sa}, align 4")));
+                        f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {sa}, align 4", RowStatus::ListOverflow.code())));
                     },
                     |f| {
                         // lse = 0 (a launch without the logsumexp, CodegenOptions::
@@ -677,22 +674,14 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                                 f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
                             });
                         });
-                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, (&tk, &tp, &mp), &lse));
+                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, sa.text(), &found, (&tk, &tp, &mp), &lse));
                     },
                 );
             });
         });
     });
     f.s("ret void");
-    f.finish(&format!(
-        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %lists, i32 %tiles, \
-         i32 %per_tile, i32 %need, i32 %batch, i32 %samples, ptr addrspace(1) noalias readonly %filters, \
-         ptr addrspace(1) noalias readonly %lse, ptr addrspace(1) noalias readonly %greedy, i64 %seed, \
-         ptr addrspace(1) noalias readonly %row_seeds, i32 %vocab_offset, i32 %top_n, \
-         ptr addrspace(1) noalias %out_tokens, ptr addrspace(1) noalias %out_scores, \
-         ptr addrspace(1) noalias %out_logits, ptr addrspace(1) noalias %out_top, \
-         ptr addrspace(1) noalias %out_status) \"nvvm.maxntid\"=\"{FILTER_THREADS}\""
-    ))
+    f.finish(&FILTER.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{FILTER_THREADS}\"")))
 }
 
 /// The top-p terms `exp_f32(top[i] − shift)` for `i < found`, one per thread, into
@@ -753,7 +742,7 @@ fn draw_filtered(
         &bad,
         |f| {
             let t0 = k.tid0.clone();
-            f.if_then(&t0, |f| f.s(format!("store i32 4, ptr addrspace(1) {status_addr}, align 4")));
+            f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {status_addr}, align 4", RowStatus::NucleusTooLarge.code())));
         },
         |f| {
             // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
@@ -769,6 +758,7 @@ fn draw_filtered(
             let key_hi = f.v(format!("lshr i64 {kv}, 32"));
             let key_hi = f.v(format!("trunc i64 {key_hi} to i32"));
             let ctr_row = f.sel("i32", &has_rs, "0", row);
+            let word3 = crate::math::token_word3(f, r64);
             f.for_loop("0", "%samples", "1", |f, s| {
                 let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
                     f.for_loop(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
@@ -777,7 +767,7 @@ fn draw_filtered(
                         let ctr = f.v(format!("lshr i32 {g}, 2"));
                         let ty = "{ i32, i32, i32, i32 }";
                         let r = f.v(format!(
-                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 0, i32 {key_lo}, i32 {key_hi})"
+                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 {word3}, i32 {key_lo}, i32 {key_hi})"
                         ));
                         let w = f.v(format!("and i32 {g}, 3"));
                         let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));

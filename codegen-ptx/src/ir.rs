@@ -1,11 +1,131 @@
 //! A small LLVM-IR text writer: fresh SSA names, entry-block allocas for mutable values
-//! (promoted to registers by `mem2reg`), structured loops and ifs, and the NVPTX inline
-//! assembly and intrinsics the kernels use.
+//! (promoted to registers by `mem2reg`), structured loops and ifs, warp and block primitives,
+//! and typed SSA values ([`I1`], [`I32`], [`I64`], [`F32`], [`Ptr`] by address space,
+//! [`SharedAddr`]). Inline PTX lives in `ptx` (one function per instruction family).
 //!
 //! The kernels are emitted as textual LLVM IR and parsed by LLVM (through inkwell), so the
 //! generated code reads like the PTX it becomes and every instruction is visible in review.
+//! The typed values wrap an SSA name (or constant) with its LLVM type, so that the instruction
+//! wrappers, the rings and the mainloops cannot pass an i64 where an i32 goes or a global
+//! pointer where a shared address goes: rustc rejects it, not LLVM's parser at run time.
+//! Much of the epilogue still passes plain `String`s through [`Func::v`]; a typed value is
+//! made from one with `T::raw` at that boundary.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
+use std::marker::PhantomData;
+
+/// A typed SSA value: implemented by the value newtypes.
+pub(crate) trait Value: fmt::Display {
+    /// The value's LLVM type.
+    const LLVM: &'static str;
+    /// Wraps IR text (an SSA name or a constant) that has this type.
+    fn raw(text: impl Into<String>) -> Self;
+    /// The IR text.
+    fn text(&self) -> &str;
+}
+
+macro_rules! value {
+    ($(#[$doc:meta])* $name:ident, $llvm:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub(crate) struct $name(String);
+
+        impl Value for $name {
+            const LLVM: &'static str = $llvm;
+            fn raw(text: impl Into<String>) -> Self {
+                $name(text.into())
+            }
+            fn text(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+value!(
+    /// An `i1` (predicate).
+    I1, "i1"
+);
+value!(
+    /// An `i32`.
+    I32, "i32"
+);
+value!(
+    /// An `i64`.
+    I64, "i64"
+);
+value!(
+    /// A `float`.
+    F32, "float"
+);
+value!(
+    /// A 32-bit shared-window address (`cvta`-free `.shared` operands of inline PTX: cp.async
+    /// destinations, ldmatrix rows, mbarriers). Not interchangeable with an `i32` count.
+    SharedAddr, "i32"
+);
+
+/// An address space of [`Ptr`].
+pub(crate) trait Space {
+    /// The LLVM pointer type in this space.
+    const LLVM: &'static str;
+}
+
+/// Global memory (`addrspace(1)`): kernel parameters, candidates, lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Global;
+/// Shared memory (`addrspace(3)`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Shared;
+
+impl Space for Global {
+    const LLVM: &'static str = "ptr addrspace(1)";
+}
+impl Space for Shared {
+    const LLVM: &'static str = "ptr addrspace(3)";
+}
+
+/// A pointer in address space `S`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ptr<S: Space>(String, PhantomData<S>);
+
+impl<S: Space> Value for Ptr<S> {
+    const LLVM: &'static str = S::LLVM;
+    fn raw(text: impl Into<String>) -> Self {
+        Ptr(text.into(), PhantomData)
+    }
+    fn text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<S: Space> fmt::Display for Ptr<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<S: Space> AsRef<str> for Ptr<S> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// An `i32` constant.
+pub(crate) fn i32c(v: u32) -> I32 {
+    I32(v.to_string())
+}
 
 /// An f32 constant in LLVM's exact hexadecimal form (the f32 value widened to f64 bits).
 pub(crate) fn f32c(v: f32) -> String {
@@ -93,6 +213,47 @@ impl Func {
         let name = self.fresh("%v");
         let _ = writeln!(self.body, "  {name} = {}", rhs.as_ref());
         name
+    }
+
+    /// Emits `%vN = rhs` whose result has type `T`, and returns it typed.
+    pub(crate) fn typed<T: Value>(&mut self, rhs: impl AsRef<str>) -> T {
+        T::raw(self.v(rhs))
+    }
+
+    /// `a + b` (i32, wrapping).
+    pub(crate) fn add32(&mut self, a: &I32, b: &I32) -> I32 {
+        self.typed(format!("add i32 {a}, {b}"))
+    }
+
+    /// `a · b` (i32, wrapping).
+    pub(crate) fn mul32(&mut self, a: &I32, b: &I32) -> I32 {
+        self.typed(format!("mul i32 {a}, {b}"))
+    }
+
+    /// `a <u b` (i32).
+    pub(crate) fn ult32(&mut self, a: &I32, b: &I32) -> I1 {
+        self.typed(format!("icmp ult i32 {a}, {b}"))
+    }
+
+    /// Stores `v` at `ptr` (aligned to `align` bytes).
+    pub(crate) fn store<T: Value, S: Space>(&mut self, v: &T, ptr: &Ptr<S>, align: u32) {
+        self.s(format!("store {} {v}, {} {ptr}, align {align}", T::LLVM, S::LLVM));
+    }
+
+    /// The value at `ptr` (aligned to `align` bytes).
+    pub(crate) fn load<T: Value, S: Space>(&mut self, ptr: &Ptr<S>, align: u32) -> T {
+        self.typed(format!("load {}, {} {ptr}, align {align}", T::LLVM, S::LLVM))
+    }
+
+    /// `ptr + bytes`.
+    pub(crate) fn offset<S: Space>(&mut self, ptr: &Ptr<S>, bytes: u32) -> Ptr<S> {
+        let index = if S::LLVM == Global::LLVM { "i64" } else { "i32" };
+        self.typed(format!("getelementptr i8, {} {ptr}, {index} {bytes}", S::LLVM))
+    }
+
+    /// The shared address `base + off` bytes.
+    pub(crate) fn shared_offset(&mut self, base: &SharedAddr, off: &I32) -> SharedAddr {
+        self.typed(format!("add i32 {base}, {off}"))
     }
 
     /// Emits a statement without a result.
@@ -228,9 +389,9 @@ impl Func {
         self.v(format!("select i1 {c}, {ty} {a}, {ty} {b}"))
     }
     /// `base + index * scale` bytes on a global pointer, index widened to i64.
-    pub(crate) fn gaddr(&mut self, base: &str, index64: &str, scale: u32) -> String {
+    pub(crate) fn gaddr(&mut self, base: &str, index64: &str, scale: u32) -> Ptr<Global> {
         let off = self.v(format!("mul i64 {index64}, {scale}"));
-        self.v(format!(
+        self.typed(format!(
             "getelementptr i8, ptr addrspace(1) {base}, i64 {off}"
         ))
     }
@@ -238,8 +399,8 @@ impl Func {
         self.v(format!("zext i32 {a} to i64"))
     }
     /// A shared-memory byte pointer at i32 offset `off` from the kernel's shared buffer.
-    pub(crate) fn saddr(&mut self, buffer: &str, off: &str) -> String {
-        self.v(format!(
+    pub(crate) fn saddr(&mut self, buffer: &str, off: &str) -> Ptr<Shared> {
+        self.typed(format!(
             "getelementptr i8, ptr addrspace(3) {buffer}, i32 {off}"
         ))
     }

@@ -11,16 +11,22 @@
 
 mod config;
 mod filter;
+mod heuristic;
 mod ir;
+mod layout;
 mod math;
+mod params;
+mod ptx;
 mod stage1;
 mod stage2;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, DEFAULT_LIST_PER_TILE, FILTER_THREADS,
-    HEURISTIC_STAGGER_US, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS,
-    STAGGER_CANDIDATES_US,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE,
+    FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
+pub use heuristic::HEURISTIC_STAGGER_US;
+pub use layout::{ScratchLayout, SmemLayout};
+pub use params::{FilterArgs, KernelArg, KernelParams, Param, ParamKind, Stage1Args, Stage2Args, FILTER, STAGE1, STAGE2};
 
 use flashsample_ir::{DType, IrError, Pipeline};
 use inkwell::{
@@ -47,26 +53,33 @@ pub const PTX_FEATURES: &str = "+ptx80";
 /// Why a pipeline or config could not be lowered.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PtxError {
+    /// The pipeline fails validation.
     #[error("invalid pipeline: {0}")]
     Pipeline(#[from] IrError),
+    /// A config knob (`knob`) has a value code generation cannot use.
     #[error("invalid GPU config: `{knob}`: {reason}")]
     InvalidConfig { knob: &'static str, reason: String },
+    /// The config needs more of a device resource (`what`) than the device has.
     #[error("GPU config needs {needed} {what}, the device allows {limit}")]
     OverLimit {
         what: &'static str,
         needed: u32,
         limit: u32,
     },
+    /// The device is older than sm_80.
     #[error("compute capability {}.{} is not supported (flashsample needs sm_80 or newer: mma.sync bf16, ldmatrix, cp.async)", compute_capability.0, compute_capability.1)]
     UnsupportedArch { compute_capability: (u32, u32) },
+    /// A wgmma schedule on a device that is not compute capability 9.0.
     #[error("wgmma configs need an sm_90a device (compute capability 9.0: H100/H200); this one is {}.{}", compute_capability.0, compute_capability.1)]
     WgmmaNeedsSm90a { compute_capability: (u32, u32) },
+    /// The operand dtypes have no path on the config's schedule.
     #[error("hidden {hidden:?} × weights {weights:?}: {reason}")]
     UnsupportedDtypes {
         hidden: DType,
         weights: DType,
         reason: &'static str,
     },
+    /// LLVM rejected or failed to compile the module.
     #[error("LLVM failed: {0}")]
     Llvm(String),
 }
@@ -74,6 +87,7 @@ pub enum PtxError {
 /// A compiled pipeline: one PTX module holding both kernels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompiledPtx {
+    /// The module's PTX text.
     pub ptx: String,
     /// Entry name of the stage-one kernel (`flashsample_stage1`).
     pub stage1: &'static str,
@@ -84,6 +98,7 @@ pub struct CompiledPtx {
     pub filter: Option<&'static str>,
     /// The config the stage-one kernel was specialised for (its geometry must be used).
     pub config: GpuConfig,
+    /// The target it was generated for.
     pub arch: Arch,
 }
 
@@ -102,10 +117,9 @@ pub struct CodegenOptions {
 }
 
 impl CodegenOptions {
-    /// What [`compile`] uses: outlined math once a thread holds ≥ 32 accumulators. Measured
-    /// on an H200 (D 4096, V 151936): batch_tile 64 went 980 → 650 µs at B = 64 (the fully
-    /// unrolled epilogue thrashed the instruction cache and spilled), batch_tile 8 went
-    /// 697 → 752 µs (the calls cost more than they save).
+    /// What [`compile`] uses: outlined math once a thread holds ≥ 32 accumulators. Large
+    /// tiles fully unrolled thrash the instruction cache and spill; for small ones the calls
+    /// cost more than they save (BENCHMARKS.md).
     pub fn for_config(config: &GpuConfig) -> Self {
         CodegenOptions {
             outline_math: config.accumulators_per_thread() >= 32,
@@ -130,7 +144,7 @@ pub fn llvm_ir_with(
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
     // wgmma's 128-byte swizzle is a function of absolute shared addresses: every 8-row
     // atom of the ring must start on a 1024-byte boundary.
-    let smem_align = if config.wgmma { 1024 } else { 16 };
+    let smem_align = if config.uses_wgmma() { 1024 } else { 16 };
     m.push_str(&format!("@fs_smem = external addrspace(3) global [0 x i8], align {smem_align}\n"));
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
@@ -165,7 +179,7 @@ pub fn compile_with(
     options: CodegenOptions,
 ) -> Result<CompiledPtx, PtxError> {
     let text = llvm_ir_with(pipeline, config, options)?;
-    let cpu = match (config.wgmma, arch) {
+    let cpu = match (config.uses_wgmma(), arch) {
         (false, _) => arch.sm_name(),
         (true, Arch::Sm90) => "sm_90a",
         (true, Arch::Sm80) => return Err(PtxError::WgmmaNeedsSm90a { compute_capability: (8, 0) }),

@@ -9,7 +9,7 @@ use flashsample_abi::math::{
     TANH_SATURATE,
 };
 use flashsample_abi::rng::{
-    PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25,
+    NoiseStream, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25,
 };
 
 /// `abi::math::ln_f32`.
@@ -110,8 +110,8 @@ fn gumbel_f32(attr: &str) -> String {
     let ul = f.fmul(&rf, &f32c(TWO_POW_M25));
     let lnu = f.v(format!("call float @fs_ln_f32(float {uh})"));
     // `ul` is 0 for every n below 2^24 (half the draws). div.rn sends a zero dividend down
-    // its out-of-line slow path, so a warp took it on nearly every call (H200 gen 9 profile:
-    // 7 % of stage one's stall samples at B = 64). The quotient of a nonzero stand-in is
+    // its out-of-line slow path, so a warp took it on nearly every call (a visible share of
+    // stage one's stall samples in a profile). The quotient of a nonzero stand-in is
     // discarded there: q = +0.0, the bits 0 / uh gives, as abi::rng::gumbel_f32 computes.
     let zero = f.v(format!("icmp eq i32 {residual}, 0"));
     let ul_safe = f.sel("float", &zero, &f32c(TWO_POW_M25), &ul);
@@ -169,17 +169,35 @@ fn philox(attr: &str) -> String {
     ))
 }
 
+/// Counter word 3 of row `row64`'s token noise (`abi::rng::counter_word3(step, Token)`):
+/// `row_steps[row] · 4 + NoiseStream::Token`, or the stream alone (step 0) when the kernel's
+/// `%row_steps` is 0.
+pub(crate) fn token_word3(f: &mut Func, row64: &str) -> String {
+    let stream = NoiseStream::Token as u32;
+    let word = f.var("i32", &stream.to_string());
+    let has_steps = f.v("icmp ne ptr addrspace(1) %row_steps, null");
+    f.if_then(&has_steps, |f| {
+        let a = f.gaddr("%row_steps", row64, 4);
+        let step = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+        // A step counts modulo 2^30: the shift drops its top two bits.
+        let w = f.v(format!("shl i32 {step}, 2"));
+        let w = f.v(format!("or i32 {w}, {stream}"));
+        f.set(&word, &w);
+    });
+    f.get(&word)
+}
+
 /// The Gumbel noise of one quad (4 consecutive tokens, one Philox block) for two batch
-/// rows at once: `fs_philox(ctr, row, s, 0, key)` per row, then `fs_gumbel_f32` of each
+/// rows at once: `fs_philox(ctr, row, s, word3, key)` per row, then `fs_gumbel_f32` of each
 /// word; rows a then b. Both are inlined here, so out of line the call still carries eight
 /// independent noise chains (the epilogue's latency is these chains, not their op count).
 fn noise_pair(attr: &str) -> String {
     let mut f = Func::new();
     let ty = "{ i32, i32, i32, i32 }";
     let mut gumbels = Vec::new();
-    for (row, k0, k1) in [("%row_a", "%ka0", "%ka1"), ("%row_b", "%kb0", "%kb1")] {
+    for (row, k0, k1, w3) in [("%row_a", "%ka0", "%ka1", "%w3_a"), ("%row_b", "%kb0", "%kb1", "%w3_b")] {
         let r = f.v(format!(
-            "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 0, i32 {k0}, i32 {k1})"
+            "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 {w3}, i32 {k0}, i32 {k1})"
         ));
         for w in 0..4 {
             let bits = f.v(format!("extractvalue {ty} {r}, {w}"));
@@ -194,7 +212,7 @@ fn noise_pair(attr: &str) -> String {
     f.s(format!("ret {out} {agg}"));
     f.finish(&format!(
         "define internal {out} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
-         i32 %row_b, i32 %kb0, i32 %kb1) {attr}"
+         i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b) {attr}"
     ))
 }
 

@@ -1,11 +1,13 @@
 //! The stage-two kernel `flashsample_stage2`: one CTA of [`STAGE2_THREADS`] per batch row
 //! reduces the row's candidates over tiles (max score, ties to the lower index; any
-//! `INDEX_NONFINITE` tile → status 2; no candidate → status 1) and merges the logsumexp
+//! `INDEX_NONFINITE` tile → `RowStatus::NonFinite`; no candidate → `RowStatus::AllMasked`)
+//! and merges the logsumexp
 //! partials in f32.
 
 use crate::config::STAGE2_THREADS;
 use crate::ir::{Func, NEG_INF};
-use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use crate::params::STAGE2;
+use flashsample_abi::{RowStatus, INDEX_NONE, INDEX_NONFINITE};
 
 pub(crate) const NAME: &str = "flashsample_stage2";
 const WARPS: u32 = STAGE2_THREADS / 32;
@@ -34,7 +36,7 @@ pub(crate) fn emit() -> String {
 
     // The grid is exactly `batch` CTAs; the guard keeps a larger grid harmless.
     f.if_then(&in_batch, |f| {
-        let status = f.var("i32", "0");
+        let status = f.var("i32", &RowStatus::Ok.code().to_string());
         let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
         let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
         f.for_loop("0", "%samples", "1", |f, s| {
@@ -54,8 +56,14 @@ pub(crate) fn emit() -> String {
                 let ci = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
                 let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
                 let cl = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
-                let is_nf = f.v(format!("icmp eq i32 {ci}, {nonfinite}"));
                 let is_none = f.v(format!("icmp eq i32 {ci}, {none}"));
+                // A tile winner whose score is NaN or +inf (a transformed logit past f32) makes
+                // the row non-finite, as `abi::StageTwo::reduce` says.
+                let bad_score = f.v(format!("fcmp uge float {cs}, 0x7FF0000000000000"));
+                let live = f.v(format!("xor i1 {is_none}, true"));
+                let bad_score = f.and1(&bad_score, &live);
+                let is_nf = f.v(format!("icmp eq i32 {ci}, {nonfinite}"));
+                let is_nf = f.v(format!("or i1 {is_nf}, {bad_score}"));
                 let fl = f.get(&flag);
                 let nf32 = f.v(format!("zext i1 {is_nf} to i32"));
                 let fl = f.v(format!("or i32 {fl}, {nf32}"));
@@ -125,11 +133,12 @@ pub(crate) fn emit() -> String {
                     let a = f.gaddr(ptr, &o64, 4);
                     f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
                 }
-                // Status: non-finite anywhere (2) wins over an empty sample (1).
+                // Status: non-finite anywhere wins over an empty sample (the larger code).
                 let nf = f.v(format!("icmp ne i32 {f2}, 0"));
                 let empty = f.v(format!("icmp eq i32 {i2}, {none}"));
-                let this = f.sel("i32", &empty, "1", "0");
-                let this = f.sel("i32", &nf, "2", &this);
+                let (ok, masked, nonfinite) = (RowStatus::Ok.code(), RowStatus::AllMasked.code(), RowStatus::NonFinite.code());
+                let this = f.sel("i32", &empty, &masked.to_string(), &ok.to_string());
+                let this = f.sel("i32", &nf, &nonfinite.to_string(), &this);
                 let cur = f.get(&status);
                 let hi = f.v(format!("icmp ugt i32 {this}, {cur}"));
                 let st = f.sel("i32", &hi, &this, &cur);
@@ -202,11 +211,5 @@ pub(crate) fn emit() -> String {
         });
     });
     f.s("ret void");
-    f.finish(&format!(
-        "define ptx_kernel void @{NAME}(ptr addrspace(1) noalias readonly %candidates, \
-         ptr addrspace(1) noalias readonly %lse, i32 %batch, i32 %samples, i32 %tiles, \
-         ptr addrspace(1) noalias %out_tokens, ptr addrspace(1) noalias %out_scores, \
-         ptr addrspace(1) noalias %out_logits, ptr addrspace(1) noalias %out_lse, \
-         ptr addrspace(1) noalias %out_status) \"nvvm.maxntid\"=\"{STAGE2_THREADS}\""
-    ))
+    f.finish(&STAGE2.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{STAGE2_THREADS}\"")))
 }

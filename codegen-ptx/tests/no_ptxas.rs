@@ -1,6 +1,6 @@
 //! PTX generation runs entirely inside LLVM: no ptxas, no CUDA toolkit, no GPU.
 
-use flashsample_codegen_ptx::{compile, Arch, GpuConfig};
+use flashsample_codegen_ptx::{compile, Arch, GpuConfig, Grid, Schedule};
 use flashsample_ir::{DType, PipelineBuilder};
 
 #[test]
@@ -15,20 +15,7 @@ fn generates_ptx_with_an_empty_path() {
         .gumbel("seed", 1)
         .build()
         .unwrap();
-    let c = GpuConfig {
-        vocab_tile: 128,
-        batch_tile: 8,
-        k_step: 64,
-        warps: 4,
-        stages: 2,
-        persistent: false,
-        list_per_tile: 0,
-        wgmma: false,
-        tma: false,
-        wgmma_drain: false,
-        stagger_us: 0,
-        pingpong: false,
-    };
+    let c = GpuConfig::new(128, 8, 4, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::PerItem });
     let k = compile(&p, &c, Arch::Sm90).unwrap();
     assert!(k.ptx.contains(".entry flashsample_stage1"));
     assert!(k.ptx.contains(".entry flashsample_stage2"));

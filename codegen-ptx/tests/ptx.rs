@@ -1,7 +1,7 @@
 //! Structural checks and snapshots of the generated PTX, and config validation against the
 //! recorded H200 limits. Nothing here needs a GPU.
 
-use flashsample_codegen_ptx::{compile, Arch, CompiledPtx, GpuConfig, GpuLimits, PtxError};
+use flashsample_codegen_ptx::{compile, Arch, CompiledPtx, GpuConfig, GpuLimits, Grid, GridKind, PtxError, Schedule};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 
 fn full(dtype: DType) -> Pipeline {
@@ -52,28 +52,19 @@ fn greedy(dtype: DType) -> Pipeline {
         .unwrap()
 }
 
-fn cfg(
-    vocab_tile: u32,
-    batch_tile: u32,
-    k_step: u32,
-    warps: u32,
-    stages: u32,
-    persistent: bool,
-) -> GpuConfig {
-    GpuConfig {
-        vocab_tile,
-        batch_tile,
-        k_step,
-        warps,
-        stages,
-        persistent,
-        list_per_tile: 0,
-        wgmma: false,
-        tma: false,
-        wgmma_drain: false,
-        stagger_us: 0,
-        pingpong: false,
+fn grid(persistent: bool) -> Grid {
+    if persistent {
+        Grid::Persistent
+    } else {
+        Grid::PerItem
     }
+}
+
+/// A SIMT (`stages == 1`) or mma.sync tile.
+fn cfg(vocab_tile: u32, batch_tile: u32, k_step: u32, warps: u32, stages: u32, persistent: bool) -> GpuConfig {
+    let grid = grid(persistent);
+    let schedule = if stages == 1 { Schedule::Simt { grid } } else { Schedule::MmaSync { stages, k_step, grid } };
+    GpuConfig::new(vocab_tile, batch_tile, warps, schedule)
 }
 
 fn tensor_small() -> GpuConfig {
@@ -143,9 +134,12 @@ fn stage1_has_the_design_parameter_list() {
         types,
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
-            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
         ]
     );
+    // The table the runtime pushes from is the one the header came from.
+    assert_eq!(flashsample_codegen_ptx::STAGE1.params.len(), types.len());
+    assert_eq!(flashsample_codegen_ptx::Stage1Args::default().args().len(), types.len());
     let head = &k.ptx[k.ptx.find(".entry flashsample_stage2(").unwrap()..];
     let params = &head[..head.find(')').unwrap()];
     let types: Vec<&str> = params
@@ -231,18 +225,6 @@ fn greedy_pipelines_skip_the_noise() {
     );
 }
 
-#[test]
-fn every_enumerated_config_compiles_cleanly() {
-    let p = full(DType::BF16);
-    let all = GpuConfig::enumerate(&p, &GpuLimits::H200);
-    assert!(all.len() > 50, "{}", all.len());
-    // A spread of the space (all of it takes a while in debug builds).
-    for c in all.iter().step_by(17) {
-        let k = ptx(&p, c, Arch::Sm90);
-        assert!(!k.ptx.contains(".local"), "{c:?}");
-    }
-}
-
 fn entry_param_types<'a>(ptx: &'a str, name: &str) -> Vec<&'a str> {
     let head = &ptx[ptx.find(&format!(".entry {name}(")).unwrap_or_else(|| panic!("{name}"))..];
     let params = &head[..head.find(')').unwrap()];
@@ -260,9 +242,10 @@ fn list_pipelines_get_the_filter_kernel() {
         entry_param_types(&k.ptx, "flashsample_filter"),
         [
             ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
         ]
     );
+    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 19);
     assert!(!k.ptx.contains(".local"), "no local memory");
     // The penalty lookup is out of line, the survivors use the abi's ln / exp.
     assert!(k.ptx.contains("fs_penalize_token"));
@@ -295,10 +278,6 @@ fn list_configs_are_validated_and_sized() {
     assert_eq!(c.exact_lists(p.list_capacity()).list_per_tile, 64);
     let big = PipelineBuilder::new("Big", DType::BF16, DType::BF16).filter("f", 1024).build().unwrap();
     assert_eq!(with_lists(tensor_small(), &big).exact_lists(big.list_capacity()).list_per_tile, 128);
-    // Enumeration tries two list lengths.
-    let all = GpuConfig::enumerate(&p, &l);
-    assert!(all.iter().any(|c| c.list_per_tile == 8) && all.iter().any(|c| c.list_per_tile == 32));
-    assert!(all.iter().all(|c| c.validate(&p, &l).is_ok()));
 }
 
 #[test]
@@ -317,42 +296,63 @@ fn list_pipelines_compile_on_both_paths() {
     }
 }
 
+/// The pre-optimization LLVM IR of the stage-one kernel of a small greedy config per
+/// schedule (`insta` snapshots: a reviewer reads the IR a schedule emits, and an LLVM upgrade
+/// does not churn them).
 #[test]
-fn snapshot_filter_kernel() {
+fn snapshot_stage1_ir_per_schedule() {
+    let p = greedy(DType::BF16);
+    let simt_p = greedy(DType::F32);
+    let item = Grid::PerItem;
+    // One warp where the schedule allows it (a warpgroup for wgmma): the cp.async rings
+    // unroll every thread's chunks, twice (aligned and 2-byte fallback).
+    for (name, pipeline, warps, schedule) in [
+        ("stage1_simt", &simt_p, 1, Schedule::Simt { grid: item }),
+        ("stage1_mma_sync", &p, 1, Schedule::MmaSync { stages: 2, k_step: 64, grid: item }),
+        ("stage1_mma_sync_persistent", &p, 1, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::Persistent }),
+        ("stage1_wgmma", &p, 4, Schedule::Wgmma { stages: 3, drain: false, grid: item }),
+        ("stage1_wgmma_tma", &p, 4, Schedule::WgmmaTma { stages: 3, grid: GridKind::PerItem }),
+        ("stage1_wgmma_tma_pingpong", &p, 4, Schedule::WgmmaTma { stages: 3, grid: GridKind::PingPong }),
+    ] {
+        let c = GpuConfig::new(32 * warps, 8, warps, schedule);
+        let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &c).unwrap_or_else(|e| panic!("{name}: {e}"));
+        insta::assert_snapshot!(name, ir_function(&ir, "flashsample_stage1"));
+    }
+}
+
+/// Token noise reads the row's decode step (`row_steps`, counter word 3 = step · 4 + the
+/// token stream) in stage one and in the filter's draw, and only where the pointer is given.
+#[test]
+fn token_noise_takes_the_rows_decode_step() {
     let p = filtered(DType::BF16);
-    let k = ptx(&p, &with_lists(tensor_small(), &p), Arch::Sm90);
-    let start = k.ptx.find(".entry flashsample_filter(").expect("filter kernel");
-    insta::assert_snapshot!("filter_kernel", &k.ptx[start..]);
+    let c = with_lists(tensor_small(), &p);
+    let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+    for kernel in ["flashsample_stage1", "flashsample_filter"] {
+        let f = ir_function(&ir, kernel);
+        assert!(f.contains("%row_steps)"), "{kernel}: the last parameter");
+        assert!(f.contains("icmp ne ptr addrspace(1) %row_steps, null"), "{kernel}");
+    }
+    let noise = ir_function(&ir, "fs_noise_pair");
+    assert!(noise.contains("i32 %w3_a") && noise.contains("@fs_philox(i32 %ctr, i32 %row_a, i32 %s, i32 %w3_a"));
+    // Greedy pipelines draw no noise and never read the steps.
+    let g = flashsample_codegen_ptx::llvm_ir(&greedy(DType::BF16), &tensor_small()).unwrap();
+    assert!(!ir_function(&g, "flashsample_stage1").contains("%row_steps, null"));
 }
 
+/// Status codes come from `abi::RowStatus`: stage two writes AllMasked / NonFinite, stage
+/// three ListOverflow / NucleusTooLarge.
 #[test]
-fn snapshot_tensor_bf16_greedy() {
-    insta::assert_snapshot!(
-        "tensor_bf16_greedy",
-        ptx(&greedy(DType::BF16), &tensor_small(), Arch::Sm90).ptx
-    );
-}
-
-#[test]
-fn snapshot_tensor_f16_full_persistent() {
-    let c = cfg(128, 8, 64, 4, 2, true);
-    insta::assert_snapshot!(
-        "tensor_f16_full_persistent",
-        ptx(&full(DType::F16), &c, Arch::Sm80).ptx
-    );
-}
-
-#[test]
-fn snapshot_simt_f32_greedy() {
-    insta::assert_snapshot!(
-        "simt_f32_greedy",
-        ptx(
-            &greedy(DType::F32),
-            &cfg(128, 8, 64, 4, 1, false),
-            Arch::Sm90
-        )
-        .ptx
-    );
+fn kernels_write_the_abi_status_codes() {
+    use flashsample_abi::RowStatus;
+    let p = filtered(DType::BF16);
+    let ir = flashsample_codegen_ptx::llvm_ir(&p, &with_lists(tensor_small(), &p)).unwrap();
+    let s2 = ir_function(&ir, "flashsample_stage2");
+    assert!(s2.contains(&format!("i32 {}, i32 {}", RowStatus::AllMasked.code(), RowStatus::Ok.code())));
+    assert!(s2.contains(&format!("i32 {}, i32 %", RowStatus::NonFinite.code())));
+    let s3 = ir_function(&ir, "flashsample_filter");
+    for s in [RowStatus::ListOverflow, RowStatus::NucleusTooLarge] {
+        assert!(s3.contains(&format!("store i32 {}, ptr addrspace(1)", s.code())), "{s:?}");
+    }
 }
 
 // ---- validation against the recorded H200 limits ----
@@ -424,32 +424,6 @@ fn validation_prunes_impossible_configs() {
 }
 
 #[test]
-fn enumeration_is_pruned_and_dtype_specific() {
-    let h200 = GpuLimits::H200;
-    let bf = GpuConfig::enumerate(&full(DType::BF16), &h200);
-    assert!(bf
-        .iter()
-        .all(|c| c.is_tensor() && c.validate(&full(DType::BF16), &h200).is_ok()));
-    assert!(bf
-        .iter()
-        .all(|c| c.smem_bytes() <= h200.max_shared_per_block_optin));
-    assert!(
-        bf.iter().any(|c| c.batch_tile == 8 && c.warps == 8),
-        "GEMV-style configs for small batches"
-    );
-    assert!(bf.iter().any(|c| c.persistent));
-    let f32s = GpuConfig::enumerate(&full(DType::F32), &h200);
-    assert!(!f32s.is_empty() && f32s.iter().all(|c| !c.is_tensor()));
-    // A smaller device gets a smaller space.
-    let small = GpuLimits {
-        max_shared_per_block_optin: 48 * 1024,
-        ..h200
-    };
-    let s = GpuConfig::enumerate(&full(DType::BF16), &small);
-    assert!(!s.is_empty() && s.len() < bf.len());
-}
-
-#[test]
 fn heuristic_configs_are_valid() {
     let h200 = GpuLimits::H200;
     for p in [
@@ -483,11 +457,7 @@ fn geometry() {
     assert_eq!(c.grid(5, 1000, 132), (4, 1, 1));
     assert_eq!(c.grid(17, 1000, 132), (4, 3, 1));
     assert_eq!(c.smem_bytes(), 4 * (256 + 8) * 64 * 2);
-    let p = GpuConfig {
-        persistent: true,
-        list_per_tile: 0,
-        ..c.clone()
-    };
+    let p = cfg(256, 8, 64, 8, 4, true);
     assert_eq!(p.grid(64, 151_936, 132), (132, 1, 1), "as many CTAs as are resident");
     // The persistent tensor path keeps its epilogue scratch after the ring (it overlaps the
     // next item's prologue), so it needs both.
@@ -586,8 +556,10 @@ fn skip_logsumexp_variant_has_no_lse_epilogue() {
     assert_eq!(llvm_ir_with(&g, &gc, go).unwrap(), llvm_ir_with(&g, &gc, CodegenOptions { skip_logsumexp: true, ..go }).unwrap());
 }
 
+/// `c`'s tile and ring depth on the `cp.async` wgmma ring.
 fn wgmma(c: GpuConfig) -> GpuConfig {
-    GpuConfig { wgmma: true, ..c }
+    let schedule = Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) };
+    c.with_schedule(schedule)
 }
 
 #[test]
@@ -623,29 +595,18 @@ fn wgmma_configs_are_refused_where_they_cannot_run() {
     let blackwell = GpuLimits { compute_capability: (10, 0), ..GpuLimits::H200 };
     assert!(matches!(ok.validate(&p, &blackwell), Err(PtxError::WgmmaNeedsSm90a { .. })));
     assert!(matches!(compile(&p, &ok, Arch::Sm80), Err(PtxError::WgmmaNeedsSm90a { .. })));
-    for (bad, knob) in [
-        (wgmma(cfg(64, 8, 64, 2, 3, false)), "warps"),
-        (wgmma(cfg(256, 16, 128, 8, 3, false)), "k_step"),
-        (wgmma(cfg(128, 8, 64, 4, 1, false)), "wgmma"),
-        (wgmma(cfg(128, 8, 64, 4, 2, false)), "stages"),
-    ] {
+    for (bad, knob) in [(wgmma(cfg(64, 8, 64, 2, 3, false)), "warps"), (wgmma(cfg(128, 8, 64, 4, 2, false)), "stages")] {
         match bad.validate_shape(&p) {
             Err(PtxError::InvalidConfig { knob: k, .. }) => assert_eq!(k, knob, "{bad:?}"),
             other => panic!("{bad:?}: {other:?}"),
         }
     }
-    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.wgmma));
-    assert!(!GpuConfig::enumerate(&p, &a100).iter().any(|c| c.wgmma));
 }
 
-#[test]
-fn snapshot_tensor_bf16_wgmma_persistent() {
-    let c = wgmma(cfg(128, 8, 64, 4, 3, true));
-    insta::assert_snapshot!("tensor_bf16_wgmma_persistent", ptx(&greedy(DType::BF16), &c, Arch::Sm90).ptx);
-}
-
+/// `c`'s tile and ring depth on the TMA wgmma ring.
 fn tma(c: GpuConfig) -> GpuConfig {
-    GpuConfig { wgmma: true, tma: true, ..c }
+    let schedule = Schedule::WgmmaTma { stages: c.stages(), grid: grid(c.is_persistent()).into() };
+    c.with_schedule(schedule)
 }
 
 #[test]
@@ -667,20 +628,18 @@ fn tma_ring_loads_boxes_and_waits_on_mbarriers() {
         // No per-thread copies, no proxy fence for them, no CTA barrier inside the k loop:
         // the only barriers are the init, the end of each item's k loop and the epilogue's.
         assert!(!t.contains("cp.async.cg") && !t.contains("cp.async.wait_group") && !t.contains("fence.proxy.async"), "{c:?}");
-        let plain = ptx(&full(DType::BF16), &GpuConfig { tma: false, ..c.clone() }, Arch::Sm90);
+        let plain = ptx(&full(DType::BF16), &wgmma(c.clone()), Arch::Sm90);
         let bars = |s: &str| s.matches("bar.sync").count();
         assert_eq!(bars(t), bars(stage1_text(&plain.ptx)), "{c:?}: TMA adds the init barrier and drops the per-slice one");
         assert!(!k.ptx.contains(".local"), "{c:?}: no local memory");
         // The mbarriers sit after everything else, 8-byte aligned.
-        assert_eq!(c.smem_bytes(), GpuConfig { tma: false, ..c.clone() }.smem_bytes().next_multiple_of(8) + 16 * c.stages);
+        assert_eq!(c.smem_bytes(), wgmma(c.clone()).smem_bytes().next_multiple_of(8) + 16 * c.stages());
     }
 }
 
 #[test]
-fn tma_configs_need_wgmma_and_describable_shapes() {
+fn tma_configs_need_describable_shapes() {
     let p = full(DType::BF16);
-    let bad = GpuConfig { tma: true, ..cfg(256, 64, 64, 8, 4, false) };
-    assert!(matches!(bad.validate_shape(&p), Err(PtxError::InvalidConfig { knob: "tma", .. })), "{bad:?}");
     let ok = tma(cfg(256, 64, 64, 8, 5, false));
     ok.validate(&p, &GpuLimits::H200).unwrap();
     assert!(GpuConfig::tma_fits(4096, 151_936) && GpuConfig::tma_fits(8192, 128_256));
@@ -689,19 +648,16 @@ fn tma_configs_need_wgmma_and_describable_shapes() {
     assert!(!GpuConfig::tma_fits(4096, 1000) && GpuConfig::tma_fits(4096, 1056));
     // The W box covers one 32-row block per warp.
     let wide = tma(cfg(512, 8, 64, 4, 3, true));
-    assert!(matches!(wide.validate_shape(&p), Err(PtxError::InvalidConfig { knob: "tma", .. })), "{wide:?}");
-    assert!(ok.for_shape(4096, 151_936).tma);
-    assert_eq!(ok.for_shape(4096, 1003), GpuConfig { tma: false, ..ok.clone() });
-    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.tma));
-    let a100 = GpuLimits { compute_capability: (8, 0), ..GpuLimits::H200 };
-    assert!(!GpuConfig::enumerate(&p, &a100).iter().any(|c| c.tma));
+    assert!(matches!(wide.validate_shape(&p), Err(PtxError::InvalidConfig { knob: "vocab_tile", .. })), "{wide:?}");
+    assert!(ok.for_shape(4096, 151_936).uses_tma());
+    assert_eq!(ok.for_shape(4096, 1003), wgmma(ok.clone()));
 }
 
 #[test]
 fn drained_wgmma_ring_waits_for_every_slice_and_prefetches_deeper() {
     let p = full(DType::BF16);
     let plain = wgmma(cfg(128, 64, 64, 4, 4, false));
-    let drained = GpuConfig { wgmma_drain: true, ..plain.clone() };
+    let drained = plain.clone().with_schedule(Schedule::Wgmma { stages: 4, drain: true, grid: Grid::PerItem });
     let (tp, td) = (ptx(&p, &plain, Arch::Sm90), ptx(&p, &drained, Arch::Sm90));
     let (tp, td) = (stage1_text(&tp.ptx), stage1_text(&td.ptx));
     assert!(tp.contains("wgmma.wait_group.sync.aligned 1;") && !td.contains("wgmma.wait_group.sync.aligned 1;"));
@@ -709,33 +665,21 @@ fn drained_wgmma_ring_waits_for_every_slice_and_prefetches_deeper() {
     // The prologue issues stages − 1 slices instead of stages − 2: one more cp.async group.
     let groups = |t: &str| t.matches("cp.async.commit_group").count();
     assert_eq!(groups(td), groups(tp) + 1, "one more prologue group");
-    assert!(matches!(
-        GpuConfig { tma: true, ..drained.clone() }.validate_shape(&p),
-        Err(PtxError::InvalidConfig { knob: "wgmma_drain", .. })
-    ));
-    assert!(matches!(
-        GpuConfig { wgmma: false, ..drained.clone() }.validate_shape(&p),
-        Err(PtxError::InvalidConfig { knob: "wgmma_drain", .. })
-    ));
 }
 
 #[test]
 fn stagger_delays_only_the_first_waves_second_ctas() {
     let p = full(DType::BF16);
-    let c = GpuConfig { stagger_us: 40, ..wgmma(cfg(128, 64, 64, 4, 4, false)) };
+    let c = wgmma(cfg(128, 64, 64, 4, 4, false)).with_stagger(40);
     let t = ptx(&p, &c, Arch::Sm90).ptx;
     let s1 = stage1_text(&t);
     assert!(s1.contains("%nsmid") && s1.contains("%globaltimer") && s1.contains("setp.lt.u64 p, d, 40000;"), "40 µs in ns");
-    assert!(!stage1_text(&ptx(&p, &GpuConfig { stagger_us: 0, ..c.clone() }, Arch::Sm90).ptx).contains("%globaltimer"));
+    assert!(!stage1_text(&ptx(&p, &c.clone().with_stagger(0), Arch::Sm90).ptx).contains("%globaltimer"));
     assert!(matches!(
-        GpuConfig { stagger_us: 201, ..c.clone() }.validate_shape(&p),
+        c.clone().with_stagger(201).validate_shape(&p),
         Err(PtxError::InvalidConfig { knob: "stagger_us", .. })
     ));
-    // The autotuner tries staggers only where two CTAs share an SM.
     assert!(c.two_per_sm(&GpuLimits::H200) && !wgmma(cfg(256, 64, 64, 8, 5, false)).two_per_sm(&GpuLimits::H200));
-    let space = GpuConfig::enumerate(&p, &GpuLimits::H200);
-    assert!(space.iter().any(|x| x.stagger_us > 0) && space.iter().any(|x| x.wgmma_drain));
-    assert!(space.iter().filter(|x| x.stagger_us > 0).all(|x| x.two_per_sm(&GpuLimits::H200)));
 }
 
 #[test]
@@ -744,7 +688,7 @@ fn heuristic_pairs_ctas_only_where_two_fit() {
     let plain = greedy(DType::BF16);
     // A vocabulary the TMA maps cannot describe (V % 32 != 0) keeps the cp.async tiles.
     let c = GpuConfig::heuristic(&plain, 64, 4096, 151_937, &h200);
-    assert_eq!((c.vocab_tile, c.warps, c.wgmma_drain, c.stagger_us, c.pingpong), (128, 4, true, 30, false), "{c:?}");
+    assert_eq!((c.vocab_tile, c.warps, c.schedule, c.stagger_us), (128, 4, Schedule::Wgmma { stages: 4, drain: true, grid: Grid::PerItem }, 30), "{c:?}");
     assert!(c.two_per_sm(&h200));
     // Where two do not fit (less shared memory per SM), the one-CTA 256 × 64 tile, unstaggered.
     let small = GpuLimits { max_shared_per_block_optin: 150_000, ..h200 };
@@ -760,39 +704,39 @@ fn heuristic_takes_pingpong_above_batch_32_where_the_maps_fit() {
             let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
             c.validate(&p, &h200).unwrap_or_else(|e| panic!("{c:?}: {e}"));
             if p.list_capacity() == 0 {
-                assert!(c.pingpong && c.tma && c.persistent && (c.vocab_tile, c.batch_tile) == (128, batch_tile), "B={batch}: {c:?}");
-                assert_eq!(c.stages, if batch_tile == 64 { 8 } else { 6 }, "B={batch}");
+                let stages = if batch_tile == 64 { 8 } else { 6 };
+                assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages, grid: GridKind::PingPong }, 128, batch_tile), "B={batch}");
             } else {
                 // Lists take shared memory: fewer stages (and from B = 192 the 64-column
                 // tile), still the ping-pong schedule, never an invalid config.
-                assert!(c.pingpong && (c.vocab_tile, c.batch_tile) == (128, 64), "B={batch}: {c:?}");
-                assert!(c.stages >= 3 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
+                assert!(c.is_pingpong() && (c.vocab_tile, c.batch_tile) == (128, 64), "B={batch}: {c:?}");
+                assert!(c.stages() >= 3 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             }
         }
         for b in [1, 16, 32] {
-            assert!(!GpuConfig::heuristic(&p, b, 4096, 151_936, &h200).pingpong, "B={b}");
+            assert!(!GpuConfig::heuristic(&p, b, 4096, 151_936, &h200).is_pingpong(), "B={b}");
         }
         // No wgmma below compute capability 9.0, no TMA maps for D % 8 != 0.
         let a100 = GpuLimits { compute_capability: (8, 0), ..h200 };
-        assert!(!GpuConfig::heuristic(&p, 64, 4096, 151_936, &a100).pingpong);
-        assert!(!GpuConfig::heuristic(&p, 64, 4095, 151_936, &h200).pingpong);
+        assert!(!GpuConfig::heuristic(&p, 64, 4096, 151_936, &a100).is_pingpong());
+        assert!(!GpuConfig::heuristic(&p, 64, 4095, 151_936, &h200).is_pingpong());
     }
 }
 
 #[test]
 fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     let p = full(DType::BF16);
-    let c = GpuConfig { pingpong: true, ..tma(cfg(128, 64, 64, 4, 8, true)) };
+    let c = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong });
     c.validate(&p, &GpuLimits::H200).unwrap();
     assert_eq!(c.block_threads(), 2 * 128 + 128);
-    let ring = GpuConfig { pingpong: false, ..c.clone() };
+    let ring = tma(cfg(128, 64, 64, 4, 8, true));
     // Two epilogue areas after the ring, then the slots' mbarriers and one mainloop-done
     // barrier per set.
-    let epilogue = ring.smem_bytes() - 16 * c.stages - c.stages * (128 + 64) * 64 * 2;
+    let epilogue = ring.smem_bytes() - 16 * c.stages() - c.stages() * (128 + 64) * 64 * 2;
     assert_eq!(c.smem_bytes(), ring.smem_bytes() + epilogue + 16);
     let k = ptx(&p, &c, Arch::Sm90);
     let t = stage1_text(&k.ptx);
-    assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages + 2);
+    assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages() + 2);
     assert!(t.contains(".maxntid 384") && t.contains(".maxnreg 168"), "block of 384 threads, 168 registers each");
     // The producer warpgroup keeps 40 registers; the consumers take the rest.
     assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 40;") && t.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
@@ -804,14 +748,33 @@ fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     assert_eq!(t.matches("cp.async.bulk.tensor.5d").count(), 1);
     assert_eq!(t.matches("cp.async.bulk.tensor.2d").count(), 1);
     assert!(!k.ptx.contains(".local"), "no local memory");
-    for (bad, knob) in [
-        (GpuConfig { persistent: false, ..c.clone() }, "pingpong"),
-        (GpuConfig { tma: false, ..c.clone() }, "pingpong"),
-    ] {
-        assert!(matches!(bad.validate_shape(&p), Err(PtxError::InvalidConfig { knob: k, .. }) if k == knob), "{bad:?}");
-    }
     // Shapes the maps cannot describe run the persistent cp.async ring.
-    assert_eq!(c.for_shape(203, 1003), GpuConfig { tma: false, pingpong: false, ..c.clone() });
-    assert!(c.for_shape(4096, 151_936).pingpong);
-    assert!(GpuConfig::enumerate(&p, &GpuLimits::H200).iter().any(|c| c.pingpong && c.stages == 8));
+    assert_eq!(c.for_shape(203, 1003), wgmma(cfg(128, 64, 64, 4, 8, true)));
+    assert!(c.for_shape(4096, 151_936).is_pingpong());
+}
+
+/// Tuning files written before `Schedule` existed (flat flags) load as the schedule they
+/// meant; flag combinations no schedule has are refused, naming the flags.
+#[test]
+fn legacy_flag_configs_load_and_illegal_combinations_are_refused() {
+    let flags = |extra: &str| {
+        format!(r#"{{"vocab_tile": 128, "batch_tile": 64, "k_step": 64, "warps": 4, "stages": 8, "persistent": true{extra}}}"#)
+    };
+    let load = |json: &str| serde_json::from_str::<GpuConfig>(json);
+    let mma = cfg(128, 64, 64, 4, 8, true);
+    assert_eq!(load(&flags("")).unwrap(), mma);
+    assert_eq!(load(&flags(r#", "wgmma": true, "wgmma_drain": true, "stagger_us": 30"#)).unwrap(), mma.clone().with_schedule(Schedule::Wgmma { stages: 8, drain: true, grid: Grid::Persistent }).with_stagger(30));
+    assert_eq!(load(&flags(r#", "wgmma": true, "tma": true, "pingpong": true"#)).unwrap(), GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }));
+    let simt = r#"{"vocab_tile": 128, "batch_tile": 8, "k_step": 64, "warps": 4, "stages": 1, "persistent": false}"#;
+    assert_eq!(load(simt).unwrap(), cfg(128, 8, 64, 4, 1, false));
+    for bad in [r#", "tma": true"#, r#", "pingpong": true"#, r#", "wgmma_drain": true"#, r#", "wgmma": true, "tma": true, "wgmma_drain": true"#] {
+        let e = load(&flags(bad)).unwrap_err().to_string();
+        assert!(e.contains("no schedule has"), "{bad}: {e}");
+    }
+    let wide = r#"{"vocab_tile": 128, "batch_tile": 64, "k_step": 128, "warps": 4, "stages": 4, "persistent": false, "wgmma": true}"#;
+    assert!(load(wide).unwrap_err().to_string().contains("k_step = 128"));
+    // The current form round-trips.
+    for c in [mma, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }).with_stagger(20)] {
+        assert_eq!(load(&serde_json::to_string(&c).unwrap()).unwrap(), c);
+    }
 }

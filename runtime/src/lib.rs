@@ -45,7 +45,7 @@ pub use tensor::{Element, Matrix, Tensor};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceTensor};
 #[cfg(feature = "cuda")]
-pub use flashsample_codegen_ptx::GpuConfig;
+pub use flashsample_codegen_ptx::{GpuConfig, Grid, GridKind, Schedule};
 #[cfg(feature = "cuda")]
 pub use tp::{TensorParallelSampler, TpError};
 

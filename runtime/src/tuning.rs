@@ -11,6 +11,7 @@
 
 use flashsample_abi::{Candidate, LsePartial, Scored};
 use flashsample_codegen_cpu::CpuConfig;
+#[cfg(feature = "cuda")]
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{DType, MAX_LIST_CAPACITY};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -72,6 +73,7 @@ impl TunedConfig for CpuConfig {
     }
 }
 
+#[cfg(feature = "cuda")]
 impl TunedConfig for GpuConfig {
     const WHAT: &'static str = "GPU config";
 

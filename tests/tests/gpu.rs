@@ -1,14 +1,15 @@
 //! The CUDA backend on a real GPU against the float64 reference and the CPU backend.
 //!
-//! Every test opens `cuda:0` first; without a driver or a device it prints `SKIPPED: <reason>`
-//! to stderr and returns, so this binary passes (vacuously) on CI machines without a GPU.
-//! On a GPU: pathwise checks at the Qwen3-8B LM-head shape and odd shapes, bf16 and f16,
+//! Every test is `#[ignore]`d (`needs a CUDA GPU`, or `needs a compute capability 9.0 GPU` for
+//! wgmma and the TMA), so a machine without one reports them as ignored; run them with
+//! `--include-ignored` (`bench/gpu_run.sh` does). Run without a GPU they fail: a test that
+//! cannot see a GPU never passes. On a GPU: pathwise checks at the Qwen3-8B LM-head shape and odd shapes, bf16 and f16,
 //! every transform; tokens identical to the CPU backend on small shapes; chi-square against
 //! softmax; every stage-one candidate slot written (poisoned buffer); typed row errors.
 
 use flashsample::{
-    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, KernelConfig, ListError, Matrix, RowError, RowFilter, Sampler,
-    SamplingParams, Tensor,
+    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, ListError, Matrix, RowError, RowFilter,
+    Sampler, SamplingParams, Schedule, Tensor,
 };
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
@@ -18,44 +19,24 @@ use std::sync::{Arc, Mutex};
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
 const SCORE: Outputs = Outputs { score: true, logsumexp: false, logprob: false, top_logprobs: 0 };
 
-/// The GPU, or `None` after printing why the test is skipped.
-fn gpu() -> Option<(Device, Arc<CudaDevice>)> {
+/// The GPU; panics (the test fails) where there is none.
+fn gpu() -> (Device, Arc<CudaDevice>) {
     match Device::cuda(0) {
         Ok(d) => {
             let Device::Cuda(c) = &d else { unreachable!("Device::cuda returns a CUDA device") };
             let c = c.clone();
-            Some((d, c))
+            (d, c)
         }
-        Err(e @ (Error::NoCudaDriver | Error::NoCudaDevice { .. })) => {
-            // Straight to the process's stderr: libtest captures `eprintln!` of passing tests,
-            // and CI must show why these tests did not run.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {} (no GPU here)", e);
-            None
-        }
-        Err(e) => panic!("opening cuda:0 failed: {e}"),
+        Err(e) => panic!("this test needs a CUDA GPU (run it with --include-ignored on one): opening cuda:0 failed: {e}"),
     }
 }
 
-macro_rules! gpu_or_skip {
-    () => {
-        match gpu() {
-            Some(g) => g,
-            None => return,
-        }
-    };
-}
-
-/// Like `gpu_or_skip!`, and also returns (with the printed reason) off compute capability 9.0,
-/// where `what` (wgmma, the TMA) does not exist.
-macro_rules! hopper_gpu_or_skip {
-    ($what:expr) => {{
-        let (device, dev) = gpu_or_skip!();
-        if !hopper_or_skip(&dev, $what) {
-            return;
-        }
-        (device, dev)
-    }};
+/// The GPU, which must be of compute capability 9.0 (sm_90a: wgmma, the TMA): `what` needs it.
+fn hopper_gpu(what: &str) -> (Device, Arc<CudaDevice>) {
+    let (device, dev) = gpu();
+    let cc = dev.limits().compute_capability;
+    assert_eq!(cc, (9, 0), "{what} needs a compute capability 9.0 GPU, this one is {cc:?}");
+    (device, dev)
 }
 
 /// Big shapes use most of the GPU's memory bandwidth and the host's cores for the reference;
@@ -90,7 +71,7 @@ fn pathwise_batches(pipeline: &Pipeline, vocab: usize, dim: usize, batches: &[us
 
 /// [`pathwise_batches`] with logits of standard deviation `logit_std`.
 fn pathwise_batches_std(pipeline: &Pipeline, vocab: usize, dim: usize, batches: &[usize], seed: u64, logit_std: f32) {
-    let (device, dev) = gpu_or_skip!();
+    let (device, dev) = gpu();
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let max_b = *batches.iter().max().unwrap();
     let mut big = Case::random(pipeline, max_b, dim, vocab, seed, logit_std);
@@ -128,18 +109,21 @@ fn qwen(dtype: DType, samples: u32) -> Pipeline {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_qwen3_lm_head_bf16() {
     // The Qwen3-8B LM head: V = 151936, D = 4096, every transform, 4 samples, logsumexp.
     pathwise_batches(&qwen(DType::BF16, 4), 151_936, 4096, &[1, 3, 8, 17, 64, 256], 11);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_plain_bf16_qwen_shape() {
     let p = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
     pathwise_batches(&p, 151_936, 4096, &[1, 64, 256], 12);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_f16_gpt2_vocab() {
     // An odd vocabulary (GPT-2's 50257) in f16, Gemma-style softcap and scalar temperature.
     let p = PipelineBuilder::new("Gemma", DType::F16, DType::F16)
@@ -152,11 +136,13 @@ fn pathwise_f16_gpt2_vocab() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_f16_qwen_shape_all_transforms() {
     pathwise_batches(&qwen(DType::F16, 1), 151_936, 4096, &[8, 256], 14);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_odd_shapes() {
     // Vocabularies that are no multiple of any tile, a million-token one, a 1-token one,
     // and small hidden sizes.
@@ -178,8 +164,9 @@ fn pathwise_odd_shapes() {
 /// rounding of the two accumulation orders may differ, only a near-tie (per the reference
 /// bound) may change the token.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_tokens_match_cpu_tokens() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let pipelines = [
         qwen(DType::BF16, 3),
         PipelineBuilder::new("Plain", DType::BF16, DType::BF16).gumbel("seed", 2).outputs(SCORE).build().unwrap(),
@@ -218,8 +205,9 @@ fn gpu_tokens_match_cpu_tokens() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn chi_square_for_every_transform() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     for pipeline in &chi_square_pipelines() {
         let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
         let mut case = Case::identical_rows(pipeline, 2000, 64, 12, 1.5);
@@ -237,8 +225,9 @@ const POISON_INDEX: u32 = 0xDEAD_BEEF;
 /// NaN-poisoned buffer, then check each slot and that reducing the slots on the host gives
 /// what the full GPU launch returns.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn stage_one_writes_every_candidate_slot() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     for (p, batch, dim, vocab) in [
         (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize),
@@ -290,8 +279,9 @@ fn stage_one_writes_every_candidate_slot() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn fully_masked_row_is_an_error_naming_the_row() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
     let mut case = Case::random(&p, 4, 64, 1000, 5, 2.0);
     let words = 1000usize.div_ceil(32);
@@ -303,8 +293,9 @@ fn fully_masked_row_is_an_error_naming_the_row() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn all_but_one_token_masked() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("M", DType::BF16, DType::BF16).mask("m").build().unwrap();
     let vocab = 151_936usize;
     let mut case = Case::random(&p, 3, 64, vocab, 5, 2.0);
@@ -318,8 +309,9 @@ fn all_but_one_token_masked() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn nan_hidden_state_is_an_error_naming_the_row() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("P", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
     let mut case = Case::random(&p, 3, 64, 1000, 5, 2.0);
     let mut h = case.hidden.exact.clone();
@@ -332,8 +324,9 @@ fn nan_hidden_state_is_an_error_naming_the_row() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn infinite_weight_is_an_error() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("P", DType::F16, DType::F16).build().unwrap();
     let mut case = Case::random(&p, 2, 64, 500, 5, 2.0);
     let mut w = case.weights.exact.clone();
@@ -346,8 +339,9 @@ fn infinite_weight_is_an_error() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mixed_dtypes_are_sampled_or_rejected_clearly() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     // Tensor cores need one 16-bit dtype for both operands; f32 × bf16 either runs (a SIMT
     // path) and is correct, or fails with a PTX codegen error that says why.
     let p = PipelineBuilder::new("Mixed", DType::F32, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap();
@@ -365,8 +359,9 @@ fn mixed_dtypes_are_sampled_or_rejected_clearly() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn device_tensors_match_host_tensors_and_stay_on_their_device() {
-    let (device, dev) = gpu_or_skip!();
+    let (device, dev) = gpu();
     let p = qwen(DType::BF16, 2);
     let case = Case::random(&p, 9, 128, 30_000, 21, 3.0);
     let sampler = Sampler::new(p.clone(), &device).unwrap();
@@ -396,8 +391,9 @@ fn bytemuck_bytes(xs: &[bf16]) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn device_reports_itself() {
-    let (device, dev) = gpu_or_skip!();
+    let (device, dev) = gpu();
     let (major, _) = dev.compute_capability();
     assert!(major >= 8, "opened a GPU below sm_80: {}", device.describe());
     assert!(dev.sm_count() > 0);
@@ -415,8 +411,9 @@ fn device_reports_itself() {
 /// `FLASHSAMPLE_EXPECT_DISK_CACHE=1` (a second run of this test in a fresh process), the
 /// kernel must come from that file rather than from the compiler.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn ptx_disk_cache() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("DiskCache", DType::BF16, DType::BF16).gumbel("seed", 1).outputs(SCORE).build().unwrap();
     let sampler = Sampler::new(p.clone(), &device).unwrap();
     let case = Case::random(&p, 2, 64, 1000, 3, 2.0);
@@ -476,6 +473,7 @@ fn check_with_params(case: &Case, pipeline: &Pipeline, params: &SamplingParams<'
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_serving_qwen3_lm_head() {
     // Filter + penalties + mask + top logprobs at the Qwen3-8B LM-head shape; Case::check
     // also checks the top-5 logprobs against the reference.
@@ -483,6 +481,7 @@ fn pathwise_serving_qwen3_lm_head() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn pathwise_serving_odd_shapes() {
     for &(vocab, dim) in &[(7usize, 64usize), (1003, 256), (50_257, 512), (131_071, 128)] {
         pathwise_batches_std(&serving(), vocab, dim, &[1, 5, 33], 77 ^ vocab as u64, FILTER_LOGIT_STD);
@@ -490,8 +489,9 @@ fn pathwise_serving_odd_shapes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn row_seeds_and_vocab_offset_pathwise_and_equal_to_cpu() {
-    let (device, dev) = gpu_or_skip!();
+    let (device, dev) = gpu();
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let p = serving();
     let gpu = Sampler::new(p.clone(), &device).unwrap();
@@ -565,8 +565,9 @@ fn hot_tile_case(p: &Pipeline, batch: usize, dim: usize, vocab: usize, hot: usiz
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn short_lists_overflow_and_rerun_exactly() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
         .temperature_per_row("t")
         .filter("f", 32)
@@ -590,8 +591,9 @@ fn short_lists_overflow_and_rerun_exactly() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn large_nuclei_fall_back_or_fail_naming_the_row() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = serving();
     let sampler = Sampler::new(p.clone(), &device).unwrap();
     // Flat over 5000 tokens: the 0.9-nucleus is past the 1024-entry fallback.
@@ -606,8 +608,9 @@ fn large_nuclei_fall_back_or_fail_naming_the_row() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn filtered_gpu_tokens_match_cpu_tokens() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let p = serving();
     let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
     let gpu = Sampler::new(p.clone(), &device).unwrap();
@@ -628,8 +631,9 @@ fn filtered_gpu_tokens_match_cpu_tokens() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn chi_square_for_every_filter_and_the_penalties() {
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     for (pipeline, filter) in &chi_square_filter_cases() {
         let sampler = Sampler::new(pipeline.clone(), &device).unwrap();
         let pv = chi_square_filtered(&sampler, *filter, 64).unwrap();
@@ -638,12 +642,13 @@ fn chi_square_for_every_filter_and_the_penalties() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn bounded_filter_skips_the_logsumexp_without_changing_a_token() {
     // Rows bounded by top-k (or min-p) need no row logsumexp: the lean pipeline's launch runs
     // stage one without it (lse = 0 to every stage); a logprob output forces the variant with
     // it. Tokens, scores and logits must not notice. A lone top-p row puts the lean pipeline
     // back on the logsumexp variant, also unchanged.
-    let (device, _dev) = gpu_or_skip!();
+    let (device, _dev) = gpu();
     let build = |outputs| {
         PipelineBuilder::new("BoundedGpu", DType::BF16, DType::BF16)
             .temperature_per_row("t")
@@ -676,10 +681,10 @@ fn bounded_filter_skips_the_logsumexp_without_changing_a_token() {
 /// Sizes `c`'s lists for `p`, then drops stages (down to `min_stages`) until it fits the
 /// device, since lists take shared memory on top of the ring. Returns the case's name, or
 /// `None` after printing why a config that still does not fit is not run.
-fn fit_to_device(c: &mut flashsample::GpuConfig, p: &Pipeline, dev: &CudaDevice, min_stages: u32, shape: String) -> Option<String> {
+fn fit_to_device(c: &mut GpuConfig, p: &Pipeline, dev: &CudaDevice, min_stages: u32, shape: String) -> Option<String> {
     c.fit_lists(p);
-    while c.stages > min_stages && c.validate(p, dev.limits()).is_err() {
-        c.stages -= 1;
+    while c.stages() > min_stages && c.validate(p, dev.limits()).is_err() {
+        c.schedule = c.schedule.with_stages(c.stages() - 1);
     }
     let what = format!("{} {shape} {c:?}", p.name);
     match c.validate(p, dev.limits()) {
@@ -689,16 +694,6 @@ fn fit_to_device(c: &mut flashsample::GpuConfig, p: &Pipeline, dev: &CudaDevice,
             None
         }
     }
-}
-
-/// Whether `dev` runs sm_90a code (compute capability 9.0); else prints why `what` is skipped.
-fn hopper_or_skip(dev: &CudaDevice, what: &str) -> bool {
-    let cc = dev.limits().compute_capability;
-    if cc != (9, 0) {
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {what} needs compute capability 9.0, this GPU is {cc:?}");
-    }
-    cc == (9, 0)
 }
 
 /// `got`, the samples of `config`, must match the reference pathwise, and a stage one of
@@ -719,8 +714,8 @@ fn variant_equals_baseline(
     sampler: &Sampler,
     case: &Case,
     p: &Pipeline,
-    baseline: &flashsample::GpuConfig,
-    variant: &flashsample::GpuConfig,
+    baseline: &GpuConfig,
+    variant: &GpuConfig,
     what: &str,
     baseline_name: &str,
 ) {
@@ -736,23 +731,11 @@ fn variant_equals_baseline(
 /// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
 /// order, same noise), pathwise against the reference, and every candidate slot written.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
-    let (device, dev) = gpu_or_skip!();
+    let (device, dev) = gpu();
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages| flashsample::GpuConfig {
-        vocab_tile,
-        batch_tile,
-        k_step: 64,
-        warps,
-        stages,
-        persistent: true,
-        list_per_tile: 0,
-        wgmma: false,
-        tma: false,
-        wgmma_drain: false,
-        stagger_us: 0,
-        pingpong: false,
-    };
+    let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::MmaSync { stages, k_step: 64, grid: Grid::Persistent });
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
@@ -764,28 +747,29 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
         for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)] {
             // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
             let Some(what) = fit_to_device(&mut c, &p, &dev, 2, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let one_per_item = flashsample::GpuConfig { persistent: false, ..c.clone() };
+            let one_per_item = c.one_cta_per_item();
             variant_equals_baseline(&sampler, &case, &p, &one_per_item, &c, &what, "one CTA per item");
         }
     }
 }
 
-/// A wgmma tile config (k_step 64, no lists until `fit_to_device`), on the TMA ring or not.
-fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persistent: bool, tma: bool) -> flashsample::GpuConfig {
-    flashsample::GpuConfig {
-        vocab_tile,
-        batch_tile,
-        k_step: 64,
-        warps,
-        stages,
-        persistent,
-        list_per_tile: 0,
-        wgmma: true,
-        tma,
-        wgmma_drain: false,
-        stagger_us: 0,
-        pingpong: false,
+/// The grid of a persistent or one-CTA-per-item tile.
+fn grid(persistent: bool) -> Grid {
+    if persistent {
+        Grid::Persistent
+    } else {
+        Grid::PerItem
     }
+}
+
+/// A wgmma tile config (no lists until `fit_to_device`), on the TMA ring or not.
+fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persistent: bool, tma: bool) -> GpuConfig {
+    let schedule = if tma {
+        Schedule::WgmmaTma { stages, grid: grid(persistent).into() }
+    } else {
+        Schedule::Wgmma { stages, drain: false, grid: grid(persistent) }
+    };
+    GpuConfig::new(vocab_tile, batch_tile, warps, schedule)
 }
 
 /// The wgmma main loop (sm_90a: warpgroup MMA straight from the swizzled ring) must give
@@ -794,8 +778,9 @@ fn wgmma_tile(vocab_tile: u32, batch_tile: u32, warps: u32, stages: u32, persist
 /// filled and unaligned slices), persistent or not, with lists; every candidate slot is
 /// written. It runs on compute capability 9.0 only and says so elsewhere.
 #[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
 fn wgmma_mainloop_pathwise() {
-    let (device, dev) = hopper_gpu_or_skip!("wgmma");
+    let (device, dev) = hopper_gpu("wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false);
     for (p, batch, dim, vocab, std) in [
@@ -837,13 +822,12 @@ fn wgmma_mainloop_pathwise() {
 /// written. Two CTAs per SM (128 × 64, the B = 64 tuning), one (256 × 64), persistent CTAs,
 /// fewer k slices than stages (D = 128) and unaligned D.
 #[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
 fn drained_staggered_wgmma_equals_plain_ring() {
-    let (device, dev) = hopper_gpu_or_skip!("wgmma");
+    let (device, dev) = hopper_gpu("wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages, persistent, stagger_us| flashsample::GpuConfig {
-        wgmma_drain: true,
-        stagger_us,
-        ..wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false)
+    let tile = |vocab_tile, batch_tile, warps, stages, persistent, stagger_us| {
+        GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::Wgmma { stages, drain: true, grid: grid(persistent) }).with_stagger(stagger_us)
     };
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
@@ -859,7 +843,7 @@ fn drained_staggered_wgmma_equals_plain_ring() {
         };
         for mut c in tiles {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let plain = flashsample::GpuConfig { wgmma_drain: false, stagger_us: 0, ..c.clone() };
+            let plain = c.clone().with_stagger(0).with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
             variant_equals_baseline(&sampler, &case, &p, &plain, &c, &what, "plain ring");
         }
     }
@@ -873,8 +857,9 @@ fn drained_staggered_wgmma_equals_plain_ring() {
 /// carry the mbarrier phases across several items, and every candidate slot written.
 /// Shapes the maps cannot describe (V % 32 != 0, D % 8 != 0) run the cp.async ring.
 #[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
 fn tma_ring_equals_cp_async_ring() {
-    let (device, dev) = hopper_gpu_or_skip!("TMA + wgmma");
+    let (device, dev) = hopper_gpu("TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, true);
     for (p, batch, dim, vocab, std) in [
@@ -900,7 +885,7 @@ fn tma_ring_equals_cp_async_ring() {
         };
         for mut c in tiles {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let ring = flashsample::GpuConfig { tma: false, ..c.clone() };
+            let ring = c.clone().with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
             variant_equals_baseline(&sampler, &case, &p, &ring, &c, &what, "cp.async ring");
         }
     }
@@ -915,10 +900,11 @@ fn tma_ring_equals_cp_async_ring() {
 /// four batch tiles), CTAs with an odd number of items (one set does one more), and shapes the
 /// maps cannot describe (D = 203, V = 1003), which run the persistent cp.async ring instead.
 #[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
 fn pingpong_equals_tma_ring() {
-    let (device, dev) = hopper_gpu_or_skip!("ping-pong TMA + wgmma");
+    let (device, dev) = hopper_gpu("ping-pong TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages| flashsample::GpuConfig { pingpong: true, ..wgmma_tile(vocab_tile, batch_tile, warps, stages, true, true) };
+    let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
     for (p, batch, dim, vocab, std) in [
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
@@ -936,7 +922,7 @@ fn pingpong_equals_tma_ring() {
         };
         for mut c in tiles {
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let ring = flashsample::GpuConfig { pingpong: false, ..c.clone() };
+            let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
             variant_equals_baseline(&sampler, &case, &p, &ring, &c, &what, "TMA ring");
         }
     }

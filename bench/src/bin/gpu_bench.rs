@@ -11,7 +11,7 @@
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
-use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, Grid, KernelConfig, RowFilter, Sampler, SamplingParams, Schedule, TemperatureArg, Tensor};
 use flashsample_bench::print_table;
 use flashsample_ir::DType;
 use rayon::prelude::*;
@@ -159,9 +159,14 @@ fn sweep_configs(pipeline: &flashsample::ir::Pipeline, batch: usize, limits: &fl
         for quads in [1u32, 2] {
             for &batch_tile in &bts {
                 for stages in [3u32, 4] {
-                    for persistent in [false, true] {
-                        for (wgmma, tma) in [(false, false), (true, false), (true, true)] {
-                            let mut c = GpuConfig { vocab_tile: 32 * warps * quads, batch_tile, k_step: 64, warps, stages, persistent, list_per_tile: 0, wgmma, tma, wgmma_drain: false, stagger_us: 0, pingpong: false };
+                    for grid in [Grid::PerItem, Grid::Persistent] {
+                        let schedules = [
+                            Schedule::MmaSync { stages, k_step: 64, grid },
+                            Schedule::Wgmma { stages, drain: false, grid },
+                            Schedule::WgmmaTma { stages, grid: grid.into() },
+                        ];
+                        for schedule in schedules {
+                            let mut c = GpuConfig::new(32 * warps * quads, batch_tile, warps, schedule);
                             c.fit_lists(pipeline);
                             // validate drops wgmma off compute capability 9.0.
                             if c.validate(pipeline, limits).is_ok() {

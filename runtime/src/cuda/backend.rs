@@ -20,7 +20,7 @@
 use super::cache;
 use super::device::drv;
 use super::plan::{from_bytes, Args, Boundary, SamplingPlan};
-use super::{ptx, CudaDevice, DeviceTensor};
+use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
 use crate::tensor::Storage;
 use crate::tuning::{self, DeviceIdentity, ShapeKey};
@@ -164,8 +164,16 @@ impl CudaSampler {
                 let limits = self.device.limits();
                 let valid = |c: &GpuConfig| c.validate(&self.pipeline, limits).is_ok();
                 // A persistent tile keeps its epilogue scratch (and lists) beside the ring; where
-                // that does not fit, the same tile with one CTA per item aliases them.
-                let fitted = fitted.and_then(|c| if valid(&c) { Some(c) } else { Some(GpuConfig { persistent: false, ..c }).filter(valid) });
+                // that does not fit, the same tile with one CTA per item aliases them. A ping-pong
+                // tile is not retried: its consumer sets need the persistent grid.
+                let fitted = fitted.and_then(|c| match c.validate(&self.pipeline, limits) {
+                    Ok(()) => Some(c),
+                    Err(_) if !c.is_pingpong() && valid(&c.one_cta_per_item()) => Some(c.one_cta_per_item()),
+                    Err(e) => {
+                        tuning::warn_once(&[format!("tuning entry {c:?} does not fit this pipeline and GPU ({e}); using the heuristic")]);
+                        None
+                    }
+                });
                 fitted.unwrap_or_else(|| self.heuristic(shape))
             })
             .clone()
@@ -240,9 +248,6 @@ impl CudaSampler {
     fn upload(&self, bufs: &mut HostBufs, hidden: &Tensor<'_>, weights: &[Tensor<'_>], params: &SamplingParams<'_>, shape: Shape, lse: bool) -> Result<Uploaded> {
         let p = &*self.pipeline;
         let dev = &*self.device;
-        if params.row_steps.is_some_and(|s| s.iter().any(|&x| x != 0)) && !ptx::KERNELS_TAKE_ROW_STEPS {
-            return Err(Error::Unsupported("per-row decode steps on the GPU: these PTX kernels have no row_steps parameter".into()));
-        }
         let mut operands = Vec::new();
         let hidden_ptr = self.operand(hidden, &mut operands)?;
         let weight_ptrs = weights.iter().map(|w| self.operand(w, &mut operands)).collect::<Result<Vec<_>>>()?;
@@ -268,8 +273,8 @@ impl CudaSampler {
             None => 0,
         };
         let row_steps = match params.row_steps {
-            Some(s) if ptx::KERNELS_TAKE_ROW_STEPS => up(&mut bufs.row_steps, bytes_of(s))?,
-            _ => 0,
+            Some(s) => up(&mut bufs.row_steps, bytes_of(s))?,
+            None => 0,
         };
         let filters = match params.filter {
             Some(f) => up(&mut bufs.filters, bytes_of(f))?,

@@ -24,9 +24,19 @@ use crate::launch::{check_shape, Shape};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo};
-use flashsample_codegen_ptx::GpuConfig;
+use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
+
+/// Pushes a kernel's arguments in their parameter table's order.
+fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [KernelArg]) {
+    for a in args {
+        match a {
+            KernelArg::U64(v) => b.arg(v),
+            KernelArg::U32(v) => b.arg(v),
+        };
+    }
+}
 
 /// The kernels a plan runs for batches up to `up_to`.
 struct PlanKernel {
@@ -266,9 +276,6 @@ impl SamplingPlan {
         let filters = expect_in("filter", p.filter_max_k().is_some(), i.filters.as_ref().map(|t| (t.address(), t.len())), b)?;
         let row_seeds = optional_in("row seeds", i.row_seeds.as_ref().map(|t| (t.address(), t.len())), b)?;
         let row_steps = optional_in("row steps", i.row_steps.as_ref().map(|t| (t.address(), t.len())), b)?;
-        if row_steps != 0 && !ptx::KERNELS_TAKE_ROW_STEPS {
-            return Err(Error::Unsupported("per-row decode steps on the GPU: these PTX kernels have no row_steps parameter".into()));
-        }
         if u64::from(i.vocab_offset) + shape.vocab as u64 > 1 << 32 || !i.vocab_offset.is_multiple_of(4) {
             return Err(ParamError::VocabOffset { offset: i.vocab_offset, vocab: shape.vocab }.into());
         }
@@ -359,7 +366,7 @@ impl SamplingPlan {
         let g = self.geometry(k, a.shape.batch);
         let sc = &self.scratch;
         at(Boundary::Start)?;
-        let tmaps = if k.config.tma {
+        let tmaps = if k.config.uses_tma() {
             let maps = tma::encode_operands(a.weights, a.hidden, self.vocab, self.dim, a.shape.batch, k.config.batch_tile)?;
             let mut words = [0u64; STORE_WORDS];
             for (w, chunk) in words.iter_mut().zip(maps.chunks_exact(8)) {
@@ -379,34 +386,36 @@ impl SamplingPlan {
 
         // Stage one (DESIGN.md's parameter table).
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
-        let mut b = stream.launch_builder(&k.kernel.stage1);
-        b.arg(&a.hidden)
-            .arg(&a.weights)
-            .arg(&temperatures)
-            .arg(&a.bias)
-            .arg(&a.allowed)
-            .arg(&candidates)
-            .arg(&lse_partials)
-            .arg(&a.seed)
-            .arg(&batch)
-            .arg(&dim)
-            .arg(&vocab)
-            .arg(&a.vocab_offset)
-            .arg(&a.row_seeds)
-            .arg(&a.penalties[0])
-            .arg(&a.penalties[1])
-            .arg(&a.penalties[2])
-            .arg(&a.penalties[3])
-            .arg(&a.penalties[4])
-            .arg(&lists)
-            .arg(&tmaps);
-        if ptx::KERNELS_TAKE_ROW_STEPS {
-            // The stage-one `row_steps` parameter (`*const u32 [B]` or 0), last in the table.
-            b.arg(&a.row_steps);
+        let args = Stage1Args {
+            hidden: a.hidden,
+            weights: a.weights,
+            temperatures,
+            bias: a.bias,
+            allowed: a.allowed,
+            candidates,
+            lse: lse_partials,
+            seed: a.seed,
+            batch,
+            dim,
+            vocab,
+            vocab_offset: a.vocab_offset,
+            row_seeds: a.row_seeds,
+            pen_bits: a.penalties[0],
+            pen_offsets: a.penalties[1],
+            pen_tokens: a.penalties[2],
+            pen_subtract: a.penalties[3],
+            pen_repetition: a.penalties[4],
+            lists,
+            tmaps,
+            row_steps: a.row_steps,
         }
-        // SAFETY: the arguments match the stage-one signature; every buffer is sized for the
-        // plan's max batch and the largest tiles of its configs (build), and the caller's were
-        // checked against this launch's shape (resolve).
+        .args();
+        let mut b = stream.launch_builder(&k.kernel.stage1);
+        push_args(&mut b, &args);
+        // SAFETY: the arguments are codegen's stage-one parameter table in its order
+        // (`Stage1Args`); every buffer is sized for the plan's max batch and the largest tiles
+        // of its configs (build), and the caller's were checked against this launch's shape
+        // (resolve).
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
         at(Boundary::AfterStageOne)?;
 
@@ -420,18 +429,22 @@ impl SamplingPlan {
         };
         let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
+        let args = Stage2Args {
+            candidates,
+            lse: lse_partials,
+            batch,
+            samples,
+            tiles,
+            out_tokens: a.tokens,
+            out_scores: scores,
+            out_logits: logits,
+            out_lse: row_lse,
+            out_status: a.status,
+        }
+        .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);
-        b.arg(&candidates)
-            .arg(&lse_partials)
-            .arg(&batch)
-            .arg(&samples)
-            .arg(&tiles)
-            .arg(&a.tokens)
-            .arg(&scores)
-            .arg(&logits)
-            .arg(&row_lse)
-            .arg(&a.status);
-        // SAFETY: as for stage one, with the stage-two signature.
+        push_args(&mut b, &args);
+        // SAFETY: as for stage one, with the stage-two table (`Stage2Args`).
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
         at(Boundary::AfterStageTwo)?;
 
@@ -447,30 +460,31 @@ impl SamplingPlan {
             };
             let (per_tile, top_n) = (k.config.list_per_tile, self.pipeline.outputs.top_logprobs);
             let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
-            let mut b = stream.launch_builder(filter);
-            b.arg(&lists)
-                .arg(&tiles)
-                .arg(&per_tile)
-                .arg(&self.need)
-                .arg(&batch)
-                .arg(&samples)
-                .arg(&a.filters)
-                .arg(&row_lse)
-                .arg(&greedy)
-                .arg(&a.seed)
-                .arg(&a.row_seeds)
-                .arg(&a.vocab_offset)
-                .arg(&top_n)
-                .arg(&a.tokens)
-                .arg(&scores)
-                .arg(&logits)
-                .arg(&a.top)
-                .arg(&a.status);
-            if ptx::KERNELS_TAKE_ROW_STEPS {
-                // The stage-three `row_steps` parameter, last in its signature.
-                b.arg(&a.row_steps);
+            let args = FilterArgs {
+                lists,
+                tiles,
+                per_tile,
+                need: self.need,
+                batch,
+                samples,
+                filters: a.filters,
+                lse: row_lse,
+                greedy,
+                seed: a.seed,
+                row_seeds: a.row_seeds,
+                vocab_offset: a.vocab_offset,
+                top_n,
+                out_tokens: a.tokens,
+                out_scores: scores,
+                out_logits: logits,
+                out_top: a.top,
+                out_status: a.status,
+                row_steps: a.row_steps,
             }
-            // SAFETY: as for stage one, with the stage-three signature.
+            .args();
+            let mut b = stream.launch_builder(filter);
+            push_args(&mut b, &args);
+            // SAFETY: as for stage one, with the stage-three table (`FilterArgs`).
             unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
         } else if self.pipeline.list_capacity() > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));

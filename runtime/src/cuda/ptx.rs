@@ -69,11 +69,6 @@ pub(crate) fn compiler_version() -> &'static str {
     flashsample_codegen_ptx::COMPILER_VERSION
 }
 
-/// Whether stage one and stage three take the `row_steps` parameter (`*const u32 [B]` or 0,
-/// last in each signature; DESIGN.md "GPU"). Until they do, a GPU launch with a nonzero step is
-/// refused rather than sampled with step-0 noise.
-pub(crate) const KERNELS_TAKE_ROW_STEPS: bool = false;
-
 pub(crate) const STAGE1: &str = "flashsample_stage1";
 pub(crate) const STAGE2: &str = "flashsample_stage2";
 pub(crate) const FILTER: &str = "flashsample_filter";

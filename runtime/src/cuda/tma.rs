@@ -1,4 +1,4 @@
-//! Tensor maps for the TMA stage one (`GpuConfig::tma`): the driver-encoded descriptors that
+//! Tensor maps for the TMA stage one (`Schedule::WgmmaTma`): the driver-encoded descriptors that
 //! `cp.async.bulk.tensor` reads, one W map and one H map per weight buffer, uploaded next to
 //! each other (`%tmaps`: W at +0, H at +128).
 use super::device::drv;

@@ -1,0 +1,100 @@
+//! The documented fallback config when no tuned one exists ([`GpuConfig::heuristic`]).
+//! Measurements behind each row are in BENCHMARKS.md; this module keeps only the policy.
+
+use crate::config::{uses_tensor_cores, GpuConfig, GpuLimits, Grid, GridKind, Schedule};
+use flashsample_ir::Pipeline;
+
+/// The heuristic's stagger for its two-CTA-per-SM tiles (the best of 0–80 µs measured at
+/// both LM-head shapes, BENCHMARKS.md).
+pub const HEURISTIC_STAGGER_US: u32 = 30;
+
+impl GpuConfig {
+    /// The fallback when no tuned config exists. First match wins:
+    ///
+    /// | when | tile (vocab × batch, warps) | schedule | why |
+    /// |---|---|---|---|
+    /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
+    /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
+    /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
+    /// | B ≤ 16 | 128 × 16, 4 | mma.sync, 4 stages | |
+    /// | B ≤ 32 | 128 × 32, 4 | mma.sync, 4 stages, stagger | two CTAs per SM, out of phase |
+    /// | B ≤ 64, cc 9.0, two fit per SM | 128 × 64, 4 | wgmma drained, 4 stages, stagger | as above; drained: one more slice in flight |
+    /// | B ≥ 192, cc 9.0 | 256 × 128, 8 | wgmma, 4 stages | fewer W re-reads |
+    /// | otherwise | 256 × 64, 8 | wgmma (cc 9.0, 5 stages) or mma.sync (4) | |
+    ///
+    /// Lists ([`GpuConfig::fit_lists`]) take shared memory: stages are reduced until the tile
+    /// fits `limits` (wgmma down to 3, then mma.sync down to 2); a ping-pong tile that does not
+    /// fit with 3 stages falls through to the rows below (from B = 192 first to 128 × 64). The
+    /// stagger is [`HEURISTIC_STAGGER_US`], only on 128-row tiles of batch ≥ 32 of which two fit.
+    pub fn heuristic(
+        pipeline: &Pipeline,
+        batch: usize,
+        dim: usize,
+        vocab: usize,
+        limits: &GpuLimits,
+    ) -> GpuConfig {
+        if !uses_tensor_cores(pipeline) {
+            let mut c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+            c.fit_lists(pipeline);
+            return c;
+        }
+        let wgmma = batch > 32 && limits.compute_capability == (9, 0);
+        let fits = |c: &GpuConfig| c.smem_bytes() <= limits.max_shared_per_block_optin;
+        let tile = |vocab_tile: u32, batch_tile: u32, warps: u32| {
+            let grid = Grid::PerItem;
+            let schedule = if wgmma {
+                let stages = if vocab_tile == 256 && batch_tile == 64 { 5 } else { 4 };
+                Schedule::Wgmma { stages, drain: vocab_tile == 128, grid }
+            } else {
+                Schedule::MmaSync { stages: 4, k_step: 64, grid }
+            };
+            let mut c = GpuConfig::new(vocab_tile, batch_tile, warps, schedule);
+            c.fit_lists(pipeline);
+            while c.stages() > 3 && !fits(&c) {
+                c.schedule = c.schedule.with_stages(c.stages() - 1);
+            }
+            // wgmma needs 3 stages; below that, mma.sync with 2.
+            if !fits(&c) {
+                c.schedule = Schedule::MmaSync { stages: c.stages(), k_step: 64, grid };
+                while c.stages() > 2 && !fits(&c) {
+                    c.schedule = c.schedule.with_stages(c.stages() - 1);
+                }
+            }
+            if vocab_tile == 128 && batch_tile >= 32 && c.two_per_sm(limits) {
+                c.stagger_us = HEURISTIC_STAGGER_US;
+            }
+            c
+        };
+        // The ping-pong schedule on the TMA ring, where the maps describe the shape and the
+        // tile fits (lists may not leave room); None sends the batch to the tiles below.
+        let pingpong = |batch_tile: u32, stages: u32| {
+            if !wgmma || !GpuConfig::tma_fits(dim, vocab) {
+                return None;
+            }
+            let mut c = GpuConfig::new(128, batch_tile, 4, Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
+            c.fit_lists(pipeline);
+            while c.stages() > 3 && c.validate(pipeline, limits).is_err() {
+                c.schedule = c.schedule.with_stages(c.stages() - 1);
+            }
+            c.validate(pipeline, limits).is_ok().then_some(c)
+        };
+        if let Some(c) = match batch {
+            33..=191 => pingpong(64, 8),
+            // A pipeline's lists leave no room for three 128-column slots next to two
+            // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
+            192.. => pingpong(128, 6).or_else(|| pingpong(64, 8)),
+            _ => None,
+        } {
+            return c;
+        }
+        match batch {
+            0..=8 => tile(256, 8, 8),
+            9..=16 => tile(128, 16, 4),
+            17..=32 => tile(128, 32, 4),
+            // The pair of 128 × 64 CTAs only pays where two fit (lists may not leave room).
+            33..=64 if wgmma => Some(tile(128, 64, 4)).filter(|c| c.two_per_sm(limits)).unwrap_or_else(|| tile(256, 64, 8)),
+            192.. if wgmma => tile(256, 128, 8),
+            _ => tile(256, 64, 8),
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The kernels' parameter lists, defined once: each table generates its kernel's LLVM
+//! signature here and, as a typed argument struct ([`Stage1Args`], [`Stage2Args`],
+//! [`FilterArgs`]), the order in which the runtime pushes the launch arguments. Adding a
+//! parameter is one line of a table; the header, the struct and the push order follow.
+//!
+//! Pointers are device addresses (`u64`, 0 = absent where a parameter is optional); DESIGN.md
+//! ("GPU") gives each parameter's shape.
+
+/// How a kernel parameter is passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A global pointer the kernel only reads (`ptr addrspace(1) noalias readonly`).
+    ConstPtr,
+    /// A global pointer the kernel writes (`ptr addrspace(1) noalias`).
+    MutPtr,
+    /// A 64-bit integer (`i64`).
+    U64,
+    /// A 32-bit integer (`i32`).
+    U32,
+}
+
+impl ParamKind {
+    fn llvm(self) -> &'static str {
+        match self {
+            ParamKind::ConstPtr => "ptr addrspace(1) noalias readonly",
+            ParamKind::MutPtr => "ptr addrspace(1) noalias",
+            ParamKind::U64 => "i64",
+            ParamKind::U32 => "i32",
+        }
+    }
+}
+
+/// One parameter: its name (the IR value `%name`) and kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Param {
+    /// The name (`%name` in the kernel's IR, the field of the argument struct).
+    pub name: &'static str,
+    /// How it is passed.
+    pub kind: ParamKind,
+}
+
+/// A kernel's parameters in launch order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelParams {
+    /// The kernel's entry name.
+    pub kernel: &'static str,
+    /// The parameters in order.
+    pub params: &'static [Param],
+}
+
+impl KernelParams {
+    /// `define ptx_kernel void @kernel(<params>) <attrs>`.
+    pub(crate) fn llvm_header(&self, name: &str, attrs: &str) -> String {
+        debug_assert_eq!(name, self.kernel);
+        let params: Vec<String> = self.params.iter().map(|p| format!("{} %{}", p.kind.llvm(), p.name)).collect();
+        format!("define ptx_kernel void @{name}({}) {attrs}", params.join(", "))
+    }
+
+    /// The position of parameter `name`, if the kernel has it.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.params.iter().position(|p| p.name == name)
+    }
+}
+
+/// One launch argument, as the runtime pushes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelArg {
+    /// A pointer or `u64` parameter.
+    U64(u64),
+    /// A `u32` parameter.
+    U32(u32),
+}
+
+macro_rules! param_ty {
+    (ConstPtr) => { u64 };
+    (MutPtr) => { u64 };
+    (U64) => { u64 };
+    (U32) => { u32 };
+}
+
+macro_rules! param_arg {
+    (U32, $v:expr) => {
+        KernelArg::U32($v)
+    };
+    ($kind:ident, $v:expr) => {
+        KernelArg::U64($v)
+    };
+}
+
+/// A kernel's parameter table and its typed argument struct, from one list.
+macro_rules! kernel_params {
+    (
+        $(#[$meta:meta])*
+        $table:ident, $args:ident, $kernel:literal {
+            $( $(#[$fmeta:meta])* $field:ident: $kind:ident, )*
+        }
+    ) => {
+        #[doc = concat!("The parameters of `", $kernel, "`, in launch order.")]
+        pub const $table: KernelParams = KernelParams {
+            kernel: $kernel,
+            params: &[$(Param { name: stringify!($field), kind: ParamKind::$kind }),*],
+        };
+
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $args {
+            $( $(#[$fmeta])* pub $field: param_ty!($kind), )*
+        }
+
+        impl $args {
+            #[doc = concat!("The arguments in `", stringify!($table), "` order, to push onto a launch.")]
+            pub fn args(&self) -> Vec<KernelArg> {
+                vec![$( param_arg!($kind, self.$field) ),*]
+            }
+        }
+    };
+}
+
+kernel_params! {
+    /// The arguments of one stage-one launch (`flashsample_stage1`).
+    STAGE1, Stage1Args, "flashsample_stage1" {
+        /// `[B, D]` of the pipeline's hidden dtype.
+        hidden: ConstPtr,
+        /// `[V, D]` of the pipeline's weights dtype.
+        weights: ConstPtr,
+        /// `f32 [B]`: effective per-row temperatures.
+        temperatures: ConstPtr,
+        /// `f32 [V]` or 0.
+        bias: ConstPtr,
+        /// `u32 [B, ceil(V/32)]` allowed-token bitset or 0.
+        allowed: ConstPtr,
+        /// `Candidate [B, S, tiles]`.
+        candidates: MutPtr,
+        /// `LsePartial [B, tiles]` or 0.
+        lse: MutPtr,
+        seed: U64,
+        batch: U32,
+        dim: U32,
+        vocab: U32,
+        /// Global index of the first token (a multiple of 4).
+        vocab_offset: U32,
+        /// `u64 [B]` per-row seeds or 0.
+        row_seeds: ConstPtr,
+        /// `u32 [B, ceil(V/32)]` penalized-token bitset or 0.
+        pen_bits: ConstPtr,
+        /// `u32 [B + 1]` CSR offsets or 0.
+        pen_offsets: ConstPtr,
+        /// `u32` sorted tokens per row or 0.
+        pen_tokens: ConstPtr,
+        /// `f32` per-entry subtraction or 0.
+        pen_subtract: ConstPtr,
+        /// `f32 [B]` repetition penalties or 0.
+        pen_repetition: ConstPtr,
+        /// `Scored [B, tiles, list_per_tile]` or 0.
+        lists: MutPtr,
+        /// `CUtensorMap [2]` (W map, H map; 64-byte aligned) for the TMA schedules, else 0.
+        tmaps: ConstPtr,
+        /// `u32 [B]` per-row decode steps (noise counter word 3 = step · 4 + stream,
+        /// `abi::rng::counter_word3`) or 0 (every step 0).
+        row_steps: ConstPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of one stage-two launch (`flashsample_stage2`).
+    STAGE2, Stage2Args, "flashsample_stage2" {
+        /// Stage one's candidates.
+        candidates: ConstPtr,
+        /// Stage one's logsumexp partials or 0.
+        lse: ConstPtr,
+        batch: U32,
+        samples: U32,
+        tiles: U32,
+        /// `u32 [B·S]`.
+        out_tokens: MutPtr,
+        /// `f32 [B·S]`.
+        out_scores: MutPtr,
+        /// `f32 [B·S]`.
+        out_logits: MutPtr,
+        /// `f32 [B]` or 0.
+        out_lse: MutPtr,
+        /// `u32 [B]` (`abi::RowStatus` codes).
+        out_status: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of one stage-three launch (`flashsample_filter`).
+    FILTER, FilterArgs, "flashsample_filter" {
+        /// Stage one's `Scored [B, tiles, per_tile]` lists.
+        lists: ConstPtr,
+        tiles: U32,
+        per_tile: U32,
+        /// Entries merged per row (the capacity, or `MAX_LIST_CAPACITY` in the fallback).
+        need: U32,
+        batch: U32,
+        samples: U32,
+        /// `RowFilter [B]` or 0.
+        filters: ConstPtr,
+        /// `f32 [B]` stage two's row logsumexp, or 0 (read as NaN).
+        lse: ConstPtr,
+        /// `u32 [B]`, 1 = the row is greedy, or 0.
+        greedy: ConstPtr,
+        seed: U64,
+        /// `u64 [B]` or 0.
+        row_seeds: ConstPtr,
+        vocab_offset: U32,
+        top_n: U32,
+        out_tokens: MutPtr,
+        out_scores: MutPtr,
+        out_logits: MutPtr,
+        /// `Scored [B, top_n]` (logit field = logprob) or 0.
+        out_top: MutPtr,
+        /// `u32 [B]` (`abi::RowStatus` codes).
+        out_status: MutPtr,
+        /// `u32 [B]` per-row decode steps, as stage one's, or 0.
+        row_steps: ConstPtr,
+    }
+}

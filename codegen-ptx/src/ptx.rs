@@ -1,0 +1,210 @@
+//! One function per PTX instruction family the kernels write as inline assembly (the rest
+//! are LLVM intrinsics in `ir`). Each takes typed operands (`ir::{I32, I64, F32,
+//! SharedAddr, Ptr}`), so an operand of the wrong width or address space does not compile.
+//! Every asm statement is `sideeffect` and clobbers memory (attribute group `#1`: convergent),
+//! so LLVM neither drops nor reorders it against loads and stores.
+
+use crate::ir::{Func, Global, Ptr, SharedAddr, Value, F32, I32, I64};
+
+/// An inline-asm statement whose f32 results are `tied` (read and written in place, PTX
+/// `+f`) after the plain `inputs` (constraint, value): how wgmma reads and writes its
+/// accumulators, and how a fence pins every accumulator in place.
+fn asm_floats(f: &mut Func, insn: &str, inputs: &[(&str, &str)], tied: &[F32]) -> Vec<F32> {
+    let n = tied.len();
+    let ty = format!("{{ {} }}", vec!["float"; n].join(", "));
+    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    cons.extend(inputs.iter().map(|(c, _)| c.to_string()));
+    cons.extend((0..n).map(|i| i.to_string()));
+    let ty_of = |c: &str| match c {
+        "l" => "i64",
+        "r" => "i32",
+        _ => "float",
+    };
+    let mut args: Vec<String> = inputs.iter().map(|(c, v)| format!("{} {v}", ty_of(c))).collect();
+    args.extend(tied.iter().map(|v| format!("float {v}")));
+    let r = f.v(format!(
+        "call {ty} asm sideeffect \"{insn}\", \"{},~{{memory}}\"({}) #1",
+        cons.join(","),
+        args.join(", ")
+    ));
+    (0..n).map(|i| f.typed(format!("extractvalue {ty} {r}, {i}"))).collect()
+}
+
+// ---- cp.async ----
+
+/// `cp.async.cg.shared.global`: 16 bytes from `src` to `dst`; `src_size` 0 zero-fills them.
+pub(crate) fn cp_async_16(f: &mut Func, dst: &SharedAddr, src: &Ptr<Global>, src_size: &I32) {
+    f.s(format!(
+        "call void asm sideeffect \"cp.async.cg.shared.global [$0], [$1], 16, $2;\", \
+         \"r,l,r,~{{memory}}\"(i32 {dst}, ptr addrspace(1) {src}, i32 {src_size}) #1"
+    ));
+}
+
+/// `cp.async.commit_group`: this thread's cp.asyncs since the last commit form one group.
+pub(crate) fn cp_async_commit(f: &mut Func) {
+    f.s("call void asm sideeffect \"cp.async.commit_group;\", \"~{memory}\"() #1");
+}
+
+/// `cp.async.wait_group`: until at most `pending` of this thread's groups are in flight.
+pub(crate) fn cp_async_wait(f: &mut Func, pending: u32) {
+    f.s(format!("call void asm sideeffect \"cp.async.wait_group {pending};\", \"~{{memory}}\"() #1"));
+}
+
+/// `fence.proxy.async.shared::cta`: this thread's generic-proxy writes (cp.async) become
+/// visible to async-proxy reads (wgmma).
+pub(crate) fn fence_proxy_async(f: &mut Func) {
+    f.s("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"() #1");
+}
+
+// ---- mbarrier ----
+
+/// `mbarrier.init`: the barrier at `bar` expects `count` arrivals per phase.
+pub(crate) fn mbarrier_init(f: &mut Func, bar: &SharedAddr, count: u32) {
+    f.s(format!(
+        "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count}) #1"
+    ));
+}
+
+/// `fence.mbarrier_init`: the initialised barriers are visible to the async proxy (TMA).
+pub(crate) fn fence_mbarrier_init(f: &mut Func) {
+    f.s("call void asm sideeffect \"fence.mbarrier_init.release.cluster;\", \"~{memory}\"() #1");
+}
+
+/// Blocks until the mbarrier at `bar` has completed the phase of `parity` (`try_wait` may
+/// time out and is retried; it acquires what the phase released).
+pub(crate) fn mbarrier_wait(f: &mut Func, bar: &SharedAddr, parity: &I32) {
+    let done = f.var("i32", "0");
+    f.while_loop(
+        |f| {
+            let d = f.get(&done);
+            f.v(format!("icmp eq i32 {d}, 0"))
+        },
+        |f| {
+            let r = f.v(format!(
+                "call i32 asm sideeffect \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \
+                 \"=r,r,r,~{{memory}}\"(i32 {bar}, i32 {parity}) #1"
+            ));
+            f.set(&done, &r);
+        },
+    );
+}
+
+/// One arrival on the mbarrier at `bar` (release: this thread's prior reads of what it
+/// guards are done).
+pub(crate) fn mbarrier_arrive(f: &mut Func, bar: &SharedAddr) {
+    f.s(format!(
+        "call void asm sideeffect \"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }}\", \"r,~{{memory}}\"(i32 {bar}) #1"
+    ));
+}
+
+/// One arrival on `bar` that also expects `bytes` of transactions (the TMA's writes) in
+/// this phase.
+pub(crate) fn mbarrier_arrive_expect_tx(f: &mut Func, bar: &SharedAddr, bytes: u32) {
+    f.s(format!(
+        "call void asm sideeffect \"{{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }}\", \
+         \"r,r,~{{memory}}\"(i32 {bar}, i32 {bytes}) #1"
+    ));
+}
+
+// ---- TMA ----
+
+/// `cp.async.bulk.tensor.5d`: the box of tensor map `map` (a generic address) at coordinates
+/// `(k0, 0, 0, block, 0)` into `dst`, completing `bar`'s transaction bytes.
+pub(crate) fn tma_load_5d(f: &mut Func, dst: &SharedAddr, map: &I64, k0: &I32, block: &I32, bar: &SharedAddr) {
+    f.s(format!(
+        "call void asm sideeffect \"cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+         [$0], [$1, {{$2, 0, 0, $3, 0}}], [$4];\", \"r,l,r,r,r,~{{memory}}\"\
+         (i32 {dst}, i64 {map}, i32 {k0}, i32 {block}, i32 {bar}) #1"
+    ));
+}
+
+/// `cp.async.bulk.tensor.2d`: the box of `map` at `(k0, row)` into `dst`, completing `bar`'s
+/// transaction bytes.
+pub(crate) fn tma_load_2d(f: &mut Func, dst: &SharedAddr, map: &I64, k0: &I32, row: &I32, bar: &SharedAddr) {
+    f.s(format!(
+        "call void asm sideeffect \"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes \
+         [$0], [$1, {{$2, $3}}], [$4];\", \"r,l,r,r,r,~{{memory}}\"\
+         (i32 {dst}, i64 {map}, i32 {k0}, i32 {row}, i32 {bar}) #1"
+    ));
+}
+
+// ---- mma.sync ----
+
+/// `ldmatrix.sync.aligned.m8n8.x{count}.shared.b16` (`count` 2 or 4): the lane's fragment
+/// registers of `count` 8×8 matrices whose rows the lanes address.
+pub(crate) fn ldmatrix(f: &mut Func, count: u32, row: &SharedAddr) -> Vec<I32> {
+    let (outs, regs) = if count == 4 {
+        ("{ i32, i32, i32, i32 }", "{$0,$1,$2,$3}, [$4]")
+    } else {
+        ("{ i32, i32 }", "{$0,$1}, [$2]")
+    };
+    let cons = if count == 4 { "=r,=r,=r,=r,r,~{memory}" } else { "=r,=r,r,~{memory}" };
+    let r = f.v(format!(
+        "call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {regs};\", \"{cons}\"(i32 {row}) #1"
+    ));
+    (0..count).map(|i| f.typed(format!("extractvalue {outs} {r}, {i}"))).collect()
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32`: `c + a·b` on one m16n8k16
+/// tile (`dtype` `bf16` or `f16`).
+pub(crate) fn mma_m16n8k16(f: &mut Func, dtype: &str, a: &[I32], b: &[I32], c: &[F32]) -> [F32; 4] {
+    let r = f.v(format!(
+        "call {{ float, float, float, float }} asm \"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 \
+         {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \
+         \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\"(i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, \
+         float {}, float {}, float {}, float {}) #1",
+        a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]
+    ));
+    std::array::from_fn(|i| f.typed(format!("extractvalue {{ float, float, float, float }} {r}, {i}")))
+}
+
+// ---- wgmma ----
+
+/// `wgmma.fence.sync.aligned`, threaded through every accumulator so that LLVM cannot move
+/// their uses across it.
+pub(crate) fn wgmma_fence(f: &mut Func, acc: &[F32]) -> Vec<F32> {
+    asm_floats(f, "wgmma.fence.sync.aligned;", &[], acc)
+}
+
+/// `wgmma.commit_group.sync.aligned`: the warpgroup's wgmmas since the last commit form a group.
+pub(crate) fn wgmma_commit(f: &mut Func) {
+    f.s("call void asm sideeffect \"wgmma.commit_group.sync.aligned;\", \"~{memory}\"() #1");
+}
+
+/// `wgmma.wait_group.sync.aligned {pending}`, threaded through every accumulator.
+pub(crate) fn wgmma_wait(f: &mut Func, pending: u32, acc: &[F32]) -> Vec<F32> {
+    asm_floats(f, &format!("wgmma.wait_group.sync.aligned {pending};"), &[], acc)
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}`: `acc += A·B` for one m64
+/// operand, both from shared-memory descriptors (`a`, `b`); `acc` holds `n / 2` floats.
+pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, acc: &[F32]) -> Vec<F32> {
+    let per = n / 2;
+    let regs: Vec<String> = (0..per).map(|i| format!("${i}")).collect();
+    let insn = format!(
+        "{{ .reg .pred p; setp.ne.b32 p, ${}, 0; \
+         wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{}}}, ${}, ${}, p, 1, 1, 0, 0; }}",
+        per + 2,
+        regs.join(","),
+        per,
+        per + 1
+    );
+    asm_floats(f, &insn, &[("l", a.text()), ("l", b.text()), ("r", "1")], acc)
+}
+
+// ---- registers, barriers, timers ----
+
+/// `setmaxnreg.{inc|dec}.sync.aligned.u32`: the warpgroup's registers per thread become `regs`.
+pub(crate) fn setmaxnreg(f: &mut Func, increase: bool, regs: u32) {
+    let op = if increase { "inc" } else { "dec" };
+    f.s(format!("call void asm sideeffect \"setmaxnreg.{op}.sync.aligned.u32 {regs};\", \"~{{memory}}\"() #1"));
+}
+
+/// Sleeps (`nanosleep` in a loop on `%globaltimer`) until `ns` nanoseconds have passed.
+pub(crate) fn sleep_ns(f: &mut Func, ns: u64) {
+    f.s(format!(
+        "call void asm sideeffect \"{{ .reg .u64 t0, t1, d; .reg .pred p; mov.u64 t0, %globaltimer; \
+         FS_STAGGER: nanosleep.u32 256; mov.u64 t1, %globaltimer; sub.u64 d, t1, t0; \
+         setp.lt.u64 p, d, {ns}; @p bra FS_STAGGER; }}\", \"~{{memory}}\"() #1"
+    ));
+}

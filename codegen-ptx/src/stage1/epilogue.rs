@@ -1,0 +1,526 @@
+//! DESIGN.md steps 2–7 on a thread's accumulators, in named phases that every schedule shares:
+//!
+//! 1. [`Gen::columns`]: per batch column the thread owns, the row's parameters (temperature,
+//!    Philox key and counter row, penalty range).
+//! 2. [`Gen::transform`]: raw logits → transformed logits `x` (−inf where excluded) and the
+//!    non-finite flags (steps 2–4).
+//! 3. `lists.rs` (step 6b), when the pipeline keeps lists.
+//! 4. [`Gen::reduce_lse`]: non-finite flags and logsumexp partials over the lanes and warps of
+//!    each column, stored per (row, tile) (step 7).
+//! 5. [`Gen::select`]: per sample, the best token of each column by score (`x` + Gumbel noise),
+//!    over the lanes and warps, stored as the tile's candidate (steps 5–6).
+//!
+//! Cross-warp values pass through the epilogue area's scratch ([`ScratchLayout`]).
+//!
+//! [`ScratchLayout`]: crate::ScratchLayout
+
+use super::{Gen, Item, Thread};
+use crate::math;
+use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF};
+use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_ir::Transform;
+
+/// A batch column `(n, j)` the thread owns and its row's parameters.
+struct Col {
+    col: String,
+    row_safe: String,
+    inv_t: String,
+    t_zero: String,
+    greedy: String,
+    /// Philox key halves and counter row (`SamplingParams::row_stream`).
+    key_lo: String,
+    key_hi: String,
+    ctr_row: String,
+    /// Philox counter word 3: the row's decode step and the token stream.
+    word3: String,
+    /// Penalty CSR range and repetition of the row.
+    pen: Option<(String, String, String)>,
+}
+
+/// The transformed logits of the thread's accumulators (same indices), the non-finite flag
+/// per column and the first token of each of its quads.
+struct Transformed {
+    x: Vec<String>,
+    nonfinite: Vec<String>,
+    quad_base: Vec<String>,
+}
+
+/// Predicates the reduction phases share: the lanes that hold a column's warp result, and
+/// the threads that combine one column over the warps.
+struct Reducers {
+    lane_lt4: String,
+    tid_lt_bt: String,
+}
+
+impl Gen<'_> {
+    /// Steps 2–7 on the thread's accumulators (`acc`, by [`Gen::acc_index`]).
+    pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[String]) {
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        let cols = self.columns(f, it, &t2);
+        let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
+        if self.c.list_per_tile > 0 {
+            self.list_epilogue(f, th, it, &t.x);
+        }
+        let reducers = self.reduce_lse(f, th, it, &cols, &t);
+        self.select(f, th, it, &cols, &t, &reducers);
+    }
+
+    /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
+    fn columns(&self, f: &mut Func, it: &Item, t2: &str) -> Vec<Col> {
+        let p = self.p;
+        let has_temp = p.temperature().is_some();
+        let has_pen = p.has_penalties();
+        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
+        let mut cols = Vec::new();
+        for n in 0..self.ntiles {
+            for j in 0..2 {
+                let col = f.add(t2, &(n * 8 + j).to_string());
+                let row = f.add(&it.b0, &col);
+                let ok = f.ult(&row, "%batch");
+                let row_safe = f.sel("i32", &ok, &row, "0");
+                let (inv_t, t_zero) = if has_temp {
+                    let r64 = f.zext64(&row_safe);
+                    let a = f.gaddr("%temperatures", &r64, 4);
+                    let tv: F32 = f.load(&a, 4);
+                    let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
+                    (f.fdiv(&f32c(1.0), tv.text()), z)
+                } else {
+                    (String::new(), "false".to_string())
+                };
+                let greedy = if p.is_greedy() {
+                    "true".to_string()
+                } else {
+                    t_zero.clone()
+                };
+                let (key_lo, key_hi, ctr_row, word3) = if p.is_greedy() {
+                    (String::new(), String::new(), String::new(), String::new())
+                } else {
+                    let key = f.var("i64", "%seed");
+                    f.if_then(&has_rs, |f| {
+                        let r64 = f.zext64(&row_safe);
+                        let a = f.gaddr("%row_seeds", &r64, 8);
+                        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
+                        f.set(&key, &k);
+                    });
+                    let k = f.get(&key);
+                    let lo = f.v(format!("trunc i64 {k} to i32"));
+                    let hi = f.v(format!("lshr i64 {k}, 32"));
+                    let hi = f.v(format!("trunc i64 {hi} to i32"));
+                    let ctr_row = f.sel("i32", &has_rs, "0", &row);
+                    let r64 = f.zext64(&row_safe);
+                    (lo, hi, ctr_row, math::token_word3(f, &r64))
+                };
+                let pen = has_pen.then(|| {
+                    let r64 = f.zext64(&row_safe);
+                    let a = f.gaddr("%pen_offsets", &r64, 4);
+                    let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                    let a = f.gaddr("%pen_repetition", &r64, 4);
+                    let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                    (lo, hi, rep)
+                });
+                cols.push(Col {
+                    col,
+                    row_safe,
+                    inv_t,
+                    t_zero,
+                    greedy,
+                    key_lo,
+                    key_hi,
+                    ctr_row,
+                    word3,
+                    pen,
+                });
+            }
+        }
+        cols
+    }
+
+    /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
+    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[String], warp_base: &str, g4: &str) -> Transformed {
+        let p = self.p;
+        let has_bias = p.has_bias();
+        let has_mask = p.has_mask();
+        let has_pen = p.has_penalties();
+        let words = f.add("%vocab", "31");
+        let words = f.v(format!("lshr i32 {words}, 5"));
+
+        // Transformed logits x (−inf when excluded) and the non-finite flag per column.
+        let mut x = vec![String::new(); self.acc_count()];
+        let mut nonfinite = vec!["false".to_string(); cols.len()];
+        let mut quad_base = Vec::new();
+        for q in 0..self.quads {
+            let qb = f.add(&it.v0, warp_base);
+            let qb = f.add(&qb, &(q * 32).to_string());
+            let qb = f.add(&qb, g4);
+            // A quad never straddles a bitset word, so one word per column (row) serves it:
+            // of the allowed-token bitset and of the penalized-token bitset.
+            let quad_words = |f: &mut Func, table: &str| -> Vec<String> {
+                let qok = f.ult(&qb, "%vocab");
+                let qs = f.sel("i32", &qok, &qb, "0");
+                let wcol = f.v(format!("lshr i32 {qs}, 5"));
+                cols.iter()
+                    .map(|cl| {
+                        let wi = f.mul(&cl.row_safe, &words);
+                        let wi = f.add(&wi, &wcol);
+                        let wi = f.zext64(&wi);
+                        let a = f.gaddr(table, &wi, 4);
+                        f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+                    })
+                    .collect()
+            };
+            let mask_words = if has_mask { quad_words(f, "%allowed") } else { Vec::new() };
+            let pen_words = if has_pen { quad_words(f, "%pen_bits") } else { Vec::new() };
+            for o in 0..4 {
+                let v = f.add(&qb, &o.to_string());
+                let v_ok = f.ult(&v, "%vocab");
+                let bias = if has_bias {
+                    let vs = f.sel("i32", &v_ok, &v, "0");
+                    let v64 = f.zext64(&vs);
+                    let a = f.gaddr("%bias", &v64, 4);
+                    f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
+                } else {
+                    String::new()
+                };
+                let bit = f.v(format!("and i32 {v}, 31"));
+                for (ci, cl) in cols.iter().enumerate() {
+                    let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+                    let idx = self.acc_index(q, o, n, j);
+                    let raw = acc[idx].clone();
+                    let abs = f.v(format!("call float @llvm.fabs.f32(float {raw})"));
+                    let bad = f.v(format!("fcmp ueq float {abs}, 0x7FF0000000000000"));
+                    let bad = f.and1(&bad, &v_ok);
+                    nonfinite[ci] = f.v(format!("or i1 {}, {bad}", nonfinite[ci]));
+                    let mut xv = raw;
+                    for tr in &p.transforms {
+                        match tr {
+                            Transform::Temperature(_) => {
+                                let scaled = f.fmul(&xv, &cl.inv_t);
+                                xv = f.sel("float", &cl.t_zero, &xv, &scaled);
+                            }
+                            Transform::Bias { .. } => xv = f.fadd(&xv, &bias),
+                            Transform::Softcap { cap } => {
+                                xv = f.v(format!(
+                                    "call float @fs_softcap_f32(float {xv}, float {})",
+                                    f32c(cap.get())
+                                ))
+                            }
+                            Transform::Penalties { .. } => {
+                                let Some((lo, hi, rep)) = &cl.pen else { continue };
+                                let sh = f.v(format!("lshr i32 {}, {bit}", pen_words[ci]));
+                                let b = f.v(format!("trunc i32 {sh} to i1"));
+                                let b = f.and1(&b, &v_ok);
+                                let out = f.var("float", &xv);
+                                let x_in = xv.clone();
+                                f.if_then(&b, |f| {
+                                    let r = f.v(format!(
+                                        "call float @fs_penalize_token(float {x_in}, i32 {v}, i32 {lo}, i32 {hi}, \
+                                         ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
+                                    ));
+                                    f.set(&out, &r);
+                                });
+                                xv = f.get(&out);
+                            }
+                            // Exclusion is the `ok` test below (step 4); the filter acts on
+                            // the lists (step 6b) and in stage three.
+                            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
+                        }
+                    }
+                    let mut ok = v_ok.clone();
+                    if has_mask {
+                        let sh = f.v(format!("lshr i32 {}, {bit}", mask_words[ci]));
+                        let b = f.v(format!("trunc i32 {sh} to i1"));
+                        ok = f.and1(&ok, &b);
+                    }
+                    x[idx] = f.sel("float", &ok, &xv, NEG_INF);
+                }
+            }
+            quad_base.push(qb);
+        }
+
+        Transformed { x, nonfinite, quad_base }
+    }
+
+    /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.
+    fn scratch_slot(&self, f: &mut Func, warp: &str, col: &str) -> String {
+        let s = f.mul(warp, &self.c.batch_tile.to_string());
+        let s = f.add(&s, col);
+        f.v(format!("shl i32 {s}, 2"))
+    }
+
+    /// Stores `v` (`ty`) at `slot4` of the scratch field at `field` of this thread's area.
+    fn st_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str, v: &str) {
+        let off = f.add(slot4, &field.to_string());
+        let off = f.add(&off, &th.scratch);
+        let a = f.saddr("@fs_smem", &off);
+        f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
+    }
+
+    /// Loads the `ty` at `slot4` of the scratch field at `field` of this thread's area.
+    fn ld_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str) -> String {
+        let off = f.add(slot4, &field.to_string());
+        let off = f.add(&off, &th.scratch);
+        let a = f.saddr("@fs_smem", &off);
+        f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
+    }
+
+    /// Phase 4 (step 7): non-finite flags and logsumexp partials per column, reduced over the
+    /// 8 lanes sharing t (xor 4, 8, 16), written per warp, combined over the warps.
+    fn reduce_lse(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed) -> Reducers {
+        let c = self.c;
+        let bt = c.batch_tile;
+        let lse = self.lse;
+        let sc = c.smem_layout().scratch;
+        let (x, nonfinite) = (&t.x, &t.nonfinite);
+        let lane_lt4 = f.ult(&th.lane, "4");
+        let mut lse_parts = Vec::new();
+        for (ci, _) in cols.iter().enumerate() {
+            let flag = f.v(format!("zext i1 {} to i32", nonfinite[ci]));
+            let mut flag = flag;
+            for sh in [4, 8, 16] {
+                let o = f.shfl_xor_i32(&flag, sh);
+                flag = f.v(format!("or i32 {flag}, {o}"));
+            }
+            let mut part = None;
+            if lse {
+                let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+                let xs: Vec<&String> = (0..self.quads)
+                    .flat_map(|q| (0..4).map(move |o| (q, o)))
+                    .map(|(q, o)| &x[self.acc_index(q, o, n, j)])
+                    .collect();
+                let mut m = NEG_INF.to_string();
+                for xv in &xs {
+                    m = f.v(format!(
+                        "call float @llvm.maxnum.f32(float {m}, float {xv})"
+                    ));
+                }
+                let nm = f.v(format!("fneg float {m}"));
+                let mut s = "0.0".to_string();
+                for xv in &xs {
+                    let d = f.fadd(xv, &nm);
+                    let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
+                    let live = f.v(format!("fcmp ogt float {xv}, {NEG_INF}"));
+                    let ex = f.sel("float", &live, &ex, "0.0");
+                    s = f.fadd(&s, &ex);
+                }
+                for sh in [4, 8, 16] {
+                    let om = f.shfl_xor_f32(&m, sh);
+                    let os = f.shfl_xor_f32(&s, sh);
+                    (m, s) = f.lse_combine(&m, &s, &om, &os);
+                }
+                part = Some((m, s));
+            }
+            lse_parts.push((flag, part));
+        }
+        f.if_then(&lane_lt4, |f| {
+            for (ci, cl) in cols.iter().enumerate() {
+                let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                self.st_scratch(f, th, "i32", sc.nonfinite, &slot, &lse_parts[ci].0);
+                if let Some((m, s)) = &lse_parts[ci].1 {
+                    self.st_scratch(f, th, "float", sc.lse_max, &slot, m);
+                    self.st_scratch(f, th, "float", sc.lse_sum, &slot, s);
+                }
+            }
+        });
+        f.barrier();
+        let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
+        if lse {
+            f.if_then(&tid_lt_bt, |f| {
+                let (mut m, mut s) = (NEG_INF.to_string(), "0.0".to_string());
+                for w in 0..c.warps {
+                    let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
+                    let wm = self.ld_scratch(f, th, "float", sc.lse_max, &slot);
+                    let ws = self.ld_scratch(f, th, "float", sc.lse_sum, &slot);
+                    (m, s) = f.lse_combine(&m, &s, &wm, &ws);
+                }
+                let row = f.add(&it.b0, &th.tid);
+                let row_ok = f.ult(&row, "%batch");
+                let lse_ok = f.v("icmp ne ptr addrspace(1) %lse, null");
+                let ok = f.and1(&row_ok, &lse_ok);
+                f.if_then(&ok, |f| {
+                    let i = f.mul(&row, &it.vtiles);
+                    let i = f.add(&i, &it.vtile);
+                    let i64v = f.zext64(&i);
+                    let a = f.gaddr("%lse", &i64v, 8);
+                    f.store(&F32::raw(m), &a, 4);
+                    let a2 = f.offset(&a, 4);
+                    f.store(&F32::raw(s), &a2, 4);
+                });
+            });
+        }
+
+        Reducers { lane_lt4, tid_lt_bt }
+    }
+
+    /// Phase 5 (steps 5–6), per sample: the thread's best token per column (ascending v,
+    /// strict >, so ties keep the lower index), then the 8 lanes of the column, then the
+    /// warps; the tile's candidate per (row, sample).
+    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, r: &Reducers) {
+        let c = self.c;
+        let p = self.p;
+        let samples = p.samples_per_row();
+        let sc = c.smem_layout().scratch;
+        let (x, quad_base) = (&t.x, &t.quad_base);
+        let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
+        let none = INDEX_NONE as i32;
+        f.for_loop("0", &samples.to_string(), "1", |f, s| {
+            let mut best = Vec::new();
+            // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
+            for (n, pair) in cols.chunks(2).enumerate() {
+                // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
+                // whole: the test is uniform over the CTA, and the noise is most of the
+                // epilogue's work. Its columns report NONE, which no live row reads.
+                let outs: Vec<[Var; 3]> = pair
+                    .iter()
+                    .map(|_| [f.var("float", NEG_INF), f.var("i32", &none.to_string()), f.var("float", NEG_INF)])
+                    .collect();
+                let first_row = f.add(&it.b0, &(n as u32 * 8).to_string());
+                let live = f.ult(&first_row, "%batch");
+                f.if_then(&live, |f| {
+                    let mut acc_best: Vec<(String, String, String)> =
+                        vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
+                    for q in 0..self.quads {
+                        let noise: Vec<String> = if p.is_greedy() {
+                            Vec::new()
+                        } else {
+                            // Global index g = v + vocab_offset (a multiple of 4: same quads).
+                            let g = f.add(&quad_base[q as usize], "%vocab_offset");
+                            let ctr = f.v(format!("lshr i32 {g}, 2"));
+                            let (a, b) = (&pair[0], &pair[pair.len() - 1]);
+                            let ty = crate::math::NOISE_PAIR_TY;
+                            let r = f.v(format!(
+                                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
+                                a.ctr_row, a.key_lo, a.key_hi, a.word3, b.ctr_row, b.key_lo, b.key_hi, b.word3
+                            ));
+                            (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
+                        };
+                        for (pj, cl) in pair.iter().enumerate() {
+                            let (n, j) = (n as u32, pj as u32);
+                            let (bs, bi, bl) = &mut acc_best[pj];
+                            for o in 0..4 {
+                                let xv = &x[self.acc_index(q, o, n, j)];
+                                let score = if p.is_greedy() {
+                                    xv.clone()
+                                } else {
+                                    let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
+                                    f.sel("float", &cl.greedy, xv, &noisy)
+                                };
+                                let v = f.add(&quad_base[q as usize], &o.to_string());
+                                let better = f.v(format!("fcmp ogt float {score}, {bs}"));
+                                *bs = f.sel("float", &better, &score, bs);
+                                *bi = f.sel("i32", &better, &v, bi);
+                                *bl = f.sel("float", &better, xv, bl);
+                            }
+                        }
+                    }
+                    for (best, out) in acc_best.into_iter().zip(&outs) {
+                        let (bs, bi, bl) = f.shfl_best(best, &[4, 8, 16]);
+                        for (slot, v) in out.iter().zip([bs, bi, bl]) {
+                            f.set(slot, &v);
+                        }
+                    }
+                });
+                for [bs, bi, bl] in &outs {
+                    best.push((f.get(bs), f.get(bi), f.get(bl)));
+                }
+            }
+            f.if_then(lane_lt4, |f| {
+                for (ci, cl) in cols.iter().enumerate() {
+                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                    self.st_scratch(f, th, "float", sc.score, &slot, &best[ci].0);
+                    self.st_scratch(f, th, "i32", sc.index, &slot, &best[ci].1);
+                    self.st_scratch(f, th, "float", sc.logit, &slot, &best[ci].2);
+                }
+            });
+            f.barrier();
+            f.if_then(tid_lt_bt, |f| {
+                let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
+                let mut flag = "0".to_string();
+                for w in 0..c.warps {
+                    let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
+                    let ws = self.ld_scratch(f, th, "float", sc.score, &slot);
+                    let wi = self.ld_scratch(f, th, "i32", sc.index, &slot);
+                    let wl = self.ld_scratch(f, th, "float", sc.logit, &slot);
+                    let wf = self.ld_scratch(f, th, "i32", sc.nonfinite, &slot);
+                    flag = f.v(format!("or i32 {flag}, {wf}"));
+                    best = f.keep_best(best, (&ws, &wi, &wl));
+                }
+                let (bs, bi, bl) = best;
+                let nf = f.v(format!("icmp ne i32 {flag}, 0"));
+                let index = f.sel("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
+                let row = f.add(&it.b0, &th.tid);
+                let row_ok = f.ult(&row, "%batch");
+                f.if_then(&row_ok, |f| {
+                    let slot = f.mul(&row, &samples.to_string());
+                    let slot = f.add(&slot, s);
+                    let slot = f.mul(&slot, &it.vtiles);
+                    let slot = f.add(&slot, &it.vtile);
+                    let s64 = f.zext64(&slot);
+                    let a = f.gaddr("%candidates", &s64, 12);
+                    // abi::Candidate { score, index, logit }.
+                    f.store(&F32::raw(bs), &a, 4);
+                    let a1 = f.offset(&a, 4);
+                    f.store(&I32::raw(index), &a1, 4);
+                    let a2 = f.offset(&a, 8);
+                    f.store(&F32::raw(bl), &a2, 4);
+                });
+            });
+            // The next sample rewrites the scratch just read.
+            f.barrier();
+        });
+    }
+}
+
+/// DESIGN.md step 3, penalties, for a token whose bit is set: binary search of `v` in the
+/// row's sorted `tokens[lo..hi]`, then `abi::penalize_f32` with that entry's subtraction.
+/// Out of line (rarely taken, and it holds a loop), so the unrolled epilogue stays small.
+pub(super) fn penalize_token() -> String {
+    let mut f = Func::new();
+    let lo = f.var("i32", "%lo");
+    let hi = f.var("i32", "%hi");
+    f.while_loop(
+        |f| {
+            let (l, h) = (f.get(&lo), f.get(&hi));
+            f.ult(&l, &h)
+        },
+        |f| {
+            let (l, h) = (f.get(&lo), f.get(&hi));
+            let sum = f.add(&l, &h);
+            let mid = f.v(format!("lshr i32 {sum}, 1"));
+            let m64 = f.zext64(&mid);
+            let a = f.gaddr("%tokens", &m64, 4);
+            let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+            let less = f.ult(&t, "%v");
+            let up = f.add(&mid, "1");
+            let nl = f.sel("i32", &less, &up, &l);
+            let nh = f.sel("i32", &less, &h, &mid);
+            f.set(&lo, &nl);
+            f.set(&hi, &nh);
+        },
+    );
+    let at = f.get(&lo);
+    let inside = f.ult(&at, "%hi");
+    // Never read past the row's entries (the bitset says `v` is listed, but stay safe).
+    let safe = f.sel("i32", &inside, &at, "%lo");
+    let s64 = f.zext64(&safe);
+    let a = f.gaddr("%tokens", &s64, 4);
+    let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+    let hit = f.v(format!("icmp eq i32 {t}, %v"));
+    let found = f.and1(&inside, &hit);
+    let a = f.gaddr("%subtract", &s64, 4);
+    let sub = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+    let pos = f.v("fcmp ogt float %x, 0.0");
+    let q = f.fdiv("%x", "%rep");
+    let m = f.fmul("%x", "%rep");
+    let y = f.sel("float", &pos, &q, &m);
+    let y = f.fsub(&y, &sub);
+    let r = f.sel("float", &found, &y, "%x");
+    f.s(format!("ret float {r}"));
+    f.finish(
+        "define internal float @fs_penalize_token(float %x, i32 %v, i32 %lo, i32 %hi, \
+         ptr addrspace(1) %tokens, ptr addrspace(1) %subtract, float %rep) #2",
+    )
+}

@@ -1,0 +1,164 @@
+//! DESIGN.md step 6b: each (row, vocab tile)'s `list_per_tile` best tokens by transformed
+//! logit, selected in registers by warp-wide rounds, written as `abi::Scored` lists.
+
+use super::{Gen, Item, Thread};
+use crate::ir::{Func, Var, NEG_INF};
+use flashsample_abi::INDEX_NONE;
+
+impl Gen<'_> {
+    /// DESIGN.md step 6b: the tile's transformed logits go to shared memory (column-major:
+    /// `vocab_tile` floats per batch column, after the scratch), then one warp per row selects
+    /// the row's `list_per_tile` best in registers: lane `l` holds the `E = vocab_tile / 32`
+    /// consecutive tokens `l·E ..`, as order keys ([`Func::order_key`]: 0 for tokens that are
+    /// not eligible). A round is one `redux.sync.max` over the lanes' best keys; the lowest
+    /// lane holding that key (ballot) owns the lowest such index (lanes hold ascending index
+    /// ranges), takes its lowest position with that key, zeroes it, and writes list entry
+    /// `k` itself. A round whose max is 0 (nothing eligible left) writes `Scored::EMPTY` from
+    /// lane 0. So the list is sorted by x descending, ties to the lower index, as before, with
+    /// no shared-memory traffic or shuffle chains per round; a warp runs `rows` rows side by
+    /// side so their rounds' latencies overlap (they were latency-bound one row at a time).
+    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
+        let c = self.c;
+        let vt = c.vocab_tile;
+        let base = f.add(&th.scratch, &c.smem_layout().list_tile.to_string());
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        // Each thread's quad is 4 consecutive tokens of one column: one 16-byte store.
+        for q in 0..self.quads {
+            let local = f.add(&warp_base, &(q * 32).to_string());
+            let local = f.add(&local, &g4);
+            for n in 0..self.ntiles {
+                for j in 0..2 {
+                    let col = f.add(&t2, &(n * 8 + j).to_string());
+                    let e = f.mul(&col, &vt.to_string());
+                    let e = f.add(&e, &local);
+                    let off = f.v(format!("shl i32 {e}, 2"));
+                    let off = f.add(&off, &base.to_string());
+                    let mut vec = "undef".to_string();
+                    for o in 0..4 {
+                        let xv = &x[self.acc_index(q, o, n, j)];
+                        vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
+                    }
+                    let a = f.saddr("@fs_smem", &off);
+                    f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
+                }
+            }
+        }
+        f.barrier();
+        let none = INDEX_NONE as i32;
+        let per_tile = c.list_per_tile;
+        let bt = c.batch_tile;
+        let per_lane = vt / 32;
+        // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
+        // that `rows · per_lane` keys and logits stay in registers.
+        let rows = (16 / per_lane).clamp(1, 4).min(bt.div_ceil(c.warps));
+        let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
+        let lane_first = f.mul(&th.lane, &per_lane.to_string());
+        let warp_first = f.mul(&th.warp, &rows.to_string());
+        let group_step = (c.warps * rows).to_string();
+        f.for_loop(&warp_first, &bt.to_string(), &group_step, |f, col0| {
+            // Per row of the group: keys and logits (registers), the list slot, store guard.
+            let mut keys: Vec<Vec<Var>> = Vec::new();
+            let mut xs: Vec<Vec<String>> = Vec::new();
+            let mut slot0s = Vec::new();
+            let mut oks = Vec::new();
+            for r in 0..rows {
+                let col = f.add(col0, &r.to_string());
+                let col_in = f.ult(&col, &bt.to_string());
+                // A column past the tile reads the last column (stays inside the list area)
+                // and stores nothing.
+                let col_rd = f.sel("i32", &col_in, &col, &(bt - 1).to_string());
+                let row = f.add(&it.b0, &col);
+                let row_ok = f.ult(&row, "%batch");
+                let ok = f.and1(&row_ok, &col_in);
+                let ok = f.and1(&ok, &lists_ok);
+                oks.push(ok);
+                let e = f.mul(&col_rd, &vt.to_string());
+                let e = f.add(&e, &lane_first);
+                let off = f.v(format!("shl i32 {e}, 2"));
+                let off = f.add(&off, &base.to_string());
+                let mut vals = Vec::new();
+                if per_lane.is_multiple_of(4) {
+                    for v4 in 0..per_lane / 4 {
+                        let o = f.add(&off, &(v4 * 16).to_string());
+                        let a = f.saddr("@fs_smem", &o);
+                        let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+                        for o in 0..4 {
+                            vals.push(f.v(format!("extractelement <4 x float> {vec}, i32 {o}")));
+                        }
+                    }
+                } else {
+                    for o in 0..per_lane {
+                        let oo = f.add(&off, &(o * 4).to_string());
+                        let a = f.saddr("@fs_smem", &oo);
+                        vals.push(f.v(format!("load float, ptr addrspace(3) {a}, align 4")));
+                    }
+                }
+                let kv: Vec<Var> = vals
+                    .iter()
+                    .map(|v| {
+                        let k = f.order_key(v);
+                        f.var("i32", &k)
+                    })
+                    .collect();
+                keys.push(kv);
+                xs.push(vals);
+                let slot0 = f.mul(&row, &it.vtiles);
+                let slot0 = f.add(&slot0, &it.vtile);
+                slot0s.push(f.mul(&slot0, &per_tile.to_string()));
+            }
+            f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
+                // All rows' reductions first (straight-line, so they interleave), then the
+                // stores (each a branch).
+                let mut writes = Vec::new();
+                for r in 0..rows as usize {
+                    let cur: Vec<String> = keys[r].iter().map(|v| f.get(v)).collect();
+                    let mut best = cur[0].clone();
+                    for kk in &cur[1..] {
+                        best = f.umax(&best, kk);
+                    }
+                    let m = f.redux_umax(&best);
+                    let mine = f.v(format!("icmp eq i32 {best}, {m}"));
+                    let ball = f.ballot(&mine);
+                    // Never 0: the lane holding the max votes.
+                    let low = f.v(format!("call i32 @llvm.cttz.i32(i32 {ball}, i1 true)"));
+                    let me = f.v(format!("icmp eq i32 {}, {low}", th.lane));
+                    let found = f.var("i1", "false");
+                    let (mut wx, mut wo) = (NEG_INF.to_string(), "0".to_string());
+                    for (o, kk) in cur.iter().enumerate() {
+                        let fv = f.get(&found);
+                        let nf = f.v(format!("xor i1 {fv}, true"));
+                        let hit = f.v(format!("icmp eq i32 {kk}, {m}"));
+                        let hit = f.and1(&hit, &nf);
+                        let hit = f.and1(&hit, &me);
+                        let nk = f.sel("i32", &hit, "0", kk);
+                        f.set(&keys[r][o], &nk);
+                        wx = f.sel("float", &hit, &xs[r][o], &wx);
+                        wo = f.sel("i32", &hit, &o.to_string(), &wo);
+                        let nfv = f.v(format!("or i1 {fv}, {hit}"));
+                        f.set(&found, &nfv);
+                    }
+                    // m == 0: every lane's best is 0, the ballot is full and lane 0 writes EMPTY.
+                    let real = f.v(format!("icmp ne i32 {m}, 0"));
+                    let idx = f.add(&lane_first, &wo);
+                    let idx = f.add(&it.v0, &idx);
+                    let idx = f.sel("i32", &real, &idx, &none.to_string());
+                    let lx = f.sel("float", &real, &wx, NEG_INF);
+                    let w = f.and1(&me, &oks[r]);
+                    writes.push((w, lx, idx));
+                }
+                for (r, (w, lx, idx)) in writes.iter().enumerate() {
+                    f.if_then(w, |f| {
+                        let slot = f.add(&slot0s[r], k);
+                        let s64 = f.zext64(&slot);
+                        let a = f.gaddr("%lists", &s64, 8);
+                        f.s(format!("store float {lx}, ptr addrspace(1) {a}, align 4"));
+                        let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                        f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
+                    });
+                }
+            });
+        });
+    }
+}
