@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: GPU tests, compute-sanitizer, benchmark. Binaries are built
-# elsewhere and carried in .carry/ (gpu-test = the tests/tests/gpu.rs binary, target/release/deps/gpu-*,
+# elsewhere and carried in .carry/ (gpu-test = the tests/tests/gpu/ binary, target/release/deps/gpu-*,
 # stripped; gpu_bench).
 # STAGES picks what runs (default: all but profile); logs go to $OUT, a short summary is printed last.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: peers profile ptxas
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: decode before_after peers profile ptxas
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench 2>/dev/null
+for f in .carry-before/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
+chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/decode_loop .carry-before/gpu_bench 2>/dev/null
 GPU_TEST=$BIN/gpu-test
 # Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
@@ -61,6 +62,19 @@ if has profile || has ptxas; then
     echo "== $f ($arch)"; ptxas -arch="$arch" -v "$f" -o /dev/null 2>&1 | grep -E "Compiling|registers|spill|arning"
   done >"$OUT/ptxas.txt" 2>&1
   summary+=("ptxas: $(grep -c '^==' "$OUT/ptxas.txt") modules, $(grep -c arning "$OUT/ptxas.txt") warnings")
+fi
+if has decode; then
+  "$BIN/decode_loop" ${DECODE_ARGS:-} >"$OUT/decode.txt" 2>&1
+  summary+=("decode_loop rc=$?: $(tail -3 "$OUT/decode.txt" | tr '\n' ' ')")
+fi
+if has before_after; then
+  # The same gpu_bench arguments through the previous commit's binary (.carry-before/) and this
+  # one, back to back in one call: the regression check of a refactor.
+  for side in before after; do
+    bin=$BIN/gpu_bench; [ $side = before ] && bin=.carry-before/gpu_bench
+    "$bin" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side.txt" 2>"$OUT/bench-$side.log"
+    summary+=("bench $side rc=$?")
+  done
 fi
 if has bench; then
   start=$SECONDS

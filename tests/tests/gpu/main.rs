@@ -6,6 +6,14 @@
 //! cannot see a GPU never passes. On a GPU: pathwise checks at the Qwen3-8B LM-head shape and odd shapes, bf16 and f16,
 //! every transform; tokens identical to the CPU backend on small shapes; chi-square against
 //! softmax; every stage-one candidate slot written (poisoned buffer); typed row errors.
+//!
+//! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
+//! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
+//! loop (`graphs`) and extreme parameter values (`robust`).
+
+mod device_api;
+mod graphs;
+mod robust;
 
 use flashsample::{
     bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, ListError, Matrix, RowError, RowFilter,

@@ -3,7 +3,7 @@
 //! gather, sample, 256 steps in one graph), each equal to the host API step for step.
 //!
 //! Every test needs a CUDA GPU: they are ignored by default and fail without one. Run them with
-//! `cargo test --release -p flashsample-tests --test graphs -- --include-ignored`.
+//! `cargo test --release -p flashsample-tests --test gpu -- --include-ignored`.
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use flashsample::cuda::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};

@@ -4,7 +4,7 @@
 //! pathwise equal to the float64 reference.
 //!
 //! Every test needs a CUDA GPU: they are ignored by default and fail without one. Run them with
-//! `cargo test --release -p flashsample-tests --test device_api -- --include-ignored`.
+//! `cargo test --release -p flashsample-tests --test gpu -- --include-ignored`.
 
 use flashsample::cuda::{DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};
 use rand::{rngs::StdRng, SeedableRng};
