@@ -111,7 +111,7 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
     let mut space: Vec<KernelConfig> = match device {
         Device::Cpu { threads } => {
             let limits = CpuLimits { threads: *threads, ..CpuLimits::detect() };
-            cpu_space::enumerate(shape.batch, shape.dim, shape.vocab, pipeline.weights.dtype.size_bytes(), &limits)
+            cpu_space::enumerate(pipeline, shape.batch, shape.dim, shape.vocab, &limits)
                 .into_iter()
                 .map(KernelConfig::Cpu)
                 .collect()

@@ -23,7 +23,7 @@ pub use flashsample_abi::{ListError, ParamError, PenaltyArg, RowError, RowFilter
 pub use flashsample_macros::flashsample;
 pub use half::{bf16, f16};
 pub use sampler::{KernelConfig, Sampler, Samples};
-pub use flashsample_codegen_cpu::CpuConfig;
+pub use flashsample_codegen_cpu::{CpuConfig, CpuEngine};
 pub use sharded::ShardedSampler;
 pub use tp::{TensorParallelSampler, TpError};
 pub use tensor::{Element, Matrix, Tensor};

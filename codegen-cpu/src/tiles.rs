@@ -1,0 +1,154 @@
+//! Matrix-engine tiles: one vocabulary tile's raw logits `Σ_d hidden[r,d]·weights[v,d]` for every
+//! hidden row, written into a per-thread scratch that the JIT'd epilogue reads right after, so the
+//! logits never leave L1/L2.
+//!
+//! Scratch layout, shared with the lowering (`lower::LogitSource::Scratch`): the tile's quad `q`
+//! (tokens `v_begin + 4q .. + 4`), row `r`, lane `j` at `scratch[(q · batch + r) · 4 + j]`.
+//! Tokens past the vocabulary (the last quad's padding) repeat the last weight row; the
+//! epilogue masks them.
+//!
+//! The f32 contract of [`tile_logits_bf16`] (DESIGN.md, "CPU matrix engine"): per (row, token)
+//! 16 lanes; lane `i` accumulates the pairs `(32k + 2i, 32k + 2i + 1)` of each 32-element step
+//! `k` in order with `vdpbf16ps` (odd element first, then even; each addition rounded to
+//! nearest-even, f32 inputs and results flushed to zero when subnormal, bf16 inputs that are
+//! subnormal read as zero, products exact), then the 16 lanes are summed by a fixed tree
+//! (256-bit halves, 128-bit halves, then `haddps` twice), with MXCSR's default IEEE behaviour.
+//! The order depends on neither the tile, the row block nor the thread.
+
+use crate::CpuCodegenError;
+
+/// Most hidden rows one register block of the microkernel holds: 6 rows × 4 tokens = 24
+/// accumulators, plus 4 weight vectors and one hidden vector, of the 32 zmm registers.
+#[cfg(target_arch = "x86_64")]
+const ROWS: usize = 6;
+
+/// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
+/// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
+pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<Vec<u16>, CpuCodegenError> {
+    hidden
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let bits = x.to_bits();
+            // NaN payloads below bit 16 are still NaN after truncation; the epilogue flags them.
+            if bits & 0xffff != 0 && !x.is_nan() {
+                Err(CpuCodegenError::HiddenNotBf16 { row: i / dim.max(1), value: x })
+            } else {
+                Ok((bits >> 16) as u16 | if x.is_nan() { 0x40 } else { 0 })
+            }
+        })
+        .collect()
+}
+
+/// f32 elements of a tile's scratch: `ceil(tile_tokens / 4)` quads × `batch` rows × 4 lanes.
+pub(crate) fn scratch_len(batch: usize, vocab_tile: usize) -> usize {
+    vocab_tile.div_ceil(4) * batch * 4
+}
+
+/// An engine's tile function: [`tile_logits_bf16`]'s signature, weights as raw bytes.
+pub(crate) type TileFn = unsafe fn(&[u16], usize, usize, *const u8, usize, usize, usize, &mut [f32]);
+
+/// The tile function of `engine` on this architecture (`None` for the fused Cranelift engine).
+pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<TileFn> {
+    match engine {
+        crate::CpuEngine::Cranelift => None,
+        #[cfg(target_arch = "x86_64")]
+        crate::CpuEngine::Avx512Bf16 => Some(tile_logits_bf16),
+        #[cfg(not(target_arch = "x86_64"))]
+        crate::CpuEngine::Avx512Bf16 => None,
+    }
+}
+
+/// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`).
+///
+/// # Safety
+/// The host has `avx512f`, `avx512bw`, `avx512dq` and `avx512bf16` (`CpuEngine::Avx512Bf16.
+/// missing_host_feature()` is `None`); `weights` points to `vocab × dim` little-endian bf16; `hidden` holds
+/// `batch × dim` bf16; `scratch` holds at least `scratch_len(batch, v_end − v_begin)` floats.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_logits_bf16(
+    hidden: &[u16],
+    batch: usize,
+    dim: usize,
+    weights: *const u8,
+    vocab: usize,
+    v_begin: usize,
+    v_end: usize,
+    scratch: &mut [f32],
+) {
+    debug_assert!(hidden.len() == batch * dim && v_end <= vocab && v_begin < v_end);
+    debug_assert!(scratch.len() >= scratch_len(batch, v_end - v_begin));
+    let out = scratch.as_mut_ptr();
+    let weights = weights.cast::<u16>();
+    for (q, v) in (v_begin..v_end).step_by(4).enumerate() {
+        let w = [0, 1, 2, 3].map(|j| unsafe { weights.add((v + j).min(vocab - 1) * dim) });
+        let mut r0 = 0;
+        while r0 < batch {
+            let rows = (batch - r0).min(ROWS);
+            let h = unsafe { hidden.as_ptr().add(r0 * dim) };
+            let o = unsafe { out.add((q * batch + r0) * 4) };
+            // SAFETY: the caller's guarantees; `rows` rows from `r0` exist.
+            unsafe {
+                match rows {
+                    1 => quad_rows::<1>(h, w, dim, o),
+                    2 => quad_rows::<2>(h, w, dim, o),
+                    3 => quad_rows::<3>(h, w, dim, o),
+                    4 => quad_rows::<4>(h, w, dim, o),
+                    5 => quad_rows::<5>(h, w, dim, o),
+                    _ => quad_rows::<ROWS>(h, w, dim, o),
+                }
+            }
+            r0 += rows;
+        }
+    }
+}
+
+/// `R` hidden rows (`h`, row stride `dim`) against 4 weight rows: `R × 4` logits at `out`
+/// (`[row][4]`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+unsafe fn quad_rows<const R: usize>(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn bh(x: __m512i) -> __m512bh {
+        // SAFETY: both are 512 bits of plain data.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+    }
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let steps = dim / 32;
+    for k in 0..steps {
+        let off = 32 * k;
+        // SAFETY: `off + 32 ≤ dim` for every row read.
+        let wv = w.map(|p| bh(unsafe { _mm512_loadu_si512(p.add(off).cast()) }));
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let hv = bh(unsafe { _mm512_loadu_si512(h.add(i * dim + off).cast()) });
+            for j in 0..4 {
+                acc_row[j] = _mm512_dpbf16_ps(acc_row[j], hv, wv[j]);
+            }
+        }
+    }
+    let tail = dim % 32;
+    if tail != 0 {
+        // Zeroed lanes add 0·0 = +0: no effect on any sum (a -0 sum of products stays -0 only
+        // when every product is -0, and +0 + -0 = +0 matches the exact zero sum).
+        let mask: __mmask32 = (1u32 << tail) - 1;
+        let off = 32 * steps;
+        let wv = w.map(|p| bh(unsafe { _mm512_maskz_loadu_epi16(mask, p.add(off).cast()) }));
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let hv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, h.add(i * dim + off).cast()) });
+            for j in 0..4 {
+                acc_row[j] = _mm512_dpbf16_ps(acc_row[j], hv, wv[j]);
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        let lanes = acc_row.map(|a| {
+            let y = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
+            _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y))
+        });
+        let sums = _mm_hadd_ps(_mm_hadd_ps(lanes[0], lanes[1]), _mm_hadd_ps(lanes[2], lanes[3]));
+        // SAFETY: `out` has `R × 4` floats.
+        unsafe { _mm_storeu_ps(out.add(4 * i), sums) };
+    }
+}
