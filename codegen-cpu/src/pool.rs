@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 static POOLS: Mutex<Option<HashMap<usize, Weak<rayon::ThreadPool>>>> = Mutex::new(None);
 
-/// The process's pool of `threads` workers, started on first use.
+/// The process's pool of `threads` workers, started on first use. Its threads are named
+/// `fs-cpu{threads}-{i}` (short enough for Linux's 15-byte thread names).
 pub fn thread_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuCodegenError> {
     // A poisoned lock only means a thread panicked while holding it; the map stays valid.
     let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
@@ -20,7 +21,7 @@ pub fn thread_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuCodegenE
     let pool = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
-            .thread_name(move |i| format!("flashsample-cpu{threads}-{i}"))
+            .thread_name(move |i| format!("fs-cpu{threads}-{i}"))
             .build()
             .map_err(|e| CpuCodegenError::ThreadPool(e.to_string()))?,
     );

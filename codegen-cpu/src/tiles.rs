@@ -20,7 +20,7 @@ use crate::CpuCodegenError;
 /// Most hidden rows one register block of the microkernel holds: 6 rows × 4 tokens = 24
 /// accumulators, plus 4 weight vectors and one hidden vector, of the 32 zmm registers.
 #[cfg(target_arch = "x86_64")]
-const ROWS: usize = 6;
+const ROWS: usize = 4;
 
 /// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
 /// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
@@ -94,8 +94,6 @@ pub(crate) unsafe fn tile_logits_bf16(
                     1 => quad_rows::<1>(h, w, dim, o),
                     2 => quad_rows::<2>(h, w, dim, o),
                     3 => quad_rows::<3>(h, w, dim, o),
-                    4 => quad_rows::<4>(h, w, dim, o),
-                    5 => quad_rows::<5>(h, w, dim, o),
                     _ => quad_rows::<ROWS>(h, w, dim, o),
                 }
             }

@@ -229,3 +229,27 @@ pub(crate) fn host_f32(t: &Tensor<'_>) -> Result<Vec<f32>> {
     let bytes = t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })?;
     Ok(widen_to_f32(t.dtype, bytes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsample_ir::{DType, PipelineBuilder};
+
+    #[test]
+    fn the_kernel_cache_is_bounded_and_keeps_the_most_recently_used() {
+        let pipeline = Arc::new(PipelineBuilder::new("P", DType::F32, DType::F32).build().unwrap());
+        let backend = CpuBackend::new(pipeline, 1);
+        let config = |tile: u32| CpuConfig { vocab_tile: tile, row_block: 1, threads: 1, engine: CpuEngine::Cranelift };
+        let first = backend.kernel(&config(4), false).unwrap();
+        let second = Arc::downgrade(&backend.kernel(&config(8), false).unwrap());
+        for tile in 3..=KERNEL_CACHE as u32 + 1 {
+            backend.kernel(&config(4 * tile), false).unwrap();
+            // Touching the first keeps it the most recently used.
+            assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+            assert!(backend.cached_kernels() <= KERNEL_CACHE);
+        }
+        assert_eq!(backend.cached_kernels(), KERNEL_CACHE);
+        assert!(second.upgrade().is_none(), "the least recently used kernel was dropped");
+        assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+    }
+}
