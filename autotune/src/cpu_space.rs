@@ -74,9 +74,8 @@ fn keep(c: &CpuConfig, batch: usize, dim: usize, vocab: usize, elem_bytes: usize
     };
     let tiles = vocab.div_ceil(c.vocab_tile as usize);
     let smallest_tile = c.vocab_tile == VOCAB_TILES[0];
-    (tile_bytes <= limits.l2_bytes / 2 || smallest_tile)
-        && (tiles >= limits.threads || smallest_tile)
-        && c.row_block as usize <= batch.next_power_of_two()
+    let fits = tile_bytes <= limits.l2_bytes / 2 && tiles >= limits.threads;
+    (fits || smallest_tile) && c.row_block as usize <= batch.next_power_of_two()
 }
 
 #[cfg(test)]

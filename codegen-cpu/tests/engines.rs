@@ -243,7 +243,7 @@ fn avx512bf16_reads_subnormal_bf16_as_zero() {
     let (dim, vocab) = (33usize, 128usize);
     let mut weights = vec![0u8; vocab * dim * 2];
     for v in 0..vocab {
-        let bits = 1 + v as u16 | if v % 2 == 1 { 0x8000 } else { 0 };
+        let bits = (1 + v as u16) | if v % 2 == 1 { 0x8000 } else { 0 };
         let at = (v * dim + v % dim) * 2;
         weights[at..at + 2].copy_from_slice(&bits.to_le_bytes());
     }
