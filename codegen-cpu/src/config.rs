@@ -10,6 +10,8 @@ pub(crate) const MAX_THREADS: usize = 1024;
 /// Bytes of one task's logit scratch (`batch × vocab_tile` f32) that the heuristic aims for:
 /// well inside a core's L2 next to the weight rows and hidden rows the tile reads.
 const SCRATCH_TARGET_BYTES: usize = 192 << 10;
+/// Weight bytes of one tile that the hidden row chunks re-read (`tiles::HIDDEN_CHUNK_BYTES`).
+const CHUNKED_TILE_BYTES: usize = 2 << 20;
 /// Largest logit scratch a config may ask for; the engine path refuses bigger (row, tile) products.
 pub(crate) const MAX_SCRATCH_BYTES: usize = 64 << 20;
 
@@ -130,7 +132,6 @@ impl CpuConfig {
 
     /// A reasonable config for a `[batch, dim] x [vocab, dim]` launch on `engine`.
     pub fn heuristic_for_engine(engine: CpuEngine, batch: usize, dim: usize, vocab: usize) -> Self {
-        let _ = dim;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
         // Enough tiles for load balance (8 per thread), few enough that stage two stays trivial.
         let per_tile = vocab.div_ceil(8 * threads).div_ceil(4) * 4;
@@ -139,7 +140,11 @@ impl CpuConfig {
             // The scratch (`batch × vocab_tile` f32) stays in L2.
             CpuEngine::Avx512Bf16 => {
                 let fits = SCRATCH_TARGET_BYTES / (4 * batch.max(1)) / 4 * 4;
-                per_tile.min(fits).clamp(32, 2048) as u32
+                // Hidden states past L2 are split into row chunks that each re-read the tile's
+                // weights: keep those in L3.
+                let chunked = batch * dim * 2 > crate::tiles::HIDDEN_CHUNK_BYTES;
+                let rereads = if chunked { CHUNKED_TILE_BYTES / (2 * dim.max(1)) / 4 * 4 } else { usize::MAX };
+                per_tile.min(fits).min(rereads).clamp(32, 2048) as u32
             }
         };
         // Cranelift: 4 rows × 4 tokens = 16 accumulators: a few spill, but it measured fastest at B = 16.

@@ -23,6 +23,11 @@ use crate::CpuCodegenError;
 #[cfg(target_arch = "x86_64")]
 const ROWS: usize = 4;
 
+/// Bytes of hidden states one pass over a tile's quads keeps hot (half of a 1 MiB L2). Larger
+/// batches are split into row chunks, each of which streams the tile's weights again (from L3:
+/// `CpuConfig::heuristic` keeps such tiles small).
+pub(crate) const HIDDEN_CHUNK_BYTES: usize = 512 << 10;
+
 /// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
 /// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
 pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<Vec<u16>, CpuCodegenError> {
@@ -82,24 +87,40 @@ pub(crate) unsafe fn tile_logits_bf16(
     debug_assert!(scratch.len() >= scratch_len(batch, v_end - v_begin));
     let out = scratch.as_mut_ptr();
     let weights = weights.cast::<u16>();
-    for (q, v) in (v_begin..v_end).step_by(4).enumerate() {
-        let w = [0, 1, 2, 3].map(|j| unsafe { weights.add((v + j).min(vocab - 1) * dim) });
-        let mut r0 = 0;
-        while r0 < batch {
-            let rows = (batch - r0).min(ROWS);
-            let h = unsafe { hidden.as_ptr().add(r0 * dim) };
-            let o = unsafe { out.add((q * batch + r0) * 4) };
-            // SAFETY: the caller's guarantees; `rows` rows from `r0` exist.
-            unsafe {
-                match rows {
-                    1 => quad_rows::<1>(h, w, dim, o),
-                    2 => quad_rows::<2>(h, w, dim, o),
-                    3 => quad_rows::<3>(h, w, dim, o),
-                    _ => quad_rows::<ROWS>(h, w, dim, o),
-                }
-            }
-            r0 += rows;
+    // Rows in chunks whose hidden states stay in L2 while the tile's quads stream past them
+    // (with all rows at once, B = 256 at D = 4096 re-read 2 MiB from L3 for every quad).
+    let chunk_rows = (HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(ROWS) / ROWS * ROWS;
+    for chunk in (0..batch).step_by(chunk_rows) {
+        let chunk_end = (chunk + chunk_rows).min(batch);
+        for (q, v) in (v_begin..v_end).step_by(4).enumerate() {
+            let w = [0, 1, 2, 3].map(|j| unsafe { weights.add((v + j).min(vocab - 1) * dim) });
+            quad_all_rows(hidden, dim, w, chunk, chunk_end, unsafe { out.add(q * batch * 4) });
         }
+    }
+}
+
+/// Rows `r0..r_end` of one quad, in register blocks of up to [`ROWS`] rows; row `r`'s four
+/// logits go to `out[4r..4r + 4]`.
+///
+/// # Safety
+/// As [`tile_logits_bf16`]; `w` are the quad's 4 weight rows, `out` holds `4 · r_end` floats.
+#[cfg(target_arch = "x86_64")]
+unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usize, r_end: usize, out: *mut f32) {
+    let mut r = r0;
+    while r < r_end {
+        let rows = (r_end - r).min(ROWS);
+        // SAFETY: the caller's guarantees; rows `r..r + rows` exist.
+        unsafe {
+            let h = hidden.as_ptr().add(r * dim);
+            let o = out.add(r * 4);
+            match rows {
+                1 => quad_rows::<1>(h, w, dim, o),
+                2 => quad_rows::<2>(h, w, dim, o),
+                3 => quad_rows::<3>(h, w, dim, o),
+                _ => quad_rows::<ROWS>(h, w, dim, o),
+            }
+        }
+        r += rows;
     }
 }
 

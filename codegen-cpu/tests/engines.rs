@@ -58,9 +58,11 @@ fn bf16_inputs(p: &Pipeline, rng: &mut rand::rngs::StdRng, batch: usize, dim: us
     inp
 }
 
-/// (batch, dim, vocab, vocab_tile, threads): rows around the microkernel's 6-row block, dims
-/// around its 32-element step, vocabularies that end inside a quad.
-const SHAPES: [(usize, usize, usize, u32, usize); 9] = [
+/// (batch, dim, vocab, vocab_tile, threads): rows around the microkernel's 4-row block, dims
+/// around its 32-element step, vocabularies that end inside a quad, and hidden states past
+/// the engine's 512 KiB row chunk (70 rows × 4100: chunks of 60 and 10 rows).
+const SHAPES: [(usize, usize, usize, u32, usize); 10] = [
+    (70, 4100, 50, 16, 2),
     (1, 1, 5, 4, 1),
     (3, 7, 37, 12, 2),
     (13, 33, 133, 64, 2),
