@@ -145,8 +145,8 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                     return (f64::NAN, 0.0);
                 }
                 // Engines that flush subnormals (CPU `vdpbf16ps` tiles, DESIGN.md "CPU matrix
-                // engine") drop the products of subnormal inputs and flush each of at most
-                // 2 (D + 2) subnormal partial sums (each under 2^-126).
+                // engine") drop the products of subnormal inputs and flush at most 2 (D + 2)
+                // subnormal products or partial sums (each under 2^-126).
                 let daz_ftz = flushed + 2.0 * n * F32_MIN_NORMAL;
                 let (mut x, mut err) = (raw, gamma * abs + daz_ftz);
                 for tr in &self.pipeline.transforms {
