@@ -109,15 +109,20 @@ unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usiz
     let mut r = r0;
     while r < r_end {
         let rows = (r_end - r).min(ROWS);
+        // The first row block streams the quad from memory and prefetches the next quad;
+        // later ones find it in cache.
+        let first = r == r0;
         // SAFETY: the caller's guarantees; rows `r..r + rows` exist.
         unsafe {
             let h = hidden.as_ptr().add(r * dim);
             let o = out.add(r * 4);
-            match rows {
-                1 => quad_rows::<1>(h, w, dim, o),
-                2 => quad_rows::<2>(h, w, dim, o),
-                3 => quad_rows::<3>(h, w, dim, o),
-                _ => quad_rows::<ROWS>(h, w, dim, o),
+            match (rows, first) {
+                (1, _) => quad_rows::<1, true>(h, w, dim, o),
+                (2, _) => quad_rows::<2, true>(h, w, dim, o),
+                (3, true) => quad_rows::<3, true>(h, w, dim, o),
+                (3, false) => quad_rows::<3, false>(h, w, dim, o),
+                (_, true) => quad_rows::<ROWS, true>(h, w, dim, o),
+                (_, false) => quad_rows::<ROWS, false>(h, w, dim, o),
             }
         }
         r += rows;
@@ -125,10 +130,12 @@ unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usiz
 }
 
 /// `R` hidden rows (`h`, row stride `dim`) against 4 weight rows: `R × 4` logits at `out`
-/// (`[row][4]`).
+/// (`[row][4]`). With `PREFETCH`, each step also prefetches the same columns of the next
+/// quad's rows (4 rows further on): a quad's rows are 4 short streams (2 KiB each at D = 1024),
+/// too short for the hardware prefetcher to reach full speed on its own.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-unsafe fn quad_rows<const R: usize>(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
+unsafe fn quad_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
     use std::arch::x86_64::*;
     #[inline(always)]
     fn bh(x: __m512i) -> __m512bh {
@@ -139,6 +146,13 @@ unsafe fn quad_rows<const R: usize>(h: *const u16, w: [*const u16; 4], dim: usiz
     let steps = dim / 32;
     for k in 0..steps {
         let off = 32 * k;
+        if PREFETCH {
+            for p in w {
+                // Past the last quad this points outside the weights: a prefetch never faults,
+                // and `wrapping_add` makes no claim about the allocation.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + 4 * dim).cast());
+            }
+        }
         // SAFETY: `off + 32 ≤ dim` for every row read.
         let wv = w.map(|p| bh(unsafe { _mm512_loadu_si512(p.add(off).cast()) }));
         for (i, acc_row) in acc.iter_mut().enumerate() {
