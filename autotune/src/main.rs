@@ -201,7 +201,7 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
     let mut space: Vec<KernelConfig> = match device {
         Device::Cpu { threads } => {
             let limits = CpuLimits { threads: *threads, ..CpuLimits::detect() };
-            cpu_space::enumerate(shape.batch, shape.dim, shape.vocab, pipeline.weights.dtype.size_bytes(), &limits)
+            cpu_space::enumerate(pipeline, shape.batch, shape.dim, shape.vocab, &limits)
                 .into_iter()
                 // What the runtime would refuse to load (scratch past its bound) is not worth timing.
                 .filter(|c| c.unusable(shape).is_none())

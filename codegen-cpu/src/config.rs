@@ -1,4 +1,5 @@
 use crate::CpuCodegenError;
+use flashsample_ir::{DType, Pipeline};
 use serde::{Deserialize, Serialize};
 
 /// Most rows one register block may hold; beyond this the accumulators spill anyway.
@@ -7,29 +8,149 @@ pub(crate) const MAX_ROW_BLOCK: u32 = 8;
 pub(crate) const MAX_VOCAB_TILE: u32 = 1 << 24;
 /// Most worker threads a CPU kernel (and so a CPU device) runs.
 pub const MAX_THREADS: usize = 1024;
+/// Bytes of one task's logit scratch (`batch × vocab_tile` f32) that the heuristic aims for:
+/// well inside a core's L2 next to the weight rows and hidden rows the tile reads.
+const SCRATCH_TARGET_BYTES: usize = 192 << 10;
+/// Weight bytes of one tile that the hidden row chunks re-read (`tiles::HIDDEN_CHUNK_BYTES`).
+const CHUNKED_TILE_BYTES: usize = 2 << 20;
+/// Largest logit scratch a config may ask for; the engine path refuses bigger (row, tile) products.
+pub(crate) const MAX_SCRATCH_BYTES: usize = 64 << 20;
+
+/// Where stage one's raw logits come from. The epilogue (DESIGN.md steps 2–7) is always the
+/// JIT'd Cranelift code; the engine only decides who computes `Σ_d hidden·weights`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuEngine {
+    /// The JIT'd kernel computes its own dot products with 128-bit FMAs, fused with the
+    /// epilogue: every host Cranelift supports, every dtype, exact f32 products.
+    #[default]
+    Cranelift,
+    /// AVX-512-BF16 tiles (`vdpbf16ps`, 32 products per instruction) compute one vocabulary
+    /// tile's logits for all rows into a per-thread L1/L2 scratch, which the JIT'd epilogue
+    /// then reads. Needs bf16 hidden states and weights and a CPU with `avx512bf16`
+    /// (DESIGN.md, "CPU matrix engine", states its f32 contract).
+    Avx512Bf16,
+}
+
+impl CpuEngine {
+    /// Every engine, fallback first.
+    pub const ALL: [CpuEngine; 2] = [CpuEngine::Cranelift, CpuEngine::Avx512Bf16];
+
+    /// The CPU feature the engine needs that this host lacks, if any (detected at run time).
+    pub fn missing_host_feature(self) -> Option<&'static str> {
+        match self {
+            CpuEngine::Cranelift => None,
+            CpuEngine::Avx512Bf16 => {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    for (name, present) in [
+                        ("avx512f", std::is_x86_feature_detected!("avx512f")),
+                        ("avx512bw", std::is_x86_feature_detected!("avx512bw")),
+                        ("avx512dq", std::is_x86_feature_detected!("avx512dq")),
+                        ("avx512bf16", std::is_x86_feature_detected!("avx512bf16")),
+                    ] {
+                        if !present {
+                            return Some(name);
+                        }
+                    }
+                    None
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                Some("avx512bf16")
+            }
+        }
+    }
+
+    /// Whether the engine computes `hidden × weights` of these dtypes exactly as its contract says.
+    pub fn supports(self, hidden: DType, weights: DType) -> bool {
+        match self {
+            CpuEngine::Cranelift => true,
+            CpuEngine::Avx512Bf16 => hidden == DType::BF16 && weights == DType::BF16,
+        }
+    }
+
+    /// Why this engine cannot run `pipeline` on this host, if it cannot.
+    pub fn check(self, pipeline: &Pipeline) -> Result<(), CpuCodegenError> {
+        if let Some(feature) = self.missing_host_feature() {
+            return Err(CpuCodegenError::MissingHostFeature(feature));
+        }
+        if !self.supports(pipeline.hidden.dtype, pipeline.weights.dtype) {
+            return Err(CpuCodegenError::EngineDtype {
+                engine: self,
+                hidden: pipeline.hidden.dtype,
+                weights: pipeline.weights.dtype,
+            });
+        }
+        Ok(())
+    }
+
+    /// The fastest engine that can run `pipeline` here.
+    pub fn best_for(pipeline: &Pipeline) -> CpuEngine {
+        Self::ALL.into_iter().rev().find(|e| e.check(pipeline).is_ok()).unwrap_or(CpuEngine::Cranelift)
+    }
+}
+
+impl std::fmt::Display for CpuEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CpuEngine::Cranelift => "cranelift",
+            CpuEngine::Avx512Bf16 => "avx512bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for CpuEngine {
+    type Err = CpuCodegenError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|e| e.to_string() == s).ok_or_else(|| CpuCodegenError::InvalidConfig {
+            field: "engine",
+            reason: format!("is `{s}`; it must be one of cranelift, avx512bf16"),
+        })
+    }
+}
 
 /// Tuning knobs of the CPU stage-one kernel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CpuConfig {
     /// Tokens per vocab tile (one candidate per row, sample and tile); a multiple of 4.
     pub vocab_tile: u32,
-    /// Hidden rows that share each loaded weight vector (register blocking).
+    /// Hidden rows that share each loaded weight vector (register blocking of the Cranelift engine).
     pub row_block: u32,
-    /// Worker threads of the kernel's own thread pool.
+    /// Worker threads a launch splits its tiles over.
     pub threads: usize,
+    /// Who computes the logits. Absent in tuning files written before engines existed, which
+    /// measured the Cranelift kernel.
+    #[serde(default)]
+    pub engine: CpuEngine,
 }
 
 impl CpuConfig {
-    /// A reasonable config for a `[batch, dim] x [vocab, dim]` launch on this machine.
-    pub fn heuristic(batch: usize, dim: usize, vocab: usize) -> Self {
-        let _ = dim;
+    /// A reasonable config for a `[batch, dim] x [vocab, dim]` launch of `pipeline` on this
+    /// machine, on the fastest engine the host and the dtypes allow.
+    pub fn heuristic(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize) -> Self {
+        Self::heuristic_for_engine(CpuEngine::best_for(pipeline), batch, dim, vocab)
+    }
+
+    /// A reasonable config for a `[batch, dim] x [vocab, dim]` launch on `engine`.
+    pub fn heuristic_for_engine(engine: CpuEngine, batch: usize, dim: usize, vocab: usize) -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
         // Enough tiles for load balance (8 per thread), few enough that stage two stays trivial.
         let per_tile = vocab.div_ceil(8 * threads).div_ceil(4) * 4;
-        let vocab_tile = per_tile.clamp(64, 2048) as u32;
-        // 4 rows × 4 tokens = 16 accumulators: a few spill, but it measured fastest at B = 16.
+        let vocab_tile = match engine {
+            CpuEngine::Cranelift => per_tile.clamp(64, 2048) as u32,
+            // The scratch (`batch × vocab_tile` f32) stays in L2.
+            CpuEngine::Avx512Bf16 => {
+                let fits = SCRATCH_TARGET_BYTES / (4 * batch.max(1)) / 4 * 4;
+                // Hidden states past L2 are split into row chunks that each re-read the tile's
+                // weights: keep those in L3.
+                let chunked = batch * dim * 2 > crate::tiles::HIDDEN_CHUNK_BYTES;
+                let rereads = if chunked { CHUNKED_TILE_BYTES / (2 * dim.max(1)) / 4 * 4 } else { usize::MAX };
+                per_tile.min(fits).min(rereads).clamp(32, 2048) as u32
+            }
+        };
+        // Cranelift: 4 rows × 4 tokens = 16 accumulators: a few spill, but it measured fastest at B = 16.
         let row_block = batch.clamp(1, 4) as u32;
-        CpuConfig { vocab_tile, row_block, threads }
+        CpuConfig { vocab_tile, row_block, threads, engine }
     }
 
     pub fn validate(&self) -> Result<(), CpuCodegenError> {

@@ -9,6 +9,10 @@ pub enum CpuCodegenError {
     UnsupportedHost(String),
     #[error("the host CPU lacks `{0}`, which the CPU kernel needs")]
     MissingHostFeature(&'static str),
+    #[error("the {engine} engine cannot multiply {hidden:?} hidden states by {weights:?} weights exactly; use the cranelift engine")]
+    EngineDtype { engine: crate::CpuEngine, hidden: flashsample_ir::DType, weights: flashsample_ir::DType },
+    #[error("hidden row {row} holds {value:e}, which is not a bf16 value (the pipeline declares bf16 hidden states)")]
+    HiddenNotBf16 { row: usize, value: f32 },
     #[error("Cranelift failed to build the kernel: {0}")]
     Compile(String),
     #[error("could not start the kernel's thread pool: {0}")]

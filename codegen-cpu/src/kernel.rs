@@ -1,5 +1,6 @@
-use crate::config::CpuConfig;
-use crate::lower::{self, Plan};
+use crate::config::{CpuConfig, CpuEngine, MAX_SCRATCH_BYTES};
+use crate::lower::{self, LogitSource, Plan};
+use crate::tiles;
 use crate::CpuCodegenError;
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
 use cranelift_codegen::settings::{self, Configurable};
@@ -79,7 +80,16 @@ unsafe extern "C" fn insert_quad(list: *mut Scored, per_tile: u64, v: u64, x: *c
     }
 }
 
-type KernelFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64);
+type FusedFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64);
+/// [`LogitSource::Scratch`]: the epilogue of one tile whose logits are in `scratch`.
+type ScratchFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64, scratch: *const f32);
+
+/// The JIT'd function, by where its logits come from.
+#[derive(Clone, Copy)]
+enum Entry {
+    Fused(FusedFn),
+    Scratch { epilogue: ScratchFn, tiles: tiles::TileFn },
+}
 
 /// The args shared by the worker threads of one launch.
 struct SharedArgs(*const KernelArgs);
@@ -144,15 +154,16 @@ pub struct CpuLaunch<'a> {
     pub lse: Option<&'a mut [LsePartial]>,
 }
 
-/// A compiled stage-one kernel for one pipeline and config, with its own thread pool.
+/// A compiled stage-one kernel for one pipeline and config. Its launches run on the process's
+/// shared pool for `config.threads` ([`crate::thread_pool`]), not on a pool of its own.
 pub struct CpuKernel {
-    entry: KernelFn,
+    entry: Entry,
     clif: String,
     pipeline: Pipeline,
     config: CpuConfig,
     /// Whether the kernel writes logsumexp partials (and so takes an `lse` buffer).
     logsumexp: bool,
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     _code: JitCode,
 }
 
@@ -197,6 +208,11 @@ impl CpuKernel {
         }
         config.validate()?;
         check_host()?;
+        config.engine.check(pipeline)?;
+        let source = match config.engine {
+            CpuEngine::Cranelift => LogitSource::Fused,
+            CpuEngine::Avx512Bf16 => LogitSource::Scratch,
+        };
 
         let mut flags = settings::builder();
         for (name, value) in [("opt_level", "speed"), ("use_colocated_libcalls", "false"), ("is_pic", "false")] {
@@ -212,12 +228,16 @@ impl CpuKernel {
         }
 
         let mut sig = module.make_signature();
-        sig.params.extend([AbiParam::new(types::I64); 3]);
+        let params = match source {
+            LogitSource::Fused => 3,
+            LogitSource::Scratch => 4,
+        };
+        sig.params.extend(std::iter::repeat_n(AbiParam::new(types::I64), params));
         let id = module.declare_function("flashsample_stage1", Linkage::Local, &sig).map_err(compile_error)?;
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        let plan = Plan { needs_lse: logsumexp, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let plan = Plan { needs_lse: logsumexp, logits: source, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
@@ -226,13 +246,17 @@ impl CpuKernel {
         module.finalize_definitions().map_err(compile_error)?;
         let code = module.get_finalized_function(id);
         // SAFETY: the function was declared with this signature in the default (C) call convention.
-        let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
-
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads)
-            .thread_name(|i| format!("flashsample-cpu-{i}"))
-            .build()
-            .map_err(|e| CpuCodegenError::ThreadPool(e.to_string()))?;
+        let entry = unsafe {
+            match source {
+                LogitSource::Fused => Entry::Fused(std::mem::transmute::<*const u8, FusedFn>(code)),
+                LogitSource::Scratch => Entry::Scratch {
+                    epilogue: std::mem::transmute::<*const u8, ScratchFn>(code),
+                    tiles: tiles::for_engine(config.engine)
+                        .ok_or(CpuCodegenError::MissingHostFeature("the engine's instructions"))?,
+                },
+            }
+        };
+        let pool = crate::pool::thread_pool(config.threads)?;
         Ok(CpuKernel {
             entry,
             clif,
@@ -369,8 +393,21 @@ impl CpuKernel {
             .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), NoiseStream::Token))
             .collect();
 
-        let even_odd = matches!(p.weights.dtype, DType::BF16 | DType::F16);
-        let hidden = hidden_blocks(a.hidden, a.batch, a.dim, self.config.row_block as usize, even_odd);
+        let hidden = match self.entry {
+            Entry::Fused(_) => {
+                let even_odd = matches!(p.weights.dtype, DType::BF16 | DType::F16);
+                hidden_blocks(a.hidden, a.batch, a.dim, self.config.row_block as usize, even_odd)
+            }
+            Entry::Scratch { .. } => Vec::new(),
+        };
+        let hidden_bf16 = match self.entry {
+            Entry::Fused(_) => Vec::new(),
+            Entry::Scratch { .. } => tiles::hidden_to_bf16(a.hidden, a.dim)?,
+        };
+        let scratch_len = tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
+        if matches!(self.entry, Entry::Scratch { .. }) && scratch_len * 4 > MAX_SCRATCH_BYTES {
+            return Err(CpuCodegenError::TooLarge { what: "logit scratch bytes (batch × vocab_tile × 4)", value: scratch_len * 4, max: MAX_SCRATCH_BYTES });
+        }
         let row_scale: Vec<f32> =
             a.temperatures.iter().map(|&t| if t != 0.0 { 1.0f32 / t } else { 1.0 }).collect();
         let row_greedy: Vec<u32> = a.temperatures.iter().map(|&t| u32::from(t == 0.0)).collect();
@@ -400,12 +437,30 @@ impl CpuKernel {
         };
         let shared = SharedArgs(&args);
         let tasks = tiles.min(self.config.threads * 4);
+        let vocab_tile = self.config.vocab_tile as usize;
         let run = |task: usize| {
-            let begin = (tiles * task / tasks) as u64;
-            let end = (tiles * (task + 1) / tasks) as u64;
-            // SAFETY: every pointer in `args` covers the length checked above for this shape,
-            // the buffers outlive the call, and tasks cover disjoint tile ranges.
-            unsafe { (self.entry)(shared.get(), begin, end) };
+            let begin = tiles * task / tasks;
+            let end = tiles * (task + 1) / tasks;
+            match self.entry {
+                // SAFETY: every pointer in `args` covers the length checked above for this shape,
+                // the buffers outlive the call, and tasks cover disjoint tile ranges.
+                Entry::Fused(f) => unsafe { f(shared.get(), begin as u64, end as u64) },
+                Entry::Scratch { epilogue, tiles: tile_logits } => {
+                    let mut scratch = vec![0.0f32; scratch_len];
+                    for tile in begin..end {
+                        let v_begin = tile * vocab_tile;
+                        let v_end = (v_begin + vocab_tile).min(a.vocab);
+                        // SAFETY: `compile` checked the host's features and the dtypes for this
+                        // engine; the lengths of hidden and weights were checked above, and the
+                        // scratch holds a whole tile.
+                        unsafe {
+                            tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
+                            // The scratch now holds this tile's logits in the layout `tiles` documents.
+                            epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
+                        }
+                    }
+                }
+            }
         };
         if tasks == 1 {
             run(0);

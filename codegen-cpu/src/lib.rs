@@ -10,7 +10,10 @@ mod error;
 mod kernel;
 mod lower;
 mod math;
+mod pool;
+mod tiles;
 
-pub use config::{CpuConfig, MAX_THREADS};
+pub use config::{CpuConfig, CpuEngine, MAX_THREADS};
 pub use error::CpuCodegenError;
 pub use kernel::{CpuKernel, CpuLaunch};
+pub use pool::thread_pool;

@@ -34,6 +34,16 @@ pub(crate) enum Step {
     Penalties,
 }
 
+/// Where the epilogue's raw logits come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogitSource {
+    /// The kernel's own register-blocked dot products (`fn(args, tile_begin, tile_end)`).
+    Fused,
+    /// A matrix engine already wrote the tile's logits, `[quad][row][4]` f32 (`crate::tiles`),
+    /// at the 4th parameter: `fn(args, tile_begin, tile_end, scratch)`, one tile per call.
+    Scratch,
+}
+
 /// What the lowering needs to know about a pipeline and a config.
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
@@ -51,6 +61,7 @@ pub(crate) struct Plan {
     pub needs_lse: bool,
     /// Entries of each (row, tile) top list; 0 = no lists.
     pub list_capacity: u32,
+    pub logits: LogitSource,
 }
 
 impl Plan {
@@ -79,6 +90,7 @@ impl Plan {
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
             list_capacity: pipeline.list_capacity(),
+            logits: LogitSource::Fused,
         }
     }
 }
@@ -121,7 +133,8 @@ fn own() -> MemFlagsData {
     MemFlagsData::trusted()
 }
 
-/// Builds the kernel body into `func`, whose signature is `(i64, i64, i64)`.
+/// Builds the kernel body into `func`, whose signature is `(i64, i64, i64)`, plus a fourth
+/// `i64` (the scratch) for [`LogitSource::Scratch`].
 pub(crate) fn build(func: &mut Function, fctx: &mut FunctionBuilderContext, plan: &Plan, target: TargetFrontendConfig) {
     let mut b = FunctionBuilder::new(func, fctx);
     let entry = b.create_block();
@@ -129,6 +142,7 @@ pub(crate) fn build(func: &mut Function, fctx: &mut FunctionBuilderContext, plan
     b.switch_to_block(entry);
     let params = b.block_params(entry).to_vec();
     let mut k = Lowering::new(b, plan, params[0], target.default_call_conv);
+    k.scratch = params.get(3).copied();
     k.emit(params[1], params[2]);
     k.b.seal_all_blocks();
     k.b.finalize(target);
@@ -178,6 +192,8 @@ struct Quad {
     /// Bit k set iff token `v + k` exists (`< vocab`).
     valid_bits: Value,
     bias: Option<Value>,
+    /// With [`LogitSource::Scratch`]: the address of this quad's row 0 in the scratch.
+    scratch_rows: Option<Value>,
 }
 
 /// One row's f32x4 of a quad as step 6 sees it.
@@ -203,6 +219,8 @@ struct Lowering<'a, 'p> {
     call_slot: StackSlot,
     /// `fn(i64, i64, i64, i64)`, the helpers' signature.
     helper_sig: cranelift_codegen::ir::SigRef,
+    /// The engine-filled logits of the tile ([`LogitSource::Scratch`]).
+    scratch: Option<Value>,
 }
 
 impl<'a, 'p> Lowering<'a, 'p> {
@@ -218,7 +236,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let mut sig = cranelift_codegen::ir::Signature::new(call_conv);
         sig.params.extend([cranelift_codegen::ir::AbiParam::new(I64); 4]);
         let helper_sig = b.import_signature(sig);
-        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot, call_slot, helper_sig }
+        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot, call_slot, helper_sig, scratch: None }
     }
 
     fn arg(&mut self, offset: usize) -> Value {
@@ -411,8 +429,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.b.ins().brif(more, quad_body, &[], tile_done, &[]);
 
         self.b.switch_to_block(quad_body);
-        let quad = self.emit_quad_head(l, v);
-        self.emit_row_blocks(l, &quad, quad_next);
+        let quad = self.emit_quad_head(l, v, v_begin);
+        match self.plan.logits {
+            LogitSource::Fused => self.emit_row_blocks(l, &quad, quad_next),
+            LogitSource::Scratch => self.emit_scratch_rows(l, &quad, quad_next),
+        }
 
         self.b.switch_to_block(quad_next);
         let next = self.b.ins().iadd_imm_s(v, 4);
@@ -422,7 +443,15 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.b.switch_to_block(tile_done);
     }
 
-    fn emit_quad_head(&mut self, l: &Launch, v: Value) -> Quad {
+    fn emit_quad_head(&mut self, l: &Launch, v: Value, v_begin: Value) -> Quad {
+        let scratch_rows = self.scratch.map(|scratch| {
+            let b = &mut self.b;
+            let quad = b.ins().isub(v, v_begin);
+            let quad = b.ins().ushr_imm_u(quad, 2);
+            let rows = b.ins().imul(quad, l.batch);
+            let off = b.ins().ishl_imm_u(rows, 4);
+            b.ins().iadd(scratch, off)
+        });
         let b = &mut self.b;
         // Tokens past the vocabulary read the last row (never out of bounds) and are masked off.
         let mut tokens = [v; 4];
@@ -456,7 +485,29 @@ impl<'a, 'p> Lowering<'a, 'p> {
         } else {
             None
         };
-        Quad { v, weight_rows, valid_bits, bias }
+        Quad { v, weight_rows, valid_bits, bias, scratch_rows }
+    }
+
+    /// [`LogitSource::Scratch`]: the epilogue of every row of the quad, then `done`.
+    fn emit_scratch_rows(&mut self, l: &Launch, q: &Quad, done: Block) {
+        let zero = self.b.ins().iconst(I64, 0);
+        self.b.def_var(self.epi_row, zero);
+        let head = self.b.create_block();
+        let body = self.b.create_block();
+        let next = self.b.create_block();
+        self.b.ins().jump(head, &[]);
+
+        self.b.switch_to_block(head);
+        let row = self.b.use_var(self.epi_row);
+        let more = self.b.ins().icmp(IntCC::UnsignedLessThan, row, l.batch);
+        self.b.ins().brif(more, body, &[], done, &[]);
+
+        self.b.switch_to_block(body);
+        self.emit_epilogue(l, q, row, next);
+        self.b.switch_to_block(next);
+        let row_next = self.b.ins().iadd_imm_s(row, 1);
+        self.b.def_var(self.epi_row, row_next);
+        self.b.ins().jump(head, &[]);
     }
 
     /// Full row blocks, then one remainder block, then `done`.
@@ -707,13 +758,23 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
     /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.
     fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
-        let block_row = self.b.use_var(self.row);
+        // The scratch is only 4-byte aligned, and never written while the epilogue runs.
+        let (addr, flags) = match q.scratch_rows {
+            Some(rows) => {
+                let off = self.b.ins().ishl_imm_u(row, 4);
+                (self.b.ins().iadd(rows, off), input())
+            }
+            None => {
+                let block_row = self.b.use_var(self.row);
+                let b = &mut self.b;
+                let slot_addr = b.ins().stack_addr(I64, self.logits_slot, 0);
+                let local = b.ins().isub(row, block_row);
+                let local_off = b.ins().ishl_imm_u(local, 4);
+                (b.ins().iadd(slot_addr, local_off), own())
+            }
+        };
         let b = &mut self.b;
-        let slot_addr = b.ins().stack_addr(I64, self.logits_slot, 0);
-        let local = b.ins().isub(row, block_row);
-        let local_off = b.ins().ishl_imm_u(local, 4);
-        let addr = b.ins().iadd(slot_addr, local_off);
-        let raw = b.ins().load(F32X4, own(), addr, 0);
+        let raw = b.ins().load(F32X4, flags, addr, 0);
 
         // Step 2: a NaN/inf raw logit of an existing token poisons the (row, tile) for every sample.
         let raw_bits = math::to_bits(b, raw);

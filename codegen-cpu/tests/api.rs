@@ -4,12 +4,12 @@ mod common;
 
 use common::*;
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 
 #[test]
 fn config_validation_names_the_field() {
-    let ok = CpuConfig { vocab_tile: 64, row_block: 2, threads: 2 };
+    let ok = CpuConfig { vocab_tile: 64, row_block: 2, threads: 2, engine: CpuEngine::Cranelift };
     assert!(ok.validate().is_ok());
     for (cfg, field) in [
         (CpuConfig { vocab_tile: 6, ..ok.clone() }, "vocab_tile"),
@@ -29,8 +29,9 @@ fn config_validation_names_the_field() {
 
 #[test]
 fn heuristic_configs_are_valid_and_roundtrip_through_serde() {
-    for (b, d, v) in [(1, 4096, 151_936), (16, 1024, 151_936), (3, 7, 5), (64, 8, 1)] {
-        let cfg = CpuConfig::heuristic(b, d, v);
+    let p = PipelineBuilder::new("P", DType::BF16, DType::BF16).build().unwrap();
+    for (b, d, v) in [(1, 4096, 151_936), (16, 1024, 151_936), (3, 7, 5), (64, 8, 1), (100_000, 8, 151_936)] {
+        let cfg = CpuConfig::heuristic(&p, b, d, v);
         cfg.validate().unwrap();
         let json = serde_json::to_string(&cfg).unwrap();
         assert_eq!(serde_json::from_str::<CpuConfig>(&json).unwrap(), cfg);
@@ -40,7 +41,7 @@ fn heuristic_configs_are_valid_and_roundtrip_through_serde() {
 #[test]
 fn invalid_pipelines_are_errors() {
     let p = PipelineBuilder::new("P", DType::F32, DType::BF16).softcap(-1.0).build_unchecked();
-    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1 };
+    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine: CpuEngine::Cranelift };
     assert!(matches!(CpuKernel::compile(&p, &cfg), Err(CpuCodegenError::Pipeline(_))));
 }
 
@@ -126,7 +127,7 @@ fn clif_snapshot() {
         .gumbel("seed", 1)
         .build()
         .unwrap();
-    let cfg = CpuConfig { vocab_tile: 16, row_block: 2, threads: 1 };
+    let cfg = CpuConfig { vocab_tile: 16, row_block: 2, threads: 1, engine: CpuEngine::Cranelift };
     let a = CpuKernel::compile(&p, &cfg).unwrap();
     let b = CpuKernel::compile(&p, &cfg).unwrap();
     assert_eq!(a.clif(), b.clif(), "CLIF is deterministic");

@@ -142,6 +142,13 @@ pub struct RowLogits {
 }
 
 const U: f64 = 1.0 / 16_777_216.0; // f32 unit roundoff, 2^-24
+/// The smallest normal f32, 2^-126.
+const F32_MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
+
+/// Whether `x` is nonzero and below f32's normal range (an f32 subnormal, or smaller).
+fn is_subnormal_f32(x: f64) -> bool {
+    x != 0.0 && x.abs() < F32_MIN_NORMAL
+}
 
 /// Magnitude from which round-to-nearest f32 gives ±inf: `f32::MAX` plus half its ulp.
 const F32_OVERFLOW: f64 = 340_282_356_779_733_661_637_539_395_458_142_568_448.0;
@@ -223,16 +230,24 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
             .into_par_iter()
             .map(|v| {
                 let w = &self.weights[v * self.dim..][..self.dim];
-                let (mut raw, mut abs) = (0.0f64, 0.0f64);
+                let (mut raw, mut abs, mut flushed) = (0.0f64, 0.0f64, 0.0f64);
                 for (hd, wd) in h.iter().zip(w) {
-                    let p = hd * wd.to_f64();
+                    let wd = wd.to_f64();
+                    let p = hd * wd;
                     raw += p;
                     abs += p.abs();
+                    if is_subnormal_f32(*hd) || is_subnormal_f32(wd) {
+                        flushed += p.abs();
+                    }
                 }
                 if !f32_range(raw).is_finite() {
                     return TokenLogit::RawNonFinite;
                 }
-                let (mut x, mut err) = (raw, gamma * abs);
+                // Engines that flush subnormals (CPU `vdpbf16ps` tiles, DESIGN.md "CPU matrix
+                // engine") drop the products of subnormal inputs and flush at most 2 (D + 2)
+                // subnormal products or partial sums (each under 2^-126).
+                let daz_ftz = flushed + 2.0 * n * F32_MIN_NORMAL;
+                let (mut x, mut err) = (raw, gamma * abs + daz_ftz);
                 for tr in &self.pipeline.transforms {
                     match tr {
                         Transform::Temperature(_) if t != 0.0 => {

@@ -10,20 +10,43 @@ use crate::{
 use std::collections::HashMap;
 use flashsample_abi::{Candidate, LsePartial, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_ir::MAX_LIST_CAPACITY;
-use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
 
 /// A compiled kernel's config and whether it writes logsumexp partials.
 type KernelKey = (CpuConfig, bool);
 
+/// Compiled kernels a sampler keeps; the least recently used one is dropped past this. A
+/// serving loop uses one or two per shape bucket (with and without the logsumexp).
+pub(crate) const KERNEL_CACHE: usize = 8;
+/// Shapes whose config a sampler remembers; past this the memo starts over (a lookup is cheap).
+const CONFIG_MEMO: usize = 1024;
+
+/// Forces the CPU engine for every pipeline it can run (`cranelift`, `avx512bf16`); other
+/// pipelines keep the Cranelift engine. For tests of the fallback path and A/B measurements.
+pub(crate) const ENGINE_ENV: &str = "FLASHSAMPLE_CPU_ENGINE";
+
 pub(crate) struct CpuBackend {
     pipeline: Arc<Pipeline>,
     threads: usize,
-    /// Compiled kernels by config; a handful at most (one per shape bucket in use).
+    /// Compiled kernels, most recently used first, at most [`KERNEL_CACHE`]. (A linear scan of
+    /// eight keys; kernels share the process's thread pool, so dropping one frees only its code.)
     kernels: Mutex<Vec<(KernelKey, Arc<CpuKernel>)>>,
     /// Config per shape, so tuning files are read once per shape, not once per launch.
     configs: Mutex<HashMap<Shape, CpuConfig>>,
+}
+
+/// The engine [`ENGINE_ENV`] asks for, if set and valid (an invalid value warns once).
+fn forced_engine() -> Option<CpuEngine> {
+    let value = std::env::var(ENGINE_ENV).ok()?;
+    match value.parse::<CpuEngine>() {
+        Ok(engine) => Some(engine),
+        Err(e) => {
+            tuning::warn_once(&[format!("{ENGINE_ENV} ignored: {e}")]);
+            None
+        }
+    }
 }
 
 impl CpuBackend {
@@ -31,23 +54,39 @@ impl CpuBackend {
         CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()), configs: Mutex::new(HashMap::new()) }
     }
 
+    /// The engine for this pipeline: [`ENGINE_ENV`]'s if it can run it here, else the fastest
+    /// one that can; Cranelift runs everything.
+    pub fn engine(&self) -> CpuEngine {
+        match forced_engine() {
+            Some(e) if e.check(&self.pipeline).is_ok() => e,
+            Some(_) => CpuEngine::Cranelift,
+            None => CpuEngine::best_for(&self.pipeline),
+        }
+    }
+
     pub fn identity(&self) -> DeviceIdentity {
         DeviceIdentity::this_cpu(self.threads)
     }
 
     pub fn heuristic(&self, shape: Shape) -> CpuConfig {
-        CpuConfig { threads: self.threads, ..CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab) }
+        CpuConfig { threads: self.threads, ..CpuConfig::heuristic_for_engine(self.engine(), shape.batch, shape.dim, shape.vocab) }
     }
 
     pub fn config_for(&self, shape: Shape) -> CpuConfig {
         let mut configs = self.configs.lock().unwrap_or_else(|e| e.into_inner());
+        if configs.len() >= CONFIG_MEMO && !configs.contains_key(&shape) {
+            configs.clear();
+        }
         configs
             .entry(shape)
             .or_insert_with(|| {
                 let key = ShapeKey { dtype: self.pipeline.weights.dtype, vocab: shape.vocab, dim: shape.dim, batch: shape.batch };
                 let found = tuning::lookup::<CpuConfig>(&self.identity(), &key);
                 tuning::warn_once(&found.warnings);
-                match found.config.filter(|c| c.validate().is_ok()) {
+                // A tuned entry runs on its own engine, unless the environment forces one, or
+                // the entry's engine cannot run here (another CPU's file, another dtype).
+                let forced = forced_engine().is_some();
+                match found.config.filter(|c| c.validate().is_ok() && c.engine.check(&self.pipeline).is_ok() && !forced) {
                     Some(c) => CpuConfig { threads: self.threads, ..c },
                     None => self.heuristic(shape),
                 }
@@ -60,12 +99,22 @@ impl CpuBackend {
         // A poisoned lock only means another thread panicked mid-insert; the Vec is still valid.
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
         let key = (config.clone(), logsumexp);
-        if let Some((_, k)) = kernels.iter().find(|(c, _)| *c == key) {
-            return Ok(k.clone());
+        if let Some(at) = kernels.iter().position(|(c, _)| *c == key) {
+            let hit = kernels.remove(at);
+            let k = hit.1.clone();
+            kernels.insert(0, hit);
+            return Ok(k);
         }
         let k = Arc::new(CpuKernel::compile_with(&self.pipeline, config, logsumexp)?);
-        kernels.push((key, k.clone()));
+        kernels.insert(0, (key, k.clone()));
+        kernels.truncate(KERNEL_CACHE);
         Ok(k)
+    }
+
+    /// How many compiled kernels this backend holds (at most [`KERNEL_CACHE`]).
+    #[cfg(test)]
+    pub fn cached_kernels(&self) -> usize {
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Stage one of one launch over `weights` (global vocabulary offset `offset`, which only
@@ -178,4 +227,28 @@ pub(crate) struct StageOne {
 pub(crate) fn host_f32(t: &Tensor<'_>) -> Result<Vec<f32>> {
     let bytes = t.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: t.location(), sampler: "the CPU".into() })?;
     Ok(widen_to_f32(t.dtype, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsample_ir::{DType, PipelineBuilder};
+
+    #[test]
+    fn the_kernel_cache_is_bounded_and_keeps_the_most_recently_used() {
+        let pipeline = Arc::new(PipelineBuilder::new("P", DType::F32, DType::F32).build().unwrap());
+        let backend = CpuBackend::new(pipeline, 1);
+        let config = |tile: u32| CpuConfig { vocab_tile: tile, row_block: 1, threads: 1, engine: CpuEngine::Cranelift };
+        let first = backend.kernel(&config(4), false).unwrap();
+        let second = Arc::downgrade(&backend.kernel(&config(8), false).unwrap());
+        for tile in 3..=KERNEL_CACHE as u32 + 1 {
+            backend.kernel(&config(4 * tile), false).unwrap();
+            // Touching the first keeps it the most recently used.
+            assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+            assert!(backend.cached_kernels() <= KERNEL_CACHE);
+        }
+        assert_eq!(backend.cached_kernels(), KERNEL_CACHE);
+        assert!(second.upgrade().is_none(), "the least recently used kernel was dropped");
+        assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+    }
 }

@@ -35,7 +35,7 @@ pub mod tuning;
 pub use device::Device;
 pub use error::{Error, Result};
 pub use flashsample_abi::{ListError, ParamError, PenaltyArg, RowError, RowFilter, RowStatus, RowStatusError, SamplingParams, TemperatureArg};
-pub use flashsample_codegen_cpu::CpuConfig;
+pub use flashsample_codegen_cpu::{CpuConfig, CpuEngine};
 pub use flashsample_macros::flashsample;
 pub use half::{bf16, f16};
 pub use launch::{KernelConfig, Samples, Shape};

@@ -57,7 +57,7 @@ impl TunedConfig for CpuConfig {
         if let Err(e) = self.validate() {
             return Some(e.to_string());
         }
-        let heuristic = CpuConfig::heuristic(shape.batch, shape.dim, shape.vocab);
+        let heuristic = CpuConfig::heuristic_for_engine(self.engine, shape.batch, shape.dim, shape.vocab);
         let allowed = SCRATCH_ALLOWANCE_BYTES.max(2 * cpu_scratch_bytes(shape, heuristic.vocab_tile));
         let needs = cpu_scratch_bytes(shape, self.vocab_tile);
         (needs > allowed).then(|| {
@@ -443,7 +443,7 @@ mod tests {
             lookup_from::<CpuConfig>(Some(path), None, &me, &shape)
         };
         let ok = with(serde_json::json!({ "vocab_tile": 1024, "row_block": 4, "threads": 2 }));
-        assert_eq!(ok.config, Some(CpuConfig { vocab_tile: 1024, row_block: 4, threads: 2 }), "{:?}", ok.warnings);
+        assert_eq!(ok.config, Some(CpuConfig { vocab_tile: 1024, row_block: 4, threads: 2, engine: Default::default() }), "{:?}", ok.warnings);
         assert!(ok.warnings.is_empty(), "{:?}", ok.warnings);
         // Valid, but 37984 tiles x 16 rows of scratch (gigabytes with the largest lists).
         let extreme = with(serde_json::json!({ "vocab_tile": 4, "row_block": 4, "threads": 2 }));

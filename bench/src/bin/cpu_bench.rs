@@ -1,11 +1,18 @@
-//! CPU benchmark: the fused Cranelift kernel against an unfused baseline in this process
-//! (multi-threaded portable Rust matmul writing `[B, V]` f32 logits, then softmax and
-//! inverse-CDF sampling), and the memory floor (weight bytes / streaming bandwidth measured
-//! here). Prints one markdown table. `--filter` benchmarks top-k 50 + top-p 0.9 instead,
-//! the baseline then selecting the top 50 per row, renormalizing, cutting at 0.9 and drawing.
+//! CPU benchmark: the fused sampler (`Sampler::sample` on the CPU device, the engine its
+//! heuristic picks, or `--engine`) against the peers a CPU user would pick, in the same
+//! invocation: PyTorch (bf16 matmul + /T + softmax + multinomial, the faster of eager and
+//! torch.compile, and the matmul alone) and numpy (f32), run by `bench/peers/cpu_peers.py` in a
+//! Python subprocess (`--python`; without torch or numpy their columns say so), and the memory
+//! floor: weight bytes / the best of several all-thread streaming reads of a W-sized buffer
+//! measured here. Medians of `--reps` (≥ 7 for quotable numbers). Prints one markdown table.
+//!
+//! `--unfused` adds this crate's portable Rust baseline (multi-threaded matmul writing `[B, V]`
+//! f32 logits, then softmax and inverse-CDF sampling). `--filter` samples with top-k 50 +
+//! top-p 0.9 instead (the Rust baseline then selects the top 50 per row, renormalizes, cuts
+//! at 0.9 and draws; the Python peers do not filter, so they are skipped).
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, Device, RowFilter, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
 use flashsample_bench::{median_secs, print_table};
 use flashsample_ir::DType;
@@ -16,16 +23,33 @@ use rayon::prelude::*;
 struct Args {
     #[arg(long, default_value_t = 151_936)]
     vocab: usize,
-    /// Hidden sizes to run (4096 is Qwen3-8B; use a reduced one for quick runs).
-    #[arg(long, value_delimiter = ',', default_value = "4096")]
+    /// Hidden sizes to run (4096 is Qwen3-8B).
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192")]
     dims: Vec<usize>,
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
     batches: Vec<usize>,
-    #[arg(long, default_value_t = 5)]
+    /// Timed launches per cell (the median is printed), after one warm-up launch.
+    #[arg(long, default_value_t = 7)]
     reps: usize,
-    /// Sample with top-k 50 and top-p 0.9 (both sides).
+    /// Sample with top-k 50 and top-p 0.9 (fused and Rust baseline; no Python peers).
     #[arg(long)]
     filter: bool,
+    /// Force a CPU engine (`cranelift`, `avx512bf16`) instead of the heuristic's choice.
+    #[arg(long)]
+    engine: Option<CpuEngine>,
+    /// Also time the portable Rust unfused baseline.
+    #[arg(long)]
+    unfused: bool,
+    /// The Python that runs `bench/peers/cpu_peers.py` (needs torch and/or numpy; README's
+    /// "CPU benchmark" says how to install them in a venv).
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// Skip the Python peers.
+    #[arg(long)]
+    no_peers: bool,
+    /// Skip torch.compile (its first call per batch compiles for tens of seconds).
+    #[arg(long)]
+    no_compile: bool,
 }
 
 const TOP_K: usize = 50;
@@ -129,73 +153,212 @@ fn unfused_sample_filtered(logits: &[f32], batch: usize, vocab: usize, temperatu
         .collect()
 }
 
-/// Streaming read bandwidth of this machine (bytes/s), all threads, over a buffer of `bytes`.
-fn read_bandwidth(bytes: usize) -> f64 {
+/// Streaming read bandwidth of this machine (bytes/s) with `threads` threads over a buffer of
+/// `bytes` (the weights' size, so small heads are not measured in cache): the best of 9 passes
+/// after 2 warm-up passes. The best, not the median: the floor is what the memory system can
+/// do, and a pass slowed by another process says nothing about it.
+fn read_bandwidth(bytes: usize, threads: usize) -> f64 {
     let words: Vec<u64> = (0..bytes as u64 / 8).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
-    let secs = median_secs::<()>(1, 5, || {
-        let s: u64 = words.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a ^ x)).reduce(|| 0, |a, b| a ^ b);
-        std::hint::black_box(s);
-        Ok(())
-    })
-    .unwrap_or(f64::NAN);
-    (words.len() * 8) as f64 / secs
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("a thread pool");
+    let chunk = words.len().div_ceil(threads * 8).max(1);
+    let pass = || {
+        let start = std::time::Instant::now();
+        let x = pool.install(|| {
+            words
+                .par_chunks(chunk)
+                .map(|c| {
+                    // Eight independent lanes so the loop vectorizes and is bound by loads only.
+                    let lanes = c.chunks_exact(8).fold([0u64; 8], |mut a, x| {
+                        for k in 0..8 {
+                            a[k] ^= x[k];
+                        }
+                        a
+                    });
+                    lanes.iter().fold(0, |a, &b| a ^ b)
+                })
+                .reduce(|| 0, |a, b| a ^ b)
+        });
+        std::hint::black_box(x);
+        start.elapsed().as_secs_f64()
+    };
+    for _ in 0..2 {
+        pass();
+    }
+    let best = (0..9).map(|_| pass()).fold(f64::INFINITY, f64::min);
+    (words.len() * 8) as f64 / best
+}
+
+/// One row of the Python peers' JSON, milliseconds (`None`: not measured).
+#[derive(Default, Clone, Copy)]
+struct Peers {
+    torch_mm: Option<f64>,
+    torch_eager: Option<f64>,
+    torch_compile: Option<f64>,
+    numpy: Option<f64>,
+}
+
+impl Peers {
+    /// The PyTorch pipeline: the faster of eager and torch.compile.
+    fn torch_pipeline(&self) -> Option<f64> {
+        match (self.torch_eager, self.torch_compile) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// Runs `bench/peers/cpu_peers.py` for one hidden size; per batch its timings, or why not.
+fn python_peers(args: &Args, dim: usize, threads: usize) -> Result<Vec<(usize, Peers)>, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/cpu_peers.py");
+    let batches: Vec<String> = args.batches.iter().map(|b| b.to_string()).collect();
+    let mut cmd = std::process::Command::new(&args.python);
+    cmd.arg(script)
+        .args(["--dim", &dim.to_string(), "--vocab", &args.vocab.to_string()])
+        .args(["--batches", &batches.join(","), "--reps", &args.reps.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .stderr(std::process::Stdio::inherit());
+    if args.no_compile {
+        cmd.arg("--no-compile");
+    }
+    let out = cmd.output().map_err(|e| format!("could not run `{}`: {e}", args.python))?;
+    if !out.status.success() {
+        return Err(format!("`{} {script}` failed ({})", args.python, out.status));
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cpu_peers.py printed no JSON: {e}"))?;
+    if json["torch"].is_null() {
+        eprintln!(
+            "cpu_bench: `{}` has no torch: PyTorch columns skipped (install it in a venv: README, \"CPU benchmark\")",
+            args.python
+        );
+    }
+    if json["numpy"].is_null() {
+        eprintln!("cpu_bench: `{}` has no numpy: numpy column skipped", args.python);
+    }
+    let rows = json["rows"].as_array().ok_or("cpu_peers.py: no rows")?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let ms = |k: &str| r[k].as_f64();
+            let batch = r["batch"].as_u64().unwrap_or(0) as usize;
+            (batch, Peers { torch_mm: ms("torch_mm"), torch_eager: ms("torch_eager"), torch_compile: ms("torch_compile"), numpy: ms("numpy") })
+        })
+        .collect())
+}
+
+fn ms(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".into(), |v| format!("{v:.1}"))
 }
 
 fn main() -> flashsample::Result<()> {
     let args = Args::parse();
     let device = Device::cpu();
+    let threads = match &device {
+        Device::Cpu { threads } => *threads,
+        _ => 1,
+    };
     let mut pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16).temperature_const(0.7);
     if args.filter {
         pipeline = pipeline.filter("filter", 64);
     }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
-        "device {}, V = {}{}",
+        "device {}, V = {}, bf16, T = 0.7{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
-        if args.filter { ", top-k 50 + top-p 0.9 on both sides" } else { "" }
+        if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
+        args.reps
     );
+    let peers_wanted = !args.no_peers && !args.filter;
     let mut rng = StdRng::seed_from_u64(1);
     let mut rows = Vec::new();
     for &dim in &args.dims {
         let weights: Vec<bf16> = (0..args.vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05..0.05))).collect();
         let w_bytes = weights.len() * 2;
-        let bw = read_bandwidth(w_bytes);
+        let bw = read_bandwidth(w_bytes, threads);
         let floor = w_bytes as f64 / bw;
+        let mut ours = Vec::new();
         for &batch in &args.batches {
             let hidden: Vec<bf16> = (0..batch * dim).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
             let h = Tensor::host(&hidden, batch, dim)?;
             let w = Tensor::host(&weights, args.vocab, dim)?;
             let filters = vec![RowFilter { top_k: TOP_K as u32, top_p: TOP_P, min_p: 0.0 }; batch];
             let params = SamplingParams { seed: 7, filter: args.filter.then_some(&filters[..]), ..Default::default() };
-            let fused = median_secs(1, args.reps, || sampler.sample(h, w, &params).map(|_| ()))?;
-
-            let hidden_f32: Vec<f32> = hidden.iter().map(|x| x.to_f32()).collect();
-            let mut logits = vec![0.0f32; batch * args.vocab];
-            let unfused = median_secs::<()>(1, args.reps, || {
-                unfused_logits(&hidden_f32, &weights, batch, dim, args.vocab, &mut logits);
-                if args.filter {
-                    std::hint::black_box(unfused_sample_filtered(&logits, batch, args.vocab, 0.7, 7));
-                } else {
-                    std::hint::black_box(unfused_sample(&logits, batch, args.vocab, 0.7, 7));
+            let config = match args.engine {
+                Some(engine) => {
+                    KernelConfig::Cpu(CpuConfig { threads, ..CpuConfig::heuristic_for_engine(engine, batch, dim, args.vocab) })
                 }
-                Ok(())
+                None => sampler.config_for(batch, dim, args.vocab),
+            };
+            let engine = match &config {
+                KernelConfig::Cpu(c) => c.engine.to_string(),
+                _ => "?".into(),
+            };
+            let fused = median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config).map(|_| ()))?;
+            let unfused = args.unfused.then(|| {
+                let hidden_f32: Vec<f32> = hidden.iter().map(|x| x.to_f32()).collect();
+                let mut logits = vec![0.0f32; batch * args.vocab];
+                median_secs::<()>(1, args.reps, || {
+                    unfused_logits(&hidden_f32, &weights, batch, dim, args.vocab, &mut logits);
+                    if args.filter {
+                        std::hint::black_box(unfused_sample_filtered(&logits, batch, args.vocab, 0.7, 7));
+                    } else {
+                        std::hint::black_box(unfused_sample(&logits, batch, args.vocab, 0.7, 7));
+                    }
+                    Ok(())
+                })
+                .unwrap_or(f64::NAN)
+            });
+            ours.push((batch, engine, fused, unfused));
+        }
+        // The peers allocate their own weights: free ours first.
+        drop(weights);
+        let peers = if peers_wanted {
+            python_peers(&args, dim, threads).unwrap_or_else(|e| {
+                eprintln!("cpu_bench: Python peers skipped: {e}");
+                Vec::new()
             })
-            .unwrap_or(f64::NAN);
+        } else {
+            Vec::new()
+        };
+        for (batch, engine, fused, unfused) in ours {
+            let p = peers.iter().find(|(b, _)| *b == batch).map(|&(_, p)| p).unwrap_or_default();
+            let torch = p.torch_pipeline();
             rows.push(vec![
                 dim.to_string(),
                 batch.to_string(),
-                format!("{:.2}", fused * 1e3),
-                format!("{:.2}", unfused * 1e3),
-                format!("{:.2}x", unfused / fused),
-                format!("{:.2}", floor * 1e3),
+                engine,
+                format!("{:.1}", fused * 1e3),
                 format!("{:.2}x", fused / floor),
+                ms(torch),
+                torch.map_or_else(|| "–".into(), |t| format!("{:.2}x", t / (fused * 1e3))),
+                ms(p.torch_eager),
+                ms(p.torch_compile),
+                ms(p.torch_mm),
+                ms(p.numpy),
+                ms(unfused.map(|u| u * 1e3)),
+                format!("{:.1}", floor * 1e3),
                 format!("{:.1}", bw / 1e9),
             ]);
         }
     }
     print_table(
-        &["D", "B", "fused ms", "unfused ms", "unfused/fused", "floor ms", "fused/floor", "read GB/s"],
+        &[
+            "D",
+            "B",
+            "engine",
+            "fused ms",
+            "fused/floor",
+            "PyTorch pipeline ms",
+            "PyTorch/fused",
+            "eager",
+            "compile",
+            "PyTorch matmul alone",
+            "numpy f32",
+            "Rust unfused",
+            "floor ms",
+            "read GB/s",
+        ],
         &rows,
     );
     Ok(())

@@ -5,7 +5,7 @@
 use flashsample_abi::math::{exp_f32, softcap_f32};
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{Candidate, LsePartial, PenaltyTable, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
-use flashsample_codegen_cpu::{CpuConfig, CpuKernel, CpuLaunch};
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -331,5 +331,9 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {
-    CpuKernel::compile(p, &CpuConfig { vocab_tile, row_block, threads }).expect("compile")
+    compile_on(p, CpuEngine::Cranelift, vocab_tile, row_block, threads)
+}
+
+pub fn compile_on(p: &Pipeline, engine: CpuEngine, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {
+    CpuKernel::compile(p, &CpuConfig { vocab_tile, row_block, threads, engine }).expect("compile")
 }

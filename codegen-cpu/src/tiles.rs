@@ -1,0 +1,230 @@
+//! Matrix-engine tiles: one vocabulary tile's raw logits `Σ_d hidden[r,d]·weights[v,d]` for every
+//! hidden row, written into a per-thread scratch that the JIT'd epilogue reads right after, so the
+//! logits never leave L1/L2.
+//!
+//! Scratch layout, shared with the lowering (`lower::LogitSource::Scratch`): the tile's quad `q`
+//! (tokens `v_begin + 4q .. + 4`), row `r`, lane `j` at `scratch[(q · batch + r) · 4 + j]`.
+//! Tokens past the vocabulary (the last quad's padding) repeat the last weight row; the
+//! epilogue masks them.
+//!
+//! The f32 contract of [`tile_logits_bf16`] (DESIGN.md, "CPU matrix engine"): per (row, token)
+//! 16 lanes; lane `i` accumulates the pairs `(32k + 2i, 32k + 2i + 1)` of each 32-element step
+//! `k` in order with `vdpbf16ps` (odd element first, then even; each addition rounded to
+//! nearest-even, f32 inputs and results flushed to zero when subnormal, bf16 inputs that are
+//! subnormal read as zero, products exact), then the 16 lanes are summed by a fixed tree
+//! (256-bit halves, 128-bit halves, then `haddps` twice), with MXCSR's default IEEE behaviour.
+//! The order depends on neither the tile, the row block nor the thread.
+
+use crate::CpuCodegenError;
+
+/// Most hidden rows one register block of the microkernel holds: 4 rows × 4 tokens = 16
+/// accumulators, plus 4 weight vectors and one hidden vector. (6 rows, 24 accumulators, made
+/// LLVM spill accumulators to the stack and ran 1.6× slower.)
+#[cfg(target_arch = "x86_64")]
+const ROWS: usize = 4;
+
+/// Bytes of hidden states one pass over a tile's quads keeps hot (half of a 1 MiB L2). Larger
+/// batches are split into row chunks, each of which streams the tile's weights again (from L3:
+/// `CpuConfig::heuristic` keeps such tiles small).
+pub(crate) const HIDDEN_CHUNK_BYTES: usize = 512 << 10;
+
+/// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
+/// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
+pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<Vec<u16>, CpuCodegenError> {
+    hidden
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let bits = x.to_bits();
+            // NaN payloads below bit 16 are still NaN after truncation; the epilogue flags them.
+            if bits & 0xffff != 0 && !x.is_nan() {
+                Err(CpuCodegenError::HiddenNotBf16 { row: i / dim.max(1), value: x })
+            } else {
+                Ok((bits >> 16) as u16 | if x.is_nan() { 0x40 } else { 0 })
+            }
+        })
+        .collect()
+}
+
+/// f32 elements of a tile's scratch: `ceil(tile_tokens / 4)` quads × `batch` rows × 4 lanes.
+pub(crate) fn scratch_len(batch: usize, vocab_tile: usize) -> usize {
+    vocab_tile.div_ceil(4) * batch * 4
+}
+
+/// An engine's tile function: [`tile_logits_bf16`]'s signature, weights as raw bytes.
+pub(crate) type TileFn = unsafe fn(&[u16], usize, usize, *const u8, usize, usize, usize, &mut [f32]);
+
+/// The tile function of `engine` on this architecture (`None` for the fused Cranelift engine).
+pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<TileFn> {
+    match engine {
+        crate::CpuEngine::Cranelift => None,
+        #[cfg(target_arch = "x86_64")]
+        crate::CpuEngine::Avx512Bf16 => Some(tile_logits_bf16),
+        #[cfg(not(target_arch = "x86_64"))]
+        crate::CpuEngine::Avx512Bf16 => None,
+    }
+}
+
+/// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`).
+///
+/// # Safety
+/// The host has `avx512f`, `avx512bw`, `avx512dq` and `avx512bf16` (`CpuEngine::Avx512Bf16.
+/// missing_host_feature()` is `None`); `weights` points to `vocab × dim` little-endian bf16; `hidden` holds
+/// `batch × dim` bf16; `scratch` holds at least `scratch_len(batch, v_end − v_begin)` floats.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_logits_bf16(
+    hidden: &[u16],
+    batch: usize,
+    dim: usize,
+    weights: *const u8,
+    vocab: usize,
+    v_begin: usize,
+    v_end: usize,
+    scratch: &mut [f32],
+) {
+    debug_assert!(hidden.len() == batch * dim && v_end <= vocab && v_begin < v_end);
+    debug_assert!(scratch.len() >= scratch_len(batch, v_end - v_begin));
+    let out = scratch.as_mut_ptr();
+    let weights = weights.cast::<u16>();
+    // Rows in chunks whose hidden states stay in L2 while the tile's quads stream past them
+    // (with all rows at once, B = 256 at D = 4096 re-read 2 MiB from L3 for every quad).
+    let chunk_rows = (HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(ROWS) / ROWS * ROWS;
+    for chunk in (0..batch).step_by(chunk_rows) {
+        let chunk_end = (chunk + chunk_rows).min(batch);
+        for (q, v) in (v_begin..v_end).step_by(4).enumerate() {
+            let w = [0, 1, 2, 3].map(|j| unsafe { weights.add((v + j).min(vocab - 1) * dim) });
+            quad_all_rows(hidden, dim, w, chunk, chunk_end, unsafe { out.add(q * batch * 4) });
+        }
+    }
+}
+
+/// Rows `r0..r_end` of one quad, in register blocks of up to [`ROWS`] rows; row `r`'s four
+/// logits go to `out[4r..4r + 4]`.
+///
+/// # Safety
+/// As [`tile_logits_bf16`]; `w` are the quad's 4 weight rows, `out` holds `4 · r_end` floats.
+#[cfg(target_arch = "x86_64")]
+unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usize, r_end: usize, out: *mut f32) {
+    let mut r = r0;
+    while r < r_end {
+        let rows = (r_end - r).min(ROWS);
+        // The first row block streams the quad from memory and prefetches the next quad;
+        // later ones find it in cache.
+        let first = r == r0;
+        // SAFETY: the caller's guarantees; rows `r..r + rows` exist.
+        unsafe {
+            let h = hidden.as_ptr().add(r * dim);
+            let o = out.add(r * 4);
+            match (rows, first) {
+                (1, _) => one_row(h, w, dim, o),
+                (2, _) => quad_rows::<2, true>(h, w, dim, o),
+                (3, true) => quad_rows::<3, true>(h, w, dim, o),
+                (3, false) => quad_rows::<3, false>(h, w, dim, o),
+                (_, true) => quad_rows::<ROWS, true>(h, w, dim, o),
+                (_, false) => quad_rows::<ROWS, false>(h, w, dim, o),
+            }
+        }
+        r += rows;
+    }
+}
+
+/// One hidden row against 4 weight rows, one weight row after the other: the same
+/// arithmetic as `quad_rows::<1, _>` would do (one accumulator per token, steps in order, the
+/// same reduction), but one sequential stream at a time, which the memory-bound B = 1 reads
+/// faster (D = 1024, quiet machine: 12.5–12.8 ms against 13.5–15.8 for the whole launch).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+unsafe fn one_row(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn bh(x: __m512i) -> __m512bh {
+        // SAFETY: both are 512 bits of plain data.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+    }
+    let steps = dim / 32;
+    let tail = dim % 32;
+    let mut lanes = [_mm_setzero_ps(); 4];
+    for (j, p) in w.into_iter().enumerate() {
+        let mut acc = _mm512_setzero_ps();
+        for k in 0..steps {
+            let off = 32 * k;
+            // (No software prefetch: on one stream it measured no faster, 1 to 8 rows ahead.)
+            // SAFETY: `off + 32 ≤ dim`.
+            let hv = bh(unsafe { _mm512_loadu_si512(h.add(off).cast()) });
+            let wv = bh(unsafe { _mm512_loadu_si512(p.add(off).cast()) });
+            acc = _mm512_dpbf16_ps(acc, hv, wv);
+        }
+        if tail != 0 {
+            let mask: __mmask32 = (1u32 << tail) - 1;
+            let off = 32 * steps;
+            // SAFETY: the masked lanes are not read.
+            let hv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, h.add(off).cast()) });
+            let wv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, p.add(off).cast()) });
+            acc = _mm512_dpbf16_ps(acc, hv, wv);
+        }
+        let y = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps::<1>(acc));
+        lanes[j] = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y));
+    }
+    let sums = _mm_hadd_ps(_mm_hadd_ps(lanes[0], lanes[1]), _mm_hadd_ps(lanes[2], lanes[3]));
+    // SAFETY: `out` has 4 floats.
+    unsafe { _mm_storeu_ps(out, sums) };
+}
+
+/// `R` hidden rows (`h`, row stride `dim`) against 4 weight rows: `R × 4` logits at `out`
+/// (`[row][4]`). With `PREFETCH`, each step also prefetches the same columns of the next
+/// quad's rows (4 rows further on): a quad's rows are 4 short streams (2 KiB each at D = 1024),
+/// too short for the hardware prefetcher to reach full speed on its own.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+unsafe fn quad_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn bh(x: __m512i) -> __m512bh {
+        // SAFETY: both are 512 bits of plain data.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
+    }
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let steps = dim / 32;
+    for k in 0..steps {
+        let off = 32 * k;
+        if PREFETCH {
+            for p in w {
+                // Past the last quad this points outside the weights: a prefetch never faults,
+                // and `wrapping_add` makes no claim about the allocation.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + 4 * dim).cast());
+            }
+        }
+        // SAFETY: `off + 32 ≤ dim` for every row read.
+        let wv = w.map(|p| bh(unsafe { _mm512_loadu_si512(p.add(off).cast()) }));
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let hv = bh(unsafe { _mm512_loadu_si512(h.add(i * dim + off).cast()) });
+            for j in 0..4 {
+                acc_row[j] = _mm512_dpbf16_ps(acc_row[j], hv, wv[j]);
+            }
+        }
+    }
+    let tail = dim % 32;
+    if tail != 0 {
+        // Zeroed lanes add 0·0 = +0: no effect on any sum (a -0 sum of products stays -0 only
+        // when every product is -0, and +0 + -0 = +0 matches the exact zero sum).
+        let mask: __mmask32 = (1u32 << tail) - 1;
+        let off = 32 * steps;
+        let wv = w.map(|p| bh(unsafe { _mm512_maskz_loadu_epi16(mask, p.add(off).cast()) }));
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let hv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, h.add(i * dim + off).cast()) });
+            for j in 0..4 {
+                acc_row[j] = _mm512_dpbf16_ps(acc_row[j], hv, wv[j]);
+            }
+        }
+    }
+    for (i, acc_row) in acc.iter().enumerate() {
+        let lanes = acc_row.map(|a| {
+            let y = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
+            _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y))
+        });
+        let sums = _mm_hadd_ps(_mm_hadd_ps(lanes[0], lanes[1]), _mm_hadd_ps(lanes[2], lanes[3]));
+        // SAFETY: `out` has `R × 4` floats.
+        unsafe { _mm_storeu_ps(out.add(4 * i), sums) };
+    }
+}
