@@ -85,6 +85,7 @@ fn drv(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> Error 
 }
 
 /// Checks that libnccl can be loaded, before any cudarc NCCL call (which would panic).
+#[cfg(feature = "dynamic-loading")]
 fn require_nccl() -> Result<(), TpError> {
     // SAFETY: only tries to dlopen the library; nothing is called through it.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
@@ -92,6 +93,12 @@ fn require_nccl() -> Result<(), TpError> {
     } else {
         Err(TpError::NoNccl { searched: cudarc::get_lib_name_candidates("nccl") })
     }
+}
+
+/// Linked builds (`dynamic-linking`) cannot start without libnccl: nothing to check.
+#[cfg(not(feature = "dynamic-loading"))]
+fn require_nccl() -> Result<(), TpError> {
+    Ok(())
 }
 
 /// The loaded NCCL's version `(major, minor, patch)`; [`TpError::NoNccl`] without the library.
