@@ -14,12 +14,13 @@ use std::process::Command;
 fn builds_next_to_candle_core_cudarc() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let check = root.join("ci/candle-cudarc");
-    // Its own target directory: the outer `cargo test` holds this workspace's build lock.
-    let target = root.join("target/candle-cudarc");
+    // This workspace's target directory: LLVM, Cranelift and the other dependencies whose
+    // features do not change are reused from the outer build.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let out = Command::new(cargo)
         .current_dir(&check)
-        .args(["check", "--tests", "--locked", "--quiet", "--manifest-path"])
+        .args(["build", "--release", "--locked", "--quiet", "--manifest-path"])
         .arg(check.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(&target)
