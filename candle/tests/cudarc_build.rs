@@ -2,10 +2,10 @@
 //! `dynamic-linking` and cudarc's build script rejects a second linking mode, so flashsample's
 //! own linking choice must be the downstream crate's (its `dynamic-loading` /
 //! `dynamic-linking` features). One cudarc is resolved per workspace build, so the check lives
-//! in its own workspace, `ci/candle-cudarc`, and this test runs `cargo check --tests` on it:
-//! cudarc's build script on the unified features, then flashsample's CUDA code and the
-//! adapter type-checked in the linked mode. It is not linked: linking needs libcuda, libnvrtc,
-//! libnccl, libcublas, libcublasLt and libcurand, which CI does not have.
+//! in its own workspace, `ci/candle-cudarc`, and this test builds its library with
+//! `cargo build --release`: cudarc's build script on the unified features, then flashsample's
+//! CUDA code and the adapter compiled in the linked mode. Nothing is linked: that needs libcuda,
+//! libnvrtc, libnccl, libcublas, libcublasLt and libcurand, which CI does not have.
 
 use std::path::PathBuf;
 use std::process::Command;
