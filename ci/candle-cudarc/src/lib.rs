@@ -1,7 +1,7 @@
 //! Build check: flashsample (through flashsample-candle) in the same build as candle-core's
 //! `cudarc` feature, so with cudarc linked against CUDA rather than loading it at run time.
-//! `cargo build --release` of this library runs cudarc's build script on the unified features
-//! and compiles flashsample's CUDA code in the linked mode. Its test links against the CUDA
+//! `cargo check --tests` of this crate runs cudarc's build script on the unified features and
+//! type-checks flashsample's CUDA code in the linked mode. Its test links against the CUDA
 //! libraries (libcuda, libnvrtc, libnccl, libcublas, libcublasLt, libcurand), so it runs only
 //! where they are installed.
 
