@@ -79,6 +79,7 @@ fn nccl(call: &'static str) -> impl FnOnce(cudarc::nccl::result::NcclError) -> T
 use crate::cuda::drv;
 
 /// Checks that libnccl can be loaded, before any cudarc NCCL call (which would panic).
+#[cfg(feature = "dynamic-loading")]
 fn require_nccl() -> Result<(), TpError> {
     // SAFETY: only tries to dlopen the library; nothing is called through it.
     if unsafe { cudarc::nccl::sys::is_culib_present() } {
@@ -86,6 +87,12 @@ fn require_nccl() -> Result<(), TpError> {
     } else {
         Err(TpError::NoNccl { searched: cudarc::get_lib_name_candidates("nccl") })
     }
+}
+
+/// Linked builds (`dynamic-linking`) cannot start without libnccl: nothing to check.
+#[cfg(not(feature = "dynamic-loading"))]
+fn require_nccl() -> Result<(), TpError> {
+    Ok(())
 }
 
 /// The loaded NCCL's version `(major, minor, patch)`; [`TpError::NoNccl`] without the library.

@@ -73,7 +73,9 @@ impl CudaDevice {
 
     fn open_uncached(ordinal: usize) -> Result<CudaDevice> {
         // cudarc panics on the first driver call when libcuda cannot be loaded: look first.
+        // (Linked builds, `dynamic-linking`, cannot start without libcuda.)
         // SAFETY: only tries to dlopen the library; nothing is called through it.
+        #[cfg(feature = "dynamic-loading")]
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::NoCudaDriver);
         }
