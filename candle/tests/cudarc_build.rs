@@ -29,7 +29,9 @@ fn builds_next_to_candle_core_cudarc() {
         .expect("runs cargo");
     assert!(
         out.status.success(),
-        "`cargo check` of ci/candle-cudarc failed ({}):\n{}",
+        "`cargo check` of ci/candle-cudarc failed ({}); if its lock file is behind this workspace's \
+         dependencies, refresh it with `cargo metadata --format-version 1 --manifest-path \
+         ci/candle-cudarc/Cargo.toml > /dev/null` and commit it:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
