@@ -874,6 +874,19 @@ fn drained_staggered_wgmma_equals_plain_ring() {
     });
 }
 
+/// The shapes of the TMA tests: V a multiple of 32 and D of 8 (the maps describe them) and
+/// one of neither (which runs the cp.async ring).
+fn tma_shapes() -> Vec<TileShape> {
+    vec![
+        (qwen(DType::BF16, 2), 64, 4096, 151_936, 4.0),
+        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
+        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
+        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
+        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
+        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
+    ]
+}
+
 /// The TMA ring (`tma`: tensor maps, `cp.async.bulk.tensor` boxes in wgmma row order,
 /// full/empty mbarriers instead of a CTA barrier per slice) feeds the same wgmmas the
 /// same bytes, so its samples must equal the `cp.async` wgmma path's exactly and the
@@ -887,14 +900,7 @@ fn tma_ring_equals_cp_async_ring() {
     let (device, dev) = hopper_gpu("TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, true);
-    let shapes = vec![
-        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
-        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
-        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
-        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
-        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
-        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
-    ];
+    let shapes = tma_shapes();
     let tiles = |vocab| {
         if vocab > 100_000 {
             vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 5, true), tile(256, 128, 8, 4, false)]
@@ -928,14 +934,7 @@ fn pingpong_equals_tma_ring() {
     let (device, dev) = hopper_gpu("ping-pong TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
-    let shapes = vec![
-        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
-        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
-        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
-        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
-        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
-        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
-    ];
+    let shapes = tma_shapes();
     let tiles = |vocab| {
         if vocab > 100_000 {
             vec![tile(128, 64, 4, 8)]
