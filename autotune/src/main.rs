@@ -149,23 +149,6 @@ impl Progress {
     }
 }
 
-/// An error and its causes on one line, each cause once: a cause whose text its parent
-/// already shows (as `#[error("...: {0}")]` wrappers do) is not repeated.
-fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
 fn builtin(name: &str, dtype: DType) -> Result<Pipeline> {
     let b = PipelineBuilder::new(name, dtype, dtype);
     let score = Outputs { score: true, ..Outputs::default() };
@@ -249,7 +232,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_line(&e));
+            eprintln!("error: {}", flashsample::error_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }

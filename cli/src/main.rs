@@ -112,28 +112,11 @@ fn random_bf16(rng: &mut StdRng, rows: usize, cols: usize, std: f32) -> Result<V
     Ok(out)
 }
 
-/// An error and its causes on one line, each cause once: a cause whose text its parent
-/// already shows (as `#[error("...: {0}")]` wrappers do) is not repeated.
-fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_line(&e));
+            eprintln!("error: {}", flashsample::error_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -49,3 +49,40 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `error` and its causes (its `source` chain) on one line, each cause once: a cause whose
+/// text an outer error already shows (as `#[error("...: {0}")]` wrappers do) is not repeated.
+pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    for cause in std::iter::successors(Some(error), |e| e.source()) {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("saving the cache")]
+    struct Saving(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("saving the cache: {0}")]
+    struct SavingShown(#[source] std::io::Error);
+
+    #[test]
+    fn an_error_line_shows_each_cause_once() {
+        let io = || std::io::Error::other("disk full");
+        assert_eq!(error_line(&Saving(io())), "saving the cache: disk full");
+        assert_eq!(error_line(&SavingShown(io())), "saving the cache: disk full");
+    }
+}

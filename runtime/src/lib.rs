@@ -33,7 +33,7 @@ pub mod tp;
 pub mod tuning;
 
 pub use device::Device;
-pub use error::{Error, Result};
+pub use error::{error_line, Error, Result};
 pub use flashsample_abi::{ListError, ParamError, PenaltyArg, RowError, RowFilter, RowStatus, RowStatusError, SamplingParams, TemperatureArg};
 pub use flashsample_codegen_cpu::{CpuConfig, CpuEngine};
 pub use flashsample_macros::flashsample;

@@ -3,12 +3,12 @@
 //! states are the embeddings of the last tokens, gathered on the device by a small PTX kernel.
 
 use crate::{Case, MatrixData};
-use flashsample::cuda::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, SamplingPlan};
+use flashsample::cuda::{elementwise, DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, SamplingPlan};
 use flashsample::{bf16, f16, CudaDevice, Device, DeviceTensor, RowFilter, RowStatusError, SamplingParams};
 use flashsample_abi::Scored;
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use std::sync::Arc;
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 /// `cuda:0`; panics without one (GPU tests are `#[ignore]`d and must fail, not pass, without a GPU).
@@ -199,31 +199,13 @@ pub fn row_errors(plan: &SamplingPlan, status: &[u32]) -> Vec<Option<RowStatusEr
 }
 
 /// The toy decode model's kernels: the embedding gather and the step counter's increment.
-const TOY_PTX: &str = r#"
-.version 7.0
-.target sm_80
-.address_size 64
-
-.visible .entry fs_test_gather_16bit(
-    .param .u64 table,
-    .param .u64 tokens,
-    .param .u64 hidden,
-    .param .u32 n,
-    .param .u32 dim,
-    .param .u32 vocab
-)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<12>;
-    .reg .b16 %h1;
-    .reg .b64 %rd<12>;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mad.lo.s32 %r4, %r1, %r2, %r3;
-    ld.param.u32 %r5, [n];
-    setp.ge.u32 %p1, %r4, %r5;
-    @%p1 bra G_DONE;
+fn toy_ptx() -> String {
+    let gather = elementwise::entry(
+        "fs_test_gather_16bit",
+        &[".u64 table", ".u64 tokens", ".u64 hidden", ".u32 n", ".u32 dim", ".u32 vocab"],
+        &[".pred %p<3>", ".b32 %r<12>", ".b16 %h1", ".b64 %rd<12>"],
+        "G_DONE",
+        r#"
     ld.param.u32 %r6, [dim];
     div.u32 %r7, %r4, %r6;
     rem.u32 %r8, %r4, %r6;
@@ -250,25 +232,14 @@ G_STORE:
     mul.wide.u32 %rd9, %r4, 2;
     add.s64 %rd10, %rd8, %rd9;
     st.global.u16 [%rd10], %h1;
-G_DONE:
-    ret;
-}
-
-.visible .entry fs_test_advance_steps(
-    .param .u64 steps,
-    .param .u32 n
-)
-{
-    .reg .pred %p1;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<4>;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mad.lo.s32 %r4, %r1, %r2, %r3;
-    ld.param.u32 %r5, [n];
-    setp.ge.u32 %p1, %r4, %r5;
-    @%p1 bra A_DONE;
+"#,
+    );
+    let advance = elementwise::entry(
+        "fs_test_advance_steps",
+        &[".u64 steps", ".u32 n"],
+        &[".pred %p1", ".b32 %r<8>", ".b64 %rd<4>"],
+        "A_DONE",
+        r#"
     ld.param.u64 %rd1, [steps];
     cvta.to.global.u64 %rd1, %rd1;
     mul.wide.u32 %rd2, %r4, 4;
@@ -276,10 +247,10 @@ G_DONE:
     ld.global.u32 %r6, [%rd3];
     add.u32 %r6, %r6, 1;
     st.global.u32 [%rd3], %r6;
-A_DONE:
-    ret;
+"#,
+    );
+    format!("{}\n{gather}\n{advance}", elementwise::MODULE_HEADER)
 }
-"#;
 
 /// The toy decode loop's device kernels, loaded into the device's context.
 pub struct ToyKernels {
@@ -288,13 +259,9 @@ pub struct ToyKernels {
     _module: Arc<CudaModule>,
 }
 
-fn grid(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: ((n as u32).div_ceil(256).max(1), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
 impl ToyKernels {
     pub fn load(dev: &CudaDevice) -> ToyKernels {
-        let module = dev.context().load_module(Ptx::from_src(TOY_PTX)).expect("the toy kernels load");
+        let module = dev.context().load_module(Ptx::from_src(toy_ptx())).expect("the toy kernels load");
         ToyKernels {
             gather: module.load_function("fs_test_gather_16bit").expect("gather"),
             advance: module.load_function("fs_test_advance_steps").expect("advance"),
@@ -310,7 +277,7 @@ impl ToyKernels {
         let mut b = stream.launch_builder(&self.gather);
         b.arg(&table).arg(&tokens).arg(&hidden).arg(&n).arg(&d).arg(&v);
         // SAFETY: the signature above; the caller's buffers hold the shapes it names.
-        unsafe { b.launch(grid(batch * dim)) }.expect("gather launch");
+        unsafe { b.launch(elementwise::grid(n)) }.expect("gather launch");
     }
 
     /// `steps[r] += 1` for `n` rows.
@@ -319,7 +286,7 @@ impl ToyKernels {
         let mut b = stream.launch_builder(&self.advance);
         b.arg(&steps).arg(&n32);
         // SAFETY: the signature above; `steps` holds `n` u32.
-        unsafe { b.launch(grid(n)) }.expect("advance launch");
+        unsafe { b.launch(elementwise::grid(n32)) }.expect("advance launch");
     }
 }
 

@@ -38,6 +38,31 @@ fn elements<T>(what: &'static str, bytes: usize) -> Result<usize> {
     Ok(bytes / size)
 }
 
+/// The accessors a device buffer view ([`DeviceIn`], [`DeviceOut`]) has.
+macro_rules! view_accessors {
+    ($view:ident) => {
+        impl<T: bytemuck::Pod> $view<'_, T> {
+            /// Elements in the buffer.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether the buffer has no elements.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+
+            /// The device address.
+            pub fn address(&self) -> u64 {
+                self.ptr
+            }
+        }
+    };
+}
+
+view_accessors!(DeviceIn);
+view_accessors!(DeviceOut);
+
 impl<'a, T: bytemuck::Pod> DeviceIn<'a, T> {
     /// Views a cudarc buffer of any element type whose bytes are `T`s (a `CudaSlice<u32>` of
     /// `3·B` words for `B` [`RowFilter`]s, say), read on `stream`.
@@ -55,21 +80,6 @@ impl<'a, T: bytemuck::Pod> DeviceIn<'a, T> {
     /// orders the launch's stream after the buffer's writes.
     pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
         DeviceIn { ptr, len, _sync: None, _elements: PhantomData }
-    }
-
-    /// Elements in the buffer.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address.
-    pub fn address(&self) -> u64 {
-        self.ptr
     }
 }
 
@@ -89,21 +99,6 @@ impl<'a, T: bytemuck::Pod> DeviceOut<'a, T> {
     /// other work until then (the caller orders its streams).
     pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
         DeviceOut { ptr, len, _sync: None, _elements: PhantomData }
-    }
-
-    /// Elements in the buffer.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the buffer has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device address.
-    pub fn address(&self) -> u64 {
-        self.ptr
     }
 }
 

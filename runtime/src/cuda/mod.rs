@@ -16,6 +16,8 @@
 //! the sampler.
 
 mod args;
+#[doc(hidden)]
+pub mod elementwise;
 mod runtime_kernels;
 mod backend;
 mod cache;

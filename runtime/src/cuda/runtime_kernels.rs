@@ -13,6 +13,7 @@
 //!   asked, `logprob = logit − logsumexp[row]` (NaN for such rows).
 
 use super::device::drv;
+use super::elementwise;
 use super::CudaDevice;
 use crate::Result;
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
@@ -22,8 +23,6 @@ use std::sync::Arc;
 
 /// Words `flashsample_store_words` copies (two 128-byte tensor maps).
 pub(crate) const STORE_WORDS: usize = 32;
-
-const THREADS: u32 = 256;
 
 fn store_words_ptx() -> String {
     let mut body = String::new();
@@ -38,25 +37,13 @@ fn store_words_ptx() -> String {
     )
 }
 
-const GREEDY_FLAGS: &str = r#"
-.visible .entry flashsample_greedy_flags(
-    .param .u64 temperatures,
-    .param .u64 out,
-    .param .u32 n,
-    .param .u32 all_greedy
-)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<8>;
-    .reg .f32 %f1;
-    .reg .b64 %rd<6>;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mad.lo.s32 %r4, %r1, %r2, %r3;
-    ld.param.u32 %r5, [n];
-    setp.ge.u32 %p1, %r4, %r5;
-    @%p1 bra GF_DONE;
+fn greedy_flags_ptx() -> String {
+    elementwise::entry(
+        "flashsample_greedy_flags",
+        &[".u64 temperatures", ".u64 out", ".u32 n", ".u32 all_greedy"],
+        &[".pred %p<3>", ".b32 %r<8>", ".f32 %f1", ".b64 %rd<6>"],
+        "GF_DONE",
+        r#"
     ld.param.u64 %rd1, [temperatures];
     cvta.to.global.u64 %rd1, %rd1;
     ld.param.u64 %rd2, [out];
@@ -70,35 +57,13 @@ const GREEDY_FLAGS: &str = r#"
     or.b32 %r6, %r6, %r7;
     add.s64 %rd5, %rd2, %rd3;
     st.global.u32 [%rd5], %r6;
-GF_DONE:
-    ret;
+"#,
+    )
 }
-"#;
 
 fn finalize_ptx() -> String {
-    format!(
+    let body = format!(
         r#"
-.visible .entry flashsample_finalize(
-    .param .u64 tokens,
-    .param .u64 status,
-    .param .u64 logits,
-    .param .u64 lse,
-    .param .u64 logprobs,
-    .param .u32 n,
-    .param .u32 samples
-)
-{{
-    .reg .pred %p<4>;
-    .reg .b32 %r<10>;
-    .reg .f32 %f<4>;
-    .reg .b64 %rd<16>;
-    mov.u32 %r1, %ctaid.x;
-    mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
-    mad.lo.s32 %r4, %r1, %r2, %r3;
-    ld.param.u32 %r5, [n];
-    setp.ge.u32 %p1, %r4, %r5;
-    @%p1 bra FIN_DONE;
     ld.param.u32 %r6, [samples];
     div.u32 %r7, %r4, %r6;
     ld.param.u64 %rd1, [status];
@@ -136,17 +101,21 @@ FIN_OK:
     cvta.to.global.u64 %rd14, %rd5;
     add.s64 %rd15, %rd14, %rd4;
     st.global.f32 [%rd15], %f3;
-FIN_DONE:
-    ret;
-}}
 "#,
         none = INDEX_NONE
+    );
+    elementwise::entry(
+        "flashsample_finalize",
+        &[".u64 tokens", ".u64 status", ".u64 logits", ".u64 lse", ".u64 logprobs", ".u32 n", ".u32 samples"],
+        &[".pred %p<4>", ".b32 %r<10>", ".f32 %f<4>", ".b64 %rd<16>"],
+        "FIN_DONE",
+        &body,
     )
 }
 
 /// The module's text: sm_80 PTX the driver JIT-compiles for any supported GPU.
 fn module_text() -> String {
-    format!(".version 7.0\n.target sm_80\n.address_size 64\n\n{}{GREEDY_FLAGS}{}", store_words_ptx(), finalize_ptx())
+    format!("{}\n{}{}{}", elementwise::MODULE_HEADER, store_words_ptx(), greedy_flags_ptx(), finalize_ptx())
 }
 
 /// The runtime's small kernels, loaded once per device.
@@ -185,7 +154,7 @@ impl AuxKernels {
         let mut b = stream.launch_builder(&self.greedy_flags);
         b.arg(&temperatures).arg(&out).arg(&n).arg(&all);
         // SAFETY: the signature above; both buffers hold `n` elements (the caller's contract).
-        unsafe { b.launch(grid(n)) }.map_err(drv("cuLaunchKernel(flashsample_greedy_flags)"))?;
+        unsafe { b.launch(elementwise::grid(n)) }.map_err(drv("cuLaunchKernel(flashsample_greedy_flags)"))?;
         Ok(())
     }
 
@@ -207,13 +176,9 @@ impl AuxKernels {
         b.arg(&tokens).arg(&status).arg(&logits).arg(&lse).arg(&logprobs).arg(&n).arg(&samples);
         // SAFETY: the signature above; `tokens`, `logits`, `logprobs` hold `n` elements and
         // `status`, `lse` `n / samples` (the caller's contract).
-        unsafe { b.launch(grid(n)) }.map_err(drv("cuLaunchKernel(flashsample_finalize)"))?;
+        unsafe { b.launch(elementwise::grid(n)) }.map_err(drv("cuLaunchKernel(flashsample_finalize)"))?;
         Ok(())
     }
-}
-
-fn grid(n: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (n.div_ceil(THREADS).max(1), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 #[cfg(test)]

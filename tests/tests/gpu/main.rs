@@ -734,6 +734,31 @@ fn variant_equals_baseline(
     check_pathwise_and_every_slot(sampler, case, p, &variant, &b, what);
 }
 
+/// A shape a tile test runs: pipeline, batch, D, V and the logits' standard deviation.
+type TileShape = (Pipeline, usize, usize, usize, f32);
+
+/// For each of `shapes` (a sampler and a random case of seed `seed + batch`), runs `check` on
+/// each config of `tiles(vocab)` that [`fit_to_device`] fits (at `min_stages` stages or more),
+/// with the config's name.
+fn each_fitted_tile(
+    device: &Device,
+    dev: &CudaDevice,
+    shapes: Vec<TileShape>,
+    seed: u64,
+    min_stages: u32,
+    tiles: impl Fn(usize) -> Vec<GpuConfig>,
+    mut check: impl FnMut(&Sampler, &Case, &Pipeline, &GpuConfig, &str),
+) {
+    for (p, batch, dim, vocab, std) in shapes {
+        let sampler = Sampler::new(p.clone(), device).unwrap();
+        let case = Case::random(&p, batch, dim, vocab, seed + batch as u64, std);
+        for mut c in tiles(vocab) {
+            let Some(what) = fit_to_device(&mut c, &p, dev, min_stages, format!("B={batch} D={dim} V={vocab}")) else { continue };
+            check(&sampler, &case, &p, &c, &what);
+        }
+    }
+}
+
 /// Persistent tensor-path CTAs issue the next item's first slices before this item's
 /// epilogue (the scratch then sits after the ring): the tokens, scores, logsumexp and top
 /// logprobs must be exactly those of the same tile config with one CTA per item (same MMA
@@ -744,21 +769,17 @@ fn persistent_overlapped_epilogue_equals_one_cta_per_item() {
     let (device, dev) = gpu();
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::MmaSync { stages, k_step: 64, grid: Grid::Persistent });
-    for (p, batch, dim, vocab, std) in [
+    let shapes = vec![
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
         (serving(), 64, 4096, 151_936, FILTER_LOGIT_STD),
         (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
-    ] {
-        let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let case = Case::random(&p, batch, dim, vocab, 91 + batch as u64, std);
-        for mut c in [tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)] {
-            // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
-            let Some(what) = fit_to_device(&mut c, &p, &dev, 2, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let one_per_item = c.one_cta_per_item();
-            variant_equals_baseline(&sampler, &case, &p, &one_per_item, &c, &what, "one CTA per item");
-        }
-    }
+    ];
+    // 256 × 128 with lists: ring + scratch + lists exceed shared memory even at 2 stages.
+    let tiles = |_| vec![tile(256, 64, 8, 4), tile(128, 64, 4, 3), tile(256, 16, 8, 4), tile(512, 32, 8, 2), tile(256, 128, 8, 3)];
+    each_fitted_tile(&device, &dev, shapes, 91, 2, tiles, |sampler, case, p, c, what| {
+        variant_equals_baseline(sampler, case, p, &c.one_cta_per_item(), c, what, "one CTA per item");
+    });
 }
 
 /// The grid of a persistent or one-CTA-per-item tile.
@@ -791,17 +812,16 @@ fn wgmma_mainloop_pathwise() {
     let (device, dev) = hopper_gpu("wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, false);
-    for (p, batch, dim, vocab, std) in [
+    let shapes = vec![
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::F16, 1), 17, 200, 1003, 4.0),
         (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
         (serving(), 64, 4096, 151_936, FILTER_LOGIT_STD),
         (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
-    ] {
-        let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let case = Case::random(&p, batch, dim, vocab, 57 + batch as u64, std);
-        // The f64 reference of the big shapes costs seconds per check: fewer tiles there.
-        let tiles = if vocab > 100_000 {
+    ];
+    // The f64 reference of the big shapes costs seconds per check: fewer tiles there.
+    let tiles = |vocab| {
+        if vocab > 100_000 {
             vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 4, true), tile(256, 128, 8, 3, false)]
         } else {
             vec![
@@ -813,14 +833,13 @@ fn wgmma_mainloop_pathwise() {
                 tile(512, 32, 8, 3, false),
                 tile(256, 128, 8, 3, false),
             ]
-        };
-        for mut c in tiles {
-            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let wgmma = KernelConfig::Cuda(c.clone());
-            let got = case.run_with(&sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
-            check_pathwise_and_every_slot(&sampler, &case, &p, &wgmma, &got, &what);
         }
-    }
+    };
+    each_fitted_tile(&device, &dev, shapes, 57, 3, tiles, |sampler, case, p, c, what| {
+        let wgmma = KernelConfig::Cuda(c.clone());
+        let got = case.run_with(sampler, &wgmma).unwrap_or_else(|e| panic!("{what}: {e}"));
+        check_pathwise_and_every_slot(sampler, case, p, &wgmma, &got, what);
+    });
 }
 
 /// `wgmma_drain` (each slice's MMAs finish before the next barrier, the ring one slice
@@ -837,24 +856,35 @@ fn drained_staggered_wgmma_equals_plain_ring() {
     let tile = |vocab_tile, batch_tile, warps, stages, persistent, stagger_us| {
         GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::Wgmma { stages, drain: true, grid: grid(persistent) }).with_stagger(stagger_us)
     };
-    for (p, batch, dim, vocab, std) in [
+    let shapes = vec![
         (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
         (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
         (serving(), 33, 128, 50_257, FILTER_LOGIT_STD),
-    ] {
-        let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let case = Case::random(&p, batch, dim, vocab, 77 + batch as u64, std);
-        let tiles = if vocab > 100_000 {
+    ];
+    let tiles = |vocab| {
+        if vocab > 100_000 {
             vec![tile(128, 64, 4, 4, false, 40), tile(256, 64, 8, 5, false, 0)]
         } else {
             vec![tile(128, 64, 4, 4, false, 20), tile(128, 64, 4, 3, true, 5), tile(256, 8, 8, 4, false, 0), tile(256, 128, 8, 3, false, 10)]
-        };
-        for mut c in tiles {
-            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let plain = c.clone().with_stagger(0).with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
-            variant_equals_baseline(&sampler, &case, &p, &plain, &c, &what, "plain ring");
         }
-    }
+    };
+    each_fitted_tile(&device, &dev, shapes, 77, 3, tiles, |sampler, case, p, c, what| {
+        let plain = c.clone().with_stagger(0).with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
+        variant_equals_baseline(sampler, case, p, &plain, c, what, "plain ring");
+    });
+}
+
+/// The shapes of the TMA tests: V a multiple of 32 and D of 8 (the maps describe them) and
+/// one of neither (which runs the cp.async ring).
+fn tma_shapes() -> Vec<TileShape> {
+    vec![
+        (qwen(DType::BF16, 2), 64, 4096, 151_936, 4.0),
+        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
+        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
+        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
+        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
+        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
+    ]
 }
 
 /// The TMA ring (`tma`: tensor maps, `cp.async.bulk.tensor` boxes in wgmma row order,
@@ -870,17 +900,9 @@ fn tma_ring_equals_cp_async_ring() {
     let (device, dev) = hopper_gpu("TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages, persistent| wgmma_tile(vocab_tile, batch_tile, warps, stages, persistent, true);
-    for (p, batch, dim, vocab, std) in [
-        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
-        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
-        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
-        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
-        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
-        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
-    ] {
-        let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let case = Case::random(&p, batch, dim, vocab, 23 + batch as u64, std);
-        let tiles = if vocab > 100_000 {
+    let shapes = tma_shapes();
+    let tiles = |vocab| {
+        if vocab > 100_000 {
             vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 5, true), tile(256, 128, 8, 4, false)]
         } else {
             vec![
@@ -890,13 +912,12 @@ fn tma_ring_equals_cp_async_ring() {
                 tile(128, 16, 4, 3, true),
                 tile(256, 128, 8, 3, false),
             ]
-        };
-        for mut c in tiles {
-            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let ring = c.clone().with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
-            variant_equals_baseline(&sampler, &case, &p, &ring, &c, &what, "cp.async ring");
         }
-    }
+    };
+    each_fitted_tile(&device, &dev, shapes, 23, 3, tiles, |sampler, case, p, c, what| {
+        let ring = c.clone().with_schedule(Schedule::Wgmma { stages: c.stages(), drain: false, grid: grid(c.is_persistent()) });
+        variant_equals_baseline(sampler, case, p, &ring, c, what, "cp.async ring");
+    });
 }
 
 /// The ping-pong schedule (`pingpong`: a producer warp streams the CTA's items through the
@@ -913,25 +934,16 @@ fn pingpong_equals_tma_ring() {
     let (device, dev) = hopper_gpu("ping-pong TMA + wgmma");
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
-    for (p, batch, dim, vocab, std) in [
-        (qwen(DType::BF16, 2), 64usize, 4096usize, 151_936usize, 4.0f32),
-        (qwen(DType::F16, 1), 17, 200, 1056, 4.0),
-        (qwen(DType::BF16, 1), 5, 203, 1003, 4.0),
-        (serving(), 33, 128, 50_240, FILTER_LOGIT_STD),
-        // Lists from B = 192 on (the heuristic's 128 × 64 tile there): four batch tiles.
-        (serving(), 200, 128, 50_240, FILTER_LOGIT_STD),
-    ] {
-        let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let case = Case::random(&p, batch, dim, vocab, 31 + batch as u64, std);
-        let tiles = if vocab > 100_000 {
+    let shapes = tma_shapes();
+    let tiles = |vocab| {
+        if vocab > 100_000 {
             vec![tile(128, 64, 4, 8)]
         } else {
             vec![tile(128, 64, 4, 8), tile(128, 16, 4, 4), tile(256, 64, 8, 4), tile(128, 128, 4, 6)]
-        };
-        for mut c in tiles {
-            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("B={batch} D={dim} V={vocab}")) else { continue };
-            let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
-            variant_equals_baseline(&sampler, &case, &p, &ring, &c, &what, "TMA ring");
         }
-    }
+    };
+    each_fitted_tile(&device, &dev, shapes, 31, 3, tiles, |sampler, case, p, c, what| {
+        let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
+        variant_equals_baseline(sampler, case, p, &ring, c, what, "TMA ring");
+    });
 }
