@@ -160,28 +160,16 @@ impl StageTwo {
         (out, status)
     }
 
-    /// Reduces the candidates of every row and sample; any row error fails the launch.
+    /// Reduces the candidates of every row and sample; any row error fails the launch: the
+    /// first failed row's, as [`StageTwo::reduce_rows`] reports it.
     pub fn reduce(&self, candidates: &[Candidate], lse: Option<&[LsePartial]>) -> Result<RowResult, RowError> {
-        assert_eq!(candidates.len(), self.candidate_count(), "candidate buffer does not match its layout");
-        let n = self.batch * self.samples;
-        let mut out = RowResult {
-            tokens: Vec::with_capacity(n),
-            scores: Vec::with_capacity(n),
-            logits: Vec::with_capacity(n),
-            logsumexp: lse.map(|_| Vec::with_capacity(self.batch)),
-        };
-        for row in 0..self.batch {
-            for sample in 0..self.samples {
-                let best = self.winner(candidates, row, sample)?.ok_or(RowError::AllMasked { row })?;
-                out.tokens.push(best.index);
-                out.scores.push(best.score);
-                out.logits.push(best.logit);
-            }
-            if let (Some(lse), Some(dst)) = (lse, out.logsumexp.as_mut()) {
-                dst.push(self.logsumexp(lse, row) as f32);
-            }
+        let (out, status) = self.reduce_rows(candidates, lse);
+        match status.iter().enumerate().find(|(_, s)| **s != RowStatus::Ok) {
+            None => Ok(out),
+            Some((row, RowStatus::AllMasked)) => Err(RowError::AllMasked { row }),
+            // `reduce_rows` writes only Ok, AllMasked and NonFinite.
+            Some((row, _)) => Err(RowError::NonFinite { row }),
         }
-        Ok(out)
     }
 }
 
