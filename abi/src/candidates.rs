@@ -1,6 +1,7 @@
 //! Stage one writes one [`Candidate`] per (row, sample, vocab tile) and, when the pipeline
 //! wants a logsumexp, one [`LsePartial`] per (row, tile). Stage two ([`StageTwo`]) reduces them.
 
+use crate::lse::{LsePartial, LseSum};
 use crate::RowStatus;
 use bytemuck::{Pod, Zeroable};
 
@@ -19,21 +20,6 @@ pub struct Candidate {
     pub index: u32,
     /// The winner's transformed logit, without noise.
     pub logit: f32,
-}
-
-/// One tile's online-softmax state for one row: `max` and `Σ exp(x − max)` over its tokens.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
-pub struct LsePartial {
-    /// Largest allowed logit of the tile (`-inf` if none).
-    pub max: f32,
-    /// `Σ exp(x − max)` over the tile's allowed tokens.
-    pub sum: f32,
-}
-
-impl LsePartial {
-    /// A tile with no allowed token.
-    pub const EMPTY: LsePartial = LsePartial { max: f32::NEG_INFINITY, sum: 0.0 };
 }
 
 /// A row that cannot be sampled.
@@ -116,9 +102,10 @@ impl StageTwo {
         Ok(best)
     }
 
-    /// The row's logsumexp over all tiles' partials, in f64 (`-inf` if nothing was allowed).
-    pub fn logsumexp(&self, lse: &[LsePartial], row: usize) -> f64 {
-        merge_logsumexp(&lse[row * self.tiles..][..self.tiles])
+    /// The row's logsumexp over all tiles' partials (`-inf` if nothing was allowed): the
+    /// exact sum of [`crate::lse`], so it does not depend on the tiling.
+    pub fn logsumexp(&self, lse: &[LsePartial], row: usize) -> f32 {
+        LseSum::of(&lse[row * self.tiles..][..self.tiles]).logsumexp()
     }
 
     /// Reduces the candidates of every row and sample, each row on its own: a row that cannot
@@ -153,7 +140,7 @@ impl StageTwo {
                 out.logits.push(c.logit);
             }
             if let (Some(lse), Some(dst)) = (lse, out.logsumexp.as_mut()) {
-                dst.push(if row_status == RowStatus::Ok { self.logsumexp(lse, row) as f32 } else { f32::NAN });
+                dst.push(if row_status == RowStatus::Ok { self.logsumexp(lse, row) } else { f32::NAN });
             }
             status.push(row_status);
         }
@@ -171,20 +158,6 @@ impl StageTwo {
             Some((row, _)) => Err(RowError::NonFinite { row }),
         }
     }
-}
-
-/// `log Σ_t sum_t · exp(max_t)` over tile partials, in f64.
-pub fn merge_logsumexp(partials: &[LsePartial]) -> f64 {
-    let m = partials.iter().map(|p| f64::from(p.max)).fold(f64::NEG_INFINITY, f64::max);
-    if m == f64::NEG_INFINITY {
-        return m;
-    }
-    let s: f64 = partials
-        .iter()
-        .filter(|p| p.max > f32::NEG_INFINITY)
-        .map(|p| f64::from(p.sum) * (f64::from(p.max) - m).exp())
-        .sum();
-    m + s.ln()
 }
 
 #[cfg(test)]
@@ -227,14 +200,17 @@ mod tests {
     }
 
     #[test]
-    fn logsumexp_merges_partials() {
-        let xs = [0.5f64, -1.0, 3.0, 2.0];
-        let want = xs.iter().map(|x| x.exp()).sum::<f64>().ln();
-        let p = |a: &[f64]| {
-            let m = a.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            LsePartial { max: m as f32, sum: a.iter().map(|x| (x - m).exp()).sum::<f64>() as f32 }
+    fn logsumexp_merges_tile_partials() {
+        let xs = [0.5f32, -1.0, 3.0, 2.0];
+        let want = xs.iter().map(|&x| f64::from(x).exp()).sum::<f64>().ln();
+        let p = |a: &[f32]| {
+            let mut p = LsePartial::EMPTY;
+            a.iter().for_each(|&x| p.add(x));
+            p
         };
-        let got = merge_logsumexp(&[p(&xs[..1]), LsePartial::EMPTY, p(&xs[1..])]);
-        assert!((got - want).abs() < 1e-6);
+        let s = StageTwo { batch: 1, samples: 1, tiles: 3 };
+        let got = s.logsumexp(&[p(&xs[..1]), LsePartial::EMPTY, p(&xs[1..])], 0);
+        assert!((f64::from(got) - want).abs() < 1e-6);
+        assert_eq!(got, s.logsumexp(&[p(&xs[2..]), p(&xs[..2]), LsePartial::EMPTY], 0));
     }
 }

@@ -6,6 +6,7 @@
 //!   (explicit fused multiply-adds, no approximations), so CPU and GPU noise is bit-identical.
 //! - [`candidates`]: the stage-one output layout (per row, sample and vocab tile) and the
 //!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
+//! - [`lse`]: the row logsumexp as an exact integer sum, the same in any order or tiling.
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
@@ -13,13 +14,15 @@
 
 pub mod candidates;
 pub mod filter;
+pub mod lse;
 pub mod math;
 pub mod params;
 pub mod rng;
 pub mod sharded;
 pub mod status;
 
-pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+pub use candidates::{Candidate, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+pub use lse::{LsePartial, LseSum, LseTerm};
 pub use filter::{ListError, Scored, TopLists};
 pub use status::{RowStatus, RowStatusError};
 pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};

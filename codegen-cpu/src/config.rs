@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 /// Most rows one register block may hold; beyond this the accumulators spill anyway.
 pub(crate) const MAX_ROW_BLOCK: u32 = 8;
 /// Largest vocab tile (tokens); a tile's winner is tracked in one slot, so this only bounds work per task.
-pub(crate) const MAX_VOCAB_TILE: u32 = 1 << 24;
+/// A tile's logsumexp partial sums at most `abi::lse::MAX_PARTIAL_TOKENS` tokens (its u64 sums
+/// cannot overflow), so no tile is larger.
+pub(crate) const MAX_VOCAB_TILE: u32 = flashsample_abi::lse::MAX_PARTIAL_TOKENS as u32;
 /// Most worker threads a CPU kernel (and so a CPU device) runs.
 pub const MAX_THREADS: usize = 1024;
 /// Bytes of one task's logit scratch (`batch × vocab_tile` f32) that the heuristic aims for:

@@ -21,7 +21,8 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::{LsePartial, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use std::mem::{offset_of, size_of};
 
@@ -106,7 +107,8 @@ pub(crate) fn gumbel_upper_bound() -> f32 {
 }
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
-const LSE_BYTES: i64 = size_of::<flashsample_abi::LsePartial>() as i64;
+const LSE_BYTES: i64 = size_of::<LsePartial>() as i64;
+const LSE_WINDOW_OFFSET: i32 = offset_of!(LsePartial, window) as i32;
 const SCORED_BYTES: i64 = size_of::<flashsample_abi::Scored>() as i64;
 const I64: types::Type = types::I64;
 const I32: types::Type = types::I32;
@@ -408,10 +410,12 @@ impl<'a, 'p> Lowering<'a, 'p> {
             });
             if k.plan.needs_lse {
                 let addr = k.lse_addr(l, row);
-                let neg_inf = k.b.ins().f32const(f32::NEG_INFINITY);
-                let zero = k.b.ins().f32const(0.0);
-                k.b.ins().store(output(), neg_inf, addr, 0);
-                k.b.ins().store(output(), zero, addr, 4);
+                let zero = k.b.ins().iconst(I64, 0);
+                for j in 0..KEPT_WINDOWS {
+                    k.b.ins().store(output(), zero, addr, 8 * j as i32);
+                }
+                let empty = k.b.ins().iconst(I32, i64::from(EMPTY_WINDOW));
+                k.b.ins().store(output(), empty, addr, LSE_WINDOW_OFFSET);
             }
         });
 
@@ -1037,53 +1041,77 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.switch_to_block(done);
     }
 
-    /// Step 7: online `(max, Σ exp(x − max))` over the quad's allowed tokens with `x > -inf`.
+    /// Step 7: adds the quad's counted tokens (allowed, finite `x`) to the (row, tile)
+    /// partial, exactly as `abi::LsePartial::add` does: the quad's top window first (a new
+    /// top moves the kept sums down), then each lane's integer term into the sum of its window.
     fn emit_lse(&mut self, l: &Launch, row: Value, x: Value, allowed: Value) {
         let addr = self.lse_addr(l, row);
         let b = &mut self.b;
-        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
-        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
-        let counted = b.ins().band(above, allowed);
-        let xs = math::select(b, counted, x, neg_inf);
-        let quad_max = math::hmax(b, xs);
-        let neg_inf_s = b.ins().f32const(f32::NEG_INFINITY);
-        let any = b.ins().fcmp(FloatCC::GreaterThan, quad_max, neg_inf_s);
+        let ax = b.ins().fabs(x);
+        let inf = fconst(b, F32X4, f32::INFINITY);
+        let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
+        let counted = b.ins().band(finite, allowed);
+        let (window, term) = math::lse_term(b, x);
+        let empty = iconst(b, I32X4, EMPTY_WINDOW as u32);
+        let window = b.ins().bitselect(counted, window, empty);
+        let lanes: Vec<(Value, Value)> = (0..4u8)
+            .map(|i| (b.ins().extractlane(window, i), b.ins().extractlane(term, i)))
+            .collect();
+        let quad_top = lanes.iter().skip(1).fold(lanes[0].0, |m, &(k, _)| b.ins().smax(m, k));
+        let any = b.ins().icmp_imm_s(IntCC::SignedGreaterThan, quad_top, i64::from(EMPTY_WINDOW));
         let update = b.create_block();
         let done = b.create_block();
         b.ins().brif(any, update, &[], done, &[]);
 
         b.switch_to_block(update);
-        let max_var = b.declare_var(F32);
-        let sum_var = b.declare_var(F32);
-        let old_max = b.ins().load(F32, output(), addr, 0);
-        let old_sum = b.ins().load(F32, output(), addr, 4);
-        b.def_var(max_var, old_max);
-        b.def_var(sum_var, old_sum);
-        let rescale = b.create_block();
+        let flags = output();
+        let top_var = b.declare_var(I32);
+        let sum_vars: Vec<Variable> = (0..KEPT_WINDOWS).map(|_| b.declare_var(I64)).collect();
+        let old_top = b.ins().load(I32, flags, addr, LSE_WINDOW_OFFSET);
+        b.def_var(top_var, old_top);
+        for (j, &v) in sum_vars.iter().enumerate() {
+            let s = b.ins().load(I64, flags, addr, 8 * j as i32);
+            b.def_var(v, s);
+        }
+        let promote = b.create_block();
         let accumulate = b.create_block();
-        let new_max = b.ins().fcmp(FloatCC::GreaterThan, quad_max, old_max);
-        b.ins().brif(new_max, rescale, &[], accumulate, &[]);
+        let higher = b.ins().icmp(IntCC::SignedGreaterThan, quad_top, old_top);
+        b.ins().brif(higher, promote, &[], accumulate, &[]);
 
-        b.switch_to_block(rescale);
-        let delta = b.ins().fsub(old_max, quad_max);
-        let factor = math::exp_f32(b, delta);
-        let scaled = b.ins().fmul(old_sum, factor);
-        b.def_var(max_var, quad_max);
-        b.def_var(sum_var, scaled);
+        // A new top window: sum j moves to j + shift, past the kept windows it is dropped.
+        b.switch_to_block(promote);
+        let shift = b.ins().isub(quad_top, old_top);
+        let old: Vec<Value> = sum_vars.iter().map(|&v| b.use_var(v)).collect();
+        let zero = b.ins().iconst(I64, 0);
+        for (i, &v) in sum_vars.iter().enumerate() {
+            let mut moved = zero;
+            for (j, &s) in old.iter().enumerate().take(i) {
+                let hit = b.ins().icmp_imm_s(IntCC::Equal, shift, (i - j) as i64);
+                moved = b.ins().select(hit, s, moved);
+            }
+            b.def_var(v, moved);
+        }
+        b.def_var(top_var, quad_top);
         b.ins().jump(accumulate, &[]);
 
         b.switch_to_block(accumulate);
-        let m = b.use_var(max_var);
-        let sum = b.use_var(sum_var);
-        let ms = b.ins().splat(F32X4, m);
-        let shifted = b.ins().fsub(x, ms);
-        let e = math::exp_f32(b, shifted);
-        let zero = fconst(b, F32X4, 0.0);
-        let e = math::select(b, counted, e, zero);
-        let quad_sum = math::hsum(b, e);
-        let sum = b.ins().fadd(sum, quad_sum);
-        b.ins().store(output(), m, addr, 0);
-        b.ins().store(output(), sum, addr, 4);
+        let top = b.use_var(top_var);
+        let zero = b.ins().iconst(I64, 0);
+        let mut sums: Vec<Value> = sum_vars.iter().map(|&v| b.use_var(v)).collect();
+        for &(k, t) in &lanes {
+            // Masked lanes sit in EMPTY_WINDOW, far below every kept window.
+            let below = b.ins().isub(top, k);
+            let value = b.ins().fcvt_to_uint_sat(I64, t);
+            for (j, sum) in sums.iter_mut().enumerate() {
+                let hit = b.ins().icmp_imm_s(IntCC::Equal, below, j as i64);
+                let add = b.ins().select(hit, value, zero);
+                *sum = b.ins().iadd(*sum, add);
+            }
+        }
+        b.ins().store(flags, top, addr, LSE_WINDOW_OFFSET);
+        for (j, &s) in sums.iter().enumerate() {
+            b.ins().store(flags, s, addr, 8 * j as i32);
+        }
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }

@@ -12,6 +12,7 @@ use cranelift_frontend::FunctionBuilder;
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E, TANH_SATURATE,
 };
+use flashsample_abi::lse::{INV_WINDOW, TERM_SCALE, WINDOW, WINDOW_LIMIT};
 use flashsample_abi::rng::{PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25};
 
 /// Vector bitcasts between lane shapes need an explicit byte order.
@@ -83,7 +84,7 @@ pub(crate) fn select(b: &mut FunctionBuilder, cond: Value, a: Value, c: Value) -
 }
 
 /// `x.max(c)` for a non-NaN constant `c`, with Rust's NaN rule (NaN gives `c`).
-fn max_const(b: &mut FunctionBuilder, x: Value, c: f32) -> Value {
+pub(crate) fn max_const(b: &mut FunctionBuilder, x: Value, c: f32) -> Value {
     let ty = b.func.dfg.value_type(x);
     let cv = fconst(b, ty, c);
     let gt = b.ins().fcmp(FloatCC::GreaterThan, x, cv);
@@ -91,7 +92,7 @@ fn max_const(b: &mut FunctionBuilder, x: Value, c: f32) -> Value {
 }
 
 /// `x.min(c)` for a non-NaN constant `c`, with Rust's NaN rule (NaN gives `c`).
-fn min_const(b: &mut FunctionBuilder, x: Value, c: f32) -> Value {
+pub(crate) fn min_const(b: &mut FunctionBuilder, x: Value, c: f32) -> Value {
     let ty = b.func.dfg.value_type(x);
     let cv = fconst(b, ty, c);
     let lt = b.ins().fcmp(FloatCC::LessThan, x, cv);
@@ -324,13 +325,25 @@ pub(crate) fn hmax(b: &mut FunctionBuilder, v: Value) -> Value {
     b.ins().extractlane(m, 0)
 }
 
-/// Sum of the lanes of an `f32x4`.
-pub(crate) fn hsum(b: &mut FunctionBuilder, v: Value) -> Value {
-    let swapped = shuffle32(b, v, v, [2, 3, 0, 1]);
-    let s = b.ins().fadd(v, swapped);
-    let swapped = shuffle32(b, s, s, [1, 0, 3, 2]);
-    let s = b.ins().fadd(s, swapped);
-    b.ins().extractlane(s, 0)
+/// `abi::lse::LseTerm::of` lane-wise for finite `x` (`f32x4`): the window `floor(x / 16)`
+/// clamped to `±WINDOW_LIMIT` (`i32x4`), and `exp_f32(x − 16·floor(x / 16)) · 2²³` (`f32x4`,
+/// whose truncation to u64 is the term). Lanes with non-finite `x` are garbage: mask them.
+pub(crate) fn lse_term(b: &mut FunctionBuilder, x: Value) -> (Value, Value) {
+    let ty = b.func.dfg.value_type(x);
+    let inv = fconst(b, ty, INV_WINDOW);
+    let scaled = b.ins().fmul(x, inv);
+    let k = b.ins().floor(scaled);
+    let w = fconst(b, ty, WINDOW);
+    let kw = b.ins().fmul(k, w);
+    let f = b.ins().fsub(x, kw);
+    let t = exp_f32(b, f);
+    let scale = fconst(b, ty, TERM_SCALE);
+    let term = b.ins().fmul(t, scale);
+    let lim = WINDOW_LIMIT as f32;
+    let kc = max_const(b, k, -lim);
+    let kc = min_const(b, kc, lim);
+    let window = b.ins().fcvt_to_sint_sat(int_of(ty), kc);
+    (window, term)
 }
 
 /// `[Σ a0, Σ a1, Σ a2, Σ a3]` from four `f32x4` partial-sum accumulators.

@@ -177,23 +177,6 @@ impl Func {
         best
     }
 
-    /// Merges two online-softmax states `(max, Σ exp(x − max))`; an empty state (`max = -inf`)
-    /// contributes nothing.
-    pub(crate) fn lse_combine(&mut self, m1: &str, s1: &str, m2: &str, s2: &str) -> (String, String) {
-        let m = self.v(format!("call float @llvm.maxnum.f32(float {m1}, float {m2})"));
-        let mut parts = Vec::new();
-        for (mi, si) in [(m1, s1), (m2, s2)] {
-            let nm = self.v(format!("fneg float {m}"));
-            let d = self.fadd(mi, &nm);
-            let ex = self.v(format!("call float @fs_exp_f32(float {d})"));
-            let sc = self.fmul(si, &ex);
-            let live = self.v(format!("fcmp ogt float {mi}, {NEG_INF}"));
-            parts.push(self.sel("float", &live, &sc, "0.0"));
-        }
-        let s = self.fadd(&parts[0], &parts[1]);
-        (m, s)
-    }
-
     pub(crate) fn new() -> Self {
         Func {
             allocas: String::new(),

@@ -16,7 +16,9 @@
 use crate::config::{GpuConfig, GridKind, Schedule};
 
 /// Byte offsets of the epilogue's cross-warp scratch within an epilogue area: one array per
-/// field, each of `warps · batch_tile` 4-byte entries indexed `warp · batch_tile + column`.
+/// field, each of `warps · batch_tile` entries indexed `warp · batch_tile + column` (4 bytes;
+/// 8 for the logsumexp sums). The logsumexp fields alias `score`, `index` and `logit`: the
+/// logsumexp phase ends with a barrier before the selection phase writes those.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScratchLayout {
     /// The warp's best score per column (f32).
@@ -25,12 +27,12 @@ pub struct ScratchLayout {
     pub index: u32,
     /// Its transformed logit (f32).
     pub logit: u32,
-    /// The warp's logsumexp partial: running max (f32) ...
-    pub lse_max: u32,
-    /// ... and sum of `exp(x − max)` (f32).
-    pub lse_sum: u32,
     /// Whether the warp saw a non-finite logit in the column (u32, 0 or 1).
     pub nonfinite: u32,
+    /// The warp's logsumexp partial (`abi::LsePartial`): its top window (i32) ...
+    pub lse_window: u32,
+    /// ... and two u64 sum fields: windows `w` and `w − 1` in a first round, `w − 2` in a second.
+    pub lse_sums: [u32; 2],
     /// Bytes of the whole scratch.
     pub bytes: u32,
 }
@@ -38,7 +40,7 @@ pub struct ScratchLayout {
 impl ScratchLayout {
     fn of(c: &GpuConfig) -> ScratchLayout {
         let e = c.warps * c.batch_tile * 4;
-        ScratchLayout { score: 0, index: e, logit: 2 * e, lse_max: 3 * e, lse_sum: 4 * e, nonfinite: 5 * e, bytes: 6 * e }
+        ScratchLayout { score: 0, index: e, logit: 2 * e, nonfinite: 5 * e, lse_window: 4 * e, lse_sums: [0, 2 * e], bytes: 6 * e }
     }
 }
 

@@ -14,6 +14,7 @@ mod filter;
 mod heuristic;
 mod ir;
 mod layout;
+mod lse;
 mod math;
 mod params;
 mod ptx;
@@ -149,6 +150,9 @@ pub fn llvm_ir_with(
     m.push_str(stage2::SCRATCH_DECL);
     m.push('\n');
     m.push_str(&math::helpers(options.outline_math));
+    m.push_str(lse::DECLS);
+    m.push_str(&lse::helpers(if options.outline_math { "#2" } else { "#0" }));
+    m.push('\n');
     let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;
     m.push_str(&stage1::emit(pipeline, config, lse));
     m.push('\n');

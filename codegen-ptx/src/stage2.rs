@@ -1,20 +1,36 @@
 //! The stage-two kernel `flashsample_stage2`: one CTA of [`STAGE2_THREADS`] per batch row
 //! reduces the row's candidates over tiles (max score, ties to the lower index; any
 //! `INDEX_NONFINITE` tile → `RowStatus::NonFinite`; no candidate → `RowStatus::AllMasked`)
-//! and merges the logsumexp
-//! partials in f32.
+//! and sums the logsumexp partials exactly (`abi::LseSum`).
 
 use crate::config::STAGE2_THREADS;
-use crate::ir::{Func, NEG_INF};
+use crate::ir::{Func, Var, NEG_INF};
+use crate::lse;
+use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::LsePartial;
+use std::mem::{offset_of, size_of};
+
+/// `abi::LsePartial`'s size and its window's offset.
+const LSE_PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
+const LSE_WINDOW_OFFSET: u32 = offset_of!(LsePartial, window) as u32;
 use crate::params::STAGE2;
 use flashsample_abi::{RowStatus, INDEX_NONE, INDEX_NONFINITE};
 
 pub(crate) const NAME: &str = "flashsample_stage2";
 const WARPS: u32 = STAGE2_THREADS / 32;
 
-/// Static shared scratch: per warp score, index, logit, flag (4 × 8 words).
-pub(crate) const SCRATCH_DECL: &str =
-    "@fs_stage2_scratch = internal addrspace(3) global [32 x i32] undef, align 4\n";
+/// Static shared scratch: per warp score, index, logit, flag (4 × 8 words); and per warp its
+/// logsumexp sum (window, then the three u128 sums, as four i128).
+pub(crate) const SCRATCH_DECL: &str = "@fs_stage2_scratch = internal addrspace(3) global [32 x i32] undef, align 4
+@fs_stage2_lse = internal addrspace(3) global [32 x i128] undef, align 16
+";
+
+/// Field `field` (0: window, 1..=3: sums) of warp `warp`'s logsumexp sum in the scratch.
+fn lse_scratch(f: &mut Func, warp: &str, field: u32) -> String {
+    let i = f.mul(warp, "4");
+    let i = f.add(&i, &field.to_string());
+    f.v(format!("getelementptr i128, ptr addrspace(3) @fs_stage2_lse, i32 {i}"))
+}
 
 fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
     let i = f.add(warp, &(field * WARPS).to_string());
@@ -160,50 +176,58 @@ pub(crate) fn emit() -> String {
         let both = f.and1(&lse_in, &lse_out);
         // Uniform over the CTA, so the barrier inside is safe.
         f.if_then(&both, |f| {
-            let m = f.var("float", NEG_INF);
-            let sm = f.var("float", "0.0");
+            // abi::LseSum: each thread sums its tiles' partials in u128, then the lanes, then the
+            // warps; the sum is exact, so its order does not matter.
+            let w = f.var("i32", &EMPTY_WINDOW.to_string());
+            let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i128", "0"));
             let base = f.mul(&row, "%tiles");
             f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
                 let i = f.add(&base, tile);
                 let i64v = f.zext64(&i);
-                let a = f.gaddr("%lse", &i64v, 8);
-                let pm = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                let ps = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
-                let (m0, s0) = (f.get(&m), f.get(&sm));
-                let (m1, s1) = f.lse_combine(&m0, &s0, &pm, &ps);
-                f.set(&m, &m1);
-                f.set(&sm, &s1);
+                let a = f.gaddr("%lse", &i64v, LSE_PARTIAL_BYTES);
+                let part_sums = std::array::from_fn(|k| {
+                    let p = f.offset(&a, 8 * k as u32);
+                    let v = f.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
+                    f.v(format!("zext i64 {v} to i128"))
+                });
+                let p = f.offset(&a, LSE_WINDOW_OFFSET);
+                let pw = f.v(format!("load i32, ptr addrspace(1) {p}, align 4"));
+                let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+                let (nw, ns) = lse::merge_call(f, true, &cur, &(pw, part_sums));
+                f.set(&w, &nw);
+                for (v, x) in sums.iter().zip(&ns) {
+                    f.set(v, x);
+                }
             });
-            let (mut m1, mut s1) = (f.get(&m), f.get(&sm));
-            for sh in [16, 8, 4, 2, 1] {
-                let om = f.shfl_xor_f32(&m1, sh);
-                let os = f.shfl_xor_f32(&s1, sh);
-                (m1, s1) = f.lse_combine(&m1, &s1, &om, &os);
-            }
+            let mine = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+            let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
             f.if_then(&lane0, |f| {
-                for (field, v) in [(0, &m1), (1, &s1)] {
-                    let a = scratch(f, field, &warp);
-                    f.s(format!("store float {v}, ptr addrspace(3) {a}, align 4"));
+                let a = lse_scratch(f, &warp, 0);
+                let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
+                f.s(format!("store i128 {wide}, ptr addrspace(3) {a}, align 16"));
+                for (k, v) in warp_sum.1.iter().enumerate() {
+                    let a = lse_scratch(f, &warp, k as u32 + 1);
+                    f.s(format!("store i128 {v}, ptr addrspace(3) {a}, align 16"));
                 }
             });
             f.barrier();
             f.if_then(&tid0, |f| {
-                let (mut m2, mut s2) = (NEG_INF.to_string(), "0.0".to_string());
-                for w in 0..WARPS {
-                    let w = w.to_string();
-                    let a = scratch(f, 0, &w);
-                    let wm = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-                    let a = scratch(f, 1, &w);
-                    let ws = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-                    (m2, s2) = f.lse_combine(&m2, &s2, &wm, &ws);
+                let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn(|_| "0".to_string()));
+                for wi in 0..WARPS {
+                    let wi = wi.to_string();
+                    let a = lse_scratch(f, &wi, 0);
+                    let ww = f.v(format!("load i128, ptr addrspace(3) {a}, align 16"));
+                    let ww = f.v(format!("trunc i128 {ww} to i32"));
+                    let ws = std::array::from_fn(|k| {
+                        let a = lse_scratch(f, &wi, k as u32 + 1);
+                        f.v(format!("load i128, ptr addrspace(3) {a}, align 16"))
+                    });
+                    acc = lse::merge_call(f, true, &acc, &(ww, ws));
                 }
-                // lse = m + ln(s); s ≥ 1 whenever m is finite (the max tile contributes ≥ 1).
-                let live = f.v(format!("fcmp ogt float {m2}, {NEG_INF}"));
-                let safe = f.sel("float", &live, &s2, "1.0");
-                let ln = f.v(format!("call float @fs_ln_f32(float {safe})"));
-                let l = f.fadd(&m2, &ln);
-                let l = f.sel("float", &live, &l, NEG_INF);
+                let l = f.v(format!(
+                    "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",
+                    acc.0, acc.1[0], acc.1[1], acc.1[2]
+                ));
                 let r64 = f.zext64(&row);
                 let a = f.gaddr("%out_lse", &r64, 4);
                 f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));

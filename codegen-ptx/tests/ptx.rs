@@ -532,22 +532,24 @@ fn skip_logsumexp_variant_has_no_lse_epilogue() {
     let ir_with = llvm_ir_with(&p, &c, with).unwrap();
     let ir_without = llvm_ir_with(&p, &c, without).unwrap();
     let (s1_with, s1_without) = (ir_function(&ir_with, "flashsample_stage1"), ir_function(&ir_without, "flashsample_stage1"));
-    // With: the online exp sum and the null-checked store of the partials.
-    assert!(s1_with.contains("@fs_exp_f32(") && s1_with.contains("icmp ne ptr addrspace(1) %lse, null"));
+    // With: the exact per-token terms and the null-checked store of the partials.
+    assert!(s1_with.contains("@fs_lse_term(") && s1_with.contains("icmp ne ptr addrspace(1) %lse, null"));
     // Without: `%lse` is only the parameter (never read, compared or stored through), no exp.
     assert_eq!(s1_without.matches("%lse").count(), 1, "only the parameter");
-    assert!(!s1_without.contains("@fs_exp_f32("));
+    assert!(!s1_without.contains("@fs_lse_term(") && !s1_without.contains("@fs_lse_merge("));
     // Stage two and three are shared (both check their lse pointers for 0).
     for name in ["flashsample_stage2", "flashsample_filter"] {
         assert_eq!(ir_function(&ir_with, name), ir_function(&ir_without, name), "{name}");
     }
     let f = ir_function(&ir_without, "flashsample_filter");
     assert!(f.contains("icmp ne ptr addrspace(1) %lse, null"), "stage three reads lse only when given");
-    // PTX: stage one of the variant stores exactly the two lse floats fewer.
+    // PTX: stage one of the variant stores only the 32-byte partial (three u64 sums, the
+    // window, the pad; LLVM may pair them) fewer.
     let k_with = compile_with(&p, &c, Arch::Sm90, with).unwrap();
     let k_without = compile_with(&p, &c, Arch::Sm90, without).unwrap();
     let stores = |ptx: &str| stage1_text(ptx).matches("st.global").count();
-    assert_eq!(stores(&k_with.ptx), stores(&k_without.ptx) + 2);
+    let extra = stores(&k_with.ptx) - stores(&k_without.ptx);
+    assert!((2..=5).contains(&extra), "{extra} stores");
     assert!(!k_without.ptx.contains(".local"));
     // Pipelines without lists or lse outputs are unaffected by the option.
     let g = greedy(DType::BF16);
@@ -777,4 +779,52 @@ fn legacy_flag_configs_load_and_illegal_combinations_are_refused() {
     for c in [mma, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }).with_stagger(20)] {
         assert_eq!(load(&serde_json::to_string(&c).unwrap()).unwrap(), c);
     }
+}
+
+/// NVIDIA's assembler accepts every module the heuristic (B 1..512, both LM-head shapes) and
+/// each schedule emits, for the pipelines with a logsumexp, lists and neither. Runs where
+/// `PTXAS` names a ptxas binary (CUDA 12.4+, e.g. from the `nvidia-cuda-nvcc-cu12` wheel);
+/// ignored elsewhere, never passed vacuously.
+#[test]
+#[ignore = "needs ptxas: set PTXAS=/path/to/ptxas and run with --include-ignored"]
+fn ptxas_accepts_every_schedule() {
+    let ptxas = std::env::var("PTXAS").expect("PTXAS names the ptxas binary");
+    let dir = std::env::temp_dir().join(format!("flashsample-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let h200 = GpuLimits::H200;
+    let mut configs: Vec<(Pipeline, GpuConfig)> = Vec::new();
+    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32)] {
+        for (d, v) in [(4096, 151_936), (8192, 128_256)] {
+            for batch in [1, 8, 33, 64, 128, 256, 512] {
+                configs.push((p.clone(), GpuConfig::heuristic(&p, batch, d, v, &h200)));
+            }
+        }
+        if p.weights.dtype == DType::BF16 {
+            for c in [
+                tensor_small(),
+                cfg(128, 64, 64, 4, 4, true),
+                wgmma(cfg(256, 64, 64, 8, 4, false)),
+                wgmma(cfg(512, 8, 64, 4, 3, true)),
+                tma(cfg(256, 64, 64, 8, 5, false)),
+                tma(cfg(128, 8, 64, 4, 3, true)),
+                GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }),
+            ] {
+                configs.push((p.clone(), with_lists(c, &p)));
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, (p, c)) in configs.iter().enumerate() {
+        let k = ptx(p, c, Arch::Sm90);
+        if !seen.insert(k.ptx.clone()) {
+            continue;
+        }
+        let target = k.ptx.lines().find_map(|l| l.strip_prefix(".target ")).expect(".target").trim().to_string();
+        let file = dir.join(format!("m{i}.ptx"));
+        std::fs::write(&file, &k.ptx).unwrap();
+        let out = std::process::Command::new(&ptxas).arg(format!("-arch={target}")).arg(&file).arg("-o").arg("/dev/null").output().unwrap();
+        assert!(out.status.success(), "{} {c:?}: {}", p.name, String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(seen.len() >= 10, "only {} distinct modules", seen.len());
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -154,7 +154,7 @@ impl CpuBackend {
         let temperatures = params.row_temperatures(p, shape.batch);
         // Poisoned, so a slot the kernel failed to write cannot pass for a sample.
         let mut candidates = vec![Candidate { score: f32::NAN, index: flashsample_abi::INDEX_NONFINITE, logit: f32::NAN }; layout.candidate_count()];
-        let mut lse = logsumexp.then(|| vec![LsePartial { max: f32::NAN, sum: f32::NAN }; shape.batch * layout.tiles]);
+        let mut lse = logsumexp.then(|| vec![LsePartial { sums: [u64::MAX; 3], window: i32::MAX, pad: 0 }; shape.batch * layout.tiles]);
         let lists_layout = TopLists { batch: shape.batch, tiles: layout.tiles, per_tile };
         // The kernel inserts into the lists, so they start empty rather than poisoned.
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);

@@ -77,7 +77,7 @@ impl ShardedSampler {
             let one = self.shard.stage_one(&hidden_f32, w, &local_params, bits.as_deref(), local, &config)?;
             let lse = one.lse.as_deref().ok_or_else(|| Error::Unsupported("shard pipeline without logsumexp".into()))?;
             for row in 0..batch {
-                let log_mass = one.layout.logsumexp(lse, row);
+                let log_mass = f64::from(one.layout.logsumexp(lse, row));
                 for s in 0..samples {
                     let winner = one.layout.winner(&one.candidates, row, s)?.map(|mut c| {
                         c.index += offset as u32;

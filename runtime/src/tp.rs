@@ -40,7 +40,7 @@ use crate::{
 };
 use cudarc::driver::CudaSlice;
 use cudarc::nccl::safe::Comm;
-use flashsample_abi::{candidates::merge_logsumexp, Candidate, LsePartial, RowError, StageTwo, INDEX_NONE};
+use flashsample_abi::{Candidate, RowError, StageTwo, INDEX_NONE};
 use flashsample_ir::{Outputs, Pipeline};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -171,15 +171,15 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
             logits.push(best.logit);
         }
         if with_lse {
-            // A shard's logsumexp is a one-token partial: max = lse_k, sum = 1.
-            let parts: Vec<LsePartial> = summaries
-                .iter()
-                .map(|r| match r.lse[row] {
-                    m if m == f32::NEG_INFINITY => LsePartial::EMPTY,
-                    m => LsePartial { max: m, sum: 1.0 },
-                })
-                .collect();
-            lse.push(merge_logsumexp(&parts) as f32);
+            // `ln Σ_k exp(lse_k)` over the shards, in f64. (Shards exchange f32 logsumexps, not
+            // exact sums, so this merge is not part of the batch-invariance guarantee.)
+            let m = summaries.iter().map(|r| f64::from(r.lse[row])).fold(f64::NEG_INFINITY, f64::max);
+            let merged = if m == f64::NEG_INFINITY {
+                m
+            } else {
+                m + summaries.iter().map(|r| (f64::from(r.lse[row]) - m).exp()).sum::<f64>().ln()
+            };
+            lse.push(merged as f32);
         }
     }
     let logprobs = outputs.logprob.then(|| logits.iter().enumerate().map(|(i, l)| l - lse[i / samples]).collect());

@@ -2,6 +2,7 @@
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
 pub mod gpu;
+pub mod invariance;
 
 use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};

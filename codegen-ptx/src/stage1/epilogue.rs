@@ -15,9 +15,15 @@
 //! [`ScratchLayout`]: crate::ScratchLayout
 
 use super::{Gen, Item, Thread};
-use crate::math;
+use crate::{lse, math};
 use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF};
-use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::{LsePartial, INDEX_NONE, INDEX_NONFINITE};
+use std::mem::{offset_of, size_of};
+
+/// `abi::LsePartial`'s size and its window's offset (the sums come first, 8 bytes each).
+const LSE_PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
+const LSE_WINDOW_OFFSET: u32 = offset_of!(LsePartial, window) as u32;
 use flashsample_ir::Transform;
 
 /// A batch column `(n, j)` the thread owns and its row's parameters.
@@ -287,55 +293,83 @@ impl Gen<'_> {
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let xs: Vec<&String> = (0..self.quads)
+                let terms: Vec<(String, String)> = (0..self.quads)
                     .flat_map(|q| (0..4).map(move |o| (q, o)))
-                    .map(|(q, o)| &x[self.acc_index(q, o, n, j)])
+                    .map(|(q, o)| {
+                        let xv = &x[self.acc_index(q, o, n, j)];
+                        let t = f.v(format!("call {{ i32, i64 }} @fs_lse_term(float {xv})"));
+                        (f.v(format!("extractvalue {{ i32, i64 }} {t}, 0")), f.v(format!("extractvalue {{ i32, i64 }} {t}, 1")))
+                    })
                     .collect();
-                let mut m = NEG_INF.to_string();
-                for xv in &xs {
-                    m = f.v(format!(
-                        "call float @llvm.maxnum.f32(float {m}, float {xv})"
-                    ));
-                }
-                let nm = f.v(format!("fneg float {m}"));
-                let mut s = "0.0".to_string();
-                for xv in &xs {
-                    let d = f.fadd(xv, &nm);
-                    let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
-                    let live = f.v(format!("fcmp ogt float {xv}, {NEG_INF}"));
-                    let ex = f.sel("float", &live, &ex, "0.0");
-                    s = f.fadd(&s, &ex);
-                }
-                for sh in [4, 8, 16] {
-                    let om = f.shfl_xor_f32(&m, sh);
-                    let os = f.shfl_xor_f32(&s, sh);
-                    (m, s) = f.lse_combine(&m, &s, &om, &os);
-                }
-                part = Some((m, s));
+                let own = lse::sum_terms(f, &terms);
+                part = Some(lse::warp_merge(f, false, own, &[4, 8, 16]));
             }
             lse_parts.push((flag, part));
         }
+        // Round 1: the flags, and each warp's top window with its two upper sums.
         f.if_then(&lane_lt4, |f| {
             for (ci, cl) in cols.iter().enumerate() {
                 let slot = self.scratch_slot(f, &th.warp, &cl.col);
                 self.st_scratch(f, th, "i32", sc.nonfinite, &slot, &lse_parts[ci].0);
-                if let Some((m, s)) = &lse_parts[ci].1 {
-                    self.st_scratch(f, th, "float", sc.lse_max, &slot, m);
-                    self.st_scratch(f, th, "float", sc.lse_sum, &slot, s);
+                if let Some((w, sums)) = &lse_parts[ci].1 {
+                    self.st_scratch(f, th, "i32", sc.lse_window, &slot, w);
+                    let slot8 = f.v(format!("shl i32 {slot}, 1"));
+                    for (field, v) in sc.lse_sums.iter().zip(&sums[..2]) {
+                        self.st_scratch(f, th, "i64", *field, &slot8, v);
+                    }
                 }
             }
         });
         f.barrier();
         let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
         if lse {
-            f.if_then(&tid_lt_bt, |f| {
-                let (mut m, mut s) = (NEG_INF.to_string(), "0.0".to_string());
-                for w in 0..c.warps {
+            // The column's sum over the warps, in two rounds through the two sum fields (the
+            // scratch keeps its size); the sum is exact, so the split does not matter.
+            let acc_w = f.var("i32", &EMPTY_WINDOW.to_string());
+            let acc_s: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i64", "0"));
+            let warp_w: Vec<Var> = (0..c.warps).map(|_| f.var("i32", &EMPTY_WINDOW.to_string())).collect();
+            let fold = |f: &mut Func, round: usize| {
+                let mut acc = (f.get(&acc_w), acc_s.each_ref().map(|v| f.get(v)));
+                for (w, ww_var) in warp_w.iter().enumerate() {
                     let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
-                    let wm = self.ld_scratch(f, th, "float", sc.lse_max, &slot);
-                    let ws = self.ld_scratch(f, th, "float", sc.lse_sum, &slot);
-                    (m, s) = f.lse_combine(&m, &s, &wm, &ws);
+                    let ww = if round == 0 {
+                        let ww = self.ld_scratch(f, th, "i32", sc.lse_window, &slot);
+                        f.set(ww_var, &ww);
+                        ww
+                    } else {
+                        f.get(ww_var)
+                    };
+                    let slot8 = f.v(format!("shl i32 {slot}, 1"));
+                    let mut sums: [String; KEPT_WINDOWS] = std::array::from_fn(|_| "0".to_string());
+                    if round == 0 {
+                        for (k, field) in sc.lse_sums.iter().enumerate() {
+                            sums[k] = self.ld_scratch(f, th, "i64", *field, &slot8);
+                        }
+                    } else {
+                        sums[2] = self.ld_scratch(f, th, "i64", sc.lse_sums[0], &slot8);
+                    }
+                    acc = lse::merge_call(f, false, &acc, &(ww, sums));
                 }
+                f.set(&acc_w, &acc.0);
+                for (v, x) in acc_s.iter().zip(&acc.1) {
+                    f.set(v, x);
+                }
+            };
+            f.if_then(&tid_lt_bt, |f| fold(f, 0));
+            f.barrier();
+            // Round 2: the third sum, in the first sum field.
+            f.if_then(&lane_lt4, |f| {
+                for (ci, cl) in cols.iter().enumerate() {
+                    if let Some((_, sums)) = &lse_parts[ci].1 {
+                        let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                        let slot8 = f.v(format!("shl i32 {slot}, 1"));
+                        self.st_scratch(f, th, "i64", sc.lse_sums[0], &slot8, &sums[2]);
+                    }
+                }
+            });
+            f.barrier();
+            f.if_then(&tid_lt_bt, |f| {
+                fold(f, 1);
                 let row = f.add(&it.b0, &th.tid);
                 let row_ok = f.ult(&row, "%batch");
                 let lse_ok = f.v("icmp ne ptr addrspace(1) %lse, null");
@@ -344,12 +378,22 @@ impl Gen<'_> {
                     let i = f.mul(&row, &it.vtiles);
                     let i = f.add(&i, &it.vtile);
                     let i64v = f.zext64(&i);
-                    let a = f.gaddr("%lse", &i64v, 8);
-                    f.store(&F32::raw(m), &a, 4);
-                    let a2 = f.offset(&a, 4);
-                    f.store(&F32::raw(s), &a2, 4);
+                    // abi::LsePartial: sums at 0, 8, 16; window at 24; pad at 28.
+                    let a = f.gaddr("%lse", &i64v, LSE_PARTIAL_BYTES);
+                    for (k, v) in acc_s.iter().enumerate() {
+                        let v = f.get(v);
+                        let p = f.offset(&a, 8 * k as u32);
+                        f.s(format!("store i64 {v}, ptr addrspace(1) {p}, align 8"));
+                    }
+                    let w = f.get(&acc_w);
+                    let p = f.offset(&a, LSE_WINDOW_OFFSET);
+                    f.s(format!("store i32 {w}, ptr addrspace(1) {p}, align 4"));
+                    let p = f.offset(&a, LSE_WINDOW_OFFSET + 4);
+                    f.s(format!("store i32 0, ptr addrspace(1) {p}, align 4"));
                 });
             });
+            // The selection phase writes the score, index and logit fields the sums alias.
+            f.barrier();
         }
 
         Reducers { lane_lt4, tid_lt_bt }

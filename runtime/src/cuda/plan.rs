@@ -494,14 +494,14 @@ impl SamplingPlan {
         at(Boundary::End)
     }
 
-    /// Overwrites the candidate and logsumexp-partial scratch with `poison` / NaN (tests check
+    /// Overwrites the candidate and logsumexp-partial scratch with `poison` / all ones (tests check
     /// that stage one writes every slot). Synchronizes the device's stream.
     pub(crate) fn poison_scratch(&mut self, poison: Candidate) -> Result<()> {
         let dev = self.device.clone();
         let cands = vec![poison; self.scratch.candidates.len() / std::mem::size_of::<Candidate>()];
         dev.stream().memcpy_htod(bytemuck::cast_slice::<Candidate, u8>(&cands), &mut self.scratch.candidates).map_err(drv("cuMemcpyHtoDAsync"))?;
         if let Some(buf) = self.scratch.lse_partials.as_mut() {
-            let nan = vec![LsePartial { max: f32::NAN, sum: f32::NAN }; buf.len() / std::mem::size_of::<LsePartial>()];
+            let nan = vec![LsePartial { sums: [u64::MAX; 3], window: i32::MAX, pad: u32::MAX }; buf.len() / std::mem::size_of::<LsePartial>()];
             dev.stream().memcpy_htod(bytemuck::cast_slice::<LsePartial, u8>(&nan), buf).map_err(drv("cuMemcpyHtoDAsync"))?;
         }
         dev.synchronize()
