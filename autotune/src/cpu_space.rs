@@ -49,6 +49,9 @@ pub const ROW_BLOCKS: [u32; 3] = [1, 2, 4];
 ///   rows once per tile, and has no row block to vary),
 /// - tilings with fewer tiles than threads (idle cores), unless the vocabulary is that small,
 /// - row blocks larger than the (power-of-two rounded) batch.
+///
+/// Another engine than the heuristic's sums each dot product in another order, so its
+/// configs fail the tuner's batch-invariance check (`tune::ShapeInputs`) and are never kept.
 pub fn enumerate(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, limits: &CpuLimits) -> Vec<CpuConfig> {
     let elem_bytes = pipeline.weights.dtype.size_bytes();
     let mut out = Vec::new();

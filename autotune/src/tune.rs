@@ -14,6 +14,7 @@ use flashsample::{
     DeviceTensor, KernelConfig, Samples, Sampler, Tensor,
 };
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem, SampleReference};
+use flashsample_tests::invariance::{outputs_of, RequestOutputs};
 use flashsample_tests::{Case, MatrixData};
 use std::time::Instant;
 
@@ -120,6 +121,9 @@ pub struct ShapeInputs<'h> {
     rows: Vec<usize>,
     refs: Vec<SampleReference>,
     lses: Vec<f64>,
+    /// Every row's outputs under the heuristic config, computed on first use: a candidate
+    /// config must reproduce them bit for bit (batch invariance: DESIGN.md).
+    baseline: std::sync::OnceLock<Result<Vec<RequestOutputs>, String>>,
 }
 
 impl<'h> ShapeInputs<'h> {
@@ -138,7 +142,7 @@ impl<'h> ShapeInputs<'h> {
             params: &params,
         };
         let (refs, lses) = problem.sample_rows(&rows).map_err(|e| TuneError::Reference(e.to_string()))?;
-        Ok(ShapeInputs { head, case, rows, refs, lses })
+        Ok(ShapeInputs { head, case, rows, refs, lses, baseline: std::sync::OnceLock::new() })
     }
 
     fn run(&self, sampler: &Sampler, config: &KernelConfig) -> flashsample::Result<Samples> {
@@ -181,13 +185,34 @@ impl<'h> ShapeInputs<'h> {
         Ok(())
     }
 
-    /// Checks `config`'s samples, then times it.
+    /// Whether `samples` are the heuristic config's bit for bit (tokens, scores, logprobs,
+    /// logsumexps, top logprobs): a config that changes any bit would make a request's result
+    /// depend on the batch it lands in, so the tuner refuses it.
+    fn check_invariant(&self, sampler: &Sampler, samples: &Samples) -> Result<(), String> {
+        let baseline = self.baseline.get_or_init(|| {
+            let (b, d, v) = (self.case.batch, self.case.dim, self.case.vocab);
+            let s = self.run(sampler, &sampler.heuristic_config(b, d, v)).map_err(|e| format!("heuristic config failed: {e}"))?;
+            Ok((0..b).map(|row| outputs_of(&s, row)).collect())
+        });
+        let baseline = baseline.as_ref().map_err(Clone::clone)?;
+        match (0..self.case.batch).find(|&row| outputs_of(samples, row) != baseline[row]) {
+            None => Ok(()),
+            Some(row) => Err(format!(
+                "breaks batch invariance: row {row} gives {:?}, the heuristic config {:?}",
+                outputs_of(samples, row),
+                baseline[row]
+            )),
+        }
+    }
+
+    /// Checks `config`'s samples against the reference and, bit for bit, the heuristic
+    /// config's, then times it.
     fn measure(&self, sampler: &Sampler, config: &KernelConfig, warmup: usize, reps: usize) -> Outcome {
         let samples = match self.run(sampler, config) {
             Ok(s) => s,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        if let Err(e) = self.check(&samples) {
+        if let Err(e) = self.check(&samples).and_then(|()| self.check_invariant(sampler, &samples)) {
             return Outcome::Wrong(e);
         }
         match self.median_secs(sampler, config, warmup, reps) {
@@ -250,4 +275,36 @@ pub fn tune_shape(
         .ok_or_else(|| TuneError::NothingCorrect(shape, first_failure.unwrap_or_else(|| "empty search space".into())))?;
     let top = timed.into_iter().take(effort.top.max(1)).map(|(_, m)| m).collect();
     Ok(TuningEntry { shape, best, top, heuristic })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashsample::{CpuConfig, CpuEngine, Device};
+    use flashsample_ir::{DType, Outputs, PipelineBuilder};
+
+    /// A tile change keeps every bit and is timed; an engine change (another dot-product
+    /// order) moves some bit and is refused as breaking batch invariance.
+    #[test]
+    fn configs_that_change_any_bit_are_refused() {
+        let p = PipelineBuilder::new("Lse", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .gumbel("seed", 1)
+            .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
+            .build()
+            .unwrap();
+        let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+        let head = HeadInputs::new(&sampler, 6, 64, 1003).unwrap();
+        let inputs = ShapeInputs::new(&p, &head, 6).unwrap();
+        let KernelConfig::Cpu(h) = sampler.heuristic_config(6, 64, 1003) else { panic!("a CPU config") };
+        let retiled = KernelConfig::Cpu(CpuConfig { vocab_tile: if h.vocab_tile == 64 { 128 } else { 64 }, ..h.clone() });
+        assert!(matches!(inputs.measure(&sampler, &retiled, 0, 1), Outcome::Timed(_)));
+        let other = if h.engine == CpuEngine::Cranelift { CpuEngine::Avx512Bf16 } else { CpuEngine::Cranelift };
+        if other.missing_host_feature().is_none() {
+            match inputs.measure(&sampler, &KernelConfig::Cpu(CpuConfig { engine: other, row_block: 1, ..h }), 0, 1) {
+                Outcome::Wrong(e) => assert!(e.contains("batch invariance"), "{e}"),
+                o => panic!("another engine's bits were accepted: {o:?}"),
+            }
+        }
+    }
 }
