@@ -83,6 +83,13 @@ fn realign<T: Copy + Default>(sums: [T; KEPT_WINDOWS], window: i32, to: i32) -> 
     })
 }
 
+/// `a ⊕ b` for sums `(sums, top window)`: both realigned to the higher window, then added.
+fn merged<T: Copy + Default + std::ops::Add<Output = T>>(a: ([T; KEPT_WINDOWS], i32), b: ([T; KEPT_WINDOWS], i32)) -> ([T; KEPT_WINDOWS], i32) {
+    let top = a.1.max(b.1);
+    let (x, y) = (realign(a.0, a.1, top), realign(b.0, b.1, top));
+    (std::array::from_fn(|i| x[i] + y[i]), top)
+}
+
 /// One (row, vocabulary tile)'s sum, as stage one writes it (32 bytes). It sums at most
 /// [`MAX_PARTIAL_TOKENS`] tokens, so its u64 sums cannot overflow.
 #[repr(C)]
@@ -111,11 +118,7 @@ impl LsePartial {
 
     /// Adds another partial of the same tile (both together within [`MAX_PARTIAL_TOKENS`]).
     pub fn merge(&mut self, other: &LsePartial) {
-        let top = self.window.max(other.window);
-        let a = realign(self.sums, self.window, top);
-        let b = realign(other.sums, other.window, top);
-        self.sums = std::array::from_fn(|i| a[i] + b[i]);
-        self.window = top;
+        (self.sums, self.window) = merged((self.sums, self.window), (other.sums, other.window));
     }
 }
 
@@ -154,11 +157,7 @@ impl LseSum {
 
     /// Adds another row sum (e.g. another shard's).
     pub fn merge(&mut self, other: &LseSum) {
-        let top = self.window.max(other.window);
-        let a = realign(self.sums, self.window, top);
-        let b = realign(other.sums, other.window, top);
-        self.sums = std::array::from_fn(|i| a[i] + b[i]);
-        self.window = top;
+        (self.sums, self.window) = merged((self.sums, self.window), (other.sums, other.window));
     }
 
     /// `ln Σ exp(x)`: `-inf` for no token, `±inf` when the top window is saturated.
