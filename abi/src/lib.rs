@@ -7,6 +7,8 @@
 //! - [`candidates`]: the stage-one output layout (per row, sample and vocab tile) and the
 //!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
+//! - [`row_tokens`]: the per-row sparse token lookup (bitset + binary search) of the penalty
+//!   and logit-bias tables.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
@@ -16,10 +18,14 @@ pub mod filter;
 pub mod math;
 pub mod params;
 pub mod rng;
+pub mod row_tokens;
 pub mod sharded;
 pub mod status;
 
 pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 pub use filter::{ListError, Scored, TopLists};
 pub use status::{RowStatus, RowStatusError};
-pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};
+pub use params::{
+    penalize_f32, LogitBiasTable, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg,
+};
+pub use row_tokens::{RowTokens, RowTokensError};
