@@ -9,10 +9,12 @@
 //!
 //! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
 //! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
-//! loop (`graphs`) and extreme parameter values (`robust`).
+//! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`) and extreme parameter
+//! values (`robust`).
 
 mod device_api;
 mod graphs;
+mod logit_bias;
 mod robust;
 
 use flashsample::{
