@@ -710,6 +710,35 @@ mod sharded {
         }
     }
 
+    /// Each shard sees the per-request logit biases of its own tokens: a row whose biases leave
+    /// one token of one shard samples it, a pushed token wins, and every row's merged
+    /// logsumexp is the unsharded reference's.
+    #[test]
+    fn per_request_logit_bias_reaches_each_shard_by_global_token() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16)
+            .logit_bias("logit_bias")
+            .temperature_per_row("t")
+            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
+            .build()
+            .unwrap();
+        let vocab = 40;
+        let mut case = Case::random(&p, 4, 8, vocab, 5, 1.5);
+        case.logit_bias[0] = (0..40).filter(|&t| t != 30).map(|t| (t, f32::NEG_INFINITY)).collect();
+        case.logit_bias[1] = vec![(20, 200.0)];
+        let sampler = ShardedSampler::new(p.clone(), &cpu()).unwrap();
+        let parts = shards(&case, &[13, 11, 16]);
+        let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+        let params = case.params(&p);
+        let s = sampler.sample(case.hidden.tensor(), &tensors, &params).unwrap();
+        assert_eq!(s.tokens[..2], [30, 20]);
+        let problem = case.problem(&p, &params);
+        for row in 0..4 {
+            let want = flashsample_reference::logsumexp(&problem.row_logits(row).unwrap().logits);
+            let got = f64::from(s.logsumexp.as_ref().unwrap()[row]);
+            assert!((got - want).abs() < 1e-4 * want.abs().max(1.0), "row {row}: {got} vs {want}");
+        }
+    }
+
     /// A row with its own seed draws its shard, like its tokens, from that seed alone: identical
     /// requests agree wherever they sit in the batch.
     #[test]
