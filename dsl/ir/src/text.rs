@@ -424,6 +424,18 @@ mod tests {
             PipelineBuilder::new("Greedy", DType::F16, DType::F16).softcap(15.0).argmax().build().unwrap().to_string()
         );
         insta::assert_snapshot!(
+            "serving_logit_bias",
+            PipelineBuilder::new("Serving", DType::BF16, DType::BF16)
+                .logit_bias("logit_bias")
+                .penalties("penalties")
+                .temperature_per_row("temperature")
+                .filter("filter", 64)
+                .outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 5 })
+                .build()
+                .unwrap()
+                .to_string()
+        );
+        insta::assert_snapshot!(
             "scalar_temperature_logprob",
             PipelineBuilder::new("Chat", DType::BF16, DType::BF16)
                 .temperature_scalar("t")
