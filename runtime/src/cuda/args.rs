@@ -201,8 +201,9 @@ pub struct DeviceLogitBias<'a> {
 ///
 /// Per-row buffers hold `B` entries (`B` = the launch's batch ≤ the plan's `max_batch`) and
 /// must satisfy what `SamplingParams::validate` checks on the host (finite temperatures ≥ 0,
-/// filters with `top_k ≤ max_k`, `top_p` in (0, 1], `min_p` in [0, 1], finite penalties): the
-/// device API does not read device memory back to check them.
+/// filters with `top_k ≤ max_k`, `top_p` in (0, 1], `min_p` in [0, 1], finite penalties, logit
+/// biases finite or `-inf`) and be laid out as the `abi` tables are (each row's tokens sorted and
+/// distinct): the device API does not read device memory back to check them.
 pub struct DeviceInputs<'a> {
     /// `[B, D]` hidden states.
     pub hidden: DeviceMatrix<'a>,
