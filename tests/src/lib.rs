@@ -417,6 +417,7 @@ pub fn chi_square_pipelines() -> Vec<Pipeline> {
         b("Temp").temperature_per_row("t"),
         b("Bias").bias("b"),
         b("Mask").mask("m").ban("banned"),
+        b("LogitBias").logit_bias("logit_bias").temperature_per_row("t"),
         PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5),
     ]
     .into_iter()
