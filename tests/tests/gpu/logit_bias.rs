@@ -1,7 +1,7 @@
 //! Per-request logit bias on a GPU: every stage-one schedule that compiles it samples what the
 //! float64 reference samples (pathwise, with rows with and without a bias, `-inf` bans and
-//! biases that move the argmax in one batch), the CPU backend's tokens equal the GPU's, and the
-//! device API's launch equals the host API's.
+//! biases that move the argmax in one batch), and the device API's launch equals the host
+//! API's.
 
 use super::{hopper_gpu, ALL_OUTPUTS};
 use flashsample::{Device, Error, GpuConfig, Grid, GridKind, KernelConfig, ParamError, Sampler, Schedule};
@@ -42,18 +42,15 @@ fn schedules(p: &Pipeline) -> Vec<(&'static str, GpuConfig)> {
     out
 }
 
-/// The host API on `config` against the reference, and the CPU backend's tokens.
+/// The host API on `config` against the reference.
 fn check_config(device: &Device, p: &Pipeline, config: &GpuConfig, what: &str) {
     let sampler = Sampler::new(p.clone(), device).unwrap();
-    let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
     for (batch, dim, vocab, seed) in [(9usize, 256usize, 32_000usize, 3u64), (40, 128, 50_016, 4)] {
         let case = Case::random(p, batch, dim, vocab, seed, 8.0);
         assert!(case.logit_bias.iter().any(Vec::is_empty) && case.logit_bias.iter().any(|r| !r.is_empty()));
         let what = format!("{what} B={batch} D={dim} V={vocab}");
         let gpu = case.run_with(&sampler, &KernelConfig::Cuda(config.clone())).unwrap_or_else(|e| panic!("{what}: {e}"));
         case.check(p, &gpu, &(0..batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let on_cpu = case.run(&cpu).unwrap_or_else(|e| panic!("{what}: CPU: {e}"));
-        assert_eq!(gpu.tokens, on_cpu.tokens, "{what}: GPU and CPU tokens");
     }
 }
 
