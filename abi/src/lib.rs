@@ -8,6 +8,8 @@
 //!   stage-two reduction over tiles, including the error rows (all masked, non-finite).
 //! - [`lse`]: the row logsumexp as an exact integer sum, the same in any order or tiling.
 //! - [`params`]: the run-time sampling parameters a launch takes, and their validation.
+//! - [`row_tokens`]: the per-row sparse token lookup (bitset + binary search) of the penalty
+//!   and logit-bias tables.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
@@ -18,6 +20,7 @@ pub mod lse;
 pub mod math;
 pub mod params;
 pub mod rng;
+pub mod row_tokens;
 pub mod sharded;
 pub mod status;
 
@@ -25,4 +28,7 @@ pub use candidates::{Candidate, RowError, RowResult, StageTwo, INDEX_NONE, INDEX
 pub use lse::{LsePartial, LseSum, LseTerm};
 pub use filter::{ListError, Scored, TopLists};
 pub use status::{RowStatus, RowStatusError};
-pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};
+pub use params::{
+    penalize_f32, LogitBiasTable, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg,
+};
+pub use row_tokens::{RowTokens, RowTokensError};

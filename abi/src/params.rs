@@ -1,5 +1,6 @@
 //! The run-time parameters of one sampling launch, shared by every backend and the reference.
 
+use crate::row_tokens::RowTokens;
 use bytemuck::{Pod, Zeroable};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::ops::RangeInclusive;
@@ -88,20 +89,36 @@ pub struct PenaltyArg<'a> {
     pub history: &'a [Vec<(u32, u32)>],
 }
 
-/// Penalties in the form kernels read: a per-row bitset of penalized tokens (the fast test
-/// every logit takes) and CSR lists, sorted by token, of what to subtract.
+/// Penalties in the form kernels read: the penalized tokens of each row ([`RowTokens`]: the
+/// bitset every logit tests, then a binary search) and, per entry, what to subtract.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PenaltyTable {
-    /// `[B, ceil(V/32)]`, bit `v % 32` of word `v / 32`.
-    pub bits: Vec<u32>,
-    /// `[B + 1]`: row `r`'s entries are `offsets[r]..offsets[r + 1]`.
-    pub offsets: Vec<u32>,
-    /// Sorted, distinct per row.
-    pub tokens: Vec<u32>,
-    /// `frequency · count + presence · [count > 0]`, in f32.
+    /// The penalized tokens of each row.
+    pub listed: RowTokens,
+    /// Per entry of `listed`: `frequency · count + presence · [count > 0]`, in f32.
     pub subtract: Vec<f32>,
     /// `[B]`.
     pub repetition: Vec<f32>,
+}
+
+/// Per-request logit biases in the form kernels read: the biased tokens of each row
+/// ([`RowTokens`], the same lookup as the penalties) and, per entry, the bias added.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogitBiasTable {
+    /// The biased tokens of each row.
+    pub listed: RowTokens,
+    /// Per entry of `listed`: the bias, finite or `-inf`.
+    pub values: Vec<f32>,
+}
+
+impl LogitBiasTable {
+    /// The biased value of `x` for token `v` of `row` (`x` unchanged if `v` is not listed).
+    pub fn apply(&self, row: usize, v: u32, x: f32) -> f32 {
+        match self.listed.find(row, v) {
+            Some(j) => x + self.values[j],
+            None => x,
+        }
+    }
 }
 
 /// One row's history with repeated tokens merged (counts added in u64, so they cannot wrap),
@@ -128,14 +145,9 @@ pub fn penalize_f32(x: f32, repetition: f32, subtract: f32) -> f32 {
 impl PenaltyTable {
     /// The penalized value of `x` for token `v` of `row` (`x` unchanged if `v` is not listed).
     pub fn apply(&self, row: usize, v: u32, x: f32) -> f32 {
-        let words = self.bits.len() / self.repetition.len().max(1);
-        if self.bits[row * words + v as usize / 32] >> (v % 32) & 1 == 0 {
-            return x;
-        }
-        let (lo, hi) = (self.offsets[row] as usize, self.offsets[row + 1] as usize);
-        match self.tokens[lo..hi].binary_search(&v) {
-            Ok(j) => penalize_f32(x, self.repetition[row], self.subtract[lo + j]),
-            Err(_) => x,
+        match self.listed.find(row, v) {
+            Some(j) => penalize_f32(x, self.repetition[row], self.subtract[j]),
+            None => x,
         }
     }
 }
@@ -147,6 +159,10 @@ pub struct SamplingParams<'a> {
     pub temperature: TemperatureArg<'a>,
     /// `[V]` additive bias; `-inf` bans a token for every row.
     pub bias: Option<&'a [f32]>,
+    /// `[B]` per-request logit biases (OpenAI's `logit_bias`), for pipelines with a
+    /// `logit_bias` transform: row `r`'s `(token, bias)` pairs, each token at most once, each
+    /// bias finite or `-inf` (which bans the token for that row). An empty list biases nothing.
+    pub logit_bias: Option<&'a [Vec<(u32, f32)>]>,
     /// `[B, ceil(V/32)]` allowed-token bitset, bit `v % 32` of word `v / 32`.
     pub mask: Option<&'a [u32]>,
     /// Per-row banned token ids (`B` lists).
@@ -204,6 +220,34 @@ pub enum ParamError {
         index: usize,
         /// The value given.
         value: f32,
+    },
+    /// A per-request logit bias names a token past the vocabulary.
+    #[error("logit bias token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
+    LogitBiasOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A per-request logit bias that is NaN or `+inf`.
+    #[error("logit bias of token {token} in row {row} is {value}; a bias must be finite or -inf (-inf bans the token)")]
+    LogitBiasValue {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The value given.
+        value: f32,
+    },
+    /// A token listed twice in one row's logit bias.
+    #[error("token {token} appears twice in the logit bias of row {row}; give each token one bias")]
+    LogitBiasDuplicate {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
     },
     /// A banned token id past the vocabulary.
     #[error("banned token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
@@ -292,6 +336,19 @@ impl SamplingParams<'_> {
                     b.iter().enumerate().find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
                 {
                     return Err(ParamError::Bias { index, value });
+                }
+            }
+            (false, None) => {}
+        }
+        match (pipeline.has_logit_bias(), self.logit_bias) {
+            (true, None) => return Err(ParamError::Missing("logit_bias")),
+            (false, Some(_)) => return Err(ParamError::Unexpected("logit_bias")),
+            (true, Some(rows)) => {
+                if rows.len() != batch {
+                    return Err(ParamError::Length { what: "logit_bias", expected: batch, got: rows.len() });
+                }
+                for (row, entries) in rows.iter().enumerate() {
+                    check_logit_bias_row(row, entries, vocab)?;
                 }
             }
             (false, None) => {}
@@ -443,26 +500,41 @@ impl SamplingParams<'_> {
     /// The kernels' form of the penalties (call after `validate`).
     pub fn penalty_table(&self, batch: usize, vocab: usize) -> Option<PenaltyTable> {
         let p = self.penalties?;
-        let words = mask_words_per_row(vocab);
-        let mut t = PenaltyTable {
-            bits: vec![0; batch * words],
-            offsets: Vec::with_capacity(batch + 1),
-            tokens: Vec::new(),
-            subtract: Vec::new(),
+        // `validate` rejected histories whose merged counts overflow.
+        let merged: Vec<Vec<(u32, u64)>> =
+            p.history[..batch].iter().map(|h| merged_history(h).unwrap_or_default()).collect();
+        let subtract = merged
+            .iter()
+            .enumerate()
+            .flat_map(|(row, h)| {
+                h.iter().map(move |&(_, n)| {
+                    let present = if n > 0 { p.presence[row] } else { 0.0 };
+                    p.frequency[row] * n as f32 + present
+                })
+            })
+            .collect();
+        Some(PenaltyTable {
+            listed: RowTokens::from_sorted_rows(vocab, merged.iter().map(|h| h.iter().map(|&(tok, _)| tok))),
+            subtract,
             repetition: p.repetition.to_vec(),
-        };
-        t.offsets.push(0);
-        for row in 0..batch {
-            // `validate` rejected histories whose merged counts overflow.
-            for (tok, n) in merged_history(&p.history[row]).unwrap_or_default() {
-                t.bits[row * words + tok as usize / 32] |= 1 << (tok % 32);
-                t.tokens.push(tok);
-                let present = if n > 0 { p.presence[row] } else { 0.0 };
-                t.subtract.push(p.frequency[row] * n as f32 + present);
-            }
-            t.offsets.push(t.tokens.len() as u32);
-        }
-        Some(t)
+        })
+    }
+
+    /// The kernels' form of the per-request logit biases (call after `validate`).
+    pub fn logit_bias_table(&self, batch: usize, vocab: usize) -> Option<LogitBiasTable> {
+        let rows = self.logit_bias?;
+        let sorted: Vec<Vec<(u32, f32)>> = rows[..batch]
+            .iter()
+            .map(|entries| {
+                let mut e = entries.clone();
+                e.sort_unstable_by_key(|&(tok, _)| tok);
+                e
+            })
+            .collect();
+        Some(LogitBiasTable {
+            listed: RowTokens::from_sorted_rows(vocab, sorted.iter().map(|e| e.iter().map(|&(tok, _)| tok))),
+            values: sorted.iter().flat_map(|e| e.iter().map(|&(_, b)| b)).collect(),
+        })
     }
 
     /// The temperature row `row` is sampled at: 0 means greedy (also for positive
@@ -511,6 +583,24 @@ impl SamplingParams<'_> {
             }
         }
         Some(bits)
+    }
+}
+
+/// One row's logit bias: tokens inside the vocabulary, each once, biases finite or `-inf`.
+fn check_logit_bias_row(row: usize, entries: &[(u32, f32)], vocab: usize) -> Result<(), ParamError> {
+    for &(token, value) in entries {
+        if token as usize >= vocab {
+            return Err(ParamError::LogitBiasOutOfRange { row, token, vocab });
+        }
+        if value.is_nan() || value == f32::INFINITY {
+            return Err(ParamError::LogitBiasValue { row, token, value });
+        }
+    }
+    let mut tokens: Vec<u32> = entries.iter().map(|&(t, _)| t).collect();
+    tokens.sort_unstable();
+    match tokens.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(ParamError::LogitBiasDuplicate { row, token: w[0] }),
+        None => Ok(()),
     }
 }
 
@@ -573,7 +663,56 @@ mod tests {
         penalized(1.0, 0.5, 2.0, &h).unwrap();
         let pen = PenaltyArg { repetition: &[1.0], presence: &[0.5], frequency: &[2.0], history: &h };
         let t = SamplingParams { penalties: Some(pen), ..Default::default() }.penalty_table(1, 64).unwrap();
-        assert_eq!(t.tokens, vec![7, 9]);
+        assert_eq!(t.listed.tokens, vec![7, 9]);
         assert_eq!(t.subtract, vec![2.0 * 4_294_967_296.0 + 0.5, 4.5]);
+    }
+
+    fn biased(rows: &[Vec<(u32, f32)>]) -> Result<(), ParamError> {
+        let p = PipelineBuilder::new("L", DType::F32, DType::F32).logit_bias("lb").build().unwrap();
+        SamplingParams { logit_bias: Some(rows), ..Default::default() }.validate(&p, rows.len(), 64)
+    }
+
+    #[test]
+    fn bad_logit_biases_are_typed_errors_naming_row_and_token() {
+        biased(&[vec![], vec![(63, -100.0), (0, f32::NEG_INFINITY), (5, 1e30)]]).unwrap();
+        assert_eq!(biased(&[vec![], vec![(3, 1.0), (64, 1.0)]]), Err(ParamError::LogitBiasOutOfRange { row: 1, token: 64, vocab: 64 }));
+        assert!(matches!(
+            biased(&[vec![(7, f32::NAN)]]),
+            Err(ParamError::LogitBiasValue { row: 0, token: 7, value }) if value.is_nan()
+        ));
+        assert_eq!(
+            biased(&[vec![(1, 0.0)], vec![(9, f32::INFINITY)]]),
+            Err(ParamError::LogitBiasValue { row: 1, token: 9, value: f32::INFINITY })
+        );
+        assert_eq!(biased(&[vec![(4, 1.0), (2, 0.5), (4, -1.0)]]), Err(ParamError::LogitBiasDuplicate { row: 0, token: 4 }));
+        let e = biased(&[vec![(4, 1.0), (4, 1.0)]]).unwrap_err().to_string();
+        assert!(e.contains("token 4") && e.contains("row 0"), "{e}");
+        // The table must be declared, passed and sized like the batch.
+        let p = PipelineBuilder::new("L", DType::F32, DType::F32).logit_bias("lb").build().unwrap();
+        assert_eq!(SamplingParams::default().validate(&p, 1, 64), Err(ParamError::Missing("logit_bias")));
+        let rows = [vec![(1u32, 1.0f32)]];
+        assert_eq!(
+            SamplingParams { logit_bias: Some(&rows), ..Default::default() }.validate(&p, 2, 64),
+            Err(ParamError::Length { what: "logit_bias", expected: 2, got: 1 })
+        );
+        let plain = PipelineBuilder::new("P", DType::F32, DType::F32).build().unwrap();
+        assert_eq!(
+            SamplingParams { logit_bias: Some(&rows), ..Default::default() }.validate(&plain, 1, 64),
+            Err(ParamError::Unexpected("logit_bias"))
+        );
+    }
+
+    #[test]
+    fn the_logit_bias_table_adds_each_rows_own_biases() {
+        let rows = vec![vec![(40u32, 2.5f32), (3, f32::NEG_INFINITY)], vec![], vec![(3, -1.0)]];
+        let t = SamplingParams { logit_bias: Some(&rows), ..Default::default() }.logit_bias_table(3, 41).unwrap();
+        t.listed.check(3, 41, t.values.len()).unwrap();
+        assert_eq!(t.listed.tokens, vec![3, 40, 3]);
+        assert_eq!(t.listed.offsets, vec![0, 2, 2, 3]);
+        assert_eq!(t.apply(0, 40, 1.0), 3.5);
+        assert_eq!(t.apply(0, 3, 1.0), f32::NEG_INFINITY);
+        assert_eq!(t.apply(0, 4, 1.0), 1.0);
+        assert_eq!(t.apply(1, 3, 1.0), 1.0);
+        assert_eq!(t.apply(2, 3, 1.0), 0.0);
     }
 }

@@ -8,7 +8,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use flashsample_abi::rng::{counter_word3, NoiseStream};
-use flashsample_abi::{Candidate, LsePartial, PenaltyTable, Scored, StageTwo};
+use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, PenaltyTable, RowTokens, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
 
@@ -41,31 +41,80 @@ pub(crate) struct KernelArgs {
     pub quad_offset: u64,
     /// Penalized-token bitset `[B, ceil(V/32)]`, the fast test; null without penalties.
     pub pen_bits: *const u32,
-    /// What `penalize_quad` reads; null without penalties.
+    /// What `penalize` reads; null without penalties.
     pub pen_table: *const PenaltyTable,
-    pub penalize: PenalizeFn,
+    pub penalize: ListedQuadFn<PenaltyTable>,
     /// `[B, tiles, per_tile]` sorted top lists; null without lists.
     pub lists: *mut Scored,
     pub per_tile: u64,
     pub insert: InsertFn,
+    /// Logit-biased-token bitset `[B, ceil(V/32)]`, the fast test; null without a logit bias.
+    pub lb_bits: *const u32,
+    /// What `add_logit_bias` reads; null without a logit bias.
+    pub lb_table: *const LogitBiasTable,
+    pub add_logit_bias: ListedQuadFn<LogitBiasTable>,
 }
 
-/// Applies the penalties to the listed tokens among a quad's four logits, in place. Called
-/// only for quads whose bitset test says some token is listed (a few per row and launch).
-pub(crate) type PenalizeFn = unsafe extern "C" fn(table: *const PenaltyTable, row: u64, v: u64, x: *mut f32);
+/// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
+/// four logits, in place. Called only for quads whose bitset test says some token is listed
+/// (a few per row and launch).
+pub(crate) type ListedQuadFn<T> = unsafe extern "C" fn(table: *const T, row: u64, v: u64, x: *mut f32);
 /// Inserts the quad's eligible tokens (`x > -inf`) into a (row, tile) list. Called only when
 /// the quad's best logit beats the list's last entry.
 pub(crate) type InsertFn = unsafe extern "C" fn(list: *mut Scored, per_tile: u64, v: u64, x: *const f32);
 
+/// A per-row token table the epilogue applies out of line: its tokens and what it does to a
+/// listed token's logit.
+pub(crate) trait ListedTable {
+    fn listed(&self) -> &RowTokens;
+    /// The new value of `x` for token `v` of `row` (`x` if `v` is not listed).
+    fn apply(&self, row: usize, v: u32, x: f32) -> f32;
+}
+
+impl ListedTable for PenaltyTable {
+    fn listed(&self) -> &RowTokens {
+        &self.listed
+    }
+    fn apply(&self, row: usize, v: u32, x: f32) -> f32 {
+        PenaltyTable::apply(self, row, v, x)
+    }
+}
+
+impl ListedTable for LogitBiasTable {
+    fn listed(&self) -> &RowTokens {
+        &self.listed
+    }
+    fn apply(&self, row: usize, v: u32, x: f32) -> f32 {
+        LogitBiasTable::apply(self, row, v, x)
+    }
+}
+
 /// SAFETY (caller): `table` is a live table for this launch's shape, `x` points to 4 floats,
 /// `v + 3` may pass the vocabulary (those lanes are never listed: the bitset's padding is 0).
-unsafe extern "C" fn penalize_quad(table: *const PenaltyTable, row: u64, v: u64, x: *mut f32) {
+unsafe extern "C" fn apply_quad<T: ListedTable>(table: *const T, row: u64, v: u64, x: *mut f32) {
     let (table, x) = unsafe { (&*table, std::slice::from_raw_parts_mut(x, 4)) };
     for (j, xj) in x.iter_mut().enumerate() {
-        let t = v as usize + j;
-        if t / 32 < table.bits.len() / table.repetition.len().max(1) {
-            *xj = table.apply(row as usize, t as u32, *xj);
+        *xj = table.apply(row as usize, v as u32 + j as u32, *xj);
+    }
+}
+
+/// A launch's table of kind `T` after its layout was checked for the shape.
+fn checked_table<'t, T: ListedTable>(
+    declared: bool,
+    table: Option<&'t T>,
+    what: &'static str,
+    values: impl Fn(&T) -> usize,
+    batch: usize,
+    vocab: usize,
+) -> Result<Option<&'t T>, CpuCodegenError> {
+    match (declared, table) {
+        (true, Some(t)) => {
+            t.listed().check(batch, vocab, values(t)).map_err(|e| CpuCodegenError::BadArgument(format!("{what}: {e}")))?;
+            Ok(Some(t))
         }
+        (true, None) => Err(CpuCodegenError::Missing(what)),
+        (false, Some(_)) => Err(CpuCodegenError::Unexpected(what)),
+        (false, None) => Ok(None),
     }
 }
 
@@ -143,6 +192,8 @@ pub struct CpuLaunch<'a> {
     pub vocab_offset: u32,
     /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
     pub penalties: Option<&'a PenaltyTable>,
+    /// iff the pipeline has a `logit_bias` transform (`SamplingParams::logit_bias_table`).
+    pub logit_bias: Option<&'a LogitBiasTable>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
     /// `per_tile >= list_capacity()` (a longer list is the runtime's fallback for a nucleus that
     /// outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
@@ -349,21 +400,11 @@ impl CpuKernel {
         if let Some(steps) = a.row_steps {
             expect_len("row steps", steps.len(), a.batch)?;
         }
-        let pen_table = match (p.has_penalties(), a.penalties) {
-            (true, Some(t)) => {
-                expect_len("penalty bitset", t.bits.len(), checked(a.batch, a.vocab.div_ceil(32), "penalties")?)?;
-                expect_len("penalty offsets", t.offsets.len(), a.batch + 1)?;
-                expect_len("repetition penalties", t.repetition.len(), a.batch)?;
-                expect_len("penalty values", t.subtract.len(), t.tokens.len())?;
-                if t.offsets.last().is_some_and(|&n| n as usize != t.tokens.len()) || t.offsets.windows(2).any(|w| w[0] > w[1]) {
-                    return Err(CpuCodegenError::BadArgument("penalty offsets are not a CSR index of the tokens".into()));
-                }
-                Some(t)
-            }
-            (true, None) => return Err(CpuCodegenError::Missing("penalties")),
-            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("penalties")),
-            (false, None) => None,
-        };
+        let pen_table = checked_table(p.has_penalties(), a.penalties, "penalties", |t| t.subtract.len(), a.batch, a.vocab)?;
+        if let Some(t) = pen_table {
+            expect_len("repetition penalties", t.repetition.len(), a.batch)?;
+        }
+        let lb_table = checked_table(p.has_logit_bias(), a.logit_bias, "logit_bias", |t| t.values.len(), a.batch, a.vocab)?;
         let slots = checked(a.batch, tiles, "lists")?.max(1);
         let per_tile = a.lists.as_ref().map_or(0, |l| l.len() / slots);
         let lists = match (p.list_capacity() > 0, a.lists) {
@@ -428,9 +469,12 @@ impl CpuKernel {
             row_counters: row_counters.as_ptr(),
             row_word3: row_word3.as_ptr(),
             quad_offset: u64::from(a.vocab_offset / 4),
-            pen_bits: pen_table.map_or(std::ptr::null(), |t| t.bits.as_ptr()),
+            pen_bits: pen_table.map_or(std::ptr::null(), |t| t.listed.bits.as_ptr()),
             pen_table: pen_table.map_or(std::ptr::null(), |t| t as *const PenaltyTable),
-            penalize: penalize_quad,
+            penalize: apply_quad::<PenaltyTable>,
+            lb_bits: lb_table.map_or(std::ptr::null(), |t| t.listed.bits.as_ptr()),
+            lb_table: lb_table.map_or(std::ptr::null(), |t| t as *const LogitBiasTable),
+            add_logit_bias: apply_quad::<LogitBiasTable>,
             lists,
             per_tile: per_tile as u64,
             insert: insert_quad,

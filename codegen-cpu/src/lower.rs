@@ -33,6 +33,7 @@ pub(crate) enum Step {
     Bias,
     Softcap(f32),
     Penalties,
+    LogitBias,
 }
 
 /// Where the epilogue's raw logits come from.
@@ -75,6 +76,7 @@ impl Plan {
                 Transform::Bias { .. } => Some(Step::Bias),
                 Transform::Softcap { cap } => Some(Step::Softcap(cap.get())),
                 Transform::Penalties { .. } => Some(Step::Penalties),
+                Transform::LogitBias { .. } => Some(Step::LogitBias),
                 // Masks are step 4; the filter acts on stage one's lists (step 6b).
                 Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => None,
             })
@@ -167,6 +169,8 @@ struct Launch {
     pen_bits: Value,
     pen_table: Value,
     penalize: Value,
+    /// `[lb_bits, lb_table, add_logit_bias]`, loaded iff the plan has [`Step::LogitBias`].
+    logit_bias: Option<[Value; 3]>,
     lists: Value,
     per_tile: Value,
     insert: Value,
@@ -269,6 +273,13 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let dim = self.arg(offset_of!(KernelArgs, dim));
         let vocab = self.arg(offset_of!(KernelArgs, vocab));
         let tiles = self.arg(offset_of!(KernelArgs, tiles));
+        let logit_bias = self.plan.steps.contains(&Step::LogitBias).then(|| {
+            [
+                self.arg(offset_of!(KernelArgs, lb_bits)),
+                self.arg(offset_of!(KernelArgs, lb_table)),
+                self.arg(offset_of!(KernelArgs, add_logit_bias)),
+            ]
+        });
         let b = &mut self.b;
         let hidden_row = b.ins().ishl_imm_u(dim, 2);
         let esize = self.plan.dtype.size_bytes() as i64;
@@ -295,6 +306,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             pen_bits,
             pen_table,
             penalize,
+            logit_bias,
             lists,
             per_tile,
             insert,
@@ -822,7 +834,12 @@ impl<'a, 'p> Lowering<'a, 'p> {
                     None => x,
                 },
                 Step::Softcap(cap) => math::softcap_f32(b, x, cap),
-                Step::Penalties => self.emit_penalties(l, q, row, x),
+                Step::Penalties => self.emit_listed(q, row, x, l.mask_words, [l.pen_bits, l.pen_table, l.penalize]),
+                // `l.logit_bias` is loaded exactly when the pipeline has this step.
+                Step::LogitBias => match l.logit_bias {
+                    Some(table) => self.emit_listed(q, row, x, l.mask_words, table),
+                    None => x,
+                },
             };
         }
 
@@ -975,15 +992,17 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.b.switch_to_block(done);
     }
 
-    /// Step 3, penalties: one bitset test per quad; the rare quads holding a listed token call
-    /// `penalize_quad`, which binary-searches the row's list (DESIGN.md).
-    fn emit_penalties(&mut self, l: &Launch, q: &Quad, row: Value, x: Value) -> Value {
+    /// Step 3, a per-row token table (penalties, logit bias): one bitset test per quad; the rare
+    /// quads holding a listed token call the table's `apply_quad`, which binary-searches the
+    /// row's list (DESIGN.md). `table` is the table's `[bits, table, helper]`.
+    fn emit_listed(&mut self, q: &Quad, row: Value, x: Value, mask_words: Value, table: [Value; 3]) -> Value {
+        let [table_bits, table_ptr, helper] = table;
         let b = &mut self.b;
         let word = b.ins().ushr_imm_u(q.v, 5);
-        let base = b.ins().imul(row, l.mask_words);
+        let base = b.ins().imul(row, mask_words);
         let word = b.ins().iadd(base, word);
         let off = b.ins().ishl_imm_u(word, 2);
-        let addr = b.ins().iadd(l.pen_bits, off);
+        let addr = b.ins().iadd(table_bits, off);
         let bits = b.ins().load(I32, input(), addr, 0);
         let shift = b.ins().band_imm_s(q.v, 31);
         let shift = b.ins().ireduce(I32, shift);
@@ -999,9 +1018,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.switch_to_block(call);
         b.ins().stack_store(I64, x, self.call_slot, 0);
         let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
-        b.ins().call_indirect(self.helper_sig, l.penalize, &[l.pen_table, row, q.v, ptr]);
-        let penalized = b.ins().stack_load(I64, F32X4, self.call_slot, 0);
-        b.def_var(x_var, penalized);
+        b.ins().call_indirect(self.helper_sig, helper, &[table_ptr, row, q.v, ptr]);
+        let applied = b.ins().stack_load(I64, F32X4, self.call_slot, 0);
+        b.def_var(x_var, applied);
         b.ins().jump(done, &[]);
 
         b.switch_to_block(done);

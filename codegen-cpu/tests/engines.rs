@@ -218,7 +218,7 @@ fn avx512bf16_logits_are_the_documented_f32_contract_bit_for_bit() {
                 row_seeds: None,
                 row_steps: None,
                 vocab_offset: 0,
-                penalties: None,
+                penalties: None, logit_bias: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
             let tiles = kernel.tiles(vocab);
@@ -266,7 +266,7 @@ fn avx512bf16_reads_subnormal_bf16_as_zero() {
             row_seeds: None,
             row_steps: None,
             vocab_offset: 0,
-            penalties: None,
+            penalties: None, logit_bias: None,
         };
         let (cands, _) = run(&kernel, &p, &inp);
         for (t, c) in cands.iter().enumerate() {
@@ -311,7 +311,7 @@ fn avx512bf16_refuses_what_it_cannot_compute_exactly() {
             row_seeds: None,
             row_steps: None,
             vocab_offset: 0,
-            penalties: None,
+            penalties: None, logit_bias: None,
             lists: None,
             candidates: &mut cands,
             lse: None,

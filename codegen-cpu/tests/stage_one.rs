@@ -29,6 +29,7 @@ fn pipelines(dtype: DType) -> Vec<Pipeline> {
         new("Greedy").mask("m").softcap(2.5).argmax().outputs(logprob).build().unwrap(),
         new("CapFirst").softcap(1.5).temperature_per_row("t").bias("b").ban("ban").gumbel("seed", 2).build().unwrap(),
         new("Serving")
+            .logit_bias("lb")
             .penalties("pen")
             .temperature_per_row("t")
             .mask("m")
@@ -37,6 +38,7 @@ fn pipelines(dtype: DType) -> Vec<Pipeline> {
             .outputs(top)
             .build()
             .unwrap(),
+        new("RequestBias").softcap(4.0).logit_bias("lb").bias("b").temperature_per_row("t").gumbel("seed", 2).outputs(lse).build().unwrap(),
         new("TopLogprobs").bias("b").argmax().outputs(Outputs { top_logprobs: 7, ..Outputs::default() }).build().unwrap(),
     ]
 }
@@ -179,7 +181,7 @@ fn every_16_bit_pattern_widens_exactly() {
                 row_seeds: None,
                 row_steps: None,
                 vocab_offset: 0,
-                penalties: None,
+                penalties: None, logit_bias: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
             for (t, c) in cands.iter().enumerate() {

@@ -158,6 +158,14 @@ kernel_params! {
         /// `u32 [B]` per-row decode steps (noise counter word 3 = step · 4 + stream,
         /// `abi::rng::counter_word3`) or 0 (every step 0).
         row_steps: ConstPtr,
+        /// `u32 [B, ceil(V/32)]` logit-biased-token bitset or 0.
+        lb_bits: ConstPtr,
+        /// `u32 [B + 1]` CSR offsets or 0.
+        lb_offsets: ConstPtr,
+        /// `u32` sorted tokens per row or 0.
+        lb_tokens: ConstPtr,
+        /// `f32` per-entry bias (finite or -inf) or 0.
+        lb_values: ConstPtr,
     }
 }
 

@@ -134,7 +134,8 @@ fn stage1_has_the_design_parameter_list() {
         types,
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
-            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
+            ".u64", ".u64", ".u64"
         ]
     );
     // The table the runtime pushes from is the one the header came from.
@@ -320,6 +321,60 @@ fn snapshot_stage1_ir_per_schedule() {
     }
 }
 
+/// Per-request logit bias in vLLM's order, beside the global bias, on a sampling pipeline
+/// with lists (the filter sees the biased logits).
+fn request_bias(dtype: DType) -> Pipeline {
+    PipelineBuilder::new("RequestBias", dtype, dtype)
+        .softcap(30.0)
+        .logit_bias("logit_bias")
+        .bias("bias")
+        .penalties("pen")
+        .temperature_per_row("t")
+        .filter("filter", 16)
+        .gumbel("seed", 2)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 3 })
+        .build()
+        .unwrap()
+}
+
+/// The logit bias compiles on every schedule: a bitset test per quad and column, then the
+/// out-of-line binary search (`fs_logit_bias_token`) before the penalties' (vLLM's order);
+/// pipelines without it never read its parameters. With `FLASHSAMPLE_PTX_DUMP=DIR` the
+/// modules are written there, for `ptxas -arch=<the module's .target>`.
+#[test]
+fn logit_bias_compiles_on_every_schedule() {
+    let item = Grid::PerItem;
+    let dump = std::env::var_os("FLASHSAMPLE_PTX_DUMP").map(std::path::PathBuf::from);
+    for (name, dtype, c, arch) in [
+        ("simt", DType::F32, cfg(128, 8, 64, 4, 1, false), Arch::Sm80),
+        ("mma_sync", DType::BF16, cfg(128, 16, 64, 4, 3, false), Arch::Sm80),
+        ("mma_sync_persistent", DType::F16, cfg(128, 64, 64, 4, 4, true), Arch::Sm90),
+        ("wgmma", DType::BF16, GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }), Arch::Sm90),
+        ("wgmma_tma", DType::BF16, GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }), Arch::Sm90),
+        ("wgmma_tma_pingpong", DType::BF16, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong }), Arch::Sm90),
+    ] {
+        let p = request_bias(dtype);
+        let c = with_lists(c, &p);
+        c.validate(&p, &GpuLimits::H200).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let k = ptx(&p, &c, arch);
+        let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+        let stage1 = ir_function(&ir, "flashsample_stage1");
+        assert!(stage1.contains("addrspace(1) %lb_bits, i64") && stage1.contains("addrspace(1) %lb_offsets, i64"), "{name}");
+        let (bias, penalty) = (stage1.find("@fs_logit_bias_token(").unwrap(), stage1.find("@fs_penalize_token(").unwrap());
+        assert!(bias < penalty, "{name}: the logit bias comes before the penalties");
+        assert!(ir_function(&ir, "fs_logit_bias_token").contains("llvm.nvvm.add.rn.f"), "{name}: x + bias, rounded");
+        assert!(k.ptx.contains("fs_logit_bias_token"), "{name}: out of line");
+        assert!(!k.ptx.contains(".local"), "{name}: no local memory");
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(format!("logit_bias_{name}.ptx")), &k.ptx).unwrap();
+        }
+    }
+    let plain = flashsample_codegen_ptx::llvm_ir(&full(DType::BF16), &tensor_small()).unwrap();
+    assert!(!ir_function(&plain, "flashsample_stage1").contains("addrspace(1) %lb_bits, i64"), "no logit bias, no reads");
+    assert!(!plain.contains("fs_logit_bias_token"));
+}
+
 /// Token noise reads the row's decode step (`row_steps`, counter word 3 = step · 4 + the
 /// token stream) in stage one and in the filter's draw, and only where the pointer is given.
 #[test]
@@ -329,7 +384,7 @@ fn token_noise_takes_the_rows_decode_step() {
     let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
     for kernel in ["flashsample_stage1", "flashsample_filter"] {
         let f = ir_function(&ir, kernel);
-        assert!(f.contains("%row_steps)"), "{kernel}: the last parameter");
+        assert!(f.contains("noalias readonly %row_steps"), "{kernel}: a parameter");
         assert!(f.contains("icmp ne ptr addrspace(1) %row_steps, null"), "{kernel}");
     }
     let noise = ir_function(&ir, "fs_noise_pair");

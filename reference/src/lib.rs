@@ -220,6 +220,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         let greedy = self.pipeline.is_greedy() || t == 0.0;
         let allowed = self.params.allowed_bitset(self.batch, self.vocab);
         let penalties = self.params.penalties;
+        let logit_bias = self.params.logit_bias;
         let words = self.vocab.div_ceil(32);
         let h: Vec<f64> = self.hidden[row * self.dim..][..self.dim].iter().map(|x| x.to_f64()).collect();
         // γ_n bound of an n-term f32 dot product in any order (Higham), n = D + 2 for the
@@ -258,6 +259,14 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                         Transform::Bias { .. } => {
                             x = f32_range(x + f64::from(self.params.bias.map_or(0.0, |b| b[v])));
                             err += x.abs() * U;
+                        }
+                        Transform::LogitBias { .. } => {
+                            // `validate` rejected duplicates, so at most one entry matches.
+                            let bias = logit_bias.and_then(|rows| rows[row].iter().find(|&&(tok, _)| tok as usize == v));
+                            if let Some(&(_, b)) = bias {
+                                x = f32_range(x + f64::from(b));
+                                err += x.abs() * U;
+                            }
                         }
                         Transform::Softcap { cap } => (x, err) = softcap(x, err, cap.get()),
                         Transform::Penalties { .. } => {
@@ -647,6 +656,38 @@ mod tests {
         assert!(probs[3] == 0.0 && probs[4] == 0.0 && (probs.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         let (s, _) = prob.sample_all().unwrap();
         assert!(set.kept.contains(&(s[0].token as usize)));
+    }
+
+    #[test]
+    fn logit_bias_comes_before_penalties_and_temperature_and_bans_with_neg_inf() {
+        let p = PipelineBuilder::new("L", DType::F32, DType::F32)
+            .logit_bias("lb")
+            .penalties("pen")
+            .temperature_per_row("t")
+            .build()
+            .unwrap();
+        // Logits 3, 2, 1, 0 for tokens 0..4; two rows of the same logits.
+        let hidden = [1.0f32, 1.0];
+        let weights = [3.0f32, 2.0, 1.0, 0.0];
+        let history = vec![vec![(1u32, 1u32)], vec![]];
+        let pen = flashsample_abi::PenaltyArg { repetition: &[2.0, 1.0], presence: &[0.0; 2], frequency: &[0.0; 2], history: &history };
+        let lb = vec![vec![(1u32, 2.0f32), (0, f32::NEG_INFINITY)], vec![]];
+        let temps = [0.5f32, 0.5];
+        let params = SamplingParams {
+            logit_bias: Some(&lb),
+            penalties: Some(pen),
+            temperature: TemperatureArg::PerRow(&temps),
+            ..Default::default()
+        };
+        let prob = Problem { pipeline: &p, hidden: &hidden, weights: &weights, batch: 2, dim: 1, vocab: 4, params: &params };
+        // Row 0, token 1: (2 + 2) / 2 (repetition) / 0.5 = 4; token 0 banned.
+        assert_eq!(prob.row_logits(0).unwrap().logits, vec![f64::NEG_INFINITY, 4.0, 2.0, 0.0]);
+        // Row 1 has no bias of its own.
+        assert_eq!(prob.row_logits(1).unwrap().logits, vec![6.0, 4.0, 2.0, 0.0]);
+        let all_banned: Vec<Vec<(u32, f32)>> = vec![(0..4).map(|t| (t, f32::NEG_INFINITY)).collect(), vec![]];
+        let params = SamplingParams { logit_bias: Some(&all_banned), ..params };
+        let prob = Problem { params: &params, ..prob };
+        assert_eq!(prob.sample_all().unwrap_err(), ReferenceError::Row(RowError::AllMasked { row: 0 }));
     }
 
     #[test]

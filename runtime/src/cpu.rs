@@ -159,6 +159,7 @@ impl CpuBackend {
         // The kernel inserts into the lists, so they start empty rather than poisoned.
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);
         let penalties = params.penalty_table(shape.batch, shape.vocab);
+        let logit_bias = params.logit_bias_table(shape.batch, shape.vocab);
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -173,6 +174,7 @@ impl CpuBackend {
             row_steps: params.row_steps,
             vocab_offset: params.vocab_offset,
             penalties: penalties.as_ref(),
+            logit_bias: logit_bias.as_ref(),
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
             lse: lse.as_deref_mut(),

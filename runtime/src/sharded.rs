@@ -72,7 +72,8 @@ impl ShardedSampler {
             let local = Shape { batch, dim: shape.dim, vocab: shape.vocab };
             let bias = params.bias.map(|b| &b[offset..offset + shape.vocab]);
             let bits = allowed.as_ref().map(|a| shard_bitset(a, batch, vocab, offset, shape.vocab));
-            let local_params = SamplingParams { bias, mask: None, banned: None, ..*params };
+            let local_bias = params.logit_bias.map(|rows| shard_logit_bias(rows, offset, shape.vocab));
+            let local_params = SamplingParams { bias, mask: None, banned: None, logit_bias: local_bias.as_deref(), ..*params };
             let config = self.shard.config_for(local);
             let one = self.shard.stage_one(&hidden_f32, w, &local_params, bits.as_deref(), local, &config)?;
             let lse = one.lse.as_deref().ok_or_else(|| Error::Unsupported("shard pipeline without logsumexp".into()))?;
@@ -131,6 +132,12 @@ fn log_mass_total(masses: impl Iterator<Item = f64> + Clone) -> f64 {
         return m;
     }
     m + masses.map(|x| (x - m).exp()).sum::<f64>().ln()
+}
+
+/// Each row's logit biases on tokens `[offset, offset + len)`, as shard-local tokens.
+pub(crate) fn shard_logit_bias(rows: &[Vec<(u32, f32)>], offset: usize, len: usize) -> Vec<Vec<(u32, f32)>> {
+    let local = |t: u32| (t as usize).checked_sub(offset).filter(|&l| l < len).map(|l| l as u32);
+    rows.iter().map(|r| r.iter().filter_map(|&(t, b)| local(t).map(|l| (l, b))).collect()).collect()
 }
 
 /// Bits `[offset, offset + len)` of each row of a `[batch, ceil(vocab/32)]` bitset, repacked

@@ -238,6 +238,8 @@ struct ShardParams<'a> {
     mask: Option<Vec<u32>>,
     banned: Option<Vec<Vec<u32>>>,
     history: Option<Vec<Vec<(u32, u32)>>>,
+    /// Shard-local per-request logit biases.
+    logit_bias: Option<Vec<Vec<(u32, f32)>>>,
     offset: usize,
     len: usize,
     /// Per row: the shard has no token the row may sample (its result is discarded).
@@ -256,6 +258,7 @@ impl<'a> ShardParams<'a> {
         let history = global.penalties.map(|p| {
             p.history.iter().map(|h| h.iter().filter_map(|&(t, n)| local(t).map(|l| (l, n))).collect()).collect()
         });
+        let logit_bias = global.logit_bias.map(|rows| crate::sharded::shard_logit_bias(rows, offset, len));
         // Tokens a finite bias keeps (all of them without a bias), as a local bitset row.
         let mut keep = vec![u32::MAX; local_words];
         if !len.is_multiple_of(32) {
@@ -270,7 +273,7 @@ impl<'a> ShardParams<'a> {
         }
         let all_empty = keep.iter().all(|&w| w == 0);
         let mut empty = vec![all_empty; batch];
-        if !all_empty && (mask.is_some() || banned.is_some()) {
+        if !all_empty && (mask.is_some() || banned.is_some() || logit_bias.is_some()) {
             let mut row_bits = vec![0u32; local_words];
             for (row, e) in empty.iter_mut().enumerate() {
                 match &mask {
@@ -282,10 +285,15 @@ impl<'a> ShardParams<'a> {
                         row_bits[t as usize / 32] &= !(1 << (t % 32));
                     }
                 }
+                if let Some(lb) = &logit_bias {
+                    for &(t, _) in lb[row].iter().filter(|&&(_, b)| b == f32::NEG_INFINITY) {
+                        row_bits[t as usize / 32] &= !(1 << (t % 32));
+                    }
+                }
                 *e = row_bits.iter().zip(&keep).all(|(a, k)| a & k == 0);
             }
         }
-        let mut p = ShardParams { global, mask, banned, history, offset, len, empty, all_empty };
+        let mut p = ShardParams { global, mask, banned, history, logit_bias, offset, len, empty, all_empty };
         p.unmask_empty_rows(local_words);
         p
     }
@@ -308,6 +316,9 @@ impl<'a> ShardParams<'a> {
             if let Some(b) = self.banned.as_mut() {
                 b[row].clear();
             }
+            if let Some(lb) = self.logit_bias.as_mut() {
+                lb[row].clear();
+            }
         }
     }
 
@@ -321,6 +332,7 @@ impl<'a> ShardParams<'a> {
             bias: g.bias.map(|b| &b[self.offset..self.offset + self.len]),
             mask: self.mask.as_deref(),
             banned: self.banned.as_deref(),
+            logit_bias: self.logit_bias.as_deref(),
             penalties: match (g.penalties, &self.history) {
                 (Some(p), Some(h)) => Some(PenaltyArg { history: h.as_slice(), ..p }),
                 _ => None,

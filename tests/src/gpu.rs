@@ -3,9 +3,12 @@
 //! states are the embeddings of the last tokens, gathered on the device by a small PTX kernel.
 
 use crate::{Case, MatrixData};
-use flashsample::cuda::{elementwise, DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, SamplingPlan};
+use flashsample::cuda::{
+    elementwise, DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
+    SamplingPlan,
+};
 use flashsample::{bf16, f16, CudaDevice, Device, DeviceTensor, RowFilter, RowStatusError, SamplingParams};
-use flashsample_abi::Scored;
+use flashsample_abi::{RowTokens, Scored};
 use flashsample_ir::{DType, Pipeline, Temperature, Transform};
 use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
@@ -61,15 +64,41 @@ pub struct DeviceCase {
     /// `RowFilter`s as their three words each.
     pub filters: Option<CudaSlice<u32>>,
     pub penalties: Option<PenaltyBuffers>,
+    pub logit_bias: Option<LogitBiasBuffers>,
+}
+
+/// `abi::RowTokens` in device buffers.
+pub struct RowTokenBuffers {
+    pub bits: CudaSlice<u32>,
+    pub offsets: CudaSlice<u32>,
+    pub tokens: CudaSlice<u32>,
+}
+
+impl RowTokenBuffers {
+    fn upload(s: &Arc<CudaStream>, t: &RowTokens) -> RowTokenBuffers {
+        RowTokenBuffers { bits: up(s, &t.bits), offsets: up(s, &t.offsets), tokens: up(s, &t.tokens) }
+    }
+
+    fn inputs<'a>(&'a self, stream: &'a CudaStream) -> DeviceRowTokens<'a> {
+        DeviceRowTokens {
+            bits: DeviceIn::new(&self.bits, stream).expect("bits"),
+            offsets: DeviceIn::new(&self.offsets, stream).expect("offsets"),
+            tokens: DeviceIn::new(&self.tokens, stream).expect("tokens"),
+        }
+    }
 }
 
 /// `abi::PenaltyTable` in device buffers.
 pub struct PenaltyBuffers {
-    pub bits: CudaSlice<u32>,
-    pub offsets: CudaSlice<u32>,
-    pub tokens: CudaSlice<u32>,
+    pub listed: RowTokenBuffers,
     pub subtract: CudaSlice<f32>,
     pub repetition: CudaSlice<f32>,
+}
+
+/// `abi::LogitBiasTable` in device buffers.
+pub struct LogitBiasBuffers {
+    pub listed: RowTokenBuffers,
+    pub values: CudaSlice<f32>,
 }
 
 impl DeviceCase {
@@ -93,12 +122,13 @@ impl DeviceCase {
             penalties: params
                 .penalty_table(b, v)
                 .map(|t| PenaltyBuffers {
-                    bits: up(s, &t.bits),
-                    offsets: up(s, &t.offsets),
-                    tokens: up(s, &t.tokens),
+                    listed: RowTokenBuffers::upload(s, &t.listed),
                     subtract: up(s, &t.subtract),
                     repetition: up(s, &t.repetition),
                 }),
+            logit_bias: params
+                .logit_bias_table(b, v)
+                .map(|t| LogitBiasBuffers { listed: RowTokenBuffers::upload(s, &t.listed), values: up(s, &t.values) }),
         };
         dev.synchronize().expect("uploads");
         d
@@ -116,11 +146,13 @@ impl DeviceCase {
         inputs.row_steps = self.row_steps.as_ref().map(|b| DeviceIn::new(b, stream).expect("steps"));
         inputs.filters = self.filters.as_ref().map(|b| DeviceIn::new(b, stream).expect("filters"));
         inputs.penalties = self.penalties.as_ref().map(|t| DevicePenalties {
-            bits: DeviceIn::new(&t.bits, stream).expect("bits"),
-            offsets: DeviceIn::new(&t.offsets, stream).expect("offsets"),
-            tokens: DeviceIn::new(&t.tokens, stream).expect("tokens"),
+            listed: t.listed.inputs(stream),
             subtract: DeviceIn::new(&t.subtract, stream).expect("subtract"),
             repetition: DeviceIn::new(&t.repetition, stream).expect("repetition"),
+        });
+        inputs.logit_bias = self.logit_bias.as_ref().map(|t| DeviceLogitBias {
+            listed: t.listed.inputs(stream),
+            values: DeviceIn::new(&t.values, stream).expect("values"),
         });
         inputs
     }

@@ -54,6 +54,7 @@ impl Pool {
             presence: pick(&c.presence),
             frequency: pick(&c.frequency),
             history: ids.iter().map(|&r| c.history[r].clone()).collect(),
+            logit_bias: ids.iter().map(|&r| c.logit_bias[r].clone()).collect(),
         };
         (case, ids.iter().map(|&r| self.row_seeds[r]).collect(), ids.iter().map(|&r| self.steps[r]).collect())
     }

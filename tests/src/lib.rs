@@ -74,6 +74,10 @@ pub struct Case {
     pub frequency: Vec<f32>,
     /// Per row, a few (token, count) pairs; count 0 stands for a prompt token.
     pub history: Vec<Vec<(u32, u32)>>,
+    /// Per row, a per-request logit bias: every third row none; the others a few tokens with
+    /// a `-inf` ban, a bias large enough to move the argmax, or a small one (token 0 is never
+    /// banned, so every row stays samplable).
+    pub logit_bias: Vec<Vec<(u32, f32)>>,
 }
 
 impl Case {
@@ -106,6 +110,7 @@ impl Case {
         let history = (0..batch)
             .map(|_| (0..rng.random_range(0..6)).map(|_| (rng.random_range(0..vocab as u32), rng.random_range(0..4))).collect())
             .collect();
+        let seed_value = rng.random();
         Case {
             batch,
             dim,
@@ -116,12 +121,13 @@ impl Case {
             bias,
             mask,
             banned,
-            seed: rng.random(),
+            seed: seed_value,
             filters,
             repetition,
             presence,
             frequency,
             history,
+            logit_bias: random_logit_bias(seed, batch, vocab, logit_std),
         }
     }
 
@@ -138,6 +144,7 @@ impl Case {
             banned: has(|t| matches!(t, Transform::Ban { .. })).then_some(&self.banned[..]),
             seed: self.seed,
             filter: pipeline.filter_max_k().map(|_| &self.filters[..]),
+            logit_bias: pipeline.has_logit_bias().then_some(&self.logit_bias[..]),
             penalties: pipeline.has_penalties().then_some(PenaltyArg {
                 repetition: &self.repetition,
                 presence: &self.presence,
@@ -183,6 +190,7 @@ impl Case {
         for row in 0..batch {
             case.banned[row] = case.banned[0].clone();
             case.history[row] = case.history[0].clone();
+            case.logit_bias[row] = case.logit_bias[0].clone();
             case.repetition[row] = case.repetition[0];
             case.presence[row] = case.presence[0];
             case.frequency[row] = case.frequency[0];
@@ -320,6 +328,7 @@ impl Case {
             presence: self.presence[..b].to_vec(),
             frequency: self.frequency[..b].to_vec(),
             history: self.history[..b].to_vec(),
+            logit_bias: self.logit_bias[..b].to_vec(),
         }
     }
 
@@ -328,6 +337,33 @@ impl Case {
         self.filters.iter_mut().for_each(|f| *f = filter);
         self
     }
+}
+
+/// [`Case::logit_bias`]'s rows, from their own random stream (so the other fields do not
+/// depend on whether a pipeline takes a logit bias).
+fn random_logit_bias(seed: u64, batch: usize, vocab: usize, logit_std: f32) -> Vec<Vec<(u32, f32)>> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6c6f_6769_745f_6269);
+    (0..batch)
+        .map(|r| {
+            if r % 3 == 2 {
+                return Vec::new();
+            }
+            let mut tokens: Vec<u32> = (0..rng.random_range(1..8)).map(|_| rng.random_range(0..vocab as u32)).collect();
+            tokens.sort_unstable();
+            tokens.dedup();
+            tokens
+                .into_iter()
+                .map(|t| {
+                    let bias = match rng.random_range(0..4) {
+                        0 if t != 0 => f32::NEG_INFINITY,
+                        1 => rng.random_range(3.0..6.0) * logit_std,
+                        _ => rng.random_range(-1.0..1.0) * logit_std,
+                    };
+                    (t, bias)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Pipelines with a top-k / top-p / min-p filter or penalties and the one filter every row
@@ -382,6 +418,7 @@ pub fn chi_square_pipelines() -> Vec<Pipeline> {
         b("Temp").temperature_per_row("t"),
         b("Bias").bias("b"),
         b("Mask").mask("m").ban("banned"),
+        b("LogitBias").logit_bias("logit_bias").temperature_per_row("t"),
         PipelineBuilder::new("Cap", DType::F16, DType::F16).softcap(1.5),
     ]
     .into_iter()

@@ -14,6 +14,7 @@ fn pipelines() -> Vec<Pipeline> {
     vec![
         b("Plain").temperature_per_row("t").bias("bias").mask("allowed").gumbel("seed", 2).outputs(ALL).build().unwrap(),
         b("Serving")
+            .logit_bias("logit_bias")
             .penalties("pen")
             .temperature_per_row("t")
             .mask("allowed")

@@ -32,7 +32,23 @@ fn pipelines() -> Vec<Pipeline> {
         PipelineBuilder::new("Greedy", DType::F32, DType::BF16).bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
         PipelineBuilder::new("Full32", DType::F32, DType::F32).temperature_const(0.8).mask("m").outputs(SCORE).build().unwrap(),
         serving(),
+        request_bias(),
     ]
+}
+
+/// Per-request logit biases in vLLM's order (after the model's softcap, before penalties and
+/// temperature), next to the global bias, with every output.
+fn request_bias() -> Pipeline {
+    PipelineBuilder::new("RequestBias", DType::BF16, DType::BF16)
+        .softcap(30.0)
+        .logit_bias("logit_bias")
+        .bias("bias")
+        .penalties("penalties")
+        .temperature_per_row("temperature")
+        .gumbel("seed", 2)
+        .outputs(ALL_OUTPUTS)
+        .build()
+        .unwrap()
 }
 
 /// What a serving stack runs: penalties, per-row temperature, a grammar mask, per-row
@@ -60,7 +76,7 @@ proptest! {
     /// V not a multiple of any tile, B in 1..70 and odd D.
     #[test]
     fn pathwise_against_reference(
-        which in 0usize..6,
+        which in 0usize..7,
         batch in 1usize..70,
         dim in prop::sample::select(vec![1usize, 3, 7, 31, 64, 129, 200]),
         vocab in 1usize..1500,
@@ -156,6 +172,86 @@ fn serving_pipeline_pathwise_at_qwen_scale() {
     let samples = case.run(&sampler).unwrap();
     case.check(&pipeline, &samples, &(0..10).collect::<Vec<_>>()).unwrap();
     assert!(samples.top_logprobs.as_ref().unwrap().iter().all(|t| t.len() == 5));
+}
+
+#[test]
+fn logit_bias_pathwise_with_and_without_bias_rows() {
+    // Rows with and without their own bias in one batch (every third row has none), -inf bans,
+    // biases that move the argmax; the filter pipeline too (lists and stage three see the
+    // biased logits).
+    let filtered = PipelineBuilder::new("BiasFilter", DType::BF16, DType::BF16)
+        .logit_bias("logit_bias")
+        .temperature_per_row("temperature")
+        .filter("filter", 8)
+        .outputs(Outputs { top_logprobs: 3, ..ALL_OUTPUTS })
+        .build()
+        .unwrap();
+    for pipeline in [request_bias(), filtered] {
+        let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
+        for (seed, vocab) in [(1u64, 3001usize), (2, 151_936)] {
+            let case = Case::random(&pipeline, 9, 64, vocab, seed, 3.0);
+            assert!(case.logit_bias.iter().any(Vec::is_empty) && case.logit_bias.iter().any(|r| !r.is_empty()));
+            let samples = case.run(&sampler).unwrap();
+            case.check(&pipeline, &samples, &(0..9).collect::<Vec<_>>()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn logit_bias_moves_the_argmax_and_neg_inf_bans() {
+    let p = PipelineBuilder::new("GreedyBias", DType::F32, DType::F32)
+        .logit_bias("logit_bias")
+        .argmax()
+        .outputs(ALL_OUTPUTS)
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let mut case = Case::random(&p, 4, 32, 1000, 9, 2.0);
+    case.logit_bias = vec![Vec::new(); 4];
+    let unbiased = case.run(&sampler).unwrap().tokens;
+    // Row 0: the argmax is banned; row 1: a far token is pushed past it; row 2: both at once;
+    // row 3: none.
+    let far = |t: u32| (t + 500) % 1000;
+    case.logit_bias = vec![
+        vec![(unbiased[0], f32::NEG_INFINITY)],
+        vec![(far(unbiased[1]), 100.0)],
+        vec![(unbiased[2], f32::NEG_INFINITY), (far(unbiased[2]), 50.0)],
+        vec![],
+    ];
+    let biased = case.run(&sampler).unwrap();
+    assert_ne!(biased.tokens[0], unbiased[0]);
+    assert_eq!(biased.tokens[1..4], [far(unbiased[1]), far(unbiased[2]), unbiased[3]]);
+    case.check(&p, &biased, &[0, 1, 2, 3]).unwrap();
+    // A row whose every token is banned fails alone.
+    case.logit_bias[1] = (0..1000).map(|t| (t, f32::NEG_INFINITY)).collect();
+    let s = case.run_rows(&sampler).unwrap();
+    assert!(matches!(s.row_errors[1], Some(RowStatusError::Row(RowError::AllMasked { row: 1 }))), "{:?}", s.row_errors);
+    assert!(s.row_errors.iter().enumerate().all(|(r, e)| r == 1 || e.is_none()));
+    assert_eq!(s.tokens[2], far(unbiased[2]));
+}
+
+#[test]
+fn bad_logit_biases_are_errors_naming_the_row_and_the_token() {
+    let p = request_bias();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let case = Case::random(&p, 3, 16, 500, 4, 1.0);
+    let params = case.params(&p);
+    let run = |rows: &[Vec<(u32, f32)>]| {
+        sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { logit_bias: Some(rows), ..params }).unwrap_err()
+    };
+    let e = run(&[vec![], vec![(3, 1.0)], vec![(500, 1.0)]]);
+    assert!(matches!(e, Error::Param(ParamError::LogitBiasOutOfRange { row: 2, token: 500, vocab: 500 })), "{e}");
+    let e = run(&[vec![(7, f32::NAN)], vec![], vec![]]);
+    assert!(matches!(e, Error::Param(ParamError::LogitBiasValue { row: 0, token: 7, .. })), "{e}");
+    let e = run(&[vec![], vec![(9, f32::INFINITY)], vec![]]);
+    assert!(matches!(e, Error::Param(ParamError::LogitBiasValue { row: 1, token: 9, value: f32::INFINITY })), "{e}");
+    let e = run(&[vec![], vec![], vec![(4, 1.0), (2, -1.0), (4, f32::NEG_INFINITY)]]);
+    assert!(matches!(e, Error::Param(ParamError::LogitBiasDuplicate { row: 2, token: 4 })), "{e}");
+    assert!(e.to_string().contains("token 4") && e.to_string().contains("row 2"), "{e}");
+    let e = run(&[vec![], vec![]]);
+    assert!(matches!(e, Error::Param(ParamError::Length { what: "logit_bias", expected: 3, got: 2 })), "{e}");
+    let e = sampler.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { logit_bias: None, ..params }).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Missing("logit_bias"))), "{e}");
 }
 
 #[test]
@@ -611,6 +707,35 @@ mod sharded {
             let problem = case.problem(&p, &params);
             let (stat, pv) = chi_square(&counts, &problem.probabilities(0).unwrap());
             assert!(pv > SIGNIFICANCE, "shards {sizes:?}: chi-square {stat:.1}, p = {pv:.2e}, counts {counts:?}");
+        }
+    }
+
+    /// Each shard sees the per-request logit biases of its own tokens: a row whose biases leave
+    /// one token of one shard samples it, a pushed token wins, and every row's merged
+    /// logsumexp is the unsharded reference's.
+    #[test]
+    fn per_request_logit_bias_reaches_each_shard_by_global_token() {
+        let p = PipelineBuilder::new("Shards", DType::BF16, DType::BF16)
+            .logit_bias("logit_bias")
+            .temperature_per_row("t")
+            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
+            .build()
+            .unwrap();
+        let vocab = 40;
+        let mut case = Case::random(&p, 4, 8, vocab, 5, 1.5);
+        case.logit_bias[0] = (0..40).filter(|&t| t != 30).map(|t| (t, f32::NEG_INFINITY)).collect();
+        case.logit_bias[1] = vec![(20, 200.0)];
+        let sampler = ShardedSampler::new(p.clone(), &cpu()).unwrap();
+        let parts = shards(&case, &[13, 11, 16]);
+        let tensors: Vec<Tensor> = parts.iter().map(|m| m.tensor()).collect();
+        let params = case.params(&p);
+        let s = sampler.sample(case.hidden.tensor(), &tensors, &params).unwrap();
+        assert_eq!(s.tokens[..2], [30, 20]);
+        let problem = case.problem(&p, &params);
+        for row in 0..4 {
+            let want = flashsample_reference::logsumexp(&problem.row_logits(row).unwrap().logits);
+            let got = f64::from(s.logsumexp.as_ref().unwrap()[row]);
+            assert!((got - want).abs() < 1e-4 * want.abs().max(1.0), "row {row}: {got} vs {want}");
         }
     }
 

@@ -28,6 +28,7 @@ fn pipelines() -> Vec<Pipeline> {
             .build()
             .unwrap(),
         PipelineBuilder::new("Serving", DType::BF16, DType::BF16)
+            .logit_bias("logit_bias")
             .penalties("penalties")
             .temperature_per_row("temperature")
             .mask("allowed")

@@ -33,6 +33,14 @@ fn pipelines(dtype: DType) -> Vec<Pipeline> {
             .unwrap(),
         b("Greedy").bias("bias").argmax().outputs(ALL_OUTPUTS).build().unwrap(),
         b("Penalized").temperature_per_row("temperature").penalties("pen").mask("allowed").outputs(ALL_OUTPUTS).build().unwrap(),
+        b("RequestBias")
+            .logit_bias("logit_bias")
+            .penalties("pen")
+            .temperature_per_row("temperature")
+            .mask("allowed")
+            .outputs(ALL_OUTPUTS)
+            .build()
+            .unwrap(),
     ]
 }
 
@@ -130,6 +138,29 @@ fn cpu_simulated_tp_rows_confined_to_one_shard() {
     match simulated_tp(p, &case, &params, 4) {
         Err(Error::Row(RowError::AllMasked { row: 4 })) => {}
         other => panic!("expected AllMasked for row 4, got {other:?}"),
+    }
+}
+
+/// Rows whose per-request logit bias bans every token outside one shard: the other ranks find
+/// nothing for them (their launch must not fail the batch) and the merge matches TP = 1.
+#[test]
+fn cpu_simulated_tp_rows_confined_by_their_logit_bias() {
+    let p = &pipelines(DType::BF16)[4];
+    let (vocab, batch) = (4000usize, 4usize);
+    let mut case = Case::random(p, batch, 32, vocab, 13, 4.0);
+    case.mask.fill(u32::MAX);
+    let ranges = shard_ranges(vocab, 4, 4).unwrap();
+    let ban_outside = |keep: std::ops::Range<usize>| -> Vec<(u32, f32)> {
+        (0..vocab).filter(|t| !keep.contains(t)).map(|t| (t as u32, f32::NEG_INFINITY)).collect()
+    };
+    case.logit_bias[0] = ban_outside(ranges[3].clone());
+    case.logit_bias[2] = ban_outside(ranges[1].start + 7..ranges[1].start + 8);
+    let params = case.params(p);
+    let want = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap().sample(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    assert!(want.row(0).iter().all(|&t| ranges[3].contains(&(t as usize))));
+    assert_eq!(want.row(2), [ranges[1].start as u32 + 7]);
+    for world in [2usize, 4, 8] {
+        assert_same(&format!("logit-bias confined rows TP={world}"), &want, &simulated_tp(p, &case, &params, world).unwrap());
     }
 }
 

@@ -4,7 +4,7 @@
 
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{Candidate, LsePartial, LseSum, PenaltyTable, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, LseSum, PenaltyTable, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use rand::rngs::StdRng;
@@ -27,6 +27,7 @@ pub struct Inputs {
     pub row_steps: Option<Vec<u32>>,
     pub vocab_offset: u32,
     pub penalties: Option<PenaltyTable>,
+    pub logit_bias: Option<LogitBiasTable>,
 }
 
 impl Inputs {
@@ -81,6 +82,7 @@ pub fn transformed(p: &Pipeline, inp: &Inputs, r: usize, v: usize, raw: f32) -> 
             Transform::Bias { .. } => x += inp.bias.as_ref().unwrap()[v],
             Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
             Transform::Penalties { .. } => x = inp.penalties.as_ref().unwrap().apply(r, v as u32, x),
+            Transform::LogitBias { .. } => x = inp.logit_bias.as_ref().unwrap().apply(r, v as u32, x),
             Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
         }
     }
@@ -188,6 +190,7 @@ pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Ca
             row_steps: inp.row_steps.as_deref(),
             vocab_offset: inp.vocab_offset,
             penalties: inp.penalties.as_ref(),
+            logit_bias: inp.logit_bias.as_ref(),
             lists: lists.as_deref_mut(),
             candidates: &mut cands,
             lse: lse.as_deref_mut(),
@@ -318,10 +321,29 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
             .penalty_table(batch, vocab)
             .expect("penalties given")
     });
+    // Some rows without a bias, some tokens banned (-inf), some biases large enough to move the argmax.
+    let logit_bias = p.has_logit_bias().then(|| {
+        let rows: Vec<Vec<(u32, f32)>> = (0..batch)
+            .map(|_| {
+                let mut tokens: Vec<u32> = (0..rng.random_range(0..6)).map(|_| rng.random_range(0..vocab as u32)).collect();
+                tokens.sort_unstable();
+                tokens.dedup();
+                let value = |rng: &mut StdRng| match rng.random_range(0..4) {
+                    0 => f32::NEG_INFINITY,
+                    1 => rng.random_range(5.0f32..20.0),
+                    _ => rng.random_range(-3.0f32..3.0),
+                };
+                tokens.into_iter().map(|t| (t, value(rng))).collect()
+            })
+            .collect();
+        flashsample_abi::SamplingParams { logit_bias: Some(&rows), ..Default::default() }
+            .logit_bias_table(batch, vocab)
+            .expect("logit bias given")
+    });
     let row_seeds = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let row_steps = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let vocab_offset = 4 * rng.random_range(0..1000u32);
-    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, penalties }
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, penalties, logit_bias }
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {

@@ -41,6 +41,8 @@ struct Col {
     word3: String,
     /// Penalty CSR range and repetition of the row.
     pen: Option<(String, String, String)>,
+    /// Logit-bias CSR range of the row.
+    lb: Option<(String, String)>,
 }
 
 /// The transformed logits of the thread's accumulators (same indices), the non-finite flag
@@ -78,6 +80,7 @@ impl Gen<'_> {
         let p = self.p;
         let has_temp = p.temperature().is_some();
         let has_pen = p.has_penalties();
+        let has_lb = p.has_logit_bias();
         let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
@@ -120,13 +123,14 @@ impl Gen<'_> {
                 };
                 let pen = has_pen.then(|| {
                     let r64 = f.zext64(&row_safe);
-                    let a = f.gaddr("%pen_offsets", &r64, 4);
-                    let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                    let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                    let (lo, hi) = csr_range(f, "%pen_offsets", &r64);
                     let a = f.gaddr("%pen_repetition", &r64, 4);
                     let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
                     (lo, hi, rep)
+                });
+                let lb = has_lb.then(|| {
+                    let r64 = f.zext64(&row_safe);
+                    csr_range(f, "%lb_offsets", &r64)
                 });
                 cols.push(Col {
                     col,
@@ -139,6 +143,7 @@ impl Gen<'_> {
                     ctr_row,
                     word3,
                     pen,
+                    lb,
                 });
             }
         }
@@ -151,6 +156,7 @@ impl Gen<'_> {
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();
         let has_pen = p.has_penalties();
+        let has_lb = p.has_logit_bias();
         let words = f.add("%vocab", "31");
         let words = f.v(format!("lshr i32 {words}, 5"));
 
@@ -163,7 +169,7 @@ impl Gen<'_> {
             let qb = f.add(&qb, &(q * 32).to_string());
             let qb = f.add(&qb, g4);
             // A quad never straddles a bitset word, so one word per column (row) serves it:
-            // of the allowed-token bitset and of the penalized-token bitset.
+            // of the allowed-token bitset and of the penalized- and biased-token bitsets.
             let quad_words = |f: &mut Func, table: &str| -> Vec<String> {
                 let qok = f.ult(&qb, "%vocab");
                 let qs = f.sel("i32", &qok, &qb, "0");
@@ -180,6 +186,7 @@ impl Gen<'_> {
             };
             let mask_words = if has_mask { quad_words(f, "%allowed") } else { Vec::new() };
             let pen_words = if has_pen { quad_words(f, "%pen_bits") } else { Vec::new() };
+            let lb_words = if has_lb { quad_words(f, "%lb_bits") } else { Vec::new() };
             for o in 0..4 {
                 let v = f.add(&qb, &o.to_string());
                 let v_ok = f.ult(&v, "%vocab");
@@ -216,19 +223,17 @@ impl Gen<'_> {
                             }
                             Transform::Penalties { .. } => {
                                 let Some((lo, hi, rep)) = &cl.pen else { continue };
-                                let sh = f.v(format!("lshr i32 {}, {bit}", pen_words[ci]));
-                                let b = f.v(format!("trunc i32 {sh} to i1"));
-                                let b = f.and1(&b, &v_ok);
-                                let out = f.var("float", &xv);
-                                let x_in = xv.clone();
-                                f.if_then(&b, |f| {
-                                    let r = f.v(format!(
-                                        "call float @fs_penalize_token(float {x_in}, i32 {v}, i32 {lo}, i32 {hi}, \
-                                         ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
-                                    ));
-                                    f.set(&out, &r);
-                                });
-                                xv = f.get(&out);
+                                xv = listed_call(f, &pen_words[ci], &bit, &v_ok, &xv, &format!(
+                                    "call float @fs_penalize_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
+                                     ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
+                                ));
+                            }
+                            Transform::LogitBias { .. } => {
+                                let Some((lo, hi)) = &cl.lb else { continue };
+                                xv = listed_call(f, &lb_words[ci], &bit, &v_ok, &xv, &format!(
+                                    "call float @fs_logit_bias_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
+                                     ptr addrspace(1) %lb_tokens, ptr addrspace(1) %lb_values)"
+                                ));
                             }
                             // Exclusion is the `ok` test below (step 4); the filter acts on
                             // the lists (step 6b) and in stage three.
@@ -518,11 +523,34 @@ impl Gen<'_> {
     }
 }
 
-/// DESIGN.md step 3, penalties, for a token whose bit is set: binary search of `v` in the
-/// row's sorted `tokens[lo..hi]`, then `abi::penalize_f32` with that entry's subtraction.
-/// Out of line (rarely taken, and it holds a loop), so the unrolled epilogue stays small.
-pub(super) fn penalize_token() -> String {
-    let mut f = Func::new();
+/// The CSR range `[offsets[row], offsets[row + 1])` of a per-row token table (`r64`: the row, as i64).
+fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
+    let a = f.gaddr(offsets, r64, 4);
+    let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+    let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+    (lo, hi)
+}
+
+/// `x` after a per-row token table's out-of-line `call` (which yields the new float), taken
+/// only when the token's bit is set in the quad's bitset word `word` (and the token exists).
+fn listed_call(f: &mut Func, word: &str, bit: &str, v_ok: &str, x: &str, call: &str) -> String {
+    let sh = f.v(format!("lshr i32 {word}, {bit}"));
+    let b = f.v(format!("trunc i32 {sh} to i1"));
+    let b = f.and1(&b, v_ok);
+    let out = f.var("float", x);
+    f.if_then(&b, |f| {
+        let r = f.v(call);
+        f.set(&out, &r);
+    });
+    f.get(&out)
+}
+
+/// `abi::RowTokens::find` inside a helper whose parameters include `%v`, `%lo`, `%hi` and
+/// `%tokens`: binary search of `v` in the row's sorted `tokens[lo..hi]`. Returns whether it
+/// was found and its entry index (an index inside the row's range either way, so loads at it
+/// are safe).
+fn find_token(f: &mut Func) -> (String, String) {
     let lo = f.var("i32", "%lo");
     let hi = f.var("i32", "%hi");
     f.while_loop(
@@ -553,8 +581,16 @@ pub(super) fn penalize_token() -> String {
     let a = f.gaddr("%tokens", &s64, 4);
     let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
     let hit = f.v(format!("icmp eq i32 {t}, %v"));
-    let found = f.and1(&inside, &hit);
-    let a = f.gaddr("%subtract", &s64, 4);
+    (f.and1(&inside, &hit), s64)
+}
+
+/// DESIGN.md step 3, penalties, for a token whose bit is set: [`find_token`], then
+/// `abi::penalize_f32` with that entry's subtraction. Out of line (rarely taken, and it holds
+/// a loop), so the unrolled epilogue stays small.
+pub(super) fn penalize_token() -> String {
+    let mut f = Func::new();
+    let (found, entry) = find_token(&mut f);
+    let a = f.gaddr("%subtract", &entry, 4);
     let sub = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
     let pos = f.v("fcmp ogt float %x, 0.0");
     let q = f.fdiv("%x", "%rep");
@@ -566,5 +602,21 @@ pub(super) fn penalize_token() -> String {
     f.finish(
         "define internal float @fs_penalize_token(float %x, i32 %v, i32 %lo, i32 %hi, \
          ptr addrspace(1) %tokens, ptr addrspace(1) %subtract, float %rep) #2",
+    )
+}
+
+/// DESIGN.md step 3, per-request logit bias, for a token whose bit is set: [`find_token`],
+/// then `x + values[entry]` (`-inf` bans the token). Out of line like [`penalize_token`].
+pub(super) fn logit_bias_token() -> String {
+    let mut f = Func::new();
+    let (found, entry) = find_token(&mut f);
+    let a = f.gaddr("%values", &entry, 4);
+    let bias = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+    let y = f.fadd("%x", &bias);
+    let r = f.sel("float", &found, &y, "%x");
+    f.s(format!("ret float {r}"));
+    f.finish(
+        "define internal float @fs_logit_bias_token(float %x, i32 %v, i32 %lo, i32 %hi, \
+         ptr addrspace(1) %tokens, ptr addrspace(1) %values) #2",
     )
 }

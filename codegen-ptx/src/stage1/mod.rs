@@ -221,6 +221,10 @@ impl Gen<'_> {
             out.push_str(&epilogue::penalize_token());
             out.push('\n');
         }
+        if p.has_logit_bias() {
+            out.push_str(&epilogue::logit_bias_token());
+            out.push('\n');
+        }
         out.push_str(&f.finish(&STAGE1.llvm_header(NAME, &attrs)));
         out
     }

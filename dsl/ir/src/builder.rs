@@ -67,6 +67,12 @@ impl PipelineBuilder {
         self.transform(Transform::Bias { operand: operand.into() })
     }
 
+    /// `logits + logit_bias[r][v]` with per-request sparse `{token: bias}` maps (before any
+    /// penalties and temperature).
+    pub fn logit_bias(self, operand: &str) -> Self {
+        self.transform(Transform::LogitBias { operand: operand.into() })
+    }
+
     /// Keeps the tokens set in a `[B, ceil(V/32)]` bitset operand.
     pub fn mask(self, operand: &str) -> Self {
         self.transform(Transform::Mask { operand: operand.into() })

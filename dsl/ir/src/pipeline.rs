@@ -100,6 +100,13 @@ pub enum Transform {
         /// Its name.
         operand: String,
     },
+    /// `logit + logit_bias[r][v]`: per-request sparse `{token: bias}` maps passed at launch
+    /// (OpenAI's `logit_bias`); `-inf` bans the token for that row. vLLM applies it before the
+    /// penalties and the temperature, so validation requires it before both.
+    LogitBias {
+        /// Its name.
+        operand: String,
+    },
     /// Keep only tokens whose bit is set in a `[B, ceil(V/32)]` u32 bitset (bit `v%32` of word `v/32`).
     /// Masked tokens are excluded from sampling whatever transforms follow.
     Mask {
@@ -219,6 +226,11 @@ impl Pipeline {
     /// Whether the kernel must accumulate the row's online logsumexp.
     pub fn needs_logsumexp(&self) -> bool {
         self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0
+    }
+
+    /// Whether the pipeline has per-request logit biases.
+    pub fn has_logit_bias(&self) -> bool {
+        self.transforms.iter().any(|t| matches!(t, Transform::LogitBias { .. }))
     }
 
     /// Whether the pipeline has penalties.

@@ -51,6 +51,7 @@ impl fmt::Display for Pipeline {
                     writeln!(f, "  logits = temperature(logits, per_row {operand})")?
                 }
                 Transform::Bias { operand } => writeln!(f, "  logits = bias(logits, {operand})")?,
+                Transform::LogitBias { operand } => writeln!(f, "  logits = logit_bias(logits, {operand})")?,
                 Transform::Mask { operand } => writeln!(f, "  logits = mask(logits, {operand})")?,
                 Transform::Ban { operand } => writeln!(f, "  logits = ban(logits, {operand})")?,
                 Transform::Softcap { cap } => writeln!(f, "  logits = softcap(logits, {:?})", cap.get())?,
@@ -147,6 +148,8 @@ impl Pipeline {
     ///       temperature(logits, scalar NAME)      //   one f32 for the launch
     ///       temperature(logits, 0.7)              //   a constant
     ///       bias(logits, NAME)                    //   f32 [V]; -inf bans a token
+    ///       logit_bias(logits, NAME)              //   per-row {token: bias}; before penalties
+    ///                                             //   and temperature (vLLM's order)
     ///       mask(logits, NAME)                    //   u32 bitset [B, ceil(V/32)]
     ///       ban(logits, NAME)                     //   per-row lists of token ids
     ///       softcap(logits, 30)                   //   cap · tanh(logit / cap)
@@ -161,7 +164,8 @@ impl Pipeline {
     /// declared together (`hidden: bf16[B, D], weights: bf16[V, D];`), temperature is
     /// `logits / temperature[B]` (per row), `logits / temperature` (scalar) or `logits / 0.7`,
     /// bias is `logits + bias[V]`, shapes are written on the operands (`mask(logits,
-    /// allowed[B, V])`, `ban(logits, banned[B])`, `penalties(logits, penalties[B])`), the filter
+    /// allowed[B, V])`, `ban(logits, banned[B])`, `logit_bias(logits, logit_bias[B])`,
+    /// `penalties(logits, penalties[B])`), the filter
     /// is `top_k_top_p(logits, filter[B], max_k = 64)`, the sampler is `gumbel_argmax(logits,
     /// seed, samples = 1)` and `key = value` takes spaces. Both produce the same [`Pipeline`].
     ///
@@ -240,6 +244,7 @@ impl Pipeline {
                         Temperature::Const(line.f32(arg)?)
                     }),
                     "bias" => Transform::Bias { operand: arg.to_string() },
+                    "logit_bias" => Transform::LogitBias { operand: arg.to_string() },
                     "mask" => Transform::Mask { operand: arg.to_string() },
                     "ban" => Transform::Ban { operand: arg.to_string() },
                     "softcap" => Transform::Softcap { cap: line.f32(arg)? },
@@ -377,11 +382,58 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_round_trips_and_comes_before_penalties_and_temperature() {
+        let p = PipelineBuilder::new("Serve", DType::BF16, DType::BF16)
+            .softcap(30.0)
+            .logit_bias("logit_bias")
+            .bias("bias")
+            .penalties("penalties")
+            .temperature_per_row("temperature")
+            .build()
+            .unwrap();
+        let text = p.to_string();
+        assert!(text.contains("\n  logits = logit_bias(logits, logit_bias)\n"), "{text}");
+        assert_eq!(Pipeline::parse(&text).unwrap(), p, "{text}");
+        assert!(p.has_logit_bias());
+        let mut without = p.clone();
+        without.transforms.remove(1);
+        assert!(!without.has_logit_bias());
+        assert_ne!(without.fingerprint(), p.fingerprint());
+        // After the temperature or the penalties it is an error naming the one it follows.
+        let late = text
+            .replace("  logits = logit_bias(logits, logit_bias)\n", "")
+            .replace("  sample =", "  logits = logit_bias(logits, logit_bias)\n  sample =");
+        assert_eq!(
+            Pipeline::parse(&late),
+            Err(ParseError::Invalid(IrError::LogitBiasOrder { after: "penalties", at: 4 }))
+        );
+        let after_temperature = PipelineBuilder::new("T", DType::F32, DType::F32).temperature_scalar("t").logit_bias("lb").build();
+        assert_eq!(after_temperature, Err(IrError::LogitBiasOrder { after: "temperature", at: 1 }));
+        assert_eq!(after_temperature.unwrap_err().location(), crate::Location::Transform(1));
+        let twice = PipelineBuilder::new("D", DType::F32, DType::F32).logit_bias("a").logit_bias("b").build();
+        assert_eq!(twice, Err(IrError::DuplicateTransform { kind: "logit_bias", at: 1 }));
+        let shared = PipelineBuilder::new("S", DType::F32, DType::F32).logit_bias("bias").bias("bias").build();
+        assert!(matches!(shared, Err(IrError::DuplicateOperand { .. })), "{shared:?}");
+    }
+
+    #[test]
     fn snapshot_ir_text() {
         insta::assert_snapshot!("qwen_sampler", qwen().to_string());
         insta::assert_snapshot!(
             "greedy_f16",
             PipelineBuilder::new("Greedy", DType::F16, DType::F16).softcap(15.0).argmax().build().unwrap().to_string()
+        );
+        insta::assert_snapshot!(
+            "serving_logit_bias",
+            PipelineBuilder::new("Serving", DType::BF16, DType::BF16)
+                .logit_bias("logit_bias")
+                .penalties("penalties")
+                .temperature_per_row("temperature")
+                .filter("filter", 64)
+                .outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 5 })
+                .build()
+                .unwrap()
+                .to_string()
         );
         insta::assert_snapshot!(
             "scalar_temperature_logprob",

@@ -97,6 +97,17 @@ pub enum IrError {
         /// Where it is.
         at: usize,
     },
+    /// A per-request logit bias after the penalties or the temperature.
+    #[error(
+        "`logit_bias` must come before `{after}`: logit biases act on the model's logits, before \
+         penalties and temperature, as vLLM applies them"
+    )]
+    LogitBiasOrder {
+        /// The transform kind it follows.
+        after: &'static str,
+        /// Where the `logit_bias` is.
+        at: usize,
+    },
     /// A top-logprobs count out of range.
     #[error("top_logprobs must be in 0..={max}, got {n}", max = MAX_LIST_CAPACITY)]
     InvalidTopLogprobs {
@@ -116,7 +127,8 @@ impl IrError {
             | IrError::InvalidSoftcap { at, .. }
             | IrError::InvalidTemperature { at, .. }
             | IrError::InvalidFilterCapacity { at, .. }
-            | IrError::FilterNotLast { at } => Location::Transform(*at),
+            | IrError::FilterNotLast { at }
+            | IrError::LogitBiasOrder { at, .. } => Location::Transform(*at),
             IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => Location::Sampler,
         }
     }
@@ -132,6 +144,7 @@ fn transform_kind(t: &Transform) -> &'static str {
     match t {
         Transform::Temperature(_) => "temperature",
         Transform::Bias { .. } => "bias",
+        Transform::LogitBias { .. } => "logit_bias",
         Transform::Mask { .. } => "mask",
         Transform::Ban { .. } => "ban",
         Transform::Softcap { .. } => "softcap",
@@ -199,6 +212,15 @@ impl Pipeline {
                 | Transform::Mask { operand }
                 | Transform::Ban { operand }
                 | Transform::Penalties { operand } => claim(operand, at)?,
+                Transform::LogitBias { operand } => {
+                    claim(operand, at)?;
+                    if let Some(after) = self.transforms[..i].iter().find_map(|t| match t {
+                        Transform::Temperature(_) | Transform::Penalties { .. } => Some(transform_kind(t)),
+                        _ => None,
+                    }) {
+                        return Err(IrError::LogitBiasOrder { after, at: i });
+                    }
+                }
                 Transform::Filter { operand, max_k } => {
                     claim(operand, at)?;
                     if *max_k == 0 || *max_k > MAX_LIST_CAPACITY {

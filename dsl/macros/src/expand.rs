@@ -57,7 +57,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     ];
     let mut temperature = quote!(::flashsample::TemperatureArg::None);
     let none = quote!(::core::option::Option::None);
-    let [mut bias, mut mask, mut banned, mut filter, mut penalties] = std::array::from_fn(|_| none.clone());
+    let [mut bias, mut mask, mut banned, mut filter, mut penalties, mut logit_bias] = std::array::from_fn(|_| none.clone());
     for (t, src) in p.transforms.iter().zip(&l.transforms) {
         let Some(op) = &src.operand else { continue }; // constants take no argument
         let (ty, doc) = match t {
@@ -80,6 +80,16 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                 (
                     quote!(&[::core::primitive::f32]),
                     format!("`[{v}]` additive logit bias (`-inf` bans a token)"),
+                )
+            }
+            Transform::LogitBias { .. } => {
+                logit_bias = quote!(::core::option::Option::Some(#op));
+                (
+                    quote!(&[::std::vec::Vec<(::core::primitive::u32, ::core::primitive::f32)>]),
+                    format!(
+                        "`{b}` per-request logit biases: `(token, bias)` pairs, each token at most once, each bias \
+                         finite or `-inf` (bans the token for that row)"
+                    ),
                 )
             }
             Transform::Mask { .. } => {
@@ -131,6 +141,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         banned: #banned,
         filter: #filter,
         penalties: #penalties,
+        logit_bias: #logit_bias,
     };
     let o = p.outputs;
     let mut returned = vec!["`tokens`".to_string()];

@@ -28,6 +28,8 @@ mod tests;
 ///         logits = mask(logits, allowed[B, V]);  // u32 bitset, bit v % 32 of word v / 32 per row
 ///         logits = ban(logits, banned[B]);       // per-row lists of token ids
 ///         logits = softcap(logits, 30.0);        // cap · tanh(logit / cap)
+///         logits = logit_bias(logits, logit_bias[B]);  // per-request {token: bias}; -inf bans;
+///                                                // before penalties and temperature (vLLM's order)
 ///         logits = penalties(logits, penalties[B]);  // vLLM repetition / presence / frequency
 ///         logits = top_k_top_p(logits, filter[B], max_k = 64);  // per-row top-k / top-p / min-p; last
 ///         sample = gumbel_argmax(logits, seed, samples = 1);    // or `sample = argmax(logits);`
@@ -49,7 +51,7 @@ mod tests;
 /// - `sample(hidden, weights, <runtime operands in declaration order>, seed)`: the matrices as
 ///   `Matrix<'_, bf16 | f16 | f32>`, then one argument per declared operand: temperature
 ///   `&[f32]` (per row) or `f32` (scalar), bias `&[f32]`, mask `&[u32]`, banned `&[Vec<u32>]`,
-///   penalties `PenaltyArg<'_>`, filter `&[RowFilter]`; then the `u64` seed (sampling pipelines);
+///   logit bias `&[Vec<(u32, f32)>]`, penalties `PenaltyArg<'_>`, filter `&[RowFilter]`; then the `u64` seed (sampling pipelines);
 /// - `sample_with_seeds(.., row_seeds: &[u64])` (sampling pipelines): the same arguments with one
 ///   seed per row in place of `seed`, so a row's noise does not depend on its position in the batch.
 ///

@@ -12,11 +12,11 @@ use flashsample_ir::{
 use syn::Ident;
 
 /// Op names a statement may call (for the "unknown op" message).
-const OPS: &str = "`matmul`, `mask`, `ban`, `softcap`, `penalties`, `top_k_top_p`, `gumbel_argmax`, `argmax` \
+const OPS: &str = "`matmul`, `mask`, `ban`, `softcap`, `logit_bias`, `penalties`, `top_k_top_p`, `gumbel_argmax`, `argmax` \
                    (temperature and bias are written `logits / temperature[B]` and `logits + bias[V]`)";
 
 /// The call-form transforms, lowered by [`transform`]; `matmul` and the samplers are separate.
-const TRANSFORM_OPS: [&str; 5] = ["mask", "ban", "softcap", "penalties", "top_k_top_p"];
+const TRANSFORM_OPS: [&str; 6] = ["mask", "ban", "softcap", "logit_bias", "penalties", "top_k_top_p"];
 
 const FILTER_USAGE: &str = "`top_k_top_p(logits, filter[B], max_k = K)`";
 
@@ -422,6 +422,7 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
                 "mask" => "mask(logits, allowed[B, V])",
                 "ban" => "ban(logits, banned[B])",
                 "penalties" => "penalties(logits, penalties[B])",
+                "logit_bias" => "logit_bias(logits, logit_bias[B])",
                 "top_k_top_p" => return filter(c, stmt, batch),
                 _ => "softcap(logits, 30.0)",
             };
@@ -444,6 +445,20 @@ fn transform(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<(Transfor
                     let name = check_shape(arg, "banned-token lists (one list per row)", "banned[B]", &[batch])?;
                     Ok((
                         Transform::Ban {
+                            operand: name.to_string(),
+                        },
+                        src(Some(name), None),
+                    ))
+                }
+                "logit_bias" => {
+                    let name = check_shape(
+                        arg,
+                        "per-request logit biases (a `{token: bias}` map per row)",
+                        "logit_bias[B]",
+                        &[batch],
+                    )?;
+                    Ok((
+                        Transform::LogitBias {
                             operand: name.to_string(),
                         },
                         src(Some(name), None),
@@ -651,6 +666,8 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
         // The rule is about the filter's place, so the whole filter statement; what follows it
         // is visible right below.
         IrError::FilterNotLast { at } => transform(*at).map_or(l.sampler.stmt, |t| t.stmt),
+        // The rule is about the logit bias's place: its whole statement.
+        IrError::LogitBiasOrder { at, .. } => transform(*at).map_or(l.sampler.stmt, |t| t.stmt),
         IrError::InvalidSampleCount { .. } => l.sampler.samples.unwrap_or(l.sampler.stmt),
         IrError::InvalidTopLogprobs { .. } => l
             .outputs

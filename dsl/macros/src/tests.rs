@@ -362,6 +362,33 @@ fn signature(out: &str, name: &str) -> String {
 }
 
 #[test]
+fn logit_bias_matches_the_builder_and_expands_to_per_row_maps() {
+    let src = CHAT.replace(
+        "logits = penalties(logits, penalties[B]);",
+        "logits = logit_bias(logits, logit_bias[B]); logits = penalties(logits, penalties[B]);",
+    );
+    let want = PipelineBuilder::new("ChatSampler", DType::BF16, DType::BF16)
+        .logit_bias("logit_bias")
+        .penalties("penalties")
+        .temperature_per_row("temperature")
+        .filter("filter", 64)
+        .gumbel("seed", 1)
+        .outputs(Outputs { logprob: true, top_logprobs: 5, ..Outputs::default() });
+    assert_eq!(ir(&src), want.build().unwrap());
+    let out = pretty(expand(tokens(&src)).unwrap());
+    assert!(
+        signature(&out, "sample").contains(
+            "logit_bias: &[::std::vec::Vec<(::core::primitive::u32, ::core::primitive::f32)>], \
+             penalties: ::flashsample::PenaltyArg<'_>"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("logit_bias: ::core::option::Option::Some(logit_bias)"), "{out}");
+    assert!(out.contains("- `logit_bias`: `B` per-request logit biases"), "{out}");
+    assert!(pretty(expand(tokens(CHAT)).unwrap()).contains("logit_bias: ::core::option::Option::None"));
+}
+
+#[test]
 fn expansion_passes_penalties_filter_and_row_seeds() {
     let out = pretty(expand(tokens(CHAT)).unwrap());
     // Declaration order: penalties, temperature, filter, then the seed.

@@ -149,27 +149,61 @@ impl<'a> DeviceMatrix<'a> {
     }
 }
 
+/// A per-row token table's tokens in device memory, laid out as `abi::RowTokens` (the
+/// bitset every logit tests, then a binary search of the row's sorted CSR list).
+pub struct DeviceRowTokens<'a> {
+    /// `[B, ceil(V/32)]` bitset of the listed tokens (padding bits past `V` clear).
+    pub bits: DeviceIn<'a, u32>,
+    /// `[B + 1]` CSR offsets into `tokens` and the table's per-entry values.
+    pub offsets: DeviceIn<'a, u32>,
+    /// Listed tokens, sorted and distinct within each row.
+    pub tokens: DeviceIn<'a, u32>,
+}
+
+impl DeviceRowTokens<'_> {
+    /// The `[bits, offsets, tokens]` addresses after checking that the buffers hold `batch`
+    /// rows of `words` bitset words and that the table's `values` cover every token; `names`
+    /// name the bitset, the offsets and the values in errors.
+    pub(crate) fn resolve(&self, names: [&'static str; 3], batch: usize, words: usize, values: usize) -> Result<[u64; 3]> {
+        let [bits, offsets, values_name] = names;
+        for (what, got, expected) in
+            [(bits, self.bits.len(), batch * words), (offsets, self.offsets.len(), batch + 1), (values_name, values, self.tokens.len())]
+        {
+            if got < expected {
+                return Err(flashsample_abi::ParamError::Length { what, expected, got }.into());
+            }
+        }
+        Ok([self.bits.address(), self.offsets.address(), self.tokens.address()])
+    }
+}
+
 /// The penalty tables of a launch in device memory, laid out as `abi::PenaltyTable`
 /// (`SamplingParams::penalty_table` builds them on the host; DESIGN.md step 3).
 pub struct DevicePenalties<'a> {
-    /// `[B, ceil(V/32)]` bitset of the penalized tokens.
-    pub bits: DeviceIn<'a, u32>,
-    /// `[B + 1]` CSR offsets into `tokens` / `subtract`.
-    pub offsets: DeviceIn<'a, u32>,
-    /// Penalized tokens, sorted within each row.
-    pub tokens: DeviceIn<'a, u32>,
+    /// The penalized tokens of each row.
+    pub listed: DeviceRowTokens<'a>,
     /// Per penalized token, `frequency · count + presence`.
     pub subtract: DeviceIn<'a, f32>,
     /// `[B]` repetition penalties.
     pub repetition: DeviceIn<'a, f32>,
 }
 
+/// The per-request logit biases of a launch in device memory, laid out as
+/// `abi::LogitBiasTable` (`SamplingParams::logit_bias_table` builds them on the host).
+pub struct DeviceLogitBias<'a> {
+    /// The biased tokens of each row.
+    pub listed: DeviceRowTokens<'a>,
+    /// Per biased token, the bias (finite or `-inf`).
+    pub values: DeviceIn<'a, f32>,
+}
+
 /// Everything one device launch reads besides the plan's scratch.
 ///
 /// Per-row buffers hold `B` entries (`B` = the launch's batch ≤ the plan's `max_batch`) and
 /// must satisfy what `SamplingParams::validate` checks on the host (finite temperatures ≥ 0,
-/// filters with `top_k ≤ max_k`, `top_p` in (0, 1], `min_p` in [0, 1], finite penalties): the
-/// device API does not read device memory back to check them.
+/// filters with `top_k ≤ max_k`, `top_p` in (0, 1], `min_p` in [0, 1], finite penalties, logit
+/// biases finite or `-inf`) and be laid out as the `abi` tables are (each row's tokens sorted and
+/// distinct): the device API does not read device memory back to check them.
 pub struct DeviceInputs<'a> {
     /// `[B, D]` hidden states.
     pub hidden: DeviceMatrix<'a>,
@@ -196,6 +230,8 @@ pub struct DeviceInputs<'a> {
     pub filters: Option<DeviceIn<'a, RowFilter>>,
     /// The penalty tables, iff the pipeline has `penalties`.
     pub penalties: Option<DevicePenalties<'a>>,
+    /// The per-request logit biases, iff the pipeline has `logit_bias`.
+    pub logit_bias: Option<DeviceLogitBias<'a>>,
 }
 
 impl<'a> DeviceInputs<'a> {
@@ -213,6 +249,7 @@ impl<'a> DeviceInputs<'a> {
             row_steps: None,
             filters: None,
             penalties: None,
+            logit_bias: None,
         }
     }
 }

@@ -100,6 +100,7 @@ struct HostBufs {
     row_steps: Buf,
     filters: Buf,
     penalties: [Buf; 5],
+    logit_bias: [Buf; 4],
     tokens: Buf,
     status: Buf,
     scores: Buf,
@@ -284,14 +285,26 @@ impl CudaSampler {
             Some(t) => {
                 let [b0, b1, b2, b3, b4] = &mut bufs.penalties;
                 [
-                    up(b0, bytes_of(&t.bits))?,
-                    up(b1, bytes_of(&t.offsets))?,
-                    up(b2, bytes_of(&t.tokens))?,
+                    up(b0, bytes_of(&t.listed.bits))?,
+                    up(b1, bytes_of(&t.listed.offsets))?,
+                    up(b2, bytes_of(&t.listed.tokens))?,
                     up(b3, bytes_of(&t.subtract))?,
                     up(b4, bytes_of(&t.repetition))?,
                 ]
             }
             None => [0; 5],
+        };
+        let logit_bias = match params.logit_bias_table(shape.batch, shape.vocab) {
+            Some(t) => {
+                let [b0, b1, b2, b3] = &mut bufs.logit_bias;
+                [
+                    up(b0, bytes_of(&t.listed.bits))?,
+                    up(b1, bytes_of(&t.listed.offsets))?,
+                    up(b2, bytes_of(&t.listed.tokens))?,
+                    up(b3, bytes_of(&t.values))?,
+                ]
+            }
+            None => [0; 4],
         };
         let n = shape.batch * p.samples_per_row() as usize;
         let top_n = p.outputs.top_logprobs as usize;
@@ -308,6 +321,7 @@ impl CudaSampler {
             row_steps,
             filters,
             penalties,
+            logit_bias,
             tokens: bufs.tokens.ensure(dev, n * 4)?,
             status: bufs.status.ensure(dev, shape.batch * 4)?,
             scores: bufs.scores.ensure(dev, n * 4)?,

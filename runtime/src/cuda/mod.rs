@@ -26,7 +26,9 @@ mod plan;
 mod ptx;
 mod tma;
 
-pub use args::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties};
+pub use args::{
+    DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
+};
 pub use backend::CudaSampler;
 pub use cache::cache_dir;
 pub use device::{CudaDevice, DeviceTensor};

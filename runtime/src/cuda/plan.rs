@@ -82,6 +82,8 @@ pub(crate) struct Args {
     pub filters: u64,
     /// pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition (0 without penalties).
     pub penalties: [u64; 5],
+    /// lb_bits, lb_offsets, lb_tokens, lb_values (0 without a logit bias).
+    pub logit_bias: [u64; 4],
     pub tokens: u64,
     pub status: u64,
     pub scores: u64,
@@ -281,15 +283,22 @@ impl SamplingPlan {
         }
         let penalties = match (p.has_penalties(), &i.penalties) {
             (true, Some(t)) => {
-                expect_len("penalty bitset", t.bits.len(), b * words)?;
-                expect_len("penalty offsets", t.offsets.len(), b + 1)?;
+                let [bits, offsets, tokens] = t.listed.resolve(["penalty bitset", "penalty offsets", "penalty values"], b, words, t.subtract.len())?;
                 expect_len("repetition penalties", t.repetition.len(), b)?;
-                expect_len("penalty values", t.subtract.len(), t.tokens.len())?;
-                [t.bits.address(), t.offsets.address(), t.tokens.address(), t.subtract.address(), t.repetition.address()]
+                [bits, offsets, tokens, t.subtract.address(), t.repetition.address()]
             }
             (true, None) => return Err(ParamError::Missing("penalties").into()),
             (false, Some(_)) => return Err(ParamError::Unexpected("penalties").into()),
             (false, None) => [0; 5],
+        };
+        let logit_bias = match (p.has_logit_bias(), &i.logit_bias) {
+            (true, Some(t)) => {
+                let [bits, offsets, tokens] = t.listed.resolve(["logit bias bitset", "logit bias offsets", "logit bias values"], b, words, t.values.len())?;
+                [bits, offsets, tokens, t.values.address()]
+            }
+            (true, None) => return Err(ParamError::Missing("logit_bias").into()),
+            (false, Some(_)) => return Err(ParamError::Unexpected("logit_bias").into()),
+            (false, None) => [0; 4],
         };
         let out = |what, buf: Option<(u64, usize)>, want: usize| -> Result<u64> {
             match buf {
@@ -325,6 +334,7 @@ impl SamplingPlan {
             row_steps,
             filters,
             penalties,
+            logit_bias,
             tokens,
             status,
             scores,
@@ -408,6 +418,10 @@ impl SamplingPlan {
             lists,
             tmaps,
             row_steps: a.row_steps,
+            lb_bits: a.logit_bias[0],
+            lb_offsets: a.logit_bias[1],
+            lb_tokens: a.logit_bias[2],
+            lb_values: a.logit_bias[3],
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);

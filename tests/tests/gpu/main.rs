@@ -9,11 +9,13 @@
 //!
 //! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
 //! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
-//! loop (`graphs`), extreme parameter values (`robust`) and batch invariance (`invariance`).
+//! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`), extreme parameter
+//! values (`robust`) and batch invariance (`invariance`).
 
 mod device_api;
 mod graphs;
 mod invariance;
+mod logit_bias;
 mod robust;
 
 use flashsample::{

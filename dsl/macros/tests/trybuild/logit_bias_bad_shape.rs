@@ -1,0 +1,13 @@
+use flashsample_macros::flashsample;
+
+flashsample! {
+    pub pipeline Sampler {
+        hidden: bf16[B, D], weights: bf16[V, D];
+        logits = matmul(hidden, weights);
+        logits = logit_bias(logits, logit_bias[V]);
+        logits = logit_bias(logits);
+        sample = gumbel_argmax(logits, seed, samples = 1);
+    }
+}
+
+fn main() {}

@@ -1,0 +1,96 @@
+//! Per-request logit bias on a GPU: every stage-one schedule that compiles it samples what the
+//! float64 reference samples (pathwise, with rows with and without a bias, `-inf` bans and
+//! biases that move the argmax in one batch), and the device API's launch equals the host
+//! API's.
+
+use super::{hopper_gpu, ALL_OUTPUTS};
+use flashsample::{Device, Error, GpuConfig, Grid, GridKind, KernelConfig, ParamError, Sampler, Schedule};
+use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_tests::gpu::{row_errors, DeviceCase, DeviceResults};
+use flashsample_tests::Case;
+
+/// vLLM's order: the model's softcap, the per-request logit bias, then penalties and
+/// temperature, a filter and top logprobs (the lists see the biased logits).
+fn request_bias(dtype: DType) -> Pipeline {
+    PipelineBuilder::new("RequestBias", dtype, dtype)
+        .softcap(30.0)
+        .logit_bias("logit_bias")
+        .bias("bias")
+        .penalties("penalties")
+        .temperature_per_row("t")
+        .filter("filter", 8)
+        .gumbel("seed", 2)
+        .outputs(Outputs { top_logprobs: 3, ..ALL_OUTPUTS })
+        .build()
+        .unwrap()
+}
+
+/// One config of every schedule (the TMA ones need `D % 8 == 0` and `V % 32 == 0`, which the
+/// shapes below keep), with lists fitted to the pipeline.
+fn schedules(p: &Pipeline) -> Vec<(&'static str, GpuConfig)> {
+    let item = Grid::PerItem;
+    let mut out = vec![
+        ("mma_sync", GpuConfig::new(128, 16, 4, Schedule::MmaSync { stages: 3, k_step: 64, grid: item })),
+        ("mma_sync persistent", GpuConfig::new(128, 64, 4, Schedule::MmaSync { stages: 4, k_step: 64, grid: Grid::Persistent })),
+        ("wgmma", GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item })),
+        ("wgmma TMA", GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem })),
+        ("wgmma TMA ping-pong", GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong })),
+    ];
+    for (_, c) in &mut out {
+        c.fit_lists(p);
+    }
+    out
+}
+
+/// The host API on `config` against the reference.
+fn check_config(device: &Device, p: &Pipeline, config: &GpuConfig, what: &str) {
+    let sampler = Sampler::new(p.clone(), device).unwrap();
+    for (batch, dim, vocab, seed) in [(9usize, 256usize, 32_000usize, 3u64), (40, 128, 50_016, 4)] {
+        let case = Case::random(p, batch, dim, vocab, seed, 8.0);
+        assert!(case.logit_bias.iter().any(Vec::is_empty) && case.logit_bias.iter().any(|r| !r.is_empty()));
+        let what = format!("{what} B={batch} D={dim} V={vocab}");
+        let gpu = case.run_with(&sampler, &KernelConfig::Cuda(config.clone())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.check(p, &gpu, &(0..batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
+fn logit_bias_is_pathwise_equal_to_the_reference_on_every_schedule() {
+    let (device, _dev) = hopper_gpu("wgmma and TMA schedules with a logit bias");
+    let p = request_bias(DType::BF16);
+    for (name, c) in schedules(&p) {
+        check_config(&device, &p, &c, name);
+    }
+    // SIMT: f32 operands.
+    let p32 = request_bias(DType::F32);
+    let mut simt = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+    simt.fit_lists(&p32);
+    check_config(&device, &p32, &simt, "simt");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_api_logit_bias_equals_the_host_api() {
+    let (device, dev) = super::gpu();
+    let p = request_bias(DType::BF16);
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let case = Case::random(&p, 12, 128, 20_000, 8, 8.0);
+    let params = case.params(&p);
+    let host = case.run(&sampler).unwrap();
+    case.check(&p, &host, &(0..12).collect::<Vec<_>>()).unwrap();
+    let plan = sampler.cuda().unwrap().plan(16, case.dim, case.vocab).unwrap();
+    let inputs = DeviceCase::upload(&dev, &p, &case, &params);
+    let mut outputs = DeviceResults::alloc(&dev, &p, case.batch);
+    let stream = dev.context().new_stream().unwrap();
+    plan.launch(&stream, inputs.inputs(&stream), outputs.outputs(&stream)).unwrap();
+    let got = outputs.read(&stream);
+    assert!(row_errors(&plan, &got.status).iter().all(Option::is_none), "{:?}", got.status);
+    assert_eq!(got.tokens, host.tokens);
+    assert_eq!(Some(&got.scores), host.scores.as_ref());
+    // A launch without the tables the pipeline declares is refused, naming them.
+    let mut missing = inputs.inputs(&stream);
+    missing.logit_bias = None;
+    let e = plan.launch(&stream, missing, outputs.outputs(&stream)).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Missing("logit_bias"))), "{e}");
+}
