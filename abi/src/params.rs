@@ -178,6 +178,8 @@ pub struct SamplingParams<'a> {
     pub row_steps: Option<&'a [u32]>,
     /// `[B]` per-row top-k / top-p / min-p, for pipelines with a `filter` transform.
     pub filter: Option<&'a [RowFilter]>,
+    /// `[B]` the token each row scores, for pipelines with `target_logprob` (each `< V`).
+    pub targets: Option<&'a [u32]>,
     /// For pipelines with a `penalties` transform.
     pub penalties: Option<PenaltyArg<'a>>,
     /// Global vocabulary index of this launch's token 0 (a tensor-parallel shard's first
@@ -220,6 +222,16 @@ pub enum ParamError {
         index: usize,
         /// The value given.
         value: f32,
+    },
+    /// A scored target token past the vocabulary.
+    #[error("target token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
+    TargetOutOfRange {
+        /// The row.
+        row: usize,
+        /// The token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
     },
     /// A per-request logit bias names a token past the vocabulary.
     #[error("logit bias token {token} of row {row} is outside the vocabulary of {vocab} tokens")]
@@ -353,6 +365,19 @@ impl SamplingParams<'_> {
             }
             (false, None) => {}
         }
+        match (pipeline.targets.is_some(), self.targets) {
+            (true, None) => return Err(ParamError::Missing("targets")),
+            (false, Some(_)) => return Err(ParamError::Unexpected("targets")),
+            (true, Some(t)) => {
+                if t.len() != batch {
+                    return Err(ParamError::Length { what: "targets", expected: batch, got: t.len() });
+                }
+                if let Some((row, &token)) = t.iter().enumerate().find(|(_, &v)| v as usize >= vocab) {
+                    return Err(ParamError::TargetOutOfRange { row, token, vocab });
+                }
+            }
+            (false, None) => {}
+        }
         match (has(|t| matches!(t, Transform::Mask { .. })), self.mask) {
             (true, None) => return Err(ParamError::Missing("mask")),
             (false, Some(_)) => return Err(ParamError::Unexpected("mask")),
@@ -481,7 +506,7 @@ impl SamplingParams<'_> {
     /// the online logsumexp of stage one otherwise (it is most of a filtered launch's extra cost).
     pub fn needs_logsumexp(&self, pipeline: &Pipeline, batch: usize) -> bool {
         let o = pipeline.outputs;
-        if o.logsumexp || o.logprob || o.top_logprobs > 0 {
+        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() {
             return true;
         }
         pipeline.filter_max_k().is_some()
@@ -670,6 +695,18 @@ mod tests {
     fn biased(rows: &[Vec<(u32, f32)>]) -> Result<(), ParamError> {
         let p = PipelineBuilder::new("L", DType::F32, DType::F32).logit_bias("lb").build().unwrap();
         SamplingParams { logit_bias: Some(rows), ..Default::default() }.validate(&p, rows.len(), 64)
+    }
+
+    #[test]
+    fn targets_are_checked_per_row() {
+        let p = PipelineBuilder::new("S", DType::F32, DType::F32).argmax().target_logprob("targets").build().unwrap();
+        let with = |t: &[u32]| SamplingParams { targets: Some(t), ..Default::default() }.validate(&p, 2, 64);
+        with(&[0, 63]).unwrap();
+        assert_eq!(with(&[0, 64]), Err(ParamError::TargetOutOfRange { row: 1, token: 64, vocab: 64 }));
+        assert_eq!(with(&[0]), Err(ParamError::Length { what: "targets", expected: 2, got: 1 }));
+        assert_eq!(SamplingParams::default().validate(&p, 2, 64), Err(ParamError::Missing("targets")));
+        let plain = PipelineBuilder::new("P", DType::F32, DType::F32).build().unwrap();
+        assert_eq!(SamplingParams { targets: Some(&[1]), ..Default::default() }.validate(&plain, 1, 64), Err(ParamError::Unexpected("targets")));
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub(crate) struct KernelArgs {
     /// What `add_logit_bias` reads; null without a logit bias.
     pub lb_table: *const LogitBiasTable,
     pub add_logit_bias: ListedQuadFn<LogitBiasTable>,
+    /// `[B]` the token each row scores and `[B]` its transformed logit, written by the tile
+    /// holding it (`-inf` when excluded); null without `target_logprob`.
+    pub targets: *const u32,
+    pub target_logits: *mut f32,
 }
 
 /// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
@@ -194,6 +198,9 @@ pub struct CpuLaunch<'a> {
     pub penalties: Option<&'a PenaltyTable>,
     /// iff the pipeline has a `logit_bias` transform (`SamplingParams::logit_bias_table`).
     pub logit_bias: Option<&'a LogitBiasTable>,
+    /// `[batch]` tokens to score (each `< vocab`) and `[batch]` where their transformed logits
+    /// go (`-inf` for an excluded target), iff the pipeline has `target_logprob`.
+    pub targets: Option<(&'a [u32], &'a mut [f32])>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
     /// `per_tile >= list_capacity()` (a longer list is the runtime's fallback for a nucleus that
     /// outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
@@ -405,6 +412,19 @@ impl CpuKernel {
             expect_len("repetition penalties", t.repetition.len(), a.batch)?;
         }
         let lb_table = checked_table(p.has_logit_bias(), a.logit_bias, "logit_bias", |t| t.values.len(), a.batch, a.vocab)?;
+        let (targets, target_logits) = match (p.targets.is_some(), a.targets) {
+            (true, Some((t, out))) => {
+                expect_len("targets", t.len(), a.batch)?;
+                expect_len("target logits", out.len(), a.batch)?;
+                if let Some((row, &v)) = t.iter().enumerate().find(|(_, &v)| v as usize >= a.vocab) {
+                    return Err(CpuCodegenError::BadArgument(format!("target {v} of row {row} is outside the vocabulary of {}", a.vocab)));
+                }
+                (t.as_ptr(), out.as_mut_ptr())
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("targets")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("targets")),
+            (false, None) => (std::ptr::null(), std::ptr::null_mut()),
+        };
         let slots = checked(a.batch, tiles, "lists")?.max(1);
         let per_tile = a.lists.as_ref().map_or(0, |l| l.len() / slots);
         let lists = match (p.list_capacity() > 0, a.lists) {
@@ -475,6 +495,8 @@ impl CpuKernel {
             lb_bits: lb_table.map_or(std::ptr::null(), |t| t.listed.bits.as_ptr()),
             lb_table: lb_table.map_or(std::ptr::null(), |t| t as *const LogitBiasTable),
             add_logit_bias: apply_quad::<LogitBiasTable>,
+            targets,
+            target_logits,
             lists,
             per_tile: per_tile as u64,
             insert: insert_quad,

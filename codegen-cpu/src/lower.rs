@@ -61,6 +61,8 @@ pub(crate) struct Plan {
     pub has_mask: bool,
     pub has_bias: bool,
     pub needs_lse: bool,
+    /// `target_logprob`: the tile holding a row's target writes its transformed logit.
+    pub targets: bool,
     /// Entries of each (row, tile) top list; 0 = no lists.
     pub list_capacity: u32,
     pub logits: LogitSource,
@@ -92,6 +94,7 @@ impl Plan {
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
+            targets: pipeline.targets.is_some(),
             list_capacity: pipeline.list_capacity(),
             logits: LogitSource::Fused,
         }
@@ -171,6 +174,8 @@ struct Launch {
     penalize: Value,
     /// `[lb_bits, lb_table, add_logit_bias]`, loaded iff the plan has [`Step::LogitBias`].
     logit_bias: Option<[Value; 3]>,
+    /// `[targets, target_logits]`, loaded iff the plan scores targets.
+    targets: Option<[Value; 2]>,
     lists: Value,
     per_tile: Value,
     insert: Value,
@@ -280,6 +285,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 self.arg(offset_of!(KernelArgs, add_logit_bias)),
             ]
         });
+        let targets = self
+            .plan
+            .targets
+            .then(|| [self.arg(offset_of!(KernelArgs, targets)), self.arg(offset_of!(KernelArgs, target_logits))]);
         let b = &mut self.b;
         let hidden_row = b.ins().ishl_imm_u(dim, 2);
         let esize = self.plan.dtype.size_bytes() as i64;
@@ -307,6 +316,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             pen_table,
             penalize,
             logit_bias,
+            targets,
             lists,
             per_tile,
             insert,
@@ -868,6 +878,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         if self.plan.needs_lse {
             self.emit_lse(l, row, x, allowed);
         }
+        if let Some(targets) = l.targets {
+            self.emit_target(q, row, x, allowed, targets);
+        }
         if self.plan.list_capacity > 0 {
             self.emit_list_update(l, q, row, x, allowed);
         }
@@ -1056,6 +1069,38 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().stack_store(I64, xs, self.call_slot, 0);
         let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
         b.ins().call_indirect(self.helper_sig, l.insert, &[list, l.per_tile, q.v, ptr]);
+        b.ins().jump(done, &[]);
+        b.switch_to_block(done);
+    }
+
+    /// Step 7b: if the row's target lies in this quad, its transformed logit (`-inf` when the
+    /// token is excluded) goes to `target_logits[row]`. Exactly one quad of the launch holds
+    /// it, so the store races with nothing.
+    fn emit_target(&mut self, q: &Quad, row: Value, x: Value, allowed: Value, [targets, target_logits]: [Value; 2]) {
+        let b = &mut self.b;
+        let row4 = b.ins().ishl_imm_u(row, 2);
+        let at = b.ins().iadd(targets, row4);
+        let target = b.ins().load(I32, input(), at, 0);
+        let v32 = b.ins().ireduce(I32, q.v);
+        let lane = b.ins().isub(target, v32);
+        let here = b.ins().icmp_imm_u(IntCC::UnsignedLessThan, lane, 4);
+        let store = b.create_block();
+        let done = b.create_block();
+        b.ins().brif(here, store, &[], done, &[]);
+
+        b.switch_to_block(store);
+        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
+        let eligible = b.ins().band(above, allowed);
+        let xs = math::select(b, eligible, x, neg_inf);
+        b.ins().stack_store(I64, xs, self.scratch_slot, 0);
+        let base = b.ins().stack_addr(I64, self.scratch_slot, 0);
+        let lane64 = b.ins().uextend(I64, lane);
+        let off = b.ins().ishl_imm_u(lane64, 2);
+        let lane_addr = b.ins().iadd(base, off);
+        let value = b.ins().load(F32, own(), lane_addr, 0);
+        let dst = b.ins().iadd(target_logits, row4);
+        b.ins().store(output(), value, dst, 0);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }

@@ -421,6 +421,20 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
     }
 
     /// Reference samples for every row.
+    /// The float64 log-probability of row `row`'s scored token (`params.targets[row]`, DESIGN.md
+    /// step 7b) given the row's reference logsumexp and its bound, and the tolerance an f32
+    /// backend's value must meet: `(-inf, 0)` for a target the pipeline excludes.
+    pub fn target_logprob(&self, row: usize, lse: f64, lse_bound: f64) -> Result<(f64, f64), ReferenceError> {
+        let rl = self.row_logits(row)?;
+        let t = self.params.targets.map_or(0, |t| t[row]) as usize;
+        let (x, b) = (rl.logits[t], rl.bounds[t]);
+        if x == f64::NEG_INFINITY {
+            return Ok((x, 0.0));
+        }
+        let want = x - lse;
+        Ok((want, b + logsumexp_tolerance(lse_bound, self.vocab) + 2.0 * U * want.abs()))
+    }
+
     pub fn sample_all(&self) -> Result<(Vec<SampleReference>, Vec<f64>), ReferenceError> {
         self.sample_rows(&(0..self.batch).collect::<Vec<_>>())
     }

@@ -160,6 +160,8 @@ impl CpuBackend {
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);
         let penalties = params.penalty_table(shape.batch, shape.vocab);
         let logit_bias = params.logit_bias_table(shape.batch, shape.vocab);
+        // Poisoned, like the candidates: every row's target lies in exactly one tile.
+        let mut target_logits = params.targets.map(|_| vec![f32::NAN; shape.batch]);
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -175,11 +177,12 @@ impl CpuBackend {
             vocab_offset: params.vocab_offset,
             penalties: penalties.as_ref(),
             logit_bias: logit_bias.as_ref(),
+            targets: params.targets.zip(target_logits.as_deref_mut()),
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
             lse: lse.as_deref_mut(),
         })?;
-        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)) })
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits })
     }
 
     /// Samples every row; a row that cannot be sampled gets its error in
@@ -209,7 +212,12 @@ impl CpuBackend {
                 per_tile = MAX_LIST_CAPACITY as usize;
                 continue;
             }
+            let target_logprobs = match (&one.target_logits, &reduced.logsumexp) {
+                (Some(t), Some(lse)) => Some(Samples::target_logprobs(t, lse, &status)),
+                _ => None,
+            };
             let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, per_tile.max(capacity));
+            samples.target_logprobs = target_logprobs;
             samples.top_logprobs = top_logprobs;
             return Ok(samples);
         }
@@ -223,6 +231,8 @@ pub(crate) struct StageOne {
     pub lse: Option<Vec<LsePartial>>,
     /// The per-tile top lists, iff the pipeline has a filter or top logprobs.
     pub lists: Option<(TopLists, Vec<Scored>)>,
+    /// `[B]` the scored targets' transformed logits, iff the pipeline has `target_logprob`.
+    pub target_logits: Option<Vec<f32>>,
 }
 
 /// A host tensor's elements widened to f32 (the CPU kernel's hidden-state format).

@@ -44,6 +44,10 @@ pub struct Samples {
     /// Per row, the `top_logprobs` most likely tokens and their log-probabilities (most likely
     /// first; shorter for a row with fewer eligible tokens, empty for a failed row), if declared.
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// Per row, the log-probability of its scored token (`SamplingParams::targets`) under the
+    /// transformed, unfiltered distribution, if the pipeline declares `target_logprob`: `-inf`
+    /// for a target the pipeline excludes, NaN for a failed row.
+    pub target_logprobs: Option<Vec<f32>>,
     /// Per row: `None` when the row was sampled, else why it was not.
     pub row_errors: Vec<Option<RowStatusError>>,
 }
@@ -104,8 +108,21 @@ impl Samples {
             logsumexp: if pipeline.outputs.logsumexp { r.logsumexp } else { None },
             logprobs,
             top_logprobs: None,
+            target_logprobs: None,
             row_errors,
         }
+    }
+
+    /// `target_logprob` (DESIGN.md step 7b) from the targets' transformed logits and the rows'
+    /// logsumexps: `x − lse` for a sampled row (`-inf − lse = -inf` for an excluded target),
+    /// NaN for a failed one.
+    pub(crate) fn target_logprobs(target_logits: &[f32], logsumexp: &[f32], status: &[RowStatus]) -> Vec<f32> {
+        target_logits
+            .iter()
+            .zip(logsumexp)
+            .zip(status)
+            .map(|((&x, &lse), st)| if *st == RowStatus::Ok { x - lse } else { f32::NAN })
+            .collect()
     }
 }
 

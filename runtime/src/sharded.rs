@@ -27,6 +27,9 @@ impl ShardedSampler {
     /// `Sampler` per rank.
     pub fn new(pipeline: Pipeline, device: &Device) -> Result<ShardedSampler> {
         pipeline.validate()?;
+        if pipeline.targets.is_some() {
+            return Err(Error::Unsupported("sharded scoring (`target_logprob`): use one Sampler over the whole vocabulary".into()));
+        }
         if pipeline.list_capacity() > 0 || pipeline.has_penalties() {
             // Their per-row token lists and per-tile candidate lists are indexed by global token;
             // the shard merge here carries one winner per shard. Tensor-parallel GPUs handle them.
@@ -91,6 +94,7 @@ impl ShardedSampler {
         }
 
         let mut out = Samples {
+            target_logprobs: None,
             batch,
             samples_per_row: samples,
             tokens: Vec::with_capacity(batch * samples),

@@ -184,6 +184,7 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
     }
     let logprobs = outputs.logprob.then(|| logits.iter().enumerate().map(|(i, l)| l - lse[i / samples]).collect());
     Ok(Samples {
+        target_logprobs: None,
         batch,
         samples_per_row: samples,
         tokens,
@@ -198,6 +199,12 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
 /// The pipeline a rank runs: the user's, also returning what the merge needs (score; per-row
 /// logsumexp and logprobs when the user wants either, from which the logit is recovered).
 pub fn shard_pipeline(pipeline: &Pipeline) -> Result<Pipeline, TpError> {
+    if pipeline.targets.is_some() {
+        return Err(TpError::Unsupported(format!(
+            "pipeline `{}`: scoring (`target_logprob`) needs the target's shard; score on one device",
+            pipeline.name
+        )));
+    }
     if pipeline.list_capacity() > 0 {
         return Err(TpError::Unsupported(format!(
             "pipeline `{}`: filters (top-k / top-p / min-p) and top_logprobs need merged candidate lists",

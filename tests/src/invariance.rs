@@ -20,6 +20,7 @@ pub struct RequestOutputs {
     pub logprobs: Option<Vec<u32>>,
     pub logsumexp: Option<u32>,
     pub top_logprobs: Option<Vec<(u32, u32)>>,
+    pub target_logprob: Option<u32>,
 }
 
 impl Pool {
@@ -55,6 +56,7 @@ impl Pool {
             frequency: pick(&c.frequency),
             history: ids.iter().map(|&r| c.history[r].clone()).collect(),
             logit_bias: ids.iter().map(|&r| c.logit_bias[r].clone()).collect(),
+            targets: ids.iter().map(|&r| c.targets[r]).collect(),
         };
         (case, ids.iter().map(|&r| self.row_seeds[r]).collect(), ids.iter().map(|&r| self.steps[r]).collect())
     }
@@ -102,6 +104,7 @@ pub fn outputs_of(out: &Samples, pos: usize) -> RequestOutputs {
         logprobs: out.logprobs.as_ref().map(|v| bits(&v[pos * s..][..s])),
         logsumexp: out.logsumexp.as_ref().map(|v| v[pos].to_bits()),
         top_logprobs: out.top_logprobs.as_ref().map(|t| t[pos].iter().map(|&(i, l)| (i, l.to_bits())).collect()),
+        target_logprob: out.target_logprobs.as_ref().map(|t| t[pos].to_bits()),
     }
 }
 

@@ -78,6 +78,8 @@ pub struct Case {
     /// a `-inf` ban, a bias large enough to move the argmax, or a small one (token 0 is never
     /// banned, so every row stays samplable).
     pub logit_bias: Vec<Vec<(u32, f32)>>,
+    /// Per row, a token to score (`target_logprob`), from its own random stream.
+    pub targets: Vec<u32>,
 }
 
 impl Case {
@@ -128,6 +130,10 @@ impl Case {
             frequency,
             history,
             logit_bias: random_logit_bias(seed, batch, vocab, logit_std),
+            targets: {
+                let mut rng = StdRng::seed_from_u64(seed ^ 0x7461_7267_6574);
+                (0..batch).map(|_| rng.random_range(0..vocab as u32)).collect()
+            },
         }
     }
 
@@ -145,6 +151,7 @@ impl Case {
             seed: self.seed,
             filter: pipeline.filter_max_k().map(|_| &self.filters[..]),
             logit_bias: pipeline.has_logit_bias().then_some(&self.logit_bias[..]),
+            targets: pipeline.targets.is_some().then_some(&self.targets[..]),
             penalties: pipeline.has_penalties().then_some(PenaltyArg {
                 repetition: &self.repetition,
                 presence: &self.presence,
@@ -267,6 +274,13 @@ impl Case {
             if let Some(top) = &samples.top_logprobs {
                 self.check_top_logprobs(&problem, row, &top[row], lses[i], refs[i * s].lse_bound)?;
             }
+            if let Some(got) = &samples.target_logprobs {
+                let (want, tol) = problem.target_logprob(row, lses[i], refs[i * s].lse_bound).map_err(|e| e.to_string())?;
+                let ok = if want == f64::NEG_INFINITY { got[row] == f32::NEG_INFINITY } else { (f64::from(got[row]) - want).abs() <= tol };
+                if !ok {
+                    return Err(format!("row {row}: target {} logprob {} vs reference {want} (tolerance {tol})", self.targets[row], got[row]));
+                }
+            }
             if let Some(lse) = &samples.logsumexp {
                 let tol = logsumexp_tolerance(refs[i * s].lse_bound, self.vocab);
                 if (f64::from(lse[row]) - lses[i]).abs() > tol {
@@ -329,6 +343,7 @@ impl Case {
             frequency: self.frequency[..b].to_vec(),
             history: self.history[..b].to_vec(),
             logit_bias: self.logit_bias[..b].to_vec(),
+            targets: self.targets[..b].to_vec(),
         }
     }
 

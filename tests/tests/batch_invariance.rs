@@ -24,6 +24,7 @@ fn pipelines() -> Vec<Pipeline> {
             .build()
             .unwrap(),
         b("Greedy").mask("allowed").softcap(20.0).argmax().outputs(ALL).build().unwrap(),
+        b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
     ]
 }
 

@@ -25,6 +25,7 @@ impl PipelineBuilder {
                 transforms: Vec::new(),
                 sampler: Sampler::GumbelMax { seed: "seed".into(), samples: 1 },
                 outputs: Outputs::default(),
+                targets: None,
             },
         }
     }
@@ -101,6 +102,13 @@ impl PipelineBuilder {
     /// Samples `samples` tokens per row by Gumbel-max with the launch seed `seed` (the default, 1 sample).
     pub fn gumbel(mut self, seed: &str, samples: u32) -> Self {
         self.pipeline.sampler = Sampler::GumbelMax { seed: seed.into(), samples };
+        self
+    }
+
+    /// Scores the given tokens: each row reports the log-probability of `targets[r]`
+    /// (`Samples::target_logprobs`). Pair it with `argmax()` to score without sampling.
+    pub fn target_logprob(mut self, targets: &str) -> Self {
+        self.pipeline.targets = Some(targets.into());
         self
     }
 

@@ -183,6 +183,11 @@ pub struct Pipeline {
     pub sampler: Sampler,
     /// Extra outputs.
     pub outputs: Outputs,
+    /// Scoring given tokens (`target_logprob(logits, NAME)`): the `[B]` u32 operand naming
+    /// one token per row, whose log-probability under the transformed distribution each row
+    /// reports (prompt logprobs, reward scoring, a speculative target's probabilities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<String>,
 }
 
 impl Pipeline {
@@ -225,7 +230,7 @@ impl Pipeline {
 
     /// Whether the kernel must accumulate the row's online logsumexp.
     pub fn needs_logsumexp(&self) -> bool {
-        self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0
+        self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0 || self.targets.is_some()
     }
 
     /// Whether the pipeline has per-request logit biases.

@@ -10,6 +10,7 @@
 //!   logits = mask(logits, allowed)
 //!   logits = softcap(logits, 30)
 //!   sample = gumbel_max(logits, seed, samples=1)
+//!   score = target_logprob(logits, targets)     // optional: score given tokens
 //!   outputs(score, logsumexp)
 //! ```
 
@@ -66,6 +67,9 @@ impl fmt::Display for Pipeline {
                 writeln!(f, "  sample = gumbel_max(logits, {seed}, samples={samples})")?
             }
             Sampler::Argmax => writeln!(f, "  sample = argmax(logits)")?,
+        }
+        if let Some(targets) = &self.targets {
+            writeln!(f, "  score = target_logprob(logits, {targets})")?;
         }
         let o = self.outputs;
         let mut names: Vec<String> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
@@ -210,6 +214,7 @@ impl Pipeline {
         let mut transforms = Vec::new();
         let mut sampler = None;
         let mut outputs = Outputs::default();
+        let mut targets: Option<String> = None;
         for line in lines {
             let t = line.text;
             if let Some(rhs) = t.strip_prefix("logits = ") {
@@ -269,6 +274,15 @@ impl Pipeline {
                         .ok_or(ParseError::Syntax { line: line.number, message: "expected `samples=N`".into() })?;
                     Sampler::GumbelMax { seed: seed.to_string(), samples }
                 });
+            } else if let Some(rhs) = t.strip_prefix("score = ") {
+                if targets.is_some() {
+                    return line.err("a pipeline scores one operand of targets");
+                }
+                let args = line.call(rhs, "target_logprob")?;
+                let ["logits", operand] = args.as_slice() else {
+                    return line.err("expected `target_logprob(logits, TARGETS)`");
+                };
+                targets = Some(operand.to_string());
             } else if t.starts_with("outputs") {
                 for o in line.call(t, "outputs")? {
                     match o {
@@ -294,6 +308,7 @@ impl Pipeline {
             transforms,
             sampler: sampler.ok_or_else(|| missing("sampler (`sample = ...`)"))?,
             outputs,
+            targets,
         };
         pipeline.validate()?;
         Ok(pipeline)
@@ -323,6 +338,7 @@ mod tests {
         for p in [
             qwen(),
             PipelineBuilder::new("G", DType::F16, DType::F32).temperature_const(0.7).argmax().build().unwrap(),
+            PipelineBuilder::new("Score", DType::BF16, DType::BF16).temperature_const(0.7).argmax().target_logprob("targets").build().unwrap(),
             PipelineBuilder::new("S", DType::F32, DType::BF16).temperature_scalar("t").build().unwrap(),
         ] {
             let text = p.to_string();

@@ -14,6 +14,8 @@ pub enum Location {
     Transform(usize),
     /// The sampler.
     Sampler,
+    /// The scored targets (`target_logprob`).
+    Targets,
 }
 
 /// Why a pipeline is invalid.
@@ -243,6 +245,10 @@ impl Pipeline {
             if *samples == 0 || *samples > MAX_SAMPLES_PER_ROW {
                 return Err(IrError::InvalidSampleCount { samples: *samples });
             }
+        }
+        if let Some(targets) = &self.targets {
+            name_ok(targets, Location::Targets)?;
+            claim(targets, Location::Targets)?;
         }
         if self.outputs.top_logprobs > MAX_LIST_CAPACITY {
             return Err(IrError::InvalidTopLogprobs { n: self.outputs.top_logprobs });

@@ -132,6 +132,13 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         params.push(quote!(#op: #ty));
         docs.push(format!("- `{op}`: {doc}"));
     }
+    let mut targets = none.clone();
+    if let Some(t) = &l.targets {
+        let op = &t.operand;
+        targets = quote!(::core::option::Option::Some(#op));
+        params.push(quote!(#op: &[::core::primitive::u32]));
+        docs.push(format!("- `{op}`: `[{b}]` the token to score in each row (its logprob is `target_logprobs`)"));
+    }
     // Every field the pipeline's transforms decide; the seed fields differ between `sample`
     // and `sample_with_seeds`, and `vocab_offset` (sharding) is left to `ShardedSampler`.
     let fields = quote! {
@@ -142,6 +149,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         filter: #filter,
         penalties: #penalties,
         logit_bias: #logit_bias,
+        targets: #targets,
     };
     let o = p.outputs;
     let mut returned = vec!["`tokens`".to_string()];
@@ -152,6 +160,9 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     }
     if o.top_logprobs > 0 {
         returned.push(format!("`top_logprobs` (the {} most likely tokens of each row)", o.top_logprobs));
+    }
+    if p.targets.is_some() {
+        returned.push("`target_logprobs`".to_string());
     }
     let returns = format!("Returns `Samples` with {}.", returned.join(", "));
     let sample_doc = |docs: &[String]| {

@@ -68,6 +68,14 @@ pub struct Lowered<'a> {
     pub transforms: Vec<TransformSrc>,
     pub sampler: SamplerSrc,
     pub outputs: Option<OutputsSrc>,
+    /// Where `score = target_logprob(logits, targets[B]);` was written, if it was.
+    pub targets: Option<TargetsSrc>,
+}
+
+/// Where the scored targets were written.
+pub struct TargetsSrc {
+    /// The operand's name as written.
+    pub operand: Ident,
 }
 
 /// Where `outputs(...)` was written.
@@ -122,6 +130,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     let mut srcs = Vec::new();
     let mut sampler: Option<(Sampler, SamplerSrc)> = None;
     let mut outputs: Option<(Outputs, OutputsSrc)> = None;
+    let mut targets: Option<TargetsSrc> = None;
     for stmt in &def.stmts {
         let range = stmt.range();
         match stmt {
@@ -191,9 +200,28 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     sampler_seen = true;
                 }
             },
+            Stmt::Assign { target, expr, .. } if target == "score" => {
+                if !sampler_seen {
+                    errors.push(range.error("`score = target_logprob(...)` comes after the sampler"));
+                } else if outputs.is_some() {
+                    errors.push(range.error("`score = target_logprob(...)` comes before `outputs(...)`"));
+                }
+                if targets.is_some() {
+                    errors.push(range.error("a pipeline scores one operand: one `score = target_logprob(logits, targets[B]);`"));
+                }
+                match lower_targets(expr, range, &dims) {
+                    Ok(t) => {
+                        targets.get_or_insert(t);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
             Stmt::Assign { target, .. } => errors.push(syn::Error::new_spanned(
                 target,
-                format!("cannot assign `{target}`: statements assign `logits` (matmul, transforms) or `sample` (the sampler)"),
+                format!(
+                    "cannot assign `{target}`: statements assign `logits` (matmul, transforms), `sample` (the sampler) \
+                     or `score` (`target_logprob`)"
+                ),
             )),
             Stmt::Call { call, .. } if call.func == "outputs" => {
                 if !sampler_seen {
@@ -252,12 +280,14 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             transforms,
             sampler,
             outputs,
+            targets: targets.as_ref().map(|t| t.operand.to_string()),
         },
         hidden,
         weights,
         transforms: srcs,
         sampler: sampler_src,
         outputs: outputs_src,
+        targets,
     };
     match lowered.pipeline.validate() {
         Ok(()) => Ok(lowered),
@@ -321,6 +351,24 @@ fn check_matmul(c: &Call, hidden: &OperandDecl, weights: &OperandDecl) -> syn::R
 }
 
 /// Checks `name[dims]` against the expected symbolic shape.
+/// `target_logprob(logits, targets[B])`: the scored tokens, one per row.
+fn lower_targets(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<TargetsSrc> {
+    const USAGE: &str = "`score = target_logprob(logits, targets[B]);`";
+    let Expr::Call(c) = expr else {
+        return Err(stmt.error(format!("`score = ...` takes {USAGE}")));
+    };
+    if c.func != "target_logprob" {
+        return Err(syn::Error::new_spanned(&c.func, format!("unknown scoring op `{}`: {USAGE}", c.func)));
+    }
+    let args: Vec<&Arg> = c.args.iter().collect();
+    let [first, arg] = args.as_slice() else {
+        return Err(c.range().error(format!("`target_logprob` takes two arguments: {USAGE}")));
+    };
+    expect_logits(first, "target_logprob")?;
+    let operand = check_shape(arg, "the token to score in each row (one u32 per row)", "targets[B]", &[&dims.batch])?;
+    Ok(TargetsSrc { operand })
+}
+
 fn check_shape(arg: &Arg, what: &str, example: &str, expected: &[&Option<String>]) -> syn::Result<Ident> {
     let (name, bracket, dims) = match arg {
         Arg::Indexed { name, bracket, dims } => (name, bracket, dims),
@@ -679,6 +727,7 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
             Location::Weights => in_decl(l.weights, name),
             Location::Transform(i) => transform(i).map_or(l.sampler.stmt, |t| t.operand.as_ref().map_or(t.stmt, ident)),
             Location::Sampler => l.sampler.seed.as_ref().map_or(l.sampler.stmt, ident),
+            Location::Targets => l.targets.as_ref().map_or(l.sampler.stmt, |t| ident(&t.operand)),
         },
     }
 }

@@ -868,3 +868,14 @@ fn top_logprobs_errors() {
         Some(("entropy = 5", 0)),
     );
 }
+
+#[test]
+fn target_logprob_matches_the_builder_and_takes_the_targets() {
+    let src = CHAT.replace("outputs(logprob, top_logprobs = 5);", "score = target_logprob(logits, targets[B]);\n        outputs(logprob, top_logprobs = 5);");
+    let want = chat_builder().target_logprob("targets");
+    assert_eq!(ir(&src), want.build().unwrap());
+    let out = pretty(expand(tokens(&src)).unwrap());
+    assert!(signature(&out, "sample").contains("targets: &[::core::primitive::u32]"), "{out}");
+    assert!(out.contains("targets: ::core::option::Option::Some(targets)"), "{out}");
+    assert!(out.contains("`target_logprobs`"), "{out}");
+}

@@ -1,0 +1,89 @@
+//! Scoring given tokens (`target_logprob`, DESIGN.md step 7b) on the CPU: each row's
+//! target logprob against the float64 reference, with and without sampling, transforms and
+//! masks; an excluded target is `-inf`; bad targets are typed errors; the `[rows, V]` logits
+//! are never materialized (the kernel writes one f32 per row).
+
+use flashsample::{Device, Error, ParamError, Sampler, SamplingParams};
+use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_tests::Case;
+
+fn scorer() -> Pipeline {
+    PipelineBuilder::new("Scorer", DType::BF16, DType::BF16)
+        .logit_bias("logit_bias")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .softcap(25.0)
+        .argmax()
+        .target_logprob("targets")
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 5 })
+        .build()
+        .unwrap()
+}
+
+fn sampling_scorer() -> Pipeline {
+    PipelineBuilder::new("SampleAndScore", DType::BF16, DType::BF16)
+        .penalties("pen")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .gumbel("seed", 2)
+        .target_logprob("targets")
+        .outputs(Outputs { score: true, logsumexp: false, logprob: true, top_logprobs: 0 })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn target_logprobs_match_the_reference() {
+    for p in [scorer(), sampling_scorer()] {
+        let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+        for (batch, vocab) in [(1, 1001), (37, 2999), (300, 4093)] {
+            let mut case = Case::random(&p, batch, 64, vocab, 41, 5.0);
+            // Score the rows' own argmax too (the engine's "is the draft the greedy token?").
+            let argmax = Sampler::new(PipelineBuilder::new("A", DType::BF16, DType::BF16).argmax().build().unwrap(), &Device::cpu()).unwrap();
+            let greedy = argmax.sample(case.hidden.tensor(), case.weights.tensor(), &SamplingParams::default()).unwrap();
+            for r in (0..batch).step_by(3) {
+                case.targets[r] = greedy.tokens[r];
+            }
+            let got = case.run(&sampler).unwrap();
+            let t = got.target_logprobs.as_ref().expect("target logprobs");
+            assert_eq!(t.len(), batch);
+            case.check(&p, &got, &(0..batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{} B={batch} V={vocab}: {e}", p.name));
+            assert!(t.iter().all(|&l| l <= 0.0 || l.is_nan()), "{t:?}");
+        }
+    }
+}
+
+#[test]
+fn an_excluded_target_scores_minus_infinity_and_the_row_still_samples() {
+    let p = scorer();
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let mut case = Case::random(&p, 4, 32, 509, 5, 3.0);
+    // Every row scores its own argmax (always allowed), except row 2, whose target is masked.
+    case.targets = case.run(&sampler).unwrap().tokens;
+    case.targets[2] = (case.targets[2] + 1) % 509;
+    let words = 509usize.div_ceil(32);
+    let target = case.targets[2];
+    case.mask[2 * words + target as usize / 32] &= !(1 << (target % 32));
+    let got = case.run(&sampler).unwrap();
+    let t = got.target_logprobs.unwrap();
+    assert_eq!(t[2], f32::NEG_INFINITY);
+    assert!(t[0].is_finite() && t[1].is_finite() && t[3].is_finite(), "{t:?}");
+    assert!(got.row_errors.iter().all(Option::is_none));
+}
+
+#[test]
+fn bad_targets_are_typed_errors() {
+    let p = scorer();
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let mut case = Case::random(&p, 3, 16, 100, 9, 1.0);
+    case.targets[1] = 100;
+    match case.run(&sampler) {
+        Err(Error::Param(ParamError::TargetOutOfRange { row: 1, token: 100, vocab: 100 })) => {}
+        other => panic!("{other:?}"),
+    }
+    let params = SamplingParams { targets: None, ..case.params(&p) };
+    match sampler.sample(case.hidden.tensor(), case.weights.tensor(), &params) {
+        Err(Error::Param(ParamError::Missing("targets"))) => {}
+        other => panic!("{other:?}"),
+    }
+}
