@@ -166,6 +166,11 @@ kernel_params! {
         lb_tokens: ConstPtr,
         /// `f32` per-entry bias (finite or -inf) or 0.
         lb_values: ConstPtr,
+        /// `u32 [B]` the token each row scores (`target_logprob`) or 0.
+        targets: ConstPtr,
+        /// `f32 [B]`: the tile holding row r's target writes its transformed logit (`-inf`
+        /// when excluded) at r; stage two turns it into the logprob in place. 0 without targets.
+        target_logprobs: MutPtr,
     }
 }
 
@@ -189,6 +194,9 @@ kernel_params! {
         out_lse: MutPtr,
         /// `u32 [B]` (`abi::RowStatus` codes).
         out_status: MutPtr,
+        /// Stage one's `f32 [B]` target logits, turned in place into `x − lse` (NaN for a
+        /// failed row), or 0.
+        target_logprobs: MutPtr,
     }
 }
 

@@ -231,6 +231,17 @@ pub(crate) fn emit() -> String {
                 let r64 = f.zext64(&row);
                 let a = f.gaddr("%out_lse", &r64, 4);
                 f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
+                // Step 7b: the target's logit becomes its logprob (NaN for a failed row).
+                let has_targets = f.v("icmp ne ptr addrspace(1) %target_logprobs, null");
+                f.if_then(&has_targets, |f| {
+                    let a = f.gaddr("%target_logprobs", &r64, 4);
+                    let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                    let lp = f.fsub(&x, &l);
+                    let st = f.get(&status);
+                    let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
+                    let lp = f.sel("float", &ok, &lp, "0x7FF8000000000000");
+                    f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+                });
             });
         });
     });

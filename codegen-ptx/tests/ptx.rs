@@ -135,7 +135,7 @@ fn stage1_has_the_design_parameter_list() {
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
             ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u64", ".u64", ".u64"
+            ".u64", ".u64", ".u64", ".u64", ".u64"
         ]
     );
     // The table the runtime pushes from is the one the header came from.
@@ -150,7 +150,7 @@ fn stage1_has_the_design_parameter_list() {
         .collect();
     assert_eq!(
         types,
-        [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64"]
+        [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"]
     );
 }
 
@@ -848,7 +848,15 @@ fn ptxas_accepts_every_schedule() {
     std::fs::create_dir_all(&dir).unwrap();
     let h200 = GpuLimits::H200;
     let mut configs: Vec<(Pipeline, GpuConfig)> = Vec::new();
-    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32)] {
+    let scorer = PipelineBuilder::new("Scorer", DType::BF16, DType::BF16)
+        .temperature_per_row("t")
+        .mask("allowed")
+        .argmax()
+        .target_logprob("targets")
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 5 })
+        .build()
+        .unwrap();
+    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32), scorer] {
         for (d, v) in [(4096, 151_936), (8192, 128_256)] {
             for batch in [1, 8, 33, 64, 128, 256, 512] {
                 configs.push((p.clone(), GpuConfig::heuristic(&p, batch, d, v, &h200)));

@@ -50,6 +50,10 @@ struct Args {
     /// Skip torch.compile (its first call per batch compiles for tens of seconds).
     #[arg(long)]
     no_compile: bool,
+    /// The fused pipeline also returns the logprob and the row logsumexp (the exact logsumexp
+    /// accumulation's cost; the peers are unchanged).
+    #[arg(long)]
+    logprobs: bool,
 }
 
 const TOP_K: usize = 50;
@@ -261,12 +265,15 @@ fn main() -> flashsample::Result<()> {
     if args.filter {
         pipeline = pipeline.filter("filter", 64);
     }
+    if args.logprobs {
+        pipeline = pipeline.outputs(flashsample_ir::Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 0 });
+    }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
         "device {}, V = {}, bf16, T = 0.7{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
-        if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
+        format!("{}{}", if args.filter { ", top-k 50 + top-p 0.9" } else { "" }, if args.logprobs { ", + logprob and logsumexp" } else { "" }),
         args.reps
     );
     let peers_wanted = !args.no_peers && !args.filter;

@@ -68,6 +68,9 @@ impl Gen<'_> {
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
         let cols = self.columns(f, it, &t2);
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
+        if self.p.targets.is_some() {
+            self.store_targets(f, it, &cols, &t);
+        }
         if self.c.list_per_tile > 0 {
             self.list_epilogue(f, th, it, &t.x);
         }
@@ -253,6 +256,39 @@ impl Gen<'_> {
         }
 
         Transformed { x, nonfinite, quad_base }
+    }
+
+    /// Step 7b: the thread holding a row's target token stores its transformed logit (`-inf`
+    /// when excluded) at `target_logprobs[row]`; one thread of the launch holds each.
+    fn store_targets(&self, f: &mut Func, it: &Item, cols: &[Col], t: &Transformed) {
+        let has = f.v("icmp ne ptr addrspace(1) %targets, null");
+        for (ci, cl) in cols.iter().enumerate() {
+            let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+            let row = f.add(&it.b0, &cl.col);
+            let row_ok = f.ult(&row, "%batch");
+            let ok = f.and1(&row_ok, &has);
+            f.if_then(&ok, |f| {
+                let r64 = f.zext64(&row);
+                let a = f.gaddr("%targets", &r64, 4);
+                let target = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                let mut found = "false".to_string();
+                let mut value = NEG_INF.to_string();
+                for q in 0..self.quads {
+                    for o in 0..4 {
+                        let v = f.add(&t.quad_base[q as usize], &o.to_string());
+                        let hit = f.v(format!("icmp eq i32 {v}, {target}"));
+                        value = f.sel("float", &hit, &t.x[self.acc_index(q, o, n, j)], &value);
+                        found = f.v(format!("or i1 {found}, {hit}"));
+                    }
+                }
+                f.if_then(&found, |f| {
+                    let live = f.v(format!("fcmp ogt float {value}, {NEG_INF}"));
+                    let value = f.sel("float", &live, &value, NEG_INF);
+                    let a = f.gaddr("%target_logprobs", &r64, 4);
+                    f.s(format!("store float {value}, ptr addrspace(1) {a}, align 4"));
+                });
+            });
+        }
     }
 
     /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.

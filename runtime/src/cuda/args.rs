@@ -232,6 +232,8 @@ pub struct DeviceInputs<'a> {
     pub penalties: Option<DevicePenalties<'a>>,
     /// The per-request logit biases, iff the pipeline has `logit_bias`.
     pub logit_bias: Option<DeviceLogitBias<'a>>,
+    /// `[B]` the token each row scores (each `< V`), iff the pipeline has `target_logprob`.
+    pub targets: Option<DeviceIn<'a, u32>>,
 }
 
 impl<'a> DeviceInputs<'a> {
@@ -250,6 +252,7 @@ impl<'a> DeviceInputs<'a> {
             filters: None,
             penalties: None,
             logit_bias: None,
+            targets: None,
         }
     }
 }
@@ -274,11 +277,15 @@ pub struct DeviceOutputs<'a> {
     /// `[B, top_logprobs]` most likely tokens per row as `Scored { logit: logprob, index }`,
     /// padded with `index = abi::INDEX_NONE` (pipelines with `top_logprobs`).
     pub top_logprobs: Option<DeviceOut<'a, Scored>>,
+    /// `[B]` each row's target logprob (`-inf` for an excluded target; NaN for a row stage two
+    /// fails, unspecified for a row whose status is not ok); required iff the pipeline has
+    /// `target_logprob`.
+    pub target_logprobs: Option<DeviceOut<'a, f32>>,
 }
 
 impl<'a> DeviceOutputs<'a> {
     /// Tokens and status only.
     pub fn new(tokens: DeviceOut<'a, u32>, status: DeviceOut<'a, u32>) -> Self {
-        DeviceOutputs { tokens, status, scores: None, logits: None, logsumexp: None, logprobs: None, top_logprobs: None }
+        DeviceOutputs { tokens, status, scores: None, logits: None, logsumexp: None, logprobs: None, top_logprobs: None, target_logprobs: None }
     }
 }

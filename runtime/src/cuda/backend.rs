@@ -101,6 +101,8 @@ struct HostBufs {
     filters: Buf,
     penalties: [Buf; 5],
     logit_bias: [Buf; 4],
+    targets: Buf,
+    target_logprobs: Buf,
     tokens: Buf,
     status: Buf,
     scores: Buf,
@@ -122,6 +124,7 @@ struct Readback {
     status: Vec<RowStatus>,
     reduced: RowResult,
     top: Option<Vec<Scored>>,
+    target_logprobs: Option<Vec<f32>>,
 }
 
 impl CudaSampler {
@@ -306,6 +309,11 @@ impl CudaSampler {
             }
             None => [0; 4],
         };
+        let targets = match params.targets {
+            Some(t) => up(&mut bufs.targets, bytes_of(t))?,
+            None => 0,
+        };
+        let target_logprobs = if targets != 0 { bufs.target_logprobs.ensure(dev, shape.batch * 4)? } else { 0 };
         let n = shape.batch * p.samples_per_row() as usize;
         let top_n = p.outputs.top_logprobs as usize;
         let args = Args {
@@ -322,6 +330,8 @@ impl CudaSampler {
             filters,
             penalties,
             logit_bias,
+            targets,
+            target_logprobs,
             tokens: bufs.tokens.ensure(dev, n * 4)?,
             status: bufs.status.ensure(dev, shape.batch * 4)?,
             scores: bufs.scores.ensure(dev, n * 4)?,
@@ -356,6 +366,12 @@ impl CudaSampler {
             }
             let top_n = self.pipeline.outputs.top_logprobs as usize;
             let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize);
+            // Stage two turned the targets' logits into logprobs; a row stage three failed
+            // (list errors) gets NaN here too, as on the CPU.
+            samples.target_logprobs = r.target_logprobs.map(|mut t| {
+                t.iter_mut().zip(&r.status).filter(|(_, st)| **st != RowStatus::Ok).for_each(|(x, _)| *x = f32::NAN);
+                t
+            });
             samples.top_logprobs = r.top.map(|top| {
                 top.chunks(top_n.max(1))
                     .take(shape.batch)
@@ -398,6 +414,8 @@ impl CudaSampler {
         let logsumexp = if up.args.logsumexp != 0 { Some(from_bytes::<f32>(&bufs.logsumexp.download(dev, shape.batch * 4)?)) } else { None };
         let top_n = self.pipeline.outputs.top_logprobs as usize;
         let top = if up.args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
+        let target_logprobs =
+            if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         drop(up);
         let status = status
@@ -405,7 +423,7 @@ impl CudaSampler {
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.

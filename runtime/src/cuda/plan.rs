@@ -84,6 +84,10 @@ pub(crate) struct Args {
     pub penalties: [u64; 5],
     /// lb_bits, lb_offsets, lb_tokens, lb_values (0 without a logit bias).
     pub logit_bias: [u64; 4],
+    /// `[B]` scored tokens and `[B]` their logprobs (stage one writes the logits there, stage
+    /// two turns them into logprobs), 0 without `target_logprob`.
+    pub targets: u64,
+    pub target_logprobs: u64,
     pub tokens: u64,
     pub status: u64,
     pub scores: u64,
@@ -321,6 +325,13 @@ impl SamplingPlan {
         if top != 0 && top_n == 0 {
             return Err(ParamError::Unexpected("top logprobs output (the pipeline declares none)").into());
         }
+        let scored = p.targets.is_some();
+        let targets = expect_in("targets", scored, i.targets.as_ref().map(|t| (t.address(), t.len())), b)?;
+        let target_logprobs = match (scored, o.target_logprobs.as_ref().map(|t| (t.address(), t.len()))) {
+            (true, None) => return Err(ParamError::Missing("target_logprobs output").into()),
+            (false, Some(_)) => return Err(ParamError::Unexpected("target_logprobs output (the pipeline scores no targets)").into()),
+            (_, buf) => out("target logprobs", buf, b)?,
+        };
         Ok(Args {
             shape,
             hidden: i.hidden.ptr,
@@ -335,6 +346,8 @@ impl SamplingPlan {
             filters,
             penalties,
             logit_bias,
+            targets,
+            target_logprobs,
             tokens,
             status,
             scores,
@@ -422,6 +435,8 @@ impl SamplingPlan {
             lb_offsets: a.logit_bias[1],
             lb_tokens: a.logit_bias[2],
             lb_values: a.logit_bias[3],
+            targets: a.targets,
+            target_logprobs: a.target_logprobs,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
@@ -454,6 +469,7 @@ impl SamplingPlan {
             out_logits: logits,
             out_lse: row_lse,
             out_status: a.status,
+            target_logprobs: a.target_logprobs,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);

@@ -15,6 +15,7 @@ fn pipelines() -> Vec<Pipeline> {
     let b = |name| PipelineBuilder::new(name, DType::BF16, DType::BF16);
     vec![
         b("Plain").temperature_per_row("t").bias("bias").mask("allowed").gumbel("seed", 2).outputs(ALL).build().unwrap(),
+        b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
         b("Serving").logit_bias("logit_bias").penalties("pen").temperature_per_row("t").mask("allowed").filter("filter", 8).gumbel("seed", 1).outputs(ALL).build().unwrap(),
     ]
 }

@@ -10,13 +10,14 @@
 //! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
 //! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
 //! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`), extreme parameter
-//! values (`robust`) and batch invariance (`invariance`).
+//! values (`robust`), batch invariance (`invariance`) and scoring given tokens (`scoring`).
 
 mod device_api;
 mod graphs;
 mod invariance;
 mod logit_bias;
 mod robust;
+mod scoring;
 
 use flashsample::{
     bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, ListError, Matrix, RowError, RowFilter,
