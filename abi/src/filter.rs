@@ -12,8 +12,13 @@
 //! ranks strictly before the `need`-th selected token; that case is detected ([`ListError::Overflow`]) and the runtime reruns with
 //! `per_tile = capacity`. A row that sets no top-k but a top-p / min-p whose nucleus does not fit
 //! in the lists fails with [`ListError::NucleusTooLarge`], never a wrong sample; the runtimes
-//! then rerun once with lists of `flashsample_ir::MAX_LIST_CAPACITY` entries (exact, slower)
-//! and only a nucleus beyond that reaches the caller as an error.
+//! then serve that row alone exactly: they recompute its logits with lists holding whole tiles,
+//! take its whole sorted vocabulary ([`whole_row`]) and cut it with `complete = true`, the same
+//! [`survivors`] and [`draw`] as any list (DESIGN.md step 9 "Exact nucleus").
+//!
+//! Sums of masses run in the blocked order of [`BlockedMass`]: sequential inside blocks of
+//! [`SUM_BLOCK`] entries, so a list of at most `SUM_BLOCK` entries is summed strictly in order,
+//! and a whole vocabulary's blocks can be summed in parallel with the same f32 result.
 //!
 //! Order of the filters is vLLM's: top-k, min-p (which commutes with top-k: it compares with
 //! the maximum), then top-p on the probabilities renormalized over what is left. Every f32 step
@@ -101,9 +106,9 @@ pub enum ListError {
     },
     /// A top-p / min-p nucleus past the lists' capacity (status 4).
     #[error(
-        "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, more than the fused \
-         filter's candidate lists hold (max_k, and the runtime's fallback of {max}); set a top-k for the row",
-        max = flashsample_ir::MAX_LIST_CAPACITY
+        "row {row}: its top-p / min-p nucleus has more than the {capacity} tokens the candidate lists \
+         hold; `Sampler::sample` serves such a row exactly, a device-API plan reports it (serve the \
+         row on the host API, or set a top-k for it)"
     )]
     NucleusTooLarge {
         /// The row.
@@ -113,11 +118,12 @@ pub enum ListError {
     },
 }
 
-/// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
-/// Shorter than `need` exactly when the row has fewer eligible tokens.
-pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize) -> Result<Vec<Scored>, ListError> {
+/// Every entry of a row's lists, in list order (padding dropped). For lists that hold whole
+/// tiles this is the row's whole eligible vocabulary, sorted: the exact nucleus path's `top`.
+pub fn whole_row(row_lists: &[Scored]) -> Vec<Scored> {
     let mut all: Vec<Scored> = row_lists.iter().copied().filter(|s| !s.is_empty()).collect();
-    all.sort_by(|a, b| {
+    // Distinct indices make the order total, so the unstable sort is deterministic.
+    all.sort_unstable_by(|a, b| {
         if a.ranks_before(b) {
             std::cmp::Ordering::Less
         } else if b.ranks_before(a) {
@@ -126,6 +132,56 @@ pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize)
             std::cmp::Ordering::Equal
         }
     });
+    all
+}
+
+/// Entries per block of a [`BlockedMass`] sum: the largest list, so every list of
+/// `flashsample_ir::MAX_LIST_CAPACITY` entries or fewer is summed strictly in order.
+pub const SUM_BLOCK: usize = flashsample_ir::MAX_LIST_CAPACITY as usize;
+
+/// The running f32 sum of a sorted list's masses in the one order every backend uses: entries
+/// are added in order inside blocks of [`SUM_BLOCK`]; a block's sum starts at `+0` and is added
+/// to the total of the blocks before it when the block is full. The prefix before entry `j` is
+/// `done + block`, so a parallel backend gives the same f32 values from per-block sums (one
+/// thread per block) and a sequential scan of the block totals.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockedMass {
+    /// Sum of the completed blocks, in block order.
+    done: f32,
+    /// Sum of the current block's entries so far.
+    block: f32,
+    /// Entries in the current block.
+    in_block: usize,
+}
+
+impl BlockedMass {
+    /// The mass of every entry added so far (`done + block`; exactly `block` in the first block).
+    pub fn total(&self) -> f32 {
+        self.done + self.block
+    }
+
+    /// Adds the next entry's mass.
+    pub fn add(&mut self, mass: f32) {
+        self.block += mass;
+        self.in_block += 1;
+        if self.in_block == SUM_BLOCK {
+            self.done += self.block;
+            self.block = 0.0;
+            self.in_block = 0;
+        }
+    }
+}
+
+/// How many f32 additions separate any prefix sum of an `n`-entry list from its terms in the
+/// [`BlockedMass`] order: the depth the reference's error bound on the top-p cut scales with.
+pub fn blocked_sum_depth(n: usize) -> usize {
+    n.min(SUM_BLOCK) + n / SUM_BLOCK
+}
+
+/// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
+/// Shorter than `need` exactly when the row has fewer eligible tokens.
+pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize) -> Result<Vec<Scored>, ListError> {
+    let mut all = whole_row(row_lists);
     all.truncate(need);
     if per_tile < need {
         if let Some(last) = all.last() {
@@ -170,38 +226,29 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
         bounded = true;
     }
     if f.top_p < 1.0 {
-        if bounded {
+        // Masses relative to the list's maximum when the set is bounded (renormalized over
+        // it), else to the row's full logsumexp.
+        let (base, cut) = if bounded {
             let m = top[0].logit;
-            let mut total = 0.0f32;
-            for s in &top[..n] {
-                total += exp_f32(s.logit - m);
-            }
-            let cut = f.top_p * total;
-            let mut cum = 0.0f32;
-            let mut kept = 0;
-            for s in &top[..n] {
-                if kept > 0 && cum >= cut {
-                    break;
-                }
-                cum += exp_f32(s.logit - m);
-                kept += 1;
-            }
-            n = kept;
+            let mut total = BlockedMass::default();
+            top[..n].iter().for_each(|s| total.add(exp_f32(s.logit - m)));
+            (m, f.top_p * total.total())
         } else {
-            let mut cum = 0.0f32;
-            let mut kept = 0;
-            for s in &top[..n] {
-                if kept > 0 && cum >= f.top_p {
-                    break;
-                }
-                cum += exp_f32(s.logit - lse);
-                kept += 1;
+            (lse, f.top_p)
+        };
+        let mut cum = BlockedMass::default();
+        let mut kept = 0;
+        for s in &top[..n] {
+            if kept > 0 && cum.total() >= cut {
+                break;
             }
-            if kept == n && cum < f.top_p {
-                return Err(too_large);
-            }
-            n = kept;
+            cum.add(exp_f32(s.logit - base));
+            kept += 1;
         }
+        if !bounded && kept == n && cum.total() < cut {
+            return Err(too_large);
+        }
+        n = kept;
     } else if !bounded {
         // Only reached for a row whose filter is off; callers use the unfiltered path there.
         return Err(too_large);
@@ -272,6 +319,46 @@ mod tests {
         assert_eq!(survivors(&top, &f(2, 0.7, 0.0), 0.0, true, 0), Ok(1));
         // min-p 0.1 keeps x >= 3 + ln 0.1 ≈ 0.70: three tokens.
         assert_eq!(survivors(&top, &f(0, 1.0, 0.1), 0.0, true, 0), Ok(3));
+    }
+
+    #[test]
+    fn blocked_sums_are_sequential_within_a_block_and_parallel_across_blocks() {
+        let masses: Vec<f32> = (0..3 * SUM_BLOCK + 17).map(|i| exp_f32(-((i * 37 % 101) as f32) / 7.0)).collect();
+        // Up to one block: exactly the sequential f32 sum, prefix by prefix.
+        let (mut blocked, mut sequential) = (BlockedMass::default(), 0.0f32);
+        for &m in &masses[..SUM_BLOCK] {
+            blocked.add(m);
+            sequential += m;
+            assert_eq!(blocked.total().to_bits(), sequential.to_bits());
+        }
+        // Past it: per-block sums (as parallel threads compute them) and a scan of their totals.
+        let mut all = BlockedMass::default();
+        masses.iter().for_each(|&m| all.add(m));
+        let mut done = 0.0f32;
+        for block in masses.chunks(SUM_BLOCK) {
+            done += block.iter().fold(0.0f32, |a, &m| a + m);
+        }
+        assert_eq!(all.total().to_bits(), done.to_bits());
+        assert_eq!(blocked_sum_depth(10), 10);
+        assert_eq!(blocked_sum_depth(3 * SUM_BLOCK + 17), SUM_BLOCK + 3);
+    }
+
+    #[test]
+    fn a_whole_sorted_vocabulary_is_cut_exactly() {
+        // 3000 equal tokens, in two "tiles" listed whole: the 0.5-nucleus is the first 1500
+        // (ties to the lower index), past any list.
+        let lists: Vec<Scored> = (0..3000u32).rev().map(|v| sc(0.0, v)).collect();
+        let top = whole_row(&lists);
+        assert_eq!(top.len(), 3000);
+        assert!(top.windows(2).all(|w| w[0].ranks_before(&w[1])));
+        let lse = (3000.0f32).ln();
+        let f = RowFilter::top_p(0.5);
+        // Truncated to 1024 the nucleus does not fit; the whole row cuts it.
+        assert_eq!(survivors(&top[..1024], &f, lse, false, 3), Err(ListError::NucleusTooLarge { row: 3, capacity: 1024 }));
+        let n = survivors(&top, &f, lse, true, 3).unwrap();
+        assert!((1499..=1501).contains(&n), "{n}");
+        let min_p = RowFilter { min_p: 0.5, ..RowFilter::OFF };
+        assert_eq!(survivors(&top, &min_p, lse, true, 3), Ok(3000));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
+//! - [`subset`]: some rows of a launch as a launch of their own (the exact nucleus path).
 
 pub mod candidates;
 pub mod filter;
@@ -18,8 +19,10 @@ pub mod params;
 pub mod rng;
 pub mod sharded;
 pub mod status;
+pub mod subset;
 
 pub use candidates::{Candidate, LsePartial, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 pub use filter::{ListError, Scored, TopLists};
 pub use status::{RowStatus, RowStatusError};
+pub use subset::RowSubset;
 pub use params::{penalize_f32, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg};
