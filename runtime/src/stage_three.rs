@@ -1,8 +1,10 @@
 //! Stage three on the host: top-k / min-p / top-p and top-n logprobs from stage one's per-tile
 //! lists (`abi::filter`), after stage two's unfiltered reduction. The CPU backend runs it; the
-//! CUDA backend runs the same steps in its `flashsample_filter` kernel.
+//! CUDA backend runs the same steps in its `flashsample_filter` kernel. Rows whose nucleus
+//! outgrew the lists are then served exactly from whole-tile lists of those rows alone
+//! ([`finish_exact`], both backends' host API).
 
-use flashsample_abi::filter::{draw, merge_row, survivors};
+use flashsample_abi::filter::{draw, merge_row, survivors, whole_row};
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 
@@ -59,20 +61,62 @@ pub(crate) fn finish(
                 continue;
             }
         };
-        let (key, stream_row) = params.row_stream(row);
-        let step = params.row_step(row);
-        for s in 0..samples {
-            let Some((w, score)) = draw(&top[..kept], key, stream_row, step, s as u32, params.vocab_offset) else {
-                status[row] = RowStatus::AllMasked;
-                break;
-            };
-            let i = row * samples + s;
-            reduced.tokens[i] = w.index;
-            reduced.scores[i] = score;
-            reduced.logits[i] = w.logit;
-        }
+        draw_samples(params, row, &top[..kept], samples, reduced, status);
     }
     top_logprobs
+}
+
+/// Draws every sample of `row` from `kept` (stage one's noise, the row's own stream), replacing
+/// stage two's token, score and logit; an empty set marks the row all masked.
+fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], samples: usize, reduced: &mut RowResult, status: &mut [RowStatus]) {
+    let (key, stream_row) = params.row_stream(row);
+    let step = params.row_step(row);
+    for s in 0..samples {
+        let Some((w, score)) = draw(kept, key, stream_row, step, s as u32, params.vocab_offset) else {
+            status[row] = RowStatus::AllMasked;
+            return;
+        };
+        let i = row * samples + s;
+        reduced.tokens[i] = w.index;
+        reduced.scores[i] = score;
+        reduced.logits[i] = w.logit;
+    }
+}
+
+/// The rows [`finish`] (or the GPU's stage three) left with a nucleus past the lists.
+pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
+    (0..status.len()).filter(|&r| status[r] == RowStatus::NucleusTooLarge).collect()
+}
+
+/// Serves `rows` of the launch exactly (DESIGN.md step 9 "Exact nucleus"). `lists` comes from a
+/// stage one of those rows alone (`layout.batch == rows.len()`, entry `i` is `rows[i]`) with
+/// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted, they
+/// are the `top` of [`survivors`] with `complete = true`, and [`draw`] samples from the cut with
+/// the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
+/// logsumexp is stage two's.
+pub(crate) fn finish_exact(
+    pipeline: &Pipeline,
+    params: &SamplingParams<'_>,
+    rows: &[usize],
+    layout: TopLists,
+    lists: &[Scored],
+    reduced: &mut RowResult,
+    status: &mut [RowStatus],
+) {
+    let samples = pipeline.samples_per_row() as usize;
+    for (i, &row) in rows.iter().enumerate() {
+        let top = whole_row(layout.row(lists, i));
+        let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
+        // A complete list bounds every filter, so this cannot fail; if it did, the row keeps
+        // its list status rather than a sample.
+        match survivors(&top, &params.row_filter(row), lse, true, row) {
+            Ok(kept) => {
+                status[row] = RowStatus::Ok;
+                draw_samples(params, row, &top[..kept], samples, reduced, status);
+            }
+            Err(e) => status[row] = list_status(e),
+        }
+    }
 }
 
 fn list_status(e: ListError) -> RowStatus {
