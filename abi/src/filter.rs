@@ -121,18 +121,17 @@ pub enum ListError {
 /// Every entry of a row's lists, in list order (padding dropped). For lists that hold whole
 /// tiles this is the row's whole eligible vocabulary, sorted: the exact nucleus path's `top`.
 pub fn whole_row(row_lists: &[Scored]) -> Vec<Scored> {
-    let mut all: Vec<Scored> = row_lists.iter().copied().filter(|s| !s.is_empty()).collect();
-    // Distinct indices make the order total, so the unstable sort is deterministic.
-    all.sort_unstable_by(|a, b| {
-        if a.ranks_before(b) {
-            std::cmp::Ordering::Less
-        } else if b.ranks_before(a) {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    });
-    all
+    // One u64 key per entry, ascending in list order: the logit's bits mapped to an unsigned
+    // order, descending, with -0 read as +0 (they tie in `ranks_before`), then the index.
+    let key = |s: &Scored| {
+        let bits = (s.logit + 0.0).to_bits();
+        let ascending = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
+        (u64::from(!ascending) << 32) | u64::from(s.index)
+    };
+    let mut all: Vec<(u64, Scored)> = row_lists.iter().filter(|s| !s.is_empty()).map(|s| (key(s), *s)).collect();
+    // Indices are distinct, so keys are, and the unstable sort is deterministic.
+    all.sort_unstable_by_key(|e| e.0);
+    all.into_iter().map(|e| e.1).collect()
 }
 
 /// Entries per block of a [`BlockedMass`] sum: the largest list, so every list of
@@ -228,21 +227,22 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
     if f.top_p < 1.0 {
         // Masses relative to the list's maximum when the set is bounded (renormalized over
         // it), else to the row's full logsumexp.
-        let (base, cut) = if bounded {
-            let m = top[0].logit;
+        let base = if bounded { top[0].logit } else { lse };
+        let masses: Vec<f32> = top[..n].iter().map(|s| exp_f32(s.logit - base)).collect();
+        let cut = if bounded {
             let mut total = BlockedMass::default();
-            top[..n].iter().for_each(|s| total.add(exp_f32(s.logit - m)));
-            (m, f.top_p * total.total())
+            masses.iter().for_each(|&e| total.add(e));
+            f.top_p * total.total()
         } else {
-            (lse, f.top_p)
+            f.top_p
         };
         let mut cum = BlockedMass::default();
         let mut kept = 0;
-        for s in &top[..n] {
+        for &e in &masses {
             if kept > 0 && cum.total() >= cut {
                 break;
             }
-            cum.add(exp_f32(s.logit - base));
+            cum.add(e);
             kept += 1;
         }
         if !bounded && kept == n && cum.total() < cut {

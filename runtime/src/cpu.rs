@@ -232,7 +232,9 @@ impl CpuBackend {
         let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile)?;
         // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
         if let Some((layout, lists)) = &one.lists {
-            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, reduced, status);
+            // On the kernels' pool: the draw over a large nucleus runs in parallel.
+            let pool = flashsample_codegen_cpu::thread_pool(config.threads)?;
+            pool.install(|| stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, reduced, status));
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 use flashsample_abi::filter::{draw, merge_row, survivors, whole_row};
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
+use rayon::prelude::*;
 
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
@@ -72,7 +73,7 @@ fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], sample
     let (key, stream_row) = params.row_stream(row);
     let step = params.row_step(row);
     for s in 0..samples {
-        let Some((w, score)) = draw(kept, key, stream_row, step, s as u32, params.vocab_offset) else {
+        let Some((w, score)) = draw_parallel(kept, key, stream_row, step, s as u32, params.vocab_offset) else {
             status[row] = RowStatus::AllMasked;
             return;
         };
@@ -81,6 +82,21 @@ fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], sample
         reduced.scores[i] = score;
         reduced.logits[i] = w.logit;
     }
+}
+
+/// Entries per task of [`draw_parallel`]; lists (at most 1024 entries) draw in one.
+const DRAW_CHUNK: usize = 16 * 1024;
+
+/// [`draw`] over chunks of `kept` on the current rayon pool (a whole vocabulary's nucleus has
+/// 100k+ entries, one Philox call each). The same winner: the best (score, lower index) of
+/// the chunks' winners is the best of all.
+fn draw_parallel(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+    if kept.len() <= DRAW_CHUNK {
+        return draw(kept, seed, stream_row, step, sample, vocab_offset);
+    }
+    let winners: Vec<(Scored, f32)> =
+        kept.par_chunks(DRAW_CHUNK).filter_map(|c| draw(c, seed, stream_row, step, sample, vocab_offset)).collect();
+    winners.into_iter().reduce(|a, b| if b.1 > a.1 || (b.1 == a.1 && b.0.index < a.0.index) { b } else { a })
 }
 
 /// The rows [`finish`] (or the GPU's stage three) left with a nucleus past the lists.
