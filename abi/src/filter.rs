@@ -228,7 +228,7 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
         // Masses relative to the list's maximum when the set is bounded (renormalized over
         // it), else to the row's full logsumexp.
         let base = if bounded { top[0].logit } else { lse };
-        let masses: Vec<f32> = top[..n].iter().map(|s| exp_f32(s.logit - base)).collect();
+        let masses = masses(&top[..n], base);
         let cut = if bounded {
             let mut total = BlockedMass::default();
             masses.iter().for_each(|&e| total.add(e));
@@ -260,6 +260,16 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
 /// token `v` is `noise_bits(seed, stream_row, sample, v + vocab_offset, step)`, as in stage one.
 /// Returns the winner and its perturbed score; `None` for an empty set.
 pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the host has FMA.
+        return unsafe { fma::draw(kept, seed, stream_row, step, sample, vocab_offset) };
+    }
+    draw_inline(kept, seed, stream_row, step, sample, vocab_offset)
+}
+
+#[inline(always)]
+fn draw_inline(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
     let mut best: Option<(Scored, f32)> = None;
     for s in kept {
         let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset), step));
@@ -273,6 +283,39 @@ pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32,
         }
     }
     best
+}
+
+/// `exp_f32(x − base)` of each entry (a whole vocabulary's worth on the exact nucleus path).
+fn masses(top: &[Scored], base: f32) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the host has FMA.
+        return unsafe { fma::masses(top, base) };
+    }
+    masses_inline(top, base)
+}
+
+#[inline(always)]
+fn masses_inline(top: &[Scored], base: f32) -> Vec<f32> {
+    top.iter().map(|s| exp_f32(s.logit - base)).collect()
+}
+
+/// The bulk loops compiled for hosts with FMA: `mul_add` becomes one instruction (and the
+/// loops vectorize) instead of a libm call. Fused multiply-adds round once either way, so the
+/// results are bit for bit the portable ones (a test checks it).
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use super::*;
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        draw_inline(kept, seed, stream_row, step, sample, vocab_offset)
+    }
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn masses(top: &[Scored], base: f32) -> Vec<f32> {
+        masses_inline(top, base)
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +402,17 @@ mod tests {
         assert!((1499..=1501).contains(&n), "{n}");
         let min_p = RowFilter { min_p: 0.5, ..RowFilter::OFF };
         assert_eq!(survivors(&top, &min_p, lse, true, 3), Ok(3000));
+    }
+
+    #[test]
+    fn the_fma_build_of_the_bulk_loops_is_bit_identical() {
+        let top: Vec<Scored> = (0..5000u32).map(|i| sc(-((i * 7919 % 4099) as f32) / 97.0, i)).collect();
+        let portable = masses_inline(&top, 0.25);
+        assert!(masses(&top, 0.25).iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()));
+        for sample in 0..4 {
+            let (a, b) = (draw(&top, 5, 6, 7, sample, 8).unwrap(), draw_inline(&top, 5, 6, 7, sample, 8).unwrap());
+            assert_eq!((a.0, a.1.to_bits()), (b.0, b.1.to_bits()));
+        }
     }
 
     #[test]
