@@ -12,7 +12,10 @@
 //! at 0.9 and draws; the Python peers do not filter, so they are skipped). `--nucleus` (with
 //! `--filter`) also times the same batch with its last row on a lone top-p 0.95 at T = 2, a
 //! nucleus far past the lists that the sampler serves exactly by recomputing that row alone
-//! (DESIGN.md step 9), and prints that launch's time over the batch's (the budget is 2x).
+//! (DESIGN.md step 9), and prints that launch's time over the batch's (the budget is 2x). A
+//! lone top-p row makes the whole launch compute the row logsumexps (to see whether its
+//! nucleus fits the lists), so it also times the batch with a lone top-p row whose nucleus is
+//! one token ("lse batch"): the exact path's own cost is the ratio to that.
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
@@ -63,6 +66,8 @@ const TOP_P: f32 = 0.9;
 /// The `--nucleus` row: issue 26's lone top-p 0.95 at T = 2.
 const NUCLEUS_TOP_P: f32 = 0.95;
 const NUCLEUS_T: f32 = 2.0;
+/// The "lse batch" row's top-p: a nucleus of one token (it fits), the same logsumexp work.
+const LSE_ONLY_TOP_P: f32 = 1e-6;
 
 /// Unfused stage 1: `[B, V]` f32 logits, 4 vocab rows at a time so each widened weight
 /// vector is reused across the batch; 8 independent accumulators let LLVM vectorize.
@@ -314,12 +319,16 @@ fn main() -> flashsample::Result<()> {
             };
             let fused = median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config).map(|_| ()))?;
             let nucleus = if args.nucleus {
-                let (mut filters, mut temps) = (filters.clone(), temps.clone());
-                filters[batch - 1] = RowFilter::top_p(NUCLEUS_TOP_P);
-                temps[batch - 1] = NUCLEUS_T;
-                let params = SamplingParams { filter: Some(&filters), temperature: TemperatureArg::PerRow(&temps), ..params };
-                // Every row must be sampled: the nucleus row too, exactly.
-                Some(median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config)?.into_complete().map(|_| ()))?)
+                // The last row on a lone top-p: `top_p` at temperature `t`; every row must be
+                // sampled (the nucleus row exactly).
+                let time_last_row = |top_p: f32, t: f32| {
+                    let (mut filters, mut temps) = (filters.clone(), temps.clone());
+                    filters[batch - 1] = RowFilter::top_p(top_p);
+                    temps[batch - 1] = t;
+                    let params = SamplingParams { filter: Some(&filters), temperature: TemperatureArg::PerRow(&temps), ..params };
+                    median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config)?.into_complete().map(|_| ()))
+                };
+                Some((time_last_row(LSE_ONLY_TOP_P, NUCLEUS_T)?, time_last_row(NUCLEUS_TOP_P, NUCLEUS_T)?))
             } else {
                 None
             };
@@ -367,8 +376,10 @@ fn main() -> flashsample::Result<()> {
                 ms(unfused.map(|u| u * 1e3)),
                 format!("{:.1}", floor * 1e3),
                 format!("{:.1}", bw / 1e9),
-                ms(nucleus.map(|n| n * 1e3)),
-                nucleus.map_or_else(|| "–".into(), |n| format!("{:.2}x", n / fused)),
+                ms(nucleus.map(|n| n.0 * 1e3)),
+                ms(nucleus.map(|n| n.1 * 1e3)),
+                nucleus.map_or_else(|| "–".into(), |n| format!("{:.2}x", n.1 / fused)),
+                nucleus.map_or_else(|| "–".into(), |n| format!("{:.2}x", n.1 / n.0)),
             ]);
         }
     }
@@ -388,8 +399,10 @@ fn main() -> flashsample::Result<()> {
             "Rust unfused",
             "floor ms",
             "read GB/s",
+            "lse batch ms",
             "with a nucleus row ms",
             "nucleus/batch",
+            "nucleus/lse batch",
         ],
         &rows,
     );
