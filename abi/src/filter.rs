@@ -26,7 +26,7 @@
 
 use crate::math::{exp_f32, ln_f32};
 use crate::params::RowFilter;
-use crate::rng::{gumbel_f32, noise_bits};
+use crate::rng::{counter, gumbel_f32, key, noise_bits, philox4x32_10};
 use crate::INDEX_NONE;
 use bytemuck::{Pod, Zeroable};
 
@@ -273,16 +273,74 @@ fn draw_inline(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u
     let mut best: Option<(Scored, f32)> = None;
     for s in kept {
         let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset), step));
-        let score = s.logit + g;
-        let better = match best {
-            None => true,
-            Some((b, bs)) => score > bs || (score == bs && s.index < b.index),
-        };
-        if better {
-            best = Some((*s, score));
-        }
+        best = better_draw(best, (*s, s.logit + g));
     }
     best
+}
+
+/// The better of a draw's best so far and a candidate: the higher score, ties to the lower
+/// token. A total order on distinct tokens, so any grouping of a set gives the same winner.
+pub fn better_draw(best: Option<(Scored, f32)>, c: (Scored, f32)) -> Option<(Scored, f32)> {
+    match best {
+        Some((b, bs)) if !(c.1 > bs || (c.1 == bs && c.0.index < b.index)) => Some((b, bs)),
+        _ => Some(c),
+    }
+}
+
+/// A kept set laid out by token, for [`draw`]'s result computed in token order with one
+/// Philox call per token quad (the quad's four tokens share it, as in stage one): a quarter of
+/// the calls for a set that holds much of the vocabulary.
+#[derive(Clone, Debug)]
+pub struct KeptByToken {
+    /// `[vocab]`: the kept token's logit, NaN for a token not kept (kept logits are finite).
+    logits: Vec<f32>,
+}
+
+impl KeptByToken {
+    /// The layout of `kept` (local indices below `vocab`).
+    pub fn new(kept: &[Scored], vocab: usize) -> KeptByToken {
+        let mut logits = vec![f32::NAN; vocab];
+        for s in kept {
+            logits[s.index as usize] = s.logit;
+        }
+        KeptByToken { logits }
+    }
+
+    /// Token quads of the layout (`vocab / 4`, rounded up).
+    pub fn quads(&self) -> usize {
+        self.logits.len().div_ceil(4)
+    }
+
+    /// [`draw`] over the kept tokens of quads `quads` (all of them: `0..self.quads()`), the
+    /// same winner and score.
+    pub fn draw(&self, quads: std::ops::Range<usize>, seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("fma") {
+            // SAFETY: the host has FMA.
+            return unsafe { fma::draw_by_quads(self, quads, seed, stream_row, step, sample, vocab_offset) };
+        }
+        self.draw_inline(quads, seed, stream_row, step, sample, vocab_offset)
+    }
+
+    #[inline(always)]
+    fn draw_inline(&self, quads: std::ops::Range<usize>, seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        let key = key(seed);
+        let mut best = None;
+        for q in quads {
+            let xs = &self.logits[4 * q..(4 * q + 4).min(self.logits.len())];
+            if xs.iter().all(|x| x.is_nan()) {
+                continue;
+            }
+            // `vocab_offset % 4 == 0`: a local quad is a global quad, its word j token 4q + j's.
+            let base = (4 * q as u32).wrapping_add(vocab_offset);
+            let words = philox4x32_10(counter(stream_row, sample, base, step), key);
+            for (j, &x) in xs.iter().enumerate().filter(|(_, x)| !x.is_nan()) {
+                let s = Scored { logit: x, index: (4 * q + j) as u32 };
+                best = better_draw(best, (s, x + gumbel_f32(words[j])));
+            }
+        }
+        best
+    }
 }
 
 /// `exp_f32(x − base)` of each entry (a whole vocabulary's worth on the exact nucleus path).
@@ -315,6 +373,19 @@ mod fma {
     #[target_feature(enable = "fma")]
     pub(super) fn masses(top: &[Scored], base: f32) -> Vec<f32> {
         masses_inline(top, base)
+    }
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn draw_by_quads(
+        kept: &KeptByToken,
+        quads: std::ops::Range<usize>,
+        seed: u64,
+        stream_row: u32,
+        step: u32,
+        sample: u32,
+        vocab_offset: u32,
+    ) -> Option<(Scored, f32)> {
+        kept.draw_inline(quads, seed, stream_row, step, sample, vocab_offset)
     }
 }
 
@@ -409,9 +480,21 @@ mod tests {
         let top: Vec<Scored> = (0..5000u32).map(|i| sc(-((i * 7919 % 4099) as f32) / 97.0, i)).collect();
         let portable = masses_inline(&top, 0.25);
         assert!(masses(&top, 0.25).iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // A set with gaps (every third token), drawn in list order and by token quads.
+        let kept: Vec<Scored> = top.iter().copied().filter(|s| s.index % 3 != 1).collect();
+        let by_token = KeptByToken::new(&kept, top.len() + 2);
         for sample in 0..4 {
             let (a, b) = (draw(&top, 5, 6, 7, sample, 8).unwrap(), draw_inline(&top, 5, 6, 7, sample, 8).unwrap());
             assert_eq!((a.0, a.1.to_bits()), (b.0, b.1.to_bits()));
+            let want = draw(&kept, 5, 6, 7, sample, 8).unwrap();
+            let all = by_token.draw(0..by_token.quads(), 5, 6, 7, sample, 8).unwrap();
+            let portable = by_token.draw_inline(0..by_token.quads(), 5, 6, 7, sample, 8).unwrap();
+            // Split in two ranges and merged: the same winner.
+            let half = by_token.quads() / 2;
+            let split = better_draw(by_token.draw(0..half, 5, 6, 7, sample, 8), by_token.draw(half..by_token.quads(), 5, 6, 7, sample, 8).unwrap()).unwrap();
+            for got in [all, portable, split] {
+                assert_eq!((got.0, got.1.to_bits()), (want.0, want.1.to_bits()));
+            }
         }
     }
 

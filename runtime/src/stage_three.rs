@@ -4,7 +4,7 @@
 //! outgrew the lists are then served exactly from whole-tile lists of those rows alone
 //! ([`finish_exact`], both backends' host API).
 
-use flashsample_abi::filter::{draw, merge_row, survivors, whole_row};
+use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row, KeptByToken};
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
@@ -72,8 +72,21 @@ pub(crate) fn finish(
 fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], samples: usize, reduced: &mut RowResult, status: &mut [RowStatus]) {
     let (key, stream_row) = params.row_stream(row);
     let step = params.row_step(row);
+    // A whole vocabulary's nucleus (100k+ tokens) is drawn in token order, one Philox call per
+    // token quad, on the current rayon pool; lists draw in list order.
+    let by_token = (kept.len() > LARGE_SET).then(|| {
+        let vocab = kept.iter().map(|s| s.index as usize + 1).max().unwrap_or(0);
+        KeptByToken::new(kept, vocab)
+    });
     for s in 0..samples {
-        let Some((w, score)) = draw_parallel(kept, key, stream_row, step, s as u32, params.vocab_offset) else {
+        let drawn = match &by_token {
+            None => draw(kept, key, stream_row, step, s as u32, params.vocab_offset),
+            Some(t) => (0..t.quads().div_ceil(QUADS_PER_TASK))
+                .into_par_iter()
+                .map(|c| t.draw(c * QUADS_PER_TASK..((c + 1) * QUADS_PER_TASK).min(t.quads()), key, stream_row, step, s as u32, params.vocab_offset))
+                .reduce(|| None, |a, b| b.and_then(|c| better_draw(a, c)).or(a)),
+        };
+        let Some((w, score)) = drawn else {
             status[row] = RowStatus::AllMasked;
             return;
         };
@@ -84,20 +97,12 @@ fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], sample
     }
 }
 
-/// Entries per task of [`draw_parallel`]; lists (at most 1024 entries) draw in one.
-const DRAW_CHUNK: usize = 16 * 1024;
-
-/// [`draw`] over chunks of `kept` on the current rayon pool (a whole vocabulary's nucleus has
-/// 100k+ entries, one Philox call each). The same winner: the best (score, lower index) of
-/// the chunks' winners is the best of all.
-fn draw_parallel(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
-    if kept.len() <= DRAW_CHUNK {
-        return draw(kept, seed, stream_row, step, sample, vocab_offset);
-    }
-    let winners: Vec<(Scored, f32)> =
-        kept.par_chunks(DRAW_CHUNK).filter_map(|c| draw(c, seed, stream_row, step, sample, vocab_offset)).collect();
-    winners.into_iter().reduce(|a, b| if b.1 > a.1 || (b.1 == a.1 && b.0.index < a.0.index) { b } else { a })
-}
+/// Kept sets past this many tokens are drawn by [`KeptByToken`]: longer than any list, so only
+/// the exact nucleus path's (its layout and quad scan cost ~V/4 steps, nothing next to 100k+
+/// Philox calls).
+const LARGE_SET: usize = flashsample_ir::MAX_LIST_CAPACITY as usize;
+/// Token quads per task of a [`KeptByToken`] draw.
+const QUADS_PER_TASK: usize = 4096;
 
 /// The rows [`finish`] (or the GPU's stage three) left with a nucleus past the lists.
 pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
