@@ -139,7 +139,8 @@ fn an_all_masked_row_fails_alone() {
 
 /// B = 64: 63 rows on top-k 5 and one lone top-p 0.95 at T = 2 whose nucleus holds thousands of
 /// tokens (past max_k = 8 and past 1024): every row is sampled, equal to the reference, also at
-/// a decode step (the exact path draws with the row's own stream and step).
+/// a decode step and with per-row seeds (the exact path draws with the row's own stream and
+/// step, not its position in the recomputed launch).
 #[test]
 fn a_nucleus_past_the_lists_is_served_among_top_k_rows() {
     let p = serving();
@@ -152,7 +153,12 @@ fn a_nucleus_past_the_lists_is_served_among_top_k_rows() {
     assert!(case.kept_by_filter(&p, 63) > 1024, "the nucleus fits the lists");
     let rows: Vec<usize> = (0..64).collect();
     let steps = [9u32; 64];
-    for params in [case.params(&p), SamplingParams { row_steps: Some(&steps), ..case.params(&p) }] {
+    let seeds: Vec<u64> = (0..64).map(|r| 1000 + r).collect();
+    for params in [
+        case.params(&p),
+        SamplingParams { row_steps: Some(&steps), ..case.params(&p) },
+        SamplingParams { row_steps: Some(&steps), row_seeds: Some(&seeds), ..case.params(&p) },
+    ] {
         let got = sample(&sampler, &case, &params);
         assert!(got.is_complete(), "{:?}", got.row_errors);
         case.check_with(&p, &params, &got, &rows).unwrap();
