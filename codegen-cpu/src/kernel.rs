@@ -144,8 +144,8 @@ pub struct CpuLaunch<'a> {
     /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
     pub penalties: Option<&'a PenaltyTable>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
-    /// `per_tile >= list_capacity()` (a longer list is the runtime's fallback for a nucleus that
-    /// outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
+    /// `per_tile >= list_capacity()` (the runtime's exact nucleus path lists whole tiles, for a
+    /// nucleus that outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
     /// with `Scored::EMPTY`.
     pub lists: Option<&'a mut [Scored]>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.

@@ -23,8 +23,8 @@ pub(crate) fn finish(
     reduced: &mut RowResult,
     status: &mut [RowStatus],
 ) -> Option<TopLogprobs> {
-    // Lists at least as long as the capacity (the fallback's are longer) are merged to their
-    // own length: a longer list is exact for a larger nucleus.
+    // Lists at least as long as the capacity are merged to their own length: a longer list is
+    // exact for a larger nucleus.
     let need = layout.per_tile.max(pipeline.list_capacity() as usize);
     let samples = pipeline.samples_per_row() as usize;
     let top_n = pipeline.outputs.top_logprobs as usize;
