@@ -121,6 +121,12 @@ pub enum ListError {
 /// Every entry of a row's lists, in list order (padding dropped). For lists that hold whole
 /// tiles this is the row's whole eligible vocabulary, sorted: the exact nucleus path's `top`.
 pub fn whole_row(row_lists: &[Scored]) -> Vec<Scored> {
+    whole_row_with(row_lists, |keyed| keyed.sort_unstable_by_key(|e| e.0))
+}
+
+/// [`whole_row`] with the sort of `(key, entry)` pairs by key left to `sort` (a parallel sort
+/// for a whole vocabulary). Keys are distinct, so any sort gives the same order.
+pub fn whole_row_with(row_lists: &[Scored], sort: impl FnOnce(&mut [(u64, Scored)])) -> Vec<Scored> {
     // One u64 key per entry, ascending in list order: the logit's bits mapped to an unsigned
     // order, descending, with -0 read as +0 (they tie in `ranks_before`), then the index.
     let key = |s: &Scored| {
@@ -129,8 +135,7 @@ pub fn whole_row(row_lists: &[Scored]) -> Vec<Scored> {
         (u64::from(!ascending) << 32) | u64::from(s.index)
     };
     let mut all: Vec<(u64, Scored)> = row_lists.iter().filter(|s| !s.is_empty()).map(|s| (key(s), *s)).collect();
-    // Indices are distinct, so keys are, and the unstable sort is deterministic.
-    all.sort_unstable_by_key(|e| e.0);
+    sort(&mut all);
     all.into_iter().map(|e| e.1).collect()
 }
 

@@ -4,7 +4,7 @@
 //! outgrew the lists are then served exactly from whole-tile lists of those rows alone
 //! ([`finish_exact`], both backends' host API).
 
-use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row, KeptByToken};
+use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
@@ -111,9 +111,9 @@ pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
 
 /// Serves `rows` of the launch exactly (DESIGN.md step 9 "Exact nucleus"). `lists` comes from a
 /// stage one of those rows alone (`layout.batch == rows.len()`, entry `i` is `rows[i]`) with
-/// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted, they
-/// are the `top` of [`survivors`] with `complete = true`, and [`draw`] samples from the cut with
-/// the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
+/// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted (in
+/// parallel, on the current rayon pool) they are the `top` of [`survivors`] with `complete =
+/// true`, and [`draw`]'s winner over the cut is drawn with the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
 /// logsumexp is stage two's.
 pub(crate) fn finish_exact(
     pipeline: &Pipeline,
@@ -126,7 +126,7 @@ pub(crate) fn finish_exact(
 ) {
     let samples = pipeline.samples_per_row() as usize;
     for (i, &row) in rows.iter().enumerate() {
-        let top = whole_row(layout.row(lists, i));
+        let top = whole_row_with(layout.row(lists, i), |keyed| keyed.par_sort_unstable_by_key(|e| e.0));
         let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
         // A complete list bounds every filter, so this cannot fail; if it did, the row keeps
         // its list status rather than a sample.
