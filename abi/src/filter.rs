@@ -12,8 +12,13 @@
 //! ranks strictly before the `need`-th selected token; that case is detected ([`ListError::Overflow`]) and the runtime reruns with
 //! `per_tile = capacity`. A row that sets no top-k but a top-p / min-p whose nucleus does not fit
 //! in the lists fails with [`ListError::NucleusTooLarge`], never a wrong sample; the runtimes
-//! then rerun once with lists of `flashsample_ir::MAX_LIST_CAPACITY` entries (exact, slower)
-//! and only a nucleus beyond that reaches the caller as an error.
+//! then serve that row alone exactly: they recompute its logits with lists holding whole tiles,
+//! take its whole sorted vocabulary ([`whole_row`]) and cut it with `complete = true`, the same
+//! [`survivors`] and [`draw`] as any list (DESIGN.md step 9 "Exact nucleus").
+//!
+//! Sums of masses run in the blocked order of [`BlockedMass`]: sequential inside blocks of
+//! [`SUM_BLOCK`] entries, so a list of at most `SUM_BLOCK` entries is summed strictly in order,
+//! and a whole vocabulary's blocks can be summed in parallel with the same f32 result.
 //!
 //! Order of the filters is vLLM's: top-k, min-p (which commutes with top-k: it compares with
 //! the maximum), then top-p on the probabilities renormalized over what is left. Every f32 step
@@ -21,7 +26,7 @@
 
 use crate::math::{exp_f32, ln_f32};
 use crate::params::RowFilter;
-use crate::rng::{gumbel_f32, noise_bits};
+use crate::rng::{counter, gumbel_f32, key, noise_bits, philox4x32_10};
 use crate::INDEX_NONE;
 use bytemuck::{Pod, Zeroable};
 
@@ -101,9 +106,9 @@ pub enum ListError {
     },
     /// A top-p / min-p nucleus past the lists' capacity (status 4).
     #[error(
-        "row {row}: its top-p / min-p nucleus has more than {capacity} tokens, more than the fused \
-         filter's candidate lists hold (max_k, and the runtime's fallback of {max}); set a top-k for the row",
-        max = flashsample_ir::MAX_LIST_CAPACITY
+        "row {row}: its top-p / min-p nucleus has more than the {capacity} tokens the candidate lists \
+         hold; `Sampler::sample` serves such a row exactly, a device-API plan reports it (serve the \
+         row on the host API, or set a top-k for it)"
     )]
     NucleusTooLarge {
         /// The row.
@@ -113,19 +118,74 @@ pub enum ListError {
     },
 }
 
+/// Every entry of a row's lists, in list order (padding dropped). For lists that hold whole
+/// tiles this is the row's whole eligible vocabulary, sorted: the exact nucleus path's `top`.
+pub fn whole_row(row_lists: &[Scored]) -> Vec<Scored> {
+    whole_row_with(row_lists, |keyed| keyed.sort_unstable_by_key(|e| e.0))
+}
+
+/// [`whole_row`] with the sort of `(key, entry)` pairs by key left to `sort` (a parallel sort
+/// for a whole vocabulary). Keys are distinct, so any sort gives the same order.
+pub fn whole_row_with(row_lists: &[Scored], sort: impl FnOnce(&mut [(u64, Scored)])) -> Vec<Scored> {
+    // One u64 key per entry, ascending in list order: the logit's bits mapped to an unsigned
+    // order, descending, with -0 read as +0 (they tie in `ranks_before`), then the index.
+    let key = |s: &Scored| {
+        let bits = (s.logit + 0.0).to_bits();
+        let ascending = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
+        (u64::from(!ascending) << 32) | u64::from(s.index)
+    };
+    let mut all: Vec<(u64, Scored)> = row_lists.iter().filter(|s| !s.is_empty()).map(|s| (key(s), *s)).collect();
+    sort(&mut all);
+    all.into_iter().map(|e| e.1).collect()
+}
+
+/// Entries per block of a [`BlockedMass`] sum: the largest list, so every list of
+/// `flashsample_ir::MAX_LIST_CAPACITY` entries or fewer is summed strictly in order.
+pub const SUM_BLOCK: usize = flashsample_ir::MAX_LIST_CAPACITY as usize;
+
+/// The running f32 sum of a sorted list's masses in the one order every backend uses: entries
+/// are added in order inside blocks of [`SUM_BLOCK`]; a block's sum starts at `+0` and is added
+/// to the total of the blocks before it when the block is full. The prefix before entry `j` is
+/// `done + block`, so a parallel backend gives the same f32 values from per-block sums (one
+/// thread per block) and a sequential scan of the block totals.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BlockedMass {
+    /// Sum of the completed blocks, in block order.
+    done: f32,
+    /// Sum of the current block's entries so far.
+    block: f32,
+    /// Entries in the current block.
+    in_block: usize,
+}
+
+impl BlockedMass {
+    /// The mass of every entry added so far (`done + block`; exactly `block` in the first block).
+    pub fn total(&self) -> f32 {
+        self.done + self.block
+    }
+
+    /// Adds the next entry's mass.
+    pub fn add(&mut self, mass: f32) {
+        self.block += mass;
+        self.in_block += 1;
+        if self.in_block == SUM_BLOCK {
+            self.done += self.block;
+            self.block = 0.0;
+            self.in_block = 0;
+        }
+    }
+}
+
+/// How many f32 additions separate any prefix sum of an `n`-entry list from its terms in the
+/// [`BlockedMass`] order: the depth the reference's error bound on the top-p cut scales with.
+pub fn blocked_sum_depth(n: usize) -> usize {
+    n.min(SUM_BLOCK) + n / SUM_BLOCK
+}
+
 /// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
 /// Shorter than `need` exactly when the row has fewer eligible tokens.
 pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize) -> Result<Vec<Scored>, ListError> {
-    let mut all: Vec<Scored> = row_lists.iter().copied().filter(|s| !s.is_empty()).collect();
-    all.sort_by(|a, b| {
-        if a.ranks_before(b) {
-            std::cmp::Ordering::Less
-        } else if b.ranks_before(a) {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    });
+    let mut all = whole_row(row_lists);
     all.truncate(need);
     if per_tile < need {
         if let Some(last) = all.last() {
@@ -170,38 +230,30 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
         bounded = true;
     }
     if f.top_p < 1.0 {
-        if bounded {
-            let m = top[0].logit;
-            let mut total = 0.0f32;
-            for s in &top[..n] {
-                total += exp_f32(s.logit - m);
-            }
-            let cut = f.top_p * total;
-            let mut cum = 0.0f32;
-            let mut kept = 0;
-            for s in &top[..n] {
-                if kept > 0 && cum >= cut {
-                    break;
-                }
-                cum += exp_f32(s.logit - m);
-                kept += 1;
-            }
-            n = kept;
+        // Masses relative to the list's maximum when the set is bounded (renormalized over
+        // it), else to the row's full logsumexp.
+        let base = if bounded { top[0].logit } else { lse };
+        let masses = masses(&top[..n], base);
+        let cut = if bounded {
+            let mut total = BlockedMass::default();
+            masses.iter().for_each(|&e| total.add(e));
+            f.top_p * total.total()
         } else {
-            let mut cum = 0.0f32;
-            let mut kept = 0;
-            for s in &top[..n] {
-                if kept > 0 && cum >= f.top_p {
-                    break;
-                }
-                cum += exp_f32(s.logit - lse);
-                kept += 1;
+            f.top_p
+        };
+        let mut cum = BlockedMass::default();
+        let mut kept = 0;
+        for &e in &masses {
+            if kept > 0 && cum.total() >= cut {
+                break;
             }
-            if kept == n && cum < f.top_p {
-                return Err(too_large);
-            }
-            n = kept;
+            cum.add(e);
+            kept += 1;
         }
+        if !bounded && kept == n && cum.total() < cut {
+            return Err(too_large);
+        }
+        n = kept;
     } else if !bounded {
         // Only reached for a row whose filter is off; callers use the unfiltered path there.
         return Err(too_large);
@@ -213,19 +265,133 @@ pub fn survivors(top: &[Scored], f: &RowFilter, lse: f32, complete: bool, row: u
 /// token `v` is `noise_bits(seed, stream_row, sample, v + vocab_offset, step)`, as in stage one.
 /// Returns the winner and its perturbed score; `None` for an empty set.
 pub fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the host has FMA.
+        return unsafe { fma::draw(kept, seed, stream_row, step, sample, vocab_offset) };
+    }
+    draw_inline(kept, seed, stream_row, step, sample, vocab_offset)
+}
+
+#[inline(always)]
+fn draw_inline(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
     let mut best: Option<(Scored, f32)> = None;
     for s in kept {
         let g = gumbel_f32(noise_bits(seed, stream_row, sample, s.index.wrapping_add(vocab_offset), step));
-        let score = s.logit + g;
-        let better = match best {
-            None => true,
-            Some((b, bs)) => score > bs || (score == bs && s.index < b.index),
-        };
-        if better {
-            best = Some((*s, score));
-        }
+        best = better_draw(best, (*s, s.logit + g));
     }
     best
+}
+
+/// The better of a draw's best so far and a candidate: the higher score, ties to the lower
+/// token. A total order on distinct tokens, so any grouping of a set gives the same winner.
+pub fn better_draw(best: Option<(Scored, f32)>, c: (Scored, f32)) -> Option<(Scored, f32)> {
+    match best {
+        Some((b, bs)) if !(c.1 > bs || (c.1 == bs && c.0.index < b.index)) => Some((b, bs)),
+        _ => Some(c),
+    }
+}
+
+/// A kept set laid out by token, for [`draw`]'s result computed in token order with one
+/// Philox call per token quad (the quad's four tokens share it, as in stage one): a quarter of
+/// the calls for a set that holds much of the vocabulary.
+#[derive(Clone, Debug)]
+pub struct KeptByToken {
+    /// `[vocab]`: the kept token's logit, NaN for a token not kept (kept logits are finite).
+    logits: Vec<f32>,
+}
+
+impl KeptByToken {
+    /// The layout of `kept` (local indices below `vocab`).
+    pub fn new(kept: &[Scored], vocab: usize) -> KeptByToken {
+        let mut logits = vec![f32::NAN; vocab];
+        for s in kept {
+            logits[s.index as usize] = s.logit;
+        }
+        KeptByToken { logits }
+    }
+
+    /// Token quads of the layout (`vocab / 4`, rounded up).
+    pub fn quads(&self) -> usize {
+        self.logits.len().div_ceil(4)
+    }
+
+    /// [`draw`] over the kept tokens of quads `quads` (all of them: `0..self.quads()`), the
+    /// same winner and score.
+    pub fn draw(&self, quads: std::ops::Range<usize>, seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("fma") {
+            // SAFETY: the host has FMA.
+            return unsafe { fma::draw_by_quads(self, quads, seed, stream_row, step, sample, vocab_offset) };
+        }
+        self.draw_inline(quads, seed, stream_row, step, sample, vocab_offset)
+    }
+
+    #[inline(always)]
+    fn draw_inline(&self, quads: std::ops::Range<usize>, seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        let key = key(seed);
+        let mut best = None;
+        for q in quads {
+            let xs = &self.logits[4 * q..(4 * q + 4).min(self.logits.len())];
+            if xs.iter().all(|x| x.is_nan()) {
+                continue;
+            }
+            // `vocab_offset % 4 == 0`: a local quad is a global quad, its word j token 4q + j's.
+            let base = (4 * q as u32).wrapping_add(vocab_offset);
+            let words = philox4x32_10(counter(stream_row, sample, base, step), key);
+            for (j, &x) in xs.iter().enumerate().filter(|(_, x)| !x.is_nan()) {
+                let s = Scored { logit: x, index: (4 * q + j) as u32 };
+                best = better_draw(best, (s, x + gumbel_f32(words[j])));
+            }
+        }
+        best
+    }
+}
+
+/// `exp_f32(x − base)` of each entry (a whole vocabulary's worth on the exact nucleus path).
+fn masses(top: &[Scored], base: f32) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("fma") {
+        // SAFETY: the host has FMA.
+        return unsafe { fma::masses(top, base) };
+    }
+    masses_inline(top, base)
+}
+
+#[inline(always)]
+fn masses_inline(top: &[Scored], base: f32) -> Vec<f32> {
+    top.iter().map(|s| exp_f32(s.logit - base)).collect()
+}
+
+/// The bulk loops compiled for hosts with FMA: `mul_add` becomes one instruction (and the
+/// loops vectorize) instead of a libm call. Fused multiply-adds round once either way, so the
+/// results are bit for bit the portable ones (a test checks it).
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use super::*;
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn draw(kept: &[Scored], seed: u64, stream_row: u32, step: u32, sample: u32, vocab_offset: u32) -> Option<(Scored, f32)> {
+        draw_inline(kept, seed, stream_row, step, sample, vocab_offset)
+    }
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn masses(top: &[Scored], base: f32) -> Vec<f32> {
+        masses_inline(top, base)
+    }
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn draw_by_quads(
+        kept: &KeptByToken,
+        quads: std::ops::Range<usize>,
+        seed: u64,
+        stream_row: u32,
+        step: u32,
+        sample: u32,
+        vocab_offset: u32,
+    ) -> Option<(Scored, f32)> {
+        kept.draw_inline(quads, seed, stream_row, step, sample, vocab_offset)
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +438,69 @@ mod tests {
         assert_eq!(survivors(&top, &f(2, 0.7, 0.0), 0.0, true, 0), Ok(1));
         // min-p 0.1 keeps x >= 3 + ln 0.1 ≈ 0.70: three tokens.
         assert_eq!(survivors(&top, &f(0, 1.0, 0.1), 0.0, true, 0), Ok(3));
+    }
+
+    #[test]
+    fn blocked_sums_are_sequential_within_a_block_and_parallel_across_blocks() {
+        let masses: Vec<f32> = (0..3 * SUM_BLOCK + 17).map(|i| exp_f32(-((i * 37 % 101) as f32) / 7.0)).collect();
+        // Up to one block: exactly the sequential f32 sum, prefix by prefix.
+        let (mut blocked, mut sequential) = (BlockedMass::default(), 0.0f32);
+        for &m in &masses[..SUM_BLOCK] {
+            blocked.add(m);
+            sequential += m;
+            assert_eq!(blocked.total().to_bits(), sequential.to_bits());
+        }
+        // Past it: per-block sums (as parallel threads compute them) and a scan of their totals.
+        let mut all = BlockedMass::default();
+        masses.iter().for_each(|&m| all.add(m));
+        let mut done = 0.0f32;
+        for block in masses.chunks(SUM_BLOCK) {
+            done += block.iter().fold(0.0f32, |a, &m| a + m);
+        }
+        assert_eq!(all.total().to_bits(), done.to_bits());
+        assert_eq!(blocked_sum_depth(10), 10);
+        assert_eq!(blocked_sum_depth(3 * SUM_BLOCK + 17), SUM_BLOCK + 3);
+    }
+
+    #[test]
+    fn a_whole_sorted_vocabulary_is_cut_exactly() {
+        // 3000 equal tokens, in two "tiles" listed whole: the 0.5-nucleus is the first 1500
+        // (ties to the lower index), past any list.
+        let lists: Vec<Scored> = (0..3000u32).rev().map(|v| sc(0.0, v)).collect();
+        let top = whole_row(&lists);
+        assert_eq!(top.len(), 3000);
+        assert!(top.windows(2).all(|w| w[0].ranks_before(&w[1])));
+        let lse = (3000.0f32).ln();
+        let f = RowFilter::top_p(0.5);
+        // Truncated to 1024 the nucleus does not fit; the whole row cuts it.
+        assert_eq!(survivors(&top[..1024], &f, lse, false, 3), Err(ListError::NucleusTooLarge { row: 3, capacity: 1024 }));
+        let n = survivors(&top, &f, lse, true, 3).unwrap();
+        assert!((1499..=1501).contains(&n), "{n}");
+        let min_p = RowFilter { min_p: 0.5, ..RowFilter::OFF };
+        assert_eq!(survivors(&top, &min_p, lse, true, 3), Ok(3000));
+    }
+
+    #[test]
+    fn the_fma_build_of_the_bulk_loops_is_bit_identical() {
+        let top: Vec<Scored> = (0..5000u32).map(|i| sc(-((i * 7919 % 4099) as f32) / 97.0, i)).collect();
+        let portable = masses_inline(&top, 0.25);
+        assert!(masses(&top, 0.25).iter().zip(&portable).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // A set with gaps (every third token), drawn in list order and by token quads.
+        let kept: Vec<Scored> = top.iter().copied().filter(|s| s.index % 3 != 1).collect();
+        let by_token = KeptByToken::new(&kept, top.len() + 2);
+        for sample in 0..4 {
+            let (a, b) = (draw(&top, 5, 6, 7, sample, 8).unwrap(), draw_inline(&top, 5, 6, 7, sample, 8).unwrap());
+            assert_eq!((a.0, a.1.to_bits()), (b.0, b.1.to_bits()));
+            let want = draw(&kept, 5, 6, 7, sample, 8).unwrap();
+            let all = by_token.draw(0..by_token.quads(), 5, 6, 7, sample, 8).unwrap();
+            let portable = by_token.draw_inline(0..by_token.quads(), 5, 6, 7, sample, 8).unwrap();
+            // Split in two ranges and merged: the same winner.
+            let half = by_token.quads() / 2;
+            let split = better_draw(by_token.draw(0..half, 5, 6, 7, sample, 8), by_token.draw(half..by_token.quads(), 5, 6, 7, sample, 8).unwrap()).unwrap();
+            for got in [all, portable, split] {
+                assert_eq!((got.0, got.1.to_bits()), (want.0, want.1.to_bits()));
+            }
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
+//! - [`subset`]: some rows of a launch as a launch of their own (the exact nucleus path).
 
 pub mod candidates;
 pub mod filter;
@@ -23,6 +24,7 @@ pub mod rng;
 pub mod row_tokens;
 pub mod sharded;
 pub mod status;
+pub mod subset;
 
 pub use candidates::{Candidate, RowError, RowResult, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 pub use lse::{LsePartial, LseSum, LseTerm};
@@ -32,3 +34,4 @@ pub use params::{
     penalize_f32, LogitBiasTable, ParamError, PenaltyArg, PenaltyTable, RowFilter, SamplingParams, TemperatureArg,
 };
 pub use row_tokens::{RowTokens, RowTokensError};
+pub use subset::RowSubset;

@@ -202,8 +202,8 @@ pub struct CpuLaunch<'a> {
     /// go (`-inf` for an excluded target), iff the pipeline has `target_logprob`.
     pub targets: Option<(&'a [u32], &'a mut [f32])>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
-    /// `per_tile >= list_capacity()` (a longer list is the runtime's fallback for a nucleus that
-    /// outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
+    /// `per_tile >= list_capacity()` (the runtime's exact nucleus path lists whole tiles, for a
+    /// nucleus that outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
     /// with `Scored::EMPTY`.
     pub lists: Option<&'a mut [Scored]>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.

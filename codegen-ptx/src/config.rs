@@ -200,7 +200,7 @@ pub const WGMMA_K_STEP: u32 = 64;
 /// - `warps`: warps per CTA (per consumer set); they split the vocab tile.
 /// - `list_per_tile`: entries of each (row, vocab tile) top list (DESIGN.md step 6b); 0 for
 ///   pipelines without lists, else `1..=min(MAX_LIST_CAPACITY, vocab_tile)` (normally at
-///   most the capacity; longer only for the NucleusTooLarge fallback). Shorter lists are
+///   most the capacity; longer for the exact nucleus path's whole-tile lists). Shorter lists are
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
 ///   with [`GpuConfig::exact_lists`].
 /// - `stagger_us`: the second CTA of each SM in the first wave (CTAs `nsmid .. 2·nsmid`) sleeps
@@ -456,7 +456,7 @@ impl GpuConfig {
     /// The same config with lists that cannot overflow when stage three merges `need` per
     /// row: `min(need, vocab_tile)` entries per tile (a list holding the whole tile is
     /// complete by construction). `need` is the capacity, or `MAX_LIST_CAPACITY` for the
-    /// NucleusTooLarge fallback.
+    /// exact nucleus path (lists of whole tiles up to 1024 tokens).
     pub fn exact_lists(&self, need: u32) -> GpuConfig {
         let mut c = self.clone();
         c.list_per_tile = need.clamp(1, MAX_LIST_CAPACITY).min(self.vocab_tile);
@@ -605,8 +605,8 @@ impl GpuConfig {
                 format!("{}; the pipeline keeps no lists (filter / top_logprobs), so 0", self.list_per_tile),
             ));
         }
-        // Longer than the capacity is allowed: the runtime's NucleusTooLarge fallback merges
-        // `MAX_LIST_CAPACITY` entries per row.
+        // Longer than the capacity is allowed: the runtime's exact nucleus path lists whole
+        // tiles (up to `MAX_LIST_CAPACITY` entries).
         let max = MAX_LIST_CAPACITY.min(self.vocab_tile);
         if cap > 0 && !(1..=max).contains(&self.list_per_tile) {
             return Err(bad(

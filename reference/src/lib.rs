@@ -14,6 +14,7 @@
 //! `abi::math::TANH_SATURATE` is exactly `abi::math::softcap_f32`'s saturated value.
 
 use flashsample_abi::{
+    filter::blocked_sum_depth,
     math::{softcap_f32, EXP_MIN_INPUT, TANH_SATURATE},
     rng::{gumbel_f64, noise_bits, GUMBEL_F32_ABS_ERROR},
     ParamError, RowError, RowFilter, SamplingParams,
@@ -519,7 +520,9 @@ fn cuts(order: &[usize], logits: &[f64], f: &RowFilter, b: f64) -> (usize, usize
         } else {
             0.0
         };
-        let tol = 4.0 * b + (n as f64 + 8.0) * 4.0 * U + spread;
+        // The f32 sums run in `abi::filter::BlockedMass` order: any prefix is a sum of depth
+        // `blocked_sum_depth`, not of its length (they agree up to 1024 entries).
+        let tol = 4.0 * b + (blocked_sum_depth(hi.max(n)) as f64 + 8.0) * 4.0 * U + spread;
         let limit = hi.max(n);
         // cum[i]: mass of order[..i], relative to the f64 set's.
         let mut cum = vec![0.0; limit + 1];

@@ -8,8 +8,7 @@ use crate::{
     Error, Result, Samples, Tensor,
 };
 use std::collections::HashMap;
-use flashsample_abi::{Candidate, LsePartial, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
-use flashsample_ir::MAX_LIST_CAPACITY;
+use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
@@ -131,7 +130,8 @@ impl CpuBackend {
         self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize)
     }
 
-    /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's capacity).
+    /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's
+    /// capacity; whole tiles for the exact nucleus path).
     #[allow(clippy::too_many_arguments)]
     fn stage_one_with_lists(
         &self,
@@ -198,31 +198,69 @@ impl CpuBackend {
         let hidden_f32 = host_f32(hidden)?;
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
-        let mut per_tile = capacity;
-        loop {
-            let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile)?;
-            let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
-            let top_logprobs = match &one.lists {
-                Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced, &mut status),
-                None => None,
-            };
-            // A top-p / min-p nucleus past the pipeline's capacity: rerun once with the largest
-            // lists; exact, just slower, and only for such launches.
-            if per_tile < MAX_LIST_CAPACITY as usize && status.contains(&RowStatus::NucleusTooLarge) {
-                per_tile = MAX_LIST_CAPACITY as usize;
-                continue;
-            }
-            let target_logprobs = match (&one.target_logits, &reduced.logsumexp) {
-                (Some(t), Some(lse)) => Some(Samples::target_logprobs(t, lse, &status)),
-                _ => None,
-            };
-            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, per_tile.max(capacity));
-            samples.target_logprobs = target_logprobs;
-            samples.top_logprobs = top_logprobs;
-            return Ok(samples);
+        let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity)?;
+        let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
+        let top_logprobs = match &one.lists {
+            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced, &mut status),
+            None => None,
+        };
+        let rows = stage_three::nucleus_rows(&status);
+        if !rows.is_empty() {
+            self.serve_exact(&hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
         }
+        let target_logprobs = match (&one.target_logits, &reduced.logsumexp) {
+            (Some(t), Some(lse)) => Some(Samples::target_logprobs(t, lse, &status)),
+            _ => None,
+        };
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, capacity);
+        samples.target_logprobs = target_logprobs;
+        samples.top_logprobs = top_logprobs;
+        Ok(samples)
+    }
+
+    /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly: stage one again
+    /// for those rows alone, with lists that hold whole tiles, then
+    /// [`stage_three::finish_exact`]. Costs one pass over the weights at `rows.len()` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_exact(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        rows: &[usize],
+        reduced: &mut RowResult,
+        status: &mut [RowStatus],
+    ) -> Result<()> {
+        let subset = params.select_rows(rows, shape.vocab);
+        let sub = subset.params();
+        let hidden: Vec<f32> = rows.iter().flat_map(|&r| hidden_f32[r * shape.dim..][..shape.dim].iter().copied()).collect();
+        let sub_shape = Shape { batch: rows.len(), ..shape };
+        let config = self.whole_tile_config(sub_shape);
+        let allowed = sub.allowed_bitset(sub_shape.batch, shape.vocab);
+        let per_tile = config.vocab_tile as usize;
+        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile)?;
+        // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
+        if let Some((layout, lists)) = &one.lists {
+            // On the kernels' pool: the draw over a large nucleus runs in parallel.
+            let pool = flashsample_codegen_cpu::thread_pool(config.threads)?;
+            pool.install(|| stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, reduced, status));
+        }
+        Ok(())
+    }
+
+    /// The heuristic config for `shape` with a vocabulary tile that a list of
+    /// `vocab_tile` entries holds whole (at least the pipeline's capacity, which the kernel
+    /// requires of every list). Small: each token enters a sorted list, which costs its length.
+    fn whole_tile_config(&self, shape: Shape) -> CpuConfig {
+        let capacity = (self.pipeline.list_capacity() as usize).next_multiple_of(4);
+        CpuConfig { vocab_tile: capacity.max(WHOLE_TILE) as u32, ..self.heuristic(shape) }
     }
 }
+
+/// Vocabulary tile of the exact nucleus path's stage one (unless the capacity is larger): the
+/// whole-tile lists cost `vocab_tile` list moves per token.
+const WHOLE_TILE: usize = 64;
 
 /// What stage one left for stage two.
 pub(crate) struct StageOne {

@@ -22,8 +22,8 @@ pub struct Shape {
 
 /// Sampled tokens of one launch, row-major `[batch, samples_per_row]`, with each row's outcome.
 ///
-/// A row the kernels could not sample (every token masked, a non-finite logit, a top-p / min-p
-/// nucleus larger than the lists) does not fail its batch: its error is in
+/// A row the kernels could not sample (every token masked, a non-finite logit) does not fail
+/// its batch: its error is in
 /// [`Samples::row_errors`], its tokens are `abi::INDEX_NONE` (never a vocabulary index) and its
 /// scores, logprobs and logsumexp are NaN. Read a row through [`Samples::row_outcome`], or
 /// demand that every row was sampled with [`Samples::into_complete`].

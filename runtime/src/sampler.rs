@@ -61,9 +61,10 @@ impl Sampler {
     /// `weights` (`[V, D]`), with the tuned (or heuristic) config for this shape.
     ///
     /// Bad inputs fail the call; a row that only the kernels find unsamplable (all masked,
-    /// non-finite logits, a nucleus past the lists) gets its error in
+    /// non-finite logits) gets its error in
     /// [`Samples::row_errors`] while every other row is sampled ([`Samples::into_complete`]
-    /// turns any such row into the call's error).
+    /// turns any such row into the call's error). A top-p / min-p nucleus larger than the
+    /// candidate lists is served exactly by recomputing that row alone (DESIGN.md step 9).
     pub fn sample(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Samples> {
         let shape = self.check(&hidden, &weights, params)?;
         let config = self.config_for(shape.batch, shape.dim, shape.vocab);

@@ -1,10 +1,13 @@
 //! Stage three on the host: top-k / min-p / top-p and top-n logprobs from stage one's per-tile
 //! lists (`abi::filter`), after stage two's unfiltered reduction. The CPU backend runs it; the
-//! CUDA backend runs the same steps in its `flashsample_filter` kernel.
+//! CUDA backend runs the same steps in its `flashsample_filter` kernel. Rows whose nucleus
+//! outgrew the lists are then served exactly from whole-tile lists of those rows alone
+//! ([`finish_exact`], both backends' host API).
 
-use flashsample_abi::filter::{draw, merge_row, survivors};
+use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
+use rayon::prelude::*;
 
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
@@ -20,8 +23,8 @@ pub(crate) fn finish(
     reduced: &mut RowResult,
     status: &mut [RowStatus],
 ) -> Option<TopLogprobs> {
-    // Lists at least as long as the capacity (the fallback's are longer) are merged to their
-    // own length: a longer list is exact for a larger nucleus.
+    // Lists at least as long as the capacity are merged to their own length: a longer list is
+    // exact for a larger nucleus.
     let need = layout.per_tile.max(pipeline.list_capacity() as usize);
     let samples = pipeline.samples_per_row() as usize;
     let top_n = pipeline.outputs.top_logprobs as usize;
@@ -59,20 +62,82 @@ pub(crate) fn finish(
                 continue;
             }
         };
-        let (key, stream_row) = params.row_stream(row);
-        let step = params.row_step(row);
-        for s in 0..samples {
-            let Some((w, score)) = draw(&top[..kept], key, stream_row, step, s as u32, params.vocab_offset) else {
-                status[row] = RowStatus::AllMasked;
-                break;
-            };
-            let i = row * samples + s;
-            reduced.tokens[i] = w.index;
-            reduced.scores[i] = score;
-            reduced.logits[i] = w.logit;
-        }
+        draw_samples(params, row, &top[..kept], samples, reduced, status);
     }
     top_logprobs
+}
+
+/// Draws every sample of `row` from `kept` (stage one's noise, the row's own stream), replacing
+/// stage two's token, score and logit; an empty set marks the row all masked.
+fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], samples: usize, reduced: &mut RowResult, status: &mut [RowStatus]) {
+    let (key, stream_row) = params.row_stream(row);
+    let step = params.row_step(row);
+    // A whole vocabulary's nucleus (100k+ tokens) is drawn in token order, one Philox call per
+    // token quad, on the current rayon pool; lists draw in list order.
+    let by_token = (kept.len() > LARGE_SET).then(|| {
+        let vocab = kept.iter().map(|s| s.index as usize + 1).max().unwrap_or(0);
+        KeptByToken::new(kept, vocab)
+    });
+    for s in 0..samples {
+        let drawn = match &by_token {
+            None => draw(kept, key, stream_row, step, s as u32, params.vocab_offset),
+            Some(t) => (0..t.quads().div_ceil(QUADS_PER_TASK))
+                .into_par_iter()
+                .map(|c| t.draw(c * QUADS_PER_TASK..((c + 1) * QUADS_PER_TASK).min(t.quads()), key, stream_row, step, s as u32, params.vocab_offset))
+                .reduce(|| None, |a, b| b.and_then(|c| better_draw(a, c)).or(a)),
+        };
+        let Some((w, score)) = drawn else {
+            status[row] = RowStatus::AllMasked;
+            return;
+        };
+        let i = row * samples + s;
+        reduced.tokens[i] = w.index;
+        reduced.scores[i] = score;
+        reduced.logits[i] = w.logit;
+    }
+}
+
+/// Kept sets past this many tokens are drawn by [`KeptByToken`]: longer than any list, so only
+/// the exact nucleus path's (its layout and quad scan cost ~V/4 steps, nothing next to 100k+
+/// Philox calls).
+const LARGE_SET: usize = flashsample_ir::MAX_LIST_CAPACITY as usize;
+/// Token quads per task of a [`KeptByToken`] draw.
+const QUADS_PER_TASK: usize = 4096;
+
+/// The rows [`finish`] (or the GPU's stage three) left with a nucleus past the lists.
+pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
+    (0..status.len()).filter(|&r| status[r] == RowStatus::NucleusTooLarge).collect()
+}
+
+/// Serves `rows` of the launch exactly (DESIGN.md step 9 "Exact nucleus"). `lists` comes from a
+/// stage one of those rows alone (`layout.batch == rows.len()`, entry `i` is `rows[i]`) with
+/// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted (in
+/// parallel, on the current rayon pool) they are the `top` of [`survivors`] with `complete =
+/// true`, and [`draw`]'s winner over the cut is drawn with the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
+/// logsumexp is stage two's.
+pub(crate) fn finish_exact(
+    pipeline: &Pipeline,
+    params: &SamplingParams<'_>,
+    rows: &[usize],
+    layout: TopLists,
+    lists: &[Scored],
+    reduced: &mut RowResult,
+    status: &mut [RowStatus],
+) {
+    let samples = pipeline.samples_per_row() as usize;
+    for (i, &row) in rows.iter().enumerate() {
+        let top = whole_row_with(layout.row(lists, i), |keyed| keyed.par_sort_unstable_by_key(|e| e.0));
+        let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
+        // A complete list bounds every filter, so this cannot fail; if it did, the row keeps
+        // its list status rather than a sample.
+        match survivors(&top, &params.row_filter(row), lse, true, row) {
+            Ok(kept) => {
+                status[row] = RowStatus::Ok;
+                draw_samples(params, row, &top[..kept], samples, reduced, status);
+            }
+            Err(e) => status[row] = list_status(e),
+        }
+    }
 }
 
 fn list_status(e: ListError) -> RowStatus {

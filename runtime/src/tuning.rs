@@ -26,7 +26,7 @@ pub const TUNING_ENV: &str = "FLASHSAMPLE_TUNING";
 const SHIPPED: &[(&str, &str)] = &[("runtime/tuning/h200.json", include_str!("../tuning/h200.json"))];
 
 /// Host scratch of one CPU launch per (row, vocab tile), at most: one sample's candidate, the
-/// logsumexp partial and the largest top lists (the nucleus fallback's 1024 entries).
+/// logsumexp partial and the largest top lists (`max_k` ≤ `MAX_LIST_CAPACITY` entries).
 const CPU_SCRATCH_PER_ROW_TILE: usize =
     size_of::<Candidate>() + size_of::<LsePartial>() + MAX_LIST_CAPACITY as usize * size_of::<Scored>();
 

@@ -293,6 +293,15 @@ impl Case {
 }
 
 impl Case {
+    /// How many tokens the reference's filter keeps for `row` (its nucleus, for a top-p /
+    /// min-p row): tests of the exact nucleus path check it is past the largest lists.
+    pub fn kept_by_filter(&self, pipeline: &Pipeline, row: usize) -> usize {
+        let params = self.params(pipeline);
+        let problem = self.problem(pipeline, &params);
+        let logits = problem.row_logits(row).expect("a samplable row");
+        problem.candidate_set(row, &logits).kept.len()
+    }
+
     /// `got` must be `n` most likely tokens of `row`, most likely first, with their logprobs:
     /// each logprob within tolerance of the reference, each token within the f32 bounds of the
     /// reference's n-th largest logit (so only near-ties may swap).

@@ -1,7 +1,7 @@
 //! The Cranelift CPU backend against the float64 reference: pathwise on random shapes,
 //! chi-square against softmax, and every edge case and bad input.
 
-use flashsample::{Device, Error, ListError, ParamError, PenaltyArg, RowError, RowFilter, RowStatusError, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{Device, Error, ParamError, PenaltyArg, RowError, RowFilter, RowStatusError, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::{chi_square, chi_square_filter_cases, chi_square_filtered, chi_square_pipelines, Case, MatrixData};
 use proptest::prelude::*;
@@ -85,14 +85,8 @@ proptest! {
         let pipeline = &pipelines()[which];
         let sampler = Sampler::new(pipeline.clone(), &cpu()).unwrap();
         let case = Case::random(pipeline, batch, dim, vocab, seed, 3.0);
-        let samples = match case.run(&sampler) {
-            // Near-flat logits (D = 1) can give a top-p nucleus wider than the 1024-entry
-            // lists: a documented error naming the row, not a sample to check.
-            Err(flashsample::Error::List(flashsample::ListError::NucleusTooLarge { .. })) => {
-                return Err(TestCaseError::reject("nucleus larger than the list capacity"));
-            }
-            r => r.map_err(|e| TestCaseError::fail(e.to_string()))?,
-        };
+        // Near-flat logits (D = 1) give top-p nuclei wider than the lists: served exactly too.
+        let samples = case.run(&sampler).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let rows: Vec<usize> = (0..batch).collect();
         case.check(pipeline, &samples, &rows).map_err(TestCaseError::fail)?;
     }
@@ -325,15 +319,12 @@ fn vocab_offset_shifts_the_noise_to_global_indices() {
 fn filter_and_penalty_errors_name_the_row_and_the_problem() {
     let p = serving();
     let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
-    // A flat distribution over 5000 tokens: the 0.9-nucleus holds thousands, past max_k = 8
-    // and past the runtime's fallback lists.
-    let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.9));
-    let e = case.run(&sampler).unwrap_err();
-    assert!(matches!(e, Error::List(ListError::NucleusTooLarge { row: 0, capacity: 1024 })), "{e}");
-    assert!(e.to_string().contains("set a top-k"), "{e}");
-    // A nucleus of ~50 tokens is past max_k = 8 but within the fallback: exact all the same.
-    let mid = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.01));
-    mid.check(&p, &mid.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+    // A flat distribution over 5000 tokens: the 0.9-nucleus holds thousands, past max_k = 8,
+    // and a nucleus of ~50 is past it too: both are served exactly.
+    for top_p in [0.9, 0.01] {
+        let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(top_p));
+        case.check(&p, &case.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+    }
     // With a top-k the same rows are fine.
     let ok = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter { top_k: 8, top_p: 0.9, min_p: 0.0 });
     ok.check(&p, &ok.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
@@ -356,6 +347,30 @@ fn filter_and_penalty_errors_name_the_row_and_the_problem() {
     let far = vec![vec![], vec![(500, 1)], vec![]];
     let pen = PenaltyArg { history: &far, ..params.penalties.unwrap() };
     assert!(matches!(run(&SamplingParams { penalties: Some(pen), ..params }), Error::Param(ParamError::HistoryOutOfRange { row: 1, token: 500, .. })));
+}
+
+/// Top-p 0.95 at T = 2 and min-p nuclei of thousands of tokens (past max_k and past 1024, the
+/// largest lists) are served exactly: pathwise equal to the reference, every sample of each row.
+#[test]
+fn nuclei_larger_than_the_lists_are_served_exactly() {
+    let p = serving();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let mut case = Case::random(&p, 5, 32, 7000, 31, 3.0);
+    case.temperatures.fill(2.0);
+    case.filters = vec![
+        RowFilter::top_p(0.95),
+        RowFilter { min_p: 0.01, ..RowFilter::OFF },
+        RowFilter { top_k: 0, top_p: 0.98, min_p: 0.002 },
+        RowFilter::top_k(8),
+        RowFilter::top_p(0.95),
+    ];
+    for row in [0, 1, 2, 4] {
+        let kept = case.kept_by_filter(&p, row);
+        assert!(kept > flashsample_ir::MAX_LIST_CAPACITY as usize, "row {row}: a nucleus of {kept} fits the lists");
+    }
+    let samples = case.run_rows(&sampler).unwrap();
+    assert!(samples.is_complete(), "{:?}", samples.row_errors);
+    case.check(&p, &samples, &[0, 1, 2, 3, 4]).unwrap();
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (pathwise equal to the float64 reference at every (seed, step)), and per-row outcomes (one
 //! bad request never sinks its batch).
 
-use flashsample::{Device, ListError, RowError, RowFilter, RowStatusError, Sampler, SamplingParams};
+use flashsample::{Device, RowError, RowFilter, RowStatusError, Sampler, SamplingParams};
 use flashsample_abi::INDEX_NONE;
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::{Case, MatrixData};
@@ -137,14 +137,30 @@ fn an_all_masked_row_fails_alone() {
     }
 }
 
+/// B = 64: 63 rows on top-k 5 and one lone top-p 0.95 at T = 2 whose nucleus holds thousands of
+/// tokens (past max_k = 8 and past 1024): every row is sampled, equal to the reference, also at
+/// a decode step and with per-row seeds (the exact path draws with the row's own stream and
+/// step, not its position in the recomputed launch).
 #[test]
-fn a_nucleus_past_the_lists_fails_alone() {
+fn a_nucleus_past_the_lists_is_served_among_top_k_rows() {
     let p = serving();
-    // Flat logits over 5000 tokens: a lone top-p 0.95 nucleus holds thousands of tokens, past
-    // max_k = 8 and the 1024-entry fallback; the other rows keep a top-k.
-    let mut case = Case::random(&p, 64, 16, 5000, 23, 1e-3);
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let mut case = Case::random(&p, 64, 16, 5000, 23, 3.0);
     for (r, f) in case.filters.iter_mut().enumerate() {
         *f = if r == 63 { RowFilter::top_p(0.95) } else { RowFilter::top_k(5) };
     }
-    check_one_bad_row(&p, &case, 63, RowStatusError::List(ListError::NucleusTooLarge { row: 63, capacity: 1024 }));
+    case.temperatures[63] = 2.0;
+    assert!(case.kept_by_filter(&p, 63) > 1024, "the nucleus fits the lists");
+    let rows: Vec<usize> = (0..64).collect();
+    let steps = [9u32; 64];
+    let seeds: Vec<u64> = (0..64).map(|r| 1000 + r).collect();
+    for params in [
+        case.params(&p),
+        SamplingParams { row_steps: Some(&steps), ..case.params(&p) },
+        SamplingParams { row_steps: Some(&steps), row_seeds: Some(&seeds), ..case.params(&p) },
+    ] {
+        let got = sample(&sampler, &case, &params);
+        assert!(got.is_complete(), "{:?}", got.row_errors);
+        case.check_with(&p, &params, &got, &rows).unwrap();
+    }
 }

@@ -9,10 +9,16 @@
 //! `--unfused` adds this crate's portable Rust baseline (multi-threaded matmul writing `[B, V]`
 //! f32 logits, then softmax and inverse-CDF sampling). `--filter` samples with top-k 50 +
 //! top-p 0.9 instead (the Rust baseline then selects the top 50 per row, renormalizes, cuts
-//! at 0.9 and draws; the Python peers do not filter, so they are skipped).
+//! at 0.9 and draws; the Python peers do not filter, so they are skipped). `--nucleus` (with
+//! `--filter`) also times the same batch with its last row on a lone top-p 0.95 at T = 2, a
+//! nucleus far past the lists that the sampler serves exactly by recomputing that row alone
+//! (DESIGN.md step 9), and prints that launch's time over the batch's (the budget is 2x). A
+//! lone top-p row makes the whole launch compute the row logsumexps (to see whether its
+//! nucleus fits the lists), so it also times the batch with a lone top-p row whose nucleus is
+//! one token ("lse batch"): the exact path's own cost is the ratio to that.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
 use flashsample_bench::{median_secs, print_table};
 use flashsample_ir::DType;
@@ -34,6 +40,9 @@ struct Args {
     /// Sample with top-k 50 and top-p 0.9 (fused and Rust baseline; no Python peers).
     #[arg(long)]
     filter: bool,
+    /// With `--filter`: also time the batch with one lone top-p 0.95 row at T = 2.
+    #[arg(long, requires = "filter")]
+    nucleus: bool,
     /// Force a CPU engine (`cranelift`, `avx512bf16`) instead of the heuristic's choice.
     #[arg(long)]
     engine: Option<CpuEngine>,
@@ -58,6 +67,11 @@ struct Args {
 
 const TOP_K: usize = 50;
 const TOP_P: f32 = 0.9;
+/// The `--nucleus` row: issue 26's lone top-p 0.95 at T = 2.
+const NUCLEUS_TOP_P: f32 = 0.95;
+const NUCLEUS_T: f32 = 2.0;
+/// The "lse batch" row's top-p: a nucleus of one token (it fits), the same logsumexp work.
+const LSE_ONLY_TOP_P: f32 = 1e-6;
 
 /// Unfused stage 1: `[B, V]` f32 logits, 4 vocab rows at a time so each widened weight
 /// vector is reused across the batch; 8 independent accumulators let LLVM vectorize.
@@ -261,10 +275,13 @@ fn main() -> flashsample::Result<()> {
         Device::Cpu { threads } => *threads,
         _ => 1,
     };
-    let mut pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16).temperature_const(0.7);
-    if args.filter {
-        pipeline = pipeline.filter("filter", 64);
-    }
+    let mut pipeline = PipelineBuilder::new("Bench", DType::BF16, DType::BF16);
+    pipeline = if args.filter {
+        // Per-row temperatures, so the `--nucleus` row can run at T = 2.
+        pipeline.temperature_per_row("t").filter("filter", 64)
+    } else {
+        pipeline.temperature_const(0.7)
+    };
     if args.logprobs {
         pipeline = pipeline.outputs(flashsample_ir::Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 0 });
     }
@@ -290,7 +307,13 @@ fn main() -> flashsample::Result<()> {
             let h = Tensor::host(&hidden, batch, dim)?;
             let w = Tensor::host(&weights, args.vocab, dim)?;
             let filters = vec![RowFilter { top_k: TOP_K as u32, top_p: TOP_P, min_p: 0.0 }; batch];
-            let params = SamplingParams { seed: 7, filter: args.filter.then_some(&filters[..]), ..Default::default() };
+            let temps = vec![0.7f32; batch];
+            let params = SamplingParams {
+                seed: 7,
+                filter: args.filter.then_some(&filters[..]),
+                temperature: if args.filter { TemperatureArg::PerRow(&temps) } else { TemperatureArg::None },
+                ..Default::default()
+            };
             let config = match args.engine {
                 Some(engine) => {
                     KernelConfig::Cpu(CpuConfig { threads, ..CpuConfig::heuristic_for_engine(engine, batch, dim, args.vocab) })
@@ -302,6 +325,20 @@ fn main() -> flashsample::Result<()> {
                 _ => "?".into(),
             };
             let fused = median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config).map(|_| ()))?;
+            let nucleus = if args.nucleus {
+                // The last row on a lone top-p: `top_p` at temperature `t`; every row must be
+                // sampled (the nucleus row exactly).
+                let time_last_row = |top_p: f32, t: f32| {
+                    let (mut filters, mut temps) = (filters.clone(), temps.clone());
+                    filters[batch - 1] = RowFilter::top_p(top_p);
+                    temps[batch - 1] = t;
+                    let params = SamplingParams { filter: Some(&filters), temperature: TemperatureArg::PerRow(&temps), ..params };
+                    median_secs(1, args.reps, || sampler.sample_with(h, w, &params, &config)?.into_complete().map(|_| ()))
+                };
+                Some((time_last_row(LSE_ONLY_TOP_P, NUCLEUS_T)?, time_last_row(NUCLEUS_TOP_P, NUCLEUS_T)?))
+            } else {
+                None
+            };
             let unfused = args.unfused.then(|| {
                 let hidden_f32: Vec<f32> = hidden.iter().map(|x| x.to_f32()).collect();
                 let mut logits = vec![0.0f32; batch * args.vocab];
@@ -316,7 +353,7 @@ fn main() -> flashsample::Result<()> {
                 })
                 .unwrap_or(f64::NAN)
             });
-            ours.push((batch, engine, fused, unfused));
+            ours.push((batch, engine, fused, unfused, nucleus));
         }
         // The peers allocate their own weights: free ours first.
         drop(weights);
@@ -328,7 +365,7 @@ fn main() -> flashsample::Result<()> {
         } else {
             Vec::new()
         };
-        for (batch, engine, fused, unfused) in ours {
+        for (batch, engine, fused, unfused, nucleus) in ours {
             let p = peers.iter().find(|(b, _)| *b == batch).map(|&(_, p)| p).unwrap_or_default();
             let torch = p.torch_pipeline();
             rows.push(vec![
@@ -346,6 +383,10 @@ fn main() -> flashsample::Result<()> {
                 ms(unfused.map(|u| u * 1e3)),
                 format!("{:.1}", floor * 1e3),
                 format!("{:.1}", bw / 1e9),
+                ms(nucleus.map(|n| n.0 * 1e3)),
+                ms(nucleus.map(|n| n.1 * 1e3)),
+                nucleus.map_or_else(|| "–".into(), |n| format!("{:.2}x", n.1 / fused)),
+                nucleus.map_or_else(|| "–".into(), |n| format!("{:.2}x", n.1 / n.0)),
             ]);
         }
     }
@@ -365,6 +406,10 @@ fn main() -> flashsample::Result<()> {
             "Rust unfused",
             "floor ms",
             "read GB/s",
+            "lse batch ms",
+            "with a nucleus row ms",
+            "nucleus/batch",
+            "nucleus/lse batch",
         ],
         &rows,
     );

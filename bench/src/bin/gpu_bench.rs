@@ -7,7 +7,9 @@
 //! against a torch.compile'd matmul → /T → top-k → softmax → top-p → multinomial; then the
 //! per-step overhead of each API in a decode loop (`--overhead-batches`): wall time per step of
 //! the host API, of the device API (`cuda::SamplingPlan`) without a graph, and of a CUDA graph
-//! replay, next to the kernels' event time.
+//! replay, next to the kernels' event time. `--nucleus-batches`: the host API's wall time of a
+//! top-k 50 batch, and of the same batch with its last row on a lone top-p 0.95 at T = 2 (a
+//! nucleus far past the lists, served exactly by recomputing that row alone; budget 2x).
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
@@ -62,6 +64,10 @@ struct Args {
     /// replay, next to the kernels' event time); empty for none.
     #[arg(long, default_value = "1,16,64,256", value_parser = batch_list)]
     overhead_batches: BatchList,
+    /// Batches of the exact-nucleus table (host API wall time with and without one lone
+    /// top-p 0.95 row at T = 2); empty for none.
+    #[arg(long, default_value = "1,64", value_parser = batch_list)]
+    nucleus_batches: BatchList,
     /// Zero the hidden rows from this one on (the kernel's work and traffic stay the same,
     /// only the tensor cores' operands change): isolates data-dependent costs such as power.
     #[arg(long)]
@@ -238,6 +244,7 @@ fn main() {
     let lse_only = Sampler::new(lse_only, &device).expect("logsumexp sampler");
     // (D, V, B, fused seconds, config)
     let mut filter_rows: Vec<(usize, usize, usize, f64, String)> = Vec::new();
+    let mut nucleus_rows: Vec<Vec<String>> = Vec::new();
     let mut rows = Vec::new();
     let mut copy_bw = 0.0f64;
     let mut overhead_rows: Vec<Vec<String>> = Vec::new();
@@ -360,6 +367,9 @@ fn main() {
                 eprintln!("  stage one B={batch}: filtered with list_per_tile 1 {one_s1:.1} us");
             }
             filter_rows.push((dim, vocab, batch, fused_s, config));
+        }
+        for &batch in &args.nucleus_batches.0 {
+            nucleus_rows.push(nucleus_row(&filtered, wt[0], dim, vocab, batch, args.reps.clamp(5, 20)));
         }
     }
 
@@ -484,6 +494,14 @@ fn main() {
         println!("top-k 50 + top-p 0.9 (fused stage one + two + three vs torch.compile'd matmul, /T, top-k, softmax, top-p, multinomial):");
         print_table(&["D", "V", "B", "fused filtered", "fused unfiltered", "compile top-k/top-p", "speedup", "config"], &ftable);
     }
+    if !nucleus_rows.is_empty() {
+        println!();
+        println!(
+            "exact nucleus (host API wall time, ms, synchronous: a top-k 50 batch, and the same batch with its last row on a lone \
+             top-p 0.95 at T = 2, served exactly; budget <= 2x):"
+        );
+        print_table(&["D", "V", "B", "batch", "with a nucleus row", "ratio"], &nucleus_rows);
+    }
     if !overhead_rows.is_empty() {
         println!();
         println!(
@@ -493,6 +511,26 @@ fn main() {
         );
         print_table(&["D", "V", "B", "kernels", "host API", "host/kernels", "device API", "device/kernels", "graph replay", "graph/kernels"], &overhead_rows);
     }
+}
+
+/// One row of the exact-nucleus table: median host-API wall times of a top-k 50 batch and of
+/// the same batch with its last row on a lone top-p 0.95 at T = 2 (every row must be sampled).
+fn nucleus_row(sampler: &Sampler, wt: Tensor<'_>, dim: usize, vocab: usize, batch: usize, reps: usize) -> Vec<String> {
+    let hidden = random_bf16(batch * dim, 1.0, 29 + batch as u64);
+    let ht = Tensor::host(&hidden, batch, dim).expect("hidden");
+    let mut temps = vec![0.7f32; batch];
+    let mut filters = vec![RowFilter::top_k(50); batch];
+    let time = |temps: &[f32], filters: &[RowFilter]| {
+        let params = SamplingParams { temperature: TemperatureArg::PerRow(temps), seed: 99, filter: Some(filters), ..Default::default() };
+        flashsample_bench::median_secs(2, reps, || sampler.sample(ht, wt, &params)?.into_complete().map(|_| ()))
+            .unwrap_or_else(|e| panic!("nucleus D={dim} V={vocab} B={batch}: {e}"))
+    };
+    let plain = time(&temps, &filters);
+    temps[batch - 1] = 2.0;
+    filters[batch - 1] = RowFilter::top_p(0.95);
+    let with = time(&temps, &filters);
+    eprintln!("exact nucleus D={dim} V={vocab} B={batch}: {:.2} ms, with the nucleus row {:.2} ms", plain * 1e3, with * 1e3);
+    vec![dim.to_string(), vocab.to_string(), batch.to_string(), format!("{:.2}", plain * 1e3), format!("{:.2}", with * 1e3), format!("{:.2}x", with / plain)]
 }
 
 /// One row of the overhead table: medians over `reps` steps at one weight buffer.

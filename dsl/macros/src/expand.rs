@@ -123,7 +123,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
                     format!(
                         "`[{b}]` per-row top-k / top-p / min-p (`RowFilter::OFF` leaves a row unfiltered); \
                          `top_k` at most {max_k}, the declared `max_k` (a row with no top-k whose top-p / min-p \
-                         nucleus outgrows the candidate lists fails with `ListError::NucleusTooLarge`)"
+                         nucleus outgrows the candidate lists is served exactly by `Sampler::sample`; a \
+                         device-API launch reports it as `ListError::NucleusTooLarge`)"
                     ),
                 )
             }

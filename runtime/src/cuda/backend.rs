@@ -10,9 +10,10 @@
 //!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
 //!   whole tile cannot have dropped anything, so this rerun cannot overflow).
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
-//!   list_capacity`; rerun with `need = MAX_LIST_CAPACITY` and exact lists for it (DESIGN.md
-//!   step 9 "Fallback"). Only a row whose nucleus is past 1024 tokens keeps the status, as its
-//!   row error.
+//!   list_capacity`; those rows alone run stage one again with whole-tile lists, which are
+//!   read back and cut exactly on the host (`stage_three::finish_exact`, DESIGN.md step 9
+//!   "Exact nucleus"). A row keeps the status only if the config's vocabulary tile is longer
+//!   than the longest list (`MAX_LIST_CAPACITY`).
 //!
 //! Launches that do not need the rows' logsumexp (`SamplingParams::needs_logsumexp` false)
 //! use the stage-one variant without it (`CodegenOptions::skip_logsumexp`).
@@ -22,11 +23,12 @@ use super::device::drv;
 use super::plan::{from_bytes, Args, Boundary, SamplingPlan};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
+use crate::stage_three;
 use crate::tensor::Storage;
 use crate::tuning::{self, DeviceIdentity, ShapeKey};
 use crate::{Error, Result, Tensor};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
-use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, INDEX_NONE};
+use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists, INDEX_NONE};
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
@@ -125,6 +127,8 @@ struct Readback {
     reduced: RowResult,
     top: Option<Vec<Scored>>,
     target_logprobs: Option<Vec<f32>>,
+    /// Stage one's lists, when asked for (the exact nucleus path).
+    lists: Option<(TopLists, Vec<Scored>)>,
 }
 
 impl CudaSampler {
@@ -348,45 +352,76 @@ impl CudaSampler {
     pub(crate) fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
         let lse = self.launch_lse(params, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
-        let mut need = self.pipeline.list_capacity();
-        loop {
-            let r = self.sample_once(hidden, weights, params, shape, &config, need, lse)?;
-            if r.status.contains(&RowStatus::ListOverflow) {
-                let exact = config.exact_lists(need);
-                // Whole-tile lists never overflow: a second overflow is reported, never looped on.
-                if exact.list_per_tile > config.list_per_tile {
-                    config = exact;
-                    continue;
-                }
+        let need = self.pipeline.list_capacity();
+        let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false)?;
+        if r.status.contains(&RowStatus::ListOverflow) {
+            let exact = config.exact_lists(need);
+            // Whole-tile lists never overflow: a second overflow is reported, never rerun.
+            if exact.list_per_tile > config.list_per_tile {
+                config = exact;
+                r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false)?;
             }
-            if r.status.contains(&RowStatus::NucleusTooLarge) && need < MAX_LIST_CAPACITY {
-                need = MAX_LIST_CAPACITY;
-                config = config.exact_lists(need);
-                continue;
-            }
-            let top_n = self.pipeline.outputs.top_logprobs as usize;
-            let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize);
-            // Stage two turned the targets' logits into logprobs; a row stage three failed
-            // (list errors) gets NaN here too, as on the CPU.
-            samples.target_logprobs = r.target_logprobs.map(|mut t| {
-                t.iter_mut().zip(&r.status).filter(|(_, st)| **st != RowStatus::Ok).for_each(|(x, _)| *x = f32::NAN);
-                t
-            });
-            samples.top_logprobs = r.top.map(|top| {
-                top.chunks(top_n.max(1))
-                    .take(shape.batch)
-                    .zip(&r.status)
-                    .map(|(row, st)| match st {
-                        RowStatus::Ok => row.iter().take_while(|s| s.index != INDEX_NONE).map(|s| (s.index, s.logit)).collect(),
-                        _ => Vec::new(),
-                    })
-                    .collect()
-            });
-            return Ok(samples);
         }
+        let rows = stage_three::nucleus_rows(&r.status);
+        if !rows.is_empty() {
+            self.serve_exact(hidden, weights, params, shape, &config, &rows, &mut r)?;
+        }
+        let top_n = self.pipeline.outputs.top_logprobs as usize;
+        // Stage two turned the targets' logits into logprobs; a row stage three failed (list
+        // errors) gets NaN here too, as on the CPU.
+        let target_logprobs = r.target_logprobs.take().map(|mut t| {
+            t.iter_mut().zip(&r.status).filter(|(_, st)| **st != RowStatus::Ok).for_each(|(x, _)| *x = f32::NAN);
+            t
+        });
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize);
+        samples.target_logprobs = target_logprobs;
+        samples.top_logprobs = r.top.map(|top| {
+            top.chunks(top_n.max(1))
+                .take(shape.batch)
+                .zip(&r.status)
+                .map(|(row, st)| match st {
+                    RowStatus::Ok => row.iter().take_while(|s| s.index != INDEX_NONE).map(|s| (s.index, s.logit)).collect(),
+                    _ => Vec::new(),
+                })
+                .collect()
+        });
+        Ok(samples)
     }
 
-    /// One host launch of every stage with `config` and stage three merging `need` per row.
+    /// Serves `rows` (their nucleus outgrew the lists) exactly: stage one of those rows alone
+    /// with whole-tile lists, read back and cut on the host ([`stage_three::finish_exact`]).
+    #[allow(clippy::too_many_arguments)]
+    fn serve_exact(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        rows: &[usize],
+        r: &mut Readback,
+    ) -> Result<()> {
+        let whole = config.exact_lists(MAX_LIST_CAPACITY);
+        if whole.list_per_tile < whole.vocab_tile {
+            // No list holds a whole tile of this config: the rows keep their status.
+            return Ok(());
+        }
+        let bytes = hidden_rows(hidden, rows, shape.dim)?;
+        let sub_hidden = Tensor { dtype: hidden.dtype, rows: rows.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
+        let subset = params.select_rows(rows, shape.vocab);
+        let sub = subset.params();
+        let sub_shape = Shape { batch: rows.len(), ..shape };
+        let lse = self.launch_lse(&sub, sub_shape.batch);
+        let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true)?;
+        if let Some((layout, lists)) = &one.lists {
+            // The draw over a large nucleus runs on rayon's global pool (one per process).
+            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, &mut r.reduced, &mut r.status);
+        }
+        Ok(())
+    }
+
+    /// One host launch of every stage with `config` and stage three merging `need` per row;
+    /// `lists`: also read back stage one's lists.
     #[allow(clippy::too_many_arguments)]
     fn sample_once(
         &self,
@@ -397,6 +432,7 @@ impl CudaSampler {
         config: &GpuConfig,
         need: u32,
         lse: bool,
+        lists: bool,
     ) -> Result<Readback> {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
@@ -416,14 +452,16 @@ impl CudaSampler {
         let top = if up.args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
         let target_logprobs =
             if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
+        let lists = if lists { plan.download_lists(shape.batch)? } else { None };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
+        let lists = lists.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
         drop(up);
         let status = status
             .iter()
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.
@@ -595,6 +633,21 @@ impl CudaSampler {
             _ => Err(Error::ConfigBackend { sampler: self.device.describe() }),
         }
     }
+}
+
+/// The bytes of `rows` of a hidden-state tensor `[B, dim]` (a device tensor is copied to the
+/// host first: the exact nucleus path uploads these rows as a launch of their own).
+fn hidden_rows(hidden: &Tensor<'_>, rows: &[usize], dim: usize) -> Result<Vec<u8>> {
+    let copied;
+    let bytes = match hidden.storage {
+        Storage::Host(b) => b,
+        Storage::Device(d) => {
+            copied = d.to_host_bytes()?;
+            &copied[..]
+        }
+    };
+    let row_bytes = dim * hidden.dtype.size_bytes();
+    Ok(rows.iter().flat_map(|&r| bytes[r * row_bytes..][..row_bytes].iter().copied()).collect())
 }
 
 /// Bytes of a slice, at least one element's worth (a zero-length upload is still a valid

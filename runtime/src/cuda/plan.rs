@@ -8,8 +8,8 @@
 //! Exactness without a host round trip: the plan's kernels keep tile lists long enough that
 //! they cannot overflow (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)`
 //! entries), so stage three never needs the host's rerun. A row whose top-p / min-p nucleus
-//! outgrows the lists gets status `NucleusTooLarge` (the host API reruns such launches with
-//! longer lists; the device API reports the row).
+//! outgrows the lists gets status `NucleusTooLarge` (the host API then serves that row exactly
+//! from whole-tile lists of it alone, DESIGN.md step 9; the device API reports the row).
 //!
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
@@ -23,7 +23,7 @@ use super::{CudaDevice, DeviceInputs, DeviceOutputs};
 use crate::launch::{check_shape, Shape};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo};
+use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
 use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
@@ -522,6 +522,22 @@ impl SamplingPlan {
         let n = batch * samples;
         self.aux.finalize(stream, a.tokens, a.status, logits, row_lse, if row_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
         at(Boundary::End)
+    }
+
+    /// Queues a host copy of the per-tile lists a launch of `batch` rows left in the plan's
+    /// scratch (bytes, valid once the stream is synchronized), with their layout; `None`
+    /// for pipelines without lists. The host API's exact nucleus path reads whole-tile lists.
+    pub(crate) fn download_lists(&self, batch: usize) -> Result<Option<(TopLists, Vec<u8>)>> {
+        let Some(buf) = &self.scratch.lists else { return Ok(None) };
+        let k = self.kernel_for(batch)?;
+        // Stage one and three index the lists with the kernel's own tiles and list length.
+        let layout = TopLists { batch, tiles: self.geometry(k, batch).tiles, per_tile: k.config.list_per_tile as usize };
+        let bytes = self
+            .device
+            .stream()
+            .clone_dtoh(&buf.slice(0..layout.len() * std::mem::size_of::<Scored>()))
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        Ok(Some((layout, bytes)))
     }
 
     /// Overwrites the candidate and logsumexp-partial scratch with `poison` / all ones (tests check

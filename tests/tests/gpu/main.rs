@@ -20,7 +20,7 @@ mod robust;
 mod scoring;
 
 use flashsample::{
-    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, ListError, Matrix, RowError, RowFilter,
+    bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, Matrix, RowError, RowFilter,
     Sampler, SamplingParams, Schedule, Tensor,
 };
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
@@ -451,9 +451,8 @@ fn ptx_disk_cache() {
 // ---- filter (top-k / top-p / min-p), penalties, top logprobs, per-row seeds, vocab offset ----
 
 /// Logit spread of the filter tests: at the fixtures' temperatures (up to 1.5) a narrower one
-/// makes top-p 0.9 nuclei of thousands of tokens at V = 151936, which both backends
-/// (rightly) reject with `NucleusTooLarge`; `large_nuclei_fall_back_or_fail_naming_the_row`
-/// covers that case.
+/// makes top-p 0.9 nuclei of thousands of tokens at V = 151936, which take the exact nucleus
+/// path (a second stage one of those rows); `large_nuclei_are_served_exactly` covers it.
 const FILTER_LOGIT_STD: f32 = 8.0;
 
 /// What a serving stack runs (as the CPU suite's): penalties, per-row temperature, a grammar
@@ -606,19 +605,43 @@ fn short_lists_overflow_and_rerun_exactly() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn large_nuclei_fall_back_or_fail_naming_the_row() {
+fn large_nuclei_are_served_exactly() {
     let (device, _dev) = gpu();
     let p = serving();
     let sampler = Sampler::new(p.clone(), &device).unwrap();
-    // Flat over 5000 tokens: the 0.9-nucleus is past the 1024-entry fallback.
-    let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.9));
-    let e = case.run(&sampler).unwrap_err();
-    assert!(matches!(e, Error::List(ListError::NucleusTooLarge { row: 0, capacity: 1024 })), "{e}");
-    // ~50 tokens: past max_k = 8, within the fallback, exact.
-    let mid = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter::top_p(0.01));
-    mid.check(&p, &mid.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
-    let ok = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(RowFilter { top_k: 8, top_p: 0.9, min_p: 0.0 });
-    ok.check(&p, &ok.run(&sampler).unwrap(), &[0, 1, 2]).unwrap();
+    // Flat over 5000 tokens: the 0.9-nucleus holds thousands (past 1024), the 0.01 one ~50
+    // (past max_k = 8): both served exactly, as with a top-k.
+    for filter in [RowFilter::top_p(0.9), RowFilter::top_p(0.01), RowFilter { top_k: 8, top_p: 0.9, min_p: 0.0 }] {
+        let case = Case::random(&p, 3, 16, 5000, 2, 1e-3).with_filter(filter);
+        case.check(&p, &case.run(&sampler).unwrap(), &[0, 1, 2]).unwrap_or_else(|e| panic!("{filter:?}: {e}"));
+    }
+    // Issue 26's batch: 63 rows on top-k 50 and one lone top-p 0.95 at T = 2 at V = 151936,
+    // plus a min-p row: every row sampled and equal to the reference.
+    let p = PipelineBuilder::new("Serving50", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .mask("allowed")
+        .filter("filter", 50)
+        .gumbel("seed", 2)
+        .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let mut case = Case::random(&p, 64, 64, 151_936, 26, 3.0);
+    for (r, f) in case.filters.iter_mut().enumerate() {
+        *f = match r {
+            62 => RowFilter { min_p: 0.01, ..RowFilter::OFF },
+            63 => RowFilter::top_p(0.95),
+            _ => RowFilter::top_k(50),
+        };
+    }
+    case.temperatures[62] = 2.0;
+    case.temperatures[63] = 2.0;
+    for row in [62, 63] {
+        assert!(case.kept_by_filter(&p, row) > 1024, "row {row}: the nucleus fits the lists");
+    }
+    let got = case.run_rows(&sampler).unwrap();
+    assert!(got.is_complete(), "{:?}", got.row_errors);
+    case.check(&p, &got, &(0..64).collect::<Vec<_>>()).unwrap();
 }
 
 #[test]
