@@ -87,3 +87,28 @@ fn bad_targets_are_typed_errors() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A row whose top-p nucleus outgrows the lists is recomputed alone (the exact nucleus path):
+/// its scored target comes along, so every row is sampled and scored as the reference says.
+#[test]
+fn scoring_survives_the_exact_nucleus_path() {
+    use flashsample::RowFilter;
+    let p = PipelineBuilder::new("ScoreFiltered", DType::BF16, DType::BF16)
+        .logit_bias("logit_bias")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .filter("filter", 8)
+        .gumbel("seed", 1)
+        .target_logprob("targets")
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 3 })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let mut case = Case::random(&p, 4, 32, 7000, 13, 3.0);
+    case.temperatures.fill(2.0);
+    case.filters = vec![RowFilter::top_k(8), RowFilter::top_p(0.95), RowFilter::top_k(4), RowFilter::top_p(0.97)];
+    assert!(case.kept_by_filter(&p, 1) > flashsample_ir::MAX_LIST_CAPACITY as usize);
+    let got = case.run(&sampler).unwrap();
+    case.check(&p, &got, &[0, 1, 2, 3]).unwrap();
+    assert!(got.target_logprobs.unwrap().iter().all(|l| !l.is_nan()));
+}
