@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Peers of flashsample's fused scoring (`target_logprob`), timed in this process (run by score_bench).
+
+For one (D, V) and each row count R, with hidden states [R, D], weights [V, D] (bf16; W ~ U(-0.05,
+0.05), H ~ U(-1, 1)) and one target token per row:
+  torch_compile  torch.compile'd `log_softmax((H @ W.T).float()).gather(targets)`: the [R, V]
+                 logits are materialized
+  torch_eager    the same, eager
+  liger          Liger-Kernel's fused linear cross-entropy (reduction="none"; the per-row loss is
+                 -logprob), when `liger_kernel` imports and the device is CUDA; it chunks the
+                 rows, so its logits are never all in memory at once
+Times are medians of --reps calls after --warmup, in ms (CUDA: events around each call). Peak
+memory (CUDA only) is torch.cuda.max_memory_allocated during one call minus what was allocated
+before it, in MB. Prints one JSON object: {"torch", "liger", "device", "rows": [{"rows",
+"torch_compile", "torch_eager", "liger", "mem_torch_compile", "mem_torch_eager", "mem_liger"}]};
+a missing package or failing peer gives nulls (with the reason on stderr).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dim", type=int, required=True)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--rows", default="256,2048,8192")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",") if r]
+    V, D = args.vocab, args.dim
+    out = {"torch": None, "liger": None, "device": args.device, "rows": []}
+    try:
+        import torch
+    except ImportError:
+        print(json.dumps(out))
+        return
+    out["torch"] = torch.__version__
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        from importlib.metadata import version
+
+        liger_loss = LigerFusedLinearCrossEntropyLoss(reduction="none")
+        out["liger"] = version("liger-kernel")
+    except Exception as e:  # noqa: BLE001 - any import failure means "no Liger"
+        liger_loss = None
+        print(f"score_peers: no Liger-Kernel ({e})", file=sys.stderr)
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    w = (torch.rand(V, D, generator=g) * 0.1 - 0.05).to(torch.bfloat16).to(dev)
+
+    def score(h, w, t):
+        logits = (h @ w.T).float()
+        return torch.log_softmax(logits, dim=-1).gather(1, t[:, None])[:, 0]
+
+    compiled = torch.compile(score)
+
+    def liger(h, w, t):
+        # Liger's module takes the weight first; the per-row loss is lse - x_target.
+        return -liger_loss(w, h, t)
+
+    def timed(fn, h, t):
+        for _ in range(args.warmup):
+            fn(h, w, t)
+        times = []
+        for _ in range(args.reps):
+            if cuda:
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn(h, w, t)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            else:
+                s = time.perf_counter()
+                fn(h, w, t)
+                times.append((time.perf_counter() - s) * 1e3)
+        peak = None
+        if cuda:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn(h, w, t)
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+        return statistics.median(times), peak
+
+    for r in rows_list:
+        h = (torch.rand(r, D, generator=g) * 2 - 1).to(torch.bfloat16).to(dev)
+        t = torch.randint(0, V, (r,), generator=g).to(dev)
+        row = {"rows": r}
+        for name, fn, wanted in [("torch_compile", compiled, True), ("torch_eager", score, True), ("liger", liger, liger_loss is not None and cuda)]:
+            row[name], row["mem_" + name] = None, None
+            if not wanted:
+                continue
+            try:
+                row[name], row["mem_" + name] = timed(fn, h, t)
+            except Exception as e:  # noqa: BLE001 - an out-of-memory peer is a null, not a crash
+                print(f"score_peers: {name} at {r} rows failed: {e}", file=sys.stderr)
+                if cuda:
+                    torch.cuda.empty_cache()
+        out["rows"].append(row)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+//! Scoring benchmark (`target_logprob`, issue 24 item 3): per row the logprob of a given token
+//! from the LM head, the fused way (`score = target_logprob(logits, targets[B]); sample =
+//! argmax(logits);`, one f32 per row kept) against `bench/peers/score_peers.py` in a Python
+//! subprocess: torch.compile'd and eager `log_softmax(H·Wᵀ).gather(targets)` (the `[rows, V]`
+//! logits materialized) and Liger-Kernel's fused linear cross-entropy (CUDA only). Prints one
+//! markdown table per (D, V): medians, the ratio to each peer, and the memory each side needs
+//! beyond its inputs (ours: the scratch its layout implies; the peers': CUDA's peak).
+//!
+//! `--device cuda` runs on GPU 0 (device events; the weights uploaded once), else the CPU
+//! (wall time per launch).
+
+use clap::Parser;
+use flashsample::{bf16, ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, Tensor};
+use flashsample_abi::{Candidate, LsePartial};
+use flashsample_bench::print_table;
+use flashsample_ir::DType;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+#[derive(Parser)]
+struct Args {
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
+    shapes: Vec<String>,
+    #[arg(long, value_delimiter = ',', default_value = "256,2048,8192")]
+    rows: Vec<usize>,
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Python with PyTorch (and optionally liger-kernel) for the peers; `none` skips them.
+    #[arg(long, default_value = "python3")]
+    python: String,
+}
+
+/// The peers' medians (ms) and peak extra memory (MB) for one row count.
+#[derive(Default)]
+struct Peers {
+    compile: Option<f64>,
+    eager: Option<f64>,
+    liger: Option<f64>,
+    mem_compile: Option<f64>,
+    mem_liger: Option<f64>,
+}
+
+fn peers(args: &Args, dim: usize, vocab: usize) -> Result<Vec<(usize, Peers)>, String> {
+    if args.python == "none" {
+        return Ok(Vec::new());
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/score_peers.py");
+    let rows: Vec<String> = args.rows.iter().map(|r| r.to_string()).collect();
+    let out = std::process::Command::new(&args.python)
+        .arg(script)
+        .args(["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--rows", &rows.join(",")])
+        .args(["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run `{}`: {e}", args.python))?;
+    if !out.status.success() {
+        return Err(format!("`{} {script}` failed ({})", args.python, out.status));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("score_peers.py printed no JSON: {e}"))?;
+    eprintln!("score_bench: torch {}, liger {}", json["torch"], json["liger"]);
+    let list = json["rows"].as_array().ok_or("score_peers.py: no rows")?;
+    Ok(list
+        .iter()
+        .map(|r| {
+            let f = |k: &str| r[k].as_f64();
+            let n = r["rows"].as_u64().unwrap_or(0) as usize;
+            (n, Peers { compile: f("torch_compile"), eager: f("torch_eager"), liger: f("liger"), mem_compile: f("mem_torch_compile"), mem_liger: f("mem_liger") })
+        })
+        .collect())
+}
+
+/// Bytes of the scratch a scoring launch of `rows` uses with `config`: per (row, tile) a
+/// candidate and a logsumexp partial, and one f32 per row.
+fn scratch_bytes(config: &KernelConfig, rows: usize, vocab: usize) -> usize {
+    let tile = match config {
+        KernelConfig::Cpu(c) => c.vocab_tile as usize,
+        KernelConfig::Cuda(c) => c.vocab_tile as usize,
+    };
+    let tiles = vocab.div_ceil(tile);
+    rows * tiles * (size_of::<Candidate>() + size_of::<LsePartial>()) + rows * 4
+}
+
+fn fmt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let device = match args.device.as_str() {
+        "cpu" => Device::cpu(),
+        "cuda" => Device::cuda(0)?,
+        other => return Err(format!("--device {other}: expected cpu or cuda").into()),
+    };
+    let pipeline = PipelineBuilder::new("Score", DType::BF16, DType::BF16).argmax().target_logprob("targets").build()?;
+    let sampler = Sampler::new(pipeline, &device)?;
+    println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {} after {}", device.describe(), args.reps, args.warmup);
+    let mut rng = StdRng::seed_from_u64(3);
+    for shape in &args.shapes {
+        let (d, v) = shape.split_once(':').ok_or("--shapes takes D:V pairs")?;
+        let (dim, vocab): (usize, usize) = (d.parse()?, v.parse()?);
+        let w: Vec<bf16> = (0..vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05f32..0.05))).collect();
+        let w_dev = match &device {
+            Device::Cuda(c) => Some(c.upload(&w, vocab, dim)?),
+            _ => None,
+        };
+        let wt = match &w_dev {
+            Some(t) => Tensor::device(t),
+            None => Tensor::host(&w, vocab, dim)?,
+        };
+        let peer_rows = peers(&args, dim, vocab).unwrap_or_else(|e| {
+            eprintln!("score_bench: peers skipped: {e}");
+            Vec::new()
+        });
+        let mut table = Vec::new();
+        for &rows in &args.rows {
+            let h: Vec<bf16> = (0..rows * dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect();
+            let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
+            let params = SamplingParams { targets: Some(&targets), ..Default::default() };
+            let config = sampler.config_for(rows, dim, vocab);
+            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, wt, &params, &config, args.warmup, args.reps)?;
+            t.sort_by(f64::total_cmp);
+            let ours = t[t.len() / 2] * 1e3;
+            let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
+            let ratio = |x: Option<f64>| fmt(x.map(|x| x / ours), 2);
+            let mine_mb = scratch_bytes(&config, rows, vocab) as f64 / 2f64.powi(20);
+            table.push(vec![
+                dim.to_string(),
+                vocab.to_string(),
+                rows.to_string(),
+                format!("{ours:.3}"),
+                fmt(p.and_then(|p| p.compile), 3),
+                ratio(p.and_then(|p| p.compile)),
+                fmt(p.and_then(|p| p.eager), 3),
+                fmt(p.and_then(|p| p.liger), 3),
+                ratio(p.and_then(|p| p.liger)),
+                format!("{mine_mb:.1}"),
+                fmt(p.and_then(|p| p.mem_compile), 1),
+                fmt(p.and_then(|p| p.mem_liger), 1),
+            ]);
+        }
+        print_table(
+            &["D", "V", "rows", "fused ms", "compile ms", "compile / fused", "eager ms", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
+            &table,
+        );
+    }
+    Ok(())
+}
