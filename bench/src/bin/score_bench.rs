@@ -32,6 +32,9 @@ struct Args {
     /// Python with PyTorch (and optionally liger-kernel) for the peers; `none` skips them.
     #[arg(long, default_value = "python3")]
     python: String,
+    /// The peers script, relative to the working directory (the repository root).
+    #[arg(long, default_value = "bench/peers/score_peers.py")]
+    peers_script: String,
 }
 
 /// The peers' medians (ms) and peak extra memory (MB) for one row count.
@@ -48,7 +51,7 @@ fn peers(args: &Args, dim: usize, vocab: usize) -> Result<Vec<(usize, Peers)>, S
     if args.python == "none" {
         return Ok(Vec::new());
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/score_peers.py");
+    let script = &args.peers_script;
     let rows: Vec<String> = args.rows.iter().map(|r| r.to_string()).collect();
     let out = std::process::Command::new(&args.python)
         .arg(script)
