@@ -287,10 +287,11 @@ fn main() -> flashsample::Result<()> {
     }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
-        "device {}, V = {}, bf16, T = 0.7{}, medians of {} after 1 warm-up",
+        "device {}, V = {}, bf16, T = 0.7{}{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
-        format!("{}{}", if args.filter { ", top-k 50 + top-p 0.9" } else { "" }, if args.logprobs { ", + logprob and logsumexp" } else { "" }),
+        if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
+        if args.logprobs { ", + logprob and logsumexp" } else { "" },
         args.reps
     );
     let peers_wanted = !args.no_peers && !args.filter;
