@@ -12,6 +12,7 @@
 //!   and logit-bias tables.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
+//! - [`speculative`]: how draft tokens are accepted and the next token drawn, and their noise.
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
 //! - [`subset`]: some rows of a launch as a launch of their own (the exact nucleus path).
 
@@ -23,6 +24,7 @@ pub mod params;
 pub mod rng;
 pub mod row_tokens;
 pub mod sharded;
+pub mod speculative;
 pub mod status;
 pub mod subset;
 

@@ -22,6 +22,9 @@ use flashsample_abi::{
 use flashsample_ir::{Pipeline, Transform};
 use rayon::prelude::*;
 
+mod speculative;
+pub use speculative::{SpecOutcome, SpecReferenceError};
+
 /// A matmul element whose exact value the reference reads.
 pub trait ToF64: Copy + Send + Sync {
     /// The element's exact value.

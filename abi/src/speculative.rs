@@ -1,0 +1,141 @@
+//! Speculative verification's contract (DESIGN.md "Speculative verification"): how the k draft
+//! tokens of a sequence are accepted or rejected against the target's rows and how the next
+//! token is drawn, with which noise, so that every backend and the float64 reference agree
+//! pathwise. Sequence `i` with `k` drafts owns the target rows `i·(k+1) + j`, `j = 0..=k`
+//! (row `j` holds the hidden state that predicts draft position `j`; row `k` the bonus).
+//!
+//! For `j = 0..k` in order: with `p_j` the distribution the sampler draws row `j` from (the
+//! pipeline's transforms and the row's filter; a point mass on the argmax for a greedy row) and
+//! `q_j` the draft's, draft token `d_j` is accepted iff `u_j < p_j(d_j) / q_j(d_j)`, with
+//! `u_j = uniform_f64(`[`accept_bits`]`)`. At the first rejection the next token is the
+//! residual draw `argmax_v { ln(p_j(v) − q_j(v)) + gumbel(`[`residual_bits`]`(v)) }` over the
+//! tokens with `p_j(v) > q_j(v)` (ties to the lower index), and verification stops. After k
+//! acceptances the next token is what the sampler draws for row `k` (its ordinary token noise:
+//! the bonus is an ordinary sample). This is Leviathan et al.'s / Chen et al.'s rejection
+//! scheme, so the emitted tokens are distributed exactly as sampling the target one position
+//! at a time.
+//!
+//! A greedy draft (`DraftKind::Greedy`) has `q_j = δ(d_j)`: accepted with probability
+//! `p_j(d_j)`, and the residual is `p_j` without `d_j`.
+
+use crate::rng::{counter_word3, key, philox4x32_10, NoiseStream};
+
+/// Where the draft tokens came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DraftKind {
+    /// Deterministic drafts (greedy drafting, n-gram, EAGLE's top-1): `q_j = δ(d_j)`.
+    Greedy,
+    /// Sampled drafts: the draft's probability of each draft token and its full distribution
+    /// per position (`[B·k, V]`).
+    Sampled,
+}
+
+/// The 32 bits of the acceptance uniform of the target row keyed `(key, ctr_row)` at `step`:
+/// Philox counter `[0, ctr_row, 0, counter_word3(step, SpecAccept)]`, word 0.
+pub fn accept_bits(seed: u64, ctr_row: u32, step: u32) -> u32 {
+    philox4x32_10([0, ctr_row, 0, counter_word3(step, NoiseStream::SpecAccept)], key(seed))[0]
+}
+
+/// The 32 noise bits of token `v` in the residual draw of the target row keyed
+/// `(key, ctr_row)`: the token noise's counter layout with the `SpecResidual` stream.
+pub fn residual_bits(seed: u64, ctr_row: u32, v: u32, step: u32) -> u32 {
+    philox4x32_10([v >> 2, ctr_row, 0, counter_word3(step, NoiseStream::SpecResidual)], key(seed))[(v & 3) as usize]
+}
+
+/// A draft input that cannot be verified, naming the sequence and draft position.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SpecError {
+    /// A draft token past the vocabulary.
+    #[error("sequence {sequence}, draft {position}: token {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The sequence.
+        sequence: usize,
+        /// The draft position.
+        position: usize,
+        /// The token.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// The draft's probability of its own token is 0, negative or NaN (it could not have
+    /// drawn it), or its distribution holds a negative or NaN entry.
+    #[error("sequence {sequence}, draft {position}: the draft distribution is invalid ({what})")]
+    DraftProbability {
+        /// The sequence.
+        sequence: usize,
+        /// The draft position.
+        position: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// Buffer lengths that do not match `B` sequences of `k` drafts.
+    #[error("`{what}` has {got} entries, expected {expected}")]
+    Length {
+        /// The buffer.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// `B·k` or `B·k·V`.
+        expected: usize,
+    },
+}
+
+/// Checks `B` sequences' draft tokens (`[B·k]`) and, for sampled drafts, the draft
+/// distributions (`[B·k, V]`): every token `< V`, every entry finite and ≥ 0, and the draft's
+/// probability of its own token > 0.
+pub fn check_drafts(batch: usize, k: usize, vocab: usize, tokens: &[u32], q: Option<&[f32]>) -> Result<(), SpecError> {
+    if tokens.len() != batch * k {
+        return Err(SpecError::Length { what: "draft tokens", got: tokens.len(), expected: batch * k });
+    }
+    if let Some(q) = q {
+        if q.len() != batch * k * vocab {
+            return Err(SpecError::Length { what: "draft distributions", got: q.len(), expected: batch * k * vocab });
+        }
+    }
+    for (i, &t) in tokens.iter().enumerate() {
+        let (sequence, position) = (i / k.max(1), i % k.max(1));
+        if t as usize >= vocab {
+            return Err(SpecError::TokenOutOfRange { sequence, position, token: t, vocab });
+        }
+        if let Some(q) = q {
+            let row = &q[i * vocab..][..vocab];
+            if row.iter().any(|x| !(x.is_finite() && *x >= 0.0)) {
+                return Err(SpecError::DraftProbability { sequence, position, what: "an entry is negative, NaN or infinite" });
+            }
+            if row[t as usize] <= 0.0 {
+                return Err(SpecError::DraftProbability { sequence, position, what: "the draft token has probability 0" });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::noise_bits;
+
+    #[test]
+    fn streams_never_share_a_counter() {
+        // Same key, row, token and step: the token, acceptance and residual streams differ.
+        let (seed, row, step) = (7, 3, 5);
+        let token = noise_bits(seed, row, 0, 0, step);
+        assert_ne!(token, residual_bits(seed, row, 0, step));
+        assert_ne!(token, accept_bits(seed, row, step));
+        assert_ne!(accept_bits(seed, row, step), accept_bits(seed, row, step + 1));
+    }
+
+    #[test]
+    fn bad_drafts_name_the_sequence_and_position() {
+        let q = vec![0.25f32; 2 * 2 * 4];
+        assert_eq!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&q)), Ok(()));
+        assert_eq!(check_drafts(2, 2, 4, &[0, 1, 4, 3], None), Err(SpecError::TokenOutOfRange { sequence: 1, position: 0, token: 4, vocab: 4 }));
+        let mut zero = q.clone();
+        zero[3 * 4 + 3] = 0.0;
+        assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&zero)), Err(SpecError::DraftProbability { sequence: 1, position: 1, .. })));
+        let mut nan = q.clone();
+        nan[1] = f32::NAN;
+        assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&nan)), Err(SpecError::DraftProbability { sequence: 0, position: 0, .. })));
+        assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2], None), Err(SpecError::Length { .. })));
+    }
+}
