@@ -105,6 +105,18 @@ pub(crate) fn gumbel_upper_bound() -> f32 {
     })
 }
 
+/// An upper bound on `abi::rng::gumbel_f32(bits)` from the leading ones `L` of its 24-bit
+/// uniform index `bits >> 8` (`clz(!bits | 0xff)`): then `u ≤ 1 − 2^−(L+1)`, and
+/// `−ln(−ln u) ≤ −ln(1 − u) ≤ (L + 1)·ln 2`, plus [`GUMBEL_BUCKET_SLACK`] for `gumbel_f32`'s
+/// rounding (the bound is tight at `L = 24`). The lowering emits these exact f32 operations;
+/// a test checks the bound for every input.
+pub(crate) fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
+    (leading_ones as f32 + 1.0) * std::f32::consts::LN_2 + GUMBEL_BUCKET_SLACK
+}
+
+/// What [`gumbel_bucket_bound`] adds for the rounding of `gumbel_f32`.
+const GUMBEL_BUCKET_SLACK: f32 = 1.0 / 64.0;
+
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<flashsample_abi::LsePartial>() as i64;
 const SCORED_BYTES: i64 = size_of::<flashsample_abi::Scored>() as i64;
@@ -872,11 +884,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let xs = math::select(b, eligible, x, neg_inf);
             let x_max = math::hmax(b, xs);
             let noise_max = b.ins().f32const(gumbel_upper_bound());
-            Some(b.ins().fadd(x_max, noise_max))
+            Some((x_max, b.ins().fadd(x_max, noise_max)))
         };
         self.for_samples(|k, s| {
             let sample_done = k.b.create_block();
-            let score = if let Some(reachable) = reachable {
+            let score = if let Some((x_max, reachable)) = reachable {
                 let addr = k.candidate_addr(l, row, s);
                 let best_so_far = k.b.ins().load(F32, output(), addr, 0);
                 let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
@@ -913,6 +925,29 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let word3_addr = b.ins().iadd(l.row_word3, row4);
                 let c3 = b.ins().load(I32, input(), word3_addr, 0);
                 let words = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
+                // The second skip, now that the uniforms are known: the quad's largest noise is
+                // at most `gumbel_bucket_bound` of its largest uniform's leading ones, so a quad
+                // that cannot win even so skips the Gumbel transform (two logarithms and three
+                // divisions) and the selection. With flat logits, where the first skip never
+                // fires, this one skips all but a few quads per tile.
+                let hi01 = b.ins().umax(words[0], words[1]);
+                let hi23 = b.ins().umax(words[2], words[3]);
+                let bits_max = b.ins().umax(hi01, hi23);
+                let leading = b.ins().bnot(bits_max);
+                let leading = b.ins().bor_imm(leading, 0xff);
+                let leading_ones = b.ins().clz(leading);
+                let lf = b.ins().fcvt_from_sint(F32, leading_ones);
+                let one = b.ins().f32const(1.0);
+                let lf = b.ins().fadd(lf, one);
+                let ln2 = b.ins().f32const(std::f32::consts::LN_2);
+                let bound = b.ins().fmul(lf, ln2);
+                let slack = b.ins().f32const(GUMBEL_BUCKET_SLACK);
+                let bound = b.ins().fadd(bound, slack);
+                let reach = b.ins().fadd(x_max, bound);
+                let beaten = b.ins().fcmp(FloatCC::LessThanOrEqual, reach, best_so_far);
+                let gumbel = b.create_block();
+                b.ins().brif(beaten, sample_done, &[], gumbel, &[]);
+                b.switch_to_block(gumbel);
                 let mut bits = b.ins().scalar_to_vector(I32X4, words[0]);
                 for (lane, &w) in words.iter().enumerate().skip(1) {
                     bits = b.ins().insertlane(bits, w, lane as u8);
@@ -1091,8 +1126,27 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
 #[cfg(test)]
 mod tests {
-    use super::gumbel_upper_bound;
+    use super::{gumbel_bucket_bound, gumbel_upper_bound};
     use flashsample_abi::rng::gumbel_f32;
+
+    #[test]
+    fn gumbel_bucket_bound_covers_every_input() {
+        // gumbel_f32 reads only bits >> 8, so k covers every input; the leading ones as the
+        // kernel counts them.
+        for k in 0..1u32 << 24 {
+            let bits = k << 8;
+            let leading_ones = (!bits | 0xff).leading_zeros();
+            assert!(gumbel_f32(bits) <= gumbel_bucket_bound(leading_ones), "k = {k:#x}");
+        }
+        // Tight where it matters: within 1.4 of the largest noise of each bucket (ln 2 from
+        // rounding L + 1 up, the rest from −ln(−ln u) < −ln(1 − u)).
+        for leading_ones in 0..=24u32 {
+            // The bucket's largest k: its leading ones, the zero after them, then all ones.
+            let all = (1u32 << 24) - 1;
+            let k = if leading_ones == 24 { all } else { all & !(1 << (23 - leading_ones)) };
+            assert!(gumbel_bucket_bound(leading_ones) - gumbel_f32(k << 8) < 1.4, "L = {leading_ones}");
+        }
+    }
 
     #[test]
     fn gumbel_bound_covers_every_input() {

@@ -116,8 +116,12 @@ unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usiz
         unsafe {
             let h = hidden.as_ptr().add(r * dim);
             let o = out.add(r * 4);
+            // One or two rows are the memory-bound batches: every block prefetches. (A lone row
+            // reads the quad's 4 weight rows side by side, 4 independent `vdpbf16ps` chains: one
+            // row after the other was a single chain bound by its latency, 31 GB/s a core
+            // against 38–44.)
             match (rows, first) {
-                (1, _) => one_row(h, w, dim, o),
+                (1, _) => quad_rows::<1, true>(h, w, dim, o),
                 (2, _) => quad_rows::<2, true>(h, w, dim, o),
                 (3, true) => quad_rows::<3, true>(h, w, dim, o),
                 (3, false) => quad_rows::<3, false>(h, w, dim, o),
@@ -127,48 +131,6 @@ unsafe fn quad_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usiz
         }
         r += rows;
     }
-}
-
-/// One hidden row against 4 weight rows, one weight row after the other: the same
-/// arithmetic as `quad_rows::<1, _>` would do (one accumulator per token, steps in order, the
-/// same reduction), but one sequential stream at a time, which the memory-bound B = 1 reads
-/// faster (D = 1024, quiet machine: 12.5–12.8 ms against 13.5–15.8 for the whole launch).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-unsafe fn one_row(h: *const u16, w: [*const u16; 4], dim: usize, out: *mut f32) {
-    use std::arch::x86_64::*;
-    #[inline(always)]
-    fn bh(x: __m512i) -> __m512bh {
-        // SAFETY: both are 512 bits of plain data.
-        unsafe { std::mem::transmute::<__m512i, __m512bh>(x) }
-    }
-    let steps = dim / 32;
-    let tail = dim % 32;
-    let mut lanes = [_mm_setzero_ps(); 4];
-    for (j, p) in w.into_iter().enumerate() {
-        let mut acc = _mm512_setzero_ps();
-        for k in 0..steps {
-            let off = 32 * k;
-            // (No software prefetch: on one stream it measured no faster, 1 to 8 rows ahead.)
-            // SAFETY: `off + 32 ≤ dim`.
-            let hv = bh(unsafe { _mm512_loadu_si512(h.add(off).cast()) });
-            let wv = bh(unsafe { _mm512_loadu_si512(p.add(off).cast()) });
-            acc = _mm512_dpbf16_ps(acc, hv, wv);
-        }
-        if tail != 0 {
-            let mask: __mmask32 = (1u32 << tail) - 1;
-            let off = 32 * steps;
-            // SAFETY: the masked lanes are not read.
-            let hv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, h.add(off).cast()) });
-            let wv = bh(unsafe { _mm512_maskz_loadu_epi16(mask, p.add(off).cast()) });
-            acc = _mm512_dpbf16_ps(acc, hv, wv);
-        }
-        let y = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps::<1>(acc));
-        lanes[j] = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps::<1>(y));
-    }
-    let sums = _mm_hadd_ps(_mm_hadd_ps(lanes[0], lanes[1]), _mm_hadd_ps(lanes[2], lanes[3]));
-    // SAFETY: `out` has 4 floats.
-    unsafe { _mm_storeu_ps(out, sums) };
 }
 
 /// `R` hidden rows (`h`, row stride `dim`) against 4 weight rows: `R × 4` logits at `out`
