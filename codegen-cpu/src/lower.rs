@@ -110,7 +110,8 @@ pub(crate) fn gumbel_upper_bound() -> f32 {
 /// `−ln(−ln u) ≤ −ln(1 − u) ≤ (L + 1)·ln 2`, plus [`GUMBEL_BUCKET_SLACK`] for `gumbel_f32`'s
 /// rounding (the bound is tight at `L = 24`). The lowering emits these exact f32 operations;
 /// a test checks the bound for every input.
-pub(crate) fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
+#[cfg(test)]
+fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
     (leading_ones as f32 + 1.0) * std::f32::consts::LN_2 + GUMBEL_BUCKET_SLACK
 }
 
@@ -934,7 +935,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let hi23 = b.ins().umax(words[2], words[3]);
                 let bits_max = b.ins().umax(hi01, hi23);
                 let leading = b.ins().bnot(bits_max);
-                let leading = b.ins().bor_imm(leading, 0xff);
+                let leading = b.ins().bor_imm_u(leading, 0xff);
                 let leading_ones = b.ins().clz(leading);
                 let lf = b.ins().fcvt_from_sint(F32, leading_ones);
                 let one = b.ins().f32const(1.0);
