@@ -436,36 +436,39 @@ impl CpuKernel {
             insert: insert_quad,
         };
         let shared = SharedArgs(&args);
-        let tasks = tiles.min(self.config.threads * 4);
+        // One task per tile: when one worker falls behind (another process takes its core),
+        // the others take over the rest tile by tile. Each worker keeps one scratch for every
+        // tile it runs.
         let vocab_tile = self.config.vocab_tile as usize;
-        let run = |task: usize| {
-            let begin = tiles * task / tasks;
-            let end = tiles * (task + 1) / tasks;
-            match self.entry {
-                // SAFETY: every pointer in `args` covers the length checked above for this shape,
-                // the buffers outlive the call, and tasks cover disjoint tile ranges.
-                Entry::Fused(f) => unsafe { f(shared.get(), begin as u64, end as u64) },
-                Entry::Scratch { epilogue, tiles: tile_logits } => {
-                    let mut scratch = vec![0.0f32; scratch_len];
-                    for tile in begin..end {
-                        let v_begin = tile * vocab_tile;
-                        let v_end = (v_begin + vocab_tile).min(a.vocab);
-                        // SAFETY: `compile` checked the host's features and the dtypes for this
-                        // engine; the lengths of hidden and weights were checked above, and the
-                        // scratch holds a whole tile.
-                        unsafe {
-                            tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
-                            // The scratch now holds this tile's logits in the layout `tiles` documents.
-                            epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
-                        }
-                    }
+        let scratches: Vec<std::sync::Mutex<Vec<f32>>> = match self.entry {
+            Entry::Fused(_) => Vec::new(),
+            Entry::Scratch { .. } => (0..self.config.threads).map(|_| std::sync::Mutex::new(Vec::new())).collect(),
+        };
+        let run = |tile: usize| match self.entry {
+            // SAFETY: every pointer in `args` covers the length checked above for this shape,
+            // the buffers outlive the call, and tasks cover disjoint tiles.
+            Entry::Fused(f) => unsafe { f(shared.get(), tile as u64, tile as u64 + 1) },
+            Entry::Scratch { epilogue, tiles: tile_logits } => {
+                let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
+                // Only this worker locks its scratch; a poisoned lock holds a usable buffer.
+                let mut scratch = scratches[worker].lock().unwrap_or_else(|e| e.into_inner());
+                scratch.resize(scratch_len, 0.0);
+                let v_begin = tile * vocab_tile;
+                let v_end = (v_begin + vocab_tile).min(a.vocab);
+                // SAFETY: `compile` checked the host's features and the dtypes for this engine;
+                // the lengths of hidden and weights were checked above, and the scratch holds a
+                // whole tile.
+                unsafe {
+                    tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
+                    // The scratch now holds this tile's logits in the layout `tiles` documents.
+                    epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                 }
             }
         };
-        if tasks == 1 {
+        if tiles == 1 {
             run(0);
         } else {
-            self.pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run));
+            self.pool.install(|| (0..tiles).into_par_iter().with_max_len(1).for_each(run));
         }
         Ok(())
     }
