@@ -31,7 +31,8 @@ pub(crate) struct KernelArgs {
     pub dim: u64,
     pub vocab: u64,
     pub tiles: u64,
-    /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`).
+    /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`),
+    /// padded with zeros to a multiple of 4 rows (like `row_word3`).
     pub row_keys: *const u64,
     pub row_counters: *const u32,
     /// `[B]` Philox counter word 3 of each row's token noise:
@@ -385,13 +386,18 @@ impl CpuKernel {
         if a.batch == 0 || a.vocab == 0 {
             return Ok(());
         }
-        let (row_keys, row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
+        let (mut row_keys, mut row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
             Some(seeds) => (seeds.to_vec(), vec![0; a.batch]),
             None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
         };
-        let row_word3: Vec<u32> = (0..a.batch)
+        let mut row_word3: Vec<u32> = (0..a.batch)
             .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), NoiseStream::Token))
             .collect();
+        // The epilogue draws the noise of 4 rows at once (one Philox per lane): whole groups.
+        let padded = a.batch.next_multiple_of(4);
+        row_keys.resize(padded, 0);
+        row_counters.resize(padded, 0);
+        row_word3.resize(padded, 0);
 
         let hidden = match self.entry {
             Entry::Fused(_) => {
