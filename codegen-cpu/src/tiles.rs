@@ -23,11 +23,40 @@ use crate::CpuCodegenError;
 #[cfg(target_arch = "x86_64")]
 const ROWS: usize = 4;
 
-/// How far ahead of each stream the first row block prefetches, in weight rows: 2 (16 KiB at
-/// D = 4096) measured 6–10 % less CPU time than 1 at D = 4096, B = 1, and no different at
-/// D = 1024, where the hardware prefetchers already follow the streams.
+/// Which 4 tokens of a tile one microkernel step reads (each token's sum is its own, so any
+/// grouping computes the same bits).
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_ROWS: usize = 2;
+#[derive(Clone, Copy)]
+enum TokenOrder {
+    /// A quad's 4 neighbouring rows, quad after quad: one region of 4 rows at a time, in order.
+    Quads,
+    /// One token of each quarter of the tile: 4 long sequential runs that the hardware
+    /// prefetchers follow, where a quad's rows are 4 runs of `D` elements each. A lone row
+    /// streams faster this way (D = 1024, B = 1: 8.7–9.7 ms against 11.7–15.6 on a loaded
+    /// machine); at B = 4, D = 4096 it measured slower than quads (51–63 ms against 47–48).
+    Streams,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TokenOrder {
+    /// The tile-local token that step `t` reads in lane `j`, for a tile of `4 · run` local tokens.
+    fn local_token(self, j: usize, t: usize, run: usize) -> usize {
+        match self {
+            TokenOrder::Quads => 4 * t + j,
+            TokenOrder::Streams => j * run + t,
+        }
+    }
+
+    /// How many weight rows ahead of each lane's row the first row block prefetches: the next
+    /// quad, or 2 rows down each stream (16 KiB at D = 4096: 6–10 % less CPU time than 1 row
+    /// at B = 1; no different at D = 1024, where the hardware prefetchers keep up).
+    fn prefetch_rows(self) -> usize {
+        match self {
+            TokenOrder::Quads => 4,
+            TokenOrder::Streams => 2,
+        }
+    }
+}
 
 /// Bytes of hidden states one pass over a tile's tokens keeps hot (half of a 1 MiB L2). Larger
 /// batches are split into row chunks, each of which streams the tile's weights again (from L3:
@@ -71,13 +100,8 @@ pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<TileFn> {
     }
 }
 
-/// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`).
-///
-/// The tile's tokens are read as 4 streams, one per quarter of the tile: each step of the
-/// microkernel takes the next token of every stream, so the weights are read as 4 long
-/// sequential runs (a quarter tile each) that the hardware prefetchers follow, instead of 4
-/// rows of one quad side by side, 4 short runs that end every `D` elements. (The tokens of one
-/// step need not be neighbours: each token's sum is its own.)
+/// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`), 4 tokens
+/// a step in [`TokenOrder::Streams`] for a lone row and [`TokenOrder::Quads`] otherwise.
 ///
 /// # Safety
 /// The host has `avx512f`, `avx512bw`, `avx512dq` and `avx512bf16` (`CpuEngine::Avx512Bf16.
@@ -99,21 +123,24 @@ pub(crate) unsafe fn tile_logits_bf16(
     debug_assert!(scratch.len() >= scratch_len(batch, v_end - v_begin));
     let out = scratch.as_mut_ptr();
     let weights = weights.cast::<u16>();
-    // Stream `j` holds local tokens `j·run .. (j + 1)·run`; `4·run ≤ scratch_len`'s tokens, and
-    // the local tokens past the tile (only in a last, partial quad) read the last weight row
-    // and land in padding lanes that the epilogue masks.
+    // Steps `0..run` cover local tokens `0..4·run` in either order; `4·run ≤ scratch_len`'s
+    // tokens, and the local tokens past the tile (only in a last, partial quad) read the last
+    // weight row and land in padding lanes that the epilogue masks.
     let run = (v_end - v_begin).div_ceil(4);
+    // A lone row reads 4 streams; more rows read neighbouring rows (see `TokenOrder`).
+    let order = if batch == 1 { TokenOrder::Streams } else { TokenOrder::Quads };
+    let ahead = order.prefetch_rows() * dim;
     // Rows in chunks whose hidden states stay in L2 while the tile's tokens stream past them
     // (with all rows at once, B = 256 at D = 4096 re-read 2 MiB from L3 for every token group).
     let chunk_rows = (HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(ROWS) / ROWS * ROWS;
     for chunk in (0..batch).step_by(chunk_rows) {
         let chunk_end = (chunk + chunk_rows).min(batch);
         for t in 0..run {
-            let local = [0, 1, 2, 3].map(|j| j * run + t);
+            let local = [0, 1, 2, 3].map(|j| order.local_token(j, t, run));
             // SAFETY: rows are clamped into the vocabulary; `local < 4·run` is inside the scratch.
             let w = local.map(|l| unsafe { weights.add((v_begin + l).min(vocab - 1) * dim) });
             let o = local.map(|l| unsafe { out.add((l / 4 * batch) * 4 + l % 4) });
-            group_all_rows(hidden, dim, w, chunk, chunk_end, o);
+            group_all_rows(hidden, dim, w, ahead, chunk, chunk_end, o);
         }
     }
 }
@@ -125,7 +152,8 @@ pub(crate) unsafe fn tile_logits_bf16(
 /// As [`tile_logits_bf16`]; `w` are the group's 4 weight rows, each `out[j] + 4r` is writable
 /// for every row `r < r_end`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn group_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usize, r_end: usize, out: [*mut f32; 4]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], ahead: usize, r0: usize, r_end: usize, out: [*mut f32; 4]) {
     let mut r = r0;
     while r < r_end {
         let rows = (r_end - r).min(ROWS);
@@ -138,12 +166,12 @@ unsafe fn group_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usi
             let o = out.map(|p| p.add(r * 4));
             // One or two rows are the memory-bound batches: every block prefetches.
             match (rows, first) {
-                (1, _) => group_rows::<1, true>(h, w, dim, o),
-                (2, _) => group_rows::<2, true>(h, w, dim, o),
-                (3, true) => group_rows::<3, true>(h, w, dim, o),
-                (3, false) => group_rows::<3, false>(h, w, dim, o),
-                (_, true) => group_rows::<ROWS, true>(h, w, dim, o),
-                (_, false) => group_rows::<ROWS, false>(h, w, dim, o),
+                (1, _) => group_rows::<1, true>(h, w, dim, ahead, o),
+                (2, _) => group_rows::<2, true>(h, w, dim, ahead, o),
+                (3, true) => group_rows::<3, true>(h, w, dim, ahead, o),
+                (3, false) => group_rows::<3, false>(h, w, dim, ahead, o),
+                (_, true) => group_rows::<ROWS, true>(h, w, dim, ahead, o),
+                (_, false) => group_rows::<ROWS, false>(h, w, dim, ahead, o),
             }
         }
         r += rows;
@@ -153,10 +181,10 @@ unsafe fn group_all_rows(hidden: &[u16], dim: usize, w: [*const u16; 4], r0: usi
 /// `R` hidden rows (`h`, row stride `dim`) against 4 weight rows (each token's 4 independent
 /// `vdpbf16ps` chains: one row after the other was a single chain, bound by its latency):
 /// row `i`'s logit of token `j` goes to `out[j] + 4i`. With `PREFETCH`, each step also
-/// prefetches the same columns of each stream's next weight rows, `PREFETCH_ROWS` ahead.
+/// prefetches the same columns `ahead` elements past each weight row (`TokenOrder::prefetch_rows`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
-unsafe fn group_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*const u16; 4], dim: usize, out: [*mut f32; 4]) {
+unsafe fn group_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*const u16; 4], dim: usize, ahead: usize, out: [*mut f32; 4]) {
     use std::arch::x86_64::*;
     #[inline(always)]
     fn bh(x: __m512i) -> __m512bh {
@@ -165,13 +193,12 @@ unsafe fn group_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*c
     }
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
     let steps = dim / 32;
-    let ahead = PREFETCH_ROWS * dim;
     for k in 0..steps {
         let off = 32 * k;
         if PREFETCH {
             for p in w {
-                // Past a stream's end this may point outside the weights: a prefetch never
-                // faults, and `wrapping_add` makes no claim about the allocation.
+                // Past the tile this may point outside the weights: a prefetch never faults,
+                // and `wrapping_add` makes no claim about the allocation.
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off + ahead).cast());
             }
         }
