@@ -31,11 +31,15 @@ enum TokenOrder {
     /// A quad's 4 neighbouring rows, quad after quad: one region of 4 rows at a time, in order.
     Quads,
     /// One token of each quarter of the tile: 4 long sequential runs that the hardware
-    /// prefetchers follow, where a quad's rows are 4 runs of `D` elements each. A lone row
-    /// streams faster this way (D = 1024, B = 1: 8.7–9.7 ms against 11.7–15.6 on a loaded
-    /// machine); at B = 4, D = 4096 it measured slower than quads (51–63 ms against 47–48).
+    /// prefetchers follow, where a quad's rows are 4 runs of `D` elements each. Measured on a
+    /// quiet Zen 5 VM, launches at D = 4096: 26.9–27.2 ms against 30.1–31.3 at B = 2,
+    /// 29.9–30.9 against 31.4–32.5 at B = 4, level at B = 8 and above (within the noise).
     Streams,
 }
+
+/// The largest batch whose tiles use [`TokenOrder::Streams`]: the memory-bound ones.
+#[cfg(target_arch = "x86_64")]
+const STREAM_BATCH: usize = 8;
 
 #[cfg(target_arch = "x86_64")]
 impl TokenOrder {
@@ -101,7 +105,7 @@ pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<TileFn> {
 }
 
 /// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`), 4 tokens
-/// a step in [`TokenOrder::Streams`] for a lone row and [`TokenOrder::Quads`] otherwise.
+/// a step in [`TokenOrder::Streams`] up to [`STREAM_BATCH`] rows and [`TokenOrder::Quads`] above.
 ///
 /// # Safety
 /// The host has `avx512f`, `avx512bw`, `avx512dq` and `avx512bf16` (`CpuEngine::Avx512Bf16.
@@ -127,8 +131,8 @@ pub(crate) unsafe fn tile_logits_bf16(
     // tokens, and the local tokens past the tile (only in a last, partial quad) read the last
     // weight row and land in padding lanes that the epilogue masks.
     let run = (v_end - v_begin).div_ceil(4);
-    // A lone row reads 4 streams; more rows read neighbouring rows (see `TokenOrder`).
-    let order = if batch == 1 { TokenOrder::Streams } else { TokenOrder::Quads };
+    // Memory-bound batches read 4 streams; larger ones neighbouring rows (see `TokenOrder`).
+    let order = if batch <= STREAM_BATCH { TokenOrder::Streams } else { TokenOrder::Quads };
     let ahead = order.prefetch_rows() * dim;
     // Rows in chunks whose hidden states stay in L2 while the tile's tokens stream past them
     // (with all rows at once, B = 256 at D = 4096 re-read 2 MiB from L3 for every token group).

@@ -117,7 +117,7 @@ fn every_engine_is_bit_exact_when_the_matmul_is_exact() {
 fn engine_results_do_not_depend_on_the_config() {
     let p = &pipelines()[1];
     let mut rng = rng(13);
-    // A lone row takes the engine's other token order (`tiles::TokenOrder`).
+    // Both token orders of the engine's tiles (`tiles::TokenOrder`: streams up to 8 rows).
     for batch in [9, 1] {
         let inp = bf16_inputs(p, &mut rng, batch, 77, 533);
         for engine in runnable_engines() {
