@@ -31,7 +31,8 @@ pub(crate) struct KernelArgs {
     pub dim: u64,
     pub vocab: u64,
     pub tiles: u64,
-    /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`).
+    /// `[B]` Philox key and counter-row word of each row (`SamplingParams::row_stream`),
+    /// padded with zeros to a multiple of 4 rows (like `row_word3`).
     pub row_keys: *const u64,
     pub row_counters: *const u32,
     /// `[B]` Philox counter word 3 of each row's token noise:
@@ -446,13 +447,18 @@ impl CpuKernel {
         if a.batch == 0 || a.vocab == 0 {
             return Ok(());
         }
-        let (row_keys, row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
+        let (mut row_keys, mut row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
             Some(seeds) => (seeds.to_vec(), vec![0; a.batch]),
             None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
         };
-        let row_word3: Vec<u32> = (0..a.batch)
+        let mut row_word3: Vec<u32> = (0..a.batch)
             .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), NoiseStream::Token))
             .collect();
+        // The epilogue draws the noise of 4 rows at once (one Philox per lane): whole groups.
+        let padded = a.batch.next_multiple_of(4);
+        row_keys.resize(padded, 0);
+        row_counters.resize(padded, 0);
+        row_word3.resize(padded, 0);
 
         let hidden = match self.entry {
             Entry::Fused(_) => {
@@ -502,36 +508,39 @@ impl CpuKernel {
             insert: insert_quad,
         };
         let shared = SharedArgs(&args);
-        let tasks = tiles.min(self.config.threads * 4);
+        // One task per tile: when one worker falls behind (another process takes its core),
+        // the others take over the rest tile by tile. Each worker keeps one scratch for every
+        // tile it runs.
         let vocab_tile = self.config.vocab_tile as usize;
-        let run = |task: usize| {
-            let begin = tiles * task / tasks;
-            let end = tiles * (task + 1) / tasks;
-            match self.entry {
-                // SAFETY: every pointer in `args` covers the length checked above for this shape,
-                // the buffers outlive the call, and tasks cover disjoint tile ranges.
-                Entry::Fused(f) => unsafe { f(shared.get(), begin as u64, end as u64) },
-                Entry::Scratch { epilogue, tiles: tile_logits } => {
-                    let mut scratch = vec![0.0f32; scratch_len];
-                    for tile in begin..end {
-                        let v_begin = tile * vocab_tile;
-                        let v_end = (v_begin + vocab_tile).min(a.vocab);
-                        // SAFETY: `compile` checked the host's features and the dtypes for this
-                        // engine; the lengths of hidden and weights were checked above, and the
-                        // scratch holds a whole tile.
-                        unsafe {
-                            tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
-                            // The scratch now holds this tile's logits in the layout `tiles` documents.
-                            epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
-                        }
-                    }
+        let scratches: Vec<std::sync::Mutex<Vec<f32>>> = match self.entry {
+            Entry::Fused(_) => Vec::new(),
+            Entry::Scratch { .. } => (0..self.config.threads).map(|_| std::sync::Mutex::new(Vec::new())).collect(),
+        };
+        let run = |tile: usize| match self.entry {
+            // SAFETY: every pointer in `args` covers the length checked above for this shape,
+            // the buffers outlive the call, and tasks cover disjoint tiles.
+            Entry::Fused(f) => unsafe { f(shared.get(), tile as u64, tile as u64 + 1) },
+            Entry::Scratch { epilogue, tiles: tile_logits } => {
+                let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
+                // Only this worker locks its scratch; a poisoned lock holds a usable buffer.
+                let mut scratch = scratches[worker].lock().unwrap_or_else(|e| e.into_inner());
+                scratch.resize(scratch_len, 0.0);
+                let v_begin = tile * vocab_tile;
+                let v_end = (v_begin + vocab_tile).min(a.vocab);
+                // SAFETY: `compile` checked the host's features and the dtypes for this engine;
+                // the lengths of hidden and weights were checked above, and the scratch holds a
+                // whole tile.
+                unsafe {
+                    tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
+                    // The scratch now holds this tile's logits in the layout `tiles` documents.
+                    epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                 }
             }
         };
-        if tasks == 1 {
+        if tiles == 1 {
             run(0);
         } else {
-            self.pool.install(|| (0..tasks).into_par_iter().with_max_len(1).for_each(run));
+            self.pool.install(|| (0..tiles).into_par_iter().with_max_len(1).for_each(run));
         }
         Ok(())
     }

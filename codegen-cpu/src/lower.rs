@@ -111,6 +111,19 @@ pub(crate) fn gumbel_upper_bound() -> f32 {
     })
 }
 
+/// An upper bound on `abi::rng::gumbel_f32(bits)` from the leading ones `L` of its 24-bit
+/// uniform index `bits >> 8` (`clz(!bits | 0xff)`): then `u ≤ 1 − 2^−(L+1)`, and
+/// `−ln(−ln u) ≤ −ln(1 − u) ≤ (L + 1)·ln 2`, plus [`GUMBEL_BUCKET_SLACK`] for `gumbel_f32`'s
+/// rounding (the bound is tight at `L = 24`). The lowering emits these exact f32 operations;
+/// a test checks the bound for every input.
+#[cfg(test)]
+fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
+    (leading_ones as f32 + 1.0) * std::f32::consts::LN_2 + GUMBEL_BUCKET_SLACK
+}
+
+/// What [`gumbel_bucket_bound`] adds for the rounding of `gumbel_f32`.
+const GUMBEL_BUCKET_SLACK: f32 = 1.0 / 64.0;
+
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<LsePartial>() as i64;
 const LSE_WINDOW_OFFSET: i32 = offset_of!(LsePartial, window) as i32;
@@ -232,6 +245,10 @@ struct Lowering<'a, 'p> {
     helper_sig: cranelift_codegen::ir::SigRef,
     /// The engine-filled logits of the tile ([`LogitSource::Scratch`]).
     scratch: Option<Value>,
+    /// Per sample: the Philox words of one row group and quad, `[word][lane]` (64 bytes), and
+    /// the (quad, group) they belong to (0: none yet); see `row_group_noise_words`.
+    noise_words: StackSlot,
+    noise_tags: StackSlot,
 }
 
 impl<'a, 'p> Lowering<'a, 'p> {
@@ -247,7 +264,24 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let mut sig = cranelift_codegen::ir::Signature::new(call_conv);
         sig.params.extend([cranelift_codegen::ir::AbiParam::new(I64); 4]);
         let helper_sig = b.import_signature(sig);
-        Lowering { b, plan, args, tile, row, epi_row, epi_end, logits_slot, scratch_slot, call_slot, helper_sig, scratch: None }
+        let noise_words = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 64 * plan.samples, 4));
+        let noise_tags = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8 * plan.samples, 3));
+        Lowering {
+            b,
+            plan,
+            args,
+            tile,
+            row,
+            epi_row,
+            epi_end,
+            logits_slot,
+            scratch_slot,
+            call_slot,
+            helper_sig,
+            scratch: None,
+            noise_words,
+            noise_tags,
+        }
     }
 
     fn arg(&mut self, offset: usize) -> Value {
@@ -394,6 +428,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
     fn emit(&mut self, tile_begin: Value, tile_end: Value) {
         let l = self.load_launch();
+        for sample in 0..self.plan.samples {
+            let none = self.b.ins().iconst(I64, 0);
+            self.b.ins().stack_store(I64, none, self.noise_tags, 8 * sample as i32);
+        }
         self.b.def_var(self.tile, tile_begin);
         let tile_head = self.b.create_block();
         let tile_body = self.b.create_block();
@@ -906,11 +944,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let xs = math::select(b, eligible, x, neg_inf);
             let x_max = math::hmax(b, xs);
             let noise_max = b.ins().f32const(gumbel_upper_bound());
-            Some(b.ins().fadd(x_max, noise_max))
+            Some((x_max, b.ins().fadd(x_max, noise_max)))
         };
         self.for_samples(|k, s| {
             let sample_done = k.b.create_block();
-            let score = if let Some(reachable) = reachable {
+            let score = if let Some((x_max, reachable)) = reachable {
                 let addr = k.candidate_addr(l, row, s);
                 let best_so_far = k.b.ins().load(F32, output(), addr, 0);
                 let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
@@ -930,23 +968,31 @@ impl<'a, 'p> Lowering<'a, 'p> {
                     k.b.ins().jump(noisy, &[]);
                 }
                 k.b.switch_to_block(noisy);
+                let words = k.noise_words(l, q, row, s);
                 let b = &mut k.b;
-                let quad_index = b.ins().ushr_imm_u(q.v, 2);
-                let quad_index = b.ins().iadd(quad_index, l.quad_offset);
-                let c0 = b.ins().ireduce(I32, quad_index);
-                let row4 = b.ins().ishl_imm_u(row, 2);
-                let ctr_addr = b.ins().iadd(l.row_counters, row4);
-                let c1 = b.ins().load(I32, input(), ctr_addr, 0);
-                let row8 = b.ins().ishl_imm_u(row, 3);
-                let key_addr = b.ins().iadd(l.row_keys, row8);
-                let key = b.ins().load(I64, input(), key_addr, 0);
-                let key_lo = b.ins().ireduce(I32, key);
-                let key_hi = b.ins().ushr_imm_u(key, 32);
-                let key_hi = b.ins().ireduce(I32, key_hi);
-                let c2 = b.ins().ireduce(I32, s);
-                let word3_addr = b.ins().iadd(l.row_word3, row4);
-                let c3 = b.ins().load(I32, input(), word3_addr, 0);
-                let words = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
+                // The second skip, now that the uniforms are known: the quad's largest noise is
+                // at most `gumbel_bucket_bound` of its largest uniform's leading ones, so a quad
+                // that cannot win even so skips the Gumbel transform (two logarithms and three
+                // divisions) and the selection. With flat logits, where the first skip never
+                // fires, this one skips all but a few quads per tile.
+                let hi01 = b.ins().umax(words[0], words[1]);
+                let hi23 = b.ins().umax(words[2], words[3]);
+                let bits_max = b.ins().umax(hi01, hi23);
+                let leading = b.ins().bnot(bits_max);
+                let leading = b.ins().bor_imm_u(leading, 0xff);
+                let leading_ones = b.ins().clz(leading);
+                let lf = b.ins().fcvt_from_sint(F32, leading_ones);
+                let one = b.ins().f32const(1.0);
+                let lf = b.ins().fadd(lf, one);
+                let ln2 = b.ins().f32const(std::f32::consts::LN_2);
+                let bound = b.ins().fmul(lf, ln2);
+                let slack = b.ins().f32const(GUMBEL_BUCKET_SLACK);
+                let bound = b.ins().fadd(bound, slack);
+                let reach = b.ins().fadd(x_max, bound);
+                let beaten = b.ins().fcmp(FloatCC::LessThanOrEqual, reach, best_so_far);
+                let gumbel = b.create_block();
+                b.ins().brif(beaten, sample_done, &[], gumbel, &[]);
+                b.switch_to_block(gumbel);
                 let mut bits = b.ins().scalar_to_vector(I32X4, words[0]);
                 for (lane, &w) in words.iter().enumerate().skip(1) {
                     bits = b.ins().insertlane(bits, w, lane as u8);
@@ -965,6 +1011,104 @@ impl<'a, 'p> Lowering<'a, 'p> {
             k.b.switch_to_block(sample_done);
         });
         self.b.ins().jump(next, &[]);
+    }
+
+    /// The four Philox words of (`row`, sample `s`, this quad): for a batch of one row, from one
+    /// scalar Philox; otherwise from `row_group_noise_words` (four generators in the lanes of
+    /// one vector Philox cost more than one scalar one, so a lone row keeps the scalar one).
+    fn noise_words(&mut self, l: &Launch, q: &Quad, row: Value, s: Value) -> [Value; 4] {
+        let single = self.b.create_block();
+        let grouped = self.b.create_block();
+        let join = self.b.create_block();
+        let vars = [(); 4].map(|_| self.b.declare_var(I32));
+        let lone = self.b.ins().icmp_imm_u(IntCC::Equal, l.batch, 1);
+        self.b.ins().brif(lone, single, &[], grouped, &[]);
+
+        self.b.switch_to_block(single);
+        let b = &mut self.b;
+        let quad_index = b.ins().ushr_imm_u(q.v, 2);
+        let quad_index = b.ins().iadd(quad_index, l.quad_offset);
+        let c0 = b.ins().ireduce(I32, quad_index);
+        let c1 = b.ins().load(I32, input(), l.row_counters, 0);
+        let key = b.ins().load(I64, input(), l.row_keys, 0);
+        let key_lo = b.ins().ireduce(I32, key);
+        let key_hi = b.ins().ushr_imm_u(key, 32);
+        let key_hi = b.ins().ireduce(I32, key_hi);
+        let c2 = b.ins().ireduce(I32, s);
+        let c3 = b.ins().load(I32, input(), l.row_word3, 0);
+        let words = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
+        for (&var, w) in vars.iter().zip(words) {
+            self.b.def_var(var, w);
+        }
+        self.b.ins().jump(join, &[]);
+
+        self.b.switch_to_block(grouped);
+        let words = self.row_group_noise_words(l, q, row, s);
+        for (&var, w) in vars.iter().zip(words) {
+            self.b.def_var(var, w);
+        }
+        self.b.ins().jump(join, &[]);
+
+        self.b.switch_to_block(join);
+        vars.map(|var| self.b.use_var(var))
+    }
+
+    /// The four Philox words of (`row`, sample `s`, this quad), computed for the row's group of
+    /// four rows (`row & !3` ..) at once, one generator per lane, the first time a row of the
+    /// group needs them, and kept in `noise_words` under the tag (quad, group) per sample. The
+    /// row arrays are padded to whole groups (`KernelArgs::row_keys`), so the lanes past the
+    /// batch read padding and are never used.
+    fn row_group_noise_words(&mut self, l: &Launch, q: &Quad, row: Value, s: Value) -> [Value; 4] {
+        let b = &mut self.b;
+        let group = b.ins().ushr_imm_u(row, 2);
+        let v_high = b.ins().ishl_imm_u(q.v, 32);
+        let group_tag = b.ins().iadd_imm_s(group, 1);
+        let tag = b.ins().bor(v_high, group_tag);
+        let tags = b.ins().stack_addr(I64, self.noise_tags, 0);
+        let s8 = b.ins().ishl_imm_u(s, 3);
+        let tag_addr = b.ins().iadd(tags, s8);
+        let words_base = b.ins().stack_addr(I64, self.noise_words, 0);
+        let s64 = b.ins().ishl_imm_u(s, 6);
+        let words_addr = b.ins().iadd(words_base, s64);
+        let cached = b.ins().load(I64, own(), tag_addr, 0);
+        let fresh = b.ins().icmp(IntCC::Equal, cached, tag);
+        let compute = b.create_block();
+        let have = b.create_block();
+        b.set_cold_block(compute);
+        b.ins().brif(fresh, have, &[], compute, &[]);
+
+        b.switch_to_block(compute);
+        let quad_index = b.ins().ushr_imm_u(q.v, 2);
+        let quad_index = b.ins().iadd(quad_index, l.quad_offset);
+        let c0 = b.ins().ireduce(I32, quad_index);
+        let c0 = b.ins().splat(I32X4, c0);
+        let first_row = b.ins().ishl_imm_u(group, 2);
+        let row4 = b.ins().ishl_imm_u(first_row, 2);
+        let ctr_addr = b.ins().iadd(l.row_counters, row4);
+        let c1 = b.ins().load(I32X4, input(), ctr_addr, 0);
+        let row8 = b.ins().ishl_imm_u(first_row, 3);
+        let key_addr = b.ins().iadd(l.row_keys, row8);
+        // Keys 0–1 and 2–3 as (lo, hi) word pairs; lanes of the low and of the high words.
+        let keys01 = b.ins().load(I32X4, input(), key_addr, 0);
+        let keys23 = b.ins().load(I32X4, input(), key_addr, 16);
+        let key_lo = math::shuffle32(b, keys01, keys23, [0, 2, 4, 6]);
+        let key_hi = math::shuffle32(b, keys01, keys23, [1, 3, 5, 7]);
+        let c2 = b.ins().ireduce(I32, s);
+        let c2 = b.ins().splat(I32X4, c2);
+        let word3_addr = b.ins().iadd(l.row_word3, row4);
+        let c3 = b.ins().load(I32X4, input(), word3_addr, 0);
+        let lanes = math::philox4x32_10(b, [c0, c1, c2, c3], [key_lo, key_hi]);
+        for (j, &w) in lanes.iter().enumerate() {
+            b.ins().store(own(), w, words_addr, 16 * j as i32);
+        }
+        b.ins().store(own(), tag, tag_addr, 0);
+        b.ins().jump(have, &[]);
+
+        b.switch_to_block(have);
+        let lane = b.ins().band_imm_s(row, 3);
+        let lane4 = b.ins().ishl_imm_u(lane, 2);
+        let lane_addr = b.ins().iadd(words_addr, lane4);
+        [0, 1, 2, 3].map(|j| b.ins().load(I32, own(), lane_addr, 16 * j))
     }
 
     /// Step 6: fold this quad's best allowed token into the running winner of (row, sample, tile).
@@ -1195,8 +1339,27 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
 #[cfg(test)]
 mod tests {
-    use super::gumbel_upper_bound;
+    use super::{gumbel_bucket_bound, gumbel_upper_bound};
     use flashsample_abi::rng::gumbel_f32;
+
+    #[test]
+    fn gumbel_bucket_bound_covers_every_input() {
+        // gumbel_f32 reads only bits >> 8, so k covers every input; the leading ones as the
+        // kernel counts them.
+        for k in 0..1u32 << 24 {
+            let bits = k << 8;
+            let leading_ones = (!bits | 0xff).leading_zeros();
+            assert!(gumbel_f32(bits) <= gumbel_bucket_bound(leading_ones), "k = {k:#x}");
+        }
+        // Tight where it matters: within 1.4 of the largest noise of each bucket (ln 2 from
+        // rounding L + 1 up, the rest from −ln(−ln u) < −ln(1 − u)).
+        for leading_ones in 0..=24u32 {
+            // The bucket's largest k: its leading ones, the zero after them, then all ones.
+            let all = (1u32 << 24) - 1;
+            let k = if leading_ones == 24 { all } else { all & !(1 << (23 - leading_ones)) };
+            assert!(gumbel_bucket_bound(leading_ones) - gumbel_f32(k << 8) < 1.4, "L = {leading_ones}");
+        }
+    }
 
     #[test]
     fn gumbel_bound_covers_every_input() {

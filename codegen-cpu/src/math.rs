@@ -228,8 +228,21 @@ pub(crate) fn gumbel_f32(b: &mut FunctionBuilder, bits: Value) -> Value {
     b.ins().fneg(ln_e)
 }
 
-/// `hi:lo = a * m` for an `i32` `a` and a 32-bit constant `m`.
+/// `hi:lo = a * m` for an `i32` (or each lane of an `i32x4`) `a` and a 32-bit constant `m`.
 fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
+    if b.func.dfg.value_type(a) == types::I32X4 {
+        // Lanes 0–1 and 2–3 widened to u64 and multiplied (`pmuludq`); the high words of the
+        // four products are lanes 1 and 3 of each.
+        let mv = iconst(b, types::I32X4, m);
+        let lo = b.ins().imul(a, mv);
+        let halves = [(b.ins().uwiden_low(a), b.ins().uwiden_low(mv)), (b.ins().uwiden_high(a), b.ins().uwiden_high(mv))];
+        let [p01, p23] = halves.map(|(x, y)| {
+            let p = b.ins().imul(x, y);
+            b.ins().bitcast(types::I32X4, le(), p)
+        });
+        let hi = shuffle32(b, p01, p23, [1, 3, 5, 7]);
+        return (hi, lo);
+    }
     let wide = b.ins().uextend(types::I64, a);
     let p = b.ins().imul_imm_u(wide, i64::from(m));
     let hi64 = b.ins().ushr_imm_u(p, 32);
@@ -238,14 +251,21 @@ fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
     (hi, lo)
 }
 
-/// `abi::rng::philox4x32_10` on `i32` counter words and key words.
+/// `abi::rng::philox4x32_10` on `i32` counter words and key words, or on `i32x4`s: four
+/// independent generators, one per lane.
 pub(crate) fn philox4x32_10(b: &mut FunctionBuilder, ctr: [Value; 4], key: [Value; 2]) -> [Value; 4] {
     let mut c = ctr;
     let mut k = key;
+    let ty = b.func.dfg.value_type(key[0]);
     for round in 0..PHILOX_ROUNDS {
         if round > 0 {
-            k[0] = b.ins().iadd_imm_u(k[0], i64::from(PHILOX_W0));
-            k[1] = b.ins().iadd_imm_u(k[1], i64::from(PHILOX_W1));
+            if ty.is_vector() {
+                let w = [PHILOX_W0, PHILOX_W1].map(|w| iconst(b, ty, w));
+                k = [b.ins().iadd(k[0], w[0]), b.ins().iadd(k[1], w[1])];
+            } else {
+                k[0] = b.ins().iadd_imm_u(k[0], i64::from(PHILOX_W0));
+                k[1] = b.ins().iadd_imm_u(k[1], i64::from(PHILOX_W1));
+            }
         }
         let (hi0, lo0) = mul_hi_lo(b, c[0], PHILOX_M0);
         let (hi1, lo1) = mul_hi_lo(b, c[2], PHILOX_M1);
@@ -300,14 +320,16 @@ pub(crate) fn f16_to_f32(b: &mut FunctionBuilder, raw: Value) -> Value {
     from_bits(b, out)
 }
 
-/// A two-input 32-bit-lane shuffle of `f32x4`s: lanes 0–3 pick from `a`, 4–7 from `c`.
+/// A two-input 32-bit-lane shuffle of `f32x4`s or `i32x4`s (the result has `a`'s type):
+/// lanes 0–3 pick from `a`, 4–7 from `c`.
 pub(crate) fn shuffle32(b: &mut FunctionBuilder, a: Value, c: Value, lanes: [u8; 4]) -> Value {
+    let ty = b.func.dfg.value_type(a);
     let bytes: Vec<u8> = lanes.iter().flat_map(|&l| (0..4).map(move |i| l * 4 + i)).collect();
     let imm = b.func.dfg.immediates.push(ConstantData::from(bytes));
     let a8 = b.ins().bitcast(types::I8X16, le(), a);
     let c8 = b.ins().bitcast(types::I8X16, le(), c);
     let s = b.ins().shuffle(a8, c8, imm);
-    b.ins().bitcast(types::F32X4, le(), s)
+    b.ins().bitcast(ty, le(), s)
 }
 
 /// `a > c ? a : c` lane-wise, for operands known not to be NaN.

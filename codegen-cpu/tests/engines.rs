@@ -117,18 +117,21 @@ fn every_engine_is_bit_exact_when_the_matmul_is_exact() {
 fn engine_results_do_not_depend_on_the_config() {
     let p = &pipelines()[1];
     let mut rng = rng(13);
-    let inp = bf16_inputs(p, &mut rng, 9, 77, 533);
-    for engine in runnable_engines() {
-        let mut results = Vec::new();
-        for (tile, threads) in [(4, 1), (64, 2), (512, 3), (536, 2), (20, 4)] {
-            let kernel = compile_on(p, engine, tile, 3, threads);
-            let (cands, lse) = run(&kernel, p, &inp);
-            let layout = StageTwo { batch: 9, samples: 3, tiles: kernel.tiles(533) };
-            let r = layout.reduce(&cands, lse.as_deref()).unwrap();
-            results.push((r.tokens, r.scores.iter().map(|s| s.to_bits()).collect::<Vec<_>>()));
-        }
-        for r in &results[1..] {
-            assert_eq!(r, &results[0], "{engine}");
+    // Both token orders of the engine's tiles (`tiles::TokenOrder`: streams up to 8 rows).
+    for batch in [9, 1] {
+        let inp = bf16_inputs(p, &mut rng, batch, 77, 533);
+        for engine in runnable_engines() {
+            let mut results = Vec::new();
+            for (tile, threads) in [(4, 1), (64, 2), (512, 3), (536, 2), (20, 4)] {
+                let kernel = compile_on(p, engine, tile, 3, threads);
+                let (cands, lse) = run(&kernel, p, &inp);
+                let layout = StageTwo { batch, samples: 3, tiles: kernel.tiles(533) };
+                let r = layout.reduce(&cands, lse.as_deref()).unwrap();
+                results.push((r.tokens, r.scores.iter().map(|s| s.to_bits()).collect::<Vec<_>>()));
+            }
+            for r in &results[1..] {
+                assert_eq!(r, &results[0], "{engine}, B = {batch}");
+            }
         }
     }
 }

@@ -365,3 +365,21 @@ fn skipping_hopeless_quads_changes_nothing() {
         check(&kernel, p, &inp, false);
     }
 }
+
+/// Flat logits: no quad is hopeless by its logits alone, but once a long tile's winner holds
+/// the largest of many noises, most quads' uniforms show that they cannot beat it (the bucket
+/// bound of `gumbel_f32`); skipping their Gumbel transform must not change any candidate.
+#[test]
+fn skipping_quads_by_their_uniforms_changes_nothing() {
+    let mut rng = rng(12);
+    for dtype in [DType::F32, DType::BF16] {
+        for p in &pipelines(dtype)[..2] {
+            let kernel = compile(p, 2048, 3, 2);
+            let mut inp = random_inputs(p, &mut rng, 3, 16, 5000);
+            for h in &mut inp.hidden {
+                *h *= 0.01;
+            }
+            check(&kernel, p, &inp, false);
+        }
+    }
+}
