@@ -232,6 +232,17 @@ mod tests {
         assert!(biggest.value as f64 * MAX_PARTIAL_TOKENS as f64 <= u64::MAX as f64, "{biggest:?}");
     }
 
+    /// The GPU takes a thread's top window as the window of its largest finite logit:
+    /// windows must be monotone in `x`.
+    #[test]
+    fn windows_are_monotone() {
+        let mut xs = logits(20_000, 5);
+        xs.extend([-1e30, -8.6e9, -16.0, -1e-40, -0.0, 0.0, 1e-40, 15.999999, 16.0, 8.6e9, 1e30, f32::MAX, f32::MIN]);
+        xs.sort_by(f32::total_cmp);
+        let windows: Vec<i32> = xs.iter().map(|&x| LseTerm::of(x).unwrap().window).collect();
+        assert!(windows.windows(2).all(|w| w[0] <= w[1]));
+    }
+
     #[test]
     fn terms_are_exact_fixed_point() {
         assert_eq!(LseTerm::of(0.0), Some(LseTerm { window: 0, value: 1 << 23 }));

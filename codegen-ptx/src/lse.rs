@@ -8,7 +8,7 @@
 //!   `LseSum::merge`): `(w, s0, s1, s2) ⊕ (w', s0', s1', s2')`.
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
 
-use crate::ir::{f32c, Func};
+use crate::ir::{f32c, Func, NEG_INF};
 use flashsample_abi::lse::{
     EMPTY_WINDOW, INV_WINDOW, KEPT_WINDOWS, TERM_SCALE, TERM_SCALE_LOG2, WINDOW, WINDOW_LIMIT, WINDOW_WEIGHTS,
 };
@@ -52,6 +52,23 @@ fn term(attr: &str) -> String {
     let r = f.v(format!("insertvalue {{ i32, i64 }} {r}, i64 {value}, 1"));
     f.s(format!("ret {{ i32, i64 }} {r}"));
     f.finish(&format!("define internal {{ i32, i64 }} @fs_lse_term(float %x) {attr}"))
+}
+
+/// The window of `LseTerm::of(x)` alone (`EMPTY_WINDOW` for non-finite `x`): monotone in `x`,
+/// so a thread's top window is the window of its largest finite logit.
+fn window(attr: &str) -> String {
+    let mut f = Func::new();
+    let ax = f.v("call float @llvm.fabs.f32(float %x)");
+    let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
+    let scaled = f.fmul("%x", &f32c(INV_WINDOW));
+    let k = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
+    let lim = WINDOW_LIMIT as f32;
+    let kc = f.v(format!("call float @llvm.maxnum.f32(float {k}, float {})", f32c(-lim)));
+    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
+    let w = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
+    let w = f.sel("i32", &finite, &w, &EMPTY_WINDOW.to_string());
+    f.s(format!("ret i32 {w}"));
+    f.finish(&format!("define internal i32 @fs_lse_window(float %x) {attr}"))
 }
 
 /// Entry `i` of `sums` (of window `from`) realigned to the top window `to`: `sums[i − (to −
@@ -137,24 +154,31 @@ fn finish() -> String {
 
 /// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2` outlined).
 pub(crate) fn helpers(attr: &str) -> String {
-    [term(attr), merge("fs_lse_merge", "i64", PARTIAL_TY, "#0"), merge("fs_lse_merge128", "i128", SUM_TY, "#0"), finish()].join("\n")
+    [term(attr), window("#0"), merge("fs_lse_merge", "i64", PARTIAL_TY, "#0"), merge("fs_lse_merge128", "i128", SUM_TY, "#0"), finish()].join("\n")
 }
 
-/// A thread's terms of one column summed: the top window over `terms` (`(window, value)`
-/// pairs from `@fs_lse_term`), then each value into the sum of its window. Equal to merging
-/// them one by one, with one compare per term instead of a realignment.
-pub(crate) fn sum_terms(f: &mut Func, terms: &[(String, String)]) -> (String, [String; KEPT_WINDOWS]) {
-    let mut top = EMPTY_WINDOW.to_string();
-    for (w, _) in terms {
-        let gt = f.v(format!("icmp sgt i32 {w}, {top}"));
-        top = f.sel("i32", &gt, w, &top);
+/// A thread's logits of one column summed: the top window is the window of the largest
+/// finite logit (windows are monotone), then each logit's term goes into the sum of its window
+/// as soon as it is computed, so only the running sums stay live. Equal to merging the terms
+/// one by one.
+pub(crate) fn sum_logits(f: &mut Func, xs: &[&String]) -> (String, [String; KEPT_WINDOWS]) {
+    let mut xmax = NEG_INF.to_string();
+    for x in xs {
+        let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
+        let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
+        let xc = f.sel("float", &finite, x, NEG_INF);
+        xmax = f.v(format!("call float @llvm.maxnum.f32(float {xmax}, float {xc})"));
     }
+    let top = f.v(format!("call i32 @fs_lse_window(float {xmax})"));
     let mut sums: [String; KEPT_WINDOWS] = std::array::from_fn(|_| "0".to_string());
-    for (w, v) in terms {
+    for x in xs {
+        let t = f.v(format!("call {{ i32, i64 }} @fs_lse_term(float {x})"));
+        let w = f.v(format!("extractvalue {{ i32, i64 }} {t}, 0"));
+        let v = f.v(format!("extractvalue {{ i32, i64 }} {t}, 1"));
         let below = f.v(format!("sub i32 {top}, {w}"));
         for (j, s) in sums.iter_mut().enumerate() {
             let hit = f.v(format!("icmp eq i32 {below}, {j}"));
-            let add = f.sel("i64", &hit, v, "0");
+            let add = f.sel("i64", &hit, &v, "0");
             *s = f.v(format!("add i64 {s}, {add}"));
         }
     }

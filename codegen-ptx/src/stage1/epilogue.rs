@@ -323,8 +323,11 @@ impl Gen<'_> {
         let sc = c.smem_layout().scratch;
         let (x, nonfinite) = (&t.x, &t.nonfinite);
         let lane_lt4 = f.ult(&th.lane, "4");
-        let mut lse_parts = Vec::new();
-        for (ci, _) in cols.iter().enumerate() {
+        // Each column's flag and round-1 partial (window and two upper sums) go to the scratch
+        // as soon as they are known, so only the third sum stays live per column until round 2.
+        let mut third_sums = Vec::new();
+        let mut flags = Vec::new();
+        for (ci, cl) in cols.iter().enumerate() {
             let flag = f.v(format!("zext i1 {} to i32", nonfinite[ci]));
             let mut flag = flag;
             for sh in [4, 8, 16] {
@@ -334,33 +337,34 @@ impl Gen<'_> {
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let terms: Vec<(String, String)> = (0..self.quads)
-                    .flat_map(|q| (0..4).map(move |o| (q, o)))
-                    .map(|(q, o)| {
-                        let xv = &x[self.acc_index(q, o, n, j)];
-                        let t = f.v(format!("call {{ i32, i64 }} @fs_lse_term(float {xv})"));
-                        (f.v(format!("extractvalue {{ i32, i64 }} {t}, 0")), f.v(format!("extractvalue {{ i32, i64 }} {t}, 1")))
-                    })
-                    .collect();
-                let own = lse::sum_terms(f, &terms);
+                let xs: Vec<&String> =
+                    (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
+                let own = lse::sum_logits(f, &xs);
                 part = Some(lse::warp_merge(f, false, own, &[4, 8, 16]));
             }
-            lse_parts.push((flag, part));
-        }
-        // Round 1: the flags, and each warp's top window with its two upper sums.
-        f.if_then(&lane_lt4, |f| {
-            for (ci, cl) in cols.iter().enumerate() {
-                let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                self.st_scratch(f, th, "i32", sc.nonfinite, &slot, &lse_parts[ci].0);
-                if let Some((w, sums)) = &lse_parts[ci].1 {
+            if let Some((w, sums)) = &part {
+                f.if_then(&lane_lt4, |f| {
+                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                    self.st_scratch(f, th, "i32", sc.nonfinite, &slot, &flag);
                     self.st_scratch(f, th, "i32", sc.lse_window, &slot, w);
                     let slot8 = f.v(format!("shl i32 {slot}, 1"));
                     for (field, v) in sc.lse_sums.iter().zip(&sums[..2]) {
                         self.st_scratch(f, th, "i64", *field, &slot8, v);
                     }
-                }
+                });
             }
-        });
+            third_sums.push(part.map(|(_, sums)| sums[2].clone()));
+            flags.push(flag);
+        }
+        if !lse {
+            // Without a logsumexp only the flags cross warps: one block stores them all.
+            f.if_then(&lane_lt4, |f| {
+                for (cl, flag) in cols.iter().zip(&flags) {
+                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                    self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
+                }
+            });
+        }
         f.barrier();
         let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
         if lse {
@@ -401,10 +405,10 @@ impl Gen<'_> {
             // Round 2: the third sum, in the first sum field.
             f.if_then(&lane_lt4, |f| {
                 for (ci, cl) in cols.iter().enumerate() {
-                    if let Some((_, sums)) = &lse_parts[ci].1 {
+                    if let Some(s2) = &third_sums[ci] {
                         let slot = self.scratch_slot(f, &th.warp, &cl.col);
                         let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                        self.st_scratch(f, th, "i64", sc.lse_sums[0], &slot8, &sums[2]);
+                        self.st_scratch(f, th, "i64", sc.lse_sums[0], &slot8, s2);
                     }
                 }
             });
