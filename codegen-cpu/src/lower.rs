@@ -938,10 +938,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             None
         } else {
             let b = &mut self.b;
-            let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
-            let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
-            let eligible = b.ins().band(above, allowed);
-            let xs = math::select(b, eligible, x, neg_inf);
+            let xs = eligible(b, x, allowed);
             let x_max = math::hmax(b, xs);
             let noise_max = b.ins().f32const(gumbel_upper_bound());
             Some((x_max, b.ins().fadd(x_max, noise_max)))
@@ -1111,15 +1108,22 @@ impl<'a, 'p> Lowering<'a, 'p> {
         [0, 1, 2, 3].map(|j| b.ins().load(I32, own(), lane_addr, 16 * j))
     }
 
+    /// The address of lane `lane` (i32, 0..4) of the vector stored at the start of the
+    /// scratch slot (a second vector at +16 has its lane at +16 from it).
+    fn scratch_lane(&mut self, lane: Value) -> Value {
+        let b = &mut self.b;
+        let lane64 = b.ins().uextend(I64, lane);
+        let off = b.ins().ishl_imm_u(lane64, 2);
+        let base = b.ins().stack_addr(I64, self.scratch_slot, 0);
+        b.ins().iadd(base, off)
+    }
+
     /// Step 6: fold this quad's best allowed token into the running winner of (row, sample, tile).
     fn emit_select(&mut self, l: &Launch, q: &Quad, row: Value, s: Value, lanes: Lanes) {
         let Lanes { score, x, allowed } = lanes;
         let addr = self.candidate_addr(l, row, s);
         let b = &mut self.b;
-        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
-        let above = b.ins().fcmp(FloatCC::GreaterThan, score, neg_inf);
-        let eligible = b.ins().band(above, allowed);
-        let scores = math::select(b, eligible, score, neg_inf);
+        let scores = eligible(b, score, allowed);
         let best_here = math::hmax(b, scores);
         let best_so_far = b.ins().load(F32, output(), addr, 0);
         // Strictly greater: on a tie the earlier (lower) token of an earlier quad keeps the slot.
@@ -1136,10 +1140,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let lane = b.ins().ctz(winners);
         b.ins().stack_store(I64, score, self.scratch_slot, 0);
         b.ins().stack_store(I64, x, self.scratch_slot, 16);
-        let lane64 = b.ins().uextend(I64, lane);
-        let lane_off = b.ins().ishl_imm_u(lane64, 2);
-        let base = b.ins().stack_addr(I64, self.scratch_slot, 0);
-        let lane_addr = b.ins().iadd(base, lane_off);
+        let lane_addr = self.scratch_lane(lane);
+        let b = &mut self.b;
         let win_score = b.ins().load(F32, own(), lane_addr, 0);
         let win_logit = b.ins().load(F32, own(), lane_addr, 16);
         let v32 = b.ins().ireduce(I32, q.v);
@@ -1190,10 +1192,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
     fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value) {
         let tile = self.b.use_var(self.tile);
         let b = &mut self.b;
-        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
-        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
-        let eligible = b.ins().band(above, allowed);
-        let xs = math::select(b, eligible, x, neg_inf);
+        let xs = eligible(b, x, allowed);
         let best = math::hmax(b, xs);
         let slot = b.ins().imul(row, l.tiles);
         let slot = b.ins().iadd(slot, tile);
@@ -1233,15 +1232,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().brif(here, store, &[], done, &[]);
 
         b.switch_to_block(store);
-        let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
-        let above = b.ins().fcmp(FloatCC::GreaterThan, x, neg_inf);
-        let eligible = b.ins().band(above, allowed);
-        let xs = math::select(b, eligible, x, neg_inf);
+        let xs = eligible(b, x, allowed);
         b.ins().stack_store(I64, xs, self.scratch_slot, 0);
-        let base = b.ins().stack_addr(I64, self.scratch_slot, 0);
-        let lane64 = b.ins().uextend(I64, lane);
-        let off = b.ins().ishl_imm_u(lane64, 2);
-        let lane_addr = b.ins().iadd(base, off);
+        let lane_addr = self.scratch_lane(lane);
+        let b = &mut self.b;
         let value = b.ins().load(F32, own(), lane_addr, 0);
         let dst = b.ins().iadd(target_logits, row4);
         b.ins().store(output(), value, dst, 0);
@@ -1335,6 +1329,15 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }
+}
+
+/// `v` where the token is eligible (allowed, and `v > -inf`, so NaN is not), else `-inf`,
+/// lane-wise: what the argmax, the list test and the target read.
+fn eligible(b: &mut FunctionBuilder, v: Value, allowed: Value) -> Value {
+    let neg_inf = fconst(b, F32X4, f32::NEG_INFINITY);
+    let above = b.ins().fcmp(FloatCC::GreaterThan, v, neg_inf);
+    let ok = b.ins().band(above, allowed);
+    math::select(b, ok, v, neg_inf)
 }
 
 #[cfg(test)]
