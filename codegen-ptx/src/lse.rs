@@ -9,6 +9,8 @@
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
 
 use crate::ir::{f32c, Func, NEG_INF};
+use flashsample_abi::LsePartial;
+use std::mem::{offset_of, size_of};
 use flashsample_abi::lse::{
     EMPTY_WINDOW, INV_WINDOW, KEPT_WINDOWS, TERM_SCALE, TERM_SCALE_LOG2, WINDOW, WINDOW_LIMIT, WINDOW_WEIGHTS,
 };
@@ -25,29 +27,72 @@ declare double @llvm.nvvm.add.rn.d(double, double)
 declare double @llvm.nvvm.mul.rn.d(double, double)
 ";
 
+/// `abi::LsePartial`'s size and its window's offset (the three u64 sums come first).
+const PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
+const PARTIAL_WINDOW: u32 = offset_of!(LsePartial, window) as u32;
+
+/// Stores partial `(w, sums)` (u64 sums) as `abi::LsePartial` number `index64` of `buffer`.
+pub(crate) fn store_partial(f: &mut Func, buffer: &str, index64: &str, w: &str, sums: &[String; KEPT_WINDOWS]) {
+    let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
+    for (k, v) in sums.iter().enumerate() {
+        let p = f.offset(&a, 8 * k as u32);
+        f.s(format!("store i64 {v}, ptr addrspace(1) {p}, align 8"));
+    }
+    let p = f.offset(&a, PARTIAL_WINDOW);
+    f.s(format!("store i32 {w}, ptr addrspace(1) {p}, align 4"));
+    let p = f.offset(&a, PARTIAL_WINDOW + 4);
+    f.s(format!("store i32 0, ptr addrspace(1) {p}, align 4"));
+}
+
+/// Loads `abi::LsePartial` number `index64` of `buffer`, its sums widened to u128.
+pub(crate) fn load_partial_wide(f: &mut Func, buffer: &str, index64: &str) -> (String, [String; KEPT_WINDOWS]) {
+    let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
+    let sums = std::array::from_fn(|k| {
+        let p = f.offset(&a, 8 * k as u32);
+        let v = f.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
+        f.v(format!("zext i64 {v} to i128"))
+    });
+    let p = f.offset(&a, PARTIAL_WINDOW);
+    (f.v(format!("load i32, ptr addrspace(1) {p}, align 4")), sums)
+}
+
 /// An f64 constant in LLVM's exact hexadecimal form.
 fn f64c(v: f64) -> String {
     format!("0x{:016X}", v.to_bits())
 }
 
+/// The window part of `LseTerm::of(x)`: whether `x` counts (finite), `floor(x / 16)` (the
+/// remainder's base) and the clamped window (`EMPTY_WINDOW` when `x` does not count).
+struct Window {
+    finite: String,
+    floor: String,
+    window: String,
+}
+
+fn window_of(f: &mut Func, x: &str) -> Window {
+    let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
+    let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
+    let scaled = f.fmul(x, &f32c(INV_WINDOW));
+    let floor = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
+    let lim = WINDOW_LIMIT as f32;
+    let kc = f.v(format!("call float @llvm.maxnum.f32(float {floor}, float {})", f32c(-lim)));
+    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
+    let w = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
+    let window = f.sel("i32", &finite, &w, &EMPTY_WINDOW.to_string());
+    Window { finite, floor, window }
+}
+
 /// `abi::lse::LseTerm::of`.
 fn term(attr: &str) -> String {
     let mut f = Func::new();
-    let ax = f.v("call float @llvm.fabs.f32(float %x)");
-    let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
-    let scaled = f.fmul("%x", &f32c(INV_WINDOW));
-    let k = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
-    let kw = f.fmul(&k, &f32c(WINDOW));
+    let w = window_of(&mut f, "%x");
+    let kw = f.fmul(&w.floor, &f32c(WINDOW));
     let rem = f.fsub("%x", &kw);
     let t = f.v(format!("call float @fs_exp_f32(float {rem})"));
     let tt = f.fmul(&t, &f32c(TERM_SCALE));
     let value = f.v(format!("call i64 @llvm.fptoui.sat.i64.f32(float {tt})"));
-    let lim = WINDOW_LIMIT as f32;
-    let kc = f.v(format!("call float @llvm.maxnum.f32(float {k}, float {})", f32c(-lim)));
-    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
-    let window = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
-    let window = f.sel("i32", &finite, &window, &EMPTY_WINDOW.to_string());
-    let value = f.sel("i64", &finite, &value, "0");
+    let window = w.window;
+    let value = f.sel("i64", &w.finite, &value, "0");
     let r = f.v(format!("insertvalue {{ i32, i64 }} undef, i32 {window}, 0"));
     let r = f.v(format!("insertvalue {{ i32, i64 }} {r}, i64 {value}, 1"));
     f.s(format!("ret {{ i32, i64 }} {r}"));
@@ -58,16 +103,8 @@ fn term(attr: &str) -> String {
 /// so a thread's top window is the window of its largest finite logit.
 fn window(attr: &str) -> String {
     let mut f = Func::new();
-    let ax = f.v("call float @llvm.fabs.f32(float %x)");
-    let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
-    let scaled = f.fmul("%x", &f32c(INV_WINDOW));
-    let k = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
-    let lim = WINDOW_LIMIT as f32;
-    let kc = f.v(format!("call float @llvm.maxnum.f32(float {k}, float {})", f32c(-lim)));
-    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
-    let w = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
-    let w = f.sel("i32", &finite, &w, &EMPTY_WINDOW.to_string());
-    f.s(format!("ret i32 {w}"));
+    let w = window_of(&mut f, "%x");
+    f.s(format!("ret i32 {}", w.window));
     f.finish(&format!("define internal i32 @fs_lse_window(float %x) {attr}"))
 }
 

@@ -6,14 +6,8 @@
 use crate::config::STAGE2_THREADS;
 use crate::ir::{Func, Var, NEG_INF};
 use crate::lse;
-use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
-use flashsample_abi::LsePartial;
-use std::mem::{offset_of, size_of};
-
-/// `abi::LsePartial`'s size and its window's offset.
-const LSE_PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
-const LSE_WINDOW_OFFSET: u32 = offset_of!(LsePartial, window) as u32;
 use crate::params::STAGE2;
+use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
 use flashsample_abi::{RowStatus, INDEX_NONE, INDEX_NONFINITE};
 
 pub(crate) const NAME: &str = "flashsample_stage2";
@@ -184,16 +178,9 @@ pub(crate) fn emit() -> String {
             f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
                 let i = f.add(&base, tile);
                 let i64v = f.zext64(&i);
-                let a = f.gaddr("%lse", &i64v, LSE_PARTIAL_BYTES);
-                let part_sums = std::array::from_fn(|k| {
-                    let p = f.offset(&a, 8 * k as u32);
-                    let v = f.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
-                    f.v(format!("zext i64 {v} to i128"))
-                });
-                let p = f.offset(&a, LSE_WINDOW_OFFSET);
-                let pw = f.v(format!("load i32, ptr addrspace(1) {p}, align 4"));
+                let part = lse::load_partial_wide(f, "%lse", &i64v);
                 let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
-                let (nw, ns) = lse::merge_call(f, true, &cur, &(pw, part_sums));
+                let (nw, ns) = lse::merge_call(f, true, &cur, &part);
                 f.set(&w, &nw);
                 for (v, x) in sums.iter().zip(&ns) {
                     f.set(v, x);

@@ -18,12 +18,7 @@ use super::{Gen, Item, Thread};
 use crate::{lse, math};
 use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
-use flashsample_abi::{LsePartial, INDEX_NONE, INDEX_NONFINITE};
-use std::mem::{offset_of, size_of};
-
-/// `abi::LsePartial`'s size and its window's offset (the sums come first, 8 bytes each).
-const LSE_PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
-const LSE_WINDOW_OFFSET: u32 = offset_of!(LsePartial, window) as u32;
+use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::Transform;
 
 /// A batch column `(n, j)` the thread owns and its row's parameters.
@@ -423,18 +418,9 @@ impl Gen<'_> {
                     let i = f.mul(&row, &it.vtiles);
                     let i = f.add(&i, &it.vtile);
                     let i64v = f.zext64(&i);
-                    // abi::LsePartial: sums at 0, 8, 16; window at 24; pad at 28.
-                    let a = f.gaddr("%lse", &i64v, LSE_PARTIAL_BYTES);
-                    for (k, v) in acc_s.iter().enumerate() {
-                        let v = f.get(v);
-                        let p = f.offset(&a, 8 * k as u32);
-                        f.s(format!("store i64 {v}, ptr addrspace(1) {p}, align 8"));
-                    }
+                    let sums = acc_s.each_ref().map(|v| f.get(v));
                     let w = f.get(&acc_w);
-                    let p = f.offset(&a, LSE_WINDOW_OFFSET);
-                    f.s(format!("store i32 {w}, ptr addrspace(1) {p}, align 4"));
-                    let p = f.offset(&a, LSE_WINDOW_OFFSET + 4);
-                    f.s(format!("store i32 0, ptr addrspace(1) {p}, align 4"));
+                    lse::store_partial(f, "%lse", &i64v, &w, &sums);
                 });
             });
             // The selection phase writes the score, index and logit fields the sums alias.
