@@ -2,7 +2,7 @@
 //! seed and step, sampled in batches of any composition and config; each request's outputs
 //! must be the same bits as when it was sampled alone.
 
-use crate::{Case, MatrixData};
+use crate::Case;
 use flashsample::{KernelConfig, Samples, Sampler};
 
 /// A pool of requests: row `r` of `case` is request `r`, with `row_seeds[r]` and `steps[r]`.
@@ -35,30 +35,7 @@ impl Pool {
     /// A batch of the requests `ids` (any order, repeats allowed): their rows and parameters
     /// gathered from the pool; the weights stay the pool's.
     pub fn batch(&self, ids: &[usize]) -> (Case, Vec<u64>, Vec<u32>) {
-        let c = &self.case;
-        let words = c.vocab.div_ceil(32);
-        let hidden: Vec<f32> = ids.iter().flat_map(|&r| c.hidden.exact[r * c.dim..][..c.dim].iter().copied()).collect();
-        let pick = |v: &[f32]| ids.iter().map(|&r| v[r]).collect::<Vec<f32>>();
-        let case = Case {
-            batch: ids.len(),
-            dim: c.dim,
-            vocab: c.vocab,
-            hidden: MatrixData::from_f32(c.hidden.dtype, ids.len(), c.dim, &hidden),
-            weights: MatrixData::from_f32(c.weights.dtype, 0, c.dim, &[]),
-            temperatures: pick(&c.temperatures),
-            bias: c.bias.clone(),
-            mask: ids.iter().flat_map(|&r| c.mask[r * words..][..words].iter().copied()).collect(),
-            banned: ids.iter().map(|&r| c.banned[r].clone()).collect(),
-            seed: c.seed,
-            filters: ids.iter().map(|&r| c.filters[r]).collect(),
-            repetition: pick(&c.repetition),
-            presence: pick(&c.presence),
-            frequency: pick(&c.frequency),
-            history: ids.iter().map(|&r| c.history[r].clone()).collect(),
-            logit_bias: ids.iter().map(|&r| c.logit_bias[r].clone()).collect(),
-            targets: ids.iter().map(|&r| c.targets[r]).collect(),
-        };
-        (case, ids.iter().map(|&r| self.row_seeds[r]).collect(), ids.iter().map(|&r| self.steps[r]).collect())
+        (self.case.rows(ids), ids.iter().map(|&r| self.row_seeds[r]).collect(), ids.iter().map(|&r| self.steps[r]).collect())
     }
 
     /// Samples the batch `ids` (with `config`, else the sampler's own choice) and returns each

@@ -334,25 +334,33 @@ impl Case {
     /// The first `b` rows of this case (same bias, mask words, seed and per-row parameters),
     /// weights left empty: callers pass the full head's weights separately.
     pub fn prefix(&self, b: usize) -> Case {
+        self.rows(&(0..b).collect::<Vec<_>>())
+    }
+
+    /// Rows `ids` of this case, in that order (repeats allowed), with their hidden states, mask
+    /// words and per-row parameters; bias and seed are the case's, weights left empty.
+    pub fn rows(&self, ids: &[usize]) -> Case {
         let words = self.vocab.div_ceil(32);
+        let hidden: Vec<f32> = ids.iter().flat_map(|&r| self.hidden.exact[r * self.dim..][..self.dim].iter().copied()).collect();
+        let pick = |v: &[f32]| ids.iter().map(|&r| v[r]).collect::<Vec<f32>>();
         Case {
-            batch: b,
+            batch: ids.len(),
             dim: self.dim,
             vocab: self.vocab,
-            hidden: MatrixData::from_f32(self.hidden.dtype, b, self.dim, &self.hidden.exact[..b * self.dim]),
+            hidden: MatrixData::from_f32(self.hidden.dtype, ids.len(), self.dim, &hidden),
             weights: MatrixData::from_f32(self.weights.dtype, 0, self.dim, &[]),
-            temperatures: self.temperatures[..b].to_vec(),
+            temperatures: pick(&self.temperatures),
             bias: self.bias.clone(),
-            mask: self.mask[..b * words].to_vec(),
-            banned: self.banned[..b].to_vec(),
+            mask: ids.iter().flat_map(|&r| self.mask[r * words..][..words].iter().copied()).collect(),
+            banned: ids.iter().map(|&r| self.banned[r].clone()).collect(),
             seed: self.seed,
-            filters: self.filters[..b].to_vec(),
-            repetition: self.repetition[..b].to_vec(),
-            presence: self.presence[..b].to_vec(),
-            frequency: self.frequency[..b].to_vec(),
-            history: self.history[..b].to_vec(),
-            logit_bias: self.logit_bias[..b].to_vec(),
-            targets: self.targets[..b].to_vec(),
+            filters: ids.iter().map(|&r| self.filters[r]).collect(),
+            repetition: pick(&self.repetition),
+            presence: pick(&self.presence),
+            frequency: pick(&self.frequency),
+            history: ids.iter().map(|&r| self.history[r].clone()).collect(),
+            logit_bias: ids.iter().map(|&r| self.logit_bias[r].clone()).collect(),
+            targets: ids.iter().map(|&r| self.targets[r]).collect(),
         }
     }
 
