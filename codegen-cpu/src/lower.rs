@@ -1256,10 +1256,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let (window, term) = math::lse_term(b, x);
         let empty = iconst(b, I32X4, EMPTY_WINDOW as u32);
         let window = b.ins().bitselect(counted, window, empty);
-        let lanes: Vec<(Value, Value)> = (0..4u8)
-            .map(|i| (b.ins().extractlane(window, i), b.ins().extractlane(term, i)))
-            .collect();
-        let quad_top = lanes.iter().skip(1).fold(lanes[0].0, |m, &(k, _)| b.ins().smax(m, k));
+        let windows: Vec<Value> = (0..4u8).map(|i| b.ins().extractlane(window, i)).collect();
+        let quad_top = windows.iter().skip(1).fold(windows[0], |m, &k| b.ins().smax(m, k));
         // Most quads of a row lie more than two windows below its top: they change nothing,
         // so one vector test skips them before any sum is loaded.
         let flags = output();
@@ -1310,7 +1308,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let top = b.use_var(top_var);
         let zero = b.ins().iconst(I64, 0);
         let mut sums: Vec<Value> = sum_vars.iter().map(|&v| b.use_var(v)).collect();
-        for &(k, t) in &lanes {
+        // The terms are read only here, past the skip test.
+        for (i, &k) in windows.iter().enumerate() {
+            let t = b.ins().extractlane(term, i as u8);
             // Masked lanes sit in EMPTY_WINDOW, far below every kept window.
             let below = b.ins().isub(top, k);
             // Terms are below 2^46.1, so the signed conversion is exact and cheaper; a masked
