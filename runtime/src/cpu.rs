@@ -208,12 +208,12 @@ impl CpuBackend {
         if !rows.is_empty() {
             self.serve_exact(&hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
         }
+        // Step 7b: x − lse (`-inf − lse = -inf` for an excluded target).
         let target_logprobs = match (&one.target_logits, &reduced.logsumexp) {
-            (Some(t), Some(lse)) => Some(Samples::target_logprobs(t, lse, &status)),
+            (Some(t), Some(lse)) => Some(t.iter().zip(lse).map(|(x, l)| x - l).collect()),
             _ => None,
         };
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, capacity);
-        samples.target_logprobs = target_logprobs;
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, capacity, target_logprobs);
         samples.top_logprobs = top_logprobs;
         Ok(samples)
     }

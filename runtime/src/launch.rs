@@ -81,8 +81,17 @@ impl Samples {
     }
 
     /// Samples from a reduced launch whose rows have the given statuses (`RowStatus::Ok` for a
-    /// sampled row); `capacity` is the list capacity a `NucleusTooLarge` row outgrew.
-    pub(crate) fn from_reduced(pipeline: &Pipeline, batch: usize, mut r: RowResult, status: &[RowStatus], capacity: usize) -> Samples {
+    /// sampled row); `capacity` is the list capacity a `NucleusTooLarge` row outgrew;
+    /// `target_logprobs` the rows' target logprobs (DESIGN.md step 7b), if the pipeline scores
+    /// targets. Every output of a failed row becomes `INDEX_NONE` / NaN here.
+    pub(crate) fn from_reduced(
+        pipeline: &Pipeline,
+        batch: usize,
+        mut r: RowResult,
+        status: &[RowStatus],
+        capacity: usize,
+        mut target_logprobs: Option<Vec<f32>>,
+    ) -> Samples {
         let s = pipeline.samples_per_row() as usize;
         let row_errors: Vec<Option<RowStatusError>> =
             status.iter().enumerate().map(|(row, st)| st.error(row, capacity)).collect();
@@ -93,6 +102,9 @@ impl Samples {
                 r.logits[row * s..][..s].fill(f32::NAN);
                 if let Some(l) = r.logsumexp.as_mut() {
                     l[row] = f32::NAN;
+                }
+                if let Some(t) = target_logprobs.as_mut() {
+                    t[row] = f32::NAN;
                 }
             }
         }
@@ -108,21 +120,9 @@ impl Samples {
             logsumexp: if pipeline.outputs.logsumexp { r.logsumexp } else { None },
             logprobs,
             top_logprobs: None,
-            target_logprobs: None,
+            target_logprobs,
             row_errors,
         }
-    }
-
-    /// `target_logprob` (DESIGN.md step 7b) from the targets' transformed logits and the rows'
-    /// logsumexps: `x − lse` for a sampled row (`-inf − lse = -inf` for an excluded target),
-    /// NaN for a failed one.
-    pub(crate) fn target_logprobs(target_logits: &[f32], logsumexp: &[f32], status: &[RowStatus]) -> Vec<f32> {
-        target_logits
-            .iter()
-            .zip(logsumexp)
-            .zip(status)
-            .map(|((&x, &lse), st)| if *st == RowStatus::Ok { x - lse } else { f32::NAN })
-            .collect()
     }
 }
 

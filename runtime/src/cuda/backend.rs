@@ -367,14 +367,8 @@ impl CudaSampler {
             self.serve_exact(hidden, weights, params, shape, &config, &rows, &mut r)?;
         }
         let top_n = self.pipeline.outputs.top_logprobs as usize;
-        // Stage two turned the targets' logits into logprobs; a row stage three failed (list
-        // errors) gets NaN here too, as on the CPU.
-        let target_logprobs = r.target_logprobs.take().map(|mut t| {
-            t.iter_mut().zip(&r.status).filter(|(_, st)| **st != RowStatus::Ok).for_each(|(x, _)| *x = f32::NAN);
-            t
-        });
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize);
-        samples.target_logprobs = target_logprobs;
+        // Stage two turned the targets' logits into logprobs.
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize, r.target_logprobs);
         samples.top_logprobs = r.top.map(|top| {
             top.chunks(top_n.max(1))
                 .take(shape.batch)
