@@ -4,7 +4,7 @@
 //! API's.
 
 use super::{hopper_gpu, ALL_OUTPUTS};
-use flashsample::{Device, Error, GpuConfig, Grid, GridKind, KernelConfig, ParamError, Sampler, Schedule};
+use flashsample::{Device, Error, GpuConfig, ListError, RowStatusError, Grid, GridKind, KernelConfig, ParamError, Sampler, Schedule};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::gpu::{row_errors, DeviceCase, DeviceResults};
 use flashsample_tests::Case;
@@ -85,9 +85,29 @@ fn device_api_logit_bias_equals_the_host_api() {
     let stream = dev.context().new_stream().unwrap();
     plan.launch(&stream, inputs.inputs(&stream), outputs.outputs(&stream)).unwrap();
     let got = outputs.read(&stream);
-    assert!(row_errors(&plan, &got.status).iter().all(Option::is_none), "{:?}", got.status);
-    assert_eq!(got.tokens, host.tokens);
-    assert_eq!(Some(&got.scores), host.scores.as_ref());
+    // The host API serves a lone top-p row whose nucleus outgrew the lists exactly; the device
+    // API reports it as status 4 (DESIGN.md "Exact nucleus on the device"). Every other row
+    // must be the host API's, bit for bit.
+    let errors = row_errors(&plan, &got.status);
+    let samples = got.tokens.len() / case.batch;
+    let scores = host.scores.as_ref().expect("the pipeline outputs scores");
+    let mut compared = 0;
+    for (row, error) in errors.iter().enumerate() {
+        let at = row * samples..(row + 1) * samples;
+        match error {
+            None => {
+                assert_eq!(got.tokens[at.clone()], host.tokens[at.clone()], "row {row}");
+                assert_eq!(got.scores[at.clone()], scores[at], "row {row}");
+                compared += 1;
+            }
+            Some(RowStatusError::List(ListError::NucleusTooLarge { row: r, .. })) => {
+                assert_eq!(*r, row);
+                assert!(host.row_errors[row].is_none(), "row {row}: the host API must serve the nucleus exactly");
+            }
+            Some(e) => panic!("row {row}: {e}"),
+        }
+    }
+    assert!(compared >= case.batch - 2, "only {compared} of {} rows compared: {:?}", case.batch, got.status);
     // A launch without the tables the pipeline declares is refused, naming them.
     let mut missing = inputs.inputs(&stream);
     missing.logit_bias = None;
