@@ -115,9 +115,68 @@ pub fn gumbel_f32(bits: u32) -> f32 {
 /// 2⁻²⁵.
 pub const TWO_POW_M25: f32 = 2.980_232_2e-8;
 
+/// An upper bound on [`gumbel_f32`] over all 2³² inputs: the exact maximum over the top 2¹⁶
+/// uniforms (where the maximum lies), and at least the ~5.5 that all smaller ones stay under.
+/// A token whose transformed logit plus this cannot beat a score already drawn for its row
+/// cannot win, so backends may skip its noise (DESIGN.md "Noise is drawn only where it can
+/// change a winner"): the skip changes no sample.
+pub fn gumbel_f32_upper_bound() -> f32 {
+    static BOUND: std::sync::OnceLock<f32> = std::sync::OnceLock::new();
+    *BOUND.get_or_init(|| {
+        // gumbel_f32 reads only bits >> 8, so k covers every input.
+        ((1u32 << 24) - (1 << 16)..1 << 24).map(|k| gumbel_f32(k << 8)).fold(6.0f32, f32::max)
+    })
+}
+
+/// The leading ones `L` of the 24-bit uniform index `bits >> 8` of a noise word, as the
+/// kernels count them: `clz(!bits | 0xff)`.
+pub fn uniform_leading_ones(bits: u32) -> u32 {
+    (!bits | 0xff).leading_zeros()
+}
+
+/// An upper bound on [`gumbel_f32`]`(bits)` from [`uniform_leading_ones`]`(bits) = L`: then
+/// `u ≤ 1 − 2^−(L+1)`, and `−ln(−ln u) ≤ −ln(1 − u) ≤ (L + 1)·ln 2`, plus
+/// [`GUMBEL_BUCKET_SLACK`] for `gumbel_f32`'s rounding (the bound is tight at `L = 24`).
+/// Backends compute it with exactly these f32 operations (`(L + 1)` converted, times `ln 2`,
+/// plus the slack); a test checks it for every input.
+pub fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
+    (leading_ones as f32 + 1.0) * std::f32::consts::LN_2 + GUMBEL_BUCKET_SLACK
+}
+
+/// What [`gumbel_bucket_bound`] adds for the rounding of [`gumbel_f32`].
+pub const GUMBEL_BUCKET_SLACK: f32 = 1.0 / 64.0;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gumbel_bucket_bound_covers_every_input() {
+        // gumbel_f32 reads only bits >> 8, so k covers every input.
+        for k in 0..1u32 << 24 {
+            let bits = k << 8;
+            assert!(gumbel_f32(bits) <= gumbel_bucket_bound(uniform_leading_ones(bits)), "k = {k:#x}");
+        }
+        // Tight where it matters: within 1.4 of the largest noise of each bucket (ln 2 from
+        // rounding L + 1 up, the rest from −ln(−ln u) < −ln(1 − u)).
+        for leading_ones in 0..=24u32 {
+            // The bucket's largest k: its leading ones, the zero after them, then all ones.
+            let all = (1u32 << 24) - 1;
+            let k = if leading_ones == 24 { all } else { all & !(1 << (23 - leading_ones)) };
+            assert_eq!(uniform_leading_ones(k << 8), leading_ones);
+            assert!(gumbel_bucket_bound(leading_ones) - gumbel_f32(k << 8) < 1.4, "L = {leading_ones}");
+        }
+    }
+
+    #[test]
+    fn gumbel_upper_bound_covers_every_input() {
+        let bound = gumbel_f32_upper_bound();
+        assert!(bound > 17.0 && bound < 18.0, "{bound}");
+        assert_eq!(bound, gumbel_f32(((1 << 24) - 1) << 8), "the largest uniform gives the largest noise");
+        for k in (0..1u32 << 24).step_by(7) {
+            assert!(gumbel_f32(k << 8) <= bound);
+        }
+    }
 
     // Known-answer vectors from Random123's kat_vectors (philox4x32 10 rounds).
     #[test]

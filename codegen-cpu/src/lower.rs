@@ -101,28 +101,6 @@ impl Plan {
     }
 }
 
-/// An upper bound on `abi::rng::gumbel_f32` over all 2³² inputs: the exact maximum over the
-/// top 2¹⁶ uniforms (where the maximum lies), and at least the ~5.5 that all smaller ones stay under.
-pub(crate) fn gumbel_upper_bound() -> f32 {
-    static BOUND: std::sync::OnceLock<f32> = std::sync::OnceLock::new();
-    *BOUND.get_or_init(|| {
-        // gumbel_f32 reads only bits >> 8, so k covers every input.
-        ((1u32 << 24) - (1 << 16)..1 << 24).map(|k| flashsample_abi::rng::gumbel_f32(k << 8)).fold(6.0f32, f32::max)
-    })
-}
-
-/// An upper bound on `abi::rng::gumbel_f32(bits)` from the leading ones `L` of its 24-bit
-/// uniform index `bits >> 8` (`clz(!bits | 0xff)`): then `u ≤ 1 − 2^−(L+1)`, and
-/// `−ln(−ln u) ≤ −ln(1 − u) ≤ (L + 1)·ln 2`, plus [`GUMBEL_BUCKET_SLACK`] for `gumbel_f32`'s
-/// rounding (the bound is tight at `L = 24`). The lowering emits these exact f32 operations;
-/// a test checks the bound for every input.
-#[cfg(test)]
-fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
-    (leading_ones as f32 + 1.0) * std::f32::consts::LN_2 + GUMBEL_BUCKET_SLACK
-}
-
-/// What [`gumbel_bucket_bound`] adds for the rounding of `gumbel_f32`.
-const GUMBEL_BUCKET_SLACK: f32 = 1.0 / 64.0;
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<LsePartial>() as i64;
@@ -940,7 +918,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let b = &mut self.b;
             let xs = eligible(b, x, allowed);
             let x_max = math::hmax(b, xs);
-            let noise_max = b.ins().f32const(gumbel_upper_bound());
+            let noise_max = b.ins().f32const(flashsample_abi::rng::gumbel_f32_upper_bound());
             Some((x_max, b.ins().fadd(x_max, noise_max)))
         };
         self.for_samples(|k, s| {
@@ -983,7 +961,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let lf = b.ins().fadd(lf, one);
                 let ln2 = b.ins().f32const(std::f32::consts::LN_2);
                 let bound = b.ins().fmul(lf, ln2);
-                let slack = b.ins().f32const(GUMBEL_BUCKET_SLACK);
+                let slack = b.ins().f32const(flashsample_abi::rng::GUMBEL_BUCKET_SLACK);
                 let bound = b.ins().fadd(bound, slack);
                 let reach = b.ins().fadd(x_max, bound);
                 let beaten = b.ins().fcmp(FloatCC::LessThanOrEqual, reach, best_so_far);
@@ -1338,41 +1316,4 @@ fn eligible(b: &mut FunctionBuilder, v: Value, allowed: Value) -> Value {
     let above = b.ins().fcmp(FloatCC::GreaterThan, v, neg_inf);
     let ok = b.ins().band(above, allowed);
     math::select(b, ok, v, neg_inf)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{gumbel_bucket_bound, gumbel_upper_bound};
-    use flashsample_abi::rng::gumbel_f32;
-
-    #[test]
-    fn gumbel_bucket_bound_covers_every_input() {
-        // gumbel_f32 reads only bits >> 8, so k covers every input; the leading ones as the
-        // kernel counts them.
-        for k in 0..1u32 << 24 {
-            let bits = k << 8;
-            let leading_ones = (!bits | 0xff).leading_zeros();
-            assert!(gumbel_f32(bits) <= gumbel_bucket_bound(leading_ones), "k = {k:#x}");
-        }
-        // Tight where it matters: within 1.4 of the largest noise of each bucket (ln 2 from
-        // rounding L + 1 up, the rest from −ln(−ln u) < −ln(1 − u)).
-        for leading_ones in 0..=24u32 {
-            // The bucket's largest k: its leading ones, the zero after them, then all ones.
-            let all = (1u32 << 24) - 1;
-            let k = if leading_ones == 24 { all } else { all & !(1 << (23 - leading_ones)) };
-            assert!(gumbel_bucket_bound(leading_ones) - gumbel_f32(k << 8) < 1.4, "L = {leading_ones}");
-        }
-    }
-
-    #[test]
-    fn gumbel_bound_covers_every_input() {
-        let bound = gumbel_upper_bound();
-        assert!(bound > 17.0 && bound < 18.0, "{bound}");
-        let mut x = 0x9e37_79b9u32;
-        for _ in 0..1_000_000 {
-            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            assert!(gumbel_f32(x) <= bound);
-        }
-        assert_eq!(gumbel_f32(u32::MAX), bound);
-    }
 }

@@ -146,6 +146,9 @@ pub(crate) struct Func {
 /// `-inf` as an LLVM float literal.
 pub(crate) const NEG_INF: &str = "0xFFF0000000000000";
 
+/// `+inf` as an LLVM float literal.
+pub(crate) const POS_INF: &str = "0x7FF0000000000000";
+
 impl Func {
     /// `abi::StageTwo::beats`: candidate 1 beats candidate 2 (higher score, ties to the lower index).
     pub(crate) fn beats(&mut self, s1: &str, i1: &str, s2: &str, i2: &str) -> String {
@@ -497,6 +500,7 @@ declare i32 @llvm.nvvm.shfl.sync.down.i32(i32, i32, i32, i32)
 declare i32 @llvm.nvvm.redux.sync.umax(i32, i32)
 declare i32 @llvm.nvvm.vote.ballot.sync(i32, i1)
 declare i32 @llvm.cttz.i32(i32, i1)
+declare i32 @llvm.ctlz.i32(i32, i1)
 declare i32 @llvm.umax.i32(i32, i32)
 declare float @llvm.nvvm.add.rn.f(float, float)
 declare float @llvm.nvvm.mul.rn.f(float, float)

@@ -3,13 +3,14 @@
 //! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
 //! therefore bit-identical.
 
-use crate::ir::{f32c, Func};
+use crate::ir::{f32c, Func, Var, NEG_INF};
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,
     TANH_SATURATE,
 };
 use flashsample_abi::rng::{
-    NoiseStream, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1, TWO_POW_M25,
+    NoiseStream, GUMBEL_BUCKET_SLACK, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1,
+    TWO_POW_M25,
 };
 
 /// `abi::math::ln_f32`.
@@ -191,18 +192,40 @@ pub(crate) fn token_word3(f: &mut Func, row64: &str) -> String {
 /// rows at once: `fs_philox(ctr, row, s, word3, key)` per row, then `fs_gumbel_f32` of each
 /// word; rows a then b. Both are inlined here, so out of line the call still carries eight
 /// independent noise chains (the epilogue's latency is these chains, not their op count).
+///
+/// The second noise skip (DESIGN.md): `%xmax_*` is the row's largest transformed logit of the
+/// quad and `%thr_*` a score the row's winner is known to reach. Once the Philox words are
+/// known, a row whose `xmax + abi::rng::gumbel_bucket_bound(L)` (L: the leading ones of its
+/// largest uniform) is below `thr` cannot place a token of this quad above the winner: its
+/// four noises are `-inf` and the Gumbel transform (two logarithms, a division) is not run.
+/// `thr` NaN (no bound yet) never skips.
 fn noise_pair(attr: &str) -> String {
     let mut f = Func::new();
     let ty = "{ i32, i32, i32, i32 }";
     let mut gumbels = Vec::new();
-    for (row, k0, k1, w3) in [("%row_a", "%ka0", "%ka1", "%w3_a"), ("%row_b", "%kb0", "%kb1", "%w3_b")] {
+    for (row, k0, k1, w3, xmax, thr) in [
+        ("%row_a", "%ka0", "%ka1", "%w3_a", "%xmax_a", "%thr_a"),
+        ("%row_b", "%kb0", "%kb1", "%w3_b", "%xmax_b", "%thr_b"),
+    ] {
         let r = f.v(format!(
             "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 {w3}, i32 {k0}, i32 {k1})"
         ));
-        for w in 0..4 {
-            let bits = f.v(format!("extractvalue {ty} {r}, {w}"));
-            gumbels.push(f.v(format!("call float @fs_gumbel_f32(i32 {bits})")));
-        }
+        let bits: Vec<String> = (0..4).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect();
+        let hi01 = f.umax(&bits[0], &bits[1]);
+        let hi23 = f.umax(&bits[2], &bits[3]);
+        let bits_max = f.umax(&hi01, &hi23);
+        let bound = gumbel_bucket_bound(&mut f, &bits_max);
+        let reach = f.fadd(xmax, &bound);
+        let beaten = f.v(format!("fcmp olt float {reach}, {thr}"));
+        let noise: Vec<Var> = (0..4).map(|_| f.var("float", NEG_INF)).collect();
+        let draw = f.v(format!("xor i1 {beaten}, true"));
+        f.if_then(&draw, |f| {
+            for (b, slot) in bits.iter().zip(&noise) {
+                let g = f.v(format!("call float @fs_gumbel_f32(i32 {b})"));
+                f.set(slot, &g);
+            }
+        });
+        gumbels.extend(noise.iter().map(|n| f.get(n)));
     }
     let out = NOISE_PAIR_TY;
     let mut agg = "undef".to_string();
@@ -212,8 +235,20 @@ fn noise_pair(attr: &str) -> String {
     f.s(format!("ret {out} {agg}"));
     f.finish(&format!(
         "define internal {out} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
-         i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b) {attr}"
+         i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b, float %xmax_a, float %thr_a, \
+         float %xmax_b, float %thr_b) {attr}"
     ))
+}
+
+/// `abi::rng::gumbel_bucket_bound(abi::rng::uniform_leading_ones(bits))`, op for op.
+fn gumbel_bucket_bound(f: &mut Func, bits: &str) -> String {
+    let inv = f.v(format!("xor i32 {bits}, -1"));
+    let inv = f.v(format!("or i32 {inv}, 255"));
+    let leading_ones = f.v(format!("call i32 @llvm.ctlz.i32(i32 {inv}, i1 false)"));
+    let l = f.v(format!("uitofp i32 {leading_ones} to float"));
+    let l1 = f.fadd(&l, &f32c(1.0));
+    let b = f.fmul(&l1, &f32c(std::f32::consts::LN_2));
+    f.fadd(&b, &f32c(GUMBEL_BUCKET_SLACK))
 }
 
 /// The return type of `@fs_noise_pair`: row a's four noises, then row b's.

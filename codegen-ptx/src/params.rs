@@ -171,6 +171,10 @@ kernel_params! {
         /// `f32 [B]`: the tile holding row r's target writes its transformed logit (`-inf`
         /// when excluded) at r; stage two turns it into the logprob in place. 0 without targets.
         target_logprobs: MutPtr,
+        /// `u32 [B, S]`, zeroed before the launch: per (row, sample) the order key
+        /// (`Func::order_key`) of the best score a tile has published so far, which later
+        /// tiles read to skip noise that cannot win (exact). 0: no cross-tile skip.
+        row_bounds: MutPtr,
     }
 }
 

@@ -72,6 +72,11 @@ struct Args {
     /// only the tensor cores' operands change): isolates data-dependent costs such as power.
     #[arg(long)]
     hidden_live_rows: Option<usize>,
+    /// Standard deviation of the raw logits (before T = 0.7) that the random LM head gives.
+    /// The noise skips depend on the spread: trained LMs put most tokens tens of nats below
+    /// the top at T <= 1 (a larger value here), flat heads keep every token near it.
+    #[arg(long, default_value_t = 3.0)]
+    logit_std: f32,
 }
 
 /// A comma-separated batch list that may be empty (`--filter-batches ""`), which clap's
@@ -249,7 +254,7 @@ fn main() {
     let mut copy_bw = 0.0f64;
     let mut overhead_rows: Vec<Vec<String>> = Vec::new();
     for &(dim, vocab) in &shapes {
-        let host_w = random_bf16(vocab * dim, 3.0 / (dim as f32).sqrt(), 7);
+        let host_w = random_bf16(vocab * dim, args.logit_std / (dim as f32).sqrt(), 7);
         let weights: Vec<_> = (0..args.rotate.max(1))
             .map(|_| dev.upload(&host_w, vocab, dim).expect("upload weights"))
             .collect();

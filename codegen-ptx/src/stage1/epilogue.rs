@@ -16,8 +16,9 @@
 
 use super::{Gen, Item, Thread};
 use crate::{lse, math};
-use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF};
+use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF, POS_INF};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::rng::gumbel_f32_upper_bound;
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::Transform;
 
@@ -457,20 +458,17 @@ impl Gen<'_> {
                 f.if_then(&live, |f| {
                     let mut acc_best: Vec<(String, String, String)> =
                         vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
+                    // A score each row's winner reaches (other tiles' candidates so far), or NaN.
+                    let bounds: Vec<String> = if p.is_greedy() {
+                        Vec::new()
+                    } else {
+                        pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect()
+                    };
                     for q in 0..self.quads {
                         let noise: Vec<String> = if p.is_greedy() {
                             Vec::new()
                         } else {
-                            // Global index g = v + vocab_offset (a multiple of 4: same quads).
-                            let g = f.add(&quad_base[q as usize], "%vocab_offset");
-                            let ctr = f.v(format!("lshr i32 {g}, 2"));
-                            let (a, b) = (&pair[0], &pair[pair.len() - 1]);
-                            let ty = crate::math::NOISE_PAIR_TY;
-                            let r = f.v(format!(
-                                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {})",
-                                a.ctr_row, a.key_lo, a.key_hi, a.word3, b.ctr_row, b.key_lo, b.key_hi, b.word3
-                            ));
-                            (0..8).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect()
+                            self.quad_noise(f, q, n as u32, pair, &acc_best, &bounds, &quad_base[q as usize], s, x)
                         };
                         for (pj, cl) in pair.iter().enumerate() {
                             let (n, j) = (n as u32, pj as u32);
@@ -536,16 +534,124 @@ impl Gen<'_> {
                     let s64 = f.zext64(&slot);
                     let a = f.gaddr("%candidates", &s64, 12);
                     // abi::Candidate { score, index, logit }.
-                    f.store(&F32::raw(bs), &a, 4);
+                    f.store(&F32::raw(bs.clone()), &a, 4);
                     let a1 = f.offset(&a, 4);
                     f.store(&I32::raw(index), &a1, 4);
                     let a2 = f.offset(&a, 8);
                     f.store(&F32::raw(bl), &a2, 4);
+                    if !p.is_greedy() {
+                        self.publish_row_bound(f, &row, s, &bs);
+                    }
                 });
             });
             // The next sample rewrites the scratch just read.
             f.barrier();
         });
+    }
+}
+
+impl Gen<'_> {
+    /// `row_bounds[row · S + s]` decoded: the best score another tile of this launch has
+    /// published for (row, sample), a score the row's winner reaches; NaN when none has (the
+    /// buffer starts at 0 each launch) or the kernel has no `row_bounds`. Decodes
+    /// [`Func::order_key`]: keys with the top bit set are non-negative floats, the rest inverted.
+    fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &str) -> String {
+        let key = f.var("i32", "0");
+        let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
+        f.if_then(&has, |f| {
+            let a = self.row_bound_addr(f, &cl.row_safe, s);
+            let k = f.v(format!("load volatile i32, ptr addrspace(1) {a}, align 4"));
+            f.set(&key, &k);
+        });
+        let k = f.get(&key);
+        let negative = f.v(format!("icmp sge i32 {k}, 0"));
+        let inverted = f.v(format!("xor i32 {k}, -1"));
+        let cleared = f.v(format!("and i32 {k}, 2147483647"));
+        let bits = f.sel("i32", &negative, &inverted, &cleared);
+        f.v(format!("bitcast i32 {bits} to float"))
+    }
+
+    /// Publishes a tile's best score of (row, sample) with an atomic max on its order key, so
+    /// later tiles of the row skip noise that cannot beat it. Any published value is the score
+    /// of a token of this launch, so it never exceeds the winner's: the skips stay exact
+    /// whatever order the tiles run in.
+    fn publish_row_bound(&self, f: &mut Func, row: &str, s: &str, score: &str) {
+        let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
+        f.if_then(&has, |f| {
+            let a = self.row_bound_addr(f, row, s);
+            let k = f.order_key(score);
+            f.s(format!("atomicrmw umax ptr addrspace(1) {a}, i32 {k} monotonic, align 4"));
+        });
+    }
+
+    fn row_bound_addr(&self, f: &mut Func, row: &str, s: &str) -> String {
+        let slot = f.mul(row, &self.p.samples_per_row().to_string());
+        let slot = f.add(&slot, s);
+        let s64 = f.zext64(&slot);
+        f.gaddr("%row_bounds", &s64, 4).to_string()
+    }
+
+    /// Quad `q`'s Gumbel noise for the column pair `pair` of n tile `n` (`-inf` where skipped),
+    /// with both noise skips of DESIGN.md: a column whose best transformed logit of the quad
+    /// plus `abi::rng::gumbel_f32_upper_bound()` is below `thr` (the larger of its running best
+    /// and its row bound) cannot win, and a greedy column reads no noise; when neither column
+    /// needs noise the Philox call is skipped. Otherwise `@fs_noise_pair` applies the second
+    /// skip per column once the uniforms are known. The comparisons are strict, so a skipped
+    /// token's score stays below a score some token reaches: no tie with the winner either.
+    #[allow(clippy::too_many_arguments)]
+    fn quad_noise(
+        &self,
+        f: &mut Func,
+        q: u32,
+        n: u32,
+        pair: &[Col],
+        acc_best: &[(String, String, String)],
+        bounds: &[String],
+        quad_base: &str,
+        s: &str,
+        x: &[String],
+    ) -> Vec<String> {
+        let up = f32c(gumbel_f32_upper_bound());
+        let mut xmax = Vec::new();
+        let mut thr = Vec::new();
+        let mut need = "false".to_string();
+        for (pj, cl) in pair.iter().enumerate() {
+            let mut m = x[self.acc_index(q, 0, n, pj as u32)].clone();
+            for o in 1..4 {
+                let xo = &x[self.acc_index(q, o, n, pj as u32)];
+                m = f.v(format!("call float @llvm.maxnum.f32(float {m}, float {xo})"));
+            }
+            let bs = &acc_best[pj].0;
+            let bound_higher = f.v(format!("fcmp ogt float {}, {bs}", bounds[pj]));
+            let t = f.sel("float", &bound_higher, &bounds[pj], bs);
+            // A greedy column reads no noise: a threshold of +inf skips its transform.
+            let t = f.sel("float", &cl.greedy, POS_INF, &t);
+            let reach = f.fadd(&m, &up);
+            let beaten = f.v(format!("fcmp olt float {reach}, {t}"));
+            let needed = f.v(format!("xor i1 {beaten}, true"));
+            need = f.v(format!("or i1 {need}, {needed}"));
+            xmax.push(m);
+            thr.push(t);
+        }
+        let noise: Vec<Var> = (0..pair.len() * 4).map(|_| f.var("float", NEG_INF)).collect();
+        f.if_then(&need, |f| {
+            // Global index g = v + vocab_offset (a multiple of 4: same quads).
+            let g = f.add(quad_base, "%vocab_offset");
+            let ctr = f.v(format!("lshr i32 {g}, 2"));
+            let (a, b) = (&pair[0], &pair[pair.len() - 1]);
+            let (ia, ib) = (0, pair.len() - 1);
+            let ty = crate::math::NOISE_PAIR_TY;
+            let r = f.v(format!(
+                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, \
+                 float {}, float {}, float {}, float {})",
+                a.ctr_row, a.key_lo, a.key_hi, a.word3, b.ctr_row, b.key_lo, b.key_hi, b.word3, xmax[ia], thr[ia], xmax[ib], thr[ib]
+            ));
+            for (w, slot) in noise.iter().enumerate() {
+                let v = f.v(format!("extractvalue {ty} {r}, {w}"));
+                f.set(slot, &v);
+            }
+        });
+        noise.iter().map(|v| f.get(v)).collect()
     }
 }
 

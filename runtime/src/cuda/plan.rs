@@ -63,6 +63,9 @@ struct Scratch {
     greedy: Option<CudaSlice<u8>>,
     /// `[max_batch]` temperatures of pipelines without a run-time temperature (the constant, or 1).
     temperatures: CudaSlice<u8>,
+    /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
+    /// stage one; pipelines that draw noise.
+    row_bounds: Option<CudaSlice<u8>>,
 }
 
 /// A launch resolved to device addresses (0 = absent), what [`SamplingPlan::enqueue`] runs.
@@ -187,6 +190,7 @@ impl SamplingPlan {
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
             greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
+            row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(n * 4)?) },
         };
         let aux = device.aux_kernels()?;
         Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch })
@@ -406,6 +410,18 @@ impl SamplingPlan {
         let lists = sc.lists.as_ref().map_or(0, |b| self.addr(b, stream));
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
+        let row_bounds = match &sc.row_bounds {
+            Some(buf) => {
+                let dst = self.addr(buf, stream);
+                let bytes = a.shape.batch * self.pipeline.samples_per_row() as usize * 4;
+                // SAFETY: `dst` is the plan's row-bound buffer, sized for max_batch · S words,
+                // and the memset is ordered on `stream` before the stage one that reads it.
+                unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
+                    .map_err(drv("cuMemsetD8Async(row bounds)"))?;
+                dst
+            }
+            None => 0,
+        };
 
         // Stage one (DESIGN.md's parameter table).
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
@@ -437,6 +453,7 @@ impl SamplingPlan {
             lb_values: a.logit_bias[3],
             targets: a.targets,
             target_logprobs: a.target_logprobs,
+            row_bounds,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);

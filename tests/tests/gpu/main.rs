@@ -16,6 +16,7 @@ mod device_api;
 mod graphs;
 mod invariance;
 mod logit_bias;
+mod noise_skip;
 mod robust;
 mod scoring;
 
