@@ -757,7 +757,8 @@ fn draw_filtered(
             let key_lo = f.v(format!("trunc i64 {kv} to i32"));
             let key_hi = f.v(format!("lshr i64 {kv}, 32"));
             let key_hi = f.v(format!("trunc i64 {key_hi} to i32"));
-            let ctr_row = f.sel("i32", &has_rs, "0", row);
+            let launch_row = f.add(row, "%row_base");
+            let ctr_row = f.sel("i32", &has_rs, "0", &launch_row);
             let word3 = crate::math::token_word3(f, r64);
             f.for_loop("0", "%samples", "1", |f, s| {
                 let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {

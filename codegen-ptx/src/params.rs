@@ -175,6 +175,9 @@ kernel_params! {
         /// (`Func::order_key`) of the best score a tile has published so far, which later
         /// tiles read to skip noise that cannot win (exact). 0: no cross-tile skip.
         row_bounds: MutPtr,
+        /// The launch row of this kernel's row 0 (a plan runs a large batch in row chunks):
+        /// the noise counter row of a row without its own seed is `row_base + row`.
+        row_base: U32,
     }
 }
 
@@ -235,5 +238,7 @@ kernel_params! {
         out_status: MutPtr,
         /// `u32 [B]` per-row decode steps, as stage one's, or 0.
         row_steps: ConstPtr,
+        /// As stage one's `row_base`: the noise counter row is `row_base + row`.
+        row_base: U32,
     }
 }

@@ -135,7 +135,7 @@ fn stage1_has_the_design_parameter_list() {
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
             ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32"
         ]
     );
     // The table the runtime pushes from is the one the header came from.
@@ -243,10 +243,10 @@ fn list_pipelines_get_the_filter_kernel() {
         entry_param_types(&k.ptx, "flashsample_filter"),
         [
             ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32"
         ]
     );
-    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 19);
+    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 20);
     assert!(!k.ptx.contains(".local"), "no local memory");
     // The penalty lookup is out of line, the survivors use the abi's ln / exp.
     assert!(k.ptx.contains("fs_penalize_token"));

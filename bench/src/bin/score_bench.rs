@@ -4,7 +4,7 @@
 //! subprocess: torch.compile'd and eager `log_softmax(H·Wᵀ).gather(targets)` (the `[rows, V]`
 //! logits materialized) and Liger-Kernel's fused linear cross-entropy (CUDA only). Prints one
 //! markdown table per (D, V): medians, the ratio to each peer, and the memory each side needs
-//! beyond its inputs (ours: the scratch its layout implies; the peers': CUDA's peak).
+//! beyond its inputs (ours on CUDA: the plan's scratch, one chunk of rows for large batches; on the CPU: the scratch its layout implies; the peers': CUDA's peak).
 //!
 //! `--device cuda` runs on GPU 0 (device events; the weights uploaded once), else the CPU
 //! (wall time per launch).
@@ -129,7 +129,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let ours = t[t.len() / 2] * 1e3;
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
             let ratio = |x: Option<f64>| fmt(x.map(|x| x / ours), 2);
-            let mine_mb = scratch_bytes(&config, rows, vocab) as f64 / 2f64.powi(20);
+            // CUDA: what the launch's plan allocates (a batch past its chunk runs in chunks);
+            // CPU: the per-(row, tile) scratch its layout implies.
+            let mine = match sampler.cuda() {
+                Some(cuda) => cuda.plan(rows, dim, vocab)?.scratch_bytes() + rows * 4,
+                None => scratch_bytes(&config, rows, vocab),
+            };
+            let mine_mb = mine as f64 / 2f64.powi(20);
             table.push(vec![
                 dim.to_string(),
                 vocab.to_string(),

@@ -116,7 +116,8 @@ impl Gen<'_> {
                     let lo = f.v(format!("trunc i64 {k} to i32"));
                     let hi = f.v(format!("lshr i64 {k}, 32"));
                     let hi = f.v(format!("trunc i64 {hi} to i32"));
-                    let ctr_row = f.sel("i32", &has_rs, "0", &row);
+                    let launch_row = f.add(&row, "%row_base");
+                    let ctr_row = f.sel("i32", &has_rs, "0", &launch_row);
                     let r64 = f.zext64(&row_safe);
                     (lo, hi, ctr_row, math::token_word3(f, &r64))
                 };

@@ -124,6 +124,9 @@ pub struct SamplingPlan {
     kernels: Vec<PlanKernel>,
     aux: Arc<AuxKernels>,
     scratch: Scratch,
+    /// Rows one chunk of a launch runs at most ([`chunk_rows`]); the per-(row, tile) scratch
+    /// holds this many rows.
+    chunk_rows: usize,
 }
 
 impl std::fmt::Debug for SamplingPlan {
@@ -165,9 +168,14 @@ impl SamplingPlan {
         let samples = pipeline.samples_per_row() as usize;
         let tiles = kernels.iter().map(|k| k.config.tiles(vocab)).max().unwrap_or(1);
         let per_tile = kernels.iter().map(|k| k.config.list_per_tile as usize).max().unwrap_or(0);
+        let has_lists = pipeline.list_capacity() > 0;
+        let row_scratch = tiles
+            * (samples * std::mem::size_of::<Candidate>()
+                + if lse { std::mem::size_of::<LsePartial>() } else { 0 }
+                + if has_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 });
+        let chunk = chunk_rows(max_batch, row_scratch);
         let n = max_batch * samples;
         let alloc = |bytes: usize| device.alloc_bytes(bytes);
-        let has_lists = pipeline.list_capacity() > 0;
         let constant_t = match pipeline.temperature() {
             Some(Temperature::Const(t)) => Some(t.get()),
             Some(_) => None,
@@ -181,19 +189,19 @@ impl SamplingPlan {
             device.synchronize()?;
         }
         let scratch = Scratch {
-            candidates: alloc(n * tiles * std::mem::size_of::<Candidate>())?,
-            lse_partials: if lse { Some(alloc(max_batch * tiles * std::mem::size_of::<LsePartial>())?) } else { None },
-            lists: if has_lists { Some(alloc(max_batch * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
+            candidates: alloc(chunk * samples * tiles * std::mem::size_of::<Candidate>())?,
+            lse_partials: if lse { Some(alloc(chunk * tiles * std::mem::size_of::<LsePartial>())?) } else { None },
+            lists: if has_lists { Some(alloc(chunk * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
             tmaps: alloc(2 * tma::MAP_BYTES)?,
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
             greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
-            row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(n * 4)?) },
+            row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(chunk * samples * 4)?) },
         };
         let aux = device.aux_kernels()?;
-        Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch })
+        Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
     }
 
     /// The largest batch a launch may have.
@@ -220,6 +228,15 @@ impl SamplingPlan {
     pub fn configs(&self) -> impl Iterator<Item = (usize, &GpuConfig)> {
         self.kernels.iter().map(|k| (k.up_to, &k.config))
     }
+    /// Bytes of device scratch the plan holds (candidates, logsumexp partials, lists, row
+    /// bounds of one chunk; the per-row defaults of outputs the caller does not ask for).
+    pub fn scratch_bytes(&self) -> usize {
+        let sc = &self.scratch;
+        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds];
+        [&sc.candidates, &sc.tmaps, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
+            + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
+    }
+
     /// The list capacity a `NucleusTooLarge` row outgrew.
     pub fn list_capacity(&self) -> usize {
         self.need as usize
@@ -362,6 +379,15 @@ impl SamplingPlan {
         })
     }
 
+    /// The scratch holds a launch of `batch` rows whole (not in chunks): what reading it back
+    /// needs.
+    fn whole_launch(&self, batch: usize) -> Result<()> {
+        if batch > self.chunk_rows {
+            return Err(Error::Shape(format!("reading back the scratch of {batch} rows: a launch of more than {} rows runs in chunks", self.chunk_rows)));
+        }
+        Ok(())
+    }
+
     /// The kernels and config for `batch` rows.
     fn kernel_for(&self, batch: usize) -> Result<&PlanKernel> {
         self.kernels
@@ -387,8 +413,32 @@ impl SamplingPlan {
     }
 
     /// Queues every kernel of one launch on `stream`; `at` runs at each [`Boundary`] (the
-    /// benchmarks record events there).
+    /// benchmarks record events there). A batch larger than the plan's chunk runs as
+    /// consecutive launches of at most `chunk_rows` rows each (the same kernels on row
+    /// ranges of every buffer, the noise counter rows kept as the whole launch's), so its
+    /// scratch stays that of one chunk; `at` then sees `Start` before the first chunk and the
+    /// last chunk's other boundaries (its stage one's span includes the earlier chunks). Each
+    /// row's results are those of the one launch: every output is batch invariant (DESIGN.md
+    /// "Batch invariance").
     pub(crate) fn enqueue(&self, stream: &CudaStream, a: &Args, at: &mut dyn FnMut(Boundary) -> Result<()>) -> Result<()> {
+        if a.shape.batch <= self.chunk_rows {
+            return self.enqueue_rows(stream, a, 0, at);
+        }
+        at(Boundary::Start)?;
+        let mut first = 0;
+        while first < a.shape.batch {
+            let rows = (a.shape.batch - first).min(self.chunk_rows);
+            let last = first + rows == a.shape.batch;
+            let chunk = chunk_args(&self.pipeline, self.dim, self.vocab, a, first, rows);
+            self.enqueue_rows(stream, &chunk, first as u32, &mut |b| if last && b != Boundary::Start { at(b) } else { Ok(()) })?;
+            first += rows;
+        }
+        Ok(())
+    }
+
+    /// [`SamplingPlan::enqueue`] of at most one chunk of rows, the first being launch row
+    /// `row_base`.
+    fn enqueue_rows(&self, stream: &CudaStream, a: &Args, row_base: u32, at: &mut dyn FnMut(Boundary) -> Result<()>) -> Result<()> {
         let k = self.kernel_for(a.shape.batch)?;
         let g = self.geometry(k, a.shape.batch);
         let sc = &self.scratch;
@@ -454,6 +504,7 @@ impl SamplingPlan {
             targets: a.targets,
             target_logprobs: a.target_logprobs,
             row_bounds,
+            row_base,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
@@ -527,6 +578,7 @@ impl SamplingPlan {
                 out_top: a.top,
                 out_status: a.status,
                 row_steps: a.row_steps,
+                row_base,
             }
             .args();
             let mut b = stream.launch_builder(filter);
@@ -546,6 +598,7 @@ impl SamplingPlan {
     /// for pipelines without lists. The host API's exact nucleus path reads whole-tile lists.
     pub(crate) fn download_lists(&self, batch: usize) -> Result<Option<(TopLists, Vec<u8>)>> {
         let Some(buf) = &self.scratch.lists else { return Ok(None) };
+        self.whole_launch(batch)?;
         let k = self.kernel_for(batch)?;
         // Stage one and three index the lists with the kernel's own tiles and list length.
         let layout = TopLists { batch, tiles: self.geometry(k, batch).tiles, per_tile: k.config.list_per_tile as usize };
@@ -572,6 +625,7 @@ impl SamplingPlan {
 
     /// Stage one alone of `a`, and the candidates and partials it left (tests). Synchronizes.
     pub(crate) fn debug_stage_one(&self, a: &Args) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
+        self.whole_launch(a.shape.batch)?;
         let layout = self.layout(a.shape.batch)?;
         let stream = self.device.stream().clone();
         // Run the whole launch: stage one's output is not touched by the later stages.
@@ -590,6 +644,57 @@ impl SamplingPlan {
         self.device.synchronize()?;
         Ok((layout, from_bytes(&cands), lse.map(|l| from_bytes(&l))))
     }
+}
+
+/// Rows `first .. first + rows` of launch `a`, as a launch of their own: every per-row
+/// buffer offset to row `first` (CSR offsets stay absolute into their token arrays).
+fn chunk_args(p: &Pipeline, dim: usize, vocab: usize, a: &Args, first: usize, rows: usize) -> Args {
+    let samples = p.samples_per_row() as usize;
+    let words = flashsample_abi::params::mask_words_per_row(vocab);
+    let at = |ptr: u64, bytes_per_row: usize| if ptr == 0 { 0 } else { ptr + (first * bytes_per_row) as u64 };
+    let [pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition] = a.penalties;
+    let [lb_bits, lb_offsets, lb_tokens, lb_values] = a.logit_bias;
+    Args {
+        shape: Shape { batch: rows, ..a.shape },
+        hidden: at(a.hidden, dim * p.hidden.dtype.size_bytes()),
+        temperatures: at(a.temperatures, 4),
+        allowed: at(a.allowed, words * 4),
+        row_seeds: at(a.row_seeds, 8),
+        row_steps: at(a.row_steps, 4),
+        filters: at(a.filters, std::mem::size_of::<flashsample_abi::RowFilter>()),
+        penalties: [at(pen_bits, words * 4), at(pen_offsets, 4), pen_tokens, pen_subtract, at(pen_repetition, 4)],
+        logit_bias: [at(lb_bits, words * 4), at(lb_offsets, 4), lb_tokens, lb_values],
+        targets: at(a.targets, 4),
+        target_logprobs: at(a.target_logprobs, 4),
+        tokens: at(a.tokens, samples * 4),
+        status: at(a.status, 4),
+        scores: at(a.scores, samples * 4),
+        logits: at(a.logits, samples * 4),
+        logsumexp: at(a.logsumexp, 4),
+        logprobs: at(a.logprobs, samples * 4),
+        top: at(a.top, p.outputs.top_logprobs as usize * std::mem::size_of::<Scored>()),
+        ..*a
+    }
+}
+
+/// Launches of up to this many rows always run whole.
+const CHUNK_MIN_ROWS: usize = 1024;
+/// The per-(row, tile) scratch a plan of more rows holds at most (candidates, logsumexp
+/// partials, lists of one chunk), unless a chunk of [`CHUNK_MIN_ROWS`] needs more.
+const CHUNK_SCRATCH_BYTES: usize = 64 << 20;
+
+/// Rows one chunk of a plan's launches runs: the whole batch up to [`CHUNK_MIN_ROWS`];
+/// beyond it, as many rows (a multiple of 128, every batch tile's divisor) as
+/// [`CHUNK_SCRATCH_BYTES`] of `row_scratch` bytes per row hold, at least `CHUNK_MIN_ROWS`.
+/// From ~1k rows a chunk keeps the GPU as busy as the whole batch would (one row costs the
+/// same from B = 256 on, BENCHMARKS.md), and prompt scoring of thousands of rows then needs
+/// O(rows) memory beyond its inputs and outputs instead of O(rows × tiles).
+fn chunk_rows(max_batch: usize, row_scratch: usize) -> usize {
+    if max_batch <= CHUNK_MIN_ROWS {
+        return max_batch;
+    }
+    let fit = (CHUNK_SCRATCH_BYTES / row_scratch.max(1)) / 128 * 128;
+    fit.clamp(CHUNK_MIN_ROWS, max_batch)
 }
 
 /// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
@@ -621,4 +726,85 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
         return Err(ParamError::Length { what, expected: want, got }.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{chunk_args, chunk_rows, Args, CHUNK_MIN_ROWS};
+    use crate::launch::Shape;
+    use flashsample_abi::{params::mask_words_per_row, RowFilter, Scored};
+    use flashsample_ir::{DType, Outputs, PipelineBuilder};
+
+    #[test]
+    fn chunks_bound_the_scratch_and_never_split_small_batches() {
+        for b in [1, 64, 512, CHUNK_MIN_ROWS] {
+            assert_eq!(chunk_rows(b, 1 << 20), b);
+        }
+        // Scoring at V = 151936, tile 128: 1187 tiles × 44 bytes per row.
+        let per_row = 1187 * 44;
+        let c = chunk_rows(8192, per_row);
+        assert!(c >= CHUNK_MIN_ROWS && c.is_multiple_of(128) && c * per_row <= 64 << 20, "{c}");
+        assert_eq!(chunk_rows(8192, 1), 8192, "a chunk never exceeds the plan's batch");
+        assert_eq!(chunk_rows(4096, 1 << 30), CHUNK_MIN_ROWS, "at least the minimum");
+    }
+
+    #[test]
+    fn a_chunk_offsets_every_per_row_buffer_to_its_first_row() {
+        let p = PipelineBuilder::new("C", DType::BF16, DType::BF16)
+            .logit_bias("lb")
+            .penalties("pen")
+            .temperature_per_row("t")
+            .mask("m")
+            .filter("f", 8)
+            .gumbel("seed", 2)
+            .target_logprob("targets")
+            .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 3 })
+            .build()
+            .unwrap();
+        let (dim, vocab, first) = (4096, 151_936, 1024);
+        let words = mask_words_per_row(vocab);
+        let base = |i: u64| i << 40;
+        let a = Args {
+            shape: Shape { batch: 3000, dim, vocab },
+            hidden: base(1),
+            weights: base(2),
+            seed: 7,
+            vocab_offset: 0,
+            temperatures: base(3),
+            bias: base(4),
+            allowed: base(5),
+            row_seeds: base(6),
+            row_steps: base(7),
+            filters: base(8),
+            penalties: [base(9), base(10), base(11), base(12), base(13)],
+            logit_bias: [base(14), base(15), base(16), base(17)],
+            targets: base(18),
+            target_logprobs: base(19),
+            tokens: base(20),
+            status: base(21),
+            scores: base(22),
+            logits: 0,
+            logsumexp: base(23),
+            logprobs: base(24),
+            top: base(25),
+        };
+        let c = chunk_args(&p, dim, vocab, &a, first, 1000);
+        let off = |ptr: u64, per_row: usize| ptr + (first * per_row) as u64;
+        assert_eq!(c.shape, Shape { batch: 1000, dim, vocab });
+        assert_eq!(c.hidden, off(a.hidden, dim * 2));
+        assert_eq!((c.weights, c.seed, c.vocab_offset, c.bias), (a.weights, a.seed, a.vocab_offset, a.bias), "shared by every row");
+        assert_eq!(c.temperatures, off(a.temperatures, 4));
+        assert_eq!(c.allowed, off(a.allowed, words * 4));
+        assert_eq!(c.row_seeds, off(a.row_seeds, 8));
+        assert_eq!(c.row_steps, off(a.row_steps, 4));
+        assert_eq!(c.filters, off(a.filters, std::mem::size_of::<RowFilter>()));
+        // CSR offsets are absolute into the token and value arrays, which stay whole.
+        assert_eq!(c.penalties, [off(a.penalties[0], words * 4), off(a.penalties[1], 4), a.penalties[2], a.penalties[3], off(a.penalties[4], 4)]);
+        assert_eq!(c.logit_bias, [off(a.logit_bias[0], words * 4), off(a.logit_bias[1], 4), a.logit_bias[2], a.logit_bias[3]]);
+        assert_eq!((c.targets, c.target_logprobs), (off(a.targets, 4), off(a.target_logprobs, 4)));
+        assert_eq!((c.tokens, c.scores, c.logprobs), (off(a.tokens, 8), off(a.scores, 8), off(a.logprobs, 8)), "two samples per row");
+        assert_eq!(c.logits, 0, "an absent buffer stays absent");
+        assert_eq!((c.status, c.logsumexp), (off(a.status, 4), off(a.logsumexp, 4)));
+        assert_eq!(c.top, off(a.top, 3 * std::mem::size_of::<Scored>()));
+    }
 }
