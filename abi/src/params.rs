@@ -506,7 +506,8 @@ impl SamplingParams<'_> {
     /// the online logsumexp of stage one otherwise (it is most of a filtered launch's extra cost).
     pub fn needs_logsumexp(&self, pipeline: &Pipeline, batch: usize) -> bool {
         let o = pipeline.outputs;
-        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() {
+        // Verification reads every draft row's exact normalizer (DESIGN.md "Speculative verification").
+        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() || pipeline.verify.is_some() {
             return true;
         }
         pipeline.filter_max_k().is_some()

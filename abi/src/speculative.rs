@@ -20,15 +20,8 @@
 
 use crate::rng::{counter_word3, key, philox4x32_10, NoiseStream};
 
-/// Where the draft tokens came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DraftKind {
-    /// Deterministic drafts (greedy drafting, n-gram, EAGLE's top-1): `q_j = δ(d_j)`.
-    Greedy,
-    /// Sampled drafts: the draft's probability of each draft token and its full distribution
-    /// per position (`[B·k, V]`).
-    Sampled,
-}
+/// Where the draft tokens came from (the IR's, so the pipeline and the contract name one enum).
+pub use flashsample_ir::DraftKind;
 
 /// The 32 bits of the acceptance uniform of the target row keyed `(key, ctr_row)` at `step`:
 /// Philox counter `[0, ctr_row, 0, counter_word3(step, SpecAccept)]`, word 0.
