@@ -61,6 +61,15 @@ pub enum SpecError {
         /// What is wrong.
         what: &'static str,
     },
+    /// A count of draft tokens that does not split `rows` target rows into sequences of
+    /// `k + 1` rows with `k` drafts each.
+    #[error("{drafts} draft tokens do not split {rows} target rows into S sequences of k + 1 rows with k drafts each (S·k drafts, S·(k + 1) rows)")]
+    Sequences {
+        /// The target rows.
+        rows: usize,
+        /// The draft tokens.
+        drafts: usize,
+    },
     /// Buffer lengths that do not match `B` sequences of `k` drafts.
     #[error("`{what}` has {got} entries, expected {expected}")]
     Length {
@@ -71,6 +80,16 @@ pub enum SpecError {
         /// `B·k` or `B·k·V`.
         expected: usize,
     },
+}
+
+/// `k`, the drafts per sequence, of `rows` target rows and `drafts` draft tokens: `S`
+/// sequences own `S·(k + 1)` rows and `S·k` drafts, so `S = rows − drafts` and `k = drafts / S`.
+pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecError> {
+    match rows.checked_sub(drafts) {
+        Some(0) if drafts == 0 => Ok(0),
+        Some(sequences) if sequences > 0 && drafts % sequences == 0 => Ok(drafts / sequences),
+        _ => Err(SpecError::Sequences { rows, drafts }),
+    }
 }
 
 /// Checks `B` sequences' draft tokens (`[B·k]`) and, for sampled drafts, the draft
@@ -130,5 +149,15 @@ mod tests {
         nan[1] = f32::NAN;
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&nan)), Err(SpecError::DraftProbability { sequence: 0, position: 0, .. })));
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2], None), Err(SpecError::Length { .. })));
+    }
+
+    #[test]
+    fn rows_and_drafts_give_k() {
+        assert_eq!(drafts_per_sequence(6, 4), Ok(2));
+        assert_eq!(drafts_per_sequence(3, 0), Ok(0));
+        assert_eq!(drafts_per_sequence(0, 0), Ok(0));
+        assert_eq!(drafts_per_sequence(16, 14), Ok(7));
+        assert_eq!(drafts_per_sequence(7, 4), Err(SpecError::Sequences { rows: 7, drafts: 4 }));
+        assert_eq!(drafts_per_sequence(4, 4), Err(SpecError::Sequences { rows: 4, drafts: 4 }));
     }
 }
