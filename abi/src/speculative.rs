@@ -19,6 +19,22 @@
 //! `p_j(d_j)`, and the residual is `p_j` without `d_j`.
 
 use crate::rng::{counter_word3, key, philox4x32_10, NoiseStream};
+use crate::{Candidate, INDEX_NONE};
+
+/// Entries of each (draft row, tile) residual list stage one keeps: the tile's best tokens by
+/// the residual stream's perturbed score `x + G_res` (DESIGN.md "Speculative verification").
+pub const RESIDUAL_PER_TILE: usize = 8;
+
+/// An unused residual-list entry: it ranks after every token.
+pub const RESIDUAL_EMPTY: Candidate = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
+
+/// Inserts `c` into a residual list sorted by score (descending; an equal score keeps the
+/// earlier, lower token), dropping the last entry; a no-op if `c` ranks after all.
+pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
+    let Some(pos) = list.iter().position(|e| c.score > e.score) else { return };
+    list.copy_within(pos..list.len() - 1, pos + 1);
+    list[pos] = c;
+}
 
 /// Where the draft tokens came from (the IR's, so the pipeline and the contract name one enum).
 pub use flashsample_ir::DraftKind;
