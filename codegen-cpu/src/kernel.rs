@@ -444,7 +444,7 @@ impl CpuKernel {
             expect_len("repetition penalties", t.repetition.len(), a.batch)?;
         }
         let lb_table = checked_table(p.has_logit_bias(), a.logit_bias, "logit_bias", |t| t.values.len(), a.batch, a.vocab)?;
-        let (targets, target_logits) = match (p.targets.is_some(), a.targets) {
+        let (targets, target_logits) = match (p.targets.is_some() || p.verify.is_some(), a.targets) {
             (true, Some((t, out))) => {
                 expect_len("targets", t.len(), a.batch)?;
                 expect_len("target logits", out.len(), a.batch)?;
