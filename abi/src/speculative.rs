@@ -103,7 +103,7 @@ pub enum SpecError {
 pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecError> {
     match rows.checked_sub(drafts) {
         Some(0) if drafts == 0 => Ok(0),
-        Some(sequences) if sequences > 0 && drafts % sequences == 0 => Ok(drafts / sequences),
+        Some(sequences) if sequences > 0 && drafts.is_multiple_of(sequences) => Ok(drafts / sequences),
         _ => Err(SpecError::Sequences { rows, drafts }),
     }
 }
