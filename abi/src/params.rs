@@ -1,6 +1,7 @@
 //! The run-time parameters of one sampling launch, shared by every backend and the reference.
 
 use crate::row_tokens::RowTokens;
+use crate::speculative::{check_drafts, drafts_per_sequence, DraftKind, SpecError};
 use bytemuck::{Pod, Zeroable};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::ops::RangeInclusive;
@@ -180,6 +181,11 @@ pub struct SamplingParams<'a> {
     pub filter: Option<&'a [RowFilter]>,
     /// `[B]` the token each row scores, for pipelines with `target_logprob` (each `< V`).
     pub targets: Option<&'a [u32]>,
+    /// `[S·k]` draft tokens, for pipelines with `verify`: the `B` rows are `S` sequences of
+    /// `k + 1` target positions (`abi::speculative`), so `k = drafts / (B − drafts)`.
+    pub drafts: Option<&'a [u32]>,
+    /// `[S·k, V]` draft distributions, for pipelines verifying sampled drafts.
+    pub draft_probs: Option<&'a [f32]>,
     /// For pipelines with a `penalties` transform.
     pub penalties: Option<PenaltyArg<'a>>,
     /// Global vocabulary index of this launch's token 0 (a tensor-parallel shard's first
@@ -191,6 +197,9 @@ pub struct SamplingParams<'a> {
 /// A launch parameter that does not fit the pipeline or the shapes.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParamError {
+    /// Draft tokens or distributions that cannot be verified (`verify` pipelines).
+    #[error(transparent)]
+    Draft(#[from] SpecError),
     /// The pipeline declares an operand the launch did not pass.
     #[error("the pipeline declares `{0}`, but no value was passed for it")]
     Missing(&'static str),
@@ -378,6 +387,7 @@ impl SamplingParams<'_> {
             }
             (false, None) => {}
         }
+        self.validate_drafts(pipeline, batch, vocab)?;
         match (has(|t| matches!(t, Transform::Mask { .. })), self.mask) {
             (true, None) => return Err(ParamError::Missing("mask")),
             (false, Some(_)) => return Err(ParamError::Unexpected("mask")),
@@ -501,12 +511,33 @@ impl SamplingParams<'_> {
         self.row_steps.map_or(0, |s| s[row])
     }
 
+    /// The draft operands against the pipeline's `verify` (`abi::speculative::check_drafts`).
+    fn validate_drafts(&self, pipeline: &Pipeline, batch: usize, vocab: usize) -> Result<(), ParamError> {
+        let kind = pipeline.verify.as_ref().map(|v| v.kind());
+        match (kind, self.drafts) {
+            (Some(_), None) => return Err(ParamError::Missing("drafts")),
+            (None, Some(_)) => return Err(ParamError::Unexpected("drafts")),
+            _ => {}
+        }
+        match (kind == Some(DraftKind::Sampled), self.draft_probs) {
+            (true, None) => return Err(ParamError::Missing("draft_probs")),
+            (false, Some(_)) => return Err(ParamError::Unexpected("draft_probs")),
+            _ => {}
+        }
+        if let Some(drafts) = self.drafts {
+            let k = drafts_per_sequence(batch, drafts.len())?;
+            check_drafts(batch / (k + 1), k, vocab, drafts, self.draft_probs)?;
+        }
+        Ok(())
+    }
+
     /// Whether this launch needs the rows' full logsumexp: the pipeline outputs it (logsumexp,
     /// logprob, top logprobs), or some sampled row filters by a lone top-p. Backends may skip
     /// the online logsumexp of stage one otherwise (it is most of a filtered launch's extra cost).
     pub fn needs_logsumexp(&self, pipeline: &Pipeline, batch: usize) -> bool {
         let o = pipeline.outputs;
-        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() {
+        // Verification reads every draft row's exact normalizer (DESIGN.md "Speculative verification").
+        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() || pipeline.verify.is_some() {
             return true;
         }
         pipeline.filter_max_k().is_some()

@@ -19,16 +19,25 @@
 //! `p_j(d_j)`, and the residual is `p_j` without `d_j`.
 
 use crate::rng::{counter_word3, key, philox4x32_10, NoiseStream};
+use crate::{Candidate, INDEX_NONE};
 
-/// Where the draft tokens came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DraftKind {
-    /// Deterministic drafts (greedy drafting, n-gram, EAGLE's top-1): `q_j = δ(d_j)`.
-    Greedy,
-    /// Sampled drafts: the draft's probability of each draft token and its full distribution
-    /// per position (`[B·k, V]`).
-    Sampled,
+/// Entries of each (draft row, tile) residual list stage one keeps: the tile's best tokens by
+/// the residual stream's perturbed score `x + G_res` (DESIGN.md "Speculative verification").
+pub const RESIDUAL_PER_TILE: usize = 8;
+
+/// An unused residual-list entry: it ranks after every token.
+pub const RESIDUAL_EMPTY: Candidate = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
+
+/// Inserts `c` into a residual list sorted by score (descending; an equal score keeps the
+/// earlier, lower token), dropping the last entry; a no-op if `c` ranks after all.
+pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
+    let Some(pos) = list.iter().position(|e| c.score > e.score) else { return };
+    list.copy_within(pos..list.len() - 1, pos + 1);
+    list[pos] = c;
 }
+
+/// Where the draft tokens came from (the IR's, so the pipeline and the contract name one enum).
+pub use flashsample_ir::DraftKind;
 
 /// The 32 bits of the acceptance uniform of the target row keyed `(key, ctr_row)` at `step`:
 /// Philox counter `[0, ctr_row, 0, counter_word3(step, SpecAccept)]`, word 0.
@@ -68,6 +77,15 @@ pub enum SpecError {
         /// What is wrong.
         what: &'static str,
     },
+    /// A count of draft tokens that does not split `rows` target rows into sequences of
+    /// `k + 1` rows with `k` drafts each.
+    #[error("{drafts} draft tokens do not split {rows} target rows into S sequences of k + 1 rows with k drafts each (S·k drafts, S·(k + 1) rows)")]
+    Sequences {
+        /// The target rows.
+        rows: usize,
+        /// The draft tokens.
+        drafts: usize,
+    },
     /// Buffer lengths that do not match `B` sequences of `k` drafts.
     #[error("`{what}` has {got} entries, expected {expected}")]
     Length {
@@ -78,6 +96,16 @@ pub enum SpecError {
         /// `B·k` or `B·k·V`.
         expected: usize,
     },
+}
+
+/// `k`, the drafts per sequence, of `rows` target rows and `drafts` draft tokens: `S`
+/// sequences own `S·(k + 1)` rows and `S·k` drafts, so `S = rows − drafts` and `k = drafts / S`.
+pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecError> {
+    match rows.checked_sub(drafts) {
+        Some(0) if drafts == 0 => Ok(0),
+        Some(sequences) if sequences > 0 && drafts.is_multiple_of(sequences) => Ok(drafts / sequences),
+        _ => Err(SpecError::Sequences { rows, drafts }),
+    }
 }
 
 /// Checks `B` sequences' draft tokens (`[B·k]`) and, for sampled drafts, the draft
@@ -137,5 +165,15 @@ mod tests {
         nan[1] = f32::NAN;
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&nan)), Err(SpecError::DraftProbability { sequence: 0, position: 0, .. })));
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2], None), Err(SpecError::Length { .. })));
+    }
+
+    #[test]
+    fn rows_and_drafts_give_k() {
+        assert_eq!(drafts_per_sequence(6, 4), Ok(2));
+        assert_eq!(drafts_per_sequence(3, 0), Ok(0));
+        assert_eq!(drafts_per_sequence(0, 0), Ok(0));
+        assert_eq!(drafts_per_sequence(16, 14), Ok(7));
+        assert_eq!(drafts_per_sequence(7, 4), Err(SpecError::Sequences { rows: 7, drafts: 4 }));
+        assert_eq!(drafts_per_sequence(4, 4), Err(SpecError::Sequences { rows: 4, drafts: 4 }));
     }
 }

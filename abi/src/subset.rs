@@ -86,6 +86,10 @@ impl RowSubset<'_> {
             }),
             logit_bias: self.logit_bias.as_deref(),
             targets: self.targets.as_deref(),
+            // Drafts belong to sequences of rows, not to rows: a recompute of draft rows
+            // passes what verification needs itself (runtime `verify`).
+            drafts: None,
+            draft_probs: None,
             // Launch-wide values are the full launch's. Every field is named (no `..base`), so
             // a new per-row parameter cannot silently carry the whole batch's value.
             bias: self.base.bias,

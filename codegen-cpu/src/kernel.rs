@@ -8,6 +8,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use flashsample_abi::rng::{counter_word3, NoiseStream};
+use flashsample_abi::speculative;
 use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, PenaltyTable, RowTokens, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
@@ -58,6 +59,10 @@ pub(crate) struct KernelArgs {
     /// holding it (`-inf` when excluded); null without `target_logprob`.
     pub targets: *const u32,
     pub target_logits: *mut f32,
+    /// `[B, tiles, residual_per_tile]` residual lists sorted by score; null unless verifying.
+    pub residual_lists: *mut Candidate,
+    pub residual_per_tile: u64,
+    pub insert_residual: InsertFn<Candidate>,
 }
 
 /// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
@@ -66,7 +71,7 @@ pub(crate) struct KernelArgs {
 pub(crate) type ListedQuadFn<T> = unsafe extern "C" fn(table: *const T, row: u64, v: u64, x: *mut f32);
 /// Inserts the quad's eligible tokens (`x > -inf`) into a (row, tile) list. Called only when
 /// the quad's best logit beats the list's last entry.
-pub(crate) type InsertFn = unsafe extern "C" fn(list: *mut Scored, per_tile: u64, v: u64, x: *const f32);
+pub(crate) type InsertFn<T = Scored> = unsafe extern "C" fn(list: *mut T, per_tile: u64, v: u64, x: *const f32);
 
 /// A per-row token table the epilogue applies out of line: its tokens and what it does to a
 /// listed token's logit.
@@ -130,6 +135,18 @@ unsafe extern "C" fn insert_quad(list: *mut Scored, per_tile: u64, v: u64, x: *c
     for (j, &xj) in x.iter().enumerate() {
         if xj > f32::NEG_INFINITY {
             flashsample_abi::filter::insert(list, Scored { logit: xj, index: v as u32 + j as u32 });
+        }
+    }
+}
+
+/// SAFETY (caller): `list` points to `per_tile` entries sorted by score, `lanes` to 8 floats:
+/// the quad's 4 scores (`-inf` for lanes that are masked or past the vocabulary), then its 4
+/// transformed logits.
+unsafe extern "C" fn insert_residual_quad(list: *mut Candidate, per_tile: u64, v: u64, lanes: *const f32) {
+    let (list, lanes) = unsafe { (std::slice::from_raw_parts_mut(list, per_tile as usize), std::slice::from_raw_parts(lanes, 8)) };
+    for j in 0..4 {
+        if lanes[j] > f32::NEG_INFINITY {
+            speculative::insert_residual(list, Candidate { score: lanes[j], index: v as u32 + j as u32, logit: lanes[4 + j] });
         }
     }
 }
@@ -207,10 +224,24 @@ pub struct CpuLaunch<'a> {
     /// nucleus that outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
     /// with `Scored::EMPTY`.
     pub lists: Option<&'a mut [Scored]>,
+    /// iff the pipeline verifies drafts (`Pipeline::verify`; its targets are the draft tokens).
+    pub residual: Option<ResidualLists<'a>>,
     /// `StageTwo { batch, samples, tiles }.candidate_count()` slots.
     pub candidates: &'a mut [Candidate],
     /// `[batch * tiles]`, iff the kernel was compiled with the logsumexp (`CpuKernel::logsumexp`).
     pub lse: Option<&'a mut [LsePartial]>,
+}
+
+/// Speculative verification's stage-one extras: which noise each row draws and where each
+/// (row, tile) keeps its best tokens by that noise's perturbed score.
+pub struct ResidualLists<'a> {
+    /// `[batch]` the noise stream of each row's candidate and residual list:
+    /// `NoiseStream::SpecResidual` for a draft row, `Token` for a bonus row (its ordinary sample).
+    pub streams: &'a [NoiseStream],
+    /// `[batch, tiles, per_tile ≥ 1]` lists sorted by score, pre-filled with
+    /// `abi::speculative::RESIDUAL_EMPTY` (`per_tile` = the launch's choice: whole tiles list
+    /// every eligible token).
+    pub lists: &'a mut [Candidate],
 }
 
 /// A compiled stage-one kernel for one pipeline and config. Its launches run on the process's
@@ -413,7 +444,7 @@ impl CpuKernel {
             expect_len("repetition penalties", t.repetition.len(), a.batch)?;
         }
         let lb_table = checked_table(p.has_logit_bias(), a.logit_bias, "logit_bias", |t| t.values.len(), a.batch, a.vocab)?;
-        let (targets, target_logits) = match (p.targets.is_some(), a.targets) {
+        let (targets, target_logits) = match (p.targets.is_some() || p.verify.is_some(), a.targets) {
             (true, Some((t, out))) => {
                 expect_len("targets", t.len(), a.batch)?;
                 expect_len("target logits", out.len(), a.batch)?;
@@ -425,6 +456,24 @@ impl CpuKernel {
             (true, None) => return Err(CpuCodegenError::Missing("targets")),
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("targets")),
             (false, None) => (std::ptr::null(), std::ptr::null_mut()),
+        };
+        let (residual_lists, residual_per_tile, streams) = match (p.verify.is_some(), a.residual) {
+            (true, Some(r)) => {
+                expect_len("residual streams", r.streams.len(), a.batch)?;
+                let slots = checked(a.batch, tiles, "residual lists")?.max(1);
+                let per_tile = r.lists.len() / slots;
+                if per_tile == 0 || r.lists.len() != per_tile * slots {
+                    return Err(CpuCodegenError::BadArgument(format!(
+                        "residual lists of {} entries are not [batch {}, tiles {tiles}, per_tile >= 1]",
+                        r.lists.len(),
+                        a.batch
+                    )));
+                }
+                (r.lists.as_mut_ptr(), per_tile, Some(r.streams))
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("residual lists")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("residual lists")),
+            (false, None) => (std::ptr::null_mut(), 0, None),
         };
         let slots = checked(a.batch, tiles, "lists")?.max(1);
         let per_tile = a.lists.as_ref().map_or(0, |l| l.len() / slots);
@@ -452,7 +501,7 @@ impl CpuKernel {
             None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
         };
         let mut row_word3: Vec<u32> = (0..a.batch)
-            .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), NoiseStream::Token))
+            .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), streams.map_or(NoiseStream::Token, |s| s[r])))
             .collect();
         // The epilogue draws the noise of 4 rows at once (one Philox per lane): whole groups.
         let padded = a.batch.next_multiple_of(4);
@@ -506,6 +555,9 @@ impl CpuKernel {
             lists,
             per_tile: per_tile as u64,
             insert: insert_quad,
+            residual_lists,
+            residual_per_tile: residual_per_tile as u64,
+            insert_residual: insert_residual_quad,
         };
         let shared = SharedArgs(&args);
         // One task per tile: when one worker falls behind (another process takes its core),

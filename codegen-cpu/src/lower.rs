@@ -65,6 +65,10 @@ pub(crate) struct Plan {
     pub targets: bool,
     /// Entries of each (row, tile) top list; 0 = no lists.
     pub list_capacity: u32,
+    /// Speculative verification: each (row, tile) also keeps its best tokens by the row's
+    /// perturbed score `x + G` (`Candidate`s, `KernelArgs::residual_lists`), and the noise
+    /// skip tests against that list's last entry instead of the winner.
+    pub residual_lists: bool,
     pub logits: LogitSource,
 }
 
@@ -94,8 +98,10 @@ impl Plan {
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
-            targets: pipeline.targets.is_some(),
+            // Verification reads each draft row's transformed logit at its draft token.
+            targets: pipeline.targets.is_some() || pipeline.verify.is_some(),
             list_capacity: pipeline.list_capacity(),
+            residual_lists: pipeline.verify.is_some(),
             logits: LogitSource::Fused,
         }
     }
@@ -170,6 +176,8 @@ struct Launch {
     lists: Value,
     per_tile: Value,
     insert: Value,
+    /// `[residual_lists, residual_per_tile, insert_residual]`, loaded iff the plan keeps them.
+    residual: Option<[Value; 3]>,
     batch: Value,
     vocab: Value,
     tiles: Value,
@@ -284,6 +292,13 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let pen_table = self.arg(offset_of!(KernelArgs, pen_table));
         let penalize = self.arg(offset_of!(KernelArgs, penalize));
         let lists = self.arg(offset_of!(KernelArgs, lists));
+        let residual = self.plan.residual_lists.then(|| {
+            [
+                self.arg(offset_of!(KernelArgs, residual_lists)),
+                self.arg(offset_of!(KernelArgs, residual_per_tile)),
+                self.arg(offset_of!(KernelArgs, insert_residual)),
+            ]
+        });
         let per_tile = self.arg(offset_of!(KernelArgs, per_tile));
         let insert = self.arg(offset_of!(KernelArgs, insert));
         let batch = self.arg(offset_of!(KernelArgs, batch));
@@ -330,6 +345,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             logit_bias,
             targets,
             lists,
+            residual,
             per_tile,
             insert,
             batch,
@@ -924,8 +940,18 @@ impl<'a, 'p> Lowering<'a, 'p> {
         self.for_samples(|k, s| {
             let sample_done = k.b.create_block();
             let score = if let Some((x_max, reachable)) = reachable {
-                let addr = k.candidate_addr(l, row, s);
-                let best_so_far = k.b.ins().load(F32, output(), addr, 0);
+                // With residual lists the bar is the list's last entry (at most the winner's
+                // score), so the skip never drops a token the list keeps.
+                let best_so_far = match l.residual {
+                    Some(residual) => {
+                        let tail = k.residual_tail(l, row, residual);
+                        k.b.ins().load(F32, output(), tail, 0)
+                    }
+                    None => {
+                        let addr = k.candidate_addr(l, row, s);
+                        k.b.ins().load(F32, output(), addr, 0)
+                    }
+                };
                 let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
                 let contender = k.b.create_block();
                 k.b.ins().brif(hopeless, sample_done, &[], contender, &[]);
@@ -981,6 +1007,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
             } else {
                 x
             };
+            if let Some(residual) = l.residual {
+                k.emit_residual_update(l, row, q, Lanes { score, x, allowed }, residual);
+            }
             k.emit_select(l, q, row, s, Lanes { score, x, allowed });
             k.b.ins().jump(sample_done, &[]);
             k.b.switch_to_block(sample_done);
@@ -1190,6 +1219,48 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().stack_store(I64, xs, self.call_slot, 0);
         let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
         b.ins().call_indirect(self.helper_sig, l.insert, &[list, l.per_tile, q.v, ptr]);
+        b.ins().jump(done, &[]);
+        b.switch_to_block(done);
+    }
+
+    /// The address of the last entry of this (row, tile)'s residual list.
+    fn residual_tail(&mut self, l: &Launch, row: Value, [lists, per_tile, _]: [Value; 3]) -> Value {
+        let tile = self.b.use_var(self.tile);
+        let b = &mut self.b;
+        let slot = b.ins().imul(row, l.tiles);
+        let slot = b.ins().iadd(slot, tile);
+        let slot = b.ins().iadd_imm_s(slot, 1);
+        let slot = b.ins().imul(slot, per_tile);
+        let off = b.ins().imul_imm_s(slot, CANDIDATE_BYTES);
+        let end = b.ins().iadd(lists, off);
+        b.ins().iadd_imm_s(end, -CANDIDATE_BYTES)
+    }
+
+    /// Speculative verification: when the quad's best eligible score beats the last entry of
+    /// this (row, tile)'s residual list, hand the quad's scores and logits to
+    /// `insert_residual_quad`. Tokens arrive in increasing order, so an equal score never
+    /// displaces an entry (ties go to the lower index).
+    fn emit_residual_update(&mut self, l: &Launch, row: Value, q: &Quad, lanes: Lanes, residual: [Value; 3]) {
+        let [_, per_tile, insert] = residual;
+        let tail = self.residual_tail(l, row, residual);
+        let b = &mut self.b;
+        let scores = eligible(b, lanes.score, lanes.allowed);
+        let best = math::hmax(b, scores);
+        let last = b.ins().load(F32, output(), tail, 0);
+        let beats = b.ins().fcmp(FloatCC::GreaterThan, best, last);
+        let call = b.create_block();
+        let done = b.create_block();
+        b.set_cold_block(call);
+        b.ins().brif(beats, call, &[], done, &[]);
+
+        b.switch_to_block(call);
+        let first = b.ins().imul_imm_s(per_tile, CANDIDATE_BYTES);
+        let list = b.ins().isub(tail, first);
+        let list = b.ins().iadd_imm_s(list, CANDIDATE_BYTES);
+        b.ins().stack_store(I64, scores, self.scratch_slot, 0);
+        b.ins().stack_store(I64, lanes.x, self.scratch_slot, 16);
+        let ptr = b.ins().stack_addr(I64, self.scratch_slot, 0);
+        b.ins().call_indirect(self.helper_sig, insert, &[list, per_tile, q.v, ptr]);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }

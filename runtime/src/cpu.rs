@@ -9,7 +9,9 @@ use crate::{
 };
 use std::collections::HashMap;
 use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
-use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
+use flashsample_abi::rng::NoiseStream;
+use flashsample_abi::speculative::RESIDUAL_EMPTY;
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, ResidualLists};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +29,7 @@ const CONFIG_MEMO: usize = 1024;
 pub(crate) const ENGINE_ENV: &str = "FLASHSAMPLE_CPU_ENGINE";
 
 pub(crate) struct CpuBackend {
-    pipeline: Arc<Pipeline>,
+    pub(crate) pipeline: Arc<Pipeline>,
     threads: usize,
     /// Compiled kernels, most recently used first, at most [`KERNEL_CACHE`]. (A linear scan of
     /// eight keys; kernels share the process's thread pool, so dropping one frees only its code.)
@@ -127,13 +129,13 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<StageOne> {
-        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize)
+        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize, None)
     }
 
     /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's
     /// capacity; whole tiles for the exact nucleus path).
     #[allow(clippy::too_many_arguments)]
-    fn stage_one_with_lists(
+    pub(crate) fn stage_one_with_lists(
         &self,
         hidden_f32: &[f32],
         weights: &Tensor<'_>,
@@ -142,6 +144,7 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
         per_tile: usize,
+        residual: Option<ResidualPlan<'_>>,
     ) -> Result<StageOne> {
         let weight_bytes =
             weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
@@ -160,8 +163,19 @@ impl CpuBackend {
         let mut lists = (lists_layout.per_tile > 0).then(|| vec![Scored::EMPTY; lists_layout.len()]);
         let penalties = params.penalty_table(shape.batch, shape.vocab);
         let logit_bias = params.logit_bias_table(shape.batch, shape.vocab);
+        // A verifying kernel reads targets (the draft tokens) and keeps residual lists; a launch
+        // that does not verify (the exact nucleus path's) gives them their neutral values.
+        let verifying = p.verify.is_some();
+        let no_targets = vec![0u32; shape.batch];
+        let targets = match params.targets {
+            Some(t) => Some(t),
+            None => verifying.then_some(&no_targets[..]),
+        };
+        let token_streams = vec![NoiseStream::Token; shape.batch];
+        let residual = verifying.then(|| residual.unwrap_or(ResidualPlan { streams: &token_streams, per_tile: 1 }));
+        let mut residual_lists = residual.map(|r| vec![RESIDUAL_EMPTY; shape.batch * layout.tiles * r.per_tile]);
         // Poisoned, like the candidates: every row's target lies in exactly one tile.
-        let mut target_logits = params.targets.map(|_| vec![f32::NAN; shape.batch]);
+        let mut target_logits = targets.map(|_| vec![f32::NAN; shape.batch]);
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -177,12 +191,14 @@ impl CpuBackend {
             vocab_offset: params.vocab_offset,
             penalties: penalties.as_ref(),
             logit_bias: logit_bias.as_ref(),
-            targets: params.targets.zip(target_logits.as_deref_mut()),
+            targets: targets.zip(target_logits.as_deref_mut()),
+            residual: residual.zip(residual_lists.as_deref_mut()).map(|(r, lists)| ResidualLists { streams: r.streams, lists }),
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
             lse: lse.as_deref_mut(),
         })?;
-        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits })
+        let residual_lists = residual.zip(residual_lists).map(|(r, l)| (TopLists { per_tile: r.per_tile, ..lists_layout }, l));
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, residual_lists })
     }
 
     /// Samples every row; a row that cannot be sampled gets its error in
@@ -198,7 +214,7 @@ impl CpuBackend {
         let hidden_f32 = host_f32(hidden)?;
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
-        let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity)?;
+        let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
         let top_logprobs = match &one.lists {
             Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced, &mut status),
@@ -222,7 +238,7 @@ impl CpuBackend {
     /// for those rows alone, with lists that hold whole tiles, then
     /// [`stage_three::finish_exact`]. Costs one pass over the weights at `rows.len()` rows.
     #[allow(clippy::too_many_arguments)]
-    fn serve_exact(
+    pub(crate) fn serve_exact(
         &self,
         hidden_f32: &[f32],
         weights: &Tensor<'_>,
@@ -239,7 +255,7 @@ impl CpuBackend {
         let config = self.whole_tile_config(sub_shape);
         let allowed = sub.allowed_bitset(sub_shape.batch, shape.vocab);
         let per_tile = config.vocab_tile as usize;
-        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile)?;
+        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, None)?;
         // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
         if let Some((layout, lists)) = &one.lists {
             // On the kernels' pool: the draw over a large nucleus runs in parallel.
@@ -252,7 +268,7 @@ impl CpuBackend {
     /// The heuristic config for `shape` with a vocabulary tile that a list of
     /// `vocab_tile` entries holds whole (at least the pipeline's capacity, which the kernel
     /// requires of every list). Small: each token enters a sorted list, which costs its length.
-    fn whole_tile_config(&self, shape: Shape) -> CpuConfig {
+    pub(crate) fn whole_tile_config(&self, shape: Shape) -> CpuConfig {
         let capacity = (self.pipeline.list_capacity() as usize).next_multiple_of(4);
         CpuConfig { vocab_tile: capacity.max(WHOLE_TILE) as u32, ..self.heuristic(shape) }
     }
@@ -269,8 +285,19 @@ pub(crate) struct StageOne {
     pub lse: Option<Vec<LsePartial>>,
     /// The per-tile top lists, iff the pipeline has a filter or top logprobs.
     pub lists: Option<(TopLists, Vec<Scored>)>,
-    /// `[B]` the scored targets' transformed logits, iff the pipeline has `target_logprob`.
+    /// `[B]` the scored targets' transformed logits, iff the pipeline has `target_logprob`
+    /// (or verifies drafts: the draft tokens' logits).
     pub target_logits: Option<Vec<f32>>,
+    /// The residual lists (`Candidate`s in the `TopLists` layout), iff the pipeline verifies.
+    pub residual_lists: Option<(TopLists, Vec<Candidate>)>,
+}
+
+/// What a verifying launch asks of stage one: each row's noise stream and the entries of its
+/// (row, tile) residual lists.
+#[derive(Clone, Copy)]
+pub(crate) struct ResidualPlan<'a> {
+    pub streams: &'a [NoiseStream],
+    pub per_tile: usize,
 }
 
 /// A host tensor's elements widened to f32 (the CPU kernel's hidden-state format).

@@ -28,6 +28,7 @@ mod sampler;
 mod sharded;
 mod stage_three;
 mod tensor;
+mod verify;
 #[cfg(feature = "cuda")]
 pub mod tp;
 pub mod tuning;
@@ -42,6 +43,7 @@ pub use launch::{KernelConfig, Samples, Shape};
 pub use sampler::Sampler;
 pub use sharded::ShardedSampler;
 pub use tensor::{Element, Matrix, Tensor};
+pub use verify::Verified;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceTensor};
 #[cfg(feature = "cuda")]

@@ -6,7 +6,7 @@ use crate::cuda::CudaSampler;
 use crate::launch::{check_operands, KernelConfig, Samples, Shape};
 #[cfg(feature = "cuda")]
 use crate::Error;
-use crate::{tuning::DeviceIdentity, Device, Result, Tensor};
+use crate::{tuning::DeviceIdentity, Device, Result, Tensor, Verified};
 use flashsample_abi::SamplingParams;
 use flashsample_ir::Pipeline;
 use std::sync::Arc;
@@ -66,9 +66,31 @@ impl Sampler {
     /// turns any such row into the call's error). A top-p / min-p nucleus larger than the
     /// candidate lists is served exactly by recomputing that row alone (DESIGN.md step 9).
     pub fn sample(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Samples> {
+        if self.pipeline.verify.is_some() {
+            return Err(crate::Error::Unsupported("a pipeline with `verify` runs through `Sampler::verify`".into()));
+        }
         let shape = self.check(&hidden, &weights, params)?;
         let config = self.config_for(shape.batch, shape.dim, shape.vocab);
         self.launch(&hidden, &weights, params, shape, &config)
+    }
+
+    /// Verifies speculative drafts (a pipeline with `verify`, DESIGN.md "Speculative
+    /// verification"): the `B` rows of `hidden` are `S` sequences of `k + 1` target positions
+    /// (row `i·(k+1) + j` predicts draft `j` of sequence `i`, row `i·(k+1) + k` the bonus),
+    /// `params.drafts` holds the `S·k` draft tokens and, for sampled drafts,
+    /// `params.draft_probs` their `[S·k, V]` distributions. Bad drafts are typed errors
+    /// (`ParamError::Draft`, naming sequence and position). `k = 0` is plain sampling.
+    pub fn verify(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Verified> {
+        if self.pipeline.verify.is_none() {
+            return Err(crate::Error::Unsupported("`verify` needs a pipeline with `accept = verify(...)`".into()));
+        }
+        let shape = self.check(&hidden, &weights, params)?;
+        let config = self.config_for(shape.batch, shape.dim, shape.vocab);
+        match (&self.backend, config) {
+            (Backend::Cpu(cpu), KernelConfig::Cpu(c)) => cpu.verify(&hidden, &weights, params, shape, &c),
+            #[cfg(feature = "cuda")]
+            _ => Err(Error::Unsupported("speculative verification runs on the CPU backend (the CUDA kernels are not built yet)".into())),
+        }
     }
 
     /// [`Sampler::sample`] with an explicit config (the autotuner's entry point).

@@ -26,6 +26,7 @@ impl PipelineBuilder {
                 sampler: Sampler::GumbelMax { seed: "seed".into(), samples: 1 },
                 outputs: Outputs::default(),
                 targets: None,
+                verify: None,
             },
         }
     }
@@ -109,6 +110,20 @@ impl PipelineBuilder {
     /// (`Samples::target_logprobs`). Pair it with `argmax()` to score without sampling.
     pub fn target_logprob(mut self, targets: &str) -> Self {
         self.pipeline.targets = Some(targets.into());
+        self
+    }
+
+    /// Verifies greedy drafts (`[S·k]` tokens in operand `drafts`): the rows are sequences of
+    /// `k + 1` target positions (`Sampler::verify`).
+    pub fn verify_greedy(mut self, drafts: &str) -> Self {
+        self.pipeline.verify = Some(crate::Verify { drafts: drafts.into(), draft_probs: None });
+        self
+    }
+
+    /// Verifies sampled drafts: `[S·k]` tokens in `drafts` and their `[S·k, V]` f32
+    /// distributions in `draft_probs`.
+    pub fn verify_sampled(mut self, drafts: &str, draft_probs: &str) -> Self {
+        self.pipeline.verify = Some(crate::Verify { drafts: drafts.into(), draft_probs: Some(draft_probs.into()) });
         self
     }
 

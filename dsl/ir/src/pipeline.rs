@@ -188,6 +188,40 @@ pub struct Pipeline {
     /// reports (prompt logprobs, reward scoring, a speculative target's probabilities).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<String>,
+    /// Speculative verification (`accept = verify(logits, drafts[, draft_probs])`): the rows
+    /// are sequences of `k + 1` target positions and the launch accepts or rejects each
+    /// sequence's `k` draft tokens (DESIGN.md "Speculative verification").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+}
+
+/// Where the draft tokens came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DraftKind {
+    /// Deterministic drafts (greedy drafting, n-gram, EAGLE's top-1): `q_j = δ(d_j)`.
+    Greedy,
+    /// Sampled drafts: the draft's full distribution per position (`[B·k, V]`).
+    Sampled,
+}
+
+/// The verification op's operands: `[S·k]` draft tokens and, for sampled drafts, the
+/// `[S·k, V]` f32 draft distributions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Verify {
+    /// The draft tokens' operand.
+    pub drafts: String,
+    /// The draft distributions' operand; `None` for greedy drafts.
+    pub draft_probs: Option<String>,
+}
+
+impl Verify {
+    /// Greedy without draft distributions, sampled with them.
+    pub fn kind(&self) -> DraftKind {
+        match self.draft_probs {
+            Some(_) => DraftKind::Sampled,
+            None => DraftKind::Greedy,
+        }
+    }
 }
 
 impl Pipeline {
@@ -230,7 +264,11 @@ impl Pipeline {
 
     /// Whether the kernel must accumulate the row's online logsumexp.
     pub fn needs_logsumexp(&self) -> bool {
-        self.outputs.logsumexp || self.outputs.logprob || self.list_capacity() > 0 || self.targets.is_some()
+        self.outputs.logsumexp
+            || self.outputs.logprob
+            || self.list_capacity() > 0
+            || self.targets.is_some()
+            || self.verify.is_some()
     }
 
     /// Whether the pipeline has per-request logit biases.

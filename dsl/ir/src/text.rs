@@ -11,6 +11,7 @@
 //!   logits = softcap(logits, 30)
 //!   sample = gumbel_max(logits, seed, samples=1)
 //!   score = target_logprob(logits, targets)     // optional: score given tokens
+//!   accept = verify(logits, drafts, draft_probs) // optional: speculative verification
 //!   outputs(score, logsumexp)
 //! ```
 
@@ -70,6 +71,12 @@ impl fmt::Display for Pipeline {
         }
         if let Some(targets) = &self.targets {
             writeln!(f, "  score = target_logprob(logits, {targets})")?;
+        }
+        if let Some(v) = &self.verify {
+            match &v.draft_probs {
+                Some(q) => writeln!(f, "  accept = verify(logits, {}, {q})", v.drafts)?,
+                None => writeln!(f, "  accept = verify(logits, {})", v.drafts)?,
+            }
         }
         let o = self.outputs;
         let mut names: Vec<String> = [(o.score, "score"), (o.logsumexp, "logsumexp"), (o.logprob, "logprob")]
@@ -215,6 +222,7 @@ impl Pipeline {
         let mut sampler = None;
         let mut outputs = Outputs::default();
         let mut targets: Option<String> = None;
+        let mut verify: Option<crate::Verify> = None;
         for line in lines {
             let t = line.text;
             if let Some(rhs) = t.strip_prefix("logits = ") {
@@ -283,6 +291,15 @@ impl Pipeline {
                     return line.err("expected `target_logprob(logits, TARGETS)`");
                 };
                 targets = Some(operand.to_string());
+            } else if let Some(rhs) = t.strip_prefix("accept = ") {
+                if verify.is_some() {
+                    return line.err("a pipeline verifies one set of drafts");
+                }
+                verify = Some(match line.call(rhs, "verify")?.as_slice() {
+                    ["logits", drafts] => crate::Verify { drafts: drafts.to_string(), draft_probs: None },
+                    ["logits", drafts, q] => crate::Verify { drafts: drafts.to_string(), draft_probs: Some(q.to_string()) },
+                    _ => return line.err("expected `verify(logits, DRAFTS)` or `verify(logits, DRAFTS, DRAFT_PROBS)`"),
+                });
             } else if t.starts_with("outputs") {
                 for o in line.call(t, "outputs")? {
                     match o {
@@ -309,6 +326,7 @@ impl Pipeline {
             sampler: sampler.ok_or_else(|| missing("sampler (`sample = ...`)"))?,
             outputs,
             targets,
+            verify,
         };
         pipeline.validate()?;
         Ok(pipeline)
@@ -339,6 +357,8 @@ mod tests {
             qwen(),
             PipelineBuilder::new("G", DType::F16, DType::F32).temperature_const(0.7).argmax().build().unwrap(),
             PipelineBuilder::new("Score", DType::BF16, DType::BF16).temperature_const(0.7).argmax().target_logprob("targets").build().unwrap(),
+            PipelineBuilder::new("Spec", DType::BF16, DType::BF16).temperature_per_row("t").verify_sampled("drafts", "q").build().unwrap(),
+            PipelineBuilder::new("SpecGreedy", DType::BF16, DType::BF16).filter("f", 8).verify_greedy("drafts").build().unwrap(),
             PipelineBuilder::new("S", DType::F32, DType::BF16).temperature_scalar("t").build().unwrap(),
         ] {
             let text = p.to_string();
@@ -460,6 +480,33 @@ mod tests {
                 .unwrap()
                 .to_string()
         );
+        insta::assert_snapshot!(
+            "speculative_sampled",
+            PipelineBuilder::new("Verifier", DType::BF16, DType::BF16)
+                .temperature_per_row("temperature")
+                .penalties("penalties")
+                .filter("filter", 64)
+                .verify_sampled("drafts", "draft_probs")
+                .outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 })
+                .build()
+                .unwrap()
+                .to_string()
+        );
+    }
+
+    #[test]
+    fn verify_takes_one_sample_and_no_targets() {
+        use crate::{IrError, Location};
+        let b = || PipelineBuilder::new("S", DType::F32, DType::F32).verify_sampled("drafts", "q");
+        assert!(b().build().is_ok());
+        assert_eq!(b().gumbel("seed", 2).build(), Err(IrError::VerifySamples { samples: 2 }));
+        assert_eq!(b().target_logprob("targets").build(), Err(IrError::VerifyWithTargets));
+        assert!(matches!(
+            PipelineBuilder::new("S", DType::F32, DType::F32).verify_sampled("drafts", "drafts").build(),
+            Err(IrError::DuplicateOperand { at: Location::Verify, .. })
+        ));
+        let text = b().build().unwrap().to_string().replace("verify(logits, drafts, q)", "verify(logits)");
+        assert!(matches!(Pipeline::parse(&text), Err(ParseError::Syntax { .. })));
     }
 
     #[test]

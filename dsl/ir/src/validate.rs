@@ -16,11 +16,22 @@ pub enum Location {
     Sampler,
     /// The scored targets (`target_logprob`).
     Targets,
+    /// The verification op (`verify`).
+    Verify,
 }
 
 /// Why a pipeline is invalid.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum IrError {
+    /// Verification draws one token per target row.
+    #[error("`verify` draws one token per target row, but the sampler draws {samples}")]
+    VerifySamples {
+        /// The sampler's draws per row.
+        samples: u32,
+    },
+    /// Verification scores the drafts itself; it does not combine with `target_logprob`.
+    #[error("`verify` and `target_logprob` cannot share a pipeline: verification reports the emitted tokens' logprobs")]
+    VerifyWithTargets,
     /// A name that is not an identifier.
     #[error("`{name}` is not a valid identifier")]
     InvalidName {
@@ -132,6 +143,7 @@ impl IrError {
             | IrError::FilterNotLast { at }
             | IrError::LogitBiasOrder { at, .. } => Location::Transform(*at),
             IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => Location::Sampler,
+            IrError::VerifySamples { .. } | IrError::VerifyWithTargets => Location::Verify,
         }
     }
 }
@@ -252,6 +264,18 @@ impl Pipeline {
         }
         if self.outputs.top_logprobs > MAX_LIST_CAPACITY {
             return Err(IrError::InvalidTopLogprobs { n: self.outputs.top_logprobs });
+        }
+        if let Some(v) = &self.verify {
+            claim(&v.drafts, Location::Verify)?;
+            if let Some(q) = &v.draft_probs {
+                claim(q, Location::Verify)?;
+            }
+            if self.samples_per_row() != 1 {
+                return Err(IrError::VerifySamples { samples: self.samples_per_row() });
+            }
+            if self.targets.is_some() {
+                return Err(IrError::VerifyWithTargets);
+            }
         }
         Ok(())
     }

@@ -140,6 +140,21 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         params.push(quote!(#op: &[::core::primitive::u32]));
         docs.push(format!("- `{op}`: `[{b}]` the token to score in each row (its logprob is `target_logprobs`)"));
     }
+    let (mut drafts, mut draft_probs) = (none.clone(), none.clone());
+    if let Some(spec) = &l.verify {
+        let op = &spec.drafts;
+        drafts = quote!(::core::option::Option::Some(#op));
+        params.push(quote!(#op: &[::core::primitive::u32]));
+        docs.push(format!(
+            "- `{op}`: `[S·k]` draft tokens, `k` per sequence; the `{b}` rows are `S` sequences of `k + 1` target \
+             positions (row `i·(k+1) + j` predicts draft `j` of sequence `i`, row `i·(k+1) + k` the bonus)"
+        ));
+        if let Some(q) = &spec.draft_probs {
+            draft_probs = quote!(::core::option::Option::Some(#q));
+            params.push(quote!(#q: &[::core::primitive::f32]));
+            docs.push(format!("- `{q}`: `[S·k, {v}]` f32 draft distributions, one row per draft (finite, ≥ 0, > 0 at the draft token)"));
+        }
+    }
     // Every field the pipeline's transforms decide; the seed fields differ between `sample`
     // and `sample_with_seeds`, and `vocab_offset` (sharding) is left to `ShardedSampler`.
     let fields = quote! {
@@ -151,6 +166,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
         penalties: #penalties,
         logit_bias: #logit_bias,
         targets: #targets,
+        drafts: #drafts,
+        draft_probs: #draft_probs,
     };
     let o = p.outputs;
     let mut returned = vec!["`tokens`".to_string()];
@@ -165,12 +182,34 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     if p.targets.is_some() {
         returned.push("`target_logprobs`".to_string());
     }
-    let returns = format!("Returns `Samples` with {}.", returned.join(", "));
+    // A verifying pipeline's methods verify (`Sampler::verify`, returning `Verified`) instead
+    // of sampling.
+    let (sample, sample_with_seeds, entry, output, returns, what) = if p.verify.is_some() {
+        (
+            quote!(verify),
+            quote!(verify_with_seeds),
+            quote!(verify),
+            quote!(::flashsample::Verified),
+            format!(
+                "Returns `Verified`: per sequence the accepted drafts, the next token and the emitted tokens{}.",
+                if o.logprob { " with their logprobs" } else { "" }
+            ),
+            "Verifies the drafts of each sequence against".to_string(),
+        )
+    } else {
+        (
+            quote!(sample),
+            quote!(sample_with_seeds),
+            quote!(sample),
+            quote!(::flashsample::Samples),
+            format!("Returns `Samples` with {}.", returned.join(", ")),
+            format!("Samples {} token(s) per row from", p.samples_per_row()),
+        )
+    };
     let sample_doc = |docs: &[String]| {
         format!(
-            "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
+            "{what} `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
              Arguments, in declaration order:\n{}\n\n{returns}",
-            p.samples_per_row(),
             docs.join("\n")
         )
     };
@@ -184,7 +223,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             // different binding, so the two parameters cannot collide.
             let row_seeds = proc_macro2::Ident::new("row_seeds", proc_macro2::Span::mixed_site());
             let with_seeds_doc = format!(
-                "Like [`Self::sample`], but with one Philox seed per row in place of `{seed}`: row `r` draws \
+                "Like [`Self::{sample}`], but with one Philox seed per row in place of `{seed}`: row `r` draws \
                  its noise from `row_seeds[r]` alone, so a request samples the same tokens wherever it sits \
                  in the batch (continuous batching).\n\n{}",
                 sample_doc(&[docs, vec![format!("- `row_seeds`: `[{b}]` per-row Philox seeds")]].concat())
@@ -192,8 +231,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             quote! {
                 #[doc = #doc]
                 #[allow(clippy::too_many_arguments)]
-                pub fn sample(&self, #(#params,)* #seed: ::core::primitive::u64) -> ::flashsample::Result<::flashsample::Samples> {
-                    self.inner.sample(
+                pub fn #sample(&self, #(#params,)* #seed: ::core::primitive::u64) -> ::flashsample::Result<#output> {
+                    self.inner.#entry(
                         #hidden.into(),
                         #weights.into(),
                         &::flashsample::SamplingParams {
@@ -206,12 +245,12 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
 
                 #[doc = #with_seeds_doc]
                 #[allow(clippy::too_many_arguments)]
-                pub fn sample_with_seeds(
+                pub fn #sample_with_seeds(
                     &self,
                     #(#params,)*
                     #row_seeds: &[::core::primitive::u64],
-                ) -> ::flashsample::Result<::flashsample::Samples> {
-                    self.inner.sample(
+                ) -> ::flashsample::Result<#output> {
+                    self.inner.#entry(
                         #hidden.into(),
                         #weights.into(),
                         &::flashsample::SamplingParams {
@@ -229,8 +268,8 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             quote! {
                 #[doc = #doc]
                 #[allow(clippy::too_many_arguments)]
-                pub fn sample(&self, #(#params),*) -> ::flashsample::Result<::flashsample::Samples> {
-                    self.inner.sample(
+                pub fn #sample(&self, #(#params),*) -> ::flashsample::Result<#output> {
+                    self.inner.#entry(
                         #hidden.into(),
                         #weights.into(),
                         &::flashsample::SamplingParams {

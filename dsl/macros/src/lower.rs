@@ -70,6 +70,17 @@ pub struct Lowered<'a> {
     pub outputs: Option<OutputsSrc>,
     /// Where `score = target_logprob(logits, targets[B]);` was written, if it was.
     pub targets: Option<TargetsSrc>,
+    /// Where `accept = verify(logits, drafts[N][, draft_probs[N, V]]);` was written, if it was.
+    pub verify: Option<VerifySrc>,
+}
+
+/// Where the verification op was written.
+pub struct VerifySrc {
+    pub stmt: SpanRange,
+    /// The draft tokens' operand as written.
+    pub drafts: Ident,
+    /// The draft distributions' operand as written (sampled drafts).
+    pub draft_probs: Option<Ident>,
 }
 
 /// Where the scored targets were written.
@@ -131,6 +142,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     let mut sampler: Option<(Sampler, SamplerSrc)> = None;
     let mut outputs: Option<(Outputs, OutputsSrc)> = None;
     let mut targets: Option<TargetsSrc> = None;
+    let mut verify: Option<VerifySrc> = None;
     for stmt in &def.stmts {
         let range = stmt.range();
         match stmt {
@@ -216,11 +228,27 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     Err(e) => errors.push(e),
                 }
             }
+            Stmt::Assign { target, expr, .. } if target == "accept" => {
+                if !sampler_seen {
+                    errors.push(range.error("`accept = verify(...)` comes after the sampler"));
+                } else if outputs.is_some() {
+                    errors.push(range.error("`accept = verify(...)` comes before `outputs(...)`"));
+                }
+                if verify.is_some() {
+                    errors.push(range.error("a pipeline verifies one set of drafts: one `accept = verify(...)`"));
+                }
+                match lower_verify(expr, range, &dims) {
+                    Ok(v) => {
+                        verify.get_or_insert(v);
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
             Stmt::Assign { target, .. } => errors.push(syn::Error::new_spanned(
                 target,
                 format!(
-                    "cannot assign `{target}`: statements assign `logits` (matmul, transforms), `sample` (the sampler) \
-                     or `score` (`target_logprob`)"
+                    "cannot assign `{target}`: statements assign `logits` (matmul, transforms), `sample` (the sampler), \
+                     `score` (`target_logprob`) or `accept` (`verify`)"
                 ),
             )),
             Stmt::Call { call, .. } if call.func == "outputs" => {
@@ -281,6 +309,10 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             sampler,
             outputs,
             targets: targets.as_ref().map(|t| t.operand.to_string()),
+            verify: verify.as_ref().map(|v| flashsample_ir::Verify {
+                drafts: v.drafts.to_string(),
+                draft_probs: v.draft_probs.as_ref().map(Ident::to_string),
+            }),
         },
         hidden,
         weights,
@@ -288,6 +320,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
         sampler: sampler_src,
         outputs: outputs_src,
         targets,
+        verify,
     };
     match lowered.pipeline.validate() {
         Ok(()) => Ok(lowered),
@@ -348,6 +381,36 @@ fn check_matmul(c: &Call, hidden: &OperandDecl, weights: &OperandDecl) -> syn::R
         }
     }
     Ok(())
+}
+
+/// `verify(logits, drafts[N])` (greedy drafts) or `verify(logits, drafts[N], draft_probs[N, V])`
+/// (sampled drafts): `N` is the drafts' count, `S·k`, any symbol, the same in both.
+fn lower_verify(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<VerifySrc> {
+    const USAGE: &str = "`accept = verify(logits, drafts[N]);` or `accept = verify(logits, drafts[N], draft_probs[N, V]);`";
+    let Expr::Call(c) = expr else {
+        return Err(stmt.error(format!("`accept = ...` takes {USAGE}")));
+    };
+    if c.func != "verify" {
+        return Err(syn::Error::new_spanned(&c.func, format!("unknown verification op `{}`: {USAGE}", c.func)));
+    }
+    let args: Vec<&Arg> = c.args.iter().collect();
+    let (first, drafts, probs) = match args.as_slice() {
+        [first, drafts] => (first, drafts, None),
+        [first, drafts, probs] => (first, drafts, Some(probs)),
+        _ => return Err(c.range().error(format!("`verify` takes two or three arguments: {USAGE}"))),
+    };
+    expect_logits(first, "verify")?;
+    let count = match drafts {
+        Arg::Indexed { dims: d, .. } if d.len() == 1 => Some(d[0].to_string()),
+        _ => None,
+    };
+    let what = "the draft tokens, `S·k` of them (S sequences of k drafts)";
+    let drafts = check_shape(drafts, what, "drafts[N]", &[&count.clone().or(Some("N".into()))])?;
+    let draft_probs = match probs {
+        Some(q) => Some(check_shape(q, "the draft distributions, one f32 row per draft", "draft_probs[N, V]", &[&count, &dims.vocab])?),
+        None => None,
+    };
+    Ok(VerifySrc { stmt, drafts, draft_probs })
 }
 
 /// Checks `name[dims]` against the expected symbolic shape.
@@ -728,6 +791,12 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
             Location::Transform(i) => transform(i).map_or(l.sampler.stmt, |t| t.operand.as_ref().map_or(t.stmt, ident)),
             Location::Sampler => l.sampler.seed.as_ref().map_or(l.sampler.stmt, ident),
             Location::Targets => l.targets.as_ref().map_or(l.sampler.stmt, |t| ident(&t.operand)),
+            Location::Verify => l
+                .verify
+                .as_ref()
+                .and_then(|v| std::iter::once(&v.drafts).chain(v.draft_probs.as_ref()).find(|i| *i == name))
+                .map_or(l.sampler.stmt, ident),
         },
+        IrError::VerifySamples { .. } | IrError::VerifyWithTargets => l.verify.as_ref().map_or(l.sampler.stmt, |v| v.stmt),
     }
 }

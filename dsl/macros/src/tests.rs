@@ -879,3 +879,19 @@ fn target_logprob_matches_the_builder_and_takes_the_targets() {
     assert!(out.contains("targets: ::core::option::Option::Some(targets)"), "{out}");
     assert!(out.contains("`target_logprobs`"), "{out}");
 }
+
+#[test]
+fn verify_matches_the_builder_and_generates_verify_methods() {
+    let src = CHAT.replace(
+        "outputs(logprob, top_logprobs = 5);",
+        "accept = verify(logits, drafts[N], draft_probs[N, V]);\n        outputs(logprob, top_logprobs = 5);",
+    );
+    assert_eq!(ir(&src), chat_builder().verify_sampled("drafts", "draft_probs").build().unwrap());
+    let out = pretty(expand(tokens(&src)).unwrap());
+    let verify = signature(&out, "verify");
+    assert!(verify.contains("drafts: &[::core::primitive::u32]") && verify.contains("draft_probs: &[::core::primitive::f32]"), "{out}");
+    assert!(out.contains("::flashsample::Result<::flashsample::Verified>"), "{out}");
+    assert!(out.contains("fn verify_with_seeds") && !out.contains("fn sample("), "{out}");
+    let greedy = CHAT.replace("outputs(logprob, top_logprobs = 5);", "accept = verify(logits, drafts[N]);\n        outputs(logprob, top_logprobs = 5);");
+    assert_eq!(ir(&greedy), chat_builder().verify_greedy("drafts").build().unwrap());
+}

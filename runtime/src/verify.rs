@@ -1,0 +1,291 @@
+//! Speculative verification on the CPU (DESIGN.md "Speculative verification"): one stage-one
+//! pass over the `S·(k+1)` target rows (draft rows draw the residual stream and keep residual
+//! lists), then per sequence the acceptance decisions and the next token on the host. A draft
+//! row is recomputed over its whole vocabulary only when its residual bound fails or its
+//! nucleus outgrew the lists; the `[S·(k+1), V]` logits are never written.
+
+use crate::cpu::{host_f32, CpuBackend, ResidualPlan};
+use crate::{launch::Shape, stage_three, Result, Tensor};
+use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
+use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
+use flashsample_abi::speculative::{accept_bits, drafts_per_sequence, residual_bits, RESIDUAL_PER_TILE};
+use flashsample_abi::{RowStatus, RowStatusError, SamplingParams, INDEX_NONE};
+use flashsample_codegen_cpu::CpuConfig;
+use flashsample_ir::Pipeline;
+
+/// The outcome of verifying `S` sequences of `k` drafts (`Sampler::verify`).
+///
+/// A sequence whose target rows the kernels could not sample (every token masked, a
+/// non-finite logit) gets its error in [`Verified::errors`], emits nothing, and does not fail
+/// the others.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verified {
+    /// Drafts per sequence.
+    pub k: usize,
+    /// `[S]` drafts accepted, `0..=k`.
+    pub accepted: Vec<usize>,
+    /// `[S, k + 1]` the emitted tokens of each sequence: its accepted drafts, then the next
+    /// token (the residual draw at the first rejection, or the bonus token); `INDEX_NONE`
+    /// after them and for a failed sequence.
+    pub tokens: Vec<u32>,
+    /// `[S, k + 1]` each emitted token's log-probability under its target row's transformed,
+    /// unfiltered distribution (`x − logsumexp`, like `Samples::logprobs`), NaN where no token
+    /// was emitted; iff the pipeline declares `outputs(logprob)`.
+    pub logprobs: Option<Vec<f32>>,
+    /// Per sequence: `None` when it was verified, else its first failed row's error.
+    pub errors: Vec<Option<RowStatusError>>,
+    /// Draft rows recomputed over their whole vocabulary (a residual bound that did not hold,
+    /// or a nucleus past the lists): the fused plan's worst case, counted for benches and tests.
+    pub recomputed_rows: usize,
+}
+
+impl Verified {
+    /// Sequences verified.
+    pub fn sequences(&self) -> usize {
+        self.accepted.len()
+    }
+
+    /// The tokens sequence `i` emits (its accepted drafts, then the next token); empty for a
+    /// failed sequence.
+    pub fn emitted(&self, i: usize) -> &[u32] {
+        let n = if self.errors[i].is_some() { 0 } else { self.accepted[i] + 1 };
+        &self.tokens[i * (self.k + 1)..][..n]
+    }
+
+    /// The token after sequence `i`'s accepted drafts (`INDEX_NONE` for a failed sequence).
+    pub fn next(&self, i: usize) -> u32 {
+        self.tokens[i * (self.k + 1) + self.accepted[i]]
+    }
+}
+
+/// How stage one left a draft row's target distribution `p_j`.
+enum Target {
+    /// A greedy row: a point mass on its argmax.
+    Greedy(u32),
+    /// A filtered row: `p_j` lives on these tokens, `exp(x − mass)`.
+    Kept(Vec<Scored>, f64),
+    /// An unfiltered sampled row: `p_j(v) = exp(x_v − L)` over the whole vocabulary.
+    Full,
+}
+
+/// The draft distributions of one launch: `q_j(v)` of draft `i·k + j`.
+struct DraftProbs<'a> {
+    drafts: &'a [u32],
+    probs: Option<&'a [f32]>,
+    vocab: usize,
+}
+
+impl DraftProbs<'_> {
+    fn q(&self, draft: usize, v: u32) -> f64 {
+        match self.probs {
+            Some(q) => f64::from(q[draft * self.vocab + v as usize]),
+            None => f64::from(u8::from(v == self.drafts[draft])),
+        }
+    }
+}
+
+/// The residual draw `argmax ln(w_v) + G_res(v)` over `(token, p_v, x_v)` entries with
+/// `w = max(0, p − q)`, or `w = p` when no token has `p > q` (ties to the lower token):
+/// the winner's token, logit and score, and whether it fell back to `p`.
+fn residual_draw(entries: &[(u32, f64, f32)], q: impl Fn(u32) -> f64, noise: impl Fn(u32) -> f64) -> (Option<(u32, f32, f64)>, bool) {
+    let residual = |(v, p, _): &(u32, f64, f32)| (p - q(*v)).max(0.0);
+    let use_p = !entries.iter().any(|e| residual(e) > 0.0);
+    let mut best: Option<(u32, f32, f64)> = None;
+    for e in entries {
+        let w = if use_p { e.1 } else { residual(e) };
+        if w > 0.0 {
+            let s = w.ln() + noise(e.0);
+            if best.is_none_or(|(bv, _, bs)| s > bs || (s == bs && e.0 < bv)) {
+                best = Some((e.0, e.2, s));
+            }
+        }
+    }
+    (best, use_p)
+}
+
+/// Absolute slack of the residual bound: `|gumbel_f64 − gumbel_f32|` plus the rounding of the
+/// kernel's `x + G` in f32, generously (a larger slack only recomputes more often).
+fn bound_slack(score: f64) -> f64 {
+    1e-4 * (1.0 + score.abs())
+}
+
+impl CpuBackend {
+    /// Verifies `params.drafts` against the rows of `hidden` (`Sampler::verify` checked the
+    /// operands and parameters).
+    pub(crate) fn verify(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &CpuConfig,
+    ) -> Result<Verified> {
+        let pipeline: &Pipeline = &self.pipeline;
+        let drafts = params.drafts.unwrap_or(&[]);
+        let k = drafts_per_sequence(shape.batch, drafts.len()).map_err(flashsample_abi::ParamError::from)?;
+        let seqs = shape.batch / (k + 1);
+        let is_draft_row = |r: usize| r % (k + 1) != k;
+        // Draft rows carry their draft token as the target; bonus rows none (token 0, unread).
+        let targets: Vec<u32> = (0..shape.batch).map(|r| if is_draft_row(r) { drafts[r / (k + 1) * k + r % (k + 1)] } else { 0 }).collect();
+        let streams: Vec<NoiseStream> =
+            (0..shape.batch).map(|r| if is_draft_row(r) { NoiseStream::SpecResidual } else { NoiseStream::Token }).collect();
+        let inner = SamplingParams { targets: Some(&targets), drafts: None, draft_probs: None, ..*params };
+        let hidden_f32 = host_f32(hidden)?;
+        let allowed = inner.allowed_bitset(shape.batch, shape.vocab);
+        let capacity = pipeline.list_capacity() as usize;
+        let plan = ResidualPlan { streams: &streams, per_tile: RESIDUAL_PER_TILE };
+        let one = self.stage_one_with_lists(&hidden_f32, weights, &inner, allowed.as_deref(), shape, config, capacity, Some(plan))?;
+        let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
+        if let Some((layout, lists)) = &one.lists {
+            stage_three::finish(pipeline, &inner, *layout, lists, &mut reduced, &mut status);
+        }
+        // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
+        let bonus_nuclei: Vec<usize> = stage_three::nucleus_rows(&status).into_iter().filter(|&r| !is_draft_row(r)).collect();
+        if !bonus_nuclei.is_empty() {
+            self.serve_exact(&hidden_f32, weights, &inner, shape, &bonus_nuclei, &mut reduced, &mut status)?;
+        }
+        let lse = reduced.logsumexp.clone().unwrap_or_else(|| vec![f32::NAN; shape.batch]);
+        let target_logits = one.target_logits.as_deref().unwrap_or(&[]);
+        let (res_layout, res_lists) = one.residual_lists.as_ref().expect("a verifying launch keeps residual lists");
+        let q = DraftProbs { drafts, probs: params.draft_probs, vocab: shape.vocab };
+
+        // Every eligible token of `row` with its logit: stage one again for that row alone,
+        // its residual lists holding whole tiles.
+        let mut recomputed_rows = 0;
+        let mut whole_row_of = |row: usize| -> Result<Vec<Scored>> {
+            recomputed_rows += 1;
+            let subset = inner.select_rows(&[row], shape.vocab);
+            let sub = subset.params();
+            let sub_shape = Shape { batch: 1, ..shape };
+            let config = self.whole_tile_config(sub_shape);
+            let token = [NoiseStream::Token];
+            let plan = ResidualPlan { streams: &token, per_tile: config.vocab_tile as usize };
+            let sub_allowed = sub.allowed_bitset(1, shape.vocab);
+            let h = &hidden_f32[row * shape.dim..][..shape.dim];
+            let one = self.stage_one_with_lists(h, weights, &sub, sub_allowed.as_deref(), sub_shape, &config, capacity, Some(plan))?;
+            let (_, lists) = one.residual_lists.expect("a verifying launch keeps residual lists");
+            let entries: Vec<Scored> =
+                lists.iter().filter(|c| c.index != INDEX_NONE).map(|c| Scored { logit: c.logit, index: c.index }).collect();
+            Ok(whole_row(&entries))
+        };
+
+        let mut out = Verified {
+            k,
+            accepted: vec![0; seqs],
+            tokens: vec![INDEX_NONE; seqs * (k + 1)],
+            logprobs: pipeline.outputs.logprob.then(|| vec![f32::NAN; seqs * (k + 1)]),
+            errors: vec![None; seqs],
+            recomputed_rows: 0,
+        };
+        for i in 0..seqs {
+            let rows = i * (k + 1)..(i + 1) * (k + 1);
+            let failed = rows.clone().find_map(|r| match status[r] {
+                RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
+                _ if !is_draft_row(r) => status[r].error(r, capacity),
+                _ => None,
+            });
+            if let Some(e) = failed {
+                out.errors[i] = Some(e);
+                continue;
+            }
+            let mut emitted: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+            let mut rejected = false;
+            for j in 0..k {
+                let r = rows.start + j;
+                let draft = i * k + j;
+                let d = drafts[draft];
+                let l = f64::from(lse[r]);
+                let greedy = pipeline.is_greedy() || inner.row_temperature(pipeline, r) == 0.0;
+                let filter = inner.row_filter(r);
+                let target = if greedy {
+                    Target::Greedy(reduced.tokens[r])
+                } else if pipeline.filter_max_k().is_some() && !filter.is_off() {
+                    let (layout, lists) = one.lists.as_ref().expect("a filter pipeline keeps lists");
+                    let need = layout.per_tile.max(capacity);
+                    let listed = merge_row(layout.row(lists, r), layout.per_tile, need, r)
+                        .ok()
+                        .and_then(|top| survivors(&top, &filter, lse[r], top.len() < need, r).ok().map(|n| top[..n].to_vec()));
+                    let kept = match listed {
+                        Some(kept) => kept,
+                        None => {
+                            let top = whole_row_of(r)?;
+                            let n = survivors(&top, &filter, lse[r], true, r)?;
+                            top[..n].to_vec()
+                        }
+                    };
+                    let top = kept.first().map_or(0.0, |s| f64::from(s.logit));
+                    let mass = top + kept.iter().map(|s| (f64::from(s.logit) - top).exp()).sum::<f64>().ln();
+                    Target::Kept(kept, mass)
+                } else {
+                    Target::Full
+                };
+                let p_draft = match &target {
+                    Target::Greedy(a) => f64::from(u8::from(*a == d)),
+                    Target::Kept(kept, mass) => kept.iter().find(|s| s.index == d).map_or(0.0, |s| (f64::from(s.logit) - mass).exp()),
+                    Target::Full => (f64::from(target_logits[r]) - l).exp(),
+                };
+                let (seed, ctr) = inner.row_stream(r);
+                let step = inner.row_step(r);
+                if uniform_f64(accept_bits(seed, ctr, step)) < p_draft / q.q(draft, d) {
+                    emitted.push((d, target_logits[r]));
+                    continue;
+                }
+                let noise = |v: u32| gumbel_f64(residual_bits(seed, ctr, v, step));
+                let next = match target {
+                    Target::Greedy(a) => (a, reduced.logits[r]),
+                    Target::Kept(kept, mass) => {
+                        let entries: Vec<(u32, f64, f32)> =
+                            kept.iter().map(|s| (s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
+                        residual_draw(&entries, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
+                    }
+                    Target::Full => {
+                        // The listed tokens' exact residual scores; every unlisted token of
+                        // tile t scores at most its `x + G − L ≤ (last listed score of t) − L`.
+                        let mut entries = Vec::new();
+                        let mut bound = f64::NEG_INFINITY;
+                        for t in 0..res_layout.tiles {
+                            let list = &res_lists[res_layout.slot(r, t)..][..res_layout.per_tile];
+                            entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| (c.index, (f64::from(c.logit) - l).exp(), c.logit)));
+                            if let Some(last) = list.last().filter(|c| c.index != INDEX_NONE) {
+                                let s = f64::from(last.score);
+                                bound = bound.max(s - l + bound_slack(s));
+                            }
+                        }
+                        // Exact when some listed token has residual mass and the best listed
+                        // score beats every unlisted token's bound.
+                        let listed = match residual_draw(&entries, |v| q.q(draft, v), noise) {
+                            (Some(w), false) if w.2 > bound => Some(w),
+                            _ => None,
+                        };
+                        match listed {
+                            Some((v, x, _)) => (v, x),
+                            None => {
+                                let all: Vec<(u32, f64, f32)> =
+                                    whole_row_of(r)?.iter().map(|s| (s.index, (f64::from(s.logit) - l).exp(), s.logit)).collect();
+                                residual_draw(&all, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
+                            }
+                        }
+                    }
+                };
+                emitted.push(next);
+                rejected = true;
+                break;
+            }
+            if !rejected {
+                // Every draft accepted: the bonus is row k's ordinary sample.
+                let r = rows.end - 1;
+                emitted.push((reduced.tokens[r], reduced.logits[r]));
+            }
+            out.accepted[i] = emitted.len() - 1;
+            for (n, &(v, x)) in emitted.iter().enumerate() {
+                let r = rows.start + n;
+                out.tokens[r] = v;
+                if let Some(lp) = out.logprobs.as_mut() {
+                    lp[r] = x - lse[r];
+                }
+            }
+        }
+        out.recomputed_rows = recomputed_rows;
+        Ok(out)
+    }
+}
