@@ -16,6 +16,8 @@ pub enum Location {
     Sampler,
     /// The scored targets (`target_logprob`).
     Targets,
+    /// The outputs (`outputs(...)`).
+    Outputs,
 }
 
 /// Why a pipeline is invalid.
@@ -116,6 +118,12 @@ pub enum IrError {
         /// The count given.
         n: u32,
     },
+    /// The raw logprob mode on a pipeline that reports no logprob output.
+    #[error(
+        "the `raw` logprob mode chooses what `logprob`, `logsumexp`, `top_logprobs` and \
+         `target_logprob` report, but the pipeline reports none of them"
+    )]
+    RawModeWithoutLogprobs,
 }
 
 impl IrError {
@@ -132,6 +140,7 @@ impl IrError {
             | IrError::FilterNotLast { at }
             | IrError::LogitBiasOrder { at, .. } => Location::Transform(*at),
             IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => Location::Sampler,
+            IrError::RawModeWithoutLogprobs => Location::Outputs,
         }
     }
 }
@@ -252,6 +261,9 @@ impl Pipeline {
         }
         if self.outputs.top_logprobs > MAX_LIST_CAPACITY {
             return Err(IrError::InvalidTopLogprobs { n: self.outputs.top_logprobs });
+        }
+        if !self.logprob_mode.is_processed() && !self.reports_logprobs() {
+            return Err(IrError::RawModeWithoutLogprobs);
         }
         Ok(())
     }

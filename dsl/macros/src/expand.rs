@@ -2,7 +2,7 @@
 
 use crate::ast::Input;
 use crate::lower::{lower, Errors, Lowered};
-use flashsample_ir::{DType, Pipeline, Sampler, Temperature, Transform};
+use flashsample_ir::{DType, LogprobMode, Pipeline, Sampler, Temperature, Transform};
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -165,7 +165,11 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     if p.targets.is_some() {
         returned.push("`target_logprobs`".to_string());
     }
-    let returns = format!("Returns `Samples` with {}.", returned.join(", "));
+    let mode = match p.logprob_mode {
+        LogprobMode::Processed => "",
+        LogprobMode::Raw => " The logprob outputs are raw logprobs: the model's, before the request's processing.",
+    };
+    let returns = format!("Returns `Samples` with {}.{mode}", returned.join(", "));
     let sample_doc = |docs: &[String]| {
         format!(
             "Samples {} token(s) per row from `{hidden} · {weights}ᵀ` through this pipeline.\n\n\
