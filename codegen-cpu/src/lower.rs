@@ -17,7 +17,7 @@ use crate::kernel::KernelArgs;
 use crate::math::{self, fconst, i32x4_lanes, iconst};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, Block, Function, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Value,
+    types, Block, Function, InstBuilder, MemFlagsData, SigRef, StackSlot, StackSlotData, StackSlotKind, Value,
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -282,8 +282,9 @@ struct Lowering<'a, 'p> {
     call_slot: StackSlot,
     /// `fn(i64, i64, i64, i64)`, the helpers' signature.
     helper_sig: cranelift_codegen::ir::SigRef,
-    /// `fn(i64, i64, i64, i64, i64)`, the paired list insertion's (`kernel::InsertPairedFn`).
-    paired_sig: cranelift_codegen::ir::SigRef,
+    /// `fn(i64, i64, i64, i64, i64)`, the paired list insertion's (`kernel::InsertPairedFn`),
+    /// iff the plan's lists carry raw logits.
+    paired_sig: Option<SigRef>,
     /// The engine-filled logits of the tile ([`LogitSource::Scratch`]).
     scratch: Option<Value>,
     /// Per sample: the Philox words of one row group and quad, `[word][lane]` (64 bytes), and
@@ -301,13 +302,17 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let logits_slot =
             b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16 * plan.row_block, 4));
         let scratch_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 4));
-        // Two vectors: the paired insertion reads the raw logits at +16.
-        let call_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 4));
+        // The paired insertion reads a second vector, the raw logits, at +16.
+        let paired = plan.raw.as_ref().is_some_and(|r| r.paired_lists);
+        let call_bytes = if paired { 32 } else { 16 };
+        let call_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, call_bytes, 4));
         let mut sig = cranelift_codegen::ir::Signature::new(call_conv);
         sig.params.extend([cranelift_codegen::ir::AbiParam::new(I64); 4]);
         let helper_sig = b.import_signature(sig.clone());
-        sig.params.push(cranelift_codegen::ir::AbiParam::new(I64));
-        let paired_sig = b.import_signature(sig);
+        let paired_sig = paired.then(|| {
+            sig.params.push(cranelift_codegen::ir::AbiParam::new(I64));
+            b.import_signature(sig)
+        });
         let noise_words = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 64 * plan.samples, 4));
         let noise_tags = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8 * plan.samples, 3));
         Lowering {
@@ -1000,9 +1005,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
         if self.plan.list_capacity > 0 {
             let spec = ListSpec { lists: l.lists, per_tile: l.per_tile };
-            match &raw_lanes {
-                Some((rx, _, rl)) if self.plan.raw.as_ref().is_some_and(|r| r.paired_lists) => {
-                    self.emit_list_update(l, q, row, spec, x, allowed, Some((*rx, rl.list_raws, rl.insert_paired)))
+            // `paired_sig` is imported exactly when the plan's lists carry raw logits.
+            match (&raw_lanes, self.paired_sig) {
+                (Some((rx, _, rl)), Some(sig)) => {
+                    self.emit_list_update(l, q, row, spec, x, allowed, Some((*rx, rl.list_raws, rl.insert_paired, sig)))
                 }
                 _ => self.emit_list_update(l, q, row, spec, x, allowed, None),
             }
@@ -1282,9 +1288,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
     /// Step 6b: when the quad's best eligible logit beats the last entry of this (row, tile)'s
     /// list in `spec`, hand the quad to `insert_quad`. Tokens arrive in increasing order, so an
     /// equal logit never displaces an entry (ties go to the lower index). With `paired =
-    /// Some((raw, list_raws, insert_paired))` (step 10) the entries' raw logits move with them.
+    /// Some((raw, list_raws, insert_paired, its signature))` (step 10) the entries' raw logits
+    /// move with them.
     #[allow(clippy::too_many_arguments)]
-    fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, spec: ListSpec, x: Value, allowed: Value, paired: Option<(Value, Value, Value)>) {
+    fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, spec: ListSpec, x: Value, allowed: Value, paired: Option<(Value, Value, Value, SigRef)>) {
         let tile = self.b.use_var(self.tile);
         let b = &mut self.b;
         let xs = eligible(b, x, allowed);
@@ -1310,12 +1317,12 @@ impl<'a, 'p> Lowering<'a, 'p> {
             None => {
                 b.ins().call_indirect(self.helper_sig, l.insert, &[list, spec.per_tile, q.v, ptr]);
             }
-            Some((raw, list_raws, insert_paired)) => {
+            Some((raw, list_raws, insert_paired, sig)) => {
                 b.ins().stack_store(I64, raw, self.call_slot, 16);
                 // The companion holds one f32 per entry, at the same slot.
                 let raw_off = b.ins().imul_imm_s(slot, 4);
                 let raws = b.ins().iadd(list_raws, raw_off);
-                b.ins().call_indirect(self.paired_sig, insert_paired, &[list, raws, spec.per_tile, q.v, ptr]);
+                b.ins().call_indirect(sig, insert_paired, &[list, raws, spec.per_tile, q.v, ptr]);
             }
         }
         b.ins().jump(done, &[]);
