@@ -103,3 +103,19 @@ fn raw_pipelines_are_refused_where_not_served() {
     assert!(matches!(sharded, Err(Error::Unsupported(m)) if m.contains("raw")));
     assert!(matches!(flashsample::tp::shard_pipeline(&p), Err(flashsample::tp::TpError::Unsupported(m)) if m.contains("raw")));
 }
+
+#[test]
+fn raw_logprobs_of_nuclei_served_exactly() {
+    // Flat logits and top-p 0.99: every row's nucleus outgrows the 8-entry lists, so each is
+    // recomputed with whole-tile lists and its drawn token reads its raw logit beside them.
+    let p = serving(LogprobMode::Raw);
+    let sampler = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
+    let mut case = Case::random(&p, 6, 64, 700, 13, 0.5).with_filter(flashsample::RowFilter::top_p(0.99));
+    // T = 0.5: the processed logit of a drawn token differs from its raw one.
+    case.temperatures.iter_mut().for_each(|t| *t = 0.5);
+    for row in 0..case.batch {
+        assert!(case.kept_by_filter(&p, row) > 8, "row {row}'s nucleus fits the lists");
+    }
+    let got = case.run(&sampler).unwrap();
+    case.check(&p, &got, &(0..case.batch).collect::<Vec<_>>()).unwrap();
+}
