@@ -11,6 +11,7 @@
 //! - [`row_tokens`]: the per-row sparse token lookup (bitset + binary search) of the penalty
 //!   and logit-bias tables.
 //! - [`filter`]: top-k / min-p / top-p and top-n logprobs from per-tile candidate lists.
+//! - [`raw`]: the raw logprob mode: raw logits, their logsumexp, lists and the drawn token's.
 //! - [`sharded`]: the exact merge of per-shard samples by log-mass (tensor-parallel heads).
 //! - [`speculative`]: how draft tokens are accepted and the next token drawn, and their noise.
 //! - [`status`]: the per-row status codes the kernels write and the errors they stand for.
@@ -21,6 +22,7 @@ pub mod filter;
 pub mod lse;
 pub mod math;
 pub mod params;
+pub mod raw;
 pub mod rng;
 pub mod row_tokens;
 pub mod sharded;

@@ -531,13 +531,14 @@ impl SamplingParams<'_> {
         Ok(())
     }
 
-    /// Whether this launch needs the rows' full logsumexp: the pipeline outputs it (logsumexp,
-    /// logprob, top logprobs), or some sampled row filters by a lone top-p. Backends may skip
-    /// the online logsumexp of stage one otherwise (it is most of a filtered launch's extra cost).
+    /// Whether this launch needs the rows' full logsumexp of the processed logits: the pipeline
+    /// outputs processed logprobs (logsumexp, logprob, top logprobs, target logprob), verifies
+    /// drafts (acceptance reads every draft row's exact normalizer, DESIGN.md "Speculative
+    /// verification"), or some sampled row filters by a lone top-p. Backends may skip the online
+    /// logsumexp of stage one otherwise (it is most of a filtered launch's extra cost). The raw
+    /// mode's logsumexp (`Pipeline::needs_raw_logsumexp`) is the pipeline's alone.
     pub fn needs_logsumexp(&self, pipeline: &Pipeline, batch: usize) -> bool {
-        let o = pipeline.outputs;
-        // Verification reads every draft row's exact normalizer (DESIGN.md "Speculative verification").
-        if o.logsumexp || o.logprob || o.top_logprobs > 0 || pipeline.targets.is_some() || pipeline.verify.is_some() {
+        if pipeline.verify.is_some() || (pipeline.logprob_mode.is_processed() && pipeline.reports_logprobs()) {
             return true;
         }
         pipeline.filter_max_k().is_some()

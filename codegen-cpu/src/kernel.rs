@@ -63,6 +63,15 @@ pub(crate) struct KernelArgs {
     pub residual_lists: *mut Candidate,
     pub residual_per_tile: u64,
     pub insert_residual: InsertFn<Candidate>,
+    /// The raw logprob mode (DESIGN.md step 10); null / 0 without it. `[B * tiles]` partials
+    /// of the raw logits over every token.
+    pub raw_lse: *mut LsePartial,
+    /// `[B, tiles, raw_per_tile]` top lists by raw logit; null without raw top logprobs.
+    pub raw_lists: *mut Scored,
+    pub raw_per_tile: u64,
+    /// Parallel to `lists`: each entry's raw logit; null unless `Pipeline::lists_carry_raw`.
+    pub list_raws: *mut f32,
+    pub insert_paired: InsertPairedFn,
 }
 
 /// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
@@ -72,6 +81,10 @@ pub(crate) type ListedQuadFn<T> = unsafe extern "C" fn(table: *const T, row: u64
 /// Inserts the quad's eligible tokens (`x > -inf`) into a (row, tile) list. Called only when
 /// the quad's best logit beats the list's last entry.
 pub(crate) type InsertFn<T = Scored> = unsafe extern "C" fn(list: *mut T, per_tile: u64, v: u64, x: *const f32);
+
+/// [`InsertFn`] for lists that carry each entry's raw logit in `raws` (the same slots): `x`
+/// points to the quad's 4 processed logits, then its 4 raw ones (`abi::raw::insert_paired`).
+pub(crate) type InsertPairedFn = unsafe extern "C" fn(list: *mut Scored, raws: *mut f32, per_tile: u64, v: u64, x: *const f32);
 
 /// A per-row token table the epilogue applies out of line: its tokens and what it does to a
 /// listed token's logit.
@@ -147,6 +160,18 @@ unsafe extern "C" fn insert_residual_quad(list: *mut Candidate, per_tile: u64, v
     for j in 0..4 {
         if lanes[j] > f32::NEG_INFINITY {
             speculative::insert_residual(list, Candidate { score: lanes[j], index: v as u32 + j as u32, logit: lanes[4 + j] });
+        }
+    }
+}
+
+/// SAFETY (caller): as [`insert_quad`], and `raws` points to `per_tile` floats, `x` to 8.
+unsafe extern "C" fn insert_quad_paired(list: *mut Scored, raws: *mut f32, per_tile: u64, v: u64, x: *const f32) {
+    let n = per_tile as usize;
+    let (list, raws, x) =
+        unsafe { (std::slice::from_raw_parts_mut(list, n), std::slice::from_raw_parts_mut(raws, n), std::slice::from_raw_parts(x, 8)) };
+    for j in 0..4 {
+        if x[j] > f32::NEG_INFINITY {
+            flashsample_abi::raw::insert_paired(list, raws, Scored { logit: x[j], index: v as u32 + j as u32 }, x[4 + j]);
         }
     }
 }
@@ -230,6 +255,21 @@ pub struct CpuLaunch<'a> {
     pub candidates: &'a mut [Candidate],
     /// `[batch * tiles]`, iff the kernel was compiled with the logsumexp (`CpuKernel::logsumexp`).
     pub lse: Option<&'a mut [LsePartial]>,
+    /// The raw logprob mode's outputs, iff `pipeline.needs_raw_logsumexp()`. In that mode the
+    /// candidates carry the raw logit and `targets` receive the raw logits.
+    pub raw: Option<CpuRawOutputs<'a>>,
+}
+
+/// What stage one writes for the raw logprob mode (DESIGN.md step 10, `abi::raw`).
+pub struct CpuRawOutputs<'a> {
+    /// `[batch * tiles]` partials of the raw logits over every token.
+    pub lse: &'a mut [LsePartial],
+    /// `[batch, tiles, per_tile >= raw_list_capacity()]` top lists by raw logit, iff
+    /// `pipeline.raw_list_capacity() > 0`, filled with `Scored::EMPTY` by the caller.
+    pub lists: Option<&'a mut [Scored]>,
+    /// Parallel to `CpuLaunch::lists`: the raw logit of each entry, iff
+    /// `pipeline.lists_carry_raw()` (any initial values; an empty entry's is meaningless).
+    pub list_raws: Option<&'a mut [f32]>,
 }
 
 /// Speculative verification's stage-one extras: which noise each row draws and where each
@@ -292,8 +332,7 @@ impl CpuKernel {
     /// and they are most of a filtered launch's extra cost, so the runtime compiles both.
     pub fn compile_with(pipeline: &Pipeline, config: &CpuConfig, logsumexp: bool) -> Result<CpuKernel, CpuCodegenError> {
         pipeline.validate()?;
-        let o = pipeline.outputs;
-        if !logsumexp && (o.logsumexp || o.logprob || o.top_logprobs > 0) {
+        if !logsumexp && pipeline.logprob_mode.is_processed() && pipeline.reports_logprobs() {
             return Err(CpuCodegenError::BadArgument("the pipeline outputs need the logsumexp".into()));
         }
         config.validate()?;
@@ -493,6 +532,41 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("lists")),
             (false, None) => std::ptr::null_mut(),
         };
+        let (raw_lse, raw_lists, raw_per_tile, list_raws) = match (p.needs_raw_logsumexp(), a.raw) {
+            (true, Some(r)) => {
+                expect_len("raw lse", r.lse.len(), checked(a.batch, tiles, "raw lse")?)?;
+                let raw_per_tile = r.lists.as_ref().map_or(0, |l| l.len() / slots);
+                let raw_lists = match (p.raw_list_capacity() > 0, r.lists) {
+                    (true, Some(l)) if raw_per_tile >= p.raw_list_capacity() as usize && l.len() == raw_per_tile * slots => {
+                        l.as_mut_ptr()
+                    }
+                    (true, Some(l)) => {
+                        return Err(CpuCodegenError::BadArgument(format!(
+                            "raw lists of {} entries are not [batch {}, tiles {tiles}, per_tile >= {}]",
+                            l.len(),
+                            a.batch,
+                            p.raw_list_capacity()
+                        )))
+                    }
+                    (true, None) => return Err(CpuCodegenError::Missing("raw lists")),
+                    (false, Some(_)) => return Err(CpuCodegenError::Unexpected("raw lists")),
+                    (false, None) => std::ptr::null_mut(),
+                };
+                let list_raws = match (p.lists_carry_raw(), r.list_raws) {
+                    (true, Some(l)) => {
+                        expect_len("list raw logits", l.len(), per_tile * slots)?;
+                        l.as_mut_ptr()
+                    }
+                    (true, None) => return Err(CpuCodegenError::Missing("list raw logits")),
+                    (false, Some(_)) => return Err(CpuCodegenError::Unexpected("list raw logits")),
+                    (false, None) => std::ptr::null_mut(),
+                };
+                (r.lse.as_mut_ptr(), raw_lists, raw_per_tile, list_raws)
+            }
+            (true, None) => return Err(CpuCodegenError::Missing("raw outputs")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("raw outputs")),
+            (false, None) => (std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut()),
+        };
         if a.batch == 0 || a.vocab == 0 {
             return Ok(());
         }
@@ -558,6 +632,11 @@ impl CpuKernel {
             residual_lists,
             residual_per_tile: residual_per_tile as u64,
             insert_residual: insert_residual_quad,
+            raw_lse,
+            raw_lists,
+            raw_per_tile: raw_per_tile as u64,
+            list_raws,
+            insert_paired: insert_quad_paired,
         };
         let shared = SharedArgs(&args);
         // One task per tile: when one worker falls behind (another process takes its core),

@@ -15,5 +15,5 @@ mod tiles;
 
 pub use config::{CpuConfig, CpuEngine, MAX_THREADS};
 pub use error::CpuCodegenError;
-pub use kernel::{CpuKernel, CpuLaunch, ResidualLists};
+pub use kernel::{CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
 pub use pool::thread_pool;

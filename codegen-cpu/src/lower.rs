@@ -17,7 +17,7 @@ use crate::kernel::KernelArgs;
 use crate::math::{self, fconst, i32x4_lanes, iconst};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
-    types, Block, Function, InstBuilder, MemFlagsData, StackSlot, StackSlotData, StackSlotKind, Value,
+    types, Block, Function, InstBuilder, MemFlagsData, SigRef, StackSlot, StackSlotData, StackSlotKind, Value,
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -70,11 +70,26 @@ pub(crate) struct Plan {
     /// skip tests against that list's last entry instead of the winner.
     pub residual_lists: bool,
     pub logits: LogitSource,
+    /// The raw logprob mode's extra work (`abi::raw`); `None` in the processed mode.
+    pub raw: Option<RawPlan>,
+}
+
+/// What the raw logprob mode adds to the epilogue (DESIGN.md step 10): the raw logits (the
+/// model's transforms only), their logsumexp partials over every token, and, as declared,
+/// top lists by raw logit and the raw logit beside each processed list entry.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RawPlan {
+    /// The model's transforms, in pipeline order (bias, softcap).
+    pub steps: Vec<Step>,
+    /// Entries of each (row, tile) raw top list; 0 = none.
+    pub list_capacity: u32,
+    /// The processed lists carry each entry's raw logit (`Pipeline::lists_carry_raw`).
+    pub paired_lists: bool,
 }
 
 impl Plan {
     pub fn new(pipeline: &Pipeline, row_block: u32, vocab_tile: u32) -> Plan {
-        let steps = pipeline
+        let steps: Vec<Step> = pipeline
             .transforms
             .iter()
             .filter_map(|t| match t {
@@ -94,7 +109,7 @@ impl Plan {
             vocab_tile,
             argmax: matches!(pipeline.sampler, Sampler::Argmax),
             has_temperature: pipeline.temperature().is_some(),
-            steps,
+            steps: steps.clone(),
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
@@ -103,6 +118,11 @@ impl Plan {
             list_capacity: pipeline.list_capacity(),
             residual_lists: pipeline.verify.is_some(),
             logits: LogitSource::Fused,
+            raw: pipeline.needs_raw_logsumexp().then(|| RawPlan {
+                steps: steps.iter().copied().filter(|s| matches!(s, Step::Bias | Step::Softcap(_))).collect(),
+                list_capacity: pipeline.raw_list_capacity(),
+                paired_lists: pipeline.lists_carry_raw(),
+            }),
         }
     }
 }
@@ -178,6 +198,9 @@ struct Launch {
     insert: Value,
     /// `[residual_lists, residual_per_tile, insert_residual]`, loaded iff the plan keeps them.
     residual: Option<[Value; 3]>,
+    /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
+    /// iff the plan has a [`RawPlan`].
+    raw: Option<RawLaunch>,
     batch: Value,
     vocab: Value,
     tiles: Value,
@@ -195,6 +218,22 @@ struct Launch {
     mask_words: Value,
 }
 
+/// The raw mode's per-launch values (`KernelArgs`'s raw fields).
+struct RawLaunch {
+    lse: Value,
+    lists: Value,
+    per_tile: Value,
+    list_raws: Value,
+    insert_paired: Value,
+}
+
+/// One top list kind of a (row, tile): where its lists are and how long each is.
+#[derive(Clone, Copy)]
+struct ListSpec {
+    lists: Value,
+    per_tile: Value,
+}
+
 /// Per-quad values, defined at the quad's head.
 struct Quad {
     v: Value,
@@ -209,7 +248,7 @@ struct Quad {
 /// One row's f32x4 of a quad as step 6 sees it.
 struct Lanes {
     score: Value,
-    /// The transformed logits.
+    /// The logits the winner carries: the transformed ones, or the raw ones in the raw mode.
     x: Value,
     /// All-ones lanes for allowed, existing tokens.
     allowed: Value,
@@ -229,6 +268,9 @@ struct Lowering<'a, 'p> {
     call_slot: StackSlot,
     /// `fn(i64, i64, i64, i64)`, the helpers' signature.
     helper_sig: cranelift_codegen::ir::SigRef,
+    /// `fn(i64, i64, i64, i64, i64)`, the paired list insertion's (`kernel::InsertPairedFn`),
+    /// iff the plan's lists carry raw logits.
+    paired_sig: Option<SigRef>,
     /// The engine-filled logits of the tile ([`LogitSource::Scratch`]).
     scratch: Option<Value>,
     /// Per sample: the Philox words of one row group and quad, `[word][lane]` (64 bytes), and
@@ -246,10 +288,17 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let logits_slot =
             b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16 * plan.row_block, 4));
         let scratch_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 32, 4));
-        let call_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16, 4));
+        // The paired insertion reads a second vector, the raw logits, at +16.
+        let paired = plan.raw.as_ref().is_some_and(|r| r.paired_lists);
+        let call_bytes = if paired { 32 } else { 16 };
+        let call_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, call_bytes, 4));
         let mut sig = cranelift_codegen::ir::Signature::new(call_conv);
         sig.params.extend([cranelift_codegen::ir::AbiParam::new(I64); 4]);
-        let helper_sig = b.import_signature(sig);
+        let helper_sig = b.import_signature(sig.clone());
+        let paired_sig = paired.then(|| {
+            sig.params.push(cranelift_codegen::ir::AbiParam::new(I64));
+            b.import_signature(sig)
+        });
         let noise_words = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 64 * plan.samples, 4));
         let noise_tags = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8 * plan.samples, 3));
         Lowering {
@@ -264,6 +313,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             scratch_slot,
             call_slot,
             helper_sig,
+            paired_sig,
             scratch: None,
             noise_words,
             noise_tags,
@@ -316,6 +366,13 @@ impl<'a, 'p> Lowering<'a, 'p> {
             .plan
             .targets
             .then(|| [self.arg(offset_of!(KernelArgs, targets)), self.arg(offset_of!(KernelArgs, target_logits))]);
+        let raw = self.plan.raw.is_some().then(|| RawLaunch {
+            lse: self.arg(offset_of!(KernelArgs, raw_lse)),
+            lists: self.arg(offset_of!(KernelArgs, raw_lists)),
+            per_tile: self.arg(offset_of!(KernelArgs, raw_per_tile)),
+            list_raws: self.arg(offset_of!(KernelArgs, list_raws)),
+            insert_paired: self.arg(offset_of!(KernelArgs, insert_paired)),
+        });
         let b = &mut self.b;
         let hidden_row = b.ins().ishl_imm_u(dim, 2);
         let esize = self.plan.dtype.size_bytes() as i64;
@@ -348,6 +405,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             residual,
             per_tile,
             insert,
+            raw,
             batch,
             vocab,
             tiles,
@@ -404,13 +462,25 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().iadd(l.candidates, off)
     }
 
-    fn lse_addr(&mut self, l: &Launch, row: Value) -> Value {
+    /// Address of (row, this tile)'s partial in the partials at `base` (processed or raw).
+    fn lse_addr(&mut self, l: &Launch, base: Value, row: Value) -> Value {
         let tile = self.b.use_var(self.tile);
         let b = &mut self.b;
         let slot = b.ins().imul(row, l.tiles);
         let slot = b.ins().iadd(slot, tile);
         let off = b.ins().imul_imm_s(slot, LSE_BYTES);
-        b.ins().iadd(l.lse, off)
+        b.ins().iadd(base, off)
+    }
+
+    /// Stores an empty partial (`abi::LsePartial::EMPTY`) for (row, this tile) at `base`.
+    fn clear_lse(&mut self, l: &Launch, base: Value, row: Value) {
+        let addr = self.lse_addr(l, base, row);
+        let zero = self.b.ins().iconst(I64, 0);
+        for j in 0..KEPT_WINDOWS {
+            self.b.ins().store(output(), zero, addr, 8 * j as i32);
+        }
+        let empty = self.b.ins().iconst(I32, i64::from(EMPTY_WINDOW));
+        self.b.ins().store(output(), empty, addr, LSE_WINDOW_OFFSET);
     }
 
     fn store_candidate(&mut self, addr: Value, score: Value, index: Value, logit: Value) {
@@ -463,13 +533,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 k.store_candidate(addr, neg_inf, none, neg_inf);
             });
             if k.plan.needs_lse {
-                let addr = k.lse_addr(l, row);
-                let zero = k.b.ins().iconst(I64, 0);
-                for j in 0..KEPT_WINDOWS {
-                    k.b.ins().store(output(), zero, addr, 8 * j as i32);
-                }
-                let empty = k.b.ins().iconst(I32, i64::from(EMPTY_WINDOW));
-                k.b.ins().store(output(), empty, addr, LSE_WINDOW_OFFSET);
+                k.clear_lse(l, l.lse, row);
+            }
+            if let Some(raw) = &l.raw {
+                k.clear_lse(l, raw.lse, row);
             }
         });
 
@@ -814,6 +881,35 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
     }
 
+    /// `steps` applied in order to the row's four matmul logits `x` (DESIGN.md step 3).
+    fn emit_steps(&mut self, l: &Launch, q: &Quad, row: Value, mut x: Value, steps: &[Step]) -> Value {
+        for &step in steps {
+            let b = &mut self.b;
+            x = match step {
+                Step::Temperature => {
+                    let off = b.ins().ishl_imm_u(row, 2);
+                    let addr = b.ins().iadd(l.row_scale, off);
+                    let scale = b.ins().load(F32, input(), addr, 0);
+                    let scale = b.ins().splat(F32X4, scale);
+                    b.ins().fmul(x, scale)
+                }
+                // `q.bias` is loaded exactly when the pipeline has a bias step.
+                Step::Bias => match q.bias {
+                    Some(bias) => b.ins().fadd(x, bias),
+                    None => x,
+                },
+                Step::Softcap(cap) => math::softcap_f32(b, x, cap),
+                Step::Penalties => self.emit_listed(q, row, x, l.mask_words, [l.pen_bits, l.pen_table, l.penalize]),
+                // `l.logit_bias` is loaded exactly when the pipeline has this step.
+                Step::LogitBias => match l.logit_bias {
+                    Some(table) => self.emit_listed(q, row, x, l.mask_words, table),
+                    None => x,
+                },
+            };
+        }
+        x
+    }
+
     /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.
     fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
         // The scratch is only 4-byte aligned, and never written while the epilogue runs.
@@ -859,31 +955,12 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
         self.b.switch_to_block(finite);
         // Step 3.
-        let mut x = raw;
-        for step in self.plan.steps.clone() {
-            let b = &mut self.b;
-            x = match step {
-                Step::Temperature => {
-                    let off = b.ins().ishl_imm_u(row, 2);
-                    let addr = b.ins().iadd(l.row_scale, off);
-                    let scale = b.ins().load(F32, input(), addr, 0);
-                    let scale = b.ins().splat(F32X4, scale);
-                    b.ins().fmul(x, scale)
-                }
-                // `q.bias` is loaded exactly when the pipeline has a bias step.
-                Step::Bias => match q.bias {
-                    Some(bias) => b.ins().fadd(x, bias),
-                    None => x,
-                },
-                Step::Softcap(cap) => math::softcap_f32(b, x, cap),
-                Step::Penalties => self.emit_listed(q, row, x, l.mask_words, [l.pen_bits, l.pen_table, l.penalize]),
-                // `l.logit_bias` is loaded exactly when the pipeline has this step.
-                Step::LogitBias => match l.logit_bias {
-                    Some(table) => self.emit_listed(q, row, x, l.mask_words, table),
-                    None => x,
-                },
-            };
-        }
+        let steps = self.plan.steps.clone();
+        let x = self.emit_steps(l, q, row, raw, &steps);
+
+        // Step 10: the raw logits, from the same matmul value by the model's steps alone.
+        let raw_steps = self.plan.raw.as_ref().map(|rp| rp.steps.clone());
+        let raw_x = raw_steps.map(|steps| self.emit_steps(l, q, row, raw, &steps));
 
         // Step 4.
         let b = &mut self.b;
@@ -901,21 +978,43 @@ impl<'a, 'p> Lowering<'a, 'p> {
         } else {
             q.valid_bits
         };
-        let lane_bits = i32x4_lanes(b, [1, 2, 4, 8]);
-        let splat_bits = b.ins().splat(I32X4, allowed_bits);
-        let masked = b.ins().band(splat_bits, lane_bits);
-        let zero_vec = iconst(b, I32X4, 0);
-        let allowed = b.ins().icmp(IntCC::NotEqual, masked, zero_vec);
+        let allowed = lane_mask(b, allowed_bits);
 
         if self.plan.needs_lse {
-            self.emit_lse(l, row, x, allowed);
+            self.emit_lse(l, l.lse, row, x, allowed);
         }
+        // The raw distribution counts every existing token, allowed or not.
+        let raw_lanes = match (raw_x, &l.raw) {
+            (Some(rx), Some(rl)) => {
+                let valid = lane_mask(&mut self.b, q.valid_bits);
+                self.emit_lse(l, rl.lse, row, rx, valid);
+                Some((rx, valid, rl))
+            }
+            _ => None,
+        };
         if let Some(targets) = l.targets {
-            self.emit_target(q, row, x, allowed, targets);
+            // The reported logit: raw in the raw mode.
+            let (tx, tallowed) = raw_lanes.as_ref().map_or((x, allowed), |r| (r.0, r.1));
+            self.emit_target(q, row, tx, tallowed, targets);
         }
         if self.plan.list_capacity > 0 {
-            self.emit_list_update(l, q, row, x, allowed);
+            let spec = ListSpec { lists: l.lists, per_tile: l.per_tile };
+            // `paired_sig` is imported exactly when the plan's lists carry raw logits.
+            match (&raw_lanes, self.paired_sig) {
+                (Some((rx, _, rl)), Some(sig)) => {
+                    self.emit_list_update(l, q, row, spec, x, allowed, Some((*rx, rl.list_raws, rl.insert_paired, sig)))
+                }
+                _ => self.emit_list_update(l, q, row, spec, x, allowed, None),
+            }
         }
+        if let Some((rx, valid, rl)) = &raw_lanes {
+            if self.plan.raw.as_ref().is_some_and(|r| r.list_capacity > 0) {
+                let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile };
+                self.emit_list_update(l, q, row, spec, *rx, *valid, None);
+            }
+        }
+        // The winner's carried logit: the raw one in the raw mode (its logprob is reported).
+        let carried = raw_lanes.as_ref().map_or(x, |r| r.0);
 
         // Steps 5 and 6, per sample.
         let greedy = if self.plan.has_temperature && !self.plan.argmax {
@@ -1010,7 +1109,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             if let Some(residual) = l.residual {
                 k.emit_residual_update(l, row, q, Lanes { score, x, allowed }, residual);
             }
-            k.emit_select(l, q, row, s, Lanes { score, x, allowed });
+            k.emit_select(l, q, row, s, Lanes { score, x: carried, allowed });
             k.b.ins().jump(sample_done, &[]);
             k.b.switch_to_block(sample_done);
         });
@@ -1194,19 +1293,22 @@ impl<'a, 'p> Lowering<'a, 'p> {
     }
 
     /// Step 6b: when the quad's best eligible logit beats the last entry of this (row, tile)'s
-    /// list, hand the quad to `insert_quad`. Tokens arrive in increasing order, so an equal
-    /// logit never displaces an entry (ties go to the lower index).
-    fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value) {
+    /// list in `spec`, hand the quad to `insert_quad`. Tokens arrive in increasing order, so an
+    /// equal logit never displaces an entry (ties go to the lower index). With `paired =
+    /// Some((raw, list_raws, insert_paired, its signature))` (step 10) the entries' raw logits
+    /// move with them.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_list_update(&mut self, l: &Launch, q: &Quad, row: Value, spec: ListSpec, x: Value, allowed: Value, paired: Option<(Value, Value, Value, SigRef)>) {
         let tile = self.b.use_var(self.tile);
         let b = &mut self.b;
         let xs = eligible(b, x, allowed);
         let best = math::hmax(b, xs);
         let slot = b.ins().imul(row, l.tiles);
         let slot = b.ins().iadd(slot, tile);
-        let slot = b.ins().imul(slot, l.per_tile);
+        let slot = b.ins().imul(slot, spec.per_tile);
         let off = b.ins().imul_imm_s(slot, SCORED_BYTES);
-        let list = b.ins().iadd(l.lists, off);
-        let last = b.ins().imul_imm_s(l.per_tile, SCORED_BYTES);
+        let list = b.ins().iadd(spec.lists, off);
+        let last = b.ins().imul_imm_s(spec.per_tile, SCORED_BYTES);
         let last = b.ins().iadd(list, last);
         let tail = b.ins().load(F32, output(), last, -SCORED_BYTES as i32);
         let beats = b.ins().fcmp(FloatCC::GreaterThan, best, tail);
@@ -1218,7 +1320,18 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.switch_to_block(call);
         b.ins().stack_store(I64, xs, self.call_slot, 0);
         let ptr = b.ins().stack_addr(I64, self.call_slot, 0);
-        b.ins().call_indirect(self.helper_sig, l.insert, &[list, l.per_tile, q.v, ptr]);
+        match paired {
+            None => {
+                b.ins().call_indirect(self.helper_sig, l.insert, &[list, spec.per_tile, q.v, ptr]);
+            }
+            Some((raw, list_raws, insert_paired, sig)) => {
+                b.ins().stack_store(I64, raw, self.call_slot, 16);
+                // The companion holds one f32 per entry, at the same slot.
+                let raw_off = b.ins().imul_imm_s(slot, 4);
+                let raws = b.ins().iadd(list_raws, raw_off);
+                b.ins().call_indirect(sig, insert_paired, &[list, raws, spec.per_tile, q.v, ptr]);
+            }
+        }
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }
@@ -1295,8 +1408,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
     /// Step 7: adds the quad's counted tokens (allowed, finite `x`) to the (row, tile)
     /// partial, exactly as `abi::LsePartial::add` does: the quad's top window first (a new
     /// top moves the kept sums down), then each lane's integer term into the sum of its window.
-    fn emit_lse(&mut self, l: &Launch, row: Value, x: Value, allowed: Value) {
-        let addr = self.lse_addr(l, row);
+    fn emit_lse(&mut self, l: &Launch, base: Value, row: Value, x: Value, allowed: Value) {
+        let addr = self.lse_addr(l, base, row);
         let b = &mut self.b;
         let ax = b.ins().fabs(x);
         let inf = fconst(b, F32X4, f32::INFINITY);
@@ -1378,6 +1491,15 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
     }
+}
+
+/// All-ones lanes where bit `k` of `bits` is set (a quad's allowed or existing tokens).
+fn lane_mask(b: &mut FunctionBuilder, bits: Value) -> Value {
+    let lane_bits = i32x4_lanes(b, [1, 2, 4, 8]);
+    let splat_bits = b.ins().splat(I32X4, bits);
+    let masked = b.ins().band(splat_bits, lane_bits);
+    let zero_vec = iconst(b, I32X4, 0);
+    b.ins().icmp(IntCC::NotEqual, masked, zero_vec)
 }
 
 /// `v` where the token is eligible (allowed, and `v > -inf`, so NaN is not), else `-inf`,

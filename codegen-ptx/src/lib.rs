@@ -83,6 +83,10 @@ pub enum PtxError {
     /// LLVM rejected or failed to compile the module.
     #[error("LLVM failed: {0}")]
     Llvm(String),
+    /// A raw-logprob pipeline (DESIGN.md step 10): the kernels carry the processed logsumexp
+    /// and lists only, so they would report processed values.
+    #[error("pipeline `{0}` reports raw logprobs, which the GPU kernels do not compute yet")]
+    RawLogprobs(String),
 }
 
 /// A compiled pipeline: one PTX module holding both kernels.
@@ -141,6 +145,9 @@ pub fn llvm_ir_with(
     options: CodegenOptions,
 ) -> Result<String, PtxError> {
     config.validate_shape(pipeline)?;
+    if !pipeline.logprob_mode.is_processed() {
+        return Err(PtxError::RawLogprobs(pipeline.name.clone()));
+    }
     let mut m = String::from(ir::PRELUDE);
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
     // wgmma's 128-byte swizzle is a function of absolute shared addresses: every 8-row

@@ -19,7 +19,7 @@ use flashsample_abi::{
     rng::{gumbel_f64, noise_bits, GUMBEL_F32_ABS_ERROR},
     ParamError, RowError, RowFilter, SamplingParams,
 };
-use flashsample_ir::{Pipeline, Transform};
+use flashsample_ir::{LogprobMode, Pipeline, Transform};
 use rayon::prelude::*;
 
 mod speculative;
@@ -219,6 +219,48 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
 
     /// Transformed logits of `row` (DESIGN.md steps 1–4) with per-token f32 error bounds.
     pub fn row_logits(&self, row: usize) -> Result<RowLogits, ReferenceError> {
+        self.logits_in(row, LogprobMode::Processed)
+    }
+
+    /// Raw logits of `row` (DESIGN.md "Logprob modes", `abi::raw`): the matmul with only the
+    /// model's transforms (`Transform::is_model`), every token counted whatever the masks say,
+    /// with their f32 error bounds. A raw `+inf` (an f32 overflow on a token the processed
+    /// path excludes) does not count, as `abi::LseTerm::of` drops it. `greedy` is the row's.
+    pub fn raw_row_logits(&self, row: usize) -> Result<RowLogits, ReferenceError> {
+        self.logits_in(row, LogprobMode::Raw)
+    }
+
+    /// The logits the pipeline's logprob outputs describe: [`Self::raw_row_logits`] in the
+    /// raw mode, [`Self::row_logits`] otherwise.
+    pub fn reported_logits(&self, row: usize) -> Result<RowLogits, ReferenceError> {
+        self.logits_in(row, self.pipeline.logprob_mode)
+    }
+
+    /// The f64 logsumexp of the logits the logprob outputs describe ([`Self::reported_logits`])
+    /// and the bound on its error from theirs (for [`logsumexp_tolerance`]).
+    pub fn reported_logsumexp(&self, row: usize) -> Result<(f64, f64), ReferenceError> {
+        let rl = self.reported_logits(row)?;
+        let lse = logsumexp(&rl.logits);
+        Ok((lse, logsumexp_bound(&rl, lse)))
+    }
+
+    /// The f64 logprob of `token` in the logprob outputs' distribution ([`Self::reported_logits`]),
+    /// given that distribution's logsumexp and its bound ([`Self::reported_logsumexp`]), and the
+    /// tolerance an f32 backend's value must meet: `(-inf, 0)` for a token the distribution
+    /// excludes.
+    pub fn reported_logprob(&self, row: usize, token: u32, lse: f64, lse_bound: f64) -> Result<(f64, f64), ReferenceError> {
+        let rl = self.reported_logits(row)?;
+        let (x, b) = (rl.logits[token as usize], rl.bounds[token as usize]);
+        if x == f64::NEG_INFINITY {
+            return Ok((x, 0.0));
+        }
+        let want = x - lse;
+        Ok((want, b + logsumexp_tolerance(lse_bound, self.vocab) + 2.0 * U * want.abs()))
+    }
+
+    /// [`Self::row_logits`] or [`Self::raw_row_logits`].
+    fn logits_in(&self, row: usize, mode: LogprobMode) -> Result<RowLogits, ReferenceError> {
+        let raw_mode = mode == LogprobMode::Raw;
         self.check()?;
         let t = self.params.row_temperature(self.pipeline, row);
         let greedy = self.pipeline.is_greedy() || t == 0.0;
@@ -253,7 +295,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                 // subnormal products or partial sums (each under 2^-126).
                 let daz_ftz = flushed + 2.0 * n * F32_MIN_NORMAL;
                 let (mut x, mut err) = (raw, gamma * abs + daz_ftz);
-                for tr in &self.pipeline.transforms {
+                for tr in self.pipeline.transforms.iter().filter(|t| !raw_mode || t.is_model()) {
                     match tr {
                         Transform::Temperature(_) if t != 0.0 => {
                             let inv = 1.0 / f64::from(t);
@@ -302,8 +344,10 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                         err = 0.0;
                     }
                 }
-                let ok = allowed.as_ref().is_none_or(|bits| bits[row * words + v / 32] >> (v % 32) & 1 == 1);
-                if ok {
+                let ok = raw_mode || allowed.as_ref().is_none_or(|bits| bits[row * words + v / 32] >> (v % 32) & 1 == 1);
+                if raw_mode && x == f64::INFINITY {
+                    TokenLogit::Value(f64::NEG_INFINITY, 0.0)
+                } else if ok {
                     TokenLogit::Value(x, err)
                 } else {
                     TokenLogit::Value(f64::NEG_INFINITY, 0.0)
@@ -424,21 +468,16 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         Ok((out, lses))
     }
 
-    /// Reference samples for every row.
     /// The float64 log-probability of row `row`'s scored token (`params.targets[row]`, DESIGN.md
     /// step 7b) given the row's reference logsumexp and its bound, and the tolerance an f32
     /// backend's value must meet: `(-inf, 0)` for a target the pipeline excludes.
+    /// In the raw mode the target's raw logit and `lse` the raw logsumexp
+    /// ([`Self::reported_logsumexp`]).
     pub fn target_logprob(&self, row: usize, lse: f64, lse_bound: f64) -> Result<(f64, f64), ReferenceError> {
-        let rl = self.row_logits(row)?;
-        let t = self.params.targets.map_or(0, |t| t[row]) as usize;
-        let (x, b) = (rl.logits[t], rl.bounds[t]);
-        if x == f64::NEG_INFINITY {
-            return Ok((x, 0.0));
-        }
-        let want = x - lse;
-        Ok((want, b + logsumexp_tolerance(lse_bound, self.vocab) + 2.0 * U * want.abs()))
+        self.reported_logprob(row, self.params.targets.map_or(0, |t| t[row]), lse, lse_bound)
     }
 
+    /// Reference samples for every row.
     pub fn sample_all(&self) -> Result<(Vec<SampleReference>, Vec<f64>), ReferenceError> {
         self.sample_rows(&(0..self.batch).collect::<Vec<_>>())
     }
@@ -708,6 +747,51 @@ mod tests {
         let params = SamplingParams { logit_bias: Some(&all_banned), ..params };
         let prob = Problem { params: &params, ..prob };
         assert_eq!(prob.sample_all().unwrap_err(), ReferenceError::Row(RowError::AllMasked { row: 0 }));
+    }
+
+    #[test]
+    fn raw_logits_keep_the_model_transforms_and_every_token() {
+        // Logits 3, 2, 1, 0; the model's bias and softcap apply, the request's do not.
+        let p = PipelineBuilder::new("R", DType::F32, DType::F32)
+            .softcap(2.5)
+            .bias("b")
+            .logit_bias("lb")
+            .penalties("pen")
+            .temperature_per_row("t")
+            .mask("m")
+            .outputs(flashsample_ir::Outputs { logprob: true, ..Default::default() })
+            .logprob_mode(LogprobMode::Raw)
+            .build()
+            .unwrap();
+        let weights = [3.0f32, 2.0, 1.0, 0.0];
+        let bias = [0.5f32, 0.0, f32::NEG_INFINITY, 0.0];
+        let lb = vec![vec![(1u32, 4.0f32)]];
+        let history = vec![vec![(0u32, 3u32)]];
+        let pen = flashsample_abi::PenaltyArg { repetition: &[1.5], presence: &[0.5], frequency: &[0.5], history: &history };
+        let params = SamplingParams {
+            bias: Some(&bias),
+            logit_bias: Some(&lb),
+            penalties: Some(pen),
+            temperature: TemperatureArg::PerRow(&[0.5]),
+            mask: Some(&[0b0011]),
+            ..Default::default()
+        };
+        let prob = logits_problem(&p, &weights, &params);
+        let cap = |x: f64| 2.5 * (x / 2.5).tanh();
+        let raw = prob.raw_row_logits(0).unwrap();
+        assert_eq!(raw.logits[2], f64::NEG_INFINITY, "the model's -inf bias excludes token 2");
+        for (v, x) in [(0, cap(3.0) + 0.5), (1, cap(2.0)), (3, 0.0)] {
+            assert!((raw.logits[v] - x).abs() < 1e-6, "token {v}: {}", raw.logits[v]);
+        }
+        // Token 3 is masked but keeps its raw mass; the processed logits exclude it.
+        assert_eq!(prob.row_logits(0).unwrap().logits[3], f64::NEG_INFINITY);
+        let (lse, _) = prob.reported_logsumexp(0).unwrap();
+        assert!((lse - logsumexp(&raw.logits)).abs() < 1e-15);
+        let (lp, tol) = prob.reported_logprob(0, 3, lse, 0.0).unwrap();
+        assert!((lp + lse).abs() < 1e-12 && tol > 0.0);
+        // The sample still comes from the processed distribution: the logit-biased token 1.
+        let (s, _) = prob.sample_all().unwrap();
+        assert!(s[0].token == 0 || s[0].token == 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
-use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, ResidualLists};
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
 
@@ -176,6 +176,7 @@ impl CpuBackend {
         let mut residual_lists = residual.map(|r| vec![RESIDUAL_EMPTY; shape.batch * layout.tiles * r.per_tile]);
         // Poisoned, like the candidates: every row's target lies in exactly one tile.
         let mut target_logits = targets.map(|_| vec![f32::NAN; shape.batch]);
+        let mut raw = p.needs_raw_logsumexp().then(|| RawStageOne::buffers(p, lists_layout));
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -196,9 +197,14 @@ impl CpuBackend {
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
             lse: lse.as_deref_mut(),
+            raw: raw.as_mut().map(|r| CpuRawOutputs {
+                lse: &mut r.lse,
+                lists: r.lists.as_mut().map(|(_, l)| &mut l[..]),
+                list_raws: r.list_raws.as_deref_mut(),
+            }),
         })?;
         let residual_lists = residual.zip(residual_lists).map(|(r, l)| (TopLists { per_tile: r.per_tile, ..lists_layout }, l));
-        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, residual_lists })
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, residual_lists, raw })
     }
 
     /// Samples every row; a row that cannot be sampled gets its error in
@@ -216,13 +222,24 @@ impl CpuBackend {
         let capacity = self.pipeline.list_capacity() as usize;
         let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
-        let top_logprobs = match &one.lists {
-            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, &mut reduced, &mut status),
+        let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
+        let mut top_logprobs = match &one.lists {
+            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, raws, &mut reduced, &mut status),
             None => None,
         };
         let rows = stage_three::nucleus_rows(&status);
         if !rows.is_empty() {
             self.serve_exact(&hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
+        }
+        if let Some(raw) = &one.raw {
+            // Step 10: the filter is done with the processed logsumexp; every output now
+            // reports the raw one (and the candidates already carry raw logits).
+            let raw_lse: Vec<f32> = (0..shape.batch).map(|r| one.layout.logsumexp(&raw.lse, r)).collect();
+            if let Some((layout, lists)) = &raw.lists {
+                let n = self.pipeline.outputs.top_logprobs as usize;
+                top_logprobs = Some(stage_three::raw_top_logprobs(*layout, lists, n, &raw_lse, &status));
+            }
+            reduced.logsumexp = Some(raw_lse);
         }
         // Step 7b: x − lse (`-inf − lse = -inf` for an excluded target).
         let target_logprobs = match (&one.target_logits, &reduced.logsumexp) {
@@ -258,9 +275,10 @@ impl CpuBackend {
         let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, None)?;
         // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
         if let Some((layout, lists)) = &one.lists {
+            let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
             // On the kernels' pool: the draw over a large nucleus runs in parallel.
             let pool = flashsample_codegen_cpu::thread_pool(config.threads)?;
-            pool.install(|| stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, reduced, status));
+            pool.install(|| stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, raws, reduced, status));
         }
         Ok(())
     }
@@ -285,11 +303,13 @@ pub(crate) struct StageOne {
     pub lse: Option<Vec<LsePartial>>,
     /// The per-tile top lists, iff the pipeline has a filter or top logprobs.
     pub lists: Option<(TopLists, Vec<Scored>)>,
-    /// `[B]` the scored targets' transformed logits, iff the pipeline has `target_logprob`
-    /// (or verifies drafts: the draft tokens' logits).
+    /// `[B]` the scored targets' transformed logits (raw in the raw mode), iff the pipeline
+    /// has `target_logprob` (or verifies drafts: the draft tokens' logits).
     pub target_logits: Option<Vec<f32>>,
     /// The residual lists (`Candidate`s in the `TopLists` layout), iff the pipeline verifies.
     pub residual_lists: Option<(TopLists, Vec<Candidate>)>,
+    /// The raw logprob mode's partials and lists, iff `pipeline.needs_raw_logsumexp()`.
+    pub raw: Option<RawStageOne>,
 }
 
 /// What a verifying launch asks of stage one: each row's noise stream and the entries of its
@@ -298,6 +318,33 @@ pub(crate) struct StageOne {
 pub(crate) struct ResidualPlan<'a> {
     pub streams: &'a [NoiseStream],
     pub per_tile: usize,
+}
+
+/// What stage one wrote for the raw logprob mode (DESIGN.md step 10).
+pub(crate) struct RawStageOne {
+    /// `[B * tiles]` partials of the raw logits.
+    pub lse: Vec<LsePartial>,
+    /// The top lists by raw logit, iff the top logprobs are raw.
+    pub lists: Option<(TopLists, Vec<Scored>)>,
+    /// Beside each processed list entry its raw logit, iff `Pipeline::lists_carry_raw`.
+    pub list_raws: Option<Vec<f32>>,
+}
+
+impl RawStageOne {
+    /// Fresh buffers for a launch whose processed lists have the layout `lists`.
+    fn buffers(p: &Pipeline, lists: TopLists) -> RawStageOne {
+        let raw_lists = TopLists { per_tile: p.raw_list_capacity() as usize, ..lists };
+        RawStageOne {
+            // Poisoned like the processed partials: every (row, tile) is written.
+            lse: vec![LsePartial { sums: [u64::MAX; 3], window: i32::MAX, pad: 0 }; lists.batch * lists.tiles],
+            lists: (raw_lists.per_tile > 0).then(|| (raw_lists, vec![Scored::EMPTY; raw_lists.len()])),
+            list_raws: p.lists_carry_raw().then(|| vec![f32::NAN; lists.len()]),
+        }
+    }
+
+    fn list_raws(&self) -> Option<stage_three::ListRaws<'_>> {
+        self.list_raws.as_deref().map(stage_three::ListRaws)
+    }
 }
 
 /// A host tensor's elements widened to f32 (the CPU kernel's hidden-state format).

@@ -30,6 +30,9 @@ impl ShardedSampler {
         if pipeline.targets.is_some() {
             return Err(Error::Unsupported("sharded scoring (`target_logprob`): use one Sampler over the whole vocabulary".into()));
         }
+        if !pipeline.logprob_mode.is_processed() {
+            return Err(Error::Unsupported("sharded raw logprobs: use one Sampler over the whole vocabulary".into()));
+        }
         if pipeline.list_capacity() > 0 || pipeline.has_penalties() {
             // Their per-row token lists and per-tile candidate lists are indexed by global token;
             // the shard merge here carries one winner per shard. Tensor-parallel GPUs handle them.

@@ -5,6 +5,7 @@
 //! ([`finish_exact`], both backends' host API).
 
 use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
+use flashsample_abi::raw::raw_logit_of;
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
@@ -12,14 +13,32 @@ use rayon::prelude::*;
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
 
-/// Rewrites the filtered rows of `reduced` and returns the top logprobs if the pipeline asks.
-/// Rows whose `status` is not ok are left alone (empty top logprobs); a row whose lists cannot
-/// give its exact filtered sample gets the list status instead of a sample.
+/// The raw logit beside each entry of stage one's processed lists (`abi::raw`, the lists'
+/// layout), when the pipeline reports the drawn token's raw logprob (`Pipeline::lists_carry_raw`).
+#[derive(Clone, Copy)]
+pub(crate) struct ListRaws<'a>(pub &'a [f32]);
+
+impl ListRaws<'_> {
+    /// What a drawn entry of `row` carries as its logit: its raw logit from the companion.
+    fn carried(&self, layout: TopLists, lists: &[Scored], row: usize, w: &Scored) -> f32 {
+        let at = layout.slot(row, 0);
+        let n = layout.tiles * layout.per_tile;
+        // A drawn token came from these lists; NaN would only mark a broken companion.
+        raw_logit_of(&lists[at..][..n], &self.0[at..][..n], w.index).unwrap_or(f32::NAN)
+    }
+}
+
+/// Rewrites the filtered rows of `reduced` and returns the processed top logprobs if the
+/// pipeline asks. Rows whose `status` is not ok are left alone (empty top logprobs); a row whose
+/// lists cannot give its exact filtered sample gets the list status instead of a sample. With
+/// `raws` a drawn token carries its raw logit (the raw logprob mode), else its transformed one.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn finish(
     pipeline: &Pipeline,
     params: &SamplingParams<'_>,
     layout: TopLists,
     lists: &[Scored],
+    raws: Option<ListRaws<'_>>,
     reduced: &mut RowResult,
     status: &mut [RowStatus],
 ) -> Option<TopLogprobs> {
@@ -27,7 +46,8 @@ pub(crate) fn finish(
     // exact for a larger nucleus.
     let need = layout.per_tile.max(pipeline.list_capacity() as usize);
     let samples = pipeline.samples_per_row() as usize;
-    let top_n = pipeline.outputs.top_logprobs as usize;
+    // The raw mode's top logprobs come from the raw lists ([`raw_top_logprobs`]).
+    let top_n = if pipeline.logprob_mode.is_processed() { pipeline.outputs.top_logprobs as usize } else { 0 };
     let mut top_logprobs = (top_n > 0).then(|| Vec::with_capacity(layout.batch));
     for row in 0..layout.batch {
         if status[row] != RowStatus::Ok {
@@ -62,14 +82,36 @@ pub(crate) fn finish(
                 continue;
             }
         };
-        draw_samples(params, row, &top[..kept], samples, reduced, status);
+        let carried = |w: &Scored| raws.map_or(w.logit, |r| r.carried(layout, lists, row, w));
+        draw_samples(params, row, &top[..kept], samples, carried, reduced, status);
     }
     top_logprobs
 }
 
+/// The raw mode's top logprobs (DESIGN.md step 10): per row the first `n` of its merged raw
+/// lists as `(index, raw logit − raw lse)`; empty for a row that was not sampled. The CPU's
+/// raw lists hold `per_tile >= n` entries, so the merge cannot overflow.
+pub(crate) fn raw_top_logprobs(layout: TopLists, lists: &[Scored], n: usize, raw_lse: &[f32], status: &[RowStatus]) -> TopLogprobs {
+    (0..layout.batch)
+        .map(|row| match merge_row(layout.row(lists, row), layout.per_tile, n, row) {
+            Ok(top) if status[row] == RowStatus::Ok => top.iter().map(|s| (s.index, s.logit - raw_lse[row])).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// Draws every sample of `row` from `kept` (stage one's noise, the row's own stream), replacing
-/// stage two's token, score and logit; an empty set marks the row all masked.
-fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], samples: usize, reduced: &mut RowResult, status: &mut [RowStatus]) {
+/// stage two's token, score and logit (`carried` of the drawn entry); an empty set marks the
+/// row all masked.
+fn draw_samples(
+    params: &SamplingParams<'_>,
+    row: usize,
+    kept: &[Scored],
+    samples: usize,
+    carried: impl Fn(&Scored) -> f32,
+    reduced: &mut RowResult,
+    status: &mut [RowStatus],
+) {
     let (key, stream_row) = params.row_stream(row);
     let step = params.row_step(row);
     // A whole vocabulary's nucleus (100k+ tokens) is drawn in token order, one Philox call per
@@ -93,7 +135,7 @@ fn draw_samples(params: &SamplingParams<'_>, row: usize, kept: &[Scored], sample
         let i = row * samples + s;
         reduced.tokens[i] = w.index;
         reduced.scores[i] = score;
-        reduced.logits[i] = w.logit;
+        reduced.logits[i] = carried(&w);
     }
 }
 
@@ -114,13 +156,15 @@ pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
 /// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted (in
 /// parallel, on the current rayon pool) they are the `top` of [`survivors`] with `complete =
 /// true`, and [`draw`]'s winner over the cut is drawn with the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
-/// logsumexp is stage two's.
+/// logsumexp is stage two's. `raws` as for [`finish`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_exact(
     pipeline: &Pipeline,
     params: &SamplingParams<'_>,
     rows: &[usize],
     layout: TopLists,
     lists: &[Scored],
+    raws: Option<ListRaws<'_>>,
     reduced: &mut RowResult,
     status: &mut [RowStatus],
 ) {
@@ -133,7 +177,8 @@ pub(crate) fn finish_exact(
         match survivors(&top, &params.row_filter(row), lse, true, row) {
             Ok(kept) => {
                 status[row] = RowStatus::Ok;
-                draw_samples(params, row, &top[..kept], samples, reduced, status);
+                let carried = |w: &Scored| raws.map_or(w.logit, |r| r.carried(layout, lists, i, w));
+                draw_samples(params, row, &top[..kept], samples, carried, reduced, status);
             }
             Err(e) => status[row] = list_status(e),
         }

@@ -205,6 +205,12 @@ pub fn shard_pipeline(pipeline: &Pipeline) -> Result<Pipeline, TpError> {
             pipeline.name
         )));
     }
+    if !pipeline.logprob_mode.is_processed() {
+        return Err(TpError::Unsupported(format!(
+            "pipeline `{}`: raw logprobs need each rank's raw logsumexp in the merge; use one device",
+            pipeline.name
+        )));
+    }
     if pipeline.list_capacity() > 0 {
         return Err(TpError::Unsupported(format!(
             "pipeline `{}`: filters (top-k / top-p / min-p) and top_logprobs need merged candidate lists",

@@ -137,7 +137,7 @@ impl CpuBackend {
         let one = self.stage_one_with_lists(&hidden_f32, weights, &inner, allowed.as_deref(), shape, config, capacity, Some(plan))?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
         if let Some((layout, lists)) = &one.lists {
-            stage_three::finish(pipeline, &inner, *layout, lists, &mut reduced, &mut status);
+            stage_three::finish(pipeline, &inner, *layout, lists, None, &mut reduced, &mut status);
         }
         // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
         let bonus_nuclei: Vec<usize> = stage_three::nucleus_rows(&status).into_iter().filter(|&r| !is_draft_row(r)).collect();

@@ -5,7 +5,7 @@ pub mod gpu;
 pub mod invariance;
 
 use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
-use flashsample_ir::{DType, Pipeline, Temperature, Transform};
+use flashsample_ir::{DType, LogprobMode, Pipeline, Temperature, Transform};
 use flashsample_reference::{check_pathwise, logsumexp_tolerance, Problem};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -257,13 +257,26 @@ impl Case {
         let problem = self.problem(pipeline, params);
         let (refs, lses) = problem.sample_rows(rows).map_err(|e| format!("reference failed: {e}"))?;
         let s = samples.samples_per_row;
+        let raw = pipeline.logprob_mode == LogprobMode::Raw;
         for (i, &row) in rows.iter().enumerate() {
+            // The distribution the logprob outputs describe: processed, or raw (DESIGN.md step 10).
+            let (lse, lse_bound) = if raw {
+                problem.reported_logsumexp(row).map_err(|e| e.to_string())?
+            } else {
+                (lses[i], refs[i * s].lse_bound)
+            };
             for k in 0..s {
                 let r = &refs[i * s + k];
                 let slot = row * s + k;
                 let score = samples.scores.as_ref().map_or(r.score as f32, |s| s[slot]);
                 check_pathwise(r, samples.tokens[slot], score).map_err(|e| format!("row {row} sample {k}: {e}"))?;
-                if let Some(lp) = &samples.logprobs {
+                if let (Some(lp), true) = (&samples.logprobs, raw) {
+                    // Every sampled token's raw logprob is known, whichever near-tie won.
+                    let (want, tol) = problem.reported_logprob(row, samples.tokens[slot], lse, lse_bound).map_err(|e| e.to_string())?;
+                    if (f64::from(lp[slot]) - want).abs() > tol {
+                        return Err(format!("row {row} sample {k}: raw logprob {} vs reference {want} (tolerance {tol})", lp[slot]));
+                    }
+                } else if let Some(lp) = &samples.logprobs {
                     let want = r.logit - lses[i];
                     let tol = r.logprob_tolerance(lses[i], self.vocab);
                     if samples.tokens[slot] == r.token && (f64::from(lp[slot]) - want).abs() > tol {
@@ -272,19 +285,19 @@ impl Case {
                 }
             }
             if let Some(top) = &samples.top_logprobs {
-                self.check_top_logprobs(&problem, row, &top[row], lses[i], refs[i * s].lse_bound)?;
+                self.check_top_logprobs(&problem, row, &top[row], lse, lse_bound)?;
             }
             if let Some(got) = &samples.target_logprobs {
-                let (want, tol) = problem.target_logprob(row, lses[i], refs[i * s].lse_bound).map_err(|e| e.to_string())?;
+                let (want, tol) = problem.target_logprob(row, lse, lse_bound).map_err(|e| e.to_string())?;
                 let ok = if want == f64::NEG_INFINITY { got[row] == f32::NEG_INFINITY } else { (f64::from(got[row]) - want).abs() <= tol };
                 if !ok {
                     return Err(format!("row {row}: target {} logprob {} vs reference {want} (tolerance {tol})", self.targets[row], got[row]));
                 }
             }
-            if let Some(lse) = &samples.logsumexp {
-                let tol = logsumexp_tolerance(refs[i * s].lse_bound, self.vocab);
-                if (f64::from(lse[row]) - lses[i]).abs() > tol {
-                    return Err(format!("row {row}: logsumexp {} vs reference {} (tolerance {tol})", lse[row], lses[i]));
+            if let Some(got) = &samples.logsumexp {
+                let tol = logsumexp_tolerance(lse_bound, self.vocab);
+                if (f64::from(got[row]) - lse).abs() > tol {
+                    return Err(format!("row {row}: logsumexp {} vs reference {lse} (tolerance {tol})", got[row]));
                 }
             }
         }
@@ -304,9 +317,10 @@ impl Case {
 
     /// `got` must be `n` most likely tokens of `row`, most likely first, with their logprobs:
     /// each logprob within tolerance of the reference, each token within the f32 bounds of the
-    /// reference's n-th largest logit (so only near-ties may swap).
+    /// reference's n-th largest logit (so only near-ties may swap). Likely under the
+    /// distribution the pipeline's logprobs describe (raw or processed).
     fn check_top_logprobs(&self, problem: &Problem<'_, f32, f32>, row: usize, got: &[(u32, f32)], lse: f64, lse_bound: f64) -> Result<(), String> {
-        let rl = problem.row_logits(row).map_err(|e| e.to_string())?;
+        let rl = problem.reported_logits(row).map_err(|e| e.to_string())?;
         let n = problem.pipeline.outputs.top_logprobs as usize;
         let mut sorted: Vec<(f64, f64)> =
             rl.logits.iter().zip(&rl.bounds).map(|(&x, &b)| (x, b)).filter(|(x, _)| *x > f64::NEG_INFINITY).collect();

@@ -3,7 +3,7 @@
 //! neighbours, with any vocabulary tile, row block and thread count, per engine.
 
 use flashsample::{CpuConfig, CpuEngine, Device, KernelConfig, Sampler};
-use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::invariance::{compositions, Pool};
 use flashsample_tests::Case;
 
@@ -25,6 +25,21 @@ fn pipelines() -> Vec<Pipeline> {
             .unwrap(),
         b("Greedy").mask("allowed").softcap(20.0).argmax().outputs(ALL).build().unwrap(),
         b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
+        // Raw logprobs (DESIGN.md step 10): the second, raw logsumexp, the raw lists and the
+        // drawn tokens' raw logits beside the filter's lists.
+        b("Raw")
+            .bias("bias")
+            .logit_bias("logit_bias")
+            .penalties("pen")
+            .temperature_per_row("t")
+            .mask("allowed")
+            .filter("filter", 8)
+            .gumbel("seed", 2)
+            .target_logprob("targets")
+            .outputs(ALL)
+            .logprob_mode(LogprobMode::Raw)
+            .build()
+            .unwrap(),
     ]
 }
 

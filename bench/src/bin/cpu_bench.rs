@@ -63,6 +63,11 @@ struct Args {
     /// accumulation's cost; the peers are unchanged).
     #[arg(long)]
     logprobs: bool,
+    /// With `--logprobs`: report raw logprobs (DESIGN.md step 10), so the kernel also computes
+    /// the raw logits and their logsumexp over every token (two online logsumexps when the
+    /// launch's filter needs the processed one: `--filter --nucleus`'s lone top-p row).
+    #[arg(long, requires = "logprobs")]
+    raw: bool,
 }
 
 const TOP_K: usize = 50;
@@ -307,13 +312,20 @@ fn main() -> flashsample::Result<()> {
     if args.logprobs {
         pipeline = pipeline.outputs(flashsample_ir::Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 0 });
     }
+    if args.raw {
+        pipeline = pipeline.logprob_mode(flashsample_ir::LogprobMode::Raw);
+    }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
         "device {}, V = {}, bf16, T = 0.7{}{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
         if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
-        if args.logprobs { ", + logprob and logsumexp" } else { "" },
+        match (args.logprobs, args.raw) {
+            (true, true) => ", + raw logprob and logsumexp",
+            (true, false) => ", + logprob and logsumexp",
+            _ => "",
+        },
         args.reps
     );
     let peers_wanted = !args.no_peers && !args.filter;

@@ -1,4 +1,4 @@
-use crate::{DType, IrError, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
+use crate::{DType, IrError, LogprobMode, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
 
 /// Builds a [`Pipeline`] at run time, validating on [`PipelineBuilder::build`].
 ///
@@ -27,6 +27,7 @@ impl PipelineBuilder {
                 outputs: Outputs::default(),
                 targets: None,
                 verify: None,
+                logprob_mode: LogprobMode::Processed,
             },
         }
     }
@@ -136,6 +137,12 @@ impl PipelineBuilder {
     /// The extra outputs to return.
     pub fn outputs(mut self, outputs: Outputs) -> Self {
         self.pipeline.outputs = outputs;
+        self
+    }
+
+    /// What the logprob outputs describe (default [`LogprobMode::Processed`]).
+    pub fn logprob_mode(mut self, mode: LogprobMode) -> Self {
+        self.pipeline.logprob_mode = mode;
         self
     }
 

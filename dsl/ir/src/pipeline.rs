@@ -141,6 +141,15 @@ pub enum Transform {
     },
 }
 
+impl Transform {
+    /// Whether this transform belongs to the model rather than to the request: the global
+    /// `bias[V]` and the softcap (vLLM's raw logprobs are `compute_logits`'s output, which
+    /// includes Gemma's final softcap). Raw logits ([`LogprobMode::Raw`]) apply only these.
+    pub fn is_model(&self) -> bool {
+        matches!(self, Transform::Bias { .. } | Transform::Softcap { .. })
+    }
+}
+
 /// How the token is chosen from the transformed logits.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Sampler {
@@ -168,6 +177,36 @@ pub struct Outputs {
     pub top_logprobs: u32,
 }
 
+/// Which distribution the logprob outputs (`logprob`, `logsumexp`, `top_logprobs`,
+/// `target_logprob`) describe (DESIGN.md "Logprob modes"). Sampling always draws from the
+/// processed distribution; the mode only chooses what is reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LogprobMode {
+    /// After every transform before the filter (temperature, biases, softcap, penalties), over
+    /// the allowed tokens: the distribution the sampler draws from before top-k / top-p.
+    #[default]
+    Processed,
+    /// The model's own distribution (vLLM's default `raw_logprobs`): the LM head's logits after
+    /// the transforms that belong to the model ([`Transform::is_model`]: the global bias and the
+    /// softcap, in pipeline order) and before any request processing (per-request logit bias,
+    /// penalties, temperature, masks and bans), over every token whose raw logit is `> -inf`.
+    Raw,
+}
+
+impl LogprobMode {
+    /// The name the text form and the macro use in `outputs(...)` (`processed`, `raw`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LogprobMode::Processed => "processed",
+            LogprobMode::Raw => "raw",
+        }
+    }
+    /// Whether this is the default, [`LogprobMode::Processed`].
+    pub fn is_processed(&self) -> bool {
+        *self == LogprobMode::Processed
+    }
+}
+
 /// A validated-or-not sampling pipeline; see the crate docs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Pipeline {
@@ -188,6 +227,10 @@ pub struct Pipeline {
     /// reports (prompt logprobs, reward scoring, a speculative target's probabilities).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub targets: Option<String>,
+    /// What the logprob outputs describe. A field of the pipeline rather than of [`Outputs`]
+    /// so that `Outputs` literals keep their meaning; written inside `outputs(...)`.
+    #[serde(default, skip_serializing_if = "LogprobMode::is_processed")]
+    pub logprob_mode: LogprobMode,
     /// Speculative verification (`accept = verify(logits, drafts[, draft_probs])`): the rows
     /// are sequences of `k + 1` target positions and the launch accepts or rejects each
     /// sequence's `k` draft tokens (DESIGN.md "Speculative verification").
@@ -262,13 +305,23 @@ impl Pipeline {
         matches!(self.sampler, Sampler::Argmax)
     }
 
-    /// Whether the kernel must accumulate the row's online logsumexp.
+    /// Whether the pipeline reports any logprob output (`logsumexp`, `logprob`,
+    /// `top_logprobs`, `target_logprob`), in either [`LogprobMode`].
+    pub fn reports_logprobs(&self) -> bool {
+        let o = self.outputs;
+        o.logsumexp || o.logprob || o.top_logprobs > 0 || self.targets.is_some()
+    }
+
+    /// Whether the kernel may need the row's online logsumexp of the processed logits: for the
+    /// processed logprob outputs, and for the filter's top-p.
     pub fn needs_logsumexp(&self) -> bool {
-        self.outputs.logsumexp
-            || self.outputs.logprob
-            || self.list_capacity() > 0
-            || self.targets.is_some()
-            || self.verify.is_some()
+        (self.logprob_mode.is_processed() && self.reports_logprobs()) || self.list_capacity() > 0 || self.verify.is_some()
+    }
+
+    /// Whether the kernel accumulates a second online logsumexp, of the raw logits
+    /// ([`LogprobMode::Raw`]): every raw-mode pipeline reports some logprob output.
+    pub fn needs_raw_logsumexp(&self) -> bool {
+        self.logprob_mode == LogprobMode::Raw && self.reports_logprobs()
     }
 
     /// Whether the pipeline has per-request logit biases.
@@ -290,8 +343,24 @@ impl Pipeline {
     }
 
     /// Length of the per-row top list stage one keeps (by transformed logit): enough for the
-    /// filter's `max_k` and the requested top logprobs; 0 when neither is declared.
+    /// filter's `max_k` and the requested processed top logprobs; 0 when neither is declared.
     pub fn list_capacity(&self) -> u32 {
-        self.filter_max_k().unwrap_or(0).max(self.outputs.top_logprobs)
+        let top = if self.logprob_mode.is_processed() { self.outputs.top_logprobs } else { 0 };
+        self.filter_max_k().unwrap_or(0).max(top)
+    }
+
+    /// Length of the per-row top list of raw logits stage one keeps for raw `top_logprobs`
+    /// (every token, by raw logit); 0 in the processed mode.
+    pub fn raw_list_capacity(&self) -> u32 {
+        match self.logprob_mode {
+            LogprobMode::Raw => self.outputs.top_logprobs,
+            LogprobMode::Processed => 0,
+        }
+    }
+
+    /// Whether the processed lists carry each entry's raw logit beside it: in the raw mode with
+    /// a filter and a `logprob` output, the token the filter draws reports its raw logprob.
+    pub fn lists_carry_raw(&self) -> bool {
+        self.logprob_mode == LogprobMode::Raw && self.filter_max_k().is_some() && self.outputs.logprob
     }
 }

@@ -12,10 +12,10 @@
 //!   sample = gumbel_max(logits, seed, samples=1)
 //!   score = target_logprob(logits, targets)     // optional: score given tokens
 //!   accept = verify(logits, drafts, draft_probs) // optional: speculative verification
-//!   outputs(score, logsumexp)
+//!   outputs(score, logsumexp)                  // `raw` among them: the raw logprob mode
 //! ```
 
-use crate::{DType, IrError, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
+use crate::{DType, IrError, LogprobMode, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32};
 use std::fmt;
 
 /// Why IR text did not parse.
@@ -86,6 +86,9 @@ impl fmt::Display for Pipeline {
             .collect();
         if o.top_logprobs > 0 {
             names.push(format!("top_logprobs={}", o.top_logprobs));
+        }
+        if !self.logprob_mode.is_processed() {
+            names.push(self.logprob_mode.name().to_string());
         }
         if !names.is_empty() {
             writeln!(f, "  outputs({})", names.join(", "))?;
@@ -167,7 +170,8 @@ impl Pipeline {
     ///       penalties(logits, NAME)               //   repetition / presence / frequency
     ///       filter(logits, NAME, max_k=64)        //   per-row top-k / top-p / min-p; last
     ///   sample = gumbel_max(logits, SEED, samples=N)   // or: sample = argmax(logits)
-    ///   outputs(score, logsumexp, logprob, top_logprobs=N)   // optional, any subset
+    ///   outputs(score, logsumexp, logprob, top_logprobs=N)   // optional, any subset; add
+    ///                                             //   `raw` for the model's logprobs
     /// ```
     ///
     /// It differs from the `flashsample!` macro's syntax, which reads like Rust: there a
@@ -223,6 +227,7 @@ impl Pipeline {
         let mut outputs = Outputs::default();
         let mut targets: Option<String> = None;
         let mut verify: Option<crate::Verify> = None;
+        let mut logprob_mode: Option<LogprobMode> = None;
         for line in lines {
             let t = line.text;
             if let Some(rhs) = t.strip_prefix("logits = ") {
@@ -311,6 +316,12 @@ impl Pipeline {
                                 ParseError::Syntax { line: line.number, message: "expected `top_logprobs=N`".into() }
                             })?
                         }
+                        mode @ ("raw" | "processed") => {
+                            if logprob_mode.is_some() {
+                                return line.err("`outputs` names at most one logprob mode (`raw` or `processed`)");
+                            }
+                            logprob_mode = Some(if mode == "raw" { LogprobMode::Raw } else { LogprobMode::Processed });
+                        }
                         other => return line.err(format!("unknown output `{other}`")),
                     }
                 }
@@ -327,6 +338,7 @@ impl Pipeline {
             outputs,
             targets,
             verify,
+            logprob_mode: logprob_mode.unwrap_or_default(),
         };
         pipeline.validate()?;
         Ok(pipeline)
@@ -365,6 +377,43 @@ mod tests {
             assert_eq!(Pipeline::parse(&text).unwrap(), p, "{text}");
             assert_eq!(Pipeline::parse(&text).unwrap().fingerprint(), p.fingerprint());
         }
+    }
+
+    #[test]
+    fn the_raw_logprob_mode_round_trips_and_needs_a_logprob_output() {
+        let p = PipelineBuilder::new("Raw", DType::BF16, DType::BF16)
+            .penalties("pen")
+            .temperature_per_row("t")
+            .filter("f", 8)
+            .outputs(Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 3 })
+            .logprob_mode(LogprobMode::Raw)
+            .build()
+            .unwrap();
+        let text = p.to_string();
+        assert!(text.ends_with("  outputs(logsumexp, logprob, top_logprobs=3, raw)\n"), "{text}");
+        assert_eq!(Pipeline::parse(&text).unwrap(), p);
+        let processed = Pipeline { logprob_mode: LogprobMode::Processed, ..p.clone() };
+        assert_ne!(processed.fingerprint(), p.fingerprint(), "the mode is part of the fingerprint");
+        // `processed` is the default: written or not, the same pipeline, printed without it.
+        assert_eq!(Pipeline::parse(&text.replace(", raw)", ", processed)")).unwrap(), processed);
+        assert!(!processed.to_string().contains("processed"));
+        // The raw lists serve the top logprobs; the processed lists only the filter.
+        assert_eq!((p.list_capacity(), p.raw_list_capacity()), (8, 3));
+        assert_eq!((processed.list_capacity(), processed.raw_list_capacity()), (8, 0));
+        assert!(p.needs_raw_logsumexp() && p.needs_logsumexp() && p.lists_carry_raw());
+        // Scoring alone may be raw; a raw mode with nothing to report is not a pipeline.
+        let score = PipelineBuilder::new("S", DType::F32, DType::F32).argmax().target_logprob("tg").logprob_mode(LogprobMode::Raw);
+        let score = score.build().unwrap();
+        assert!(score.needs_raw_logsumexp() && !score.needs_logsumexp());
+        assert_eq!(Pipeline::parse(&score.to_string()).unwrap(), score);
+        let bare = PipelineBuilder::new("B", DType::F32, DType::F32)
+            .outputs(Outputs { score: true, ..Outputs::default() })
+            .logprob_mode(LogprobMode::Raw);
+        assert_eq!(bare.build().unwrap_err(), IrError::RawModeWithoutLogprobs);
+        assert_eq!(
+            Pipeline::parse(&text.replace(", raw)", ", raw, processed)")).unwrap_err(),
+            ParseError::Syntax { line: 9, message: "`outputs` names at most one logprob mode (`raw` or `processed`)".into() }
+        );
     }
 
     #[test]

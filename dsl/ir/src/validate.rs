@@ -18,6 +18,8 @@ pub enum Location {
     Targets,
     /// The verification op (`verify`).
     Verify,
+    /// The outputs (`outputs(...)`).
+    Outputs,
 }
 
 /// Why a pipeline is invalid.
@@ -32,6 +34,9 @@ pub enum IrError {
     /// Verification scores the drafts itself; it does not combine with `target_logprob`.
     #[error("`verify` and `target_logprob` cannot share a pipeline: verification reports the emitted tokens' logprobs")]
     VerifyWithTargets,
+    /// Acceptance needs the processed distribution, which the raw logprob mode does not report.
+    #[error("`verify` reports the processed logprobs of the tokens it emits: the raw logprob mode is not supported with it")]
+    VerifyWithRawLogprobs,
     /// A name that is not an identifier.
     #[error("`{name}` is not a valid identifier")]
     InvalidName {
@@ -127,6 +132,12 @@ pub enum IrError {
         /// The count given.
         n: u32,
     },
+    /// The raw logprob mode on a pipeline that reports no logprob output.
+    #[error(
+        "the `raw` logprob mode chooses what `logprob`, `logsumexp`, `top_logprobs` and \
+         `target_logprob` report, but the pipeline reports none of them"
+    )]
+    RawModeWithoutLogprobs,
 }
 
 impl IrError {
@@ -143,7 +154,8 @@ impl IrError {
             | IrError::FilterNotLast { at }
             | IrError::LogitBiasOrder { at, .. } => Location::Transform(*at),
             IrError::InvalidSampleCount { .. } | IrError::InvalidTopLogprobs { .. } => Location::Sampler,
-            IrError::VerifySamples { .. } | IrError::VerifyWithTargets => Location::Verify,
+            IrError::VerifySamples { .. } | IrError::VerifyWithTargets | IrError::VerifyWithRawLogprobs => Location::Verify,
+            IrError::RawModeWithoutLogprobs => Location::Outputs,
         }
     }
 }
@@ -276,6 +288,12 @@ impl Pipeline {
             if self.targets.is_some() {
                 return Err(IrError::VerifyWithTargets);
             }
+            if self.logprob_mode == crate::LogprobMode::Raw {
+                return Err(IrError::VerifyWithRawLogprobs);
+            }
+        }
+        if !self.logprob_mode.is_processed() && !self.reports_logprobs() {
+            return Err(IrError::RawModeWithoutLogprobs);
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 
 use crate::ast::Input;
 use crate::lower::{lower, Errors, Lowered};
-use flashsample_ir::{DType, Pipeline, Sampler, Temperature, Transform};
+use flashsample_ir::{DType, LogprobMode, Pipeline, Sampler, Temperature, Transform};
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -182,6 +182,10 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     if p.targets.is_some() {
         returned.push("`target_logprobs`".to_string());
     }
+    let mode = match p.logprob_mode {
+        LogprobMode::Processed => "",
+        LogprobMode::Raw => " The logprob outputs are raw logprobs: the model's, before the request's processing.",
+    };
     // A verifying pipeline's methods verify (`Sampler::verify`, returning `Verified`) instead
     // of sampling.
     let (sample, sample_with_seeds, entry, output, returns, what) = if p.verify.is_some() {
@@ -202,7 +206,7 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
             quote!(sample_with_seeds),
             quote!(sample),
             quote!(::flashsample::Samples),
-            format!("Returns `Samples` with {}.", returned.join(", ")),
+            format!("Returns `Samples` with {}.{mode}", returned.join(", ")),
             format!("Samples {} token(s) per row from", p.samples_per_row()),
         )
     };

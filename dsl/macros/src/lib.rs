@@ -35,7 +35,9 @@ mod tests;
 ///         sample = gumbel_argmax(logits, seed, samples = 1);    // or `sample = argmax(logits);`
 ///         // Optional, after the sampler: `score = target_logprob(logits, targets[B]);` also
 ///         // returns each row's logprob of `targets[r]` (`Samples::target_logprobs`).
-///         outputs(score, logsumexp, logprob, top_logprobs = 5); // optional, any subset
+///         outputs(score, logsumexp, logprob, top_logprobs = 5); // optional, any subset; add `raw`
+///                                                // for the model's logprobs (before penalties, logit bias,
+///                                                // temperature and masks) instead of the processed ones
 ///     }
 /// }
 ///

@@ -7,7 +7,7 @@
 
 use crate::ast::{Arg, BinOp, Call, Expr, OperandDecl, PipelineDef, SpanRange, Stmt};
 use flashsample_ir::{
-    DType, IrError, Location, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32, MAX_SAMPLES_PER_ROW,
+    DType, IrError, Location, LogprobMode, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, F32, MAX_SAMPLES_PER_ROW,
 };
 use syn::Ident;
 
@@ -94,6 +94,8 @@ pub struct OutputsSrc {
     pub stmt: SpanRange,
     /// The `N` of `top_logprobs = N`.
     pub top_logprobs: Option<SpanRange>,
+    /// The logprob mode (`raw` / `processed`), if one was written.
+    pub mode: Option<SpanRange>,
 }
 
 /// The symbolic batch and vocabulary dimensions, `None` where the declaration was broken
@@ -140,7 +142,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
     let mut transforms = Vec::new();
     let mut srcs = Vec::new();
     let mut sampler: Option<(Sampler, SamplerSrc)> = None;
-    let mut outputs: Option<(Outputs, OutputsSrc)> = None;
+    let mut outputs: Option<(Outputs, LogprobMode, OutputsSrc)> = None;
     let mut targets: Option<TargetsSrc> = None;
     let mut verify: Option<VerifySrc> = None;
     for stmt in &def.stmts {
@@ -259,8 +261,8 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                     errors.push(range.error("`outputs(...)` appears twice: list every output in one"));
                 }
                 match lower_outputs(call) {
-                    Ok((o, top_logprobs)) => {
-                        outputs.get_or_insert((o, OutputsSrc { stmt: range, top_logprobs }));
+                    Ok(lowered) => {
+                        outputs.get_or_insert(lowered.with_stmt(range));
                     }
                     Err(e) => errors.push(e),
                 }
@@ -298,7 +300,8 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             "flashsample! internal error: incomplete pipeline",
         ));
     };
-    let (outputs, outputs_src) = outputs.map_or((Outputs::default(), None), |(o, src)| (o, Some(src)));
+    let (outputs, logprob_mode, outputs_src) =
+        outputs.map_or((Outputs::default(), LogprobMode::Processed, None), |(o, mode, src)| (o, mode, Some(src)));
     let lowered = Lowered {
         def,
         pipeline: Pipeline {
@@ -313,6 +316,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
                 drafts: v.drafts.to_string(),
                 draft_probs: v.draft_probs.as_ref().map(Ident::to_string),
             }),
+            logprob_mode,
         },
         hidden,
         weights,
@@ -712,12 +716,28 @@ fn lower_sampler(c: &Call, stmt: SpanRange) -> syn::Result<(Sampler, SamplerSrc)
     ))
 }
 
-/// `outputs(score, logsumexp, logprob, top_logprobs = N)`, any non-empty subset in any order;
-/// also returns where `N` was written. Its range is checked by `Pipeline::validate`.
-fn lower_outputs(c: &Call) -> syn::Result<(Outputs, Option<SpanRange>)> {
-    const EXPECTED: &str = "`score`, `logsumexp`, `logprob`, `top_logprobs = N`";
+/// What `outputs(...)` lowered to, before its statement's span is attached.
+struct LoweredOutputs {
+    outputs: Outputs,
+    mode: LogprobMode,
+    top_logprobs: Option<SpanRange>,
+    mode_at: Option<SpanRange>,
+}
+
+impl LoweredOutputs {
+    fn with_stmt(self, stmt: SpanRange) -> (Outputs, LogprobMode, OutputsSrc) {
+        (self.outputs, self.mode, OutputsSrc { stmt, top_logprobs: self.top_logprobs, mode: self.mode_at })
+    }
+}
+
+/// `outputs(score, logsumexp, logprob, top_logprobs = N, raw)`, any non-empty subset in any
+/// order, with at most one logprob mode (`raw` or `processed`, the default); also returns
+/// where `N` and the mode were written. Their rules are checked by `Pipeline::validate`.
+fn lower_outputs(c: &Call) -> syn::Result<LoweredOutputs> {
+    const EXPECTED: &str = "`score`, `logsumexp`, `logprob`, `top_logprobs = N`, and the logprob mode `raw` or `processed`";
     let mut o = Outputs::default();
     let mut top_logprobs: Option<SpanRange> = None;
+    let mut mode: Option<(LogprobMode, SpanRange)> = None;
     if c.args.is_empty() {
         return Err(c.range().error(format!("`outputs` lists at least one of {EXPECTED}")));
     }
@@ -726,6 +746,14 @@ fn lower_outputs(c: &Call) -> syn::Result<(Outputs, Option<SpanRange>)> {
             Arg::Ident(i) if i == "score" => &mut o.score,
             Arg::Ident(i) if i == "logsumexp" => &mut o.logsumexp,
             Arg::Ident(i) if i == "logprob" => &mut o.logprob,
+            Arg::Ident(i) if i == "raw" || i == "processed" => {
+                if mode.is_some() {
+                    return Err(arg.range().error("`outputs` names at most one logprob mode: `raw` or `processed`"));
+                }
+                let m = if i == "raw" { LogprobMode::Raw } else { LogprobMode::Processed };
+                mode = Some((m, arg.range()));
+                continue;
+            }
             Arg::Named { name, value } if name == "top_logprobs" => {
                 if top_logprobs.is_some() {
                     return Err(arg.range().error("this output is listed twice"));
@@ -746,7 +774,12 @@ fn lower_outputs(c: &Call) -> syn::Result<(Outputs, Option<SpanRange>)> {
             return Err(arg.range().error("this output is listed twice"));
         }
     }
-    Ok((o, top_logprobs))
+    Ok(LoweredOutputs {
+        outputs: o,
+        mode: mode.map_or(LogprobMode::Processed, |m| m.0),
+        top_logprobs,
+        mode_at: mode.map(|m| m.1),
+    })
 }
 
 /// The tokens an [`IrError`] is about.
@@ -796,7 +829,10 @@ fn ir_error_span(e: &IrError, l: &Lowered) -> SpanRange {
                 .as_ref()
                 .and_then(|v| std::iter::once(&v.drafts).chain(v.draft_probs.as_ref()).find(|i| *i == name))
                 .map_or(l.sampler.stmt, ident),
+            Location::Outputs => l.outputs.as_ref().map_or(l.sampler.stmt, |o| o.stmt),
         },
-        IrError::VerifySamples { .. } | IrError::VerifyWithTargets => l.verify.as_ref().map_or(l.sampler.stmt, |v| v.stmt),
+        IrError::VerifySamples { .. } | IrError::VerifyWithTargets | IrError::VerifyWithRawLogprobs => l.verify.as_ref().map_or(l.sampler.stmt, |v| v.stmt),
+        // The mode is what has nothing to act on.
+        IrError::RawModeWithoutLogprobs => l.outputs.as_ref().map_or(l.sampler.stmt, |o| o.mode.unwrap_or(o.stmt)),
     }
 }

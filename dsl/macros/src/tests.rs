@@ -3,7 +3,7 @@
 use crate::ast::Input;
 use crate::expand::expand;
 use crate::lower::lower;
-use flashsample_ir::{DType, Operand, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Operand, Outputs, Pipeline, PipelineBuilder};
 use proc_macro2::TokenStream;
 
 const QWEN: &str = r#"
@@ -863,7 +863,7 @@ fn top_logprobs_errors() {
     let src = CHAT.replace("top_logprobs = 5", "entropy = 5");
     assert_error(
         &src,
-        "unknown output; expected any of `score`, `logsumexp`, `logprob`, `top_logprobs = N`",
+        "unknown output; expected any of `score`, `logsumexp`, `logprob`, `top_logprobs = N`, and the logprob mode",
         ("entropy", 0),
         Some(("entropy = 5", 0)),
     );
@@ -894,4 +894,23 @@ fn verify_matches_the_builder_and_generates_verify_methods() {
     assert!(out.contains("fn verify_with_seeds") && !out.contains("fn sample("), "{out}");
     let greedy = CHAT.replace("outputs(logprob, top_logprobs = 5);", "accept = verify(logits, drafts[N]);\n        outputs(logprob, top_logprobs = 5);");
     assert_eq!(ir(&greedy), chat_builder().verify_greedy("drafts").build().unwrap());
+}
+
+#[test]
+fn the_raw_logprob_mode_matches_the_builder_and_needs_a_logprob_output() {
+    let src = CHAT.replace("top_logprobs = 5);", "top_logprobs = 5, raw);");
+    assert_eq!(ir(&src), chat_builder().logprob_mode(LogprobMode::Raw).build().unwrap());
+    let out = pretty(expand(tokens(&src)).unwrap());
+    assert!(out.contains("raw logprobs"), "{out}");
+    // `processed` is the default, written or not.
+    let src = CHAT.replace("top_logprobs = 5);", "processed, top_logprobs = 5);");
+    assert_eq!(ir(&src), chat_builder().build().unwrap());
+    let src = CHAT.replace("outputs(logprob, top_logprobs = 5);", "outputs(score, raw);");
+    assert_error(&src, "the `raw` logprob mode chooses what", ("raw", 0), Some(("raw", 0)));
+    let src = CHAT.replace("top_logprobs = 5);", "top_logprobs = 5, raw, processed);");
+    assert_error(&src, "`outputs` names at most one logprob mode", ("processed", 0), Some(("processed", 0)));
+    // Scoring alone may report raw logprobs.
+    let src = CHAT.replace("outputs(logprob, top_logprobs = 5);", "score = target_logprob(logits, targets[B]);\n        outputs(raw);");
+    let want = chat_builder().outputs(Outputs::default()).target_logprob("targets").logprob_mode(LogprobMode::Raw);
+    assert_eq!(ir(&src), want.build().unwrap());
 }

@@ -409,7 +409,7 @@ impl CudaSampler {
         let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true)?;
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
-            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, &mut r.reduced, &mut r.status);
+            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, None, &mut r.reduced, &mut r.status);
         }
         Ok(())
     }

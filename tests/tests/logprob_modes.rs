@@ -1,0 +1,121 @@
+//! Raw logprobs on the CPU (DESIGN.md step 10): `logprob`, `logsumexp`, `top_logprobs` and
+//! `target_logprob` of a raw-mode pipeline against the float64 reference's raw distribution,
+//! on both CPU engines, with the request's transforms (logit bias, penalties, temperature,
+//! masks) and a filter in the pipeline so raw and processed differ; the sample itself still
+//! follows the processed distribution pathwise.
+
+use flashsample::{CpuConfig, CpuEngine, Device, Error, KernelConfig, Sampler};
+use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
+use flashsample_tests::Case;
+
+const ALL: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 5 };
+
+/// A serving pipeline whose every request transform changes the processed logits, in `mode`.
+fn serving(mode: LogprobMode) -> Pipeline {
+    PipelineBuilder::new("RawServing", DType::BF16, DType::BF16)
+        .softcap(30.0)
+        .bias("bias")
+        .logit_bias("logit_bias")
+        .penalties("pen")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .ban("banned")
+        .filter("filter", 8)
+        .gumbel("seed", 2)
+        .target_logprob("targets")
+        .outputs(ALL)
+        .logprob_mode(mode)
+        .build()
+        .unwrap()
+}
+
+/// Raw pipelines of other shapes: no filter (top logprobs from the raw lists only), scoring
+/// alone, and a filter with no `logprob` output (no raw logits beside the lists).
+fn others() -> Vec<Pipeline> {
+    let b = |name| PipelineBuilder::new(name, DType::BF16, DType::BF16).logprob_mode(LogprobMode::Raw);
+    vec![
+        b("RawTopOnly").bias("bias").temperature_per_row("t").mask("allowed").outputs(Outputs { top_logprobs: 3, ..Outputs::default() }),
+        b("RawScorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets"),
+        b("RawFilterLse").penalties("pen").temperature_per_row("t").filter("filter", 8).outputs(Outputs { logsumexp: true, ..Outputs::default() }),
+    ]
+    .into_iter()
+    .map(|p| p.build().unwrap())
+    .collect()
+}
+
+fn engines() -> Vec<CpuEngine> {
+    [CpuEngine::Cranelift, CpuEngine::Avx512Bf16].into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
+}
+
+fn config(engine: CpuEngine, batch: usize, dim: usize, vocab: usize) -> KernelConfig {
+    KernelConfig::Cpu(CpuConfig { threads: 2, ..CpuConfig::heuristic_for_engine(engine, batch, dim, vocab) })
+}
+
+#[test]
+fn raw_logprobs_match_the_reference_on_every_engine() {
+    let raw = serving(LogprobMode::Raw);
+    for p in std::iter::once(raw).chain(others()) {
+        let sampler = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
+        for engine in engines() {
+            for (batch, dim, vocab, seed) in [(1, 64, 1001, 3), (29, 96, 2999, 7)] {
+                let case = Case::random(&p, batch, dim, vocab, seed, 5.0);
+                let got = case.run_with(&sampler, &config(engine, batch, dim, vocab)).unwrap();
+                case.check(&p, &got, &(0..batch).collect::<Vec<_>>())
+                    .unwrap_or_else(|e| panic!("{} on {engine} B={batch} V={vocab}: {e}", p.name));
+            }
+        }
+    }
+}
+
+#[test]
+fn raw_and_processed_logprobs_differ_and_the_samples_do_not() {
+    // The same case under both modes: the same tokens and scores (sampling is processed in
+    // both), different logprobs; checking the raw outputs as processed ones fails, so the
+    // raw check above cannot pass by accident.
+    let (raw, processed) = (serving(LogprobMode::Raw), serving(LogprobMode::Processed));
+    let case = Case::random(&raw, 16, 64, 1500, 11, 5.0);
+    let device = Device::cpu_with_threads(2).unwrap();
+    let got_raw = case.run(&Sampler::new(raw.clone(), &device).unwrap()).unwrap();
+    let got_processed = case.run(&Sampler::new(processed.clone(), &device).unwrap()).unwrap();
+    assert_eq!(got_raw.tokens, got_processed.tokens);
+    assert_eq!(got_raw.scores, got_processed.scores);
+    assert_ne!(got_raw.logsumexp, got_processed.logsumexp);
+    assert_ne!(got_raw.logprobs, got_processed.logprobs);
+    assert_ne!(got_raw.target_logprobs, got_processed.target_logprobs);
+    let rows: Vec<usize> = (0..case.batch).collect();
+    assert!(case.check(&processed, &got_raw, &rows).is_err(), "raw outputs must not pass as processed ones");
+    case.check(&processed, &got_processed, &rows).unwrap();
+    // Masked and banned tokens keep their raw mass: a raw top list names masked tokens.
+    let words = case.vocab.div_ceil(32);
+    let masked = |row: usize, v: u32| case.mask[row * words + v as usize / 32] >> (v % 32) & 1 == 0 || case.banned[row].contains(&v);
+    let top = got_raw.top_logprobs.as_ref().unwrap();
+    assert!((0..case.batch).any(|r| top[r].iter().any(|&(v, _)| masked(r, v))), "no raw top token is masked: {top:?}");
+}
+
+#[test]
+fn raw_pipelines_are_refused_where_not_served() {
+    let p = PipelineBuilder::new("S", DType::BF16, DType::BF16)
+        .outputs(Outputs { logsumexp: true, ..Outputs::default() })
+        .logprob_mode(LogprobMode::Raw)
+        .build()
+        .unwrap();
+    let sharded = flashsample::ShardedSampler::new(p.clone(), &Device::cpu());
+    assert!(matches!(sharded, Err(Error::Unsupported(m)) if m.contains("raw")));
+    assert!(matches!(flashsample::tp::shard_pipeline(&p), Err(flashsample::tp::TpError::Unsupported(m)) if m.contains("raw")));
+}
+
+#[test]
+fn raw_logprobs_of_nuclei_served_exactly() {
+    // Flat logits and top-p 0.99: every row's nucleus outgrows the 8-entry lists, so each is
+    // recomputed with whole-tile lists and its drawn token reads its raw logit beside them.
+    let p = serving(LogprobMode::Raw);
+    let sampler = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
+    let mut case = Case::random(&p, 6, 64, 700, 13, 0.5).with_filter(flashsample::RowFilter::top_p(0.99));
+    // T = 0.5: the processed logit of a drawn token differs from its raw one.
+    case.temperatures.iter_mut().for_each(|t| *t = 0.5);
+    for row in 0..case.batch {
+        assert!(case.kept_by_filter(&p, row) > 8, "row {row}'s nucleus fits the lists");
+    }
+    let got = case.run(&sampler).unwrap();
+    case.check(&p, &got, &(0..case.batch).collect::<Vec<_>>()).unwrap();
+}
