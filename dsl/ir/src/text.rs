@@ -550,6 +550,9 @@ mod tests {
         assert!(b().build().is_ok());
         assert_eq!(b().gumbel("seed", 2).build(), Err(IrError::VerifySamples { samples: 2 }));
         assert_eq!(b().target_logprob("targets").build(), Err(IrError::VerifyWithTargets));
+        let logprob = crate::Outputs { logprob: true, ..Default::default() };
+        assert_eq!(b().outputs(logprob).logprob_mode(crate::LogprobMode::Raw).build(), Err(IrError::VerifyWithRawLogprobs));
+        assert!(b().outputs(logprob).build().is_ok(), "processed logprobs of the emitted tokens");
         assert!(matches!(
             PipelineBuilder::new("S", DType::F32, DType::F32).verify_sampled("drafts", "drafts").build(),
             Err(IrError::DuplicateOperand { at: Location::Verify, .. })
