@@ -146,7 +146,7 @@ impl CpuBackend {
         }
         let lse = reduced.logsumexp.clone().unwrap_or_else(|| vec![f32::NAN; shape.batch]);
         let target_logits = one.target_logits.as_deref().unwrap_or(&[]);
-        let (res_layout, res_lists) = one.residual_lists.as_ref().expect("a verifying launch keeps residual lists");
+        let (res_layout, res_lists) = one.residual_lists.as_ref().ok_or_else(|| missing("residual lists"))?;
         let q = DraftProbs { drafts, probs: params.draft_probs, vocab: shape.vocab };
 
         // Every eligible token of `row` with its logit: stage one again for that row alone,
@@ -163,7 +163,7 @@ impl CpuBackend {
             let sub_allowed = sub.allowed_bitset(1, shape.vocab);
             let h = &hidden_f32[row * shape.dim..][..shape.dim];
             let one = self.stage_one_with_lists(h, weights, &sub, sub_allowed.as_deref(), sub_shape, &config, capacity, Some(plan))?;
-            let (_, lists) = one.residual_lists.expect("a verifying launch keeps residual lists");
+            let (_, lists) = one.residual_lists.ok_or_else(|| missing("residual lists"))?;
             let entries: Vec<Scored> =
                 lists.iter().filter(|c| c.index != INDEX_NONE).map(|c| Scored { logit: c.logit, index: c.index }).collect();
             Ok(whole_row(&entries))
@@ -200,7 +200,7 @@ impl CpuBackend {
                 let target = if greedy {
                     Target::Greedy(reduced.tokens[r])
                 } else if pipeline.filter_max_k().is_some() && !filter.is_off() {
-                    let (layout, lists) = one.lists.as_ref().expect("a filter pipeline keeps lists");
+                    let (layout, lists) = one.lists.as_ref().ok_or_else(|| missing("filter lists"))?;
                     let need = layout.per_tile.max(capacity);
                     let listed = merge_row(layout.row(lists, r), layout.per_tile, need, r)
                         .ok()
@@ -288,4 +288,10 @@ impl CpuBackend {
         out.recomputed_rows = recomputed_rows;
         Ok(out)
     }
+}
+
+/// A stage-one output that a verifying launch always produces was absent: an internal error,
+/// reported rather than panicking.
+fn missing(what: &str) -> crate::Error {
+    crate::Error::Unsupported(format!("internal: the verifying launch's stage one left no {what}"))
 }
