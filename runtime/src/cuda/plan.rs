@@ -66,6 +66,21 @@ struct Scratch {
     /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
     /// stage one; pipelines that draw noise.
     row_bounds: Option<CudaSlice<u8>>,
+    /// The raw logprob mode's buffers (`Pipeline::needs_raw_logsumexp`).
+    raw: Option<RawScratch>,
+}
+
+/// What the raw logprob mode adds to a plan's scratch (DESIGN.md step 10), per chunk like the
+/// processed buffers.
+struct RawScratch {
+    /// Stage one's per-tile logsumexp partials of the raw logits.
+    partials: CudaSlice<u8>,
+    /// Stage one's per-tile top lists by raw logit (raw `top_logprobs`).
+    lists: Option<CudaSlice<u8>>,
+    /// The raw logit beside each processed list entry (`Pipeline::lists_carry_raw`).
+    list_raws: Option<CudaSlice<u8>>,
+    /// `[max_batch]` raw row logsumexps of launches whose caller does not take the logsumexp.
+    row_lse: CudaSlice<u8>,
 }
 
 /// A launch resolved to device addresses (0 = absent), what [`SamplingPlan::enqueue`] runs.
@@ -169,10 +184,16 @@ impl SamplingPlan {
         let tiles = kernels.iter().map(|k| k.config.tiles(vocab)).max().unwrap_or(1);
         let per_tile = kernels.iter().map(|k| k.config.list_per_tile as usize).max().unwrap_or(0);
         let has_lists = pipeline.list_capacity() > 0;
+        let raw = pipeline.needs_raw_logsumexp();
+        let raw_lists = pipeline.raw_list_capacity() > 0;
+        let list_raws = pipeline.lists_carry_raw();
         let row_scratch = tiles
             * (samples * std::mem::size_of::<Candidate>()
                 + if lse { std::mem::size_of::<LsePartial>() } else { 0 }
-                + if has_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 });
+                + if has_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 }
+                + if raw { std::mem::size_of::<LsePartial>() } else { 0 }
+                + if raw_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 }
+                + if list_raws { per_tile * 4 } else { 0 });
         let chunk = chunk_rows(max_batch, row_scratch);
         let n = max_batch * samples;
         let alloc = |bytes: usize| device.alloc_bytes(bytes);
@@ -196,9 +217,19 @@ impl SamplingPlan {
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
-            greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
+            greedy: if flashsample_codegen_ptx::list_capacity(&pipeline) > 0 { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
             row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(chunk * samples * 4)?) },
+            raw: if raw {
+                Some(RawScratch {
+                    partials: alloc(chunk * tiles * std::mem::size_of::<LsePartial>())?,
+                    lists: if raw_lists { Some(alloc(chunk * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
+                    list_raws: if list_raws { Some(alloc(chunk * tiles * per_tile * 4)?) } else { None },
+                    row_lse: alloc(max_batch * 4)?,
+                })
+            } else {
+                None
+            },
         };
         let aux = device.aux_kernels()?;
         Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
@@ -233,8 +264,12 @@ impl SamplingPlan {
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
         let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds];
+        let raw = sc.raw.as_ref().map_or(0, |r| {
+            r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
+        });
         [&sc.candidates, &sc.tmaps, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
             + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
+            + raw
     }
 
     /// The list capacity a `NucleusTooLarge` row outgrew.
@@ -340,7 +375,8 @@ impl SamplingPlan {
         let logprobs = out("logprobs", o.logprobs.as_ref().map(|t| (t.address(), t.len())), b * s)?;
         let top_n = p.outputs.top_logprobs as usize;
         let top = out("top logprobs", o.top_logprobs.as_ref().map(|t| (t.address(), t.len())), b * top_n)?;
-        if (logsumexp != 0 || logprobs != 0) && !self.lse {
+        // The raw mode always has its (raw) logsumexp; the processed one only with `lse`.
+        if (logsumexp != 0 || logprobs != 0) && !self.lse && self.scratch.raw.is_none() {
             return Err(ParamError::Unexpected("logsumexp / logprobs output (the pipeline computes no logsumexp)").into());
         }
         if top != 0 && top_n == 0 {
@@ -458,6 +494,10 @@ impl SamplingPlan {
         let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&sc.temperatures, stream) };
         let lse_partials = sc.lse_partials.as_ref().map_or(0, |b| self.addr(b, stream));
         let lists = sc.lists.as_ref().map_or(0, |b| self.addr(b, stream));
+        let opt = |b: &Option<CudaSlice<u8>>| b.as_ref().map_or(0, |b| self.addr(b, stream));
+        let raw_partials = sc.raw.as_ref().map_or(0, |r| self.addr(&r.partials, stream));
+        let raw_lists = sc.raw.as_ref().map_or(0, |r| opt(&r.lists));
+        let list_raws = sc.raw.as_ref().map_or(0, |r| opt(&r.list_raws));
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
         let row_bounds = match &sc.row_bounds {
@@ -505,6 +545,9 @@ impl SamplingPlan {
             target_logprobs: a.target_logprobs,
             row_bounds,
             row_base,
+            raw_lse: raw_partials,
+            raw_lists,
+            list_raws,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
@@ -519,11 +562,16 @@ impl SamplingPlan {
         // Stage two.
         let scores = if a.scores != 0 { a.scores } else { self.addr(&sc.scores, stream) };
         let logits = if a.logits != 0 { a.logits } else { self.addr(&sc.logits, stream) };
-        let row_lse = match (&sc.row_lse, a.logsumexp) {
-            (None, _) => 0,
-            (Some(_), l) if l != 0 => l,
-            (Some(buf), _) => self.addr(buf, stream),
+        // The logsumexp the outputs report: the processed one, or the raw one in the raw mode
+        // (DESIGN.md step 10), whose processed one then stays in the scratch for the filter.
+        let (row_lse, raw_row_lse) = match (&sc.row_lse, &sc.raw, a.logsumexp) {
+            (None, None, _) => (0, 0),
+            (Some(_), None, l) if l != 0 => (l, 0),
+            (Some(buf), None, _) => (self.addr(buf, stream), 0),
+            (buf, Some(_), l) if l != 0 => (opt(buf), l),
+            (buf, Some(r), _) => (opt(buf), self.addr(&r.row_lse, stream)),
         };
+        let reported_lse = if sc.raw.is_some() { raw_row_lse } else { row_lse };
         let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
         let args = Stage2Args {
@@ -538,6 +586,8 @@ impl SamplingPlan {
             out_lse: row_lse,
             out_status: a.status,
             target_logprobs: a.target_logprobs,
+            raw_lse: raw_partials,
+            out_raw_lse: raw_row_lse,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);
@@ -579,17 +629,20 @@ impl SamplingPlan {
                 out_status: a.status,
                 row_steps: a.row_steps,
                 row_base,
+                raw_lists,
+                raw_lse: raw_row_lse,
+                list_raws,
             }
             .args();
             let mut b = stream.launch_builder(filter);
             push_args(&mut b, &args);
             // SAFETY: as for stage one, with the stage-three table (`FilterArgs`).
             unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
-        } else if self.pipeline.list_capacity() > 0 {
+        } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
         let n = batch * samples;
-        self.aux.finalize(stream, a.tokens, a.status, logits, row_lse, if row_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
+        self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, if reported_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
         at(Boundary::End)
     }
 
@@ -608,6 +661,18 @@ impl SamplingPlan {
             .clone_dtoh(&buf.slice(0..layout.len() * std::mem::size_of::<Scored>()))
             .map_err(drv("cuMemcpyDtoHAsync"))?;
         Ok(Some((layout, bytes)))
+    }
+
+    /// Queues a host copy of the raw logit beside each entry of the processed lists a launch
+    /// of `batch` rows left (f32 bytes in [`SamplingPlan::download_lists`]'s layout); `None`
+    /// unless the pipeline's lists carry them (`Pipeline::lists_carry_raw`).
+    pub(crate) fn download_list_raws(&self, batch: usize) -> Result<Option<Vec<u8>>> {
+        let Some(buf) = self.scratch.raw.as_ref().and_then(|r| r.list_raws.as_ref()) else { return Ok(None) };
+        self.whole_launch(batch)?;
+        let k = self.kernel_for(batch)?;
+        let len = batch * self.geometry(k, batch).tiles * k.config.list_per_tile as usize;
+        let bytes = self.device.stream().clone_dtoh(&buf.slice(0..len * 4)).map_err(drv("cuMemcpyDtoHAsync"))?;
+        Ok(Some(bytes))
     }
 
     /// Overwrites the candidate and logsumexp-partial scratch with `poison` / all ones (tests check
