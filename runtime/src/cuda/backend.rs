@@ -619,6 +619,32 @@ impl CudaSampler {
         Ok(out)
     }
 
+    /// Test hook: one launch of a raw logprob pipeline (DESIGN.md step 10) over poisoned
+    /// partials; returns the layout, the raw logsumexp partials stage one wrote and the raw row
+    /// logsumexps stage two reduced from them. `Unsupported` for a processed pipeline.
+    #[doc(hidden)]
+    pub fn debug_raw_partials(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+    ) -> Result<(StageTwo, Vec<LsePartial>, Vec<f32>)> {
+        let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
+        let lse = self.launch_lse(params, shape.batch);
+        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
+        let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
+        let config = if need > 0 { config.exact_lists(need) } else { config };
+        let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
+        let poison = Candidate { score: f32::NAN, index: 0, logit: f32::NAN };
+        plan.poison_scratch(poison)?;
+        let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
+        let out = plan.debug_raw_partials(&up.args)?;
+        drop(up);
+        out.ok_or_else(|| Error::Unsupported(format!("pipeline `{}` reports processed logprobs: no raw partials", self.pipeline.name)))
+    }
+
     /// Test hook: whether the kernel for `config` is loaded from the on-disk PTX cache
     /// (compiling or loading it now if needed).
     #[doc(hidden)]

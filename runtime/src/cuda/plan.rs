@@ -681,11 +681,30 @@ impl SamplingPlan {
         let dev = self.device.clone();
         let cands = vec![poison; self.scratch.candidates.len() / std::mem::size_of::<Candidate>()];
         dev.stream().memcpy_htod(bytemuck::cast_slice::<Candidate, u8>(&cands), &mut self.scratch.candidates).map_err(drv("cuMemcpyHtoDAsync"))?;
-        if let Some(buf) = self.scratch.lse_partials.as_mut() {
+        let raw = self.scratch.raw.as_mut().map(|r| &mut r.partials);
+        for buf in self.scratch.lse_partials.as_mut().into_iter().chain(raw) {
             let nan = vec![LsePartial { sums: [u64::MAX; 3], window: i32::MAX, pad: u32::MAX }; buf.len() / std::mem::size_of::<LsePartial>()];
             dev.stream().memcpy_htod(bytemuck::cast_slice::<LsePartial, u8>(&nan), buf).map_err(drv("cuMemcpyHtoDAsync"))?;
         }
         dev.synchronize()
+    }
+
+    /// The raw logprob mode's partials a whole launch of `a` left (tests; `None` in the
+    /// processed mode), and the raw row logsumexps stage two reduced from them. Synchronizes.
+    pub(crate) fn debug_raw_partials(&self, a: &Args) -> Result<Option<(StageTwo, Vec<LsePartial>, Vec<f32>)>> {
+        let Some(raw) = &self.scratch.raw else { return Ok(None) };
+        self.whole_launch(a.shape.batch)?;
+        let layout = self.layout(a.shape.batch)?;
+        let stream = self.device.stream().clone();
+        // Stage two writes the raw row logsumexps to the plan's own buffer without a caller's.
+        let a = Args { logsumexp: 0, logprobs: 0, ..*a };
+        self.enqueue(&stream, &a, &mut |_| Ok(()))?;
+        let parts = stream
+            .clone_dtoh(&raw.partials.slice(0..a.shape.batch * layout.tiles * std::mem::size_of::<LsePartial>()))
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        let lse = stream.clone_dtoh(&raw.row_lse.slice(0..a.shape.batch * 4)).map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.device.synchronize()?;
+        Ok(Some((layout, from_bytes(&parts), from_bytes(&lse))))
     }
 
     /// Stage one alone of `a`, and the candidates and partials it left (tests). Synchronizes.
