@@ -477,7 +477,7 @@ fn write_top_logprobs(f: &mut Func, k: &Ctx, row: &str, found: &str, lse: &str, 
     });
 }
 
-/// DESIGN.md step 10, when `has_raw` (uniform): the row's raw lists merged to their first
+/// DESIGN.md step 10, when `has_raw` and `out_top` (uniform): the row's raw lists merged to their first
 /// `top_n`, written as top logprobs against the raw row logsumexp (`%raw_lse`, NaN when 0).
 /// Returns whether the row may go on (i1): false when a raw list may have dropped a top
 /// token, and the row's status is then `ListOverflow`. Ends with a barrier (the merge below
@@ -486,6 +486,9 @@ fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &s
     let ok = f.var("i1", "true");
     let tn = f.v("icmp ne i32 %top_n, 0");
     let on = f.and1(has_raw, &tn);
+    // Without an output for them the raw lists are not merged (nor can they overflow).
+    let out = f.v("icmp ne ptr addrspace(1) %out_top, null");
+    let on = f.and1(&on, &out);
     f.if_then(&on, |f| {
         let need = f.v(format!("call i32 @llvm.umin.i32(i32 %top_n, i32 {MAX_LIST_CAPACITY})"));
         let (found, overflow) = merge_lists(f, k, "%raw_lists", r64, &need, vocab_tile);
