@@ -629,7 +629,7 @@ impl CudaSampler {
         weights: Tensor<'_>,
         params: &SamplingParams<'_>,
         config: Option<&KernelConfig>,
-    ) -> Result<(StageTwo, Vec<LsePartial>, Vec<f32>)> {
+    ) -> Result<super::plan::RawPartials> {
         let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
         let lse = self.launch_lse(params, shape.batch);
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());

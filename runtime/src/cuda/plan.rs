@@ -28,6 +28,10 @@ use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stag
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
 
+/// A launch's raw logsumexp partials as tests read them back: the candidate layout, the
+/// `[B, tiles]` partials and the `[B]` raw row logsumexps stage two reduced from them.
+pub type RawPartials = (StageTwo, Vec<LsePartial>, Vec<f32>);
+
 /// Pushes a kernel's arguments in their parameter table's order.
 fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [KernelArg]) {
     for a in args {
@@ -691,7 +695,7 @@ impl SamplingPlan {
 
     /// The raw logprob mode's partials a whole launch of `a` left (tests; `None` in the
     /// processed mode), and the raw row logsumexps stage two reduced from them. Synchronizes.
-    pub(crate) fn debug_raw_partials(&self, a: &Args) -> Result<Option<(StageTwo, Vec<LsePartial>, Vec<f32>)>> {
+    pub(crate) fn debug_raw_partials(&self, a: &Args) -> Result<Option<RawPartials>> {
         let Some(raw) = &self.scratch.raw else { return Ok(None) };
         self.whole_launch(a.shape.batch)?;
         let layout = self.layout(a.shape.batch)?;
