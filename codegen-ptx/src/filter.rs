@@ -3,7 +3,8 @@
 //! `need`, detects lists that were too short (`RowStatus::ListOverflow`), applies the row's
 //! `RowFilter` in one thread with exactly `abi::filter::survivors`' f32 steps
 //! (`RowStatus::NucleusTooLarge` when the nucleus does not fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
-//! the top-n logprobs.
+//! the top-n logprobs. In the raw logprob mode (DESIGN.md step 10) the top logprobs come from
+//! the raw lists, merged first, and a drawn token reports the raw logit stored beside its entry.
 //!
 //! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
 //! rounds of block argmax over all entries costs `need · tiles · per_tile` reads, so first a
@@ -448,9 +449,6 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) ->
     (f.get(&n), f.get(&err))
 }
 
-/// `abi::filter::merge_row` of the row's `lists` (a `Scored [B, tiles, per_tile]` parameter):
-/// the sorted best `need_r` into `@fs_filter_top`, how many were found, and whether a list
-/// may have dropped one of them (i1; `ListError::Overflow`). Uniform over the CTA.
 /// The first `n` entries of `@fs_filter_top` (`found` of them real) as `out_top[row]`'s top-n
 /// logprobs `(index, logit − lse)`, EMPTY past the row's eligible tokens; nothing when `n` is 0
 /// or there is no `out_top`.
@@ -500,14 +498,7 @@ fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &s
                 f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {status_addr}, align 4", RowStatus::ListOverflow.code())));
             },
             |f| {
-                let lse_v = f.var("float", "0x7FF8000000000000");
-                let has_lse = f.v("icmp ne ptr addrspace(1) %raw_lse, null");
-                f.if_then(&has_lse, |f| {
-                    let la = f.gaddr("%raw_lse", r64, 4);
-                    let v = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
-                    f.set(&lse_v, &v);
-                });
-                let lse = f.get(&lse_v);
+                let lse = row_f32_or_nan(f, "%raw_lse", r64);
                 write_top_logprobs(f, k, row, &found, &lse, "%top_n");
             },
         );
@@ -516,6 +507,21 @@ fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &s
     f.get(&ok)
 }
 
+/// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.
+fn row_f32_or_nan(f: &mut Func, ptr: &str, r64: &str) -> String {
+    let out = f.var("float", "0x7FF8000000000000");
+    let has = f.v(format!("icmp ne ptr addrspace(1) {ptr}, null"));
+    f.if_then(&has, |f| {
+        let a = f.gaddr(ptr, r64, 4);
+        let v = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+        f.set(&out, &v);
+    });
+    f.get(&out)
+}
+
+/// `abi::filter::merge_row` of the row's `lists` (a `Scored [B, tiles, per_tile]` parameter):
+/// the sorted best `need_r` into `@fs_filter_top`, how many were found, and whether a list
+/// may have dropped one of them (i1; `ListError::Overflow`). Uniform over the CTA.
 fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, vocab_tile: u32) -> (String, String) {
     let none = (INDEX_NONE as i32).to_string();
     let threads = FILTER_THREADS.to_string();
@@ -725,14 +731,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                         // lse = 0 (a launch without the logsumexp, CodegenOptions::
                         // skip_logsumexp): NaN. The runtime passes 0 only when no row reads it
                         // (no top logprobs, no lone top-p); a stray read poisons, never faults.
-                        let lse_v = f.var("float", "0x7FF8000000000000");
-                        let has_lse = f.v("icmp ne ptr addrspace(1) %lse, null");
-                        f.if_then(&has_lse, |f| {
-                            let la = f.gaddr("%lse", &r64, 4);
-                            let v = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
-                            f.set(&lse_v, &v);
-                        });
-                        let lse = f.get(&lse_v);
+                        let lse = row_f32_or_nan(f, "%lse", &r64);
                         write_top_logprobs(f, &k, &row, &found, &lse, &top_n);
                         f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, sa.text(), &found, (&tk, &tp, &mp), &lse));
                     },

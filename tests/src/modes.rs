@@ -1,5 +1,7 @@
 //! The raw logprob mode's test pipelines (DESIGN.md step 10), shared by the CPU and GPU tests.
 
+use crate::Case;
+use flashsample::Samples;
 use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 
 /// Every output, five top logprobs.
@@ -36,4 +38,20 @@ pub fn raw_variants() -> Vec<Pipeline> {
     .into_iter()
     .map(|p| p.build().unwrap())
     .collect()
+}
+
+/// `case` sampled by [`serving`] in both modes on one backend: the same tokens and scores
+/// (sampling is processed in both), different logsumexp, logprobs and target logprobs, and raw
+/// outputs that fail the processed check (so a raw check cannot pass by accident), while the
+/// processed outputs pass it. Panics naming what differs.
+pub fn assert_modes_differ_only_in_logprobs(case: &Case, got_raw: &Samples, got_processed: &Samples) {
+    let processed = serving(LogprobMode::Processed);
+    assert_eq!(got_raw.tokens, got_processed.tokens, "sampling is processed in both modes");
+    assert_eq!(got_raw.scores, got_processed.scores);
+    assert_ne!(got_raw.logsumexp, got_processed.logsumexp);
+    assert_ne!(got_raw.logprobs, got_processed.logprobs);
+    assert_ne!(got_raw.target_logprobs, got_processed.target_logprobs);
+    let rows: Vec<usize> = (0..case.batch).collect();
+    assert!(case.check(&processed, got_raw, &rows).is_err(), "raw outputs must not pass as processed ones");
+    case.check(&processed, got_processed, &rows).unwrap();
 }

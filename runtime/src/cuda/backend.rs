@@ -606,17 +606,7 @@ impl CudaSampler {
         config: Option<&KernelConfig>,
         poison: Candidate,
     ) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
-        let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
-        let lse = self.pipeline.needs_logsumexp();
-        let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
-        let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
-        let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
-        plan.poison_scratch(poison)?;
-        let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
-        let out = plan.debug_stage_one(&up.args)?;
-        drop(up);
-        Ok(out)
+        self.debug_launch(hidden, weights, params, config, poison, |plan, args| plan.debug_stage_one(args))
     }
 
     /// Test hook: one launch of a raw logprob pipeline (DESIGN.md step 10) over poisoned
@@ -630,19 +620,34 @@ impl CudaSampler {
         params: &SamplingParams<'_>,
         config: Option<&KernelConfig>,
     ) -> Result<super::plan::RawPartials> {
+        let poison = Candidate { score: f32::NAN, index: 0, logit: f32::NAN };
+        let out = self.debug_launch(hidden, weights, params, config, poison, |plan, args| plan.debug_raw_partials(args))?;
+        out.ok_or_else(|| Error::Unsupported(format!("pipeline `{}` reports processed logprobs: no raw partials", self.pipeline.name)))
+    }
+
+    /// The test hooks' launch: a fresh plan of the kernel variant with the logsumexp, its
+    /// scratch poisoned (`poison` candidates, partials of NaN), the parameters uploaded, then
+    /// `run`.
+    fn debug_launch<T>(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+        poison: Candidate,
+        run: impl FnOnce(&SamplingPlan, &Args) -> Result<T>,
+    ) -> Result<T> {
         let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
-        let lse = self.launch_lse(params, shape.batch);
+        let lse = self.pipeline.needs_logsumexp();
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
         let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
-        let config = if need > 0 { config.exact_lists(need) } else { config };
         let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
-        let poison = Candidate { score: f32::NAN, index: 0, logit: f32::NAN };
         plan.poison_scratch(poison)?;
         let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
-        let out = plan.debug_raw_partials(&up.args)?;
+        let out = run(&plan, &up.args);
         drop(up);
-        out.ok_or_else(|| Error::Unsupported(format!("pipeline `{}` reports processed logprobs: no raw partials", self.pipeline.name)))
+        out
     }
 
     /// Test hook: whether the kernel for `config` is loaded from the on-disk PTX cache

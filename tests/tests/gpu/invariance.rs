@@ -7,6 +7,7 @@ use super::{fit_to_device, hopper_gpu};
 use flashsample::{GpuConfig, Grid, GridKind, KernelConfig, Sampler, Schedule};
 use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::invariance::Pool;
+use flashsample_tests::modes::serving;
 use flashsample_tests::Case;
 
 const ALL: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 4 };
@@ -18,18 +19,7 @@ fn pipelines() -> Vec<Pipeline> {
         b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
         b("Serving").logit_bias("logit_bias").penalties("pen").temperature_per_row("t").mask("allowed").filter("filter", 8).gumbel("seed", 1).outputs(ALL).build().unwrap(),
         // DESIGN.md step 10: raw partials, raw lists and the raw logits beside the lists.
-        b("RawServing")
-            .logit_bias("logit_bias")
-            .penalties("pen")
-            .temperature_per_row("t")
-            .mask("allowed")
-            .filter("filter", 8)
-            .gumbel("seed", 1)
-            .target_logprob("targets")
-            .outputs(ALL)
-            .logprob_mode(LogprobMode::Raw)
-            .build()
-            .unwrap(),
+        serving(LogprobMode::Raw),
     ]
 }
 
