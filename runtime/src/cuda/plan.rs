@@ -191,14 +191,7 @@ impl SamplingPlan {
         let raw = pipeline.needs_raw_logsumexp();
         let raw_lists = pipeline.raw_list_capacity() > 0;
         let list_raws = pipeline.lists_carry_raw();
-        let row_scratch = tiles
-            * (samples * std::mem::size_of::<Candidate>()
-                + if lse { std::mem::size_of::<LsePartial>() } else { 0 }
-                + if has_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 }
-                + if raw { std::mem::size_of::<LsePartial>() } else { 0 }
-                + if raw_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 }
-                + if list_raws { per_tile * 4 } else { 0 });
-        let chunk = chunk_rows(max_batch, row_scratch);
+        let chunk = chunk_rows(max_batch, row_scratch_bytes(&pipeline, tiles, per_tile, lse));
         let n = max_batch * samples;
         let alloc = |bytes: usize| device.alloc_bytes(bytes);
         let constant_t = match pipeline.temperature() {
@@ -765,6 +758,21 @@ fn chunk_args(p: &Pipeline, dim: usize, vocab: usize, a: &Args, first: usize, ro
     }
 }
 
+/// Bytes of per-(row, tile) scratch one row of a launch needs: candidates, the logsumexp
+/// partials (`lse`), the processed lists and, in the raw logprob mode, the raw partials, the
+/// raw lists and the raw logits beside the processed lists.
+fn row_scratch_bytes(p: &Pipeline, tiles: usize, per_tile: usize, lse: bool) -> usize {
+    let list = per_tile * std::mem::size_of::<Scored>();
+    let partial = std::mem::size_of::<LsePartial>();
+    tiles
+        * (p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
+            + if lse { partial } else { 0 }
+            + if p.list_capacity() > 0 { list } else { 0 }
+            + if p.needs_raw_logsumexp() { partial } else { 0 }
+            + if p.raw_list_capacity() > 0 { list } else { 0 }
+            + if p.lists_carry_raw() { per_tile * 4 } else { 0 })
+}
+
 /// Launches of up to this many rows always run whole.
 const CHUNK_MIN_ROWS: usize = 1024;
 /// The per-(row, tile) scratch a plan of more rows holds at most (candidates, logsumexp
@@ -818,10 +826,10 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunk_args, chunk_rows, Args, CHUNK_MIN_ROWS};
+    use super::{chunk_args, chunk_rows, row_scratch_bytes, Args, CHUNK_MIN_ROWS};
     use crate::launch::Shape;
     use flashsample_abi::{params::mask_words_per_row, RowFilter, Scored};
-    use flashsample_ir::{DType, Outputs, PipelineBuilder};
+    use flashsample_ir::{DType, LogprobMode, Outputs, PipelineBuilder};
 
     #[test]
     fn chunks_bound_the_scratch_and_never_split_small_batches() {
@@ -834,6 +842,28 @@ mod tests {
         assert!(c >= CHUNK_MIN_ROWS && c.is_multiple_of(128) && c * per_row <= 64 << 20, "{c}");
         assert_eq!(chunk_rows(8192, 1), 8192, "a chunk never exceeds the plan's batch");
         assert_eq!(chunk_rows(4096, 1 << 30), CHUNK_MIN_ROWS, "at least the minimum");
+    }
+
+    #[test]
+    fn raw_pipelines_count_their_raw_scratch_per_row() {
+        // DESIGN.md step 10: a raw pipeline's chunk also holds the raw partials (32 bytes per
+        // tile), the raw lists and the raw logits beside the processed lists.
+        let build = |mode| {
+            PipelineBuilder::new("R", DType::BF16, DType::BF16)
+                .temperature_per_row("t")
+                .filter("f", 8)
+                .gumbel("seed", 2)
+                .outputs(Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 3 })
+                .logprob_mode(mode)
+                .build()
+                .unwrap()
+        };
+        let (tiles, per_tile) = (1187, 8);
+        let processed = row_scratch_bytes(&build(LogprobMode::Processed), tiles, per_tile, true);
+        assert_eq!(processed, tiles * (2 * 12 + 32 + 8 * 8));
+        let raw = row_scratch_bytes(&build(LogprobMode::Raw), tiles, per_tile, true);
+        assert_eq!(raw, processed + tiles * (32 + 8 * 8 + 8 * 4));
+        assert!(chunk_rows(8192, raw) <= chunk_rows(8192, processed));
     }
 
     #[test]
