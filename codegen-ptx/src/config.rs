@@ -442,7 +442,7 @@ impl GpuConfig {
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
     /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`.
     pub fn fit_lists(&mut self, pipeline: &Pipeline) {
-        let cap = pipeline.list_capacity();
+        let cap = crate::list_capacity(pipeline);
         let max = cap.min(self.vocab_tile);
         self.list_per_tile = if cap == 0 {
             0
@@ -598,7 +598,7 @@ impl GpuConfig {
         if self.stagger_us > MAX_STAGGER_US {
             return Err(bad("stagger_us", format!("{} µs; 0..={MAX_STAGGER_US}", self.stagger_us)));
         }
-        let cap = pipeline.list_capacity();
+        let cap = crate::list_capacity(pipeline);
         if cap == 0 && self.list_per_tile != 0 {
             return Err(bad(
                 "list_per_tile",

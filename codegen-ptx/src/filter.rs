@@ -3,7 +3,8 @@
 //! `need`, detects lists that were too short (`RowStatus::ListOverflow`), applies the row's
 //! `RowFilter` in one thread with exactly `abi::filter::survivors`' f32 steps
 //! (`RowStatus::NucleusTooLarge` when the nucleus does not fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
-//! the top-n logprobs.
+//! the top-n logprobs. In the raw logprob mode (DESIGN.md step 10) the top logprobs come from
+//! the raw lists, merged first, and a drawn token reports the raw logit stored beside its entry.
 //!
 //! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
 //! rounds of block argmax over all entries costs `need · tiles · per_tile` reads, so first a
@@ -448,6 +449,211 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) ->
     (f.get(&n), f.get(&err))
 }
 
+/// The first `n` entries of `@fs_filter_top` (`found` of them real) as `out_top[row]`'s top-n
+/// logprobs `(index, logit − lse)`, EMPTY past the row's eligible tokens; nothing when `n` is 0
+/// or there is no `out_top`.
+fn write_top_logprobs(f: &mut Func, k: &Ctx, row: &str, found: &str, lse: &str, n: &str) {
+    let none = (INDEX_NONE as i32).to_string();
+    let top_ok = f.v("icmp ne ptr addrspace(1) %out_top, null");
+    let tn = f.v(format!("icmp ne i32 {n}, 0"));
+    let top_ok = f.and1(&top_ok, &tn);
+    f.if_then(&top_ok, |f| {
+        f.for_loop(&k.tid, n, &FILTER_THREADS.to_string(), |f, i| {
+            let have = f.ult(i, found);
+            let (x, idx) = load_shared_scored(f, "@fs_filter_top", i);
+            let lp = f.fsub(&x, lse);
+            let lp = f.sel("float", &have, &lp, NEG_INF);
+            let idx = f.sel("i32", &have, &idx, &none);
+            let o = f.mul(row, "%top_n");
+            let o = f.add(&o, i);
+            let o64 = f.zext64(&o);
+            let a = f.gaddr("%out_top", &o64, 8);
+            f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+            let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+            f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
+        });
+    });
+}
+
+/// DESIGN.md step 10, when `has_raw` and `out_top` (uniform): the row's raw lists merged to their first
+/// `top_n`, written as top logprobs against the raw row logsumexp (`%raw_lse`, NaN when 0).
+/// Returns whether the row may go on (i1): false when a raw list may have dropped a top
+/// token, and the row's status is then `ListOverflow`. Ends with a barrier (the merge below
+/// reuses the shared top list).
+fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &str, has_raw: &str, vocab_tile: u32) -> String {
+    let ok = f.var("i1", "true");
+    let tn = f.v("icmp ne i32 %top_n, 0");
+    let on = f.and1(has_raw, &tn);
+    // Without an output for them the raw lists are not merged (nor can they overflow).
+    let out = f.v("icmp ne ptr addrspace(1) %out_top, null");
+    let on = f.and1(&on, &out);
+    f.if_then(&on, |f| {
+        let need = f.v(format!("call i32 @llvm.umin.i32(i32 %top_n, i32 {MAX_LIST_CAPACITY})"));
+        let (found, overflow) = merge_lists(f, k, "%raw_lists", r64, &need, vocab_tile);
+        f.if_else(
+            &overflow,
+            |f| {
+                f.set(&ok, "false");
+                let t0 = k.tid0.clone();
+                f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {status_addr}, align 4", RowStatus::ListOverflow.code())));
+            },
+            |f| {
+                let lse = row_f32_or_nan(f, "%raw_lse", r64);
+                write_top_logprobs(f, k, row, &found, &lse, "%top_n");
+            },
+        );
+        f.barrier();
+    });
+    f.get(&ok)
+}
+
+/// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.
+fn row_f32_or_nan(f: &mut Func, ptr: &str, r64: &str) -> String {
+    let out = f.var("float", "0x7FF8000000000000");
+    let has = f.v(format!("icmp ne ptr addrspace(1) {ptr}, null"));
+    f.if_then(&has, |f| {
+        let a = f.gaddr(ptr, r64, 4);
+        let v = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+        f.set(&out, &v);
+    });
+    f.get(&out)
+}
+
+/// `abi::filter::merge_row` of the row's `lists` (a `Scored [B, tiles, per_tile]` parameter):
+/// the sorted best `need_r` into `@fs_filter_top`, how many were found, and whether a list
+/// may have dropped one of them (i1; `ListError::Overflow`). Uniform over the CTA.
+fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, vocab_tile: u32) -> (String, String) {
+    let none = (INDEX_NONE as i32).to_string();
+    let threads = FILTER_THREADS.to_string();
+    let len = f.mul("%tiles", "%per_tile");
+    let len64 = f.zext64(&len);
+    let rbase = f.v(format!("mul i64 {r64}, {len64}"));
+    let per_tile64 = f.zext64("%per_tile");
+    let heads_load = |f: &mut Func, e: &str| {
+        let e64 = f.zext64(e);
+        let off = f.v(format!("mul i64 {e64}, {per_tile64}"));
+        let off = f.v(format!("add i64 {rbase}, {off}"));
+        load_global_scored(f, lists, &off)
+    };
+    let all_load = |f: &mut Func, e: &str| {
+        let e64 = f.zext64(e);
+        let off = f.v(format!("add i64 {rbase}, {e64}"));
+        load_global_scored(f, lists, &off)
+    };
+    // Threshold from the tile heads (see the module docs); none when too few.
+    let tau_key = f.var("i32", "0");
+    let tau_on = f.var("i1", "false");
+    let enough = f.v(format!("icmp uge i32 %tiles, {need_r}"));
+    f.if_then(&enough, |f| {
+        let (on, key) = head_threshold(f, k, need_r, &heads_load);
+        f.set(&tau_on, &on);
+        f.set(&tau_key, &key);
+    });
+    let (tkey, ton) = (f.get(&tau_key), f.get(&tau_on));
+    let cnt_a = misc(f, 0);
+    let ovf_a = misc(f, 1);
+    f.if_then(&k.tid0, |f| {
+        f.s(format!("store i32 0, ptr addrspace(3) {cnt_a}, align 4"));
+        f.s(format!("store i32 0, ptr addrspace(3) {ovf_a}, align 4"));
+    });
+    f.barrier();
+    f.for_loop(&k.tid, &len, &threads, |f, e| {
+        let (x, i) = all_load(f, e);
+        let real = f.v(format!("icmp ne i32 {i}, {none}"));
+        // 0 unless x > -inf.
+        let key = f.order_key(&x);
+        let live = f.v(format!("icmp ne i32 {key}, 0"));
+        let below = f.ult(&key, &tkey);
+        let below = f.and1(&ton, &below);
+        let within = f.v(format!("xor i1 {below}, true"));
+        let keep = f.and1(&real, &live);
+        let keep = f.and1(&keep, &within);
+        f.if_then(&keep, |f| {
+            let pos = f.v(format!("atomicrmw add ptr addrspace(3) {cnt_a}, i32 1 monotonic"));
+            let fits = f.ult(&pos, &CANDIDATES.to_string());
+            f.if_then(&fits, |f| store_shared_scored(f, "@fs_filter_cand", &pos, &x, &i));
+        });
+    });
+    f.barrier();
+    let cnt = f.v(format!("load i32, ptr addrspace(3) {cnt_a}, align 4"));
+    let staged = f.v(format!("icmp ule i32 {cnt}, {CANDIDATES}"));
+    let few = f.v(format!("icmp ule i32 {cnt}, {RANK_SORT_MAX}"));
+    let write_top = |f: &mut Func, kk: &str, x: &str, i: &str| {
+        let t0 = k.tid0.clone();
+        f.if_then(&t0, |f| store_shared_scored(f, "@fs_filter_top", kk, x, i));
+    };
+    let found = f.var("i32", "0");
+    let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
+    f.if_else(
+        &few,
+        |f| {
+            // Rank sort: entry e goes to top[rank(e)], rank = how many staged
+            // entries beat it. The order is total (distinct indices), so the
+            // ranks are distinct and top[..min(cnt, need)] is the sorted best.
+            f.for_loop(&k.tid, &cnt, &threads, |f, e| {
+                let (x, i) = cand_load(f, e);
+                let rank = f.var("i32", "0");
+                f.for_loop("0", &cnt, "1", |f, j| {
+                    let (xj, ij) = cand_load(f, j);
+                    let b = f.beats(&xj, &ij, &x, &i);
+                    let b = f.v(format!("zext i1 {b} to i32"));
+                    let r0 = f.get(&rank);
+                    let r1 = f.add(&r0, &b);
+                    f.set(&rank, &r1);
+                });
+                let r = f.get(&rank);
+                let in_top = f.ult(&r, need_r);
+                f.if_then(&in_top, |f| store_shared_scored(f, "@fs_filter_top", &r, &x, &i));
+            });
+            let n = f.v(format!("call i32 @llvm.umin.i32(i32 {cnt}, i32 {need_r})"));
+            f.set(&found, &n);
+        },
+        |f| {
+            f.if_else(
+                &staged,
+                |f| {
+                    let (n, _, _) = select_rounds(f, k, need_r, &cnt, &cand_load, &write_top);
+                    f.set(&found, &n);
+                },
+                |f| {
+                    let (n, _, _) = select_rounds(f, k, need_r, &len, &all_load, &write_top);
+                    f.set(&found, &n);
+                },
+            );
+        },
+    );
+    // The top list's writes are read below.
+    f.barrier();
+    let found = f.get(&found);
+
+    // merge_row's overflow test: a tile whose last entry ranks before the
+    // `need`-th selected token may have dropped one. Lists that hold whole tiles
+    // (per_tile >= vocab_tile) cannot have dropped anything.
+    let short = f.ult("%per_tile", need_r);
+    let partial = f.ult("%per_tile", &vocab_tile.to_string());
+    let filled = f.v(format!("icmp eq i32 {found}, {need_r}"));
+    let check = f.and1(&short, &partial);
+    let check = f.and1(&check, &filled);
+    f.if_then(&check, |f| {
+        let lastk = f.add(need_r, "-1");
+        let (lx, li) = load_shared_scored(f, "@fs_filter_top", &lastk);
+        let pt1 = f.add("%per_tile", "-1");
+        f.for_loop(&k.tid, "%tiles", &threads, |f, t| {
+            let e = f.mul(t, "%per_tile");
+            let e = f.add(&e, &pt1);
+            let (x, i) = all_load(f, &e);
+            let real = f.v(format!("icmp ne i32 {i}, {none}"));
+            let before = f.beats(&x, &i, &lx, &li);
+            let bad = f.and1(&real, &before);
+            f.if_then(&bad, |f| f.s(format!("store i32 1, ptr addrspace(3) {ovf_a}, align 4")));
+        });
+    });
+    f.barrier();
+    let ovf = f.v(format!("load i32, ptr addrspace(3) {ovf_a}, align 4"));
+    let overflow = f.v(format!("icmp ne i32 {ovf}, 0"));
+    (found, overflow)
+}
+
 pub(crate) fn emit(c: &GpuConfig) -> String {
     let mut f = Func::new();
     let row = f.sreg("ctaid.x");
@@ -458,8 +664,6 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
     let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
     let parity = f.var("i32", "0");
     let k = Ctx { tid, warp, lane0, tid0, parity };
-    let none = (INDEX_NONE as i32).to_string();
-    let threads = FILTER_THREADS.to_string();
     let vocab_tile = c.vocab_tile;
 
     let in_batch = f.ult(&row, "%batch");
@@ -503,139 +707,20 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
             let g = f.get(&greedy);
             let skip = f.v(format!("or i1 {off}, {g}"));
             let filtered = f.v(format!("xor i1 {skip}, true"));
-            let need_r = f.sel("i32", &filtered, "%need", "%top_n");
+            // DESIGN.md step 10: raw top logprobs come from the raw lists, merged first; the
+            // processed lists then serve the filter alone.
+            let has_raw = f.v("icmp ne ptr addrspace(1) %raw_lists, null");
+            let raw_ok = raw_top_logprobs(f, &k, &row, &r64, sa.text(), &has_raw, vocab_tile);
+            let top_n = f.sel("i32", &has_raw, "0", "%top_n");
+            let need_r = f.sel("i32", &filtered, "%need", &top_n);
             let need_r = f.v(format!(
                 "call i32 @llvm.umin.i32(i32 {need_r}, i32 {})",
                 MAX_LIST_CAPACITY
             ));
             let any = f.v(format!("icmp ne i32 {need_r}, 0"));
+            let any = f.and1(&any, &raw_ok);
             f.if_then(&any, |f| {
-                let len = f.mul("%tiles", "%per_tile");
-                let len64 = f.zext64(&len);
-                let rbase = f.v(format!("mul i64 {r64}, {len64}"));
-                let per_tile64 = f.zext64("%per_tile");
-                let heads_load = |f: &mut Func, e: &str| {
-                    let e64 = f.zext64(e);
-                    let off = f.v(format!("mul i64 {e64}, {per_tile64}"));
-                    let off = f.v(format!("add i64 {rbase}, {off}"));
-                    load_global_scored(f, "%lists", &off)
-                };
-                let all_load = |f: &mut Func, e: &str| {
-                    let e64 = f.zext64(e);
-                    let off = f.v(format!("add i64 {rbase}, {e64}"));
-                    load_global_scored(f, "%lists", &off)
-                };
-                // Threshold from the tile heads (see the module docs); none when too few.
-                let tau_key = f.var("i32", "0");
-                let tau_on = f.var("i1", "false");
-                let enough = f.v(format!("icmp uge i32 %tiles, {need_r}"));
-                f.if_then(&enough, |f| {
-                    let (on, key) = head_threshold(f, &k, &need_r, &heads_load);
-                    f.set(&tau_on, &on);
-                    f.set(&tau_key, &key);
-                });
-                let (tkey, ton) = (f.get(&tau_key), f.get(&tau_on));
-                let cnt_a = misc(f, 0);
-                let ovf_a = misc(f, 1);
-                f.if_then(&k.tid0, |f| {
-                    f.s(format!("store i32 0, ptr addrspace(3) {cnt_a}, align 4"));
-                    f.s(format!("store i32 0, ptr addrspace(3) {ovf_a}, align 4"));
-                });
-                f.barrier();
-                f.for_loop(&k.tid, &len, &threads, |f, e| {
-                    let (x, i) = all_load(f, e);
-                    let real = f.v(format!("icmp ne i32 {i}, {none}"));
-                    // 0 unless x > -inf.
-                    let key = f.order_key(&x);
-                    let live = f.v(format!("icmp ne i32 {key}, 0"));
-                    let below = f.ult(&key, &tkey);
-                    let below = f.and1(&ton, &below);
-                    let within = f.v(format!("xor i1 {below}, true"));
-                    let keep = f.and1(&real, &live);
-                    let keep = f.and1(&keep, &within);
-                    f.if_then(&keep, |f| {
-                        let pos = f.v(format!("atomicrmw add ptr addrspace(3) {cnt_a}, i32 1 monotonic"));
-                        let fits = f.ult(&pos, &CANDIDATES.to_string());
-                        f.if_then(&fits, |f| store_shared_scored(f, "@fs_filter_cand", &pos, &x, &i));
-                    });
-                });
-                f.barrier();
-                let cnt = f.v(format!("load i32, ptr addrspace(3) {cnt_a}, align 4"));
-                let staged = f.v(format!("icmp ule i32 {cnt}, {CANDIDATES}"));
-                let few = f.v(format!("icmp ule i32 {cnt}, {RANK_SORT_MAX}"));
-                let write_top = |f: &mut Func, kk: &str, x: &str, i: &str| {
-                    let t0 = k.tid0.clone();
-                    f.if_then(&t0, |f| store_shared_scored(f, "@fs_filter_top", kk, x, i));
-                };
-                let found = f.var("i32", "0");
-                let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
-                f.if_else(
-                    &few,
-                    |f| {
-                        // Rank sort: entry e goes to top[rank(e)], rank = how many staged
-                        // entries beat it. The order is total (distinct indices), so the
-                        // ranks are distinct and top[..min(cnt, need)] is the sorted best.
-                        f.for_loop(&k.tid, &cnt, &threads, |f, e| {
-                            let (x, i) = cand_load(f, e);
-                            let rank = f.var("i32", "0");
-                            f.for_loop("0", &cnt, "1", |f, j| {
-                                let (xj, ij) = cand_load(f, j);
-                                let b = f.beats(&xj, &ij, &x, &i);
-                                let b = f.v(format!("zext i1 {b} to i32"));
-                                let r0 = f.get(&rank);
-                                let r1 = f.add(&r0, &b);
-                                f.set(&rank, &r1);
-                            });
-                            let r = f.get(&rank);
-                            let in_top = f.ult(&r, &need_r);
-                            f.if_then(&in_top, |f| store_shared_scored(f, "@fs_filter_top", &r, &x, &i));
-                        });
-                        let n = f.v(format!("call i32 @llvm.umin.i32(i32 {cnt}, i32 {need_r})"));
-                        f.set(&found, &n);
-                    },
-                    |f| {
-                        f.if_else(
-                            &staged,
-                            |f| {
-                                let (n, _, _) = select_rounds(f, &k, &need_r, &cnt, &cand_load, &write_top);
-                                f.set(&found, &n);
-                            },
-                            |f| {
-                                let (n, _, _) = select_rounds(f, &k, &need_r, &len, &all_load, &write_top);
-                                f.set(&found, &n);
-                            },
-                        );
-                    },
-                );
-                // The top list's writes are read below.
-                f.barrier();
-                let found = f.get(&found);
-
-                // merge_row's overflow test: a tile whose last entry ranks before the
-                // `need`-th selected token may have dropped one. Lists that hold whole tiles
-                // (per_tile >= vocab_tile) cannot have dropped anything.
-                let short = f.ult("%per_tile", &need_r);
-                let partial = f.ult("%per_tile", &vocab_tile.to_string());
-                let filled = f.v(format!("icmp eq i32 {found}, {need_r}"));
-                let check = f.and1(&short, &partial);
-                let check = f.and1(&check, &filled);
-                f.if_then(&check, |f| {
-                    let lastk = f.add(&need_r, "-1");
-                    let (lx, li) = load_shared_scored(f, "@fs_filter_top", &lastk);
-                    let pt1 = f.add("%per_tile", "-1");
-                    f.for_loop(&k.tid, "%tiles", &threads, |f, t| {
-                        let e = f.mul(t, "%per_tile");
-                        let e = f.add(&e, &pt1);
-                        let (x, i) = all_load(f, &e);
-                        let real = f.v(format!("icmp ne i32 {i}, {none}"));
-                        let before = f.beats(&x, &i, &lx, &li);
-                        let bad = f.and1(&real, &before);
-                        f.if_then(&bad, |f| f.s(format!("store i32 1, ptr addrspace(3) {ovf_a}, align 4")));
-                    });
-                });
-                f.barrier();
-                let ovf = f.v(format!("load i32, ptr addrspace(3) {ovf_a}, align 4"));
-                let overflow = f.v(format!("icmp ne i32 {ovf}, 0"));
+                let (found, overflow) = merge_lists(f, &k, "%lists", &r64, &need_r, vocab_tile);
                 f.if_else(
                     &overflow,
                     |f| {
@@ -646,34 +731,8 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                         // lse = 0 (a launch without the logsumexp, CodegenOptions::
                         // skip_logsumexp): NaN. The runtime passes 0 only when no row reads it
                         // (no top logprobs, no lone top-p); a stray read poisons, never faults.
-                        let lse_v = f.var("float", "0x7FF8000000000000");
-                        let has_lse = f.v("icmp ne ptr addrspace(1) %lse, null");
-                        f.if_then(&has_lse, |f| {
-                            let la = f.gaddr("%lse", &r64, 4);
-                            let v = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
-                            f.set(&lse_v, &v);
-                        });
-                        let lse = f.get(&lse_v);
-                        // Top-n logprobs (every row), EMPTY past the row's eligible tokens.
-                        let top_ok = f.v("icmp ne ptr addrspace(1) %out_top, null");
-                        let tn = f.v("icmp ne i32 %top_n, 0");
-                        let top_ok = f.and1(&top_ok, &tn);
-                        f.if_then(&top_ok, |f| {
-                            f.for_loop(&k.tid, "%top_n", &threads, |f, i| {
-                                let have = f.ult(i, &found);
-                                let (x, idx) = load_shared_scored(f, "@fs_filter_top", i);
-                                let lp = f.fsub(&x, &lse);
-                                let lp = f.sel("float", &have, &lp, NEG_INF);
-                                let idx = f.sel("i32", &have, &idx, &none);
-                                let o = f.mul(&row, "%top_n");
-                                let o = f.add(&o, i);
-                                let o64 = f.zext64(&o);
-                                let a = f.gaddr("%out_top", &o64, 8);
-                                f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
-                                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                                f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
-                            });
-                        });
+                        let lse = row_f32_or_nan(f, "%lse", &r64);
+                        write_top_logprobs(f, &k, &row, &found, &lse, &top_n);
                         f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, sa.text(), &found, (&tk, &tp, &mp), &lse));
                     },
                 );
@@ -789,6 +848,7 @@ fn draw_filtered(
                         f.set(vp, &np);
                     });
                 });
+                let bl = drawn_raw_logit(f, k, r64, &bi, &bl);
                 let t0 = k.tid0.clone();
                 let real = f.v(format!("icmp ne i32 {bi}, {none}"));
                 let w = f.and1(&t0, &real);
@@ -804,4 +864,38 @@ fn draw_filtered(
             });
         },
     );
+}
+
+/// DESIGN.md step 10 (`abi::raw::raw_logit_of`): with `%list_raws`, the raw logit stored beside
+/// the drawn `token`'s entry in the row's processed lists (one entry holds it; NaN if none
+/// does), else `logit`. `token` is uniform (a [`block_best`] result), so are the barriers.
+fn drawn_raw_logit(f: &mut Func, k: &Ctx, r64: &str, token: &str, logit: &str) -> String {
+    let out = f.var("float", logit);
+    let has = f.v("icmp ne ptr addrspace(1) %list_raws, null");
+    f.if_then(&has, |f| {
+        let slot = misc(f, 4);
+        let t0 = k.tid0.clone();
+        f.if_then(&t0, |f| f.s(format!("store float 0x7FF8000000000000, ptr addrspace(3) {slot}, align 4")));
+        f.barrier();
+        let len = f.mul("%tiles", "%per_tile");
+        let len64 = f.zext64(&len);
+        let rbase = f.v(format!("mul i64 {r64}, {len64}"));
+        f.for_loop(&k.tid, &len, &FILTER_THREADS.to_string(), |f, e| {
+            let e64 = f.zext64(e);
+            let off = f.v(format!("add i64 {rbase}, {e64}"));
+            let (_, i) = load_global_scored(f, "%lists", &off);
+            let hit = f.v(format!("icmp eq i32 {i}, {token}"));
+            f.if_then(&hit, |f| {
+                let a = f.gaddr("%list_raws", &off, 4);
+                let r = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                f.s(format!("store float {r}, ptr addrspace(3) {slot}, align 4"));
+            });
+        });
+        f.barrier();
+        let r = f.v(format!("load float, ptr addrspace(3) {slot}, align 4"));
+        f.set(&out, &r);
+        // The next sample rewrites the slot.
+        f.barrier();
+    });
+    f.get(&out)
 }

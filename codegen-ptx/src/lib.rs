@@ -83,10 +83,6 @@ pub enum PtxError {
     /// LLVM rejected or failed to compile the module.
     #[error("LLVM failed: {0}")]
     Llvm(String),
-    /// A raw-logprob pipeline (DESIGN.md step 10): the kernels carry the processed logsumexp
-    /// and lists only, so they would report processed values.
-    #[error("pipeline `{0}` reports raw logprobs, which the GPU kernels do not compute yet")]
-    RawLogprobs(String),
 }
 
 /// A compiled pipeline: one PTX module holding both kernels.
@@ -99,7 +95,7 @@ pub struct CompiledPtx {
     /// Entry name of the stage-two kernel (`flashsample_stage2`).
     pub stage2: &'static str,
     /// Entry name of the stage-three kernel (`flashsample_filter`), present only when the
-    /// pipeline keeps lists (`Pipeline::list_capacity() > 0`).
+    /// pipeline keeps lists ([`list_capacity`] > 0).
     pub filter: Option<&'static str>,
     /// The config the stage-one kernel was specialised for (its geometry must be used).
     pub config: GpuConfig,
@@ -133,6 +129,14 @@ impl CodegenOptions {
     }
 }
 
+/// Entries per row the GPU's per-tile lists must deliver: the processed lists' capacity
+/// (`Pipeline::list_capacity`) and, in the raw logprob mode, the raw lists'
+/// (`Pipeline::raw_list_capacity`; DESIGN.md step 10). Stage one keeps both kinds at the
+/// config's `list_per_tile`, and stage three runs whenever this is not 0.
+pub fn list_capacity(pipeline: &Pipeline) -> u32 {
+    pipeline.list_capacity().max(pipeline.raw_list_capacity())
+}
+
 /// The LLVM IR text of the module (both kernels), before optimisation. For inspection.
 pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxError> {
     llvm_ir_with(pipeline, config, CodegenOptions::for_config(config))
@@ -145,9 +149,6 @@ pub fn llvm_ir_with(
     options: CodegenOptions,
 ) -> Result<String, PtxError> {
     config.validate_shape(pipeline)?;
-    if !pipeline.logprob_mode.is_processed() {
-        return Err(PtxError::RawLogprobs(pipeline.name.clone()));
-    }
     let mut m = String::from(ir::PRELUDE);
     m.push_str("declare float @llvm.fma.f32(float, float, float)\n");
     // wgmma's 128-byte swizzle is a function of absolute shared addresses: every 8-row
@@ -164,7 +165,7 @@ pub fn llvm_ir_with(
     m.push_str(&stage1::emit(pipeline, config, lse));
     m.push('\n');
     m.push_str(&stage2::emit());
-    if pipeline.list_capacity() > 0 {
+    if list_capacity(pipeline) > 0 {
         m.push('\n');
         m.push_str(&filter::shared_decls());
         m.push_str(&filter::emit(config));
@@ -200,7 +201,7 @@ pub fn compile_with(
         ptx,
         stage1: stage1::NAME,
         stage2: stage2::NAME,
-        filter: (pipeline.list_capacity() > 0).then_some(filter::NAME),
+        filter: (list_capacity(pipeline) > 0).then_some(filter::NAME),
         config: config.clone(),
         arch,
     })

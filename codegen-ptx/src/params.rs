@@ -178,6 +178,14 @@ kernel_params! {
         /// The launch row of this kernel's row 0 (a plan runs a large batch in row chunks):
         /// the noise counter row of a row without its own seed is `row_base + row`.
         row_base: U32,
+        /// `LsePartial [B, tiles]` of the raw logits (DESIGN.md step 10), or 0 in the
+        /// processed mode.
+        raw_lse: MutPtr,
+        /// `Scored [B, tiles, list_per_tile]` lists keyed by raw logit (raw `top_logprobs`), or 0.
+        raw_lists: MutPtr,
+        /// `f32 [B, tiles, list_per_tile]`: beside each entry of `lists` its raw logit
+        /// (`Pipeline::lists_carry_raw`), or 0.
+        list_raws: MutPtr,
     }
 }
 
@@ -204,6 +212,11 @@ kernel_params! {
         /// Stage one's `f32 [B]` target logits, turned in place into `x − lse` (NaN for a
         /// failed row), or 0.
         target_logprobs: MutPtr,
+        /// Stage one's raw logsumexp partials (DESIGN.md step 10) or 0. When given, the
+        /// target logprobs take the raw row logsumexp instead of the processed one.
+        raw_lse: ConstPtr,
+        /// `f32 [B]` the raw row logsumexp, or 0.
+        out_raw_lse: MutPtr,
     }
 }
 
@@ -240,5 +253,13 @@ kernel_params! {
         row_steps: ConstPtr,
         /// As stage one's `row_base`: the noise counter row is `row_base + row`.
         row_base: U32,
+        /// Stage one's raw lists (`Scored [B, tiles, per_tile]`) or 0; when given, the top
+        /// logprobs are their merged first `top_n` minus `raw_lse` (DESIGN.md step 10).
+        raw_lists: ConstPtr,
+        /// `f32 [B]` stage two's raw row logsumexp, or 0 (read as NaN).
+        raw_lse: ConstPtr,
+        /// Stage one's `f32` raw logit beside each entry of `lists`, or 0: a drawn token
+        /// then reports its raw logit.
+        list_raws: ConstPtr,
     }
 }

@@ -1,7 +1,8 @@
 //! The stage-two kernel `flashsample_stage2`: one CTA of [`STAGE2_THREADS`] per batch row
 //! reduces the row's candidates over tiles (max score, ties to the lower index; any
 //! `INDEX_NONFINITE` tile → `RowStatus::NonFinite`; no candidate → `RowStatus::AllMasked`)
-//! and sums the logsumexp partials exactly (`abi::LseSum`).
+//! and sums the logsumexp partials exactly (`abi::LseSum`): the processed ones and, in the raw
+//! logprob mode (DESIGN.md step 10), the raw logits' ones.
 
 use crate::config::STAGE2_THREADS;
 use crate::ir::{Func, Var, NEG_INF};
@@ -165,73 +166,89 @@ pub(crate) fn emit() -> String {
             f.s(format!("store i32 {st}, ptr addrspace(1) {a}, align 4"));
         });
 
-        let lse_in = f.v("icmp ne ptr addrspace(1) %lse, null");
-        let lse_out = f.v("icmp ne ptr addrspace(1) %out_lse, null");
-        let both = f.and1(&lse_in, &lse_out);
-        // Uniform over the CTA, so the barrier inside is safe.
-        f.if_then(&both, |f| {
-            // abi::LseSum: each thread sums its tiles' partials in u128, then the lanes, then the
-            // warps; the sum is exact, so its order does not matter.
-            let w = f.var("i32", &EMPTY_WINDOW.to_string());
-            let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i128", "0"));
-            let base = f.mul(&row, "%tiles");
-            f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
-                let i = f.add(&base, tile);
-                let i64v = f.zext64(&i);
-                let part = lse::load_partial_wide(f, "%lse", &i64v);
-                let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
-                let (nw, ns) = lse::merge_call(f, true, &cur, &part);
-                f.set(&w, &nw);
-                for (v, x) in sums.iter().zip(&ns) {
-                    f.set(v, x);
-                }
-            });
-            let mine = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
-            let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
-            f.if_then(&lane0, |f| {
-                let a = lse_scratch(f, &warp, 0);
-                let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
-                f.s(format!("store i128 {wide}, ptr addrspace(3) {a}, align 16"));
-                for (k, v) in warp_sum.1.iter().enumerate() {
-                    let a = lse_scratch(f, &warp, k as u32 + 1);
-                    f.s(format!("store i128 {v}, ptr addrspace(3) {a}, align 16"));
-                }
-            });
-            f.barrier();
-            f.if_then(&tid0, |f| {
-                let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn(|_| "0".to_string()));
-                for wi in 0..WARPS {
-                    let wi = wi.to_string();
-                    let a = lse_scratch(f, &wi, 0);
-                    let ww = f.v(format!("load i128, ptr addrspace(3) {a}, align 16"));
-                    let ww = f.v(format!("trunc i128 {ww} to i32"));
-                    let ws = std::array::from_fn(|k| {
-                        let a = lse_scratch(f, &wi, k as u32 + 1);
-                        f.v(format!("load i128, ptr addrspace(3) {a}, align 16"))
-                    });
-                    acc = lse::merge_call(f, true, &acc, &(ww, ws));
-                }
-                let l = f.v(format!(
-                    "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",
-                    acc.0, acc.1[0], acc.1[1], acc.1[2]
-                ));
-                let r64 = f.zext64(&row);
-                let a = f.gaddr("%out_lse", &r64, 4);
-                f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
-                // Step 7b: the target's logit becomes its logprob (NaN for a failed row).
-                let has_targets = f.v("icmp ne ptr addrspace(1) %target_logprobs, null");
-                f.if_then(&has_targets, |f| {
-                    let a = f.gaddr("%target_logprobs", &r64, 4);
-                    let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                    let lp = f.fsub(&x, &l);
-                    let st = f.get(&status);
-                    let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
-                    let lp = f.sel("float", &ok, &lp, "0x7FF8000000000000");
-                    f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
-                });
-            });
-        });
+        // The processed row logsumexp; the targets take the raw one when there is one.
+        let raw_in = f.v("icmp ne ptr addrspace(1) %raw_lse, null");
+        let proc_targets = f.v(format!("xor i1 {raw_in}, true"));
+        row_logsumexp(f, &row, &tid, &warp, &lane0, &tid0, &status, ("%lse", "%out_lse"), &proc_targets);
+        // DESIGN.md step 10: the raw row logsumexp, from the raw logits' partials.
+        row_logsumexp(f, &row, &tid, &warp, &lane0, &tid0, &status, ("%raw_lse", "%out_raw_lse"), "true");
     });
     f.s("ret void");
     f.finish(&STAGE2.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{STAGE2_THREADS}\"")))
+}
+
+/// The row's logsumexp from the `(partials, out)` pair (both non-null, else nothing), and,
+/// when `targets` (an i1) holds, the target's logit turned into its logprob with it (step 7b).
+/// Uniform over the CTA (its barrier is safe).
+#[allow(clippy::too_many_arguments)]
+fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, tid0: &str, status: &Var, (partials, out): (&str, &str), targets: &str) {
+    let lse_in = f.v(format!("icmp ne ptr addrspace(1) {partials}, null"));
+    let lse_out = f.v(format!("icmp ne ptr addrspace(1) {out}, null"));
+    let both = f.and1(&lse_in, &lse_out);
+    // Uniform over the CTA, so the barrier inside is safe.
+    f.if_then(&both, |f| {
+        // abi::LseSum: each thread sums its tiles' partials in u128, then the lanes, then the
+        // warps; the sum is exact, so its order does not matter.
+        let w = f.var("i32", &EMPTY_WINDOW.to_string());
+        let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i128", "0"));
+        let base = f.mul(row, "%tiles");
+        f.for_loop(tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+            let i = f.add(&base, tile);
+            let i64v = f.zext64(&i);
+            let part = lse::load_partial_wide(f, partials, &i64v);
+            let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+            let (nw, ns) = lse::merge_call(f, true, &cur, &part);
+            f.set(&w, &nw);
+            for (v, x) in sums.iter().zip(&ns) {
+                f.set(v, x);
+            }
+        });
+        let mine = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+        let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
+        f.if_then(lane0, |f| {
+            let a = lse_scratch(f, warp, 0);
+            let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
+            f.s(format!("store i128 {wide}, ptr addrspace(3) {a}, align 16"));
+            for (k, v) in warp_sum.1.iter().enumerate() {
+                let a = lse_scratch(f, warp, k as u32 + 1);
+                f.s(format!("store i128 {v}, ptr addrspace(3) {a}, align 16"));
+            }
+        });
+        f.barrier();
+        f.if_then(tid0, |f| {
+            let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn(|_| "0".to_string()));
+            for wi in 0..WARPS {
+                let wi = wi.to_string();
+                let a = lse_scratch(f, &wi, 0);
+                let ww = f.v(format!("load i128, ptr addrspace(3) {a}, align 16"));
+                let ww = f.v(format!("trunc i128 {ww} to i32"));
+                let ws = std::array::from_fn(|k| {
+                    let a = lse_scratch(f, &wi, k as u32 + 1);
+                    f.v(format!("load i128, ptr addrspace(3) {a}, align 16"))
+                });
+                acc = lse::merge_call(f, true, &acc, &(ww, ws));
+            }
+            let l = f.v(format!(
+                "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",
+                acc.0, acc.1[0], acc.1[1], acc.1[2]
+            ));
+            let r64 = f.zext64(row);
+            let a = f.gaddr(out, &r64, 4);
+            f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
+            // Step 7b: the target's logit becomes its logprob (NaN for a failed row).
+            let has_targets = f.v("icmp ne ptr addrspace(1) %target_logprobs, null");
+            let has_targets = f.and1(&has_targets, targets);
+            f.if_then(&has_targets, |f| {
+                let a = f.gaddr("%target_logprobs", &r64, 4);
+                let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                let lp = f.fsub(&x, &l);
+                let st = f.get(status);
+                let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
+                let lp = f.sel("float", &ok, &lp, "0x7FF8000000000000");
+                f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+            });
+        });
+        // A second call rewrites the scratch thread 0 just read.
+        f.barrier();
+    });
 }

@@ -2,7 +2,7 @@
 //! recorded H200 limits. Nothing here needs a GPU.
 
 use flashsample_codegen_ptx::{compile, Arch, CompiledPtx, GpuConfig, GpuLimits, Grid, GridKind, PtxError, Schedule};
-use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 
 fn full(dtype: DType) -> Pipeline {
     PipelineBuilder::new("Full", dtype, dtype)
@@ -38,6 +38,26 @@ fn filtered(dtype: DType) -> Pipeline {
         })
         .build()
         .unwrap()
+}
+
+/// [`filtered`] in the raw logprob mode (DESIGN.md step 10): raw top lists, the raw logit
+/// beside each processed list entry, a second logsumexp.
+fn raw_filtered(dtype: DType) -> Pipeline {
+    let mut p = filtered(dtype);
+    p.name = "RawFiltered".into();
+    p.logprob_mode = LogprobMode::Raw;
+    p.validate().unwrap();
+    p
+}
+
+/// A raw pipeline with raw top logprobs and no filter: its lists are the raw ones alone.
+fn raw_top(dtype: DType) -> Pipeline {
+    let mut p = full(dtype);
+    p.name = "RawTop".into();
+    p.logprob_mode = LogprobMode::Raw;
+    p.outputs.top_logprobs = 4;
+    p.validate().unwrap();
+    p
 }
 
 fn with_lists(mut c: GpuConfig, p: &Pipeline) -> GpuConfig {
@@ -135,7 +155,7 @@ fn stage1_has_the_design_parameter_list() {
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
             ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32"
+            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64"
         ]
     );
     // The table the runtime pushes from is the one the header came from.
@@ -150,7 +170,7 @@ fn stage1_has_the_design_parameter_list() {
         .collect();
     assert_eq!(
         types,
-        [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"]
+        [".u64", ".u64", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64"]
     );
 }
 
@@ -243,10 +263,10 @@ fn list_pipelines_get_the_filter_kernel() {
         entry_param_types(&k.ptx, "flashsample_filter"),
         [
             ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32"
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64"
         ]
     );
-    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 20);
+    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 23);
     assert!(!k.ptx.contains(".local"), "no local memory");
     // The penalty lookup is out of line, the survivors use the abi's ln / exp.
     assert!(k.ptx.contains("fs_penalize_token"));
@@ -856,7 +876,7 @@ fn ptxas_accepts_every_schedule() {
         .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 5 })
         .build()
         .unwrap();
-    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32), scorer] {
+    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32), scorer, raw_filtered(DType::BF16), raw_top(DType::BF16)] {
         for (d, v) in [(4096, 151_936), (8192, 128_256)] {
             for batch in [1, 8, 33, 64, 128, 256, 512] {
                 configs.push((p.clone(), GpuConfig::heuristic(&p, batch, d, v, &h200)));
@@ -890,4 +910,31 @@ fn ptxas_accepts_every_schedule() {
     }
     assert!(seen.len() >= 10, "only {} distinct modules", seen.len());
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// DESIGN.md step 10 on the GPU: a raw pipeline's stage one writes the raw partials, the raw
+/// lists and the raw logit beside each processed entry, and its filter reads them; a processed
+/// pipeline's stage one never touches those parameters.
+#[test]
+fn raw_pipelines_write_the_raw_partials_and_lists() {
+    use flashsample_codegen_ptx::llvm_ir;
+    let uses = |ir: &str, kernel: &str, param: &str| ir_function(ir, kernel).matches(param).count() - 1;
+    for p in [raw_filtered(DType::BF16), raw_top(DType::BF16)] {
+        let c = with_lists(tensor_small(), &p);
+        assert!(c.list_per_tile > 0, "{}: raw top logprobs need lists", p.name);
+        let ir = llvm_ir(&p, &c).unwrap();
+        assert!(uses(&ir, "flashsample_stage1", "%raw_lse,") + uses(&ir, "flashsample_stage1", "%raw_lse ") > 0, "{}", p.name);
+        assert!(uses(&ir, "flashsample_stage1", "%raw_lists") > 0, "{}", p.name);
+        assert_eq!(uses(&ir, "flashsample_stage1", "%list_raws") > 0, p.lists_carry_raw(), "{}", p.name);
+        assert_eq!(uses(&ir, "flashsample_stage1", "%lists,") > 0, p.list_capacity() > 0, "{}: processed lists", p.name);
+        assert!(uses(&ir, "flashsample_filter", "%raw_lists") > 0, "{}", p.name);
+        let k = ptx(&p, &c, Arch::Sm90);
+        assert_eq!(k.filter, Some("flashsample_filter"));
+        assert!(!k.ptx.contains(".local"), "{}: no local memory", p.name);
+    }
+    let p = filtered(DType::BF16);
+    let ir = llvm_ir(&p, &with_lists(tensor_small(), &p)).unwrap();
+    for param in ["%raw_lse", "%raw_lists", "%list_raws"] {
+        assert_eq!(ir_function(&ir, "flashsample_stage1").matches(param).count(), 1, "{param}: only the parameter");
+    }
 }

@@ -32,16 +32,7 @@ impl Sampler {
         let backend = match device {
             Device::Cpu { threads } => Backend::Cpu(CpuBackend::new(pipeline.clone(), *threads)),
             #[cfg(feature = "cuda")]
-            Device::Cuda(dev) => {
-                if !pipeline.logprob_mode.is_processed() {
-                    // DESIGN.md step 10: the CUDA kernels do not carry the raw logsumexp yet.
-                    return Err(crate::Error::Unsupported(format!(
-                        "raw logprobs on {}: the CUDA kernels report processed logprobs only; use Device::cpu()",
-                        device.describe()
-                    )));
-                }
-                Backend::Cuda(Box::new(CudaSampler::new(pipeline.clone(), dev.clone())))
-            }
+            Device::Cuda(dev) => Backend::Cuda(Box::new(CudaSampler::new(pipeline.clone(), dev.clone()))),
         };
         Ok(Sampler { pipeline, device: device.clone(), backend })
     }

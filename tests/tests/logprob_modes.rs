@@ -5,43 +5,9 @@
 //! follows the processed distribution pathwise.
 
 use flashsample::{CpuConfig, CpuEngine, Device, Error, KernelConfig, Sampler};
-use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Outputs, PipelineBuilder};
+use flashsample_tests::modes::{assert_modes_differ_only_in_logprobs, raw_variants, serving};
 use flashsample_tests::Case;
-
-const ALL: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 5 };
-
-/// A serving pipeline whose every request transform changes the processed logits, in `mode`.
-fn serving(mode: LogprobMode) -> Pipeline {
-    PipelineBuilder::new("RawServing", DType::BF16, DType::BF16)
-        .softcap(30.0)
-        .bias("bias")
-        .logit_bias("logit_bias")
-        .penalties("pen")
-        .temperature_per_row("t")
-        .mask("allowed")
-        .ban("banned")
-        .filter("filter", 8)
-        .gumbel("seed", 2)
-        .target_logprob("targets")
-        .outputs(ALL)
-        .logprob_mode(mode)
-        .build()
-        .unwrap()
-}
-
-/// Raw pipelines of other shapes: no filter (top logprobs from the raw lists only), scoring
-/// alone, and a filter with no `logprob` output (no raw logits beside the lists).
-fn others() -> Vec<Pipeline> {
-    let b = |name| PipelineBuilder::new(name, DType::BF16, DType::BF16).logprob_mode(LogprobMode::Raw);
-    vec![
-        b("RawTopOnly").bias("bias").temperature_per_row("t").mask("allowed").outputs(Outputs { top_logprobs: 3, ..Outputs::default() }),
-        b("RawScorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets"),
-        b("RawFilterLse").penalties("pen").temperature_per_row("t").filter("filter", 8).outputs(Outputs { logsumexp: true, ..Outputs::default() }),
-    ]
-    .into_iter()
-    .map(|p| p.build().unwrap())
-    .collect()
-}
 
 fn engines() -> Vec<CpuEngine> {
     [CpuEngine::Cranelift, CpuEngine::Avx512Bf16].into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
@@ -54,7 +20,7 @@ fn config(engine: CpuEngine, batch: usize, dim: usize, vocab: usize) -> KernelCo
 #[test]
 fn raw_logprobs_match_the_reference_on_every_engine() {
     let raw = serving(LogprobMode::Raw);
-    for p in std::iter::once(raw).chain(others()) {
+    for p in std::iter::once(raw).chain(raw_variants()) {
         let sampler = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
         for engine in engines() {
             for (batch, dim, vocab, seed) in [(1, 64, 1001, 3), (29, 96, 2999, 7)] {
@@ -77,14 +43,7 @@ fn raw_and_processed_logprobs_differ_and_the_samples_do_not() {
     let device = Device::cpu_with_threads(2).unwrap();
     let got_raw = case.run(&Sampler::new(raw.clone(), &device).unwrap()).unwrap();
     let got_processed = case.run(&Sampler::new(processed.clone(), &device).unwrap()).unwrap();
-    assert_eq!(got_raw.tokens, got_processed.tokens);
-    assert_eq!(got_raw.scores, got_processed.scores);
-    assert_ne!(got_raw.logsumexp, got_processed.logsumexp);
-    assert_ne!(got_raw.logprobs, got_processed.logprobs);
-    assert_ne!(got_raw.target_logprobs, got_processed.target_logprobs);
-    let rows: Vec<usize> = (0..case.batch).collect();
-    assert!(case.check(&processed, &got_raw, &rows).is_err(), "raw outputs must not pass as processed ones");
-    case.check(&processed, &got_processed, &rows).unwrap();
+    assert_modes_differ_only_in_logprobs(&case, &got_raw, &got_processed);
     // Masked and banned tokens keep their raw mass: a raw top list names masked tokens.
     let words = case.vocab.div_ceil(32);
     let masked = |row: usize, v: u32| case.mask[row * words + v as usize / 32] >> (v % 32) & 1 == 0 || case.banned[row].contains(&v);

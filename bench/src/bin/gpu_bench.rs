@@ -10,12 +10,14 @@
 //! replay, next to the kernels' event time. `--nucleus-batches`: the host API's wall time of a
 //! top-k 50 batch, and of the same batch with its last row on a lone top-p 0.95 at T = 2 (a
 //! nucleus far past the lists, served exactly by recomputing that row alone; budget 2x).
+//! `--logprob-batches`: stage one and whole-launch event times with raw vs processed logprobs
+//! (DESIGN.md step 10), unfiltered and with top-k 50.
 
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
 use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, Grid, KernelConfig, RowFilter, Sampler, SamplingParams, Schedule, TemperatureArg, Tensor};
 use flashsample_bench::print_table;
-use flashsample_ir::DType;
+use flashsample_ir::{DType, LogprobMode};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::process::Command;
@@ -77,6 +79,10 @@ struct Args {
     /// the top at T <= 1 (a larger value here), flat heads keep every token near it.
     #[arg(long, default_value_t = 3.0)]
     logit_std: f32,
+    /// Batches of the logprob-mode table (DESIGN.md step 10): stage one and the whole launch
+    /// with raw vs processed logprobs, unfiltered and with top-k 50; empty for none.
+    #[arg(long, default_value = "1,64,256", value_parser = batch_list)]
+    logprob_batches: BatchList,
 }
 
 /// A comma-separated batch list that may be empty (`--filter-batches ""`), which clap's
@@ -253,6 +259,8 @@ fn main() {
     let mut rows = Vec::new();
     let mut copy_bw = 0.0f64;
     let mut overhead_rows: Vec<Vec<String>> = Vec::new();
+    let mut mode_rows: Vec<Vec<String>> = Vec::new();
+    let mode_pairs = logprob_mode_pairs(&device);
     for &(dim, vocab) in &shapes {
         let host_w = random_bf16(vocab * dim, args.logit_std / (dim as f32).sqrt(), 7);
         let weights: Vec<_> = (0..args.rotate.max(1))
@@ -375,6 +383,9 @@ fn main() {
         }
         for &batch in &args.nucleus_batches.0 {
             nucleus_rows.push(nucleus_row(&filtered, wt[0], dim, vocab, batch, args.reps.clamp(5, 20)));
+        }
+        for &batch in &args.logprob_batches.0 {
+            mode_rows.extend(logprob_mode_rows(&mode_pairs, &wt, dim, vocab, batch, args.reps.max(50)));
         }
     }
 
@@ -507,6 +518,14 @@ fn main() {
         );
         print_table(&["D", "V", "B", "batch", "with a nucleus row", "ratio"], &nucleus_rows);
     }
+    if !mode_rows.is_empty() {
+        println!();
+        println!(
+            "logprob modes (us, event medians; raw = the model's logits before temperature and filter, DESIGN.md step 10: a second \
+             exact logsumexp over every token, and with a filter the raw logit beside each list entry):"
+        );
+        print_table(&["D", "V", "B", "pipeline", "stage one processed", "stage one raw", "raw/processed", "launch processed", "launch raw", "raw/processed"], &mode_rows);
+    }
     if !overhead_rows.is_empty() {
         println!();
         println!(
@@ -516,6 +535,59 @@ fn main() {
         );
         print_table(&["D", "V", "B", "kernels", "host API", "host/kernels", "device API", "device/kernels", "graph replay", "graph/kernels"], &overhead_rows);
     }
+}
+
+/// The logprob-mode table's pipelines: (label, processed sampler, raw sampler), each with a
+/// logprob and logsumexp output at T per row, unfiltered and with top-k 50.
+fn logprob_mode_pairs(device: &Device) -> Vec<(&'static str, Sampler, Sampler)> {
+    let outputs = flashsample_ir::Outputs { logprob: true, logsumexp: true, ..Default::default() };
+    let build = |name: &str, filter: bool, mode: LogprobMode| {
+        let b = PipelineBuilder::new(name, DType::BF16, DType::BF16).temperature_per_row("temperature");
+        let b = if filter { b.filter("filter", 50) } else { b };
+        let p = b.gumbel("seed", 1).outputs(outputs).logprob_mode(mode).build().expect("logprob-mode bench pipeline");
+        Sampler::new(p, device).expect("logprob-mode sampler")
+    };
+    [("logprob", false), ("top-k 50 + logprob", true)]
+        .into_iter()
+        .map(|(label, filter)| (label, build("BenchProcessed", filter, LogprobMode::Processed), build("BenchRaw", filter, LogprobMode::Raw)))
+        .collect()
+}
+
+/// Rows of the logprob-mode table at one batch: per pipeline pair, the median stage-one and
+/// whole-launch event times of the processed and the raw mode (heuristic configs).
+fn logprob_mode_rows(pairs: &[(&str, Sampler, Sampler)], wt: &[Tensor<'_>], dim: usize, vocab: usize, batch: usize, reps: usize) -> Vec<Vec<String>> {
+    let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+    let ht = Tensor::host(&hidden, batch, dim).expect("hidden");
+    let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
+    let filters = vec![RowFilter { top_k: 50, top_p: 1.0, min_p: 0.0 }; batch];
+    let time = |s: &Sampler| -> [f64; 2] {
+        let filter = s.pipeline().filter_max_k().map(|_| &filters[..]);
+        let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, filter, ..Default::default() };
+        s.cuda()
+            .expect("a CUDA sampler")
+            .time_fused_stages(ht, wt, &params, None, 3, reps)
+            .map(|t| [median(t.iter().map(|s| s[0]).collect()) * 1e6, median(t.iter().map(|s| s.iter().sum()).collect()) * 1e6])
+            .unwrap_or_else(|e| panic!("logprob modes {} D={dim} V={vocab} B={batch}: {e}", s.pipeline().name))
+    };
+    pairs
+        .iter()
+        .map(|(label, processed, raw)| {
+            let (p, r) = (time(processed), time(raw));
+            eprintln!("logprob modes {label} D={dim} V={vocab} B={batch}: stage one {:.1} / {:.1} us, launch {:.1} / {:.1} us", p[0], r[0], p[1], r[1]);
+            vec![
+                dim.to_string(),
+                vocab.to_string(),
+                batch.to_string(),
+                label.to_string(),
+                format!("{:.1}", p[0]),
+                format!("{:.1}", r[0]),
+                format!("{:.3}", r[0] / p[0]),
+                format!("{:.1}", p[1]),
+                format!("{:.1}", r[1]),
+                format!("{:.3}", r[1] / p[1]),
+            ]
+        })
+        .collect()
 }
 
 /// One row of the exact-nucleus table: median host-API wall times of a top-k 50 batch and of

@@ -45,6 +45,9 @@ struct Col {
 /// per column and the first token of each of its quads.
 struct Transformed {
     x: Vec<String>,
+    /// The raw logits (DESIGN.md step 10: the model's transforms only, `-inf` past the
+    /// vocabulary), same indices; only in the raw logprob mode.
+    raw: Option<Vec<String>>,
     nonfinite: Vec<String>,
     quad_base: Vec<String>,
 }
@@ -64,14 +67,29 @@ impl Gen<'_> {
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
         let cols = self.columns(f, it, &t2);
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
+        // What the targets and the candidates carry: the raw logits in the raw mode.
+        let carried = t.raw.as_ref().unwrap_or(&t.x);
         if self.p.targets.is_some() {
-            self.store_targets(f, it, &cols, &t);
+            self.store_targets(f, it, &cols, &t.quad_base, carried);
         }
-        if self.c.list_per_tile > 0 {
-            self.list_epilogue(f, th, it, &t.x);
+        // A raw pipeline's config may hold lists for its raw top logprobs alone.
+        if self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0) {
+            self.list_epilogue(f, th, it, &t.x, "%lists");
+            if self.p.lists_carry_raw() {
+                self.list_raws_epilogue(f, th, it, carried);
+            }
         }
-        let reducers = self.reduce_lse(f, th, it, &cols, &t);
-        self.select(f, th, it, &cols, &t, &reducers);
+        if self.c.list_per_tile > 0 && self.p.raw_list_capacity() > 0 {
+            // Every warp is done reading the tile of the lists before.
+            f.barrier();
+            self.list_epilogue(f, th, it, carried, "%raw_lists");
+        }
+        let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, "%lse");
+        if let Some(raw) = &t.raw {
+            // Step 10: every token of the vocabulary counts, allowed or not.
+            self.reduce_lse(f, th, it, &cols, raw, None, true, "%raw_lse");
+        }
+        self.select(f, th, it, &cols, &t, carried, &reducers);
     }
 
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
@@ -162,6 +180,7 @@ impl Gen<'_> {
 
         // Transformed logits x (−inf when excluded) and the non-finite flag per column.
         let mut x = vec![String::new(); self.acc_count()];
+        let mut raw_x = p.needs_raw_logsumexp().then(|| vec![String::new(); self.acc_count()]);
         let mut nonfinite = vec!["false".to_string(); cols.len()];
         let mut quad_base = Vec::new();
         for q in 0..self.quads {
@@ -207,6 +226,9 @@ impl Gen<'_> {
                     let bad = f.v(format!("fcmp ueq float {abs}, 0x7FF0000000000000"));
                     let bad = f.and1(&bad, &v_ok);
                     nonfinite[ci] = f.v(format!("or i1 {}, {bad}", nonfinite[ci]));
+                    if let Some(rx) = &mut raw_x {
+                        rx[idx] = model_logit(f, &p.transforms, &raw, &bias, &v_ok);
+                    }
                     let mut xv = raw;
                     for tr in &p.transforms {
                         match tr {
@@ -252,12 +274,13 @@ impl Gen<'_> {
             quad_base.push(qb);
         }
 
-        Transformed { x, nonfinite, quad_base }
+        Transformed { x, raw: raw_x, nonfinite, quad_base }
     }
 
-    /// Step 7b: the thread holding a row's target token stores its transformed logit (`-inf`
-    /// when excluded) at `target_logprobs[row]`; one thread of the launch holds each.
-    fn store_targets(&self, f: &mut Func, it: &Item, cols: &[Col], t: &Transformed) {
+    /// Step 7b: the thread holding a row's target token stores its logit `x` (transformed, or
+    /// raw in the raw mode; `-inf` when excluded) at `target_logprobs[row]`; one thread of the
+    /// launch holds each.
+    fn store_targets(&self, f: &mut Func, it: &Item, cols: &[Col], quad_base: &[String], x: &[String]) {
         let has = f.v("icmp ne ptr addrspace(1) %targets, null");
         for (ci, cl) in cols.iter().enumerate() {
             let (n, j) = (ci as u32 / 2, ci as u32 % 2);
@@ -272,9 +295,9 @@ impl Gen<'_> {
                 let mut value = NEG_INF.to_string();
                 for q in 0..self.quads {
                     for o in 0..4 {
-                        let v = f.add(&t.quad_base[q as usize], &o.to_string());
+                        let v = f.add(&quad_base[q as usize], &o.to_string());
                         let hit = f.v(format!("icmp eq i32 {v}, {target}"));
-                        value = f.sel("float", &hit, &t.x[self.acc_index(q, o, n, j)], &value);
+                        value = f.sel("float", &hit, &x[self.acc_index(q, o, n, j)], &value);
                         found = f.v(format!("or i1 {found}, {hit}"));
                     }
                 }
@@ -311,26 +334,39 @@ impl Gen<'_> {
         f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
     }
 
-    /// Phase 4 (step 7): non-finite flags and logsumexp partials per column, reduced over the
-    /// 8 lanes sharing t (xor 4, 8, 16), written per warp, combined over the warps.
-    fn reduce_lse(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed) -> Reducers {
+    /// Phase 4 (step 7): non-finite flags (when `nonfinite` is given) and logsumexp partials
+    /// of `x` per column (when `lse`, stored at the partials `dest`), reduced over the 8 lanes
+    /// sharing t (xor 4, 8, 16), written per warp, combined over the warps. The flags go to
+    /// their own scratch field, which a second call (the raw partials) leaves alone.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_lse(
+        &self,
+        f: &mut Func,
+        th: &Thread,
+        it: &Item,
+        cols: &[Col],
+        x: &[String],
+        nonfinite: Option<&[String]>,
+        lse: bool,
+        dest: &str,
+    ) -> Reducers {
         let c = self.c;
         let bt = c.batch_tile;
-        let lse = self.lse;
         let sc = c.smem_layout().scratch;
-        let (x, nonfinite) = (&t.x, &t.nonfinite);
         let lane_lt4 = f.ult(&th.lane, "4");
         // Each column's flag and round-1 partial (window and two upper sums) go to the scratch
         // as soon as they are known, so only the third sum stays live per column until round 2.
         let mut third_sums = Vec::new();
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
-            let flag = f.v(format!("zext i1 {} to i32", nonfinite[ci]));
-            let mut flag = flag;
-            for sh in [4, 8, 16] {
-                let o = f.shfl_xor_i32(&flag, sh);
-                flag = f.v(format!("or i32 {flag}, {o}"));
-            }
+            let flag = nonfinite.map(|nf| {
+                let mut flag = f.v(format!("zext i1 {} to i32", nf[ci]));
+                for sh in [4, 8, 16] {
+                    let o = f.shfl_xor_i32(&flag, sh);
+                    flag = f.v(format!("or i32 {flag}, {o}"));
+                }
+                flag
+            });
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
@@ -342,7 +378,9 @@ impl Gen<'_> {
             if let Some((w, sums)) = &part {
                 f.if_then(&lane_lt4, |f| {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                    self.st_scratch(f, th, "i32", sc.nonfinite, &slot, &flag);
+                    if let Some(flag) = &flag {
+                        self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
+                    }
                     self.st_scratch(f, th, "i32", sc.lse_window, &slot, w);
                     let slot8 = f.v(format!("shl i32 {slot}, 1"));
                     for (field, v) in sc.lse_sums.iter().zip(&sums[..2]) {
@@ -351,9 +389,9 @@ impl Gen<'_> {
                 });
             }
             third_sums.push(part.map(|(_, sums)| sums[2].clone()));
-            flags.push(flag);
+            flags.extend(flag);
         }
-        if !lse {
+        if !lse && !flags.is_empty() {
             // Without a logsumexp only the flags cross warps: one block stores them all.
             f.if_then(&lane_lt4, |f| {
                 for (cl, flag) in cols.iter().zip(&flags) {
@@ -414,7 +452,7 @@ impl Gen<'_> {
                 fold(f, 1);
                 let row = f.add(&it.b0, &th.tid);
                 let row_ok = f.ult(&row, "%batch");
-                let lse_ok = f.v("icmp ne ptr addrspace(1) %lse, null");
+                let lse_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
                 let ok = f.and1(&row_ok, &lse_ok);
                 f.if_then(&ok, |f| {
                     let i = f.mul(&row, &it.vtiles);
@@ -422,7 +460,7 @@ impl Gen<'_> {
                     let i64v = f.zext64(&i);
                     let sums = acc_s.each_ref().map(|v| f.get(v));
                     let w = f.get(&acc_w);
-                    lse::store_partial(f, "%lse", &i64v, &w, &sums);
+                    lse::store_partial(f, dest, &i64v, &w, &sums);
                 });
             });
             // The selection phase writes the score, index and logit fields the sums alias.
@@ -435,7 +473,10 @@ impl Gen<'_> {
     /// Phase 5 (steps 5–6), per sample: the thread's best token per column (ascending v,
     /// strict >, so ties keep the lower index), then the 8 lanes of the column, then the
     /// warps; the tile's candidate per (row, sample).
-    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, r: &Reducers) {
+    /// Each candidate carries `carried` of its token as its logit (the raw logit in the raw
+    /// mode, DESIGN.md step 10); the winner is chosen by the transformed score either way.
+    #[allow(clippy::too_many_arguments)]
+    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, carried: &[String], r: &Reducers) {
         let c = self.c;
         let p = self.p;
         let samples = p.samples_per_row();
@@ -486,7 +527,7 @@ impl Gen<'_> {
                                 let better = f.v(format!("fcmp ogt float {score}, {bs}"));
                                 *bs = f.sel("float", &better, &score, bs);
                                 *bi = f.sel("i32", &better, &v, bi);
-                                *bl = f.sel("float", &better, xv, bl);
+                                *bl = f.sel("float", &better, &carried[self.acc_index(q, o, n, j)], bl);
                             }
                         }
                     }
@@ -654,6 +695,24 @@ impl Gen<'_> {
         });
         noise.iter().map(|v| f.get(v)).collect()
     }
+}
+
+/// DESIGN.md step 10's raw logit of a token: the matmul value `raw` with only the model's
+/// transforms (`Transform::is_model`) in pipeline order, in the same f32 ops as
+/// [`Gen::transform`]; `-inf` past the vocabulary (`v_ok` false). `bias` is the token's global
+/// bias (loaded when the pipeline has one).
+fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bias: &str, v_ok: &str) -> String {
+    let mut xv = raw.to_string();
+    for tr in transforms.iter().filter(|t| t.is_model()) {
+        match tr {
+            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
+            Transform::Softcap { cap } => {
+                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c(cap.get())))
+            }
+            _ => {}
+        }
+    }
+    f.sel("float", v_ok, &xv, NEG_INF)
 }
 
 /// The CSR range `[offsets[row], offsets[row + 1])` of a per-row token table (`r64`: the row, as i64).

@@ -17,35 +17,13 @@ impl Gen<'_> {
     /// lane 0. So the list is sorted by x descending, ties to the lower index, as before, with
     /// no shared-memory traffic or shuffle chains per round; a warp runs `rows` rows side by
     /// side so their rounds' latencies overlap (they were latency-bound one row at a time).
-    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
+    ///
+    /// `dest` names the lists parameter written (`%lists`, or `%raw_lists`, keyed by raw
+    /// logit, in the raw mode: DESIGN.md step 10).
+    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String], dest: &str) {
         let c = self.c;
         let vt = c.vocab_tile;
-        let base = f.add(&th.scratch, &c.smem_layout().list_tile.to_string());
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
-        let g4 = f.v(format!("shl i32 {}, 2", th.g));
-        let t2 = f.v(format!("shl i32 {}, 1", th.t));
-        // Each thread's quad is 4 consecutive tokens of one column: one 16-byte store.
-        for q in 0..self.quads {
-            let local = f.add(&warp_base, &(q * 32).to_string());
-            let local = f.add(&local, &g4);
-            for n in 0..self.ntiles {
-                for j in 0..2 {
-                    let col = f.add(&t2, &(n * 8 + j).to_string());
-                    let e = f.mul(&col, &vt.to_string());
-                    let e = f.add(&e, &local);
-                    let off = f.v(format!("shl i32 {e}, 2"));
-                    let off = f.add(&off, &base.to_string());
-                    let mut vec = "undef".to_string();
-                    for o in 0..4 {
-                        let xv = &x[self.acc_index(q, o, n, j)];
-                        vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
-                    }
-                    let a = f.saddr("@fs_smem", &off);
-                    f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
-                }
-            }
-        }
-        f.barrier();
+        let base = self.store_list_tile(f, th, x);
         let none = INDEX_NONE as i32;
         let per_tile = c.list_per_tile;
         let bt = c.batch_tile;
@@ -53,7 +31,7 @@ impl Gen<'_> {
         // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
         // that `rows · per_lane` keys and logits stay in registers.
         let rows = (16 / per_lane).clamp(1, 4).min(bt.div_ceil(c.warps));
-        let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
+        let lists_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
         let lane_first = f.mul(&th.lane, &per_lane.to_string());
         let warp_first = f.mul(&th.warp, &rows.to_string());
         let group_step = (c.warps * rows).to_string();
@@ -152,12 +130,90 @@ impl Gen<'_> {
                     f.if_then(w, |f| {
                         let slot = f.add(&slot0s[r], k);
                         let s64 = f.zext64(&slot);
-                        let a = f.gaddr("%lists", &s64, 8);
+                        let a = f.gaddr(dest, &s64, 8);
                         f.s(format!("store float {lx}, ptr addrspace(1) {a}, align 4"));
                         let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
                         f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
                     });
                 }
+            });
+        });
+    }
+    /// The tile's logits `x` to the list area of shared memory (column-major: `vocab_tile`
+    /// floats per batch column, after the scratch), then a barrier; returns the area's offset.
+    fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
+        let c = self.c;
+        let vt = c.vocab_tile;
+        let base = f.add(&th.scratch, &c.smem_layout().list_tile.to_string());
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        // Each thread's quad is 4 consecutive tokens of one column: one 16-byte store.
+        for q in 0..self.quads {
+            let local = f.add(&warp_base, &(q * 32).to_string());
+            let local = f.add(&local, &g4);
+            for n in 0..self.ntiles {
+                for j in 0..2 {
+                    let col = f.add(&t2, &(n * 8 + j).to_string());
+                    let e = f.mul(&col, &vt.to_string());
+                    let e = f.add(&e, &local);
+                    let off = f.v(format!("shl i32 {e}, 2"));
+                    let off = f.add(&off, &base.to_string());
+                    let mut vec = "undef".to_string();
+                    for o in 0..4 {
+                        let xv = &x[self.acc_index(q, o, n, j)];
+                        vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
+                    }
+                    let a = f.saddr("@fs_smem", &off);
+                    f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
+                }
+            }
+        }
+        f.barrier();
+        base
+    }
+
+    /// Step 10: beside each entry of this tile's processed lists (just written, read back
+    /// after a barrier) its raw logit at `list_raws[slot]`, read from the tile of `raw` logits
+    /// stored in the list area; empty entries are left alone (`abi::raw::raw_logit_of` skips
+    /// them). Starts with a barrier: the selection may still read the tile this rewrites.
+    pub(super) fn list_raws_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, raw: &[String]) {
+        let c = self.c;
+        let (vt, bt, per_tile) = (c.vocab_tile, c.batch_tile, c.list_per_tile);
+        f.barrier();
+        let base = self.store_list_tile(f, th, raw);
+        let has = f.v("icmp ne ptr addrspace(1) %list_raws, null");
+        let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
+        let has = f.and1(&has, &lists_ok);
+        f.if_then(&has, |f| {
+            let threads = (c.warps * 32).to_string();
+            f.for_loop(&th.tid, &(bt * per_tile).to_string(), &threads, |f, e| {
+                let col = f.v(format!("udiv i32 {e}, {per_tile}"));
+                let k = f.v(format!("urem i32 {e}, {per_tile}"));
+                let row = f.add(&it.b0, &col);
+                let row_ok = f.ult(&row, "%batch");
+                f.if_then(&row_ok, |f| {
+                    let slot = f.mul(&row, &it.vtiles);
+                    let slot = f.add(&slot, &it.vtile);
+                    let slot = f.mul(&slot, &per_tile.to_string());
+                    let slot = f.add(&slot, &k);
+                    let s64 = f.zext64(&slot);
+                    let a = f.gaddr("%lists", &s64, 8);
+                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    let idx = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                    let real = f.v(format!("icmp ne i32 {idx}, {}", INDEX_NONE as i32));
+                    f.if_then(&real, |f| {
+                        let local = f.v(format!("sub i32 {idx}, {}", it.v0));
+                        let e = f.mul(&col, &vt.to_string());
+                        let e = f.add(&e, &local);
+                        let off = f.v(format!("shl i32 {e}, 2"));
+                        let off = f.add(&off, &base);
+                        let sa = f.saddr("@fs_smem", &off);
+                        let r = f.v(format!("load float, ptr addrspace(3) {sa}, align 4"));
+                        let ra = f.gaddr("%list_raws", &s64, 4);
+                        f.s(format!("store float {r}, ptr addrspace(1) {ra}, align 4"));
+                    });
+                });
             });
         });
     }

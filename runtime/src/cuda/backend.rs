@@ -129,6 +129,8 @@ struct Readback {
     target_logprobs: Option<Vec<f32>>,
     /// Stage one's lists, when asked for (the exact nucleus path).
     lists: Option<(TopLists, Vec<Scored>)>,
+    /// Beside each list entry its raw logit, with `lists` when the lists carry them.
+    list_raws: Option<Vec<f32>>,
 }
 
 impl CudaSampler {
@@ -192,7 +194,7 @@ impl CudaSampler {
     /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]).
     pub fn plan(&self, max_batch: usize, dim: usize, vocab: usize) -> Result<SamplingPlan> {
         let shape = check_shape(max_batch, dim, vocab, dim)?;
-        let capacity = self.pipeline.list_capacity();
+        let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
         for batch in 1..=max_batch {
             let mut c = self.config_for(Shape { batch, ..shape }).for_shape(dim, vocab);
@@ -340,7 +342,8 @@ impl CudaSampler {
             status: bufs.status.ensure(dev, shape.batch * 4)?,
             scores: bufs.scores.ensure(dev, n * 4)?,
             logits: bufs.logits.ensure(dev, n * 4)?,
-            logsumexp: if lse { bufs.logsumexp.ensure(dev, shape.batch * 4)? } else { 0 },
+            // The raw mode always reports its raw logsumexp (DESIGN.md step 10).
+            logsumexp: if lse || p.needs_raw_logsumexp() { bufs.logsumexp.ensure(dev, shape.batch * 4)? } else { 0 },
             logprobs: 0,
             top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
         };
@@ -352,7 +355,7 @@ impl CudaSampler {
     pub(crate) fn sample(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Samples> {
         let lse = self.launch_lse(params, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
-        let need = self.pipeline.list_capacity();
+        let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false)?;
         if r.status.contains(&RowStatus::ListOverflow) {
             let exact = config.exact_lists(need);
@@ -409,7 +412,8 @@ impl CudaSampler {
         let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true)?;
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
-            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, None, &mut r.reduced, &mut r.status);
+            let raws = one.list_raws.as_deref().map(stage_three::ListRaws);
+            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, raws, &mut r.reduced, &mut r.status);
         }
         Ok(())
     }
@@ -446,16 +450,17 @@ impl CudaSampler {
         let top = if up.args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
         let target_logprobs =
             if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
-        let lists = if lists { plan.download_lists(shape.batch)? } else { None };
+        let (lists, list_raws) = if lists { (plan.download_lists(shape.batch)?, plan.download_list_raws(shape.batch)?) } else { (None, None) };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         let lists = lists.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
+        let list_raws = list_raws.map(|bytes| from_bytes(&bytes));
         drop(up);
         let status = status
             .iter()
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.
@@ -499,7 +504,7 @@ impl CudaSampler {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
         let HostState { plans, bufs } = &mut *host;
-        let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: self.pipeline.list_capacity(), lse };
+        let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: flashsample_codegen_ptx::list_capacity(&self.pipeline), lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
         let up = self.upload(bufs, &hidden, weights, params, shape, lse)?;
         let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, ..up.args }).collect();
@@ -601,17 +606,48 @@ impl CudaSampler {
         config: Option<&KernelConfig>,
         poison: Candidate,
     ) -> Result<(StageTwo, Vec<Candidate>, Option<Vec<LsePartial>>)> {
+        self.debug_launch(hidden, weights, params, config, poison, |plan, args| plan.debug_stage_one(args))
+    }
+
+    /// Test hook: one launch of a raw logprob pipeline (DESIGN.md step 10) over poisoned
+    /// partials; returns the layout, the raw logsumexp partials stage one wrote and the raw row
+    /// logsumexps stage two reduced from them. `Unsupported` for a processed pipeline.
+    #[doc(hidden)]
+    pub fn debug_raw_partials(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+    ) -> Result<super::plan::RawPartials> {
+        let poison = Candidate { score: f32::NAN, index: 0, logit: f32::NAN };
+        let out = self.debug_launch(hidden, weights, params, config, poison, |plan, args| plan.debug_raw_partials(args))?;
+        out.ok_or_else(|| Error::Unsupported(format!("pipeline `{}` reports processed logprobs: no raw partials", self.pipeline.name)))
+    }
+
+    /// The test hooks' launch: a fresh plan of the kernel variant with the logsumexp, its
+    /// scratch poisoned (`poison` candidates, partials of NaN), the parameters uploaded, then
+    /// `run`.
+    fn debug_launch<T>(
+        &self,
+        hidden: Tensor<'_>,
+        weights: Tensor<'_>,
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+        poison: Candidate,
+        run: impl FnOnce(&SamplingPlan, &Args) -> Result<T>,
+    ) -> Result<T> {
         let (shape, config) = self.check(&hidden, std::slice::from_ref(&weights), params, config)?;
         let lse = self.pipeline.needs_logsumexp();
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
-        let need = self.pipeline.list_capacity();
+        let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
         plan.poison_scratch(poison)?;
         let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
-        let out = plan.debug_stage_one(&up.args)?;
+        let out = run(&plan, &up.args);
         drop(up);
-        Ok(out)
+        out
     }
 
     /// Test hook: whether the kernel for `config` is loaded from the on-disk PTX cache

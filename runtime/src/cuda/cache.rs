@@ -190,7 +190,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
     if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
-        match load(device, &text, true, pipeline.list_capacity() > 0, config) {
+        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }

@@ -28,6 +28,10 @@ use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stag
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
 
+/// A launch's raw logsumexp partials as tests read them back: the candidate layout, the
+/// `[B, tiles]` partials and the `[B]` raw row logsumexps stage two reduced from them.
+pub type RawPartials = (StageTwo, Vec<LsePartial>, Vec<f32>);
+
 /// Pushes a kernel's arguments in their parameter table's order.
 fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [KernelArg]) {
     for a in args {
@@ -66,6 +70,21 @@ struct Scratch {
     /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
     /// stage one; pipelines that draw noise.
     row_bounds: Option<CudaSlice<u8>>,
+    /// The raw logprob mode's buffers (`Pipeline::needs_raw_logsumexp`).
+    raw: Option<RawScratch>,
+}
+
+/// What the raw logprob mode adds to a plan's scratch (DESIGN.md step 10), per chunk like the
+/// processed buffers.
+struct RawScratch {
+    /// Stage one's per-tile logsumexp partials of the raw logits.
+    partials: CudaSlice<u8>,
+    /// Stage one's per-tile top lists by raw logit (raw `top_logprobs`).
+    lists: Option<CudaSlice<u8>>,
+    /// The raw logit beside each processed list entry (`Pipeline::lists_carry_raw`).
+    list_raws: Option<CudaSlice<u8>>,
+    /// `[max_batch]` raw row logsumexps of launches whose caller does not take the logsumexp.
+    row_lse: CudaSlice<u8>,
 }
 
 /// A launch resolved to device addresses (0 = absent), what [`SamplingPlan::enqueue`] runs.
@@ -169,11 +188,10 @@ impl SamplingPlan {
         let tiles = kernels.iter().map(|k| k.config.tiles(vocab)).max().unwrap_or(1);
         let per_tile = kernels.iter().map(|k| k.config.list_per_tile as usize).max().unwrap_or(0);
         let has_lists = pipeline.list_capacity() > 0;
-        let row_scratch = tiles
-            * (samples * std::mem::size_of::<Candidate>()
-                + if lse { std::mem::size_of::<LsePartial>() } else { 0 }
-                + if has_lists { per_tile * std::mem::size_of::<Scored>() } else { 0 });
-        let chunk = chunk_rows(max_batch, row_scratch);
+        let raw = pipeline.needs_raw_logsumexp();
+        let raw_lists = pipeline.raw_list_capacity() > 0;
+        let list_raws = pipeline.lists_carry_raw();
+        let chunk = chunk_rows(max_batch, row_scratch_bytes(&pipeline, tiles, per_tile, lse));
         let n = max_batch * samples;
         let alloc = |bytes: usize| device.alloc_bytes(bytes);
         let constant_t = match pipeline.temperature() {
@@ -196,9 +214,19 @@ impl SamplingPlan {
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
-            greedy: if has_lists { Some(alloc(max_batch * 4)?) } else { None },
+            greedy: if flashsample_codegen_ptx::list_capacity(&pipeline) > 0 { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
             row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(chunk * samples * 4)?) },
+            raw: if raw {
+                Some(RawScratch {
+                    partials: alloc(chunk * tiles * std::mem::size_of::<LsePartial>())?,
+                    lists: if raw_lists { Some(alloc(chunk * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
+                    list_raws: if list_raws { Some(alloc(chunk * tiles * per_tile * 4)?) } else { None },
+                    row_lse: alloc(max_batch * 4)?,
+                })
+            } else {
+                None
+            },
         };
         let aux = device.aux_kernels()?;
         Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
@@ -233,8 +261,12 @@ impl SamplingPlan {
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
         let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds];
+        let raw = sc.raw.as_ref().map_or(0, |r| {
+            r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
+        });
         [&sc.candidates, &sc.tmaps, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
             + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
+            + raw
     }
 
     /// The list capacity a `NucleusTooLarge` row outgrew.
@@ -340,7 +372,8 @@ impl SamplingPlan {
         let logprobs = out("logprobs", o.logprobs.as_ref().map(|t| (t.address(), t.len())), b * s)?;
         let top_n = p.outputs.top_logprobs as usize;
         let top = out("top logprobs", o.top_logprobs.as_ref().map(|t| (t.address(), t.len())), b * top_n)?;
-        if (logsumexp != 0 || logprobs != 0) && !self.lse {
+        // The raw mode always has its (raw) logsumexp; the processed one only with `lse`.
+        if (logsumexp != 0 || logprobs != 0) && !self.lse && self.scratch.raw.is_none() {
             return Err(ParamError::Unexpected("logsumexp / logprobs output (the pipeline computes no logsumexp)").into());
         }
         if top != 0 && top_n == 0 {
@@ -458,6 +491,10 @@ impl SamplingPlan {
         let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&sc.temperatures, stream) };
         let lse_partials = sc.lse_partials.as_ref().map_or(0, |b| self.addr(b, stream));
         let lists = sc.lists.as_ref().map_or(0, |b| self.addr(b, stream));
+        let opt = |b: &Option<CudaSlice<u8>>| b.as_ref().map_or(0, |b| self.addr(b, stream));
+        let raw_partials = sc.raw.as_ref().map_or(0, |r| self.addr(&r.partials, stream));
+        let raw_lists = sc.raw.as_ref().map_or(0, |r| opt(&r.lists));
+        let list_raws = sc.raw.as_ref().map_or(0, |r| opt(&r.list_raws));
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
         let row_bounds = match &sc.row_bounds {
@@ -505,6 +542,9 @@ impl SamplingPlan {
             target_logprobs: a.target_logprobs,
             row_bounds,
             row_base,
+            raw_lse: raw_partials,
+            raw_lists,
+            list_raws,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
@@ -519,11 +559,16 @@ impl SamplingPlan {
         // Stage two.
         let scores = if a.scores != 0 { a.scores } else { self.addr(&sc.scores, stream) };
         let logits = if a.logits != 0 { a.logits } else { self.addr(&sc.logits, stream) };
-        let row_lse = match (&sc.row_lse, a.logsumexp) {
-            (None, _) => 0,
-            (Some(_), l) if l != 0 => l,
-            (Some(buf), _) => self.addr(buf, stream),
+        // The logsumexp the outputs report: the processed one, or the raw one in the raw mode
+        // (DESIGN.md step 10), whose processed one then stays in the scratch for the filter.
+        let (row_lse, raw_row_lse) = match (&sc.row_lse, &sc.raw, a.logsumexp) {
+            (None, None, _) => (0, 0),
+            (Some(_), None, l) if l != 0 => (l, 0),
+            (Some(buf), None, _) => (self.addr(buf, stream), 0),
+            (buf, Some(_), l) if l != 0 => (opt(buf), l),
+            (buf, Some(r), _) => (opt(buf), self.addr(&r.row_lse, stream)),
         };
+        let reported_lse = if sc.raw.is_some() { raw_row_lse } else { row_lse };
         let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
         let args = Stage2Args {
@@ -538,6 +583,8 @@ impl SamplingPlan {
             out_lse: row_lse,
             out_status: a.status,
             target_logprobs: a.target_logprobs,
+            raw_lse: raw_partials,
+            out_raw_lse: raw_row_lse,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);
@@ -579,17 +626,20 @@ impl SamplingPlan {
                 out_status: a.status,
                 row_steps: a.row_steps,
                 row_base,
+                raw_lists,
+                raw_lse: raw_row_lse,
+                list_raws,
             }
             .args();
             let mut b = stream.launch_builder(filter);
             push_args(&mut b, &args);
             // SAFETY: as for stage one, with the stage-three table (`FilterArgs`).
             unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_filter)"))?;
-        } else if self.pipeline.list_capacity() > 0 {
+        } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
         let n = batch * samples;
-        self.aux.finalize(stream, a.tokens, a.status, logits, row_lse, if row_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
+        self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, if reported_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
         at(Boundary::End)
     }
 
@@ -610,17 +660,48 @@ impl SamplingPlan {
         Ok(Some((layout, bytes)))
     }
 
+    /// Queues a host copy of the raw logit beside each entry of the processed lists a launch
+    /// of `batch` rows left (f32 bytes in [`SamplingPlan::download_lists`]'s layout); `None`
+    /// unless the pipeline's lists carry them (`Pipeline::lists_carry_raw`).
+    pub(crate) fn download_list_raws(&self, batch: usize) -> Result<Option<Vec<u8>>> {
+        let Some(buf) = self.scratch.raw.as_ref().and_then(|r| r.list_raws.as_ref()) else { return Ok(None) };
+        self.whole_launch(batch)?;
+        let k = self.kernel_for(batch)?;
+        let len = batch * self.geometry(k, batch).tiles * k.config.list_per_tile as usize;
+        let bytes = self.device.stream().clone_dtoh(&buf.slice(0..len * 4)).map_err(drv("cuMemcpyDtoHAsync"))?;
+        Ok(Some(bytes))
+    }
+
     /// Overwrites the candidate and logsumexp-partial scratch with `poison` / all ones (tests check
     /// that stage one writes every slot). Synchronizes the device's stream.
     pub(crate) fn poison_scratch(&mut self, poison: Candidate) -> Result<()> {
         let dev = self.device.clone();
         let cands = vec![poison; self.scratch.candidates.len() / std::mem::size_of::<Candidate>()];
         dev.stream().memcpy_htod(bytemuck::cast_slice::<Candidate, u8>(&cands), &mut self.scratch.candidates).map_err(drv("cuMemcpyHtoDAsync"))?;
-        if let Some(buf) = self.scratch.lse_partials.as_mut() {
+        let raw = self.scratch.raw.as_mut().map(|r| &mut r.partials);
+        for buf in self.scratch.lse_partials.as_mut().into_iter().chain(raw) {
             let nan = vec![LsePartial { sums: [u64::MAX; 3], window: i32::MAX, pad: u32::MAX }; buf.len() / std::mem::size_of::<LsePartial>()];
             dev.stream().memcpy_htod(bytemuck::cast_slice::<LsePartial, u8>(&nan), buf).map_err(drv("cuMemcpyHtoDAsync"))?;
         }
         dev.synchronize()
+    }
+
+    /// The raw logprob mode's partials a whole launch of `a` left (tests; `None` in the
+    /// processed mode), and the raw row logsumexps stage two reduced from them. Synchronizes.
+    pub(crate) fn debug_raw_partials(&self, a: &Args) -> Result<Option<RawPartials>> {
+        let Some(raw) = &self.scratch.raw else { return Ok(None) };
+        self.whole_launch(a.shape.batch)?;
+        let layout = self.layout(a.shape.batch)?;
+        let stream = self.device.stream().clone();
+        // Stage two writes the raw row logsumexps to the plan's own buffer without a caller's.
+        let a = Args { logsumexp: 0, logprobs: 0, ..*a };
+        self.enqueue(&stream, &a, &mut |_| Ok(()))?;
+        let parts = stream
+            .clone_dtoh(&raw.partials.slice(0..a.shape.batch * layout.tiles * std::mem::size_of::<LsePartial>()))
+            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        let lse = stream.clone_dtoh(&raw.row_lse.slice(0..a.shape.batch * 4)).map_err(drv("cuMemcpyDtoHAsync"))?;
+        self.device.synchronize()?;
+        Ok(Some((layout, from_bytes(&parts), from_bytes(&lse))))
     }
 
     /// Stage one alone of `a`, and the candidates and partials it left (tests). Synchronizes.
@@ -677,6 +758,21 @@ fn chunk_args(p: &Pipeline, dim: usize, vocab: usize, a: &Args, first: usize, ro
     }
 }
 
+/// Bytes of per-(row, tile) scratch one row of a launch needs: candidates, the logsumexp
+/// partials (`lse`), the processed lists and, in the raw logprob mode, the raw partials, the
+/// raw lists and the raw logits beside the processed lists.
+fn row_scratch_bytes(p: &Pipeline, tiles: usize, per_tile: usize, lse: bool) -> usize {
+    let list = per_tile * std::mem::size_of::<Scored>();
+    let partial = std::mem::size_of::<LsePartial>();
+    tiles
+        * (p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
+            + if lse { partial } else { 0 }
+            + if p.list_capacity() > 0 { list } else { 0 }
+            + if p.needs_raw_logsumexp() { partial } else { 0 }
+            + if p.raw_list_capacity() > 0 { list } else { 0 }
+            + if p.lists_carry_raw() { per_tile * 4 } else { 0 })
+}
+
 /// Launches of up to this many rows always run whole.
 const CHUNK_MIN_ROWS: usize = 1024;
 /// The per-(row, tile) scratch a plan of more rows holds at most (candidates, logsumexp
@@ -730,10 +826,10 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunk_args, chunk_rows, Args, CHUNK_MIN_ROWS};
+    use super::{chunk_args, chunk_rows, row_scratch_bytes, Args, CHUNK_MIN_ROWS};
     use crate::launch::Shape;
     use flashsample_abi::{params::mask_words_per_row, RowFilter, Scored};
-    use flashsample_ir::{DType, Outputs, PipelineBuilder};
+    use flashsample_ir::{DType, LogprobMode, Outputs, PipelineBuilder};
 
     #[test]
     fn chunks_bound_the_scratch_and_never_split_small_batches() {
@@ -746,6 +842,28 @@ mod tests {
         assert!(c >= CHUNK_MIN_ROWS && c.is_multiple_of(128) && c * per_row <= 64 << 20, "{c}");
         assert_eq!(chunk_rows(8192, 1), 8192, "a chunk never exceeds the plan's batch");
         assert_eq!(chunk_rows(4096, 1 << 30), CHUNK_MIN_ROWS, "at least the minimum");
+    }
+
+    #[test]
+    fn raw_pipelines_count_their_raw_scratch_per_row() {
+        // DESIGN.md step 10: a raw pipeline's chunk also holds the raw partials (32 bytes per
+        // tile), the raw lists and the raw logits beside the processed lists.
+        let build = |mode| {
+            PipelineBuilder::new("R", DType::BF16, DType::BF16)
+                .temperature_per_row("t")
+                .filter("f", 8)
+                .gumbel("seed", 2)
+                .outputs(Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 3 })
+                .logprob_mode(mode)
+                .build()
+                .unwrap()
+        };
+        let (tiles, per_tile) = (1187, 8);
+        let processed = row_scratch_bytes(&build(LogprobMode::Processed), tiles, per_tile, true);
+        assert_eq!(processed, tiles * (2 * 12 + 32 + 8 * 8));
+        let raw = row_scratch_bytes(&build(LogprobMode::Raw), tiles, per_tile, true);
+        assert_eq!(raw, processed + tiles * (32 + 8 * 8 + 8 * 4));
+        assert!(chunk_rows(8192, raw) <= chunk_rows(8192, processed));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use flashsample::cuda::{DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};
 use rand::{rngs::StdRng, SeedableRng};
 use flashsample::{Error, ListError, ParamError, RowError, RowFilter, RowStatusError, Sampler, SamplingParams};
 use flashsample_abi::{RowStatus, INDEX_NONE};
-use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::gpu::{gpu, row_errors, DeviceCase, DeviceResults};
 use flashsample_tests::{Case, MatrixData};
 
@@ -39,6 +39,18 @@ fn pipelines() -> Vec<Pipeline> {
             .build()
             .unwrap(),
         PipelineBuilder::new("Const", DType::F16, DType::F16).temperature_const(0.7).outputs(ALL_OUTPUTS).build().unwrap(),
+        // Raw logprobs (DESIGN.md step 10): the plan's raw scratch, the raw logsumexp in the
+        // caller's buffer and the finishing kernel's logprobs from it.
+        PipelineBuilder::new("RawServing", DType::BF16, DType::BF16)
+            .penalties("penalties")
+            .temperature_per_row("t")
+            .mask("allowed")
+            .filter("filter", 8)
+            .gumbel("seed", 2)
+            .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
+            .logprob_mode(LogprobMode::Raw)
+            .build()
+            .unwrap(),
     ]
 }
 

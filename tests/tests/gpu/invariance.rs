@@ -1,12 +1,13 @@
 //! Batch invariance on the GPU (DESIGN.md "Batch invariance"): every request's token, score,
 //! logprob, logsumexp and top logprobs are the same bits as when it is sampled alone, for the
 //! config the heuristic (or the shipped tuning file) picks at every B from 1 to 512 and for
-//! each schedule, with and without filters, penalties and masks.
+//! each schedule, with and without filters, penalties and masks, in both logprob modes.
 
 use super::{fit_to_device, hopper_gpu};
 use flashsample::{GpuConfig, Grid, GridKind, KernelConfig, Sampler, Schedule};
-use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
+use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::invariance::Pool;
+use flashsample_tests::modes::serving;
 use flashsample_tests::Case;
 
 const ALL: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 4 };
@@ -17,6 +18,8 @@ fn pipelines() -> Vec<Pipeline> {
         b("Plain").temperature_per_row("t").bias("bias").mask("allowed").gumbel("seed", 2).outputs(ALL).build().unwrap(),
         b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
         b("Serving").logit_bias("logit_bias").penalties("pen").temperature_per_row("t").mask("allowed").filter("filter", 8).gumbel("seed", 1).outputs(ALL).build().unwrap(),
+        // DESIGN.md step 10: raw partials, raw lists and the raw logits beside the lists.
+        serving(LogprobMode::Raw),
     ]
 }
 

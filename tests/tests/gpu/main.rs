@@ -10,12 +10,14 @@
 //! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
 //! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
 //! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`), extreme parameter
-//! values (`robust`), batch invariance (`invariance`) and scoring given tokens (`scoring`).
+//! values (`robust`), batch invariance (`invariance`), scoring given tokens (`scoring`) and raw
+//! logprobs (`logprob_modes`).
 
 mod device_api;
 mod graphs;
 mod invariance;
 mod logit_bias;
+mod logprob_modes;
 mod noise_skip;
 mod robust;
 mod scoring;
