@@ -178,6 +178,13 @@ kernel_params! {
         /// The launch row of this kernel's row 0 (a plan runs a large batch in row chunks):
         /// the noise counter row of a row without its own seed is `row_base + row`.
         row_base: U32,
+        /// `Candidate [B, tiles, residual_per_tile]`: a verifying pipeline's residual lists
+        /// (each draft row's best tokens per tile by the residual stream's `x + G_res`), or 0.
+        residual_lists: MutPtr,
+        /// `k + 1` of a verifying launch: launch row `r` is a draft row iff
+        /// `r mod spec_period ≠ k` (the last row of each sequence is its bonus); 0 makes every
+        /// row a draft row (the recompute of single rows). Unread without `verify`.
+        spec_period: U32,
     }
 }
 

@@ -64,11 +64,15 @@ impl Gen<'_> {
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
         let cols = self.columns(f, it, &t2);
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
-        if self.p.targets.is_some() {
+        // A verifying pipeline's targets are the draft tokens (each draft row's logit at its draft).
+        if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, &cols, &t);
         }
         if self.c.list_per_tile > 0 {
             self.list_epilogue(f, th, it, &t.x);
+        }
+        if self.c.residual_per_tile > 0 {
+            self.residual_epilogue(f, th, it, &t.x);
         }
         let reducers = self.reduce_lse(f, th, it, &cols, &t);
         self.select(f, th, it, &cols, &t, &reducers);
@@ -99,26 +103,19 @@ impl Gen<'_> {
                 };
                 let greedy = if p.is_greedy() {
                     "true".to_string()
+                } else if self.c.residual_per_tile > 0 {
+                    // A draft row's candidate is its argmax: verification reads its noise
+                    // only through the residual lists.
+                    let draft = self.is_draft_row(f, &row);
+                    f.v(format!("or i1 {t_zero}, {draft}"))
                 } else {
                     t_zero.clone()
                 };
                 let (key_lo, key_hi, ctr_row, word3) = if p.is_greedy() {
                     (String::new(), String::new(), String::new(), String::new())
                 } else {
-                    let key = f.var("i64", "%seed");
-                    f.if_then(&has_rs, |f| {
-                        let r64 = f.zext64(&row_safe);
-                        let a = f.gaddr("%row_seeds", &r64, 8);
-                        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
-                        f.set(&key, &k);
-                    });
-                    let k = f.get(&key);
-                    let lo = f.v(format!("trunc i64 {k} to i32"));
-                    let hi = f.v(format!("lshr i64 {k}, 32"));
-                    let hi = f.v(format!("trunc i64 {hi} to i32"));
-                    let launch_row = f.add(&row, "%row_base");
-                    let ctr_row = f.sel("i32", &has_rs, "0", &launch_row);
                     let r64 = f.zext64(&row_safe);
+                    let (lo, hi, ctr_row) = math::row_stream(f, &has_rs, &row, &r64);
                     (lo, hi, ctr_row, math::token_word3(f, &r64))
                 };
                 let pen = has_pen.then(|| {

@@ -505,6 +505,9 @@ impl SamplingPlan {
             target_logprobs: a.target_logprobs,
             row_bounds,
             row_base,
+            // `Sampler::verify` does not run on CUDA yet: no residual lists are written.
+            residual_lists: 0,
+            spec_period: 0,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
