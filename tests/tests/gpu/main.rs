@@ -19,6 +19,7 @@ mod logit_bias;
 mod noise_skip;
 mod robust;
 mod scoring;
+mod speculative;
 
 use flashsample::{
     bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, Matrix, RowError, RowFilter,
