@@ -358,6 +358,18 @@ fn verifying_pipelines_keep_residual_lists() {
         let k = ptx(&p, &c, Arch::Sm90);
         assert!(!k.ptx.contains(".local"), "{c:?}");
     }
+    // The heuristic fits the list tile into shared memory at both LM-head shapes.
+    for filter in [false, true] {
+        let p = verifying(filter);
+        for (d, v) in [(4096, 151_936), (8192, 128_256)] {
+            for batch in [4, 64, 512] {
+                let c = GpuConfig::heuristic(&p, batch, d, v, &GpuLimits::H200);
+                assert!(c.residual_per_tile > 0, "{c:?}");
+                c.validate(&p, &GpuLimits::H200).unwrap_or_else(|e| panic!("B={batch} {d}:{v} {c:?}: {e}"));
+                c.whole_tile_residuals().validate(&p, &GpuLimits::H200).unwrap_or_else(|e| panic!("whole tiles {c:?}: {e}"));
+            }
+        }
+    }
     // The serialized form of a config without residual lists is unchanged.
     assert!(!serde_json::to_string(&plain).unwrap().contains("residual"));
 }

@@ -228,7 +228,8 @@ pub(crate) fn decide(
                 emitted.push((d, target_logits[r]));
                 continue;
             }
-            let noise = |v: u32| gumbel_f64(residual_bits(seed, ctr, v, step));
+            // Keyed by the global token, as the kernels' residual lists are.
+            let noise = |v: u32| gumbel_f64(residual_bits(seed, ctr, v + inner.vocab_offset, step));
             let next = match target {
                 Target::Greedy(a) => (a, reduced.logits[r]),
                 Target::Kept(kept, mass) => {
