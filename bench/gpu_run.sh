@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: GPU tests, compute-sanitizer, benchmark. Binaries are built
 # elsewhere and carried in .carry/ (gpu-test = the tests/tests/gpu/ binary, target/release/deps/gpu-*,
-# stripped; gpu_bench, score_bench).
+# stripped; gpu_bench, score_bench, spec_bench).
 # STAGES picks what runs (default: all but profile); logs go to $OUT, a short summary is printed last.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: decode before_after peers profile ptxas score
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
 for f in .carry-before/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/score_bench "$BIN"/decode_loop .carry-before/gpu_bench 2>/dev/null
+chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/score_bench "$BIN"/spec_bench "$BIN"/decode_loop .carry-before/gpu_bench 2>/dev/null
 GPU_TEST=$BIN/gpu-test
 # Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
@@ -85,6 +85,12 @@ if has score; then
   # Scoring given tokens against torch.compile and Liger (carry its wheel: device README).
   "$BIN/score_bench" --device cuda ${SCORE_ARGS:-} >"$OUT/score.txt" 2>"$OUT/score.log"
   summary+=("score_bench rc=$?")
+fi
+if has spec; then
+  # Speculative verification (B 1/16/64 x k 3/7, both LM-head shapes) against a torch.compile'd
+  # matmul + softmax + vLLM-style rejection sampler and against sampling the same rows.
+  "$BIN/spec_bench" --device cuda ${SPEC_ARGS:-} >"$OUT/spec.txt" 2>"$OUT/spec.log"
+  summary+=("spec_bench rc=$?")
 fi
 echo "=================== summary"
 printf '%s\n' "${summary[@]}"

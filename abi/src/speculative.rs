@@ -46,7 +46,8 @@ pub fn accept_bits(seed: u64, ctr_row: u32, step: u32) -> u32 {
 }
 
 /// The 32 noise bits of token `v` in the residual draw of the target row keyed
-/// `(key, ctr_row)`: the token noise's counter layout with the `SpecResidual` stream.
+/// `(key, ctr_row)`: the token noise's counter layout with the `SpecResidual` stream. `v` is
+/// the global token (`local + vocab_offset`), as for the token noise.
 pub fn residual_bits(seed: u64, ctr_row: u32, v: u32, step: u32) -> u32 {
     philox4x32_10([v >> 2, ctr_row, 0, counter_word3(step, NoiseStream::SpecResidual)], key(seed))[(v & 3) as usize]
 }

@@ -18,9 +18,9 @@ a missing package or failing peer gives nulls (with the reason on stderr).
 
 import argparse
 import json
-import statistics
 import sys
-import time
+
+from peer_timing import measure, median_ms, peak_mb
 
 
 def main():
@@ -67,31 +67,8 @@ def main():
         return -liger_loss(w, h, t)
 
     def timed(fn, h, t):
-        for _ in range(args.warmup):
-            fn(h, w, t)
-        times = []
-        for _ in range(args.reps):
-            if cuda:
-                torch.cuda.synchronize()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn(h, w, t)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                s = time.perf_counter()
-                fn(h, w, t)
-                times.append((time.perf_counter() - s) * 1e3)
-        peak = None
-        if cuda:
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            fn(h, w, t)
-            torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - before) / 2**20
-        return statistics.median(times), peak
+        call = lambda: fn(h, w, t)  # noqa: E731
+        return median_ms(torch, call, args.warmup, args.reps, cuda, events=True), peak_mb(torch, call, cuda)
 
     for r in rows_list:
         h = (torch.rand(r, D, generator=g) * 2 - 1).to(torch.bfloat16).to(dev)
@@ -101,12 +78,7 @@ def main():
             row[name], row["mem_" + name] = None, None
             if not wanted:
                 continue
-            try:
-                row[name], row["mem_" + name] = timed(fn, h, t)
-            except Exception as e:  # noqa: BLE001 - an out-of-memory peer is a null, not a crash
-                print(f"score_peers: {name} at {r} rows failed: {e}", file=sys.stderr)
-                if cuda:
-                    torch.cuda.empty_cache()
+            measure(row, name, lambda: timed(fn, h, t), f"score_peers at {r} rows", torch, cuda)  # noqa: B023
         out["rows"].append(row)
     print(json.dumps(out))
 

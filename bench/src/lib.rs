@@ -1,5 +1,7 @@
 //! Benchmark helpers shared by the bench binaries: timing and table printing.
 
+use flashsample::{bf16, Device, DeviceTensor, Tensor};
+use rand::{rngs::StdRng, Rng};
 use std::time::Instant;
 
 /// Median wall time of `reps` calls of `f` after `warmup` untimed calls, in seconds.
@@ -17,11 +19,62 @@ pub fn median_secs<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<
     Ok(t[t.len() / 2])
 }
 
+/// Runs a peers script (`python script args…`, its stderr passed through) and parses the one
+/// JSON object it prints.
+pub fn peers_json(python: &str, script: &str, args: &[String]) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run `{python}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`{python} {script}` failed ({})", out.status));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{script} printed no JSON: {e}"))
+}
+
+/// `x` with `digits` decimals, or `–` when absent (a peer that did not run).
+pub fn fmt_opt(x: Option<f64>, digits: usize) -> String {
+    x.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
 /// Prints a markdown table (so it pastes into BENCHMARKS.md as is).
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     println!("| {} |", header.join(" | "));
     println!("|{}|", header.iter().map(|_| "---:").collect::<Vec<_>>().join("|"));
     for r in rows {
         println!("| {} |", r.join(" | "));
+    }
+}
+
+/// Random bf16 LM-head weights `[vocab, dim]` (`U(−0.05, 0.05)`), uploaded once on CUDA so
+/// every timed launch reads them from the device.
+pub struct LmHead {
+    host: Vec<bf16>,
+    device: Option<DeviceTensor>,
+    pub dim: usize,
+    pub vocab: usize,
+}
+
+impl LmHead {
+    /// Weights for the `D:V` pair `shape` (as `--shapes` takes them) on `device`.
+    pub fn random(rng: &mut StdRng, device: &Device, shape: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let (d, v) = shape.split_once(':').ok_or("--shapes takes D:V pairs")?;
+        let (dim, vocab): (usize, usize) = (d.parse()?, v.parse()?);
+        let host: Vec<bf16> = (0..vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05f32..0.05))).collect();
+        let device = match device {
+            Device::Cuda(c) => Some(c.upload(&host, vocab, dim)?),
+            _ => None,
+        };
+        Ok(LmHead { host, device, dim, vocab })
+    }
+
+    /// The weights as a launch operand (the device copy where there is one).
+    pub fn tensor(&self) -> flashsample::Result<Tensor<'_>> {
+        match &self.device {
+            Some(t) => Ok(Tensor::device(t)),
+            None => Tensor::host(&self.host, self.vocab, self.dim),
+        }
     }
 }

@@ -7,6 +7,7 @@ use crate::layout::SmemLayout;
 use crate::PtxError;
 use flashsample_ir::{DType, Pipeline, MAX_LIST_CAPACITY};
 use serde::{Deserialize, Serialize};
+use flashsample_abi::speculative::RESIDUAL_PER_TILE;
 
 /// The PTX target a module is generated for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -203,6 +204,10 @@ pub const WGMMA_K_STEP: u32 = 64;
 ///   most the capacity; longer for the exact nucleus path's whole-tile lists). Shorter lists are
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
 ///   with [`GpuConfig::exact_lists`].
+/// - `residual_per_tile`: entries of each (draft row, vocab tile) residual list of a verifying
+///   pipeline (DESIGN.md "Speculative verification"): `abi::speculative::RESIDUAL_PER_TILE`,
+///   or `vocab_tile` for the recompute of one row over its whole vocabulary; 0 for pipelines
+///   without `verify` (and then absent from the serialized form).
 /// - `stagger_us`: the second CTA of each SM in the first wave (CTAs `nsmid .. 2·nsmid`) sleeps
 ///   this long (`%globaltimer`) before starting. Two co-resident CTAs otherwise start together,
 ///   take the same time per tile and run their epilogues (noise, argmax: no loads in flight)
@@ -223,6 +228,12 @@ pub struct GpuConfig {
     pub schedule: Schedule,
     pub list_per_tile: u32,
     pub stagger_us: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub residual_per_tile: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Threads of the ping-pong producer warpgroup, and the registers it keeps (CUTLASS's 40).
@@ -264,7 +275,7 @@ impl GpuConfig {
     /// A `vocab_tile × batch_tile` tile of `warps` warps on `schedule`, without lists or
     /// stagger ([`GpuConfig::fit_lists`], [`GpuConfig::with_stagger`]).
     pub fn new(vocab_tile: u32, batch_tile: u32, warps: u32, schedule: Schedule) -> GpuConfig {
-        GpuConfig { vocab_tile, batch_tile, warps, schedule, list_per_tile: 0, stagger_us: 0 }
+        GpuConfig { vocab_tile, batch_tile, warps, schedule, list_per_tile: 0, stagger_us: 0, residual_per_tile: 0 }
     }
 
     /// This config with a first-wave stagger of `stagger_us`.
@@ -440,8 +451,14 @@ impl GpuConfig {
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
-    /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`.
+    /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`. A
+    /// verifying pipeline also gets its `residual_per_tile` (`RESIDUAL_PER_TILE`).
     pub fn fit_lists(&mut self, pipeline: &Pipeline) {
+        self.residual_per_tile = if pipeline.verify.is_some() {
+            (RESIDUAL_PER_TILE as u32).min(self.vocab_tile)
+        } else {
+            0
+        };
         let cap = crate::list_capacity(pipeline);
         let max = cap.min(self.vocab_tile);
         self.list_per_tile = if cap == 0 {
@@ -461,6 +478,12 @@ impl GpuConfig {
         let mut c = self.clone();
         c.list_per_tile = need.clamp(1, MAX_LIST_CAPACITY).min(self.vocab_tile);
         c
+    }
+
+    /// The same config with residual lists holding whole tiles (every eligible token of a
+    /// row): the recompute of a draft row whose residual bound failed.
+    pub fn whole_tile_residuals(&self) -> GpuConfig {
+        GpuConfig { residual_per_tile: self.vocab_tile, ..self.clone() }
     }
 
     /// Stage-three grid: one CTA per batch row.
@@ -605,6 +628,19 @@ impl GpuConfig {
                 format!("{}; the pipeline keeps no lists (filter / top_logprobs), so 0", self.list_per_tile),
             ));
         }
+        let residual_ok = match pipeline.verify {
+            Some(_) => (1..=self.vocab_tile).contains(&self.residual_per_tile),
+            None => self.residual_per_tile == 0,
+        };
+        if !residual_ok {
+            return Err(bad(
+                "residual_per_tile",
+                format!(
+                    "{}; a verifying pipeline needs 1..=vocab_tile {} (`fit_lists`), any other 0",
+                    self.residual_per_tile, self.vocab_tile
+                ),
+            ));
+        }
         // Longer than the capacity is allowed: the runtime's exact nucleus path lists whole
         // tiles (up to `MAX_LIST_CAPACITY` entries).
         let max = MAX_LIST_CAPACITY.min(self.vocab_tile);
@@ -684,6 +720,8 @@ mod legacy {
         list_per_tile: u32,
         #[serde(default)]
         stagger_us: u32,
+        #[serde(default)]
+        residual_per_tile: u32,
     }
 
     /// The flat form: `stages == 1` meant SIMT; fields added later default to off.
@@ -722,6 +760,7 @@ mod legacy {
                         schedule: c.schedule,
                         list_per_tile: c.list_per_tile,
                         stagger_us: c.stagger_us,
+                        residual_per_tile: c.residual_per_tile,
                     })
                 }
                 ConfigRepr::Flags(f) => f,
@@ -754,6 +793,7 @@ mod legacy {
                 schedule,
                 list_per_tile: f.list_per_tile,
                 stagger_us: f.stagger_us,
+                residual_per_tile: 0,
             })
         }
     }

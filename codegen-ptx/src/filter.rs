@@ -805,37 +805,15 @@ fn draw_filtered(
         },
         |f| {
             // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
-            let key = f.var("i64", "%seed");
             let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-            f.if_then(&has_rs, |f| {
-                let a = f.gaddr("%row_seeds", r64, 8);
-                let v = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
-                f.set(&key, &v);
-            });
-            let kv = f.get(&key);
-            let key_lo = f.v(format!("trunc i64 {kv} to i32"));
-            let key_hi = f.v(format!("lshr i64 {kv}, 32"));
-            let key_hi = f.v(format!("trunc i64 {key_hi} to i32"));
-            let launch_row = f.add(row, "%row_base");
-            let ctr_row = f.sel("i32", &has_rs, "0", &launch_row);
+            let (key_lo, key_hi, ctr_row) = crate::math::row_stream(f, &has_rs, row, r64);
             let word3 = crate::math::token_word3(f, r64);
             f.for_loop("0", "%samples", "1", |f, s| {
                 let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
                     f.for_loop(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
                         let (x, i) = load_shared_scored(f, "@fs_filter_top", e);
                         let g = f.add(&i, "%vocab_offset");
-                        let ctr = f.v(format!("lshr i32 {g}, 2"));
-                        let ty = "{ i32, i32, i32, i32 }";
-                        let r = f.v(format!(
-                            "call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 {word3}, i32 {key_lo}, i32 {key_hi})"
-                        ));
-                        let w = f.v(format!("and i32 {g}, 3"));
-                        let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));
-                        for j in 1..4 {
-                            let wj = f.v(format!("extractvalue {ty} {r}, {j}"));
-                            let is = f.v(format!("icmp eq i32 {w}, {j}"));
-                            bits = f.sel("i32", &is, &wj, &bits);
-                        }
+                        let bits = crate::math::token_bits(f, &g, &ctr_row, s, &word3, (&key_lo, &key_hi));
                         let gum = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
                         let score = f.fadd(&x, &gum);
                         let (s0, i0, p0) = (f.get(vs), f.get(vi), f.get(vp));

@@ -11,7 +11,7 @@
 //!
 //! An epilogue area is the cross-warp scratch ([`ScratchLayout`]) followed by the list
 //! epilogue's tile of transformed logits (`batch_tile` columns of `vocab_tile` f32) when the
-//! pipeline keeps lists.
+//! pipeline keeps lists or residual lists.
 
 use crate::config::{GpuConfig, GridKind, Schedule};
 
@@ -62,7 +62,7 @@ pub struct SmemLayout {
     pub scratch: ScratchLayout,
     /// Offset of the list tile relative to an epilogue area.
     pub list_tile: u32,
-    /// Bytes of the list tile (0 without lists).
+    /// Bytes of the list tile (0 without lists and residual lists).
     pub list_tile_bytes: u32,
     /// Where the mbarriers start (8-byte aligned).
     pub mbarriers: u32,
@@ -81,7 +81,9 @@ impl SmemLayout {
         let slot_bytes = (c.vocab_tile + c.batch_tile) * row_bytes;
         let ring = slots * slot_bytes;
         let scratch = ScratchLayout::of(c);
-        let list_tile_bytes = if c.list_per_tile > 0 { c.vocab_tile * c.batch_tile * 4 } else { 0 };
+        // The residual lists of a verifying pipeline select from the same tile.
+        let tiled = c.list_per_tile > 0 || c.residual_per_tile > 0;
+        let list_tile_bytes = if tiled { c.vocab_tile * c.batch_tile * 4 } else { 0 };
         let epilogue_bytes = scratch.bytes + list_tile_bytes;
         let areas = epilogue_bytes * c.consumer_sets();
         let (epilogue, data) = if c.overlaps_epilogue() { (ring, ring + areas) } else { (0, ring.max(areas)) };

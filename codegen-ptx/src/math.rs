@@ -170,11 +170,52 @@ fn philox(attr: &str) -> String {
     ))
 }
 
+/// Row `row`'s Philox key halves and counter row (`SamplingParams::row_stream`): its own seed
+/// and counter row 0 when the launch has `%row_seeds` (`has_rs`), else `%seed` and the launch
+/// row `row_base + row`. `row64`: the row as i64, inside the batch (the seed's load).
+pub(crate) fn row_stream(f: &mut Func, has_rs: &str, row: &str, row64: &str) -> (String, String, String) {
+    let key = f.var("i64", "%seed");
+    f.if_then(has_rs, |f| {
+        let a = f.gaddr("%row_seeds", row64, 8);
+        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
+        f.set(&key, &k);
+    });
+    let k = f.get(&key);
+    let lo = f.v(format!("trunc i64 {k} to i32"));
+    let hi = f.v(format!("lshr i64 {k}, 32"));
+    let hi = f.v(format!("trunc i64 {hi} to i32"));
+    let launch_row = f.add(row, "%row_base");
+    let ctr_row = f.sel("i32", has_rs, "0", &launch_row);
+    (lo, hi, ctr_row)
+}
+
+/// The 32 noise bits of global token `g` (any alignment): word `g mod 4` of the Philox block
+/// `[g >> 2, ctr_row, s, word3]` under key `(key_lo, key_hi)` (`abi::rng::noise_bits`' layout).
+pub(crate) fn token_bits(f: &mut Func, g: &str, ctr_row: &str, s: &str, word3: &str, key: (&str, &str)) -> String {
+    let ctr = f.v(format!("lshr i32 {g}, 2"));
+    let ty = "{ i32, i32, i32, i32 }";
+    let r = f.v(format!("call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 {word3}, i32 {}, i32 {})", key.0, key.1));
+    let w = f.v(format!("and i32 {g}, 3"));
+    let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));
+    for j in 1..4 {
+        let wj = f.v(format!("extractvalue {ty} {r}, {j}"));
+        let is = f.v(format!("icmp eq i32 {w}, {j}"));
+        bits = f.sel("i32", &is, &wj, &bits);
+    }
+    bits
+}
+
 /// Counter word 3 of row `row64`'s token noise (`abi::rng::counter_word3(step, Token)`):
 /// `row_steps[row] · 4 + NoiseStream::Token`, or the stream alone (step 0) when the kernel's
 /// `%row_steps` is 0.
 pub(crate) fn token_word3(f: &mut Func, row64: &str) -> String {
-    let stream = NoiseStream::Token as u32;
+    stream_word3(f, row64, NoiseStream::Token)
+}
+
+/// Counter word 3 of row `row64`'s noise of `stream` (`abi::rng::counter_word3(step, stream)`),
+/// as [`token_word3`].
+pub(crate) fn stream_word3(f: &mut Func, row64: &str, stream: NoiseStream) -> String {
+    let stream = stream as u32;
     let word = f.var("i32", &stream.to_string());
     let has_steps = f.v("icmp ne ptr addrspace(1) %row_steps, null");
     f.if_then(&has_steps, |f| {

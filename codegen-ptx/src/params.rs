@@ -186,6 +186,13 @@ kernel_params! {
         /// `f32 [B, tiles, list_per_tile]`: beside each entry of `lists` its raw logit
         /// (`Pipeline::lists_carry_raw`), or 0.
         list_raws: MutPtr,
+        /// `Candidate [B, tiles, residual_per_tile]`: a verifying pipeline's residual lists
+        /// (each draft row's best tokens per tile by the residual stream's `x + G_res`), or 0.
+        residual_lists: MutPtr,
+        /// `k + 1` of a verifying launch: launch row `r` is a draft row iff
+        /// `r mod spec_period ≠ k` (the last row of each sequence is its bonus); 0 makes every
+        /// row a draft row (the recompute of single rows). Unread without `verify`.
+        spec_period: U32,
     }
 }
 

@@ -60,6 +60,14 @@ fn raw_top(dtype: DType) -> Pipeline {
     p
 }
 
+/// Speculative verification with per-row temperatures: sampled drafts (with a filter) or
+/// greedy drafts.
+fn verifying(filter: bool) -> Pipeline {
+    let b = PipelineBuilder::new("Verify", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed");
+    let b = if filter { b.filter("filter", 32).verify_sampled("drafts", "draft_probs") } else { b.verify_greedy("drafts") };
+    b.outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 }).build().unwrap()
+}
+
 fn with_lists(mut c: GpuConfig, p: &Pipeline) -> GpuConfig {
     c.fit_lists(p);
     c
@@ -155,7 +163,7 @@ fn stage1_has_the_design_parameter_list() {
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
             ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64"
+            ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u64", ".u32"
         ]
     );
     // The table the runtime pushes from is the one the header came from.
@@ -339,6 +347,51 @@ fn snapshot_stage1_ir_per_schedule() {
         let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &c).unwrap_or_else(|e| panic!("{name}: {e}"));
         insta::assert_snapshot!(name, ir_function(&ir, "flashsample_stage1"));
     }
+}
+
+/// A verifying pipeline's stage one keeps residual lists (the config's `residual_per_tile`,
+/// a list tile in shared memory even without a filter), writes the draft logits through the
+/// target capture and draws the residual stream; other pipelines get none of it.
+#[test]
+fn verifying_pipelines_keep_residual_lists() {
+    let plain = with_lists(tensor_small(), &greedy(DType::BF16));
+    assert_eq!(plain.residual_per_tile, 0);
+    for filter in [false, true] {
+        let p = verifying(filter);
+        let c = with_lists(tensor_small(), &p);
+        assert_eq!(c.residual_per_tile, flashsample_abi::speculative::RESIDUAL_PER_TILE as u32);
+        assert_eq!(c.smem_layout().list_tile_bytes, c.vocab_tile * c.batch_tile * 4);
+        c.validate(&p, &GpuLimits::H200).unwrap();
+        // Without residual lists the kernel could not verify; with them a plain pipeline is refused.
+        let bare = GpuConfig { residual_per_tile: 0, ..c.clone() };
+        assert!(matches!(bare.validate(&p, &GpuLimits::H200), Err(PtxError::InvalidConfig { .. })), "{bare:?}");
+        let stray = GpuConfig { residual_per_tile: 8, ..plain.clone() };
+        assert!(matches!(stray.validate(&greedy(DType::BF16), &GpuLimits::H200), Err(PtxError::InvalidConfig { .. })));
+        let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+        let stage1 = ir_function(&ir, "flashsample_stage1");
+        assert!(stage1.contains("%residual_lists"), "the lists are written");
+        assert!(stage1.contains("%targets"), "the draft logits are captured");
+        assert!(stage1.contains("urem i32"), "draft rows are told from bonus rows");
+        let whole = c.whole_tile_residuals();
+        assert_eq!(whole.residual_per_tile, whole.vocab_tile);
+        whole.validate(&p, &GpuLimits::H200).unwrap();
+        let k = ptx(&p, &c, Arch::Sm90);
+        assert!(!k.ptx.contains(".local"), "{c:?}");
+    }
+    // The heuristic fits the list tile into shared memory at both LM-head shapes.
+    for filter in [false, true] {
+        let p = verifying(filter);
+        for (d, v) in [(4096, 151_936), (8192, 128_256)] {
+            for batch in [4, 64, 512] {
+                let c = GpuConfig::heuristic(&p, batch, d, v, &GpuLimits::H200);
+                assert!(c.residual_per_tile > 0, "{c:?}");
+                c.validate(&p, &GpuLimits::H200).unwrap_or_else(|e| panic!("B={batch} {d}:{v} {c:?}: {e}"));
+                c.whole_tile_residuals().validate(&p, &GpuLimits::H200).unwrap_or_else(|e| panic!("whole tiles {c:?}: {e}"));
+            }
+        }
+    }
+    // The serialized form of a config without residual lists is unchanged.
+    assert!(!serde_json::to_string(&plain).unwrap().contains("residual"));
 }
 
 /// Per-request logit bias in vLLM's order, beside the global bias, on a sampling pipeline
@@ -876,10 +929,15 @@ fn ptxas_accepts_every_schedule() {
         .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 5 })
         .build()
         .unwrap();
-    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32), scorer, raw_filtered(DType::BF16), raw_top(DType::BF16)] {
+    for p in [full(DType::BF16), filtered(DType::BF16), greedy(DType::BF16), full(DType::F32), scorer, raw_filtered(DType::BF16), raw_top(DType::BF16), verifying(false), verifying(true)] {
         for (d, v) in [(4096, 151_936), (8192, 128_256)] {
             for batch in [1, 8, 33, 64, 128, 256, 512] {
-                configs.push((p.clone(), GpuConfig::heuristic(&p, batch, d, v, &h200)));
+                let c = GpuConfig::heuristic(&p, batch, d, v, &h200);
+                if p.verify.is_some() {
+                    // The recompute of one row over its whole vocabulary.
+                    configs.push((p.clone(), c.whole_tile_residuals()));
+                }
+                configs.push((p.clone(), c));
             }
         }
         if p.weights.dtype == DType::BF16 {

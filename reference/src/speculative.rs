@@ -74,7 +74,8 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
                 let mut best: Option<(f64, usize)> = None;
                 for (v, &w) in weights.iter().enumerate() {
                     if w > 0.0 {
-                        let s = w.ln() + gumbel_f64(residual_bits(seed, ctr, v as u32, step));
+                        // Keyed by the global token, as the kernels' residual lists are.
+                        let s = w.ln() + gumbel_f64(residual_bits(seed, ctr, v as u32 + self.params.vocab_offset, step));
                         if best.is_none_or(|(b, _)| s > b) {
                             best = Some((s, v));
                         }

@@ -89,7 +89,9 @@ impl Sampler {
         match (&self.backend, config) {
             (Backend::Cpu(cpu), KernelConfig::Cpu(c)) => cpu.verify(&hidden, &weights, params, shape, &c),
             #[cfg(feature = "cuda")]
-            _ => Err(Error::Unsupported("speculative verification runs on the CPU backend (the CUDA kernels are not built yet)".into())),
+            (Backend::Cuda(cuda), KernelConfig::Cuda(c)) => cuda.verify(&hidden, &weights, params, shape, &c),
+            #[cfg(feature = "cuda")]
+            _ => Err(Error::ConfigBackend { sampler: self.device.describe() }),
         }
     }
 

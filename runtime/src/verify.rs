@@ -1,15 +1,17 @@
-//! Speculative verification on the CPU (DESIGN.md "Speculative verification"): one stage-one
-//! pass over the `S·(k+1)` target rows (draft rows draw the residual stream and keep residual
-//! lists), then per sequence the acceptance decisions and the next token on the host. A draft
+//! Speculative verification (DESIGN.md "Speculative verification"): one stage-one pass over
+//! the `S·(k+1)` target rows on the CPU or the GPU (draft rows draw the residual stream and
+//! keep residual lists), then per sequence the acceptance decisions and the next token on the
+//! host ([`decide`], shared by both backends). A draft
 //! row is recomputed over its whole vocabulary only when its residual bound fails or its
 //! nucleus outgrew the lists; the `[S·(k+1), V]` logits are never written.
 
 use crate::cpu::{host_f32, CpuBackend, ResidualPlan};
-use crate::{launch::Shape, stage_three, Result, Tensor};
+use crate::{launch::Shape, stage_three, Error, Result, Tensor};
 use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
 use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
 use flashsample_abi::speculative::{accept_bits, drafts_per_sequence, residual_bits, RESIDUAL_PER_TILE};
-use flashsample_abi::{RowStatus, RowStatusError, SamplingParams, INDEX_NONE};
+use flashsample_abi::filter::TopLists;
+use flashsample_abi::{Candidate, RowResult, RowStatus, RowStatusError, SamplingParams, INDEX_NONE};
 use flashsample_codegen_cpu::CpuConfig;
 use flashsample_ir::Pipeline;
 
@@ -68,14 +70,21 @@ enum Target {
     Full,
 }
 
-/// The draft distributions of one launch: `q_j(v)` of draft `i·k + j`.
-struct DraftProbs<'a> {
-    drafts: &'a [u32],
-    probs: Option<&'a [f32]>,
-    vocab: usize,
+/// The drafts of one launch and their distributions: `q_j(v)` of draft `i·k + j`.
+pub(crate) struct DraftProbs<'a> {
+    /// `[S·k]` the draft tokens.
+    pub drafts: &'a [u32],
+    /// `[S·k, V]` sampled drafts' distributions; `None` for greedy drafts (`δ(d_j)`).
+    pub probs: Option<&'a [f32]>,
+    pub vocab: usize,
 }
 
-impl DraftProbs<'_> {
+impl<'a> DraftProbs<'a> {
+    /// A launch's drafts (`params.drafts`, `params.draft_probs`) over `vocab` tokens.
+    pub(crate) fn of(params: &SamplingParams<'a>, vocab: usize) -> Self {
+        DraftProbs { drafts: params.drafts.unwrap_or(&[]), probs: params.draft_probs, vocab }
+    }
+
     fn q(&self, draft: usize, v: u32) -> f64 {
         match self.probs {
             Some(q) => f64::from(q[draft * self.vocab + v as usize]),
@@ -109,6 +118,176 @@ fn bound_slack(score: f64) -> f64 {
     1e-4 * (1.0 + score.abs())
 }
 
+/// A verifying launch's target tokens (each draft row's draft; bonus rows 0, unread) and its
+/// drafts per sequence `k`.
+pub(crate) fn draft_targets(params: &SamplingParams<'_>, batch: usize) -> Result<(usize, Vec<u32>)> {
+    let drafts = params.drafts.unwrap_or(&[]);
+    let k = drafts_per_sequence(batch, drafts.len()).map_err(flashsample_abi::ParamError::from)?;
+    let targets = (0..batch).map(|r| if r % (k + 1) != k { drafts[r / (k + 1) * k + r % (k + 1)] } else { 0 }).collect();
+    Ok((k, targets))
+}
+
+/// What the kernels of a verifying launch left, on any backend: each row's status and result
+/// (a greedy draft row's token is its argmax; a bonus row's its sample, nuclei past the lists
+/// already served), the filter's lists, each draft row's transformed logit at its draft token
+/// and the residual lists.
+pub(crate) struct VerifyRun<'a> {
+    pub status: &'a [RowStatus],
+    pub reduced: &'a RowResult,
+    pub lists: Option<(TopLists, &'a [Scored])>,
+    pub target_logits: &'a [f32],
+    pub residual: (TopLists, &'a [Candidate]),
+}
+
+/// Decides every sequence of a verifying launch (DESIGN.md "Speculative verification"), in
+/// order, on the host: acceptance from the exact logsumexp and the draft logit, the residual
+/// draw from the residual lists when the bound holds; `whole_row` gives every eligible token
+/// of a row with its logit (stage one of that row alone with whole-tile lists), for the rows
+/// the lists cannot serve. `inner`: the launch's parameters with the drafts as targets.
+pub(crate) fn decide(
+    pipeline: &Pipeline,
+    inner: &SamplingParams<'_>,
+    q: &DraftProbs<'_>,
+    k: usize,
+    run: &VerifyRun<'_>,
+    whole_row: &mut dyn FnMut(usize) -> Result<Vec<Scored>>,
+) -> Result<Verified> {
+    let batch = run.status.len();
+    let seqs = batch / (k + 1);
+    let capacity = pipeline.list_capacity() as usize;
+    let status = run.status;
+    let reduced = run.reduced;
+    let lse = reduced.logsumexp.clone().unwrap_or_else(|| vec![f32::NAN; batch]);
+    let target_logits = run.target_logits;
+    let (res_layout, res_lists) = run.residual;
+    let drafts = q.drafts;
+    let is_draft_row = |r: usize| r % (k + 1) != k;
+    let mut recomputed_rows = 0;
+    let mut whole_row_of = |row: usize| -> Result<Vec<Scored>> {
+        recomputed_rows += 1;
+        whole_row(row)
+    };
+    let mut out = Verified {
+        k,
+        accepted: vec![0; seqs],
+        tokens: vec![INDEX_NONE; seqs * (k + 1)],
+        logprobs: pipeline.outputs.logprob.then(|| vec![f32::NAN; seqs * (k + 1)]),
+        errors: vec![None; seqs],
+        recomputed_rows: 0,
+    };
+    for i in 0..seqs {
+        let rows = i * (k + 1)..(i + 1) * (k + 1);
+        let failed = rows.clone().find_map(|r| match status[r] {
+            RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
+            _ if !is_draft_row(r) => status[r].error(r, capacity),
+            _ => None,
+        });
+        if let Some(e) = failed {
+            out.errors[i] = Some(e);
+            continue;
+        }
+        let mut emitted: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        let mut rejected = false;
+        for j in 0..k {
+            let r = rows.start + j;
+            let draft = i * k + j;
+            let d = drafts[draft];
+            let l = f64::from(lse[r]);
+            let greedy = pipeline.is_greedy() || inner.row_temperature(pipeline, r) == 0.0;
+            let filter = inner.row_filter(r);
+            let target = if greedy {
+                Target::Greedy(reduced.tokens[r])
+            } else if pipeline.filter_max_k().is_some() && !filter.is_off() {
+                let (layout, lists) = run.lists.ok_or_else(|| Error::Unsupported("a filter pipeline's launch keeps lists".into()))?;
+                let need = layout.per_tile.max(capacity);
+                let listed = merge_row(layout.row(lists, r), layout.per_tile, need, r)
+                    .ok()
+                    .and_then(|top| survivors(&top, &filter, lse[r], top.len() < need, r).ok().map(|n| top[..n].to_vec()));
+                let kept = match listed {
+                    Some(kept) => kept,
+                    None => {
+                        let top = whole_row_of(r)?;
+                        let n = survivors(&top, &filter, lse[r], true, r)?;
+                        top[..n].to_vec()
+                    }
+                };
+                let top = kept.first().map_or(0.0, |s| f64::from(s.logit));
+                let mass = top + kept.iter().map(|s| (f64::from(s.logit) - top).exp()).sum::<f64>().ln();
+                Target::Kept(kept, mass)
+            } else {
+                Target::Full
+            };
+            let p_draft = match &target {
+                Target::Greedy(a) => f64::from(u8::from(*a == d)),
+                Target::Kept(kept, mass) => kept.iter().find(|s| s.index == d).map_or(0.0, |s| (f64::from(s.logit) - mass).exp()),
+                Target::Full => (f64::from(target_logits[r]) - l).exp(),
+            };
+            let (seed, ctr) = inner.row_stream(r);
+            let step = inner.row_step(r);
+            if uniform_f64(accept_bits(seed, ctr, step)) < p_draft / q.q(draft, d) {
+                emitted.push((d, target_logits[r]));
+                continue;
+            }
+            // Keyed by the global token, as the kernels' residual lists are.
+            let noise = |v: u32| gumbel_f64(residual_bits(seed, ctr, v + inner.vocab_offset, step));
+            let next = match target {
+                Target::Greedy(a) => (a, reduced.logits[r]),
+                Target::Kept(kept, mass) => {
+                    let entries: Vec<(u32, f64, f32)> =
+                        kept.iter().map(|s| (s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
+                    residual_draw(&entries, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
+                }
+                Target::Full => {
+                    // The listed tokens' exact residual scores; every unlisted token of
+                    // tile t scores at most its `x + G − L ≤ (last listed score of t) − L`.
+                    let mut entries = Vec::new();
+                    let mut bound = f64::NEG_INFINITY;
+                    for t in 0..res_layout.tiles {
+                        let list = &res_lists[res_layout.slot(r, t)..][..res_layout.per_tile];
+                        entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| (c.index, (f64::from(c.logit) - l).exp(), c.logit)));
+                        if let Some(last) = list.last().filter(|c| c.index != INDEX_NONE) {
+                            let s = f64::from(last.score);
+                            bound = bound.max(s - l + bound_slack(s));
+                        }
+                    }
+                    // Exact when some listed token has residual mass and the best listed
+                    // score beats every unlisted token's bound.
+                    let listed = match residual_draw(&entries, |v| q.q(draft, v), noise) {
+                        (Some(w), false) if w.2 > bound => Some(w),
+                        _ => None,
+                    };
+                    match listed {
+                        Some((v, x, _)) => (v, x),
+                        None => {
+                            let all: Vec<(u32, f64, f32)> =
+                                whole_row_of(r)?.iter().map(|s| (s.index, (f64::from(s.logit) - l).exp(), s.logit)).collect();
+                            residual_draw(&all, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
+                        }
+                    }
+                }
+            };
+            emitted.push(next);
+            rejected = true;
+            break;
+        }
+        if !rejected {
+            // Every draft accepted: the bonus is row k's ordinary sample.
+            let r = rows.end - 1;
+            emitted.push((reduced.tokens[r], reduced.logits[r]));
+        }
+        out.accepted[i] = emitted.len() - 1;
+        for (n, &(v, x)) in emitted.iter().enumerate() {
+            let r = rows.start + n;
+            out.tokens[r] = v;
+            if let Some(lp) = out.logprobs.as_mut() {
+                lp[r] = x - lse[r];
+            }
+        }
+    }
+    out.recomputed_rows = recomputed_rows;
+    Ok(out)
+}
+
 impl CpuBackend {
     /// Verifies `params.drafts` against the rows of `hidden` (`Sampler::verify` checked the
     /// operands and parameters).
@@ -121,12 +300,8 @@ impl CpuBackend {
         config: &CpuConfig,
     ) -> Result<Verified> {
         let pipeline: &Pipeline = &self.pipeline;
-        let drafts = params.drafts.unwrap_or(&[]);
-        let k = drafts_per_sequence(shape.batch, drafts.len()).map_err(flashsample_abi::ParamError::from)?;
-        let seqs = shape.batch / (k + 1);
+        let (k, targets) = draft_targets(params, shape.batch)?;
         let is_draft_row = |r: usize| r % (k + 1) != k;
-        // Draft rows carry their draft token as the target; bonus rows none (token 0, unread).
-        let targets: Vec<u32> = (0..shape.batch).map(|r| if is_draft_row(r) { drafts[r / (k + 1) * k + r % (k + 1)] } else { 0 }).collect();
         let streams: Vec<NoiseStream> =
             (0..shape.batch).map(|r| if is_draft_row(r) { NoiseStream::SpecResidual } else { NoiseStream::Token }).collect();
         let inner = SamplingParams { targets: Some(&targets), drafts: None, draft_probs: None, ..*params };
@@ -144,16 +319,17 @@ impl CpuBackend {
         if !bonus_nuclei.is_empty() {
             self.serve_exact(&hidden_f32, weights, &inner, shape, &bonus_nuclei, &mut reduced, &mut status)?;
         }
-        let lse = reduced.logsumexp.clone().unwrap_or_else(|| vec![f32::NAN; shape.batch]);
-        let target_logits = one.target_logits.as_deref().unwrap_or(&[]);
-        let (res_layout, res_lists) = one.residual_lists.as_ref().ok_or_else(|| missing("residual lists"))?;
-        let q = DraftProbs { drafts, probs: params.draft_probs, vocab: shape.vocab };
-
+        let (res_layout, res_lists) = one.residual_lists.as_ref().ok_or_else(|| Error::Unsupported("a verifying launch keeps residual lists".into()))?;
+        let run = VerifyRun {
+            status: &status,
+            reduced: &reduced,
+            lists: one.lists.as_ref().map(|(l, lists)| (*l, lists.as_slice())),
+            target_logits: one.target_logits.as_deref().unwrap_or(&[]),
+            residual: (*res_layout, res_lists),
+        };
         // Every eligible token of `row` with its logit: stage one again for that row alone,
         // its residual lists holding whole tiles.
-        let mut recomputed_rows = 0;
         let mut whole_row_of = |row: usize| -> Result<Vec<Scored>> {
-            recomputed_rows += 1;
             let subset = inner.select_rows(&[row], shape.vocab);
             let sub = subset.params();
             let sub_shape = Shape { batch: 1, ..shape };
@@ -163,135 +339,15 @@ impl CpuBackend {
             let sub_allowed = sub.allowed_bitset(1, shape.vocab);
             let h = &hidden_f32[row * shape.dim..][..shape.dim];
             let one = self.stage_one_with_lists(h, weights, &sub, sub_allowed.as_deref(), sub_shape, &config, capacity, Some(plan))?;
-            let (_, lists) = one.residual_lists.ok_or_else(|| missing("residual lists"))?;
-            let entries: Vec<Scored> =
-                lists.iter().filter(|c| c.index != INDEX_NONE).map(|c| Scored { logit: c.logit, index: c.index }).collect();
-            Ok(whole_row(&entries))
+            let (_, lists) = one.residual_lists.ok_or_else(|| Error::Unsupported("a verifying launch keeps residual lists".into()))?;
+            Ok(whole_row_entries(&lists))
         };
-
-        let mut out = Verified {
-            k,
-            accepted: vec![0; seqs],
-            tokens: vec![INDEX_NONE; seqs * (k + 1)],
-            logprobs: pipeline.outputs.logprob.then(|| vec![f32::NAN; seqs * (k + 1)]),
-            errors: vec![None; seqs],
-            recomputed_rows: 0,
-        };
-        for i in 0..seqs {
-            let rows = i * (k + 1)..(i + 1) * (k + 1);
-            let failed = rows.clone().find_map(|r| match status[r] {
-                RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
-                _ if !is_draft_row(r) => status[r].error(r, capacity),
-                _ => None,
-            });
-            if let Some(e) = failed {
-                out.errors[i] = Some(e);
-                continue;
-            }
-            let mut emitted: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-            let mut rejected = false;
-            for j in 0..k {
-                let r = rows.start + j;
-                let draft = i * k + j;
-                let d = drafts[draft];
-                let l = f64::from(lse[r]);
-                let greedy = pipeline.is_greedy() || inner.row_temperature(pipeline, r) == 0.0;
-                let filter = inner.row_filter(r);
-                let target = if greedy {
-                    Target::Greedy(reduced.tokens[r])
-                } else if pipeline.filter_max_k().is_some() && !filter.is_off() {
-                    let (layout, lists) = one.lists.as_ref().ok_or_else(|| missing("filter lists"))?;
-                    let need = layout.per_tile.max(capacity);
-                    let listed = merge_row(layout.row(lists, r), layout.per_tile, need, r)
-                        .ok()
-                        .and_then(|top| survivors(&top, &filter, lse[r], top.len() < need, r).ok().map(|n| top[..n].to_vec()));
-                    let kept = match listed {
-                        Some(kept) => kept,
-                        None => {
-                            let top = whole_row_of(r)?;
-                            let n = survivors(&top, &filter, lse[r], true, r)?;
-                            top[..n].to_vec()
-                        }
-                    };
-                    let top = kept.first().map_or(0.0, |s| f64::from(s.logit));
-                    let mass = top + kept.iter().map(|s| (f64::from(s.logit) - top).exp()).sum::<f64>().ln();
-                    Target::Kept(kept, mass)
-                } else {
-                    Target::Full
-                };
-                let p_draft = match &target {
-                    Target::Greedy(a) => f64::from(u8::from(*a == d)),
-                    Target::Kept(kept, mass) => kept.iter().find(|s| s.index == d).map_or(0.0, |s| (f64::from(s.logit) - mass).exp()),
-                    Target::Full => (f64::from(target_logits[r]) - l).exp(),
-                };
-                let (seed, ctr) = inner.row_stream(r);
-                let step = inner.row_step(r);
-                if uniform_f64(accept_bits(seed, ctr, step)) < p_draft / q.q(draft, d) {
-                    emitted.push((d, target_logits[r]));
-                    continue;
-                }
-                let noise = |v: u32| gumbel_f64(residual_bits(seed, ctr, v, step));
-                let next = match target {
-                    Target::Greedy(a) => (a, reduced.logits[r]),
-                    Target::Kept(kept, mass) => {
-                        let entries: Vec<(u32, f64, f32)> =
-                            kept.iter().map(|s| (s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
-                        residual_draw(&entries, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
-                    }
-                    Target::Full => {
-                        // The listed tokens' exact residual scores; every unlisted token of
-                        // tile t scores at most its `x + G − L ≤ (last listed score of t) − L`.
-                        let mut entries = Vec::new();
-                        let mut bound = f64::NEG_INFINITY;
-                        for t in 0..res_layout.tiles {
-                            let list = &res_lists[res_layout.slot(r, t)..][..res_layout.per_tile];
-                            entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| (c.index, (f64::from(c.logit) - l).exp(), c.logit)));
-                            if let Some(last) = list.last().filter(|c| c.index != INDEX_NONE) {
-                                let s = f64::from(last.score);
-                                bound = bound.max(s - l + bound_slack(s));
-                            }
-                        }
-                        // Exact when some listed token has residual mass and the best listed
-                        // score beats every unlisted token's bound.
-                        let listed = match residual_draw(&entries, |v| q.q(draft, v), noise) {
-                            (Some(w), false) if w.2 > bound => Some(w),
-                            _ => None,
-                        };
-                        match listed {
-                            Some((v, x, _)) => (v, x),
-                            None => {
-                                let all: Vec<(u32, f64, f32)> =
-                                    whole_row_of(r)?.iter().map(|s| (s.index, (f64::from(s.logit) - l).exp(), s.logit)).collect();
-                                residual_draw(&all, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
-                            }
-                        }
-                    }
-                };
-                emitted.push(next);
-                rejected = true;
-                break;
-            }
-            if !rejected {
-                // Every draft accepted: the bonus is row k's ordinary sample.
-                let r = rows.end - 1;
-                emitted.push((reduced.tokens[r], reduced.logits[r]));
-            }
-            out.accepted[i] = emitted.len() - 1;
-            for (n, &(v, x)) in emitted.iter().enumerate() {
-                let r = rows.start + n;
-                out.tokens[r] = v;
-                if let Some(lp) = out.logprobs.as_mut() {
-                    lp[r] = x - lse[r];
-                }
-            }
-        }
-        out.recomputed_rows = recomputed_rows;
-        Ok(out)
+        decide(pipeline, &inner, &DraftProbs::of(params, shape.vocab), k, &run, &mut whole_row_of)
     }
 }
 
-/// A stage-one output that a verifying launch always produces was absent: an internal error,
-/// reported rather than panicking.
-fn missing(what: &str) -> crate::Error {
-    crate::Error::Unsupported(format!("internal: the verifying launch's stage one left no {what}"))
+/// A whole-tile residual list's eligible tokens with their logits, as `whole_row` sorts them.
+pub(crate) fn whole_row_entries(lists: &[Candidate]) -> Vec<Scored> {
+    let entries: Vec<Scored> = lists.iter().filter(|c| c.index != INDEX_NONE).map(|c| Scored { logit: c.logit, index: c.index }).collect();
+    whole_row(&entries)
 }

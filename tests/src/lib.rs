@@ -4,6 +4,7 @@
 pub mod gpu;
 pub mod invariance;
 pub mod modes;
+pub mod spec;
 
 use flashsample::{bf16, f16, KernelConfig, PenaltyArg, RowFilter, Samples, SamplingParams, Sampler, TemperatureArg, Tensor};
 use flashsample_ir::{DType, LogprobMode, Pipeline, Temperature, Transform};

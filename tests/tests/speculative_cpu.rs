@@ -6,87 +6,20 @@
 
 use flashsample::{Device, Error, ParamError, RowFilter, Sampler, SamplingParams, Verified};
 use flashsample_abi::speculative::{DraftKind, SpecError};
-use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
-use flashsample_reference::SpecOutcome;
+use flashsample_ir::{DType, Pipeline, PipelineBuilder};
+use flashsample_tests::spec::{VERIFIERS, self, close_drafts, draw, most_likely_every_other, placeholder, random_drafts, verifier};
 use flashsample_tests::{chi_square, Case, MatrixData};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{rngs::StdRng, SeedableRng};
 
-fn verifier(kind: DraftKind, filtered: bool, penalties: bool) -> Pipeline {
-    let mut b = PipelineBuilder::new("Verifier", DType::BF16, DType::BF16);
-    if penalties {
-        b = b.penalties("pen");
-    }
-    b = b.temperature_per_row("t").mask("allowed");
-    if filtered {
-        b = b.filter("filter", 8);
-    }
-    b = match kind {
-        DraftKind::Greedy => b.verify_greedy("drafts"),
-        DraftKind::Sampled => b.verify_sampled("drafts", "q"),
-    };
-    b.outputs(Outputs { logprob: true, ..Outputs::default() }).build().unwrap()
-}
-
-/// Random draft distributions `[n, V]`, far from the target's, and drafts drawn from them.
-fn random_drafts(rng: &mut StdRng, n: usize, vocab: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut q = Vec::with_capacity(n * vocab);
-    let mut drafts = Vec::with_capacity(n);
-    for _ in 0..n {
-        let w: Vec<f32> = (0..vocab).map(|_| rng.random_range(0.05f32..1.0).powi(4)).collect();
-        let s: f32 = w.iter().sum();
-        let row: Vec<f32> = w.iter().map(|x| x / s).collect();
-        drafts.push(draw(rng, &row));
-        q.extend(row);
-    }
-    (drafts, q)
-}
-
-fn draw(rng: &mut StdRng, q: &[f32]) -> u32 {
-    let mut u = rng.random_range(0.0f32..1.0);
-    for (v, &p) in q.iter().enumerate() {
-        if u < p {
-            return v as u32;
-        }
-        u -= p;
-    }
-    (q.len() - 1) as u32
-}
-
-/// Placeholder drafts that pass validation, for reading the reference's target distributions
-/// before the real drafts exist.
-fn placeholder<'a>(p: &Pipeline, case: &'a Case, drafts: &'a [u32], q: &'a [f32]) -> SamplingParams<'a> {
-    let sampled = p.verify.as_ref().unwrap().kind() == DraftKind::Sampled;
-    SamplingParams { drafts: Some(drafts), draft_probs: sampled.then_some(q), ..case.params(p) }
-}
-
-/// Runs the CPU backend and the reference on one case; asserts they agree per sequence.
+/// [`spec::compare`] through the CPU backend.
 fn compare(p: &Pipeline, case: &Case, k: usize, drafts: &[u32], q: Option<&[f32]>) -> Verified {
-    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
-    let params = SamplingParams { drafts: Some(drafts), draft_probs: q, ..case.params(p) };
-    let got = sampler.verify(case.hidden.tensor(), case.weights.tensor(), &params).unwrap();
-    let kind = p.verify.as_ref().unwrap().kind();
-    let want = case.problem(p, &params).verify(k, kind, drafts, q).unwrap();
-    assert_eq!(got.sequences(), want.len());
-    for (i, w) in want.iter().enumerate() {
-        assert_eq!(got.errors[i], None, "sequence {i}");
-        assert_eq!(SpecOutcome { accepted: got.accepted[i], next: got.next(i) }, *w, "sequence {i} of {} (k = {k})", want.len());
-        assert_eq!(&got.emitted(i)[..w.accepted], &drafts[i * k..][..w.accepted]);
-        let lp = &got.logprobs.as_ref().unwrap()[i * (k + 1)..][..k + 1];
-        assert!(lp[..=w.accepted].iter().all(|&l| l <= 1e-6), "{lp:?}");
-        assert!(lp[w.accepted + 1..].iter().all(|l| l.is_nan()), "{lp:?}");
-    }
-    got
+    spec::compare(&Sampler::new(p.clone(), &Device::cpu()).unwrap(), p, case, k, drafts, q)
 }
 
 #[test]
 fn cpu_verification_is_pathwise_the_reference() {
     let mut rejected_from_lists = 0;
-    for (kind, filtered, penalties) in [
-        (DraftKind::Sampled, false, true),
-        (DraftKind::Sampled, true, false),
-        (DraftKind::Greedy, false, false),
-        (DraftKind::Greedy, true, true),
-    ] {
+    for (kind, filtered, penalties) in VERIFIERS {
         let p = verifier(kind, filtered, penalties);
         for (k, seqs, vocab, seed) in [(3, 12, 509, 1), (1, 20, 1201, 2), (0, 6, 300, 3), (7, 4, 777, 4), (2, 40, 8, 5)] {
             let case = Case::random(&p, seqs * (k + 1), 32, vocab, seed, 4.0);
@@ -94,15 +27,7 @@ fn cpu_verification_is_pathwise_the_reference() {
             let (mut drafts, q) = random_drafts(&mut rng, seqs * k, vocab);
             if kind == DraftKind::Greedy {
                 // Half the drafts are the target row's most likely token, so some are accepted.
-                let zeros = vec![0; drafts.len()];
-                let params = placeholder(&p, &case, &zeros, &q);
-                let problem = case.problem(&p, &params);
-                for (n, d) in drafts.iter_mut().enumerate() {
-                    if n % 2 == 0 {
-                        let dist = problem.target_distribution(n / k * (k + 1) + n % k).unwrap();
-                        *d = (0..vocab).fold(0, |b, v| if dist[v] > dist[b] { v } else { b }) as u32;
-                    }
-                }
+                most_likely_every_other(&p, &case, k, &mut drafts, &q);
             }
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
             let got = compare(&p, &case, k, &drafts, q);
@@ -120,19 +45,7 @@ fn a_failed_residual_bound_recomputes_the_row_exactly() {
     let p = verifier(DraftKind::Sampled, false, false);
     let (k, seqs, vocab) = (2, 16, 2003);
     let case = Case::random(&p, seqs * (k + 1), 32, vocab, 9, 0.5);
-    let (zeros, uniform) = (vec![0; seqs * k], vec![1.0 / vocab as f32; seqs * k * vocab]);
-    let params = placeholder(&p, &case, &zeros, &uniform);
-    let problem = case.problem(&p, &params);
-    let mut rng = StdRng::seed_from_u64(10);
-    let (mut drafts, mut q) = (vec![0; seqs * k], vec![0f32; seqs * k * vocab]);
-    for n in 0..seqs * k {
-        let target = problem.target_distribution(n / k * (k + 1) + n % k).unwrap();
-        let d = rng.random_range(0..vocab);
-        drafts[n] = d as u32;
-        for v in 0..vocab {
-            q[n * vocab + v] = (0.97 * target[v] + if v == d { 0.03 } else { 0.0 }) as f32;
-        }
-    }
+    let (drafts, q) = close_drafts(&p, &case, k, &mut StdRng::seed_from_u64(10));
     let got = compare(&p, &case, k, &drafts, Some(&q));
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
 }

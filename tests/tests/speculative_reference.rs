@@ -10,6 +10,7 @@ use flashsample_abi::speculative::{DraftKind, SpecError};
 use flashsample_ir::{DType, Pipeline, PipelineBuilder};
 use flashsample_reference::{SpecOutcome, SpecReferenceError};
 use flashsample_tests::{chi_square, Case};
+use flashsample_tests::spec::draw;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 const TRIALS: u64 = 20_000;
@@ -32,17 +33,6 @@ fn draft_distributions(rng: &mut StdRng) -> Vec<f32> {
             w.into_iter().map(move |x| x / s)
         })
         .collect()
-}
-
-fn draw(rng: &mut StdRng, q: &[f32]) -> u32 {
-    let mut u = rng.random_range(0.0f32..1.0);
-    for (v, &p) in q.iter().enumerate() {
-        if u < p {
-            return v as u32;
-        }
-        u -= p;
-    }
-    (q.len() - 1) as u32
 }
 
 /// Counts of the first emitted token and, after an accepted first draft, of the second.

@@ -12,7 +12,7 @@
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_bench::print_table;
+use flashsample_bench::{LmHead, fmt_opt, peers_json, print_table};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -53,17 +53,9 @@ fn peers(args: &Args, dim: usize, vocab: usize) -> Result<Vec<(usize, Peers)>, S
     }
     let script = &args.peers_script;
     let rows: Vec<String> = args.rows.iter().map(|r| r.to_string()).collect();
-    let out = std::process::Command::new(&args.python)
-        .arg(script)
-        .args(["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--rows", &rows.join(",")])
-        .args(["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .map_err(|e| format!("could not run `{}`: {e}", args.python))?;
-    if !out.status.success() {
-        return Err(format!("`{} {script}` failed ({})", args.python, out.status));
-    }
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("score_peers.py printed no JSON: {e}"))?;
+    let peer_args = ["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--rows", &rows.join(",")];
+    let run = ["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device];
+    let json = peers_json(&args.python, script, &peer_args.iter().chain(&run).map(|s| s.to_string()).collect::<Vec<_>>())?;
     eprintln!("score_bench: torch {}, liger {}", json["torch"], json["liger"]);
     let list = json["rows"].as_array().ok_or("score_peers.py: no rows")?;
     Ok(list
@@ -87,10 +79,6 @@ fn scratch_bytes(config: &KernelConfig, rows: usize, vocab: usize) -> usize {
     rows * tiles * (size_of::<Candidate>() + size_of::<LsePartial>()) + rows * 4
 }
 
-fn fmt(x: Option<f64>, digits: usize) -> String {
-    x.map_or("–".into(), |v| format!("{v:.digits$}"))
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = match args.device.as_str() {
@@ -103,17 +91,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {} after {}", device.describe(), args.reps, args.warmup);
     let mut rng = StdRng::seed_from_u64(3);
     for shape in &args.shapes {
-        let (d, v) = shape.split_once(':').ok_or("--shapes takes D:V pairs")?;
-        let (dim, vocab): (usize, usize) = (d.parse()?, v.parse()?);
-        let w: Vec<bf16> = (0..vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05f32..0.05))).collect();
-        let w_dev = match &device {
-            Device::Cuda(c) => Some(c.upload(&w, vocab, dim)?),
-            _ => None,
-        };
-        let wt = match &w_dev {
-            Some(t) => Tensor::device(t),
-            None => Tensor::host(&w, vocab, dim)?,
-        };
+        let head = LmHead::random(&mut rng, &device, shape)?;
+        let (dim, vocab) = (head.dim, head.vocab);
         let peer_rows = peers(&args, dim, vocab).unwrap_or_else(|e| {
             eprintln!("score_bench: peers skipped: {e}");
             Vec::new()
@@ -124,11 +103,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);
-            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, wt, &params, &config, args.warmup, args.reps)?;
+            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, args.warmup, args.reps)?;
             t.sort_by(f64::total_cmp);
             let ours = t[t.len() / 2] * 1e3;
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
-            let ratio = |x: Option<f64>| fmt(x.map(|x| x / ours), 2);
+            let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
             // CUDA: what the launch's plan allocates (a batch past its chunk runs in chunks);
             // CPU: the per-(row, tile) scratch its layout implies.
             let mine = match sampler.cuda() {
@@ -141,14 +120,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 vocab.to_string(),
                 rows.to_string(),
                 format!("{ours:.3}"),
-                fmt(p.and_then(|p| p.compile), 3),
+                fmt_opt(p.and_then(|p| p.compile), 3),
                 ratio(p.and_then(|p| p.compile)),
-                fmt(p.and_then(|p| p.eager), 3),
-                fmt(p.and_then(|p| p.liger), 3),
+                fmt_opt(p.and_then(|p| p.eager), 3),
+                fmt_opt(p.and_then(|p| p.liger), 3),
                 ratio(p.and_then(|p| p.liger)),
                 format!("{mine_mb:.1}"),
-                fmt(p.and_then(|p| p.mem_compile), 1),
-                fmt(p.and_then(|p| p.mem_liger), 1),
+                fmt_opt(p.and_then(|p| p.mem_compile), 1),
+                fmt_opt(p.and_then(|p| p.mem_liger), 1),
             ]);
         }
         print_table(

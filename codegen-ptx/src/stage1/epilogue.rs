@@ -69,7 +69,9 @@ impl Gen<'_> {
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
         // What the targets and the candidates carry: the raw logits in the raw mode.
         let carried = t.raw.as_ref().unwrap_or(&t.x);
-        if self.p.targets.is_some() {
+        // A verifying pipeline's targets are the draft tokens (each draft row's logit at its
+        // draft); it is never in the raw mode (IrError::VerifyWithRawLogprobs).
+        if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, &cols, &t.quad_base, carried);
         }
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
@@ -83,6 +85,9 @@ impl Gen<'_> {
             // Every warp is done reading the tile of the lists before.
             f.barrier();
             self.list_epilogue(f, th, it, carried, "%raw_lists");
+        }
+        if self.c.residual_per_tile > 0 {
+            self.residual_epilogue(f, th, it, &t.x);
         }
         let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, "%lse");
         if let Some(raw) = &t.raw {
@@ -117,26 +122,19 @@ impl Gen<'_> {
                 };
                 let greedy = if p.is_greedy() {
                     "true".to_string()
+                } else if self.c.residual_per_tile > 0 {
+                    // A draft row's candidate is its argmax: verification reads its noise
+                    // only through the residual lists.
+                    let draft = self.is_draft_row(f, &row);
+                    f.v(format!("or i1 {t_zero}, {draft}"))
                 } else {
                     t_zero.clone()
                 };
                 let (key_lo, key_hi, ctr_row, word3) = if p.is_greedy() {
                     (String::new(), String::new(), String::new(), String::new())
                 } else {
-                    let key = f.var("i64", "%seed");
-                    f.if_then(&has_rs, |f| {
-                        let r64 = f.zext64(&row_safe);
-                        let a = f.gaddr("%row_seeds", &r64, 8);
-                        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
-                        f.set(&key, &k);
-                    });
-                    let k = f.get(&key);
-                    let lo = f.v(format!("trunc i64 {k} to i32"));
-                    let hi = f.v(format!("lshr i64 {k}, 32"));
-                    let hi = f.v(format!("trunc i64 {hi} to i32"));
-                    let launch_row = f.add(&row, "%row_base");
-                    let ctr_row = f.sel("i32", &has_rs, "0", &launch_row);
                     let r64 = f.zext64(&row_safe);
+                    let (lo, hi, ctr_row) = math::row_stream(f, &has_rs, &row, &r64);
                     (lo, hi, ctr_row, math::token_word3(f, &r64))
                 };
                 let pen = has_pen.then(|| {

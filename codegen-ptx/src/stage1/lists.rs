@@ -91,38 +91,13 @@ impl Gen<'_> {
                 // stores (each a branch).
                 let mut writes = Vec::new();
                 for r in 0..rows as usize {
-                    let cur: Vec<String> = keys[r].iter().map(|v| f.get(v)).collect();
-                    let mut best = cur[0].clone();
-                    for kk in &cur[1..] {
-                        best = f.umax(&best, kk);
-                    }
-                    let m = f.redux_umax(&best);
-                    let mine = f.v(format!("icmp eq i32 {best}, {m}"));
-                    let ball = f.ballot(&mine);
-                    // Never 0: the lane holding the max votes.
-                    let low = f.v(format!("call i32 @llvm.cttz.i32(i32 {ball}, i1 true)"));
-                    let me = f.v(format!("icmp eq i32 {}, {low}", th.lane));
-                    let found = f.var("i1", "false");
-                    let (mut wx, mut wo) = (NEG_INF.to_string(), "0".to_string());
-                    for (o, kk) in cur.iter().enumerate() {
-                        let fv = f.get(&found);
-                        let nf = f.v(format!("xor i1 {fv}, true"));
-                        let hit = f.v(format!("icmp eq i32 {kk}, {m}"));
-                        let hit = f.and1(&hit, &nf);
-                        let hit = f.and1(&hit, &me);
-                        let nk = f.sel("i32", &hit, "0", kk);
-                        f.set(&keys[r][o], &nk);
-                        wx = f.sel("float", &hit, &xs[r][o], &wx);
-                        wo = f.sel("i32", &hit, &o.to_string(), &wo);
-                        let nfv = f.v(format!("or i1 {fv}, {hit}"));
-                        f.set(&found, &nfv);
-                    }
-                    // m == 0: every lane's best is 0, the ballot is full and lane 0 writes EMPTY.
-                    let real = f.v(format!("icmp ne i32 {m}, 0"));
+                    let xr: Vec<&str> = xs[r].iter().map(String::as_str).collect();
+                    let Taken { real, me, pos: wo, values } = take_max(f, &th.lane, &keys[r], &[&xr]);
+                    let wx = &values[0];
                     let idx = f.add(&lane_first, &wo);
                     let idx = f.add(&it.v0, &idx);
                     let idx = f.sel("i32", &real, &idx, &none.to_string());
-                    let lx = f.sel("float", &real, &wx, NEG_INF);
+                    let lx = f.sel("float", &real, wx, NEG_INF);
                     let w = f.and1(&me, &oks[r]);
                     writes.push((w, lx, idx));
                 }
@@ -139,12 +114,13 @@ impl Gen<'_> {
             });
         });
     }
-    /// The tile's logits `x` to the list area of shared memory (column-major: `vocab_tile`
-    /// floats per batch column, after the scratch), then a barrier; returns the area's offset.
-    fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
-        let c = self.c;
-        let vt = c.vocab_tile;
-        let base = f.add(&th.scratch, &c.smem_layout().list_tile.to_string());
+
+    /// The tile's transformed logits into shared memory, column-major (`vocab_tile` floats per
+    /// batch column, after the scratch), for the warps that select lists from it; returns the
+    /// tile's offset in `@fs_smem`. Ends with a barrier.
+    pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
+        let vt = self.c.vocab_tile;
+        let base = f.add(&th.scratch, &self.c.smem_layout().list_tile.to_string());
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
@@ -217,4 +193,55 @@ impl Gen<'_> {
             });
         });
     }
+}
+
+/// One round of a warp's selection from keys in registers: the warp's largest key
+/// ([`Func::order_key`]s, one `redux.sync.max`), found at the lowest lane holding it (ballot)
+/// and that lane's lowest position with it, whose key becomes 0 (taken).
+pub(super) struct Taken {
+    /// Whether a key was left (the max is not 0): otherwise the round writes an empty entry.
+    pub real: String,
+    /// Whether this lane holds the taken position (exactly one lane; lane 0 when none is left).
+    pub me: String,
+    /// The taken position within this lane's keys.
+    pub pos: String,
+    /// Each payload's value at the taken position (`-inf` on the other lanes).
+    pub values: Vec<String>,
+}
+
+/// Runs one [`Taken`] round over this lane's `keys`; `payloads` are per-position floats
+/// (parallel to `keys`) to read at the taken position.
+pub(super) fn take_max(f: &mut Func, lane: &str, keys: &[Var], payloads: &[&[&str]]) -> Taken {
+    let cur: Vec<String> = keys.iter().map(|v| f.get(v)).collect();
+    let mut best = cur[0].clone();
+    for kk in &cur[1..] {
+        best = f.umax(&best, kk);
+    }
+    let m = f.redux_umax(&best);
+    let mine = f.v(format!("icmp eq i32 {best}, {m}"));
+    let ball = f.ballot(&mine);
+    // Never 0: the lane holding the max votes.
+    let low = f.v(format!("call i32 @llvm.cttz.i32(i32 {ball}, i1 true)"));
+    let me = f.v(format!("icmp eq i32 {lane}, {low}"));
+    let found = f.var("i1", "false");
+    let mut values = vec![NEG_INF.to_string(); payloads.len()];
+    let mut pos = "0".to_string();
+    for (o, kk) in cur.iter().enumerate() {
+        let fv = f.get(&found);
+        let nf = f.v(format!("xor i1 {fv}, true"));
+        let hit = f.v(format!("icmp eq i32 {kk}, {m}"));
+        let hit = f.and1(&hit, &nf);
+        let hit = f.and1(&hit, &me);
+        let nk = f.sel("i32", &hit, "0", kk);
+        f.set(&keys[o], &nk);
+        for (value, payload) in values.iter_mut().zip(payloads) {
+            *value = f.sel("float", &hit, payload[o], value);
+        }
+        pos = f.sel("i32", &hit, &o.to_string(), &pos);
+        let nfv = f.v(format!("or i1 {fv}, {hit}"));
+        f.set(&found, &nfv);
+    }
+    // m == 0: every lane's best is 0, the ballot is full and lane 0 writes the empty entry.
+    let real = f.v(format!("icmp ne i32 {m}, 0"));
+    Taken { real, me, pos, values }
 }

@@ -25,6 +25,7 @@ mod epilogue;
 mod lists;
 mod mma_sync;
 mod pingpong;
+mod residual;
 mod ring;
 mod simt;
 mod wgmma;

@@ -122,20 +122,28 @@ struct Uploaded {
 }
 
 /// What one host launch read back.
-struct Readback {
-    status: Vec<RowStatus>,
-    reduced: RowResult,
+pub(super) struct Readback {
+    pub(super) status: Vec<RowStatus>,
+    pub(super) reduced: RowResult,
     top: Option<Vec<Scored>>,
-    target_logprobs: Option<Vec<f32>>,
-    /// Stage one's lists, when asked for (the exact nucleus path).
-    lists: Option<(TopLists, Vec<Scored>)>,
+    /// Stage two's target logprobs (a verifying launch: stage one's draft logits).
+    pub(super) target_logprobs: Option<Vec<f32>>,
+    /// Stage one's lists, when asked for (the exact nucleus path, verification).
+    pub(super) lists: Option<(TopLists, Vec<Scored>)>,
+    /// Stage one's residual lists, for a verifying launch.
+    pub(super) residual: Option<(TopLists, Vec<Candidate>)>,
     /// Beside each list entry its raw logit, with `lists` when the lists carry them.
-    list_raws: Option<Vec<f32>>,
+    pub(super) list_raws: Option<Vec<f32>>,
 }
 
 impl CudaSampler {
     pub(crate) fn new(pipeline: Arc<Pipeline>, device: Arc<CudaDevice>) -> Self {
         CudaSampler { pipeline, device, configs: Mutex::new(HashMap::new()), host: Mutex::new(HostState::default()) }
+    }
+
+    /// The pipeline this sampler runs.
+    pub(crate) fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
     }
 
     /// The device this sampler runs on.
@@ -193,6 +201,9 @@ impl CudaSampler {
     /// each batch's tuned (or heuristic) tile with lists that cannot overflow, every kernel
     /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]).
     pub fn plan(&self, max_batch: usize, dim: usize, vocab: usize) -> Result<SamplingPlan> {
+        if self.pipeline.verify.is_some() {
+            return Err(Error::Unsupported("speculative verification runs through the host API (`Sampler::verify`); the device API has no decision kernel yet".into()));
+        }
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
@@ -211,7 +222,7 @@ impl CudaSampler {
 
     /// Whether this launch computes the logsumexp: the pipeline has it and the launch needs
     /// it. The same for the reruns of a launch (it depends on the parameters only).
-    fn launch_lse(&self, params: &SamplingParams<'_>, batch: usize) -> bool {
+    pub(super) fn launch_lse(&self, params: &SamplingParams<'_>, batch: usize) -> bool {
         self.pipeline.needs_logsumexp() && params.needs_logsumexp(&self.pipeline, batch)
     }
 
@@ -346,6 +357,7 @@ impl CudaSampler {
             logsumexp: if lse || p.needs_raw_logsumexp() { bufs.logsumexp.ensure(dev, shape.batch * 4)? } else { 0 },
             logprobs: 0,
             top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
+            spec_period: 0,
         };
         Ok(Uploaded { args, weights: weight_ptrs, _host: host, _operands: operands })
     }
@@ -356,13 +368,13 @@ impl CudaSampler {
         let lse = self.launch_lse(params, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
         let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
-        let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false)?;
+        let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
         if r.status.contains(&RowStatus::ListOverflow) {
             let exact = config.exact_lists(need);
             // Whole-tile lists never overflow: a second overflow is reported, never rerun.
             if exact.list_per_tile > config.list_per_tile {
                 config = exact;
-                r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false)?;
+                r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
             }
         }
         let rows = stage_three::nucleus_rows(&r.status);
@@ -388,7 +400,7 @@ impl CudaSampler {
     /// Serves `rows` (their nucleus outgrew the lists) exactly: stage one of those rows alone
     /// with whole-tile lists, read back and cut on the host ([`stage_three::finish_exact`]).
     #[allow(clippy::too_many_arguments)]
-    fn serve_exact(
+    pub(super) fn serve_exact(
         &self,
         hidden: &Tensor<'_>,
         weights: &Tensor<'_>,
@@ -409,7 +421,7 @@ impl CudaSampler {
         let sub = subset.params();
         let sub_shape = Shape { batch: rows.len(), ..shape };
         let lse = self.launch_lse(&sub, sub_shape.batch);
-        let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true)?;
+        let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true, None)?;
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
             let raws = one.list_raws.as_deref().map(stage_three::ListRaws);
@@ -419,9 +431,10 @@ impl CudaSampler {
     }
 
     /// One host launch of every stage with `config` and stage three merging `need` per row;
-    /// `lists`: also read back stage one's lists.
+    /// `lists`: also read back stage one's lists; `spec_period`: a verifying launch's stage-one
+    /// `spec_period`, whose residual lists are read back.
     #[allow(clippy::too_many_arguments)]
-    fn sample_once(
+    pub(super) fn sample_once(
         &self,
         hidden: &Tensor<'_>,
         weights: &Tensor<'_>,
@@ -431,13 +444,15 @@ impl CudaSampler {
         need: u32,
         lse: bool,
         lists: bool,
+        spec_period: Option<u32>,
     ) -> Result<Readback> {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
         let HostState { plans, bufs } = &mut *host;
         let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config: config.clone(), need, lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
-        let up = self.upload(bufs, hidden, std::slice::from_ref(weights), params, shape, lse)?;
+        let mut up = self.upload(bufs, hidden, std::slice::from_ref(weights), params, shape, lse)?;
+        up.args.spec_period = spec_period.unwrap_or(0);
         let dev = &*self.device;
         plan.enqueue(dev.stream(), &up.args, &mut |_| Ok(()))?;
         let n = shape.batch * self.pipeline.samples_per_row() as usize;
@@ -451,16 +466,18 @@ impl CudaSampler {
         let target_logprobs =
             if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
         let (lists, list_raws) = if lists { (plan.download_lists(shape.batch)?, plan.download_list_raws(shape.batch)?) } else { (None, None) };
+        let residual = if spec_period.is_some() { plan.download_residual_lists(shape.batch)? } else { None };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         let lists = lists.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
         let list_raws = list_raws.map(|bytes| from_bytes(&bytes));
+        let residual = residual.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
         drop(up);
         let status = status
             .iter()
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws, residual })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.
@@ -667,7 +684,7 @@ impl CudaSampler {
 
 /// The bytes of `rows` of a hidden-state tensor `[B, dim]` (a device tensor is copied to the
 /// host first: the exact nucleus path uploads these rows as a launch of their own).
-fn hidden_rows(hidden: &Tensor<'_>, rows: &[usize], dim: usize) -> Result<Vec<u8>> {
+pub(super) fn hidden_rows(hidden: &Tensor<'_>, rows: &[usize], dim: usize) -> Result<Vec<u8>> {
     let copied;
     let bytes = match hidden.storage {
         Storage::Host(b) => b,

@@ -25,6 +25,7 @@ mod device;
 mod plan;
 mod ptx;
 mod tma;
+mod verify;
 
 pub use args::{
     DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,

@@ -70,6 +70,8 @@ struct Scratch {
     /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
     /// stage one; pipelines that draw noise.
     row_bounds: Option<CudaSlice<u8>>,
+    /// Stage one's `Candidate [B, tiles, residual_per_tile]` residual lists (verifying pipelines).
+    residual_lists: Option<CudaSlice<u8>>,
     /// The raw logprob mode's buffers (`Pipeline::needs_raw_logsumexp`).
     raw: Option<RawScratch>,
 }
@@ -117,6 +119,9 @@ pub(crate) struct Args {
     pub logsumexp: u64,
     pub logprobs: u64,
     pub top: u64,
+    /// Stage one's `spec_period` (`k + 1` of a verifying launch; 0: every row keeps residual
+    /// lists), unread without `verify`.
+    pub spec_period: u32,
 }
 
 /// Points between a launch's kernels, for the benchmarks' events.
@@ -191,7 +196,9 @@ impl SamplingPlan {
         let raw = pipeline.needs_raw_logsumexp();
         let raw_lists = pipeline.raw_list_capacity() > 0;
         let list_raws = pipeline.lists_carry_raw();
-        let chunk = chunk_rows(max_batch, row_scratch_bytes(&pipeline, tiles, per_tile, lse));
+        let residual_per_tile = kernels.iter().map(|k| k.config.residual_per_tile as usize).max().unwrap_or(0);
+        let residual_row = tiles * residual_per_tile * std::mem::size_of::<Candidate>();
+        let chunk = chunk_rows(max_batch, row_scratch_bytes(&pipeline, tiles, per_tile, lse) + residual_row);
         let n = max_batch * samples;
         let alloc = |bytes: usize| device.alloc_bytes(bytes);
         let constant_t = match pipeline.temperature() {
@@ -227,6 +234,7 @@ impl SamplingPlan {
             } else {
                 None
             },
+            residual_lists: if residual_per_tile > 0 { Some(alloc(chunk * tiles * residual_per_tile * std::mem::size_of::<Candidate>())?) } else { None },
         };
         let aux = device.aux_kernels()?;
         Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
@@ -260,7 +268,7 @@ impl SamplingPlan {
     /// bounds of one chunk; the per-row defaults of outputs the caller does not ask for).
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
-        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds];
+        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds, &sc.residual_lists];
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
         });
@@ -409,6 +417,7 @@ impl SamplingPlan {
             logsumexp,
             logprobs,
             top,
+            spec_period: 0,
         })
     }
 
@@ -545,6 +554,8 @@ impl SamplingPlan {
             raw_lse: raw_partials,
             raw_lists,
             list_raws,
+            residual_lists: sc.residual_lists.as_ref().map_or(0, |b| self.addr(b, stream)),
+            spec_period: a.spec_period,
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage1);
@@ -582,7 +593,9 @@ impl SamplingPlan {
             out_logits: logits,
             out_lse: row_lse,
             out_status: a.status,
-            target_logprobs: a.target_logprobs,
+            // A verifying launch's decision reads each draft row's logit itself (`x_d`, not
+            // `x_d − L`), so stage two leaves it as stage one wrote it.
+            target_logprobs: if self.pipeline.verify.is_some() { 0 } else { a.target_logprobs },
             raw_lse: raw_partials,
             out_raw_lse: raw_row_lse,
         }
@@ -647,16 +660,25 @@ impl SamplingPlan {
     /// scratch (bytes, valid once the stream is synchronized), with their layout; `None`
     /// for pipelines without lists. The host API's exact nucleus path reads whole-tile lists.
     pub(crate) fn download_lists(&self, batch: usize) -> Result<Option<(TopLists, Vec<u8>)>> {
-        let Some(buf) = &self.scratch.lists else { return Ok(None) };
+        // Stage one and three index the lists with the kernel's own tiles and list length.
+        self.download_per_tile::<Scored>(self.scratch.lists.as_ref(), batch, |c| c.list_per_tile)
+    }
+
+    /// Queues a host copy of the residual lists a verifying launch of `batch` rows left in the
+    /// plan's scratch (valid once the stream is synchronized), with their layout; `None` for
+    /// pipelines without `verify`.
+    pub(crate) fn download_residual_lists(&self, batch: usize) -> Result<Option<(TopLists, Vec<u8>)>> {
+        self.download_per_tile::<Candidate>(self.scratch.residual_lists.as_ref(), batch, |c| c.residual_per_tile)
+    }
+
+    /// Queues a host copy of a per-(row, tile) scratch buffer of `T` entries, `per_tile(config)`
+    /// per tile, as a launch of `batch` rows left it; `None` when the plan has no such buffer.
+    fn download_per_tile<T>(&self, buf: Option<&CudaSlice<u8>>, batch: usize, per_tile: fn(&GpuConfig) -> u32) -> Result<Option<(TopLists, Vec<u8>)>> {
+        let Some(buf) = buf else { return Ok(None) };
         self.whole_launch(batch)?;
         let k = self.kernel_for(batch)?;
-        // Stage one and three index the lists with the kernel's own tiles and list length.
-        let layout = TopLists { batch, tiles: self.geometry(k, batch).tiles, per_tile: k.config.list_per_tile as usize };
-        let bytes = self
-            .device
-            .stream()
-            .clone_dtoh(&buf.slice(0..layout.len() * std::mem::size_of::<Scored>()))
-            .map_err(drv("cuMemcpyDtoHAsync"))?;
+        let layout = TopLists { batch, tiles: self.geometry(k, batch).tiles, per_tile: per_tile(&k.config) as usize };
+        let bytes = self.device.stream().clone_dtoh(&buf.slice(0..layout.len() * std::mem::size_of::<T>())).map_err(drv("cuMemcpyDtoHAsync"))?;
         Ok(Some((layout, bytes)))
     }
 
@@ -905,6 +927,7 @@ mod tests {
             logsumexp: base(23),
             logprobs: base(24),
             top: base(25),
+            spec_period: 4,
         };
         let c = chunk_args(&p, dim, vocab, &a, first, 1000);
         let off = |ptr: u64, per_row: usize| ptr + (first * per_row) as u64;

@@ -21,6 +21,7 @@ mod logprob_modes;
 mod noise_skip;
 mod robust;
 mod scoring;
+mod speculative;
 
 use flashsample::{
     bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, Matrix, RowError, RowFilter,

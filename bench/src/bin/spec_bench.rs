@@ -1,0 +1,187 @@
+//! Speculative verification benchmark (issue 25): `B` sequences of `k` sampled drafts verified
+//! straight from the target's hidden states (`Sampler::verify`: stages one to three on the
+//! device, the decisions on the host) against `bench/peers/spec_peers.py` in a Python
+//! subprocess (a torch.compile'd matmul + softmax + vLLM-style rejection sampler over the
+//! materialized `[B·(k+1), V]` probabilities, and the same eager), and against sampling the
+//! same `B·(k+1)` rows without verification (`Sampler::sample` of the pipeline without
+//! `verify`). Prints one markdown table per (D, V): medians, the ratios, the mean accepted
+//! drafts and the rows recomputed over their vocabulary.
+//!
+//! Every time is the wall time of one host-API call (ours: the hidden states uploaded, the
+//! draft distributions read on the host where the decision needs them, the results read back;
+//! the peers: a synchronize before and after), so the columns compare like with like. The
+//! weights stay on the device. `--device cuda` runs on GPU 0, `--device cpu` on the CPU backend
+//! (use small `--shapes` there).
+
+use clap::Parser;
+use flashsample::{bf16, ir::PipelineBuilder, Device, Sampler, SamplingParams, Tensor};
+use flashsample_bench::{LmHead, fmt_opt, median_secs, peers_json, print_table};
+use flashsample_ir::{DType, Pipeline};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+#[derive(Parser)]
+struct Args {
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
+    shapes: Vec<String>,
+    /// Sequences per launch.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    batches: Vec<usize>,
+    /// Drafts per sequence.
+    #[arg(long, value_delimiter = ',', default_value = "3,7")]
+    ks: Vec<usize>,
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Python with PyTorch for the peers; `none` skips them.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// The peers script, relative to the working directory (the repository root).
+    #[arg(long, default_value = "bench/peers/spec_peers.py")]
+    peers_script: String,
+}
+
+/// The peers' medians (ms) and peak extra memory (MB) for one (B, k).
+#[derive(Default)]
+struct Peer {
+    compile: Option<f64>,
+    eager: Option<f64>,
+    mem_compile: Option<f64>,
+}
+
+/// The peers' results per (B, k).
+type PeerCases = Vec<((usize, usize), Peer)>;
+
+fn peers(args: &Args, dim: usize, vocab: usize) -> Result<PeerCases, String> {
+    if args.python == "none" {
+        return Ok(Vec::new());
+    }
+    let script = &args.peers_script;
+    let list = |xs: &[usize]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let peer_args = ["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--batches", &list(&args.batches), "--ks", &list(&args.ks)];
+    let run = ["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device];
+    let json = peers_json(&args.python, script, &peer_args.iter().chain(&run).map(|s| s.to_string()).collect::<Vec<_>>())?;
+    eprintln!("spec_bench: torch {}", json["torch"]);
+    let cases = json["cases"].as_array().ok_or("spec_peers.py: no cases")?;
+    Ok(cases
+        .iter()
+        .map(|c| {
+            let f = |key: &str| c[key].as_f64();
+            let n = |key: &str| c[key].as_u64().unwrap_or(0) as usize;
+            ((n("batch"), n("k")), Peer { compile: f("torch_compile"), eager: f("torch_eager"), mem_compile: f("mem_torch_compile") })
+        })
+        .collect())
+}
+
+/// The verifying pipeline (per-row temperature, sampled drafts) and the same without `verify`.
+fn pipelines() -> Result<(Pipeline, Pipeline), Box<dyn std::error::Error>> {
+    let base = || PipelineBuilder::new("Spec", DType::BF16, DType::BF16).temperature_per_row("t");
+    Ok((base().verify_sampled("drafts", "draft_probs").build()?, base().build()?))
+}
+
+/// `n` random draft distributions over `vocab` tokens (`U(0.05, 1)^4`, normalized) and a
+/// draft drawn from each.
+fn random_drafts(rng: &mut StdRng, n: usize, vocab: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut q = Vec::with_capacity(n * vocab);
+    let mut drafts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let row: Vec<f32> = (0..vocab).map(|_| rng.random_range(0.05f32..1.0).powi(4)).collect();
+        let total: f32 = row.iter().sum();
+        let mut u = rng.random_range(0.0..total);
+        let d = row.iter().position(|&w| {
+            u -= w;
+            u < 0.0
+        });
+        drafts.push(d.unwrap_or(vocab - 1) as u32);
+        q.extend(row.iter().map(|w| w / total));
+    }
+    (drafts, q)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let device = match args.device.as_str() {
+        "cpu" => Device::cpu(),
+        "cuda" => Device::cuda(0)?,
+        other => return Err(format!("--device {other}: expected cpu or cuda").into()),
+    };
+    let (verifying, plain) = pipelines()?;
+    let verifier = Sampler::new(verifying, &device)?;
+    let sampler = Sampler::new(plain, &device)?;
+    println!(
+        "spec_bench: {}, bf16, sampled drafts, temperature 1, medians of {} host-API calls after {} (wall ms)",
+        device.describe(),
+        args.reps,
+        args.warmup
+    );
+    let mut rng = StdRng::seed_from_u64(3);
+    for shape in &args.shapes {
+        let head = LmHead::random(&mut rng, &device, shape)?;
+        let (dim, vocab) = (head.dim, head.vocab);
+        let peer_cases = peers(&args, dim, vocab).unwrap_or_else(|e| {
+            eprintln!("spec_bench: peers skipped: {e}");
+            Vec::new()
+        });
+        let mut table = Vec::new();
+        for &batch in &args.batches {
+            for &k in &args.ks {
+                let rows = batch * (k + 1);
+                let h: Vec<bf16> = (0..rows * dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect();
+                let (drafts, q) = random_drafts(&mut rng, batch * k, vocab);
+                let temperatures = vec![1.0f32; rows];
+                let sample_params = SamplingParams { temperature: flashsample::TemperatureArg::PerRow(&temperatures), seed: 7, ..Default::default() };
+                let verify_params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..sample_params };
+                let mut verified = None;
+                let ours = 1e3
+                    * median_secs(args.warmup, args.reps, || -> flashsample::Result<()> {
+                        verified = Some(verifier.verify(Tensor::host(&h, rows, dim)?, head.tensor()?, &verify_params)?);
+                        Ok(())
+                    })?;
+                let plain_ms = 1e3 * median_secs(args.warmup, args.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
+                let verified = verified.ok_or("no verify call ran")?;
+                let accepted = verified.accepted.iter().sum::<usize>() as f64 / batch as f64;
+                let p = peer_cases.iter().find(|(key, _)| *key == (batch, k)).map(|(_, p)| p);
+                let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
+                table.push(vec![
+                    dim.to_string(),
+                    vocab.to_string(),
+                    batch.to_string(),
+                    k.to_string(),
+                    rows.to_string(),
+                    format!("{ours:.3}"),
+                    format!("{plain_ms:.3}"),
+                    format!("{:.2}", ours / plain_ms),
+                    fmt_opt(p.and_then(|p| p.compile), 3),
+                    ratio(p.and_then(|p| p.compile)),
+                    fmt_opt(p.and_then(|p| p.eager), 3),
+                    format!("{accepted:.2}"),
+                    verified.recomputed_rows.to_string(),
+                    fmt_opt(p.and_then(|p| p.mem_compile), 1),
+                ]);
+            }
+        }
+        print_table(
+            &[
+                "D",
+                "V",
+                "B",
+                "k",
+                "rows",
+                "verify ms",
+                "sample rows ms",
+                "verify / sample",
+                "compile ms",
+                "compile / verify",
+                "eager ms",
+                "accepted / seq",
+                "recomputed rows",
+                "compile peak MB",
+            ],
+            &table,
+        );
+    }
+    Ok(())
+}
