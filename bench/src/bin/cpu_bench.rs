@@ -280,6 +280,9 @@ fn python_peers(args: &Args, dim: usize, threads: usize) -> Result<Vec<(usize, P
         .collect())
 }
 
+/// One batch of ours: (batch, engine, fused seconds, unfused seconds, the `--nucleus` pair).
+type OurRow = (usize, String, f64, Option<f64>, Option<(f64, f64)>);
+
 /// One hidden size's results, kept until the run's best bandwidth is known.
 struct Measured {
     dim: usize,
@@ -287,7 +290,7 @@ struct Measured {
     /// The best streaming read of this size's weights.
     bw_dim: f64,
     /// (batch, engine, fused seconds, unfused seconds, the `--nucleus` pair of seconds).
-    ours: Vec<(usize, String, f64, Option<f64>, Option<(f64, f64)>)>,
+    ours: Vec<OurRow>,
     peers: Vec<(usize, Peers)>,
 }
 
