@@ -209,6 +209,13 @@ impl CpuBackend {
 
     /// Samples every row; a row that cannot be sampled gets its error in
     /// [`Samples::row_errors`] and does not fail the others.
+    ///
+    /// A pipeline that draws no noise (greedy and scoring pipelines) runs a batch past
+    /// [`chunk_rows`] as launches of consecutive row ranges, so its scratch (a candidate,
+    /// partials and lists per (row, tile)) is one chunk's: scoring thousands of prompt
+    /// positions needs O(rows) memory. Every output is batch invariant (DESIGN.md "Batch
+    /// invariance"), so the rows' results are those of one launch; with noise, a row without
+    /// its own seed draws by its launch position, which a range launch would renumber.
     pub fn sample(
         &self,
         hidden: &Tensor<'_>,
@@ -218,6 +225,40 @@ impl CpuBackend {
         config: &CpuConfig,
     ) -> Result<Samples> {
         let hidden_f32 = host_f32(hidden)?;
+        let p = &*self.pipeline;
+        let chunk = if p.is_greedy() { chunk_rows(shape, config, p) } else { shape.batch };
+        let out = if shape.batch <= chunk {
+            self.sample_rows(&hidden_f32, weights, params, shape, config)?
+        } else {
+            let mut out: Option<RowsOut> = None;
+            for first in (0..shape.batch).step_by(chunk) {
+                let rows: Vec<usize> = (first..(first + chunk).min(shape.batch)).collect();
+                let subset = params.select_rows(&rows, shape.vocab);
+                let part_shape = Shape { batch: rows.len(), ..shape };
+                let h = &hidden_f32[first * shape.dim..][..rows.len() * shape.dim];
+                let part = self.sample_rows(h, weights, &subset.params(), part_shape, config)?;
+                match &mut out {
+                    None => out = Some(part),
+                    Some(o) => o.append(part),
+                }
+            }
+            out.ok_or(Error::EmptyBatch)?
+        };
+        let capacity = p.list_capacity() as usize;
+        let mut samples = Samples::from_reduced(p, shape.batch, out.reduced, &out.status, capacity, out.target_logprobs);
+        samples.top_logprobs = out.top_logprobs;
+        Ok(samples)
+    }
+
+    /// [`CpuBackend::sample`] of one launch: everything `Samples` is assembled from.
+    fn sample_rows(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &CpuConfig,
+    ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
         let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
@@ -229,7 +270,7 @@ impl CpuBackend {
         };
         let rows = stage_three::nucleus_rows(&status);
         if !rows.is_empty() {
-            self.serve_exact(&hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
+            self.serve_exact(hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
         }
         if let Some(raw) = &one.raw {
             // Step 10: the filter is done with the processed logsumexp; every output now
@@ -246,9 +287,7 @@ impl CpuBackend {
             (Some(t), Some(lse)) => Some(t.iter().zip(lse).map(|(x, l)| x - l).collect()),
             _ => None,
         };
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, reduced, &status, capacity, target_logprobs);
-        samples.top_logprobs = top_logprobs;
-        Ok(samples)
+        Ok(RowsOut { reduced, status, top_logprobs, target_logprobs })
     }
 
     /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly: stage one again
@@ -290,6 +329,51 @@ impl CpuBackend {
         let capacity = (self.pipeline.list_capacity() as usize).next_multiple_of(4);
         CpuConfig { vocab_tile: capacity.max(WHOLE_TILE) as u32, ..self.heuristic(shape) }
     }
+}
+
+/// What [`CpuBackend::sample`] assembles `Samples` from, for the rows of one launch.
+struct RowsOut {
+    reduced: RowResult,
+    status: Vec<RowStatus>,
+    top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    target_logprobs: Option<Vec<f32>>,
+}
+
+impl RowsOut {
+    /// Appends the next rows' results.
+    fn append(&mut self, next: RowsOut) {
+        let r = &mut self.reduced;
+        r.tokens.extend(next.reduced.tokens);
+        r.scores.extend(next.reduced.scores);
+        r.logits.extend(next.reduced.logits);
+        if let (Some(a), Some(b)) = (&mut r.logsumexp, next.reduced.logsumexp) {
+            a.extend(b);
+        }
+        self.status.extend(next.status);
+        if let (Some(a), Some(b)) = (&mut self.top_logprobs, next.top_logprobs) {
+            a.extend(b);
+        }
+        if let (Some(a), Some(b)) = (&mut self.target_logprobs, next.target_logprobs) {
+            a.extend(b);
+        }
+    }
+}
+
+/// Per-(row, tile) scratch a CPU launch of a noise-free pipeline holds at most, unless one
+/// chunk of [`CHUNK_MIN_ROWS`] needs more.
+const CHUNK_SCRATCH_BYTES: usize = 64 << 20;
+/// Launches of up to this many rows run whole.
+const CHUNK_MIN_ROWS: usize = 64;
+
+/// Rows per launch of [`CpuBackend::sample`]'s row ranges: as many as [`CHUNK_SCRATCH_BYTES`]
+/// of stage one's per-(row, tile) scratch hold (a candidate per sample, a logsumexp partial,
+/// the lists; twice the partials and lists in the raw mode), at least [`CHUNK_MIN_ROWS`].
+fn chunk_rows(shape: Shape, config: &CpuConfig, p: &Pipeline) -> usize {
+    let tiles = shape.vocab.div_ceil(config.vocab_tile.max(1) as usize);
+    let modes = if p.needs_raw_logsumexp() { 2 } else { 1 };
+    let per_tile = p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
+        + modes * (std::mem::size_of::<LsePartial>() + p.list_capacity() as usize * std::mem::size_of::<Scored>());
+    (CHUNK_SCRATCH_BYTES / (tiles * per_tile).max(1)).max(CHUNK_MIN_ROWS)
 }
 
 /// Vocabulary tile of the exact nucleus path's stage one (unless the capacity is larger): the

@@ -3,7 +3,7 @@
 //! masks; an excluded target is `-inf`; bad targets are typed errors; the `[rows, V]` logits
 //! are never materialized (the kernel writes one f32 per row).
 
-use flashsample::{Device, Error, ParamError, Sampler, SamplingParams};
+use flashsample::{CpuConfig, Device, Error, KernelConfig, ParamError, Sampler, SamplingParams};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use flashsample_tests::Case;
 
@@ -111,4 +111,34 @@ fn scoring_survives_the_exact_nucleus_path() {
     let got = case.run(&sampler).unwrap();
     case.check(&p, &got, &[0, 1, 2, 3]).unwrap();
     assert!(got.target_logprobs.unwrap().iter().all(|l| !l.is_nan()));
+}
+
+/// Prompt scoring of many rows runs in row ranges of bounded scratch (runtime `cpu.rs`
+/// `chunk_rows`: here 64-token tiles put the chunk near 400 rows, so 1000 rows are three
+/// launches); every row's outputs are the bits it gets in a launch of its own few rows.
+#[test]
+fn many_rows_score_in_chunks_with_the_bits_of_small_launches() {
+    let p = scorer();
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let (batch, vocab) = (1000, 151_936);
+    let case = Case::random(&p, batch, 32, vocab, 13, 4.0);
+    let small_tiles = |b| match sampler.config_for(b, 32, vocab) {
+        KernelConfig::Cpu(c) => KernelConfig::Cpu(CpuConfig { vocab_tile: 64, ..c }),
+        other => other,
+    };
+    let all = case.run_with(&sampler, &small_tiles(batch)).unwrap();
+    for rows in [0..40, 390..430, 960..1000] {
+        let rows: Vec<usize> = rows.collect();
+        let part = case.rows(&rows);
+        let alone = sampler.sample_with(part.hidden.tensor(), case.weights.tensor(), &part.params(&p), &small_tiles(rows.len())).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (i, &r) in rows.iter().enumerate() {
+            assert_eq!(all.tokens[r], alone.tokens[i], "row {r}");
+            assert_eq!(all.row_errors[r], alone.row_errors[i], "row {r}");
+            assert_eq!(bits(&all.logsumexp.as_ref().unwrap()[r..=r]), bits(&alone.logsumexp.as_ref().unwrap()[i..=i]), "row {r} logsumexp");
+            assert_eq!(bits(&all.target_logprobs.as_ref().unwrap()[r..=r]), bits(&alone.target_logprobs.as_ref().unwrap()[i..=i]), "row {r} target");
+            assert_eq!(all.top_logprobs.as_ref().unwrap()[r], alone.top_logprobs.as_ref().unwrap()[i], "row {r} top logprobs");
+        }
+    }
+    case.check(&p, &all, &[0, 401, 999]).unwrap();
 }
