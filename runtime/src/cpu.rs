@@ -261,7 +261,7 @@ impl CpuBackend {
     ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
-        let one = self.stage_one_with_lists(&hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
+        let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
         let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
         let mut top_logprobs = match &one.lists {
