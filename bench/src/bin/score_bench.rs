@@ -4,7 +4,7 @@
 //! subprocess: torch.compile'd and eager `log_softmax(H·Wᵀ).gather(targets)` (the `[rows, V]`
 //! logits materialized) and Liger-Kernel's fused linear cross-entropy (CUDA only). Prints one
 //! markdown table per (D, V): medians, the ratio to each peer, and the memory each side needs
-//! beyond its inputs (ours on CUDA: the plan's scratch, one chunk of rows for large batches; on the CPU: the scratch its layout implies; the peers': CUDA's peak).
+//! beyond its inputs (ours on CUDA: the plan's scratch, one chunk of rows for large batches; on the CPU: the scratch one launch of all rows would hold, an upper bound since the CPU runs scoring in 64 MiB chunks; the peers': CUDA's peak).
 //!
 //! `--device cuda` runs on GPU 0 (device events; the weights uploaded once), else the CPU
 //! (wall time per launch).
