@@ -1,7 +1,7 @@
 //! The CPU device: Cranelift-JIT'd stage one, `abi::StageTwo` on the host.
 
 use crate::{
-    launch::Shape,
+    launch::{row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES},
     stage_three,
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
@@ -359,21 +359,16 @@ impl RowsOut {
     }
 }
 
-/// Per-(row, tile) scratch a CPU launch of a noise-free pipeline holds at most, unless one
-/// chunk of [`CHUNK_MIN_ROWS`] needs more.
-const CHUNK_SCRATCH_BYTES: usize = 64 << 20;
 /// Launches of up to this many rows run whole.
 const CHUNK_MIN_ROWS: usize = 64;
 
 /// Rows per launch of [`CpuBackend::sample`]'s row ranges: as many as [`CHUNK_SCRATCH_BYTES`]
-/// of stage one's per-(row, tile) scratch hold (a candidate per sample, a logsumexp partial,
-/// the lists; twice the partials and lists in the raw mode), at least [`CHUNK_MIN_ROWS`].
+/// of stage one's per-(row, tile) scratch ([`row_scratch_bytes`], with the logsumexp partials
+/// and the pipeline's lists) hold, at least [`CHUNK_MIN_ROWS`].
 fn chunk_rows(shape: Shape, config: &CpuConfig, p: &Pipeline) -> usize {
     let tiles = shape.vocab.div_ceil(config.vocab_tile.max(1) as usize);
-    let modes = if p.needs_raw_logsumexp() { 2 } else { 1 };
-    let per_tile = p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
-        + modes * (std::mem::size_of::<LsePartial>() + p.list_capacity() as usize * std::mem::size_of::<Scored>());
-    (CHUNK_SCRATCH_BYTES / (tiles * per_tile).max(1)).max(CHUNK_MIN_ROWS)
+    let row = row_scratch_bytes(p, tiles, p.list_capacity() as usize, true);
+    (CHUNK_SCRATCH_BYTES / row.max(1)).max(CHUNK_MIN_ROWS)
 }
 
 /// Vocabulary tile of the exact nucleus path's stage one (unless the capacity is larger): the

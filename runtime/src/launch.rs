@@ -5,9 +5,29 @@
 //! and never at each other.
 
 use crate::{Error, Result, Tensor};
-use flashsample_abi::{RowResult, RowStatus, RowStatusError, INDEX_NONE};
+use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, RowStatusError, Scored, INDEX_NONE};
 use flashsample_codegen_cpu::CpuConfig;
 use flashsample_ir::Pipeline;
+
+/// Bytes of per-(row, tile) scratch one row of a launch needs: candidates, the logsumexp
+/// partials (`lse`), the processed lists and, in the raw logprob mode, the raw partials, the
+/// raw lists and the raw logits beside the processed lists. The row chunks of both backends
+/// (`cuda::plan` and `cpu` `chunk_rows`) are sized by it.
+pub(crate) fn row_scratch_bytes(p: &Pipeline, tiles: usize, per_tile: usize, lse: bool) -> usize {
+    let list = per_tile * std::mem::size_of::<Scored>();
+    let partial = std::mem::size_of::<LsePartial>();
+    tiles
+        * (p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
+            + if lse { partial } else { 0 }
+            + if p.list_capacity() > 0 { list } else { 0 }
+            + if p.needs_raw_logsumexp() { partial } else { 0 }
+            + if p.raw_list_capacity() > 0 { list } else { 0 }
+            + if p.lists_carry_raw() { per_tile * 4 } else { 0 })
+}
+
+/// The per-(row, tile) scratch ([`row_scratch_bytes`]) a launch past its backend's minimum
+/// chunk holds at most: larger batches run in row chunks.
+pub(crate) const CHUNK_SCRATCH_BYTES: usize = 64 << 20;
 
 /// Shapes of one launch, checked against each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

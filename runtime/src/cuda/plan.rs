@@ -20,7 +20,7 @@ use super::device::drv;
 use super::ptx::{self, Geometry};
 use super::tma;
 use super::{CudaDevice, DeviceInputs, DeviceOutputs};
-use crate::launch::{check_shape, Shape};
+use crate::launch::{check_shape, row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
@@ -780,26 +780,8 @@ fn chunk_args(p: &Pipeline, dim: usize, vocab: usize, a: &Args, first: usize, ro
     }
 }
 
-/// Bytes of per-(row, tile) scratch one row of a launch needs: candidates, the logsumexp
-/// partials (`lse`), the processed lists and, in the raw logprob mode, the raw partials, the
-/// raw lists and the raw logits beside the processed lists.
-fn row_scratch_bytes(p: &Pipeline, tiles: usize, per_tile: usize, lse: bool) -> usize {
-    let list = per_tile * std::mem::size_of::<Scored>();
-    let partial = std::mem::size_of::<LsePartial>();
-    tiles
-        * (p.samples_per_row() as usize * std::mem::size_of::<Candidate>()
-            + if lse { partial } else { 0 }
-            + if p.list_capacity() > 0 { list } else { 0 }
-            + if p.needs_raw_logsumexp() { partial } else { 0 }
-            + if p.raw_list_capacity() > 0 { list } else { 0 }
-            + if p.lists_carry_raw() { per_tile * 4 } else { 0 })
-}
-
 /// Launches of up to this many rows always run whole.
 const CHUNK_MIN_ROWS: usize = 1024;
-/// The per-(row, tile) scratch a plan of more rows holds at most (candidates, logsumexp
-/// partials, lists of one chunk), unless a chunk of [`CHUNK_MIN_ROWS`] needs more.
-const CHUNK_SCRATCH_BYTES: usize = 64 << 20;
 
 /// Rows one chunk of a plan's launches runs: the whole batch up to [`CHUNK_MIN_ROWS`];
 /// beyond it, as many rows (a multiple of 128, every batch tile's divisor) as
@@ -848,7 +830,8 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunk_args, chunk_rows, row_scratch_bytes, Args, CHUNK_MIN_ROWS};
+    use super::{chunk_args, chunk_rows, Args, CHUNK_MIN_ROWS};
+    use crate::launch::row_scratch_bytes;
     use crate::launch::Shape;
     use flashsample_abi::{params::mask_words_per_row, RowFilter, Scored};
     use flashsample_ir::{DType, LogprobMode, Outputs, PipelineBuilder};
