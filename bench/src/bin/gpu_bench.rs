@@ -392,7 +392,7 @@ fn main() {
     // The overhead table runs last, on its own weights, so its buffers never crowd the others.
     for &(dim, vocab) in &shapes {
         for &batch in &args.overhead_batches.0 {
-            let row = overhead(dev, &sampler, dim, vocab, batch, args.reps.max(100)).unwrap_or_else(|e| panic!("overhead D={dim} V={vocab} B={batch}: {e}"));
+            let row = overhead(dev, &sampler, dim, vocab, batch, args.logit_std, args.reps.max(100)).unwrap_or_else(|e| panic!("overhead D={dim} V={vocab} B={batch}: {e}"));
             overhead_rows.push(row);
         }
     }
@@ -611,12 +611,12 @@ fn nucleus_row(sampler: &Sampler, wt: Tensor<'_>, dim: usize, vocab: usize, batc
 }
 
 /// One row of the overhead table: medians over `reps` steps at one weight buffer.
-fn overhead(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler, dim: usize, vocab: usize, batch: usize, reps: usize) -> flashsample::Result<Vec<String>> {
+fn overhead(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler, dim: usize, vocab: usize, batch: usize, logit_std: f32, reps: usize) -> flashsample::Result<Vec<String>> {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     use flashsample::cuda::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};
     use std::time::Instant;
     let drv = |e: result::DriverError| flashsample::Error::Cuda(format!("overhead: {e:?}"));
-    let weights = dev.upload(&random_bf16(vocab * dim, 3.0 / (dim as f32).sqrt(), 7), vocab, dim)?;
+    let weights = dev.upload(&random_bf16(vocab * dim, logit_std / (dim as f32).sqrt(), 7), vocab, dim)?;
     let hidden = dev.upload(&random_bf16(batch * dim, 1.0, 13), batch, dim)?;
     let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
