@@ -93,19 +93,44 @@ impl<'a> DraftProbs<'a> {
     }
 }
 
-/// The residual draw `argmax ln(w_v) + G_res(v)` over `(token, p_v, x_v)` entries with
-/// `w = max(0, p − q)`, or `w = p` when no token has `p > q` (ties to the lower token):
-/// the winner's token, logit and score, and whether it fell back to `p`.
-fn residual_draw(entries: &[(u32, f64, f32)], q: impl Fn(u32) -> f64, noise: impl Fn(u32) -> f64) -> (Option<(u32, f32, f64)>, bool) {
-    let residual = |(v, p, _): &(u32, f64, f32)| (p - q(*v)).max(0.0);
+/// One token the residual draw considers: its target probability `p`, its transformed logit,
+/// and an upper bound on its residual score `ln(w) + G_res` (`+∞` where none is known).
+#[derive(Clone, Copy)]
+struct ResidualEntry {
+    token: u32,
+    p: f64,
+    logit: f32,
+    upper: f64,
+}
+
+impl ResidualEntry {
+    /// An entry without a score bound (the filter's survivors, a recomputed row).
+    fn unbounded(token: u32, p: f64, logit: f32) -> Self {
+        ResidualEntry { token, p, logit, upper: f64::INFINITY }
+    }
+}
+
+/// The residual draw `argmax ln(w_v) + G_res(v)` over `entries` with `w = max(0, p − q)`, or
+/// `w = p` when no token has `p > q` (ties to the lower token): the winner's token, logit and
+/// score, and whether it fell back to `p`. Entries are scored in decreasing `upper` and the
+/// walk stops at the first whose bound is below the best exact score, so only the handful of
+/// tokens that can still win pay for their Philox draw; the winner is the full argmax's
+/// (an entry with `upper ≥ best` is always scored, ties included).
+fn residual_draw(entries: &[ResidualEntry], q: impl Fn(u32) -> f64, noise: impl Fn(u32) -> f64) -> (Option<(u32, f32, f64)>, bool) {
+    let residual = |e: &ResidualEntry| (e.p - q(e.token)).max(0.0);
     let use_p = !entries.iter().any(|e| residual(e) > 0.0);
+    let mut order: Vec<&ResidualEntry> = entries.iter().collect();
+    order.sort_by(|a, b| b.upper.total_cmp(&a.upper));
     let mut best: Option<(u32, f32, f64)> = None;
-    for e in entries {
-        let w = if use_p { e.1 } else { residual(e) };
+    for e in order {
+        if best.is_some_and(|(_, _, bs)| e.upper < bs) {
+            break;
+        }
+        let w = if use_p { e.p } else { residual(e) };
         if w > 0.0 {
-            let s = w.ln() + noise(e.0);
-            if best.is_none_or(|(bv, _, bs)| s > bs || (s == bs && e.0 < bv)) {
-                best = Some((e.0, e.2, s));
+            let s = w.ln() + noise(e.token);
+            if best.is_none_or(|(bv, _, bs)| s > bs || (s == bs && e.token < bv)) {
+                best = Some((e.token, e.logit, s));
             }
         }
     }
@@ -233,18 +258,22 @@ pub(crate) fn decide(
             let next = match target {
                 Target::Greedy(a) => (a, reduced.logits[r]),
                 Target::Kept(kept, mass) => {
-                    let entries: Vec<(u32, f64, f32)> =
-                        kept.iter().map(|s| (s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
+                    let entries: Vec<ResidualEntry> =
+                        kept.iter().map(|s| ResidualEntry::unbounded(s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
                     residual_draw(&entries, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
                 }
                 Target::Full => {
                     // The listed tokens' exact residual scores; every unlisted token of
-                    // tile t scores at most its `x + G − L ≤ (last listed score of t) − L`.
+                    // tile t scores at most its `x + G − L ≤ (last listed score of t) − L`,
+                    // and a listed one at most its own stored `x + G − L` (`ln w ≤ x − L`).
                     let mut entries = Vec::new();
                     let mut bound = f64::NEG_INFINITY;
                     for t in 0..res_layout.tiles {
                         let list = &res_lists[res_layout.slot(r, t)..][..res_layout.per_tile];
-                        entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| (c.index, (f64::from(c.logit) - l).exp(), c.logit)));
+                        entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| {
+                            let s = f64::from(c.score);
+                            ResidualEntry { token: c.index, p: (f64::from(c.logit) - l).exp(), logit: c.logit, upper: s - l + bound_slack(s) }
+                        }));
                         if let Some(last) = list.last().filter(|c| c.index != INDEX_NONE) {
                             let s = f64::from(last.score);
                             bound = bound.max(s - l + bound_slack(s));
@@ -259,8 +288,10 @@ pub(crate) fn decide(
                     match listed {
                         Some((v, x, _)) => (v, x),
                         None => {
-                            let all: Vec<(u32, f64, f32)> =
-                                whole_row_of(r)?.iter().map(|s| (s.index, (f64::from(s.logit) - l).exp(), s.logit)).collect();
+                            let all: Vec<ResidualEntry> = whole_row_of(r)?
+                                .iter()
+                                .map(|s| ResidualEntry::unbounded(s.index, (f64::from(s.logit) - l).exp(), s.logit))
+                                .collect();
                             residual_draw(&all, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
                         }
                     }

@@ -76,9 +76,11 @@ pub fn most_likely_every_other(p: &Pipeline, case: &Case, k: usize, drafts: &mut
     }
 }
 
-/// Drafts close to the target (`q = 0.97·p + 0.03·δ(d)`, `d` uniform): the residual is 3 % of
-/// `p` spread over the vocabulary, so the residual bound rarely holds and rows are recomputed.
-pub fn close_drafts(p: &Pipeline, case: &Case, k: usize, rng: &mut StdRng) -> (Vec<u32>, Vec<f32>) {
+/// Drafts close to the target (`q = (1 − ε)·p + ε·δ(d)`, `d` uniform): the residual is `ε·p`
+/// spread over the vocabulary, so every listed token's residual score sits `ln ε` below its
+/// stored score and, for small enough `ε`, under some tile's bound: rows are recomputed. How
+/// small depends on the backend's tiles (more and larger tiles raise the largest bound).
+pub fn close_drafts(p: &Pipeline, case: &Case, k: usize, epsilon: f64, rng: &mut StdRng) -> (Vec<u32>, Vec<f32>) {
     let (seqs, vocab) = (case.batch / (k + 1), case.weights.rows);
     let (zeros, uniform) = (vec![0; seqs * k], vec![1.0 / vocab as f32; seqs * k * vocab]);
     let params = placeholder(p, case, &zeros, &uniform);
@@ -89,7 +91,7 @@ pub fn close_drafts(p: &Pipeline, case: &Case, k: usize, rng: &mut StdRng) -> (V
         let d = rng.random_range(0..vocab);
         drafts[n] = d as u32;
         for v in 0..vocab {
-            q[n * vocab + v] = (0.97 * target[v] + if v == d { 0.03 } else { 0.0 }) as f32;
+            q[n * vocab + v] = ((1.0 - epsilon) * target[v] + if v == d { epsilon } else { 0.0 }) as f32;
         }
     }
     (drafts, q)

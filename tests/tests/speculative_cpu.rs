@@ -45,7 +45,7 @@ fn a_failed_residual_bound_recomputes_the_row_exactly() {
     let p = verifier(DraftKind::Sampled, false, false);
     let (k, seqs, vocab) = (2, 16, 2003);
     let case = Case::random(&p, seqs * (k + 1), 32, vocab, 9, 0.5);
-    let (drafts, q) = close_drafts(&p, &case, k, &mut StdRng::seed_from_u64(10));
+    let (drafts, q) = close_drafts(&p, &case, k, 0.03, &mut StdRng::seed_from_u64(10));
     let got = compare(&p, &case, k, &drafts, Some(&q));
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
 }

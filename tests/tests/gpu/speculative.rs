@@ -43,6 +43,9 @@ fn gpu_verification_is_pathwise_the_reference_and_the_cpu() {
 
 /// Drafts close to the target: the residual bound fails and the GPU recomputes those rows
 /// (stage one of the row alone with whole-tile residual lists), still pathwise the reference.
+/// `ε = 1e-4`: with the CPU test's 3 % the GPU's 157 tiles of 128 held the bound for all 16
+/// rejections (H200, 2026-12-05), since the largest of many tiles' eighth scores sits lower
+/// than `ln 0.03` below the row's best listed score.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_failed_residual_bound_recomputes_the_row_on_the_gpu() {
@@ -50,7 +53,7 @@ fn a_failed_residual_bound_recomputes_the_row_on_the_gpu() {
     let p = verifier(DraftKind::Sampled, false, false);
     let (k, seqs, vocab) = (2, 16, 20_011);
     let case = Case::random(&p, seqs * (k + 1), 64, vocab, 9, 0.5);
-    let (drafts, q) = close_drafts(&p, &case, k, &mut StdRng::seed_from_u64(10));
+    let (drafts, q) = close_drafts(&p, &case, k, 1e-4, &mut StdRng::seed_from_u64(10));
     let got = compare(&Sampler::new(p.clone(), &device).unwrap(), &p, &case, k, &drafts, Some(&q));
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
 }
