@@ -300,6 +300,23 @@ impl GpuConfig {
         self.clone().with_schedule(schedule)
     }
 
+    /// The same tile and schedule with the deepest ring (fewer stages than this one's, never
+    /// fewer than the ring's minimum) that `validate` accepts for `pipeline` on `limits`:
+    /// a tuned entry whose ring filled shared memory for a plain pipeline, taken by a pipeline
+    /// that also keeps a list tile (a filter, residual lists). `None` for SIMT or if no depth
+    /// fits.
+    pub fn shallower_ring_that_fits(&self, pipeline: &Pipeline, limits: &GpuLimits) -> Option<GpuConfig> {
+        let min = match self.schedule {
+            Schedule::Simt { .. } => return None,
+            Schedule::MmaSync { .. } => 2,
+            Schedule::Wgmma { .. } | Schedule::WgmmaTma { .. } => 3,
+        };
+        (min..self.stages())
+            .rev()
+            .map(|stages| self.clone().with_schedule(self.schedule.with_stages(stages)))
+            .find(|c| c.validate(pipeline, limits).is_ok())
+    }
+
     /// Whether this config runs a tensor-core ring (mma.sync or wgmma), not SIMT.
     pub fn is_tensor(&self) -> bool {
         !matches!(self.schedule, Schedule::Simt { .. })

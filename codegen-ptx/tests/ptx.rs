@@ -996,3 +996,28 @@ fn raw_pipelines_write_the_raw_partials_and_lists() {
         assert_eq!(ir_function(&ir, "flashsample_stage1").matches(param).count(), 1, "{param}: only the parameter");
     }
 }
+
+/// The shipped H200 entry for D 4096 (128 × 64 wgmma+TMA ping-pong, 8 stages) fills shared
+/// memory for a plain pipeline; a verifying pipeline adds a list tile, and the runtime keeps
+/// the tuned tile by dropping ring stages instead of falling back to the heuristic.
+#[test]
+fn a_tuned_ring_gives_up_stages_for_a_list_tile() {
+    let h200 = GpuLimits::H200;
+    let plain = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap();
+    let tuned = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong });
+    assert!(tuned.validate(&plain, &h200).is_ok());
+    let p = verifying(false);
+    let mut c = tuned.clone();
+    c.fit_lists(&p);
+    assert!(c.validate(&p, &h200).is_err(), "the premise: eight stages and a list tile overflow");
+    let fitted = c.shallower_ring_that_fits(&p, &h200).expect("a shallower ring fits");
+    assert!(fitted.validate(&p, &h200).is_ok());
+    assert!(fitted.stages() < 8 && fitted.stages() >= 3, "{fitted:?}");
+    assert_eq!((fitted.vocab_tile, fitted.batch_tile, fitted.residual_per_tile), (128, 64, c.residual_per_tile));
+    // The deepest that fits: one more stage does not.
+    let deeper = fitted.clone().with_schedule(fitted.schedule.with_stages(fitted.stages() + 1));
+    assert!(deeper.validate(&p, &h200).is_err());
+    // SIMT has no ring to shrink.
+    let simt = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+    assert_eq!(simt.shallower_ring_that_fits(&p, &h200), None);
+}

@@ -183,14 +183,14 @@ impl CudaSampler {
                 let valid = |c: &GpuConfig| c.validate(&self.pipeline, limits).is_ok();
                 // A persistent tile keeps its epilogue scratch (and lists) beside the ring; where
                 // that does not fit, the same tile with one CTA per item aliases them. A ping-pong
-                // tile is not retried: its consumer sets need the persistent grid.
+                // tile keeps its grid (its consumer sets need it) and gives up ring stages.
                 let fitted = fitted.and_then(|c| match c.validate(&self.pipeline, limits) {
                     Ok(()) => Some(c),
                     Err(_) if !c.is_pingpong() && valid(&c.one_cta_per_item()) => Some(c.one_cta_per_item()),
-                    Err(e) => {
+                    Err(e) => c.shallower_ring_that_fits(&self.pipeline, limits).or_else(|| {
                         tuning::warn_once(&[format!("tuning entry {c:?} does not fit this pipeline and GPU ({e}); using the heuristic")]);
                         None
-                    }
+                    }),
                 });
                 fitted.unwrap_or_else(|| self.heuristic(shape))
             })
