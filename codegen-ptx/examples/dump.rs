@@ -1,6 +1,8 @@
 //! Prints the PTX (or with `ir`, the LLVM IR) of a pipeline: `cargo run --example dump [ir]
-//! [simt] [bench] [filter]`. `bench` is gpu_bench's pipeline (per-row temperature + Gumbel),
-//! `filter` adds its top-k/top-p filter (`simt`: f32 operands); the tile config comes from the
+//! [simt] [greedy | bench [filter] [lse]]`. `bench` is gpu_bench's pipeline (per-row
+//! temperature + Gumbel), `filter` adds its top-k/top-p filter, `lse` a logprob output (the
+//! exact logsumexp partials), `greedy` is a bare argmax (`simt`: f32 operands); with ptxas -v
+//! it shows each schedule's registers and spills. The tile config comes from the
 //! environment: `SCHEDULE` (`simt`, `mma`, `wgmma`, `wgmma-drain`, `tma`, `pingpong`),
 //! `PERSISTENT=1`, `VT`, `BT`, `WARPS`, `KS` (mma only), `STAGES` (defaults 128, 16, 4, 64, 4)
 //! and `STAGGER_US`.
@@ -19,9 +21,12 @@ fn main() {
     let has = |a: &str| args.iter().any(|x| x == a);
     let simt = has("simt");
     let dt = if simt { DType::F32 } else { DType::BF16 };
-    let p = if has("bench") {
+    let p = if has("greedy") {
+        PipelineBuilder::new("Greedy", dt, dt).argmax().build().unwrap()
+    } else if has("bench") {
         let b = PipelineBuilder::new("Bench", dt, dt).temperature_per_row("temperature");
         let b = if has("filter") { b.filter("filter", 50) } else { b };
+        let b = if has("lse") { b.outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 }) } else { b };
         b.gumbel("seed", 1).build().unwrap()
     } else {
         PipelineBuilder::new("Q", dt, dt)
