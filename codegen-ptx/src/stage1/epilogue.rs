@@ -22,12 +22,26 @@ use flashsample_abi::rng::gumbel_f32_upper_bound;
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::Transform;
 
-/// A batch column `(n, j)` the thread owns and its row's parameters.
+/// A batch column `(n, j)` the thread owns and the row parameters its transforms read.
+/// The noise parameters are [`ColNoise`], loaded per column pair where the selection needs
+/// them: holding every column's for the whole epilogue cost registers the accumulators need
+/// (ptxas spilled at batch tiles of 64 and 128).
 struct Col {
     col: String,
+    row: String,
     row_safe: String,
     inv_t: String,
     t_zero: String,
+    /// Penalty CSR range and repetition of the row.
+    pen: Option<(String, String, String)>,
+    /// Logit-bias CSR range of the row.
+    lb: Option<(String, String)>,
+}
+
+/// A column's noise parameters (not for greedy pipelines).
+struct ColNoise {
+    /// Whether the column takes its argmax: temperature 0, or a draft row of a verifying
+    /// pipeline (it reads its noise only through the residual lists).
     greedy: String,
     /// Philox key halves and counter row (`SamplingParams::row_stream`).
     key_lo: String,
@@ -35,10 +49,6 @@ struct Col {
     ctr_row: String,
     /// Philox counter word 3: the row's decode step and the token stream.
     word3: String,
-    /// Penalty CSR range and repetition of the row.
-    pen: Option<(String, String, String)>,
-    /// Logit-bias CSR range of the row.
-    lb: Option<(String, String)>,
 }
 
 /// The transformed logits of the thread's accumulators (same indices), the non-finite flag
@@ -100,10 +110,8 @@ impl Gen<'_> {
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
     fn columns(&self, f: &mut Func, it: &Item, t2: &str) -> Vec<Col> {
         let p = self.p;
-        let has_temp = p.temperature().is_some();
         let has_pen = p.has_penalties();
         let has_lb = p.has_logit_bias();
-        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
@@ -111,31 +119,9 @@ impl Gen<'_> {
                 let row = f.add(&it.b0, &col);
                 let ok = f.ult(&row, "%batch");
                 let row_safe = f.sel("i32", &ok, &row, "0");
-                let (inv_t, t_zero) = if has_temp {
-                    let r64 = f.zext64(&row_safe);
-                    let a = f.gaddr("%temperatures", &r64, 4);
-                    let tv: F32 = f.load(&a, 4);
-                    let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
-                    (f.fdiv(&f32c(1.0), tv.text()), z)
-                } else {
-                    (String::new(), "false".to_string())
-                };
-                let greedy = if p.is_greedy() {
-                    "true".to_string()
-                } else if self.c.residual_per_tile > 0 {
-                    // A draft row's candidate is its argmax: verification reads its noise
-                    // only through the residual lists.
-                    let draft = self.is_draft_row(f, &row);
-                    f.v(format!("or i1 {t_zero}, {draft}"))
-                } else {
-                    t_zero.clone()
-                };
-                let (key_lo, key_hi, ctr_row, word3) = if p.is_greedy() {
-                    (String::new(), String::new(), String::new(), String::new())
-                } else {
-                    let r64 = f.zext64(&row_safe);
-                    let (lo, hi, ctr_row) = math::row_stream(f, &has_rs, &row, &r64);
-                    (lo, hi, ctr_row, math::token_word3(f, &r64))
+                let (inv_t, t_zero) = match self.row_temperature(f, &row_safe) {
+                    Some((tv, z)) => (f.fdiv(&f32c(1.0), tv.text()), z),
+                    None => (String::new(), "false".to_string()),
                 };
                 let pen = has_pen.then(|| {
                     let r64 = f.zext64(&row_safe);
@@ -148,22 +134,38 @@ impl Gen<'_> {
                     let r64 = f.zext64(&row_safe);
                     csr_range(f, "%lb_offsets", &r64)
                 });
-                cols.push(Col {
-                    col,
-                    row_safe,
-                    inv_t,
-                    t_zero,
-                    greedy,
-                    key_lo,
-                    key_hi,
-                    ctr_row,
-                    word3,
-                    pen,
-                    lb,
-                });
+                cols.push(Col { col, row, row_safe, inv_t, t_zero, pen, lb });
             }
         }
         cols
+    }
+
+    /// The row's temperature and whether it is 0 (greedy), when the pipeline has one.
+    fn row_temperature(&self, f: &mut Func, row_safe: &str) -> Option<(F32, String)> {
+        self.p.temperature()?;
+        let r64 = f.zext64(row_safe);
+        let a = f.gaddr("%temperatures", &r64, 4);
+        let tv: F32 = f.load(&a, 4);
+        let zero = f.v(format!("fcmp oeq float {tv}, 0.0"));
+        Some((tv, zero))
+    }
+
+    /// Column `cl`'s noise parameters, loaded where a column pair's selection starts.
+    fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
+        let t_zero = self.row_temperature(f, &cl.row_safe).map_or("false".to_string(), |(_, z)| z);
+        let greedy = if self.c.residual_per_tile > 0 {
+            // A draft row's candidate is its argmax: verification reads its noise only
+            // through the residual lists.
+            let draft = self.is_draft_row(f, &cl.row);
+            f.v(format!("or i1 {t_zero}, {draft}"))
+        } else {
+            t_zero
+        };
+        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
+        let r64 = f.zext64(&cl.row_safe);
+        let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &cl.row, &r64);
+        let word3 = math::token_word3(f, &r64);
+        ColNoise { greedy, key_lo, key_hi, ctr_row, word3 }
     }
 
     /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
@@ -504,13 +506,14 @@ impl Gen<'_> {
                     } else {
                         pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect()
                     };
+                    let pair_noise: Vec<ColNoise> = if p.is_greedy() { Vec::new() } else { pair.iter().map(|cl| self.col_noise(f, cl)).collect() };
                     for q in 0..self.quads {
                         let noise: Vec<String> = if p.is_greedy() {
                             Vec::new()
                         } else {
-                            self.quad_noise(f, q, n as u32, pair, &acc_best, &bounds, &quad_base[q as usize], s, x)
+                            self.quad_noise(f, q, n as u32, &pair_noise, &acc_best, &bounds, &quad_base[q as usize], s, x)
                         };
-                        for (pj, cl) in pair.iter().enumerate() {
+                        for pj in 0..pair.len() {
                             let (n, j) = (n as u32, pj as u32);
                             let (bs, bi, bl) = &mut acc_best[pj];
                             for o in 0..4 {
@@ -519,7 +522,7 @@ impl Gen<'_> {
                                     xv.clone()
                                 } else {
                                     let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
-                                    f.sel("float", &cl.greedy, xv, &noisy)
+                                    f.sel("float", &pair_noise[pj].greedy, xv, &noisy)
                                 };
                                 let v = f.add(&quad_base[q as usize], &o.to_string());
                                 let better = f.v(format!("fcmp ogt float {score}, {bs}"));
@@ -644,7 +647,7 @@ impl Gen<'_> {
         f: &mut Func,
         q: u32,
         n: u32,
-        pair: &[Col],
+        pair: &[ColNoise],
         acc_best: &[(String, String, String)],
         bounds: &[String],
         quad_base: &str,
