@@ -31,8 +31,10 @@ pub struct ScratchLayout {
     pub nonfinite: u32,
     /// The warp's logsumexp partial (`abi::LsePartial`): its top window (i32) ...
     pub lse_window: u32,
-    /// ... and two u64 sum fields: windows `w` and `w − 1` in a first round, `w − 2` in a second.
-    pub lse_sums: [u32; 2],
+    /// ... and its three u64 window sums (windows `w`, `w − 1`, `w − 2`). Each goes to the
+    /// scratch as soon as its column is merged over the warp's lanes: holding the third in
+    /// registers until a second round made ptxas spill kilobytes per thread.
+    pub lse_sums: [u32; 3],
     /// Bytes of the whole scratch.
     pub bytes: u32,
 }
@@ -40,7 +42,7 @@ pub struct ScratchLayout {
 impl ScratchLayout {
     fn of(c: &GpuConfig) -> ScratchLayout {
         let e = c.warps * c.batch_tile * 4;
-        ScratchLayout { score: 0, index: e, logit: 2 * e, nonfinite: 5 * e, lse_window: 4 * e, lse_sums: [0, 2 * e], bytes: 6 * e }
+        ScratchLayout { score: 0, index: e, logit: 2 * e, nonfinite: 5 * e, lse_window: 4 * e, lse_sums: [0, 2 * e, 6 * e], bytes: 8 * e }
     }
 }
 

@@ -590,7 +590,7 @@ fn geometry() {
     // The persistent tensor path keeps its epilogue scratch after the ring (it overlaps the
     // next item's prologue), so it needs both.
     assert!(p.overlaps_epilogue() && !c.overlaps_epilogue());
-    assert_eq!(p.smem_bytes(), c.smem_bytes() + 8 * 8 * 4 * 6);
+    assert_eq!(p.smem_bytes(), c.smem_bytes() + 8 * 8 * 4 * 8, "eight 4-byte fields of warps × batch_tile entries");
     assert_eq!(
         p.grid(1, 1000, 132),
         (4, 1, 1),
@@ -601,8 +601,8 @@ fn geometry() {
     let simt = cfg(128, 8, 64, 4, 1, false);
     assert_eq!(
         simt.smem_bytes(),
-        4 * 8 * 24,
-        "SIMT needs only the epilogue scratch"
+        4 * 8 * 4 * 8,
+        "SIMT needs only the epilogue scratch: eight 4-byte fields of warps × batch_tile entries"
     );
 }
 

@@ -354,9 +354,8 @@ impl Gen<'_> {
         let bt = c.batch_tile;
         let sc = c.smem_layout().scratch;
         let lane_lt4 = f.ult(&th.lane, "4");
-        // Each column's flag and round-1 partial (window and two upper sums) go to the scratch
-        // as soon as they are known, so only the third sum stays live per column until round 2.
-        let mut third_sums = Vec::new();
+        // Each column's flag and partial (window and its three sums) go to the scratch as soon
+        // as they are known, so no column's partial stays live past its own merge.
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
             let flag = nonfinite.map(|nf| {
@@ -383,12 +382,11 @@ impl Gen<'_> {
                     }
                     self.st_scratch(f, th, "i32", sc.lse_window, &slot, w);
                     let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                    for (field, v) in sc.lse_sums.iter().zip(&sums[..2]) {
+                    for (field, v) in sc.lse_sums.iter().zip(sums) {
                         self.st_scratch(f, th, "i64", *field, &slot8, v);
                     }
                 });
             }
-            third_sums.push(part.map(|(_, sums)| sums[2].clone()));
             flags.extend(flag);
         }
         if !lse && !flags.is_empty() {
@@ -403,53 +401,16 @@ impl Gen<'_> {
         f.barrier();
         let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
         if lse {
-            // The column's sum over the warps, in two rounds through the two sum fields (the
-            // scratch keeps its size); the sum is exact, so the split does not matter.
-            let acc_w = f.var("i32", &EMPTY_WINDOW.to_string());
-            let acc_s: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i64", "0"));
-            let warp_w: Vec<Var> = (0..c.warps).map(|_| f.var("i32", &EMPTY_WINDOW.to_string())).collect();
-            let fold = |f: &mut Func, round: usize| {
-                let mut acc = (f.get(&acc_w), acc_s.each_ref().map(|v| f.get(v)));
-                for (w, ww_var) in warp_w.iter().enumerate() {
+            // The column's sum over the warps (exact: the merge order does not matter).
+            f.if_then(&tid_lt_bt, |f| {
+                let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn::<String, KEPT_WINDOWS, _>(|_| "0".to_string()));
+                for w in 0..c.warps {
                     let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
-                    let ww = if round == 0 {
-                        let ww = self.ld_scratch(f, th, "i32", sc.lse_window, &slot);
-                        f.set(ww_var, &ww);
-                        ww
-                    } else {
-                        f.get(ww_var)
-                    };
+                    let ww = self.ld_scratch(f, th, "i32", sc.lse_window, &slot);
                     let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                    let mut sums: [String; KEPT_WINDOWS] = std::array::from_fn(|_| "0".to_string());
-                    if round == 0 {
-                        for (k, field) in sc.lse_sums.iter().enumerate() {
-                            sums[k] = self.ld_scratch(f, th, "i64", *field, &slot8);
-                        }
-                    } else {
-                        sums[2] = self.ld_scratch(f, th, "i64", sc.lse_sums[0], &slot8);
-                    }
+                    let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, "i64", field, &slot8));
                     acc = lse::merge_call(f, false, &acc, &(ww, sums));
                 }
-                f.set(&acc_w, &acc.0);
-                for (v, x) in acc_s.iter().zip(&acc.1) {
-                    f.set(v, x);
-                }
-            };
-            f.if_then(&tid_lt_bt, |f| fold(f, 0));
-            f.barrier();
-            // Round 2: the third sum, in the first sum field.
-            f.if_then(&lane_lt4, |f| {
-                for (ci, cl) in cols.iter().enumerate() {
-                    if let Some(s2) = &third_sums[ci] {
-                        let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                        let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                        self.st_scratch(f, th, "i64", sc.lse_sums[0], &slot8, s2);
-                    }
-                }
-            });
-            f.barrier();
-            f.if_then(&tid_lt_bt, |f| {
-                fold(f, 1);
                 let row = f.add(&it.b0, &th.tid);
                 let row_ok = f.ult(&row, "%batch");
                 let lse_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
@@ -458,9 +419,7 @@ impl Gen<'_> {
                     let i = f.mul(&row, &it.vtiles);
                     let i = f.add(&i, &it.vtile);
                     let i64v = f.zext64(&i);
-                    let sums = acc_s.each_ref().map(|v| f.get(v));
-                    let w = f.get(&acc_w);
-                    lse::store_partial(f, dest, &i64v, &w, &sums);
+                    lse::store_partial(f, dest, &i64v, &acc.0, &acc.1);
                 });
             });
             // The selection phase writes the score, index and logit fields the sums alias.
