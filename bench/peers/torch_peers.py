@@ -4,10 +4,14 @@
 For each (D, V) and batch B, with bf16 hidden states [B, D] and weights [V, D]:
   matmul    cuBLAS `H @ W.T` alone (bf16 logits, materialized)
   compiled  torch.compile'd matmul + softmax(logits / T) + torch.multinomial
-  gumbel    cuBLAS matmul + Gumbel-argmax on the materialized logits (eager)
+  gumbel_compiled  torch.compile'd matmul + /T + Gumbel-argmax (inductor fuses the noise and
+            the argmax into one pass over the logits): the Gumbel peer
+  gumbel    the same eager (cuBLAS matmul, then five elementwise/reduction kernels)
   filtered  torch.compile'd matmul + /T + top-k 50 + softmax + top-p 0.9 + multinomial
             (vLLM's order: top-p on the top-k renormalized), for --filter-batches
-and a large device-to-device copy (bytes read + written / time) as the bandwidth ceiling.
+and a large device-to-device copy (bytes read + written / time) as the bandwidth ceiling, and
+an 8192³ bf16 cuBLAS GEMM (2·8192³ / time) as the tensor cores' dense peak: the compute floor
+of a batch is 2·B·D·V / that peak.
 
 Timing: CUDA events between back-to-back calls (no host sync inside the timed loop), after
 warm-up, median over `--reps`, cycling through `--rotate` weight buffers so L2 never holds
@@ -49,6 +53,14 @@ def copy_bandwidth(nbytes, reps):
     dst = torch.empty_like(src)
     ms = time_calls(lambda: dst.copy_(src), [()], 5, reps)
     return 2 * nbytes / (ms * 1e-3)
+
+
+def bf16_peak_flops(reps):
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = time_calls(lambda: a @ b, [()], 5, reps)
+    return 2 * n ** 3 / (ms * 1e-3)
 
 
 def matmul(h, w, t):
@@ -98,12 +110,14 @@ def main():
             setattr(torch._dynamo.config, name, 1024)
     compiled = torch.compile(softmax_multinomial, dynamic=False)
     compiled_filtered = torch.compile(topk_topp_multinomial, dynamic=False)
+    compiled_gumbel = torch.compile(gumbel_argmax, dynamic=False)
     filter_batches = [int(b) for b in a.filter_batches.split(",") if b]
 
     out = {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0),
         "copy_bytes_per_s": copy_bandwidth(2 << 30, 20),
+        "bf16_peak_flops": bf16_peak_flops(20),
         "results": [],
     }
     batches = [int(b) for b in a.batches.split(",")]
@@ -120,6 +134,8 @@ def main():
                 if not a.no_compile:
                     compiled(*args[0])  # compile outside the timed loop
                     row["compiled_ms"] = time_calls(compiled, args, a.warmup, a.reps)
+                    compiled_gumbel(*args[0])
+                    row["gumbel_compiled_ms"] = time_calls(compiled_gumbel, args, a.warmup, a.reps)
             if b in filter_batches and not a.no_compile:
                 compiled_filtered(*args[0])
                 row["filtered_ms"] = time_calls(compiled_filtered, args, a.warmup, a.reps)
@@ -130,7 +146,8 @@ def main():
     if a.json:
         print(json.dumps(out))
     else:
-        print(f"{out['device']}, torch {out['torch']}, copy {out['copy_bytes_per_s'] / 1e12:.2f} TB/s")
+        print(f"{out['device']}, torch {out['torch']}, copy {out['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+              f"bf16 GEMM {out['bf16_peak_flops'] / 1e12:.0f} TFLOP/s")
         for r in out["results"]:
             print(r)
 
