@@ -85,7 +85,8 @@ impl Gen<'_> {
             self.store_targets(f, it, &cols, &t.quad_base, carried);
         }
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
-        if self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0) {
+        let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
+        if processed_lists {
             self.list_epilogue(f, th, it, &t.x, "%lists");
             if self.p.lists_carry_raw() {
                 self.list_raws_epilogue(f, th, it, carried);
@@ -99,6 +100,16 @@ impl Gen<'_> {
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);
         }
+        // Where nothing after the list epilogue rewrote its tile, the later phases read the
+        // thread's logits back from it: the selection rounds then run without them live
+        // (ptxas spilled there at batch tiles of 64 and more).
+        let reread = processed_lists
+            && t.raw.is_none()
+            && !self.p.lists_carry_raw()
+            && self.p.raw_list_capacity() == 0
+            && self.c.residual_per_tile == 0;
+        let t = if reread { Transformed { x: self.load_list_tile(f, th), ..t } } else { t };
+        let carried = t.raw.as_ref().unwrap_or(&t.x);
         let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, "%lse");
         if let Some(raw) = &t.raw {
             // Step 10: every token of the vocabulary counts, allowed or not.

@@ -149,6 +149,36 @@ impl Gen<'_> {
         base
     }
 
+    /// The thread's own logits back from the list tile [`Gen::store_list_tile`] wrote (same
+    /// addresses, same indices as `x`; the thread reads only what it stored, so no barrier).
+    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<String> {
+        let vt = self.c.vocab_tile;
+        let base = f.add(&th.scratch, &self.c.smem_layout().list_tile.to_string());
+        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        let mut x = vec![String::new(); self.acc_count()];
+        for q in 0..self.quads {
+            let local = f.add(&warp_base, &(q * 32).to_string());
+            let local = f.add(&local, &g4);
+            for n in 0..self.ntiles {
+                for j in 0..2 {
+                    let col = f.add(&t2, &(n * 8 + j).to_string());
+                    let e = f.mul(&col, &vt.to_string());
+                    let e = f.add(&e, &local);
+                    let off = f.v(format!("shl i32 {e}, 2"));
+                    let off = f.add(&off, &base);
+                    let a = f.saddr("@fs_smem", &off);
+                    let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+                    for o in 0..4 {
+                        x[self.acc_index(q, o, n, j)] = f.v(format!("extractelement <4 x float> {vec}, i32 {o}"));
+                    }
+                }
+            }
+        }
+        x
+    }
+
     /// Step 10: beside each entry of this tile's processed lists (just written, read back
     /// after a barrier) its raw logit at `list_raws[slot]`, read from the tile of `raw` logits
     /// stored in the list area; empty entries are left alone (`abi::raw::raw_logit_of` skips
