@@ -455,7 +455,6 @@ impl Gen<'_> {
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
         let none = INDEX_NONE as i32;
         f.for_loop("0", &samples.to_string(), "1", |f, s| {
-            let mut best = Vec::new();
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
                 // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
@@ -509,18 +508,18 @@ impl Gen<'_> {
                         }
                     }
                 });
-                for [bs, bi, bl] in &outs {
-                    best.push((f.get(bs), f.get(bi), f.get(bl)));
-                }
+                // The pair's warp results go to the scratch at once, so no column's best
+                // stays live while the next pairs are selected.
+                let best: Vec<(String, String, String)> = outs.iter().map(|[bs, bi, bl]| (f.get(bs), f.get(bi), f.get(bl))).collect();
+                f.if_then(lane_lt4, |f| {
+                    for (cl, (bs, bi, bl)) in pair.iter().zip(&best) {
+                        let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                        self.st_scratch(f, th, "float", sc.score, &slot, bs);
+                        self.st_scratch(f, th, "i32", sc.index, &slot, bi);
+                        self.st_scratch(f, th, "float", sc.logit, &slot, bl);
+                    }
+                });
             }
-            f.if_then(lane_lt4, |f| {
-                for (ci, cl) in cols.iter().enumerate() {
-                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                    self.st_scratch(f, th, "float", sc.score, &slot, &best[ci].0);
-                    self.st_scratch(f, th, "i32", sc.index, &slot, &best[ci].1);
-                    self.st_scratch(f, th, "float", sc.logit, &slot, &best[ci].2);
-                }
-            });
             f.barrier();
             f.if_then(tid_lt_bt, |f| {
                 let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
