@@ -192,6 +192,11 @@ pub struct SamplingParams<'a> {
     /// token): noise is drawn at `v + vocab_offset`, so every sharding sees the same noise.
     /// Returned token indices stay local to the launch.
     pub vocab_offset: u32,
+    /// Launch row of this launch's row 0: 0 for a whole launch, the first row for a range of
+    /// rows launched on its own (the backends' row chunks, or a caller splitting a batch).
+    /// A row without its own seed draws noise counter row `row_offset + r`
+    /// ([`SamplingParams::row_stream`]), so a range draws what the whole launch would.
+    pub row_offset: u32,
 }
 
 /// A launch parameter that does not fit the pipeline or the shapes.
@@ -305,6 +310,14 @@ pub enum ParamError {
         token: u32,
         /// The vocabulary size.
         vocab: usize,
+    },
+    /// A `row_offset` whose rows run past 2^32.
+    #[error("row_offset {offset} with {batch} rows runs past 2^32 launch rows")]
+    RowOffset {
+        /// The offset given.
+        offset: u32,
+        /// The launch's rows.
+        batch: usize,
     },
     /// A `vocab_offset` that is not a multiple of 4 or runs past 2^32 tokens.
     #[error("vocab_offset {offset} must be a multiple of 4 and, with the vocabulary of {vocab}, stay below 2^32")]
@@ -424,6 +437,9 @@ impl SamplingParams<'_> {
                 return Err(ParamError::Length { what: "row steps", expected: batch, got: steps.len() });
             }
         }
+        if u64::from(self.row_offset) + batch as u64 > 1 << 32 {
+            return Err(ParamError::RowOffset { offset: self.row_offset, batch });
+        }
         if u64::from(self.vocab_offset) + vocab as u64 > 1 << 32 || !self.vocab_offset.is_multiple_of(4) {
             return Err(ParamError::VocabOffset { offset: self.vocab_offset, vocab });
         }
@@ -502,7 +518,7 @@ impl SamplingParams<'_> {
     pub fn row_stream(&self, row: usize) -> (u64, u32) {
         match self.row_seeds {
             Some(seeds) => (seeds[row], 0),
-            None => (self.seed, row as u32),
+            None => (self.seed, self.row_offset.wrapping_add(row as u32)),
         }
     }
 

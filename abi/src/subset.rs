@@ -6,9 +6,11 @@ use crate::params::{mask_words_per_row, PenaltyArg, RowFilter, SamplingParams, T
 /// The per-row parameters of some rows of a launch, owned; [`RowSubset::params`] lends them as
 /// the parameters of a launch of just those rows, in the order given. Whatever decides a row's
 /// transformed logits carries over (temperature, bias, logit bias, mask, bans, penalties), and
-/// so do its filter, scored target, seed and step. The noise of a row without its own seed does not: its counter row is
-/// its position in the launch. So a launch of a subset is read for its logits and lists; its
-/// samples are drawn with the full launch's [`SamplingParams::row_stream`].
+/// so do its filter, scored target, seed and step. A row without its own seed draws by its
+/// launch row ([`SamplingParams::row_stream`]): consecutive rows keep it (the subset's
+/// `row_offset` is its first row's), so a range of a launch samples what the whole launch
+/// would; rows picked out of order cannot, and such a subset is read for its logits and
+/// lists, its samples drawn with the full launch's [`SamplingParams::row_stream`].
 #[derive(Clone, Debug)]
 pub struct RowSubset<'a> {
     base: SamplingParams<'a>,
@@ -21,6 +23,7 @@ pub struct RowSubset<'a> {
     penalties: Option<PenaltyRows>,
     logit_bias: Option<Vec<Vec<(u32, f32)>>>,
     targets: Option<Vec<u32>>,
+    row_offset: u32,
 }
 
 /// Owned [`PenaltyArg`] columns of the chosen rows.
@@ -61,6 +64,10 @@ impl<'a> SamplingParams<'a> {
             }),
             logit_bias: self.logit_bias.map(|b| pick(b, rows)),
             targets: self.targets.map(|t| pick(t, rows)),
+            row_offset: match rows.first() {
+                Some(&first) if rows.windows(2).all(|w| w[1] == w[0] + 1) => self.row_offset.wrapping_add(first as u32),
+                _ => self.row_offset,
+            },
         }
     }
 }
@@ -95,6 +102,7 @@ impl RowSubset<'_> {
             bias: self.base.bias,
             seed: self.base.seed,
             vocab_offset: self.base.vocab_offset,
+            row_offset: self.row_offset,
         }
     }
 }
@@ -147,5 +155,30 @@ mod tests {
             }
         }
         assert_eq!(sub.seed, 11);
+    }
+
+    #[test]
+    fn a_range_of_rows_keeps_their_noise_streams() {
+        let full = SamplingParams { seed: 5, row_offset: 100, ..Default::default() };
+        let range = full.select_rows(&[3, 4, 5], 16);
+        for (i, r) in [(0, 3), (1, 4), (2, 5)] {
+            assert_eq!(range.params().row_stream(i), full.row_stream(r));
+        }
+        assert_eq!(full.row_stream(4), (5, 104));
+        // Out of order there is no one offset: the subset keeps the launch's and says so.
+        let scattered = full.select_rows(&[5, 3], 16);
+        assert_eq!(scattered.params().row_offset, 100);
+        // Rows with their own seeds never depend on it.
+        let seeds = [9, 8];
+        let seeded = SamplingParams { row_seeds: Some(&seeds), row_offset: 7, ..Default::default() };
+        assert_eq!(seeded.row_stream(1), (8, 0));
+    }
+
+    #[test]
+    fn a_row_offset_past_two_to_the_32_is_an_error() {
+        let p = PipelineBuilder::new("S", DType::F32, DType::F32).gumbel("seed", 1).build().unwrap();
+        let at = |offset: u32, batch: usize| SamplingParams { row_offset: offset, ..Default::default() }.validate(&p, batch, 8);
+        assert_eq!(at(u32::MAX, 1), Ok(()));
+        assert_eq!(at(u32::MAX, 2), Err(crate::ParamError::RowOffset { offset: u32::MAX, batch: 2 }));
     }
 }

@@ -237,6 +237,9 @@ pub struct CpuLaunch<'a> {
     pub row_steps: Option<&'a [u32]>,
     /// Global index of token 0 (a multiple of 4): noise is drawn at `v + vocab_offset`.
     pub vocab_offset: u32,
+    /// Launch row of row 0 (`SamplingParams::row_offset`): a row without its own seed draws
+    /// counter row `row_offset + r`.
+    pub row_offset: u32,
     /// iff the pipeline has a `penalties` transform (`SamplingParams::penalty_table`).
     pub penalties: Option<&'a PenaltyTable>,
     /// iff the pipeline has a `logit_bias` transform (`SamplingParams::logit_bias_table`).
@@ -572,7 +575,7 @@ impl CpuKernel {
         }
         let (mut row_keys, mut row_counters): (Vec<u64>, Vec<u32>) = match a.row_seeds {
             Some(seeds) => (seeds.to_vec(), vec![0; a.batch]),
-            None => (vec![a.seed; a.batch], (0..a.batch as u32).collect()),
+            None => (vec![a.seed; a.batch], (0..a.batch as u32).map(|r| a.row_offset.wrapping_add(r)).collect()),
         };
         let mut row_word3: Vec<u32> = (0..a.batch)
             .map(|r| counter_word3(a.row_steps.map_or(0, |s| s[r]), streams.map_or(NoiseStream::Token, |s| s[r])))

@@ -68,7 +68,7 @@ fn launch_rejects_mismatched_buffers() {
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
         kernel.launch(CpuLaunch { targets: None, residual: None, raw: None,
             hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
-            row_seeds: None, row_steps: None, vocab_offset: 0, penalties: None, logit_bias: None, lists: None,
+            row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None, lists: None,
         })
     };
     assert!(launch(&hidden, &weights, &temps, Some(&bias), None, &mut cands, Some(&mut lse)).is_ok());
@@ -110,6 +110,7 @@ fn empty_launches_write_nothing() {
                 row_seeds: None,
                 row_steps: None,
                 vocab_offset: 0,
+                row_offset: 0,
                 penalties: None, logit_bias: None,
                 lists: None,
                 candidates: &mut none,

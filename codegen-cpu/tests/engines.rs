@@ -221,6 +221,7 @@ fn avx512bf16_logits_are_the_documented_f32_contract_bit_for_bit() {
                 row_seeds: None,
                 row_steps: None,
                 vocab_offset: 0,
+                row_offset: 0,
                 penalties: None, logit_bias: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
@@ -269,6 +270,7 @@ fn avx512bf16_reads_subnormal_bf16_as_zero() {
             row_seeds: None,
             row_steps: None,
             vocab_offset: 0,
+            row_offset: 0,
             penalties: None, logit_bias: None,
         };
         let (cands, _) = run(&kernel, &p, &inp);
@@ -314,6 +316,7 @@ fn avx512bf16_refuses_what_it_cannot_compute_exactly() {
             row_seeds: None,
             row_steps: None,
             vocab_offset: 0,
+            row_offset: 0,
             penalties: None, logit_bias: None,
             lists: None,
             candidates: &mut cands,

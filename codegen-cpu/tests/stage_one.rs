@@ -181,6 +181,7 @@ fn every_16_bit_pattern_widens_exactly() {
                 row_seeds: None,
                 row_steps: None,
                 vocab_offset: 0,
+                row_offset: 0,
                 penalties: None, logit_bias: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);

@@ -190,6 +190,7 @@ impl CpuBackend {
             row_seeds: params.row_seeds,
             row_steps: params.row_steps,
             vocab_offset: params.vocab_offset,
+            row_offset: params.row_offset,
             penalties: penalties.as_ref(),
             logit_bias: logit_bias.as_ref(),
             targets: targets.zip(target_logits.as_deref_mut()),
@@ -210,12 +211,11 @@ impl CpuBackend {
     /// Samples every row; a row that cannot be sampled gets its error in
     /// [`Samples::row_errors`] and does not fail the others.
     ///
-    /// A pipeline that draws no noise (greedy and scoring pipelines) runs a batch past
-    /// [`chunk_rows`] as launches of consecutive row ranges, so its scratch (a candidate,
-    /// partials and lists per (row, tile)) is one chunk's: scoring thousands of prompt
-    /// positions needs O(rows) memory. Every output is batch invariant (DESIGN.md "Batch
-    /// invariance"), so the rows' results are those of one launch; with noise, a row without
-    /// its own seed draws by its launch position, which a range launch would renumber.
+    /// A batch past [`chunk_rows`] runs as launches of consecutive row ranges, so its scratch
+    /// (a candidate, partials and lists per (row, tile)) is one chunk's: scoring thousands of
+    /// prompt positions needs O(rows) memory. Every output is batch invariant (DESIGN.md
+    /// "Batch invariance") and a range keeps its rows' noise streams (its `row_offset`), so
+    /// the rows' results are those of one launch.
     pub fn sample(
         &self,
         hidden: &Tensor<'_>,
@@ -226,7 +226,7 @@ impl CpuBackend {
     ) -> Result<Samples> {
         let hidden_f32 = host_f32(hidden)?;
         let p = &*self.pipeline;
-        let chunk = if p.is_greedy() { chunk_rows(shape, config, p) } else { shape.batch };
+        let chunk = chunk_rows(shape, config, p);
         let out = if shape.batch <= chunk {
             self.sample_rows(&hidden_f32, weights, params, shape, config)?
         } else {

@@ -26,6 +26,7 @@ pub struct Inputs {
     pub row_seeds: Option<Vec<u64>>,
     pub row_steps: Option<Vec<u32>>,
     pub vocab_offset: u32,
+    pub row_offset: u32,
     pub penalties: Option<PenaltyTable>,
     pub logit_bias: Option<LogitBiasTable>,
 }
@@ -35,7 +36,7 @@ impl Inputs {
     pub fn stream(&self, r: usize) -> (u64, u32) {
         match &self.row_seeds {
             Some(seeds) => (seeds[r], 0),
-            None => (self.seed, r as u32),
+            None => (self.seed, self.row_offset.wrapping_add(r as u32)),
         }
     }
 
@@ -189,6 +190,7 @@ pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Ca
             row_seeds: inp.row_seeds.as_deref(),
             row_steps: inp.row_steps.as_deref(),
             vocab_offset: inp.vocab_offset,
+            row_offset: inp.row_offset,
             penalties: inp.penalties.as_ref(),
             logit_bias: inp.logit_bias.as_ref(),
             lists: lists.as_deref_mut(),
@@ -343,7 +345,8 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
     let row_seeds = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let row_steps = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let vocab_offset = 4 * rng.random_range(0..1000u32);
-    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, penalties, logit_bias }
+    let row_offset = if rng.random_bool(0.5) { rng.random_range(0..100_000u32) } else { 0 };
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, row_offset, penalties, logit_bias }
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {

@@ -213,6 +213,9 @@ pub struct DeviceInputs<'a> {
     pub seed: u64,
     /// Global vocabulary index of token 0 (a multiple of 4), as `SamplingParams::vocab_offset`.
     pub vocab_offset: u32,
+    /// Launch row of row 0, as `SamplingParams::row_offset` (a row without its own seed draws
+    /// counter row `row_offset + r`); 0 for a whole batch.
+    pub row_offset: u32,
     /// `[B]` temperatures (0 = greedy row), iff the pipeline takes a run-time temperature
     /// (scalar pipelines: the scalar in every row).
     pub temperatures: Option<DeviceIn<'a, f32>>,
@@ -244,6 +247,7 @@ impl<'a> DeviceInputs<'a> {
             weights,
             seed,
             vocab_offset: 0,
+            row_offset: 0,
             temperatures: None,
             bias: None,
             allowed: None,

@@ -339,6 +339,7 @@ impl CudaSampler {
             weights: weight_ptrs[0],
             seed: params.seed,
             vocab_offset: params.vocab_offset,
+            row_offset: params.row_offset,
             temperatures,
             bias,
             allowed,

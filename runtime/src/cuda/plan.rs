@@ -97,6 +97,8 @@ pub(crate) struct Args {
     pub weights: u64,
     pub seed: u64,
     pub vocab_offset: u32,
+    /// Launch row of row 0 (`SamplingParams::row_offset`); a chunk adds its first row.
+    pub row_offset: u32,
     pub temperatures: u64,
     pub bias: u64,
     pub allowed: u64,
@@ -400,6 +402,7 @@ impl SamplingPlan {
             weights: i.weights.ptr,
             seed: i.seed,
             vocab_offset: i.vocab_offset,
+            row_offset: i.row_offset,
             temperatures,
             bias,
             allowed,
@@ -464,7 +467,7 @@ impl SamplingPlan {
     /// "Batch invariance").
     pub(crate) fn enqueue(&self, stream: &CudaStream, a: &Args, at: &mut dyn FnMut(Boundary) -> Result<()>) -> Result<()> {
         if a.shape.batch <= self.chunk_rows {
-            return self.enqueue_rows(stream, a, 0, at);
+            return self.enqueue_rows(stream, a, a.row_offset, at);
         }
         at(Boundary::Start)?;
         let mut first = 0;
@@ -472,7 +475,7 @@ impl SamplingPlan {
             let rows = (a.shape.batch - first).min(self.chunk_rows);
             let last = first + rows == a.shape.batch;
             let chunk = chunk_args(&self.pipeline, self.dim, self.vocab, a, first, rows);
-            self.enqueue_rows(stream, &chunk, first as u32, &mut |b| if last && b != Boundary::Start { at(b) } else { Ok(()) })?;
+            self.enqueue_rows(stream, &chunk, a.row_offset.wrapping_add(first as u32), &mut |b| if last && b != Boundary::Start { at(b) } else { Ok(()) })?;
             first += rows;
         }
         Ok(())
@@ -893,6 +896,7 @@ mod tests {
             weights: base(2),
             seed: 7,
             vocab_offset: 0,
+            row_offset: 0,
             temperatures: base(3),
             bias: base(4),
             allowed: base(5),

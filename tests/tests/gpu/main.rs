@@ -980,3 +980,27 @@ fn pingpong_equals_tma_ring() {
         variant_equals_baseline(sampler, case, p, &ring, c, what, "TMA ring");
     });
 }
+
+/// `SamplingParams::row_offset` on the GPU: a range of a batch launched on its own with its
+/// first row as the offset gives every row the bits of the whole launch (rows without their
+/// own seed draw by their launch row), and the float64 reference's tokens.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_range_with_its_row_offset_samples_what_the_whole_launch_does() {
+    let (device, _) = gpu();
+    let p = serving();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let (batch, vocab) = (40, 5003);
+    let case = Case::random(&p, batch, 64, vocab, 31, FILTER_LOGIT_STD);
+    let all = gpu.sample(case.hidden.tensor(), case.weights.tensor(), &case.params(&p)).unwrap();
+    let rows: Vec<usize> = (17..40).collect();
+    let part = case.rows(&rows);
+    let params = SamplingParams { row_offset: 17, ..part.params(&p) };
+    let alone = gpu.sample(part.hidden.tensor(), case.weights.tensor(), &params).unwrap();
+    for (i, &r) in rows.iter().enumerate() {
+        assert_eq!(all.row(r), alone.row(i), "row {r}");
+    }
+    let renumbered = gpu.sample(part.hidden.tensor(), case.weights.tensor(), &part.params(&p)).unwrap();
+    assert_ne!(renumbered.tokens, alone.tokens, "the offset must matter");
+    check_with_params(&case, &p, &case.params(&p), &all, &[0, 17, 39]);
+}
