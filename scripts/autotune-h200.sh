@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A short CUDA autotune on an H200 (or any sm_80+ GPU) that fits about 5 minutes of device
 # time: both LM heads (Qwen3-8B-like D=4096,V=151936 and Llama-3-70B-like D=8192,V=128256),
-# B in 1..256, pruned search (flashsample-autotune --budget-s / --top-heuristic, see
+# B in 1..512, pruned search (flashsample-autotune --budget-s / --top-heuristic, see
 # autotune/src/main.rs). Writes the tuning JSON to $1; the table goes to stdout.
 #
 #   scripts/autotune-h200.sh /tmp/out/tuning-h200.json
@@ -26,7 +26,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.carry/lib
 export FLASHSAMPLE_CACHE_DIR=${FLASHSAMPLE_CACHE_DIR:-/tmp/flashsample-cache}
 start=$SECONDS
 "$AUTOTUNE_BIN" --device cuda:0 \
-  --shapes 4096:151936,8192:128256 --batch 1,2,4,8,16,32,64,128,256 \
+  --shapes 4096:151936,8192:128256 --batch 1,2,4,8,16,32,64,128,256,512 \
   --budget-s "${BUDGET_S:-270}" --top-heuristic "${TOP_K:-12}" \
   --quick-reps "${QUICK_REPS:-3}" --finalists "${FINALISTS:-3}" --warmup 3 --reps "${REPS:-20}" \
   --out "$out"

@@ -66,7 +66,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
     /// Batch sizes to tune.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128,256", value_parser = positive)]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64,128,256,512", value_parser = positive)]
     batch: Vec<usize>,
     /// `cpu`, `cpu:THREADS` or `cuda:ORDINAL`.
     #[arg(long, default_value = "cpu")]
