@@ -85,6 +85,31 @@ impl SpecStatus {
     }
 }
 
+/// Why the device decision left a sequence undecided (`SamplingPlan::sequence_errors`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SequenceError {
+    /// A row of the sequence could not be sampled.
+    #[error("sequence {sequence}: {error}")]
+    Row {
+        /// The sequence.
+        sequence: usize,
+        /// Its first failed row's error.
+        error: crate::RowStatusError,
+    },
+    /// A draft row with an active filter was reached ([`SpecStatus::Filtered`]).
+    #[error("sequence {sequence}: a draft row has an active filter, which the device decision does not serve (the host API `Sampler::verify` does)")]
+    Filtered {
+        /// The sequence.
+        sequence: usize,
+    },
+    /// The residual draw needs the row over its whole vocabulary ([`SpecStatus::Recompute`]).
+    #[error("sequence {sequence}: the residual draw needs a recompute of its row over the whole vocabulary (the host API `Sampler::verify` does it)")]
+    Recompute {
+        /// The sequence.
+        sequence: usize,
+    },
+}
+
 /// Where the draft tokens came from (the IR's, so the pipeline and the contract name one enum).
 pub use flashsample_ir::DraftKind;
 
