@@ -344,6 +344,10 @@ impl SamplingPlan {
     /// host-side checks (shapes, dtypes, missing buffers) and driver launch failures; what
     /// only the kernels know lands in `outputs.status`.
     pub fn launch(&self, stream: &CudaStream, inputs: DeviceInputs<'_>, outputs: DeviceOutputs<'_>) -> Result<()> {
+        if self.pipeline.verify.is_some() {
+            // Its stage one would take every row for a draft row: it only verifies.
+            return Err(Error::Unsupported(format!("pipeline `{}` verifies drafts: launch it with `launch_verify`", self.pipeline.name)));
+        }
         let args = self.resolve(&inputs, &outputs)?;
         self.enqueue(stream, &args, &mut |_| Ok(()))
         // `inputs` and `outputs` drop here, after the kernels are queued: their cudarc events
