@@ -17,7 +17,7 @@
 //! `SpecStatus::Filtered` (its `p_j` lives on the filter's survivors, which only the host
 //! rebuilds).
 
-use crate::ir::{f32c, Func, NEG_INF};
+use crate::ir::{f32c, Func, Var, NEG_INF};
 use crate::math::{row_stream, stream_word3, token_bits};
 use crate::math64::{dadd, ddiv, dmul, dsub, f64c, uniform_f64};
 use crate::params::{DECIDE, SPEC_TARGETS};
@@ -123,8 +123,11 @@ fn upper_bound(f: &mut Func, score: &str, l: &str) -> String {
 
 /// What one draft row's decision reads besides its row index.
 struct Row {
-    /// The launch row and it as i64.
+    /// The launch row as i64.
     r64: String,
+    /// `%tiles` and `%per_tile` as i64 (the slot arithmetic's).
+    tiles_wide: String,
+    per_tile_wide: String,
     /// `%draft_probs`' first entry of this draft's distribution (i64), the draft token.
     q_base: String,
     draft: String,
@@ -187,11 +190,11 @@ fn residual_draw(f: &mut Func, tid: &str, warp: &str, lane0: &str, row: &Row) ->
     let w3 = stream_word3(f, &row.r64, NoiseStream::SpecResidual);
     let step = DECIDE_THREADS.to_string();
     let none = (INDEX_NONE as i32).to_string();
-    let row_tiles = f.v(format!("mul i64 {}, %tiles_wide", row.r64));
+    let row_tiles = f.v(format!("mul i64 {}, {}", row.r64, row.tiles_wide));
     let slot = |f: &mut Func, tile: &str, e: &str| -> String {
         let t64 = f.zext64(tile);
         let rt = f.v(format!("add i64 {row_tiles}, {t64}"));
-        let s = f.v(format!("mul i64 {rt}, %per_tile_wide"));
+        let s = f.v(format!("mul i64 {rt}, {}", row.per_tile_wide));
         let e64 = f.zext64(e);
         f.v(format!("add i64 {s}, {e64}"))
     };
@@ -276,6 +279,8 @@ pub(crate) fn emit() -> String {
     let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
     let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
     let none = (INDEX_NONE as i32).to_string();
+    let tiles_wide = f.v("zext i32 %tiles to i64");
+    let per_tile_wide = f.v("zext i32 %per_tile to i64");
     let in_range = f.ult(&seq, "%sequences");
     f.if_then(&in_range, |f| {
         let period = f.add("%k", "1");
@@ -359,7 +364,19 @@ pub(crate) fn emit() -> String {
                     },
                     |f| {
                         let jv = f.get(&j);
-                        decide_position(f, &DecideCtx { tid: &tid, warp: &warp, lane0: &lane0, seq: &seq, row0: &row0, has_lse: &has_lse, has_rs: &has_rs, has_filters: &has_filters }, &jv, &outcome, &accepted, &stop, &emit_token);
+                        let c = DecideCtx {
+                            tid: &tid,
+                            warp: &warp,
+                            lane0: &lane0,
+                            seq: &seq,
+                            row0: &row0,
+                            has_lse: &has_lse,
+                            has_rs: &has_rs,
+                            has_filters: &has_filters,
+                            tiles_wide: &tiles_wide,
+                            per_tile_wide: &per_tile_wide,
+                        };
+                        decide_position(f, &c, &jv, &outcome, &accepted, &stop, &emit_token);
                         let nj = f.add(&jv, "1");
                         f.set(&j, &nj);
                     },
@@ -397,13 +414,7 @@ pub(crate) fn emit() -> String {
         });
     });
     f.s("ret void");
-    let body = f.finish(&DECIDE.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")));
-    // `%tiles_wide` / `%per_tile_wide`: the i64 forms the slot arithmetic uses.
-    body.replacen(
-        "entry:\n",
-        "entry:\n  %tiles_wide = zext i32 %tiles to i64\n  %per_tile_wide = zext i32 %per_tile to i64\n",
-        1,
-    )
+    f.finish(&DECIDE.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")))
 }
 
 /// The kernel-wide values one position's decision reads.
@@ -416,6 +427,8 @@ struct DecideCtx<'a> {
     has_lse: &'a str,
     has_rs: &'a str,
     has_filters: &'a str,
+    tiles_wide: &'a str,
+    per_tile_wide: &'a str,
 }
 
 /// Draft position `j` of the sequence: filtered → `Filtered`; else accept (emit `d_j`) or
@@ -425,9 +438,9 @@ fn decide_position(
     f: &mut Func,
     c: &DecideCtx<'_>,
     j: &str,
-    outcome: &crate::ir::Var,
-    accepted: &crate::ir::Var,
-    stop: &crate::ir::Var,
+    outcome: &Var,
+    accepted: &Var,
+    stop: &Var,
     emit_token: &dyn Fn(&mut Func, &str, &str, &str),
 ) {
     let r = f.add(c.row0, j);
@@ -490,7 +503,16 @@ fn decide_position(
             let (k0, k1, ctr) = row_stream(f, c.has_rs, &r, &r64);
             let vocab64 = f.v("zext i32 %vocab to i64");
             let q_base = f.v(format!("mul i64 {draft64}, {vocab64}"));
-            let row = Row { r64: r64.clone(), q_base, draft: d.clone(), l: l.clone(), key: (k0, k1), ctr };
+            let row = Row {
+                r64: r64.clone(),
+                tiles_wide: c.tiles_wide.to_string(),
+                per_tile_wide: c.per_tile_wide.to_string(),
+                q_base,
+                draft: d.clone(),
+                l: l.clone(),
+                key: (k0, k1),
+                ctr,
+            };
             let qd = q_of(f, &row, &d);
             let w3 = stream_word3(f, &r64, NoiseStream::SpecAccept);
             let ty = "{ i32, i32, i32, i32 }";
