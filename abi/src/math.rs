@@ -84,19 +84,19 @@ pub fn softcap_f32(x: f32, cap: f32) -> f32 {
 
 /// `ln 2`'s high part for [`ln_f64`] and [`exp_f64`] (fdlibm's `ln2_hi`: 32 significant bits,
 /// so `k · LN2_HI_F64` is exact for |k| < 2^21).
-pub const LN2_HI_F64: f64 = 6.931_471_803_691_238_164_90e-1;
+pub const LN2_HI_F64: f64 = 6.931_471_803_691_238e-1;
 /// The rest of `ln 2` (fdlibm's `ln2_lo`).
-pub const LN2_LO_F64: f64 = 1.908_214_929_270_587_700_02e-10;
+pub const LN2_LO_F64: f64 = 1.908_214_929_270_587_7e-10;
 /// fdlibm `e_log.c`'s minimax coefficients `Lg1..Lg7` of `(ln(1+f) − 2s)/s` in `z = s²`,
 /// `s = f/(2+f)`, on `|s| ≤ 0.1716` (error below 2⁻⁵⁸·⁴⁵).
 pub const LN_LG: [f64; 7] = [
-    6.666_666_666_666_735_130e-1,
-    3.999_999_999_940_941_908e-1,
-    2.857_142_874_366_239_149e-1,
-    2.222_219_843_214_978_396e-1,
-    1.818_357_216_161_805_012e-1,
-    1.531_383_769_920_937_332e-1,
-    1.479_819_860_511_658_591e-1,
+    6.666_666_666_666_735e-1,
+    3.999_999_999_940_942e-1,
+    2.857_142_874_366_239e-1,
+    2.222_219_843_214_978_4e-1,
+    1.818_357_216_161_805e-1,
+    1.531_383_769_920_937_3e-1,
+    1.479_819_860_511_658_6e-1,
 ];
 
 /// Natural log of a positive, normal, finite `x` in f64, under 1 ulp: fdlibm's `e_log.c`
@@ -133,11 +133,11 @@ pub fn ln_f64(x: f64) -> f64 {
 /// fdlibm `e_exp.c`'s coefficients `P1..P5` of `R(r²) ≈ r·(e^r + 1)/(e^r − 1) − 2` on
 /// `|r| ≤ ln2/2` (error below 2⁻⁵⁹).
 pub const EXP_P: [f64; 5] = [
-    1.666_666_666_666_660_190_37e-1,
-    -2.777_777_777_701_559_338_42e-3,
-    6.613_756_321_437_934_361_17e-5,
-    -1.653_390_220_546_525_153_90e-6,
-    4.138_136_797_057_238_460_39e-8,
+    1.666_666_666_666_660_2e-1,
+    -2.777_777_777_701_559_3e-3,
+    6.613_756_321_437_934e-5,
+    -1.653_390_220_546_525_2e-6,
+    4.138_136_797_057_238_5e-8,
 ];
 /// Below this [`exp_f64`] returns 0 (the true value is below 2⁻¹⁰²¹: no probability the
 /// decision compares is that small but for a token it could never pick).
@@ -151,7 +151,8 @@ pub const INV_LN2_F64: f64 = std::f64::consts::LOG2_E;
 /// `-inf` and NaN give 0. Only IEEE `+ − × ÷`, `round_ties_even` and bit operations, so the
 /// device (`fs_exp_f64`) computes the same bits.
 pub fn exp_f64(x: f64) -> f64 {
-    if !(x >= EXP_F64_MIN_INPUT) {
+    // NaN compares false, so it returns 0 with everything below the domain.
+    if x.is_nan() || x < EXP_F64_MIN_INPUT {
         return 0.0;
     }
     let kf = (x * INV_LN2_F64).round_ties_even();
@@ -177,6 +178,16 @@ mod tests {
     fn ulps_f64(a: f64, b: f64) -> f64 {
         // Against the correctly rounded value's neighbourhood: std's ln/exp are within 1 ulp.
         ((a - b) / (b.abs() * f64::EPSILON)).abs()
+    }
+
+    #[test]
+    fn f64_constants_are_fdlibms() {
+        // The hexadecimal forms in fdlibm's e_log.c and e_exp.c.
+        assert_eq!((LN2_HI_F64.to_bits(), LN2_LO_F64.to_bits()), (0x3fe6_2e42_fee0_0000, 0x3dea_39ef_3579_3c76));
+        let lg = [0x3fe5_5555_5555_5593, 0x3fd9_9999_9997_fa04, 0x3fd2_4924_9422_9359, 0x3fcc_71c5_1d8e_78af, 0x3fc7_4664_96cb_03de, 0x3fc3_9a09_d078_c69f, 0x3fc2_f112_df3e_5244];
+        assert_eq!(LN_LG.map(f64::to_bits), lg);
+        let p = [0x3fc5_5555_5555_553e, 0xbf66_c16c_16be_bd93, 0x3f11_566a_af25_de2c, 0xbebb_bd41_c5d2_6bf1, 0x3e66_3769_72be_a4d0];
+        assert_eq!(EXP_P.map(f64::to_bits), p);
     }
 
     #[test]
