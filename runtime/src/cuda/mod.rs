@@ -21,6 +21,8 @@ pub mod elementwise;
 mod runtime_kernels;
 mod backend;
 mod cache;
+#[cfg(test)]
+mod decide_sim;
 mod device;
 mod plan;
 mod ptx;
