@@ -23,6 +23,8 @@ mod backend;
 mod cache;
 #[cfg(test)]
 mod decide_sim;
+#[cfg(test)]
+mod ir_sim;
 mod device;
 mod plan;
 mod ptx;
