@@ -12,7 +12,7 @@ use flashsample_abi::speculative::{DraftKind, SequenceError, SpecError};
 use flashsample_abi::INDEX_NONE;
 use flashsample_ir::{DType, PipelineBuilder};
 use flashsample_tests::gpu::{addr, DeviceCase, DeviceVerify, ToyKernels, VerifyResults};
-use flashsample_tests::spec::{VERIFIERS, close_drafts, compare, most_likely_every_other, random_drafts, verifier};
+use flashsample_tests::spec::{VERIFIERS, case_drafts, close_drafts, compare, random_drafts, verifier};
 use flashsample_tests::Case;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -27,11 +27,7 @@ fn gpu_verification_is_pathwise_the_reference_and_the_cpu() {
         let cpu_sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
         for (k, seqs, vocab, dim, seed) in [(3, 12, 5003, 64, 1), (1, 20, 1201, 32, 2), (0, 6, 300, 32, 3), (7, 4, 32_000, 128, 4), (3, 16, 151_936, 64, 5)] {
             let case = Case::random(&p, seqs * (k + 1), dim, vocab, seed, 4.0);
-            let mut rng = StdRng::seed_from_u64(seed + 100);
-            let (mut drafts, q) = random_drafts(&mut rng, seqs * k, vocab);
-            if kind == DraftKind::Greedy {
-                most_likely_every_other(&p, &case, k, &mut drafts, &q);
-            }
+            let (drafts, q) = case_drafts(&p, &case, k, seed);
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
             let on_gpu = compare(&gpu_sampler, &p, &case, k, &drafts, q);
             let on_cpu = compare(&cpu_sampler, &p, &case, k, &drafts, q);
@@ -91,11 +87,7 @@ fn the_device_api_decides_as_the_host_api() {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         for (k, seqs, vocab, dim, seed) in [(0, 5, 300, 32, 3), (1, 9, 1201, 32, 2), (3, 8, 5003, 64, 1), (7, 3, 32_000, 128, 4)] {
             let case = Case::random(&p, seqs * (k + 1), dim, vocab, seed, 4.0);
-            let mut rng = StdRng::seed_from_u64(seed + 100);
-            let (mut drafts, q) = random_drafts(&mut rng, seqs * k, vocab);
-            if kind == DraftKind::Greedy {
-                most_likely_every_other(&p, &case, k, &mut drafts, &q);
-            }
+            let (drafts, q) = case_drafts(&p, &case, k, seed);
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
             let host = compare(&sampler, &p, &case, k, &drafts, q);
             let params = SamplingParams { drafts: Some(&drafts), draft_probs: q, ..case.params(&p) };
