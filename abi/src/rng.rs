@@ -14,7 +14,7 @@
 //! than f32 holds, so the f32 algorithm ([`gumbel_f32`]) carries it as a pair
 //! `u = uh + ul` and computes `-ln u = -(ln uh + ul/uh)`, which is exact to first order.
 
-use crate::math::ln_f32;
+use crate::math::{ln_f32, ln_f64};
 
 /// Philox-4x32 multiplier of words 0 and 1 (Salmon et al., 2011).
 pub const PHILOX_M0: u32 = 0xD251_1F53;
@@ -96,9 +96,10 @@ pub fn uniform_f64(bits: u32) -> f64 {
     (f64::from(bits >> 8) + 0.5) * (1.0 / 16_777_216.0)
 }
 
-/// Gumbel noise in float64: the reference.
+/// Gumbel noise in float64: the reference, and speculative verification's residual draw
+/// (with [`ln_f64`], whose bits the device's decision kernel computes too).
 pub fn gumbel_f64(bits: u32) -> f64 {
-    -(-uniform_f64(bits).ln()).ln()
+    -ln_f64(-ln_f64(uniform_f64(bits)))
 }
 
 /// Gumbel noise in f32, the algorithm every backend emits op for op.

@@ -25,6 +25,19 @@ use crate::{Candidate, INDEX_NONE};
 /// the residual stream's perturbed score `x + G_res` (DESIGN.md "Speculative verification").
 pub const RESIDUAL_PER_TILE: usize = 8;
 
+/// Relative slack of the residual bound: a stored residual score `s` (f32 `x + G_res`) bounds
+/// its token's exact `ln p + gumbel_f64` by `s − L + RESIDUAL_BOUND_SLACK·(1 + |s|)`, covering
+/// `|gumbel_f64 − gumbel_f32|` and the f32 rounding of `x + G`, generously (a larger slack
+/// only recomputes more often). The host's decision and the device's use this one formula.
+pub const RESIDUAL_BOUND_SLACK: f64 = 1e-4;
+
+/// The upper bound `s − L + slack` on the exact residual score of any token whose stored
+/// residual score is at most `s`, in the operation order both deciders use.
+pub fn residual_upper_bound(score: f32, lse: f64) -> f64 {
+    let s = f64::from(score);
+    (s - lse) + RESIDUAL_BOUND_SLACK * (1.0 + s.abs())
+}
+
 /// An unused residual-list entry: it ranks after every token.
 pub const RESIDUAL_EMPTY: Candidate = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
 
@@ -34,6 +47,67 @@ pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
     let Some(pos) = list.iter().position(|e| c.score > e.score) else { return };
     list.copy_within(pos..list.len() - 1, pos + 1);
     list[pos] = c;
+}
+
+/// A sequence's outcome of the device's decision kernel (`out_status [S]` of
+/// `flashsample_decide`, DESIGN.md "Speculative verification"): the sequence was decided, or
+/// why not. Only [`SpecStatus::Ok`] sequences carry tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum SpecStatus {
+    /// Decided: `accepted` drafts, then the next token.
+    Ok = 0,
+    /// A row of the sequence could not be sampled (a draft row all masked or non-finite, or
+    /// the bonus row with any status but ok): the first such row's status says why.
+    RowFailed = 1,
+    /// A draft row with an active filter was reached: `p_j` lives on the filter's survivors,
+    /// which the decision kernel does not rebuild (the host API decides the sequence on the
+    /// host).
+    Filtered = 2,
+    /// A draft row was rejected and its residual winner is not provably among the residual
+    /// lists (the bound failed, or no listed token has `p > q`): the row needs stage one over
+    /// its whole vocabulary (the host API recomputes it).
+    Recompute = 3,
+}
+
+impl SpecStatus {
+    /// Every status, in code order.
+    pub const ALL: [SpecStatus; 4] = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::Filtered, SpecStatus::Recompute];
+
+    /// The code the kernel writes.
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The status of a code, `None` for an unknown one.
+    pub fn from_code(code: u32) -> Option<SpecStatus> {
+        Self::ALL.into_iter().find(|s| s.code() == code)
+    }
+}
+
+/// Why the device decision left a sequence undecided (`SamplingPlan::sequence_errors`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SequenceError {
+    /// A row of the sequence could not be sampled.
+    #[error("sequence {sequence}: {error}")]
+    Row {
+        /// The sequence.
+        sequence: usize,
+        /// Its first failed row's error.
+        error: crate::RowStatusError,
+    },
+    /// A draft row with an active filter was reached ([`SpecStatus::Filtered`]).
+    #[error("sequence {sequence}: a draft row has an active filter, which the device decision does not serve (the host API `Sampler::verify` does)")]
+    Filtered {
+        /// The sequence.
+        sequence: usize,
+    },
+    /// The residual draw needs the row over its whole vocabulary ([`SpecStatus::Recompute`]).
+    #[error("sequence {sequence}: the residual draw needs a recompute of its row over the whole vocabulary (the host API `Sampler::verify` does it)")]
+    Recompute {
+        /// The sequence.
+        sequence: usize,
+    },
 }
 
 /// Where the draft tokens came from (the IR's, so the pipeline and the contract name one enum).
@@ -166,6 +240,14 @@ mod tests {
         nan[1] = f32::NAN;
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&nan)), Err(SpecError::DraftProbability { sequence: 0, position: 0, .. })));
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2], None), Err(SpecError::Length { .. })));
+    }
+
+    #[test]
+    fn spec_status_codes_round_trip() {
+        for s in SpecStatus::ALL {
+            assert_eq!(SpecStatus::from_code(s.code()), Some(s));
+        }
+        assert_eq!(SpecStatus::from_code(4), None);
     }
 
     #[test]

@@ -70,6 +70,11 @@ impl LmHead {
         Ok(LmHead { host, device, dim, vocab })
     }
 
+    /// The weights' device copy (CUDA only).
+    pub fn device_tensor(&self) -> Option<&DeviceTensor> {
+        self.device.as_ref()
+    }
+
     /// The weights as a launch operand (the device copy where there is one).
     pub fn tensor(&self) -> flashsample::Result<Tensor<'_>> {
         match &self.device {

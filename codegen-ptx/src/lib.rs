@@ -10,12 +10,14 @@
 //! [`GpuConfig::stage2_grid`], [`GpuConfig::stage2_block_threads`]).
 
 mod config;
+mod decide;
 mod filter;
 mod heuristic;
 mod ir;
 mod layout;
 mod lse;
 mod math;
+mod math64;
 mod params;
 mod ptx;
 mod stage1;
@@ -27,7 +29,11 @@ pub use config::{
 };
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
-pub use params::{FilterArgs, KernelArg, KernelParams, Param, ParamKind, Stage1Args, Stage2Args, FILTER, STAGE1, STAGE2};
+pub use decide::DECIDE_THREADS;
+pub use params::{
+    DecideArgs, FilterArgs, KernelArg, KernelParams, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, SPEC_TARGETS,
+    STAGE1, STAGE2,
+};
 
 use flashsample_ir::{DType, IrError, Pipeline};
 use inkwell::{
@@ -97,6 +103,10 @@ pub struct CompiledPtx {
     /// Entry name of the stage-three kernel (`flashsample_filter`), present only when the
     /// pipeline keeps lists ([`list_capacity`] > 0).
     pub filter: Option<&'static str>,
+    /// Entry names of the speculative decision (`flashsample_decide`) and of the drafts'
+    /// spreading into stage one's targets (`flashsample_spec_targets`), present only for a
+    /// verifying pipeline.
+    pub decide: Option<(&'static str, &'static str)>,
     /// The config the stage-one kernel was specialised for (its geometry must be used).
     pub config: GpuConfig,
     /// The target it was generated for.
@@ -170,6 +180,15 @@ pub fn llvm_ir_with(
         m.push_str(&filter::shared_decls());
         m.push_str(&filter::emit(config));
     }
+    if pipeline.verify.is_some() {
+        m.push('\n');
+        m.push_str(&decide::shared_decls());
+        m.push_str(&math64::helpers());
+        m.push('\n');
+        m.push_str(&decide::emit());
+        m.push('\n');
+        m.push_str(&decide::emit_targets());
+    }
     Ok(m)
 }
 
@@ -202,6 +221,7 @@ pub fn compile_with(
         stage1: stage1::NAME,
         stage2: stage2::NAME,
         filter: (list_capacity(pipeline) > 0).then_some(filter::NAME),
+        decide: pipeline.verify.is_some().then_some((decide::NAME, decide::TARGETS_NAME)),
         config: config.clone(),
         arch,
     })

@@ -270,3 +270,68 @@ kernel_params! {
         list_raws: ConstPtr,
     }
 }
+
+kernel_params! {
+    /// The arguments of one speculative decision launch (`flashsample_decide`, one CTA per
+    /// sequence; DESIGN.md "Speculative verification").
+    DECIDE, DecideArgs, "flashsample_decide" {
+        /// `u32 [B]` row status (stages two and three).
+        status: ConstPtr,
+        /// `u32 [B]` each row's token: a draft row's argmax, a bonus row's sample.
+        row_tokens: ConstPtr,
+        /// `f32 [B]` the logits of `row_tokens`.
+        row_logits: ConstPtr,
+        /// `f32 [B]` stage two's row logsumexp, or 0 (read as NaN).
+        lse: ConstPtr,
+        /// `f32 [B]` stage one's target capture: each draft row's transformed logit at its
+        /// draft token.
+        draft_logits: ConstPtr,
+        /// Stage one's `Candidate [B, tiles, per_tile]` residual lists.
+        residual_lists: ConstPtr,
+        tiles: U32,
+        per_tile: U32,
+        /// `u32 [S·k]` the draft tokens.
+        drafts: ConstPtr,
+        /// `f32 [S·k, V]` sampled drafts' distributions, or 0 (greedy drafts: `δ(d_j)`).
+        draft_probs: ConstPtr,
+        vocab: U32,
+        /// Drafts per sequence.
+        k: U32,
+        sequences: U32,
+        /// `f32 [B]` effective temperatures (0 = greedy row), as stage one's.
+        temperatures: ConstPtr,
+        /// 1 when the pipeline is greedy (every row).
+        all_greedy: U32,
+        /// `RowFilter [B]` or 0.
+        filters: ConstPtr,
+        seed: U64,
+        /// `u64 [B]` or 0.
+        row_seeds: ConstPtr,
+        /// `u32 [B]` or 0.
+        row_steps: ConstPtr,
+        /// As stage one's: a row without its own seed has counter row `row_base + row`.
+        row_base: U32,
+        vocab_offset: U32,
+        /// `u32 [S]` drafts accepted.
+        out_accepted: MutPtr,
+        /// `u32 [S, k + 1]` accepted drafts, then the next token; `INDEX_NONE` after.
+        out_tokens: MutPtr,
+        /// `f32 [S, k + 1]` their logprobs `x − lse` (NaN where no token), or 0.
+        out_logprobs: MutPtr,
+        /// `u32 [S]` `abi::speculative::SpecStatus` codes.
+        out_status: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of `flashsample_spec_targets` (the drafts as stage one's targets).
+    SPEC_TARGETS, SpecTargetsArgs, "flashsample_spec_targets" {
+        /// `u32 [S·k]`.
+        drafts: ConstPtr,
+        k: U32,
+        /// Rows `S·(k + 1)`.
+        batch: U32,
+        /// `u32 [B]`: a draft row's draft token, 0 for a bonus row.
+        targets: MutPtr,
+    }
+}

@@ -394,6 +394,41 @@ fn verifying_pipelines_keep_residual_lists() {
     assert!(!serde_json::to_string(&plain).unwrap().contains("residual"));
 }
 
+/// A verifying pipeline's module carries the decision kernel and the drafts' spreading into
+/// targets; its f64 arithmetic is only the explicit round-to-nearest intrinsics (never an
+/// `fadd`/`fmul` LLVM could contract into an fma the host does not run), and it runs the
+/// abi's f64 `ln`, `exp` and Gumbel. Other pipelines have neither kernel.
+#[test]
+fn verifying_pipelines_decide_on_the_device() {
+    use flashsample_codegen_ptx::llvm_ir;
+    for filter in [false, true] {
+        let p = verifying(filter);
+        let c = with_lists(tensor_small(), &p);
+        let ir = llvm_ir(&p, &c).unwrap();
+        let decide = ir_function(&ir, "flashsample_decide");
+        for param in ["%residual_lists", "%draft_probs", "%drafts", "%filters", "%out_status", "%out_logprobs"] {
+            assert!(decide.contains(param), "{param}");
+        }
+        for helper in ["@fs_exp_f64", "@fs_ln_f64", "@fs_gumbel_f64", "@fs_philox"] {
+            assert!(decide.contains(helper) || ir_function(&ir, "fs_gumbel_f64").contains(helper), "{helper}");
+        }
+        for f in ["flashsample_decide", "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"] {
+            let body = ir_function(&ir, f);
+            for op in ["fadd double", "fmul double", "fdiv double", "fsub double"] {
+                assert!(!body.contains(op), "{f}: {op}");
+            }
+        }
+        assert!(ir_function(&ir, "flashsample_spec_targets").contains("urem i32"));
+        let k = ptx(&p, &c, Arch::Sm90);
+        assert_eq!(k.decide, Some(("flashsample_decide", "flashsample_spec_targets")));
+        assert!(k.ptx.contains(".entry flashsample_decide") && k.ptx.contains(".entry flashsample_spec_targets"));
+        assert!(!k.ptx.contains(".local"), "no local memory");
+    }
+    let k = ptx(&greedy(DType::BF16), &tensor_small(), Arch::Sm90);
+    assert_eq!(k.decide, None);
+    assert!(!k.ptx.contains("flashsample_decide"));
+}
+
 /// Per-request logit bias in vLLM's order, beside the global bias, on a sampling pipeline
 /// with lists (the filter sees the biased logits).
 fn request_bias(dtype: DType) -> Pipeline {

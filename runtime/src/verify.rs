@@ -9,7 +9,8 @@ use crate::cpu::{host_f32, CpuBackend, ResidualPlan};
 use crate::{launch::Shape, stage_three, Error, Result, Tensor};
 use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
 use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
-use flashsample_abi::speculative::{accept_bits, drafts_per_sequence, residual_bits, RESIDUAL_PER_TILE};
+use flashsample_abi::math::{exp_f64, ln_f64};
+use flashsample_abi::speculative::{accept_bits, drafts_per_sequence, residual_bits, residual_upper_bound, RESIDUAL_PER_TILE};
 use flashsample_abi::filter::TopLists;
 use flashsample_abi::{Candidate, RowResult, RowStatus, RowStatusError, SamplingParams, INDEX_NONE};
 use flashsample_codegen_cpu::CpuConfig;
@@ -128,19 +129,13 @@ fn residual_draw(entries: &[ResidualEntry], q: impl Fn(u32) -> f64, noise: impl 
         }
         let w = if use_p { e.p } else { residual(e) };
         if w > 0.0 {
-            let s = w.ln() + noise(e.token);
+            let s = ln_f64(w) + noise(e.token);
             if best.is_none_or(|(bv, _, bs)| s > bs || (s == bs && e.token < bv)) {
                 best = Some((e.token, e.logit, s));
             }
         }
     }
     (best, use_p)
-}
-
-/// Absolute slack of the residual bound: `|gumbel_f64 − gumbel_f32|` plus the rounding of the
-/// kernel's `x + G` in f32, generously (a larger slack only recomputes more often).
-fn bound_slack(score: f64) -> f64 {
-    1e-4 * (1.0 + score.abs())
 }
 
 /// A verifying launch's target tokens (each draft row's draft; bonus rows 0, unread) and its
@@ -162,6 +157,17 @@ pub(crate) struct VerifyRun<'a> {
     pub lists: Option<(TopLists, &'a [Scored])>,
     pub target_logits: &'a [f32],
     pub residual: (TopLists, &'a [Candidate]),
+}
+
+/// The error of sequence rows `rows`' first row that fails the sequence: a row all masked or
+/// non-finite, or the bonus row with any status but ok (the device decision's
+/// `SpecStatus::RowFailed` tests the same rows in the same order).
+pub(crate) fn sequence_failure(status: &[RowStatus], rows: std::ops::Range<usize>, k: usize, capacity: usize) -> Option<RowStatusError> {
+    rows.clone().find_map(|r| match status[r] {
+        RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
+        _ if r % (k + 1) == k => status[r].error(r, capacity),
+        _ => None,
+    })
 }
 
 /// Decides every sequence of a verifying launch (DESIGN.md "Speculative verification"), in
@@ -186,7 +192,6 @@ pub(crate) fn decide(
     let target_logits = run.target_logits;
     let (res_layout, res_lists) = run.residual;
     let drafts = q.drafts;
-    let is_draft_row = |r: usize| r % (k + 1) != k;
     let mut recomputed_rows = 0;
     let mut whole_row_of = |row: usize| -> Result<Vec<Scored>> {
         recomputed_rows += 1;
@@ -202,11 +207,7 @@ pub(crate) fn decide(
     };
     for i in 0..seqs {
         let rows = i * (k + 1)..(i + 1) * (k + 1);
-        let failed = rows.clone().find_map(|r| match status[r] {
-            RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
-            _ if !is_draft_row(r) => status[r].error(r, capacity),
-            _ => None,
-        });
+        let failed = sequence_failure(status, rows.clone(), k, capacity);
         if let Some(e) = failed {
             out.errors[i] = Some(e);
             continue;
@@ -244,8 +245,8 @@ pub(crate) fn decide(
             };
             let p_draft = match &target {
                 Target::Greedy(a) => f64::from(u8::from(*a == d)),
-                Target::Kept(kept, mass) => kept.iter().find(|s| s.index == d).map_or(0.0, |s| (f64::from(s.logit) - mass).exp()),
-                Target::Full => (f64::from(target_logits[r]) - l).exp(),
+                Target::Kept(kept, mass) => kept.iter().find(|s| s.index == d).map_or(0.0, |s| exp_f64(f64::from(s.logit) - mass)),
+                Target::Full => exp_f64(f64::from(target_logits[r]) - l),
             };
             let (seed, ctr) = inner.row_stream(r);
             let step = inner.row_step(r);
@@ -259,7 +260,7 @@ pub(crate) fn decide(
                 Target::Greedy(a) => (a, reduced.logits[r]),
                 Target::Kept(kept, mass) => {
                     let entries: Vec<ResidualEntry> =
-                        kept.iter().map(|s| ResidualEntry::unbounded(s.index, (f64::from(s.logit) - mass).exp(), s.logit)).collect();
+                        kept.iter().map(|s| ResidualEntry::unbounded(s.index, exp_f64(f64::from(s.logit) - mass), s.logit)).collect();
                     residual_draw(&entries, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
                 }
                 Target::Full => {
@@ -270,13 +271,14 @@ pub(crate) fn decide(
                     let mut bound = f64::NEG_INFINITY;
                     for t in 0..res_layout.tiles {
                         let list = &res_lists[res_layout.slot(r, t)..][..res_layout.per_tile];
-                        entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| {
-                            let s = f64::from(c.score);
-                            ResidualEntry { token: c.index, p: (f64::from(c.logit) - l).exp(), logit: c.logit, upper: s - l + bound_slack(s) }
+                        entries.extend(list.iter().filter(|c| c.index != INDEX_NONE).map(|c| ResidualEntry {
+                            token: c.index,
+                            p: exp_f64(f64::from(c.logit) - l),
+                            logit: c.logit,
+                            upper: residual_upper_bound(c.score, l),
                         }));
                         if let Some(last) = list.last().filter(|c| c.index != INDEX_NONE) {
-                            let s = f64::from(last.score);
-                            bound = bound.max(s - l + bound_slack(s));
+                            bound = bound.max(residual_upper_bound(last.score, l));
                         }
                     }
                     // Exact when some listed token has residual mass and the best listed
@@ -290,7 +292,7 @@ pub(crate) fn decide(
                         None => {
                             let all: Vec<ResidualEntry> = whole_row_of(r)?
                                 .iter()
-                                .map(|s| ResidualEntry::unbounded(s.index, (f64::from(s.logit) - l).exp(), s.logit))
+                                .map(|s| ResidualEntry::unbounded(s.index, exp_f64(f64::from(s.logit) - l), s.logit))
                                 .collect();
                             residual_draw(&all, |v| q.q(draft, v), noise).0.map_or((INDEX_NONE, f32::NAN), |(v, x, _)| (v, x))
                         }

@@ -4,8 +4,8 @@
 
 use crate::{Case, MatrixData};
 use flashsample::cuda::{
-    elementwise, DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
-    SamplingPlan,
+    elementwise, DeviceDrafts, DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
+    SamplingPlan, VerifyOutputs,
 };
 use flashsample::{bf16, f16, CudaDevice, Device, DeviceTensor, RowFilter, RowStatusError, SamplingParams};
 use flashsample_abi::{RowTokens, Scored};
@@ -468,5 +468,79 @@ impl ToyDecode {
         let status = stream.clone_dtoh(&b.status).expect("dtoh");
         stream.synchronize().expect("sync");
         (history[self.batch..].chunks(self.batch).take(steps).map(<[u32]>::to_vec).collect(), status)
+    }
+}
+
+/// A verifying device launch's drafts and outputs (`SamplingPlan::launch_verify`) for `S`
+/// sequences of `k` drafts.
+pub struct DeviceVerify {
+    /// `None` for `k = 0` (no drafts).
+    pub drafts: Option<CudaSlice<u32>>,
+    pub probs: Option<CudaSlice<f32>>,
+    pub accepted: CudaSlice<u32>,
+    pub tokens: CudaSlice<u32>,
+    pub logprobs: Option<CudaSlice<f32>>,
+    pub status: CudaSlice<u32>,
+    pub row_status: CudaSlice<u32>,
+}
+
+/// What a verifying device launch wrote, copied back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyResults {
+    pub accepted: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logprobs: Option<Vec<f32>>,
+    pub status: Vec<u32>,
+    pub row_status: Vec<u32>,
+}
+
+impl DeviceVerify {
+    /// Uploads `drafts` (`[S·k]`) and `probs` (`[S·k, V]`, sampled drafts) and allocates the
+    /// outputs (logprobs when `p` outputs them).
+    pub fn new(dev: &Arc<CudaDevice>, p: &Pipeline, seqs: usize, k: usize, drafts: &[u32], probs: Option<&[f32]>) -> DeviceVerify {
+        let s = dev.stream();
+        let d = DeviceVerify {
+            drafts: (!drafts.is_empty()).then(|| up(s, drafts)),
+            probs: probs.map(|q| up(s, q)),
+            accepted: s.alloc_zeros(seqs).expect("alloc"),
+            tokens: s.alloc_zeros(seqs * (k + 1)).expect("alloc"),
+            logprobs: p.outputs.logprob.then(|| s.alloc_zeros(seqs * (k + 1)).expect("alloc")),
+            status: s.alloc_zeros(seqs).expect("alloc"),
+            row_status: s.alloc_zeros(seqs * (k + 1)).expect("alloc"),
+        };
+        dev.synchronize().expect("uploads");
+        d
+    }
+
+    /// The drafts, read on `stream`, and the outputs, written there.
+    pub fn args<'a>(&'a mut self, stream: &'a CudaStream) -> (DeviceDrafts<'a>, VerifyOutputs<'a>) {
+        let tokens = match &self.drafts {
+            Some(d) => DeviceIn::new(d, stream).expect("drafts"),
+            // SAFETY: no element is read.
+            None => unsafe { DeviceIn::from_raw(0, 0) },
+        };
+        let drafts = DeviceDrafts { tokens, probs: self.probs.as_ref().map(|q| DeviceIn::new(q, stream).expect("draft probs")) };
+        let outputs = VerifyOutputs {
+            accepted: DeviceOut::new(&mut self.accepted, stream).expect("accepted"),
+            tokens: DeviceOut::new(&mut self.tokens, stream).expect("tokens"),
+            logprobs: self.logprobs.as_mut().map(|b| DeviceOut::new(b, stream).expect("logprobs")),
+            status: DeviceOut::new(&mut self.status, stream).expect("status"),
+            row_status: DeviceOut::new(&mut self.row_status, stream).expect("row status"),
+        };
+        (drafts, outputs)
+    }
+
+    /// Copies the outputs back (synchronizes `stream`).
+    pub fn read(&self, stream: &Arc<CudaStream>) -> VerifyResults {
+        let get_u = |b: &CudaSlice<u32>| stream.clone_dtoh(b).expect("dtoh");
+        let out = VerifyResults {
+            accepted: get_u(&self.accepted),
+            tokens: get_u(&self.tokens),
+            logprobs: self.logprobs.as_ref().map(|b| stream.clone_dtoh(b).expect("dtoh")),
+            status: get_u(&self.status),
+            row_status: get_u(&self.row_status),
+        };
+        stream.synchronize().expect("sync");
+        out
     }
 }

@@ -76,6 +76,19 @@ pub fn most_likely_every_other(p: &Pipeline, case: &Case, k: usize, drafts: &mut
     }
 }
 
+/// The pathwise tests' drafts of `case` (`S·k`, from `StdRng(seed + 100)`) and their
+/// distributions: random, and for greedy drafts every other one its row's most likely token,
+/// so that some are accepted.
+pub fn case_drafts(p: &Pipeline, case: &Case, k: usize, seed: u64) -> (Vec<u32>, Vec<f32>) {
+    let seqs = case.batch / (k + 1);
+    let mut rng = <StdRng as rand::SeedableRng>::seed_from_u64(seed + 100);
+    let (mut drafts, q) = random_drafts(&mut rng, seqs * k, case.weights.rows);
+    if p.verify.as_ref().unwrap().kind() == DraftKind::Greedy {
+        most_likely_every_other(p, case, k, &mut drafts, &q);
+    }
+    (drafts, q)
+}
+
 /// Drafts close to the target (`q = (1 − ε)·p + ε·δ(d)`, `d` uniform): the residual is `ε·p`
 /// spread over the vocabulary, so every listed token's residual score sits `ln ε` below its
 /// stored score and, for small enough `ε`, under some tile's bound: rows are recomputed. How

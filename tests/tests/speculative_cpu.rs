@@ -7,7 +7,7 @@
 use flashsample::{Device, Error, ParamError, RowFilter, Sampler, SamplingParams, Verified};
 use flashsample_abi::speculative::{DraftKind, SpecError};
 use flashsample_ir::{DType, Pipeline, PipelineBuilder};
-use flashsample_tests::spec::{VERIFIERS, self, close_drafts, draw, most_likely_every_other, placeholder, random_drafts, verifier};
+use flashsample_tests::spec::{VERIFIERS, self, close_drafts, draw, placeholder, random_drafts, verifier};
 use flashsample_tests::{chi_square, Case, MatrixData};
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -23,12 +23,7 @@ fn cpu_verification_is_pathwise_the_reference() {
         let p = verifier(kind, filtered, penalties);
         for (k, seqs, vocab, seed) in [(3, 12, 509, 1), (1, 20, 1201, 2), (0, 6, 300, 3), (7, 4, 777, 4), (2, 40, 8, 5)] {
             let case = Case::random(&p, seqs * (k + 1), 32, vocab, seed, 4.0);
-            let mut rng = StdRng::seed_from_u64(seed + 100);
-            let (mut drafts, q) = random_drafts(&mut rng, seqs * k, vocab);
-            if kind == DraftKind::Greedy {
-                // Half the drafts are the target row's most likely token, so some are accepted.
-                most_likely_every_other(&p, &case, k, &mut drafts, &q);
-            }
+            let (drafts, q) = spec::case_drafts(&p, &case, k, seed);
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
             let got = compare(&p, &case, k, &drafts, q);
             rejected_from_lists += (0..got.sequences()).filter(|&i| got.accepted[i] < k).count().saturating_sub(got.recomputed_rows);

@@ -1,6 +1,6 @@
 //! Speculative verification benchmark (issue 25): `B` sequences of `k` sampled drafts verified
-//! straight from the target's hidden states (`Sampler::verify`: stages one to three on the
-//! device, the decisions on the host) against `bench/peers/spec_peers.py` in a Python
+//! straight from the target's hidden states (`Sampler::verify`: stages one to three and the
+//! decisions on the device) against `bench/peers/spec_peers.py` in a Python
 //! subprocess (a torch.compile'd matmul + softmax + vLLM-style rejection sampler over the
 //! materialized `[B·(k+1), V]` probabilities, and the same eager), and against sampling the
 //! same `B·(k+1)` rows without verification (`Sampler::sample` of the pipeline without
@@ -8,10 +8,13 @@
 //! drafts and the rows recomputed over their vocabulary.
 //!
 //! Every time is the wall time of one host-API call (ours: the hidden states uploaded, the
-//! draft distributions read on the host where the decision needs them, the results read back;
-//! the peers: a synchronize before and after), so the columns compare like with like. The
-//! weights stay on the device. `--device cuda` runs on GPU 0, `--device cpu` on the CPU backend
-//! (use small `--shapes` there).
+//! draft distributions uploaded for the decision on the device, the outcome read back; the
+//! peers: a synchronize before and after), so the columns compare like with like. The weights
+//! stay on the device. On CUDA the `device verify ms` column times the device API
+//! (`SamplingPlan::launch_verify` with every input already on the device, as an engine holds
+//! them, then a synchronize), which the peers' columns compare with too: their inputs are on
+//! the device. `--device cuda` runs on GPU 0, `--device cpu` on the CPU backend (use small
+//! `--shapes` there).
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, Device, Sampler, SamplingParams, Tensor};
@@ -101,6 +104,50 @@ fn random_drafts(rng: &mut StdRng, n: usize, vocab: usize) -> (Vec<u32>, Vec<f32
     (drafts, q)
 }
 
+/// The device API's median verify time (ms) with every input on the device: one
+/// `launch_verify` and a synchronize per call. `None` off CUDA.
+#[allow(clippy::too_many_arguments)]
+fn device_verify_ms(
+    verifier: &Sampler,
+    head: &LmHead,
+    hidden: &[bf16],
+    temperatures: &[f32],
+    drafts: &[u32],
+    q: &[f32],
+    seed: u64,
+    args: &Args,
+) -> Result<Option<f64>, Box<dyn std::error::Error>> {
+    use flashsample::cuda::{DeviceDrafts, DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, VerifyOutputs};
+    let (Some(cuda), Some(weights)) = (verifier.cuda(), head.device_tensor()) else { return Ok(None) };
+    let dev = cuda.device().clone();
+    let rows = temperatures.len();
+    let seqs = rows - drafts.len();
+    let plan = cuda.plan(rows, head.dim, head.vocab)?;
+    let stream = dev.stream().clone();
+    let hidden = dev.upload(hidden, rows, head.dim)?;
+    let temperatures = stream.clone_htod(temperatures)?;
+    let drafts = stream.clone_htod(drafts)?;
+    let q = stream.clone_htod(q)?;
+    let (mut accepted, mut tokens, mut status) = (stream.alloc_zeros::<u32>(seqs)?, stream.alloc_zeros::<u32>(rows)?, stream.alloc_zeros::<u32>(seqs)?);
+    let mut row_status = stream.alloc_zeros::<u32>(rows)?;
+    let ms = 1e3
+        * median_secs(args.warmup, args.reps, || -> flashsample::Result<()> {
+            let mut inputs = DeviceInputs::new(DeviceMatrix::from_tensor(&hidden), DeviceMatrix::from_tensor(weights), seed);
+            inputs.temperatures = Some(DeviceIn::new(&temperatures, &stream)?);
+            let d = DeviceDrafts { tokens: DeviceIn::new(&drafts, &stream)?, probs: Some(DeviceIn::new(&q, &stream)?) };
+            let outputs = VerifyOutputs {
+                accepted: DeviceOut::new(&mut accepted, &stream)?,
+                tokens: DeviceOut::new(&mut tokens, &stream)?,
+                logprobs: None,
+                status: DeviceOut::new(&mut status, &stream)?,
+                row_status: DeviceOut::new(&mut row_status, &stream)?,
+            };
+            plan.launch_verify(&stream, inputs, d, outputs)?;
+            dev.synchronize()
+        })?;
+    Ok(Some(ms))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = match args.device.as_str() {
@@ -141,6 +188,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         Ok(())
                     })?;
                 let plain_ms = 1e3 * median_secs(args.warmup, args.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
+                let device_ms = device_verify_ms(&verifier, &head, &h, &temperatures, &drafts, &q, 7, &args)?;
                 let verified = verified.ok_or("no verify call ran")?;
                 let accepted = verified.accepted.iter().sum::<usize>() as f64 / batch as f64;
                 let p = peer_cases.iter().find(|(key, _)| *key == (batch, k)).map(|(_, p)| p);
@@ -154,8 +202,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     format!("{ours:.3}"),
                     format!("{plain_ms:.3}"),
                     format!("{:.2}", ours / plain_ms),
+                    fmt_opt(device_ms, 3),
+                    fmt_opt(device_ms.map(|d| d / plain_ms), 2),
                     fmt_opt(p.and_then(|p| p.compile), 3),
                     ratio(p.and_then(|p| p.compile)),
+                    fmt_opt(p.and_then(|p| p.compile).zip(device_ms).map(|(c, d)| c / d), 2),
                     fmt_opt(p.and_then(|p| p.eager), 3),
                     format!("{accepted:.2}"),
                     verified.recomputed_rows.to_string(),
@@ -173,8 +224,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "verify ms",
                 "sample rows ms",
                 "verify / sample",
+                "device verify ms",
+                "device / sample",
                 "compile ms",
                 "compile / verify",
+                "compile / device",
                 "eager ms",
                 "accepted / seq",
                 "recomputed rows",

@@ -20,7 +20,7 @@
 
 use super::cache;
 use super::device::drv;
-use super::plan::{from_bytes, Args, Boundary, SamplingPlan};
+use super::plan::{from_bytes, Args, Boundary, DecideLaunch, SamplingPlan};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
 use crate::stage_three;
@@ -111,6 +111,37 @@ struct HostBufs {
     logits: Buf,
     logsumexp: Buf,
     top: Buf,
+    /// A verifying launch's drafts and decision outputs (`SpecRun::Decide`).
+    spec: SpecBufs,
+}
+
+/// The host API's buffers of a decision on the device.
+#[derive(Default)]
+struct SpecBufs {
+    drafts: Buf,
+    draft_probs: Buf,
+    accepted: Buf,
+    tokens: Buf,
+    logprobs: Buf,
+    status: Buf,
+}
+
+/// What a verifying host launch adds to [`CudaSampler::sample_once`].
+#[derive(Clone, Copy, Debug)]
+pub(super) enum SpecRun<'a> {
+    /// Stage one keeps residual lists (its `spec_period`); they are read back.
+    Lists { period: u32 },
+    /// The decision runs on the device too (`flashsample_decide`); only it is read back.
+    Decide { k: usize, drafts: &'a [u32], probs: Option<&'a [f32]> },
+}
+
+/// A decision on the device, read back: per sequence `accepted [S]`, `tokens [S, k+1]`,
+/// `logprobs [S, k+1]` (pipelines with `logprob`) and `SpecStatus` codes `[S]`.
+pub(super) struct Decision {
+    pub(super) accepted: Vec<u32>,
+    pub(super) tokens: Vec<u32>,
+    pub(super) logprobs: Option<Vec<f32>>,
+    pub(super) status: Vec<u32>,
 }
 
 /// A host launch's arguments on the device, and the host memory its queued copies read.
@@ -134,6 +165,8 @@ pub(super) struct Readback {
     pub(super) residual: Option<(TopLists, Vec<Candidate>)>,
     /// Beside each list entry its raw logit, with `lists` when the lists carry them.
     pub(super) list_raws: Option<Vec<f32>>,
+    /// The device's decision (`SpecRun::Decide`).
+    pub(super) decision: Option<Decision>,
 }
 
 impl CudaSampler {
@@ -199,11 +232,9 @@ impl CudaSampler {
 
     /// A device-API plan for launches of up to `max_batch` rows against `[vocab, dim]` weights:
     /// each batch's tuned (or heuristic) tile with lists that cannot overflow, every kernel
-    /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]).
+    /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]). A verifying
+    /// pipeline's plan runs [`SamplingPlan::launch_verify`].
     pub fn plan(&self, max_batch: usize, dim: usize, vocab: usize) -> Result<SamplingPlan> {
-        if self.pipeline.verify.is_some() {
-            return Err(Error::Unsupported("speculative verification runs through the host API (`Sampler::verify`); the device API has no decision kernel yet".into()));
-        }
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
@@ -359,6 +390,7 @@ impl CudaSampler {
             logprobs: 0,
             top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
             spec_period: 0,
+            decide: None,
         };
         Ok(Uploaded { args, weights: weight_ptrs, _host: host, _operands: operands })
     }
@@ -432,8 +464,7 @@ impl CudaSampler {
     }
 
     /// One host launch of every stage with `config` and stage three merging `need` per row;
-    /// `lists`: also read back stage one's lists; `spec_period`: a verifying launch's stage-one
-    /// `spec_period`, whose residual lists are read back.
+    /// `lists`: also read back stage one's lists; `spec`: what a verifying launch adds.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn sample_once(
         &self,
@@ -445,7 +476,7 @@ impl CudaSampler {
         need: u32,
         lse: bool,
         lists: bool,
-        spec_period: Option<u32>,
+        spec: Option<SpecRun<'_>>,
     ) -> Result<Readback> {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
@@ -453,8 +484,36 @@ impl CudaSampler {
         let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config: config.clone(), need, lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
         let mut up = self.upload(bufs, hidden, std::slice::from_ref(weights), params, shape, lse)?;
-        up.args.spec_period = spec_period.unwrap_or(0);
         let dev = &*self.device;
+        up.args.spec_period = match spec {
+            None => 0,
+            Some(SpecRun::Lists { period }) => period,
+            Some(SpecRun::Decide { k, .. }) => (k + 1) as u32,
+        };
+        let seqs = match spec {
+            Some(SpecRun::Decide { k, drafts, probs }) => {
+                let seqs = shape.batch / (k + 1);
+                let b = &mut bufs.spec;
+                // The caller's slices outlive the queued copies: the call synchronizes below.
+                let drafts = b.drafts.upload(dev, bytemuck::cast_slice(drafts))?;
+                let draft_probs = match probs {
+                    Some(q) => b.draft_probs.upload(dev, bytemuck::cast_slice(q))?,
+                    None => 0,
+                };
+                let n = seqs * (k + 1);
+                up.args.decide = Some(DecideLaunch {
+                    k: k as u32,
+                    drafts,
+                    draft_probs,
+                    accepted: b.accepted.ensure(dev, seqs.max(1) * 4)?,
+                    tokens: b.tokens.ensure(dev, n.max(1) * 4)?,
+                    logprobs: if self.pipeline.outputs.logprob { b.logprobs.ensure(dev, n.max(1) * 4)? } else { 0 },
+                    status: b.status.ensure(dev, seqs.max(1) * 4)?,
+                });
+                Some((seqs, k))
+            }
+            _ => None,
+        };
         plan.enqueue(dev.stream(), &up.args, &mut |_| Ok(()))?;
         let n = shape.batch * self.pipeline.samples_per_row() as usize;
         let status: Vec<u32> = from_bytes(&bufs.status.download(dev, shape.batch * 4)?);
@@ -467,18 +526,33 @@ impl CudaSampler {
         let target_logprobs =
             if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
         let (lists, list_raws) = if lists { (plan.download_lists(shape.batch)?, plan.download_list_raws(shape.batch)?) } else { (None, None) };
-        let residual = if spec_period.is_some() { plan.download_residual_lists(shape.batch)? } else { None };
+        let residual = if matches!(spec, Some(SpecRun::Lists { .. })) { plan.download_residual_lists(shape.batch)? } else { None };
+        let decision = match seqs {
+            Some((seqs, k)) => {
+                let b = &bufs.spec;
+                let n = seqs * (k + 1);
+                let logprobs = if self.pipeline.outputs.logprob { Some(b.logprobs.download(dev, n * 4)?) } else { None };
+                Some((b.accepted.download(dev, seqs * 4)?, b.tokens.download(dev, n * 4)?, logprobs, b.status.download(dev, seqs * 4)?))
+            }
+            None => None,
+        };
         self.sync("flashsample_stage1 + flashsample_stage2 + flashsample_filter")?;
         let lists = lists.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
         let list_raws = list_raws.map(|bytes| from_bytes(&bytes));
         let residual = residual.map(|(layout, bytes)| (layout, from_bytes(&bytes)));
+        let decision = decision.map(|(accepted, tokens, logprobs, status)| Decision {
+            accepted: from_bytes(&accepted),
+            tokens: from_bytes(&tokens),
+            logprobs: logprobs.map(|l| from_bytes(&l)),
+            status: from_bytes(&status),
+        });
         drop(up);
         let status = status
             .iter()
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws, residual })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws, residual, decision })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.

@@ -35,6 +35,9 @@ pub(crate) struct LoadedKernel {
     pub stage2: CudaFunction,
     /// Stage three, for pipelines with lists.
     pub filter: Option<CudaFunction>,
+    /// The speculative decision and the drafts' spreading into targets, for verifying
+    /// pipelines.
+    pub decide: Option<DecideKernels>,
     /// Keeps the module (and so both functions) alive.
     _module: Arc<CudaModule>,
     /// Whether the PTX came from the disk cache (for tests and logs).
@@ -42,6 +45,12 @@ pub(crate) struct LoadedKernel {
     /// Stage-one CTAs one SM holds at once (the driver's occupancy calculator, with the
     /// config's dynamic shared memory): sizes persistent grids.
     pub stage1_per_sm: u32,
+}
+
+/// A verifying pipeline's `flashsample_decide` and `flashsample_spec_targets`.
+pub(crate) struct DecideKernels {
+    pub decide: CudaFunction,
+    pub targets: CudaFunction,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -190,7 +199,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
     if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
-        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, config) {
+        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, pipeline.verify.is_some(), config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }
@@ -201,7 +210,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false, compiled.filter.is_some(), config)?;
+            let k = load(device, text, false, compiled.filter.is_some(), compiled.decide.is_some(), config)?;
             if let Some(d) = dir {
                 write_cached(d, &key, text);
             }
@@ -259,10 +268,11 @@ fn write_cached(dir: &Path, key: &Key, text: &str) {
     }
 }
 
-/// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`).
+/// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`,
+/// the decision kernels iff `decide`).
 /// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
 /// its occupancy read with it.
-fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, config: &GpuConfig) -> Result<LoadedKernel> {
+fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: bool, config: &GpuConfig) -> Result<LoadedKernel> {
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
@@ -277,6 +287,14 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, config: 
     let stage2 = module.load_function(ptx::STAGE2).map_err(drv("cuModuleGetFunction(flashsample_stage2)"))?;
     let filter = if filter {
         Some(module.load_function(ptx::FILTER).map_err(drv("cuModuleGetFunction(flashsample_filter)"))?)
+    } else {
+        None
+    };
+    let decide = if decide {
+        Some(DecideKernels {
+            decide: module.load_function(ptx::DECIDE).map_err(drv("cuModuleGetFunction(flashsample_decide)"))?,
+            targets: module.load_function(ptx::SPEC_TARGETS).map_err(drv("cuModuleGetFunction(flashsample_spec_targets)"))?,
+        })
     } else {
         None
     };
@@ -295,7 +313,7 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, config: 
             config.block_threads()
         )));
     }
-    Ok(LoadedKernel { stage1, stage2, filter, _module: module, from_disk, stage1_per_sm })
+    Ok(LoadedKernel { stage1, stage2, filter, decide, _module: module, from_disk, stage1_per_sm })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

@@ -21,6 +21,10 @@ pub mod elementwise;
 mod runtime_kernels;
 mod backend;
 mod cache;
+#[cfg(test)]
+mod decide_sim;
+#[cfg(test)]
+mod ir_sim;
 mod device;
 mod plan;
 mod ptx;
@@ -34,4 +38,4 @@ pub use backend::CudaSampler;
 pub use cache::cache_dir;
 pub use device::{CudaDevice, DeviceTensor};
 pub(crate) use device::drv;
-pub use plan::SamplingPlan;
+pub use plan::{DeviceDrafts, SamplingPlan, VerifyOutputs};

@@ -24,9 +24,12 @@ use crate::launch::{check_shape, row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
-use flashsample_codegen_ptx::{FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args};
+use flashsample_codegen_ptx::{DecideArgs, FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args, DECIDE_THREADS};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
+
+mod device_verify;
+pub use device_verify::{DeviceDrafts, VerifyOutputs};
 
 /// A launch's raw logsumexp partials as tests read them back: the candidate layout, the
 /// `[B, tiles]` partials and the `[B]` raw row logsumexps stage two reduced from them.
@@ -74,6 +77,17 @@ struct Scratch {
     residual_lists: Option<CudaSlice<u8>>,
     /// The raw logprob mode's buffers (`Pipeline::needs_raw_logsumexp`).
     raw: Option<RawScratch>,
+    /// A verifying pipeline's device-API buffers.
+    spec: Option<SpecScratch>,
+}
+
+/// What a verifying pipeline's device launch keeps per row (`[max_batch]` each): the drafts
+/// spread over the rows as stage one's targets, the draft logits stage one captures there,
+/// and each row's token (a draft row's argmax, a bonus row's sample).
+struct SpecScratch {
+    targets: CudaSlice<u8>,
+    draft_logits: CudaSlice<u8>,
+    row_tokens: CudaSlice<u8>,
 }
 
 /// What the raw logprob mode adds to a plan's scratch (DESIGN.md step 10), per chunk like the
@@ -124,6 +138,29 @@ pub(crate) struct Args {
     /// Stage one's `spec_period` (`k + 1` of a verifying launch; 0: every row keeps residual
     /// lists), unread without `verify`.
     pub spec_period: u32,
+    /// The decision on the device, enqueued after stage three (a verifying launch).
+    pub decide: Option<DecideLaunch>,
+}
+
+/// A verifying launch's decision kernel (`flashsample_decide`): the drafts and where each
+/// sequence's outcome goes (device addresses; 0 = absent where optional). The rows are the
+/// launch's: `status`, `tokens` and the target capture (`target_logprobs`, the draft logits).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecideLaunch {
+    /// Drafts per sequence.
+    pub k: u32,
+    /// `u32 [S·k]`.
+    pub drafts: u64,
+    /// `f32 [S·k, V]` or 0 (greedy drafts).
+    pub draft_probs: u64,
+    /// `u32 [S]`.
+    pub accepted: u64,
+    /// `u32 [S, k + 1]`.
+    pub tokens: u64,
+    /// `f32 [S, k + 1]` or 0.
+    pub logprobs: u64,
+    /// `u32 [S]` `SpecStatus` codes.
+    pub status: u64,
 }
 
 /// Points between a launch's kernels, for the benchmarks' events.
@@ -237,6 +274,11 @@ impl SamplingPlan {
                 None
             },
             residual_lists: if residual_per_tile > 0 { Some(alloc(chunk * tiles * residual_per_tile * std::mem::size_of::<Candidate>())?) } else { None },
+            spec: if pipeline.verify.is_some() {
+                Some(SpecScratch { targets: alloc(max_batch * 4)?, draft_logits: alloc(max_batch * 4)?, row_tokens: alloc(max_batch * 4)? })
+            } else {
+                None
+            },
         };
         let aux = device.aux_kernels()?;
         Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
@@ -271,12 +313,14 @@ impl SamplingPlan {
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
         let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds, &sc.residual_lists];
+        let spec = sc.spec.as_ref().map_or(0, |s| s.targets.len() + s.draft_logits.len() + s.row_tokens.len());
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
         });
         [&sc.candidates, &sc.tmaps, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
             + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
             + raw
+            + spec
     }
 
     /// The list capacity a `NucleusTooLarge` row outgrew.
@@ -302,6 +346,10 @@ impl SamplingPlan {
     /// host-side checks (shapes, dtypes, missing buffers) and driver launch failures; what
     /// only the kernels know lands in `outputs.status`.
     pub fn launch(&self, stream: &CudaStream, inputs: DeviceInputs<'_>, outputs: DeviceOutputs<'_>) -> Result<()> {
+        if self.pipeline.verify.is_some() {
+            // Its stage one would take every row for a draft row: it only verifies.
+            return Err(Error::Unsupported(format!("pipeline `{}` verifies drafts: launch it with `launch_verify`", self.pipeline.name)));
+        }
         let args = self.resolve(&inputs, &outputs)?;
         self.enqueue(stream, &args, &mut |_| Ok(()))
         // `inputs` and `outputs` drop here, after the kernels are queued: their cudarc events
@@ -421,6 +469,7 @@ impl SamplingPlan {
             logprobs,
             top,
             spec_period: 0,
+            decide: None,
         })
     }
 
@@ -452,6 +501,11 @@ impl SamplingPlan {
         Ok(StageTwo { batch, samples: self.pipeline.samples_per_row() as usize, tiles: self.geometry(k, batch).tiles })
     }
 
+    /// A scratch buffer's address outside a launch (the device API's checks).
+    fn device_address(&self, s: &CudaSlice<u8>) -> u64 {
+        self.addr(s, self.device.stream())
+    }
+
     fn addr(&self, s: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
         // The device's context does not track events (CudaDevice::open): the guard records nothing.
         s.device_ptr(stream).0
@@ -468,6 +522,13 @@ impl SamplingPlan {
     pub(crate) fn enqueue(&self, stream: &CudaStream, a: &Args, at: &mut dyn FnMut(Boundary) -> Result<()>) -> Result<()> {
         if a.shape.batch <= self.chunk_rows {
             return self.enqueue_rows(stream, a, a.row_offset, at);
+        }
+        if a.decide.is_some() {
+            // The decision reads every row's residual lists from the scratch of one chunk.
+            return Err(Error::Shape(format!(
+                "a verifying launch of {} rows: the plan runs more than {} rows in chunks, and the decision reads the residual lists of the whole launch",
+                a.shape.batch, self.chunk_rows
+            )));
         }
         at(Boundary::Start)?;
         let mut first = 0;
@@ -656,6 +717,47 @@ impl SamplingPlan {
         }
         let n = batch * samples;
         self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, if reported_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
+        if let Some(d) = &a.decide {
+            let kernels = k.kernel.decide.as_ref().ok_or_else(|| Error::Cuda("a verifying pipeline's module has no flashsample_decide".into()))?;
+            let sequences = batch / (d.k + 1);
+            let args = DecideArgs {
+                status: a.status,
+                row_tokens: a.tokens,
+                row_logits: logits,
+                lse: row_lse,
+                draft_logits: a.target_logprobs,
+                residual_lists: sc.residual_lists.as_ref().map_or(0, |b| self.addr(b, stream)),
+                tiles,
+                per_tile: k.config.residual_per_tile,
+                drafts: d.drafts,
+                draft_probs: d.draft_probs,
+                vocab,
+                k: d.k,
+                sequences,
+                temperatures,
+                all_greedy: u32::from(self.pipeline.is_greedy()),
+                filters: a.filters,
+                seed: a.seed,
+                row_seeds: a.row_seeds,
+                row_steps: a.row_steps,
+                row_base,
+                vocab_offset: a.vocab_offset,
+                out_accepted: d.accepted,
+                out_tokens: d.tokens,
+                out_logprobs: d.logprobs,
+                out_status: d.status,
+            }
+            .args();
+            if sequences > 0 {
+                let cfg = LaunchConfig { grid_dim: (sequences, 1, 1), block_dim: (DECIDE_THREADS, 1, 1), shared_mem_bytes: 0 };
+                let mut b = stream.launch_builder(&kernels.decide);
+                push_args(&mut b, &args);
+                // SAFETY: the arguments are codegen's decision table in its order (`DecideArgs`);
+                // the row buffers are this launch's, the sequence buffers hold `S` and
+                // `S·(k + 1)` entries (the host API's own, or checked by `launch_verify`).
+                unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_decide)"))?;
+            }
+        }
         at(Boundary::End)
     }
 
@@ -915,6 +1017,7 @@ mod tests {
             logprobs: base(24),
             top: base(25),
             spec_period: 4,
+            decide: None,
         };
         let c = chunk_args(&p, dim, vocab, &a, first, 1000);
         let off = |ptr: u64, per_row: usize| ptr + (first * per_row) as u64;

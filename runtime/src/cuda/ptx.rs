@@ -72,3 +72,5 @@ pub(crate) fn compiler_version() -> &'static str {
 pub(crate) const STAGE1: &str = "flashsample_stage1";
 pub(crate) const STAGE2: &str = "flashsample_stage2";
 pub(crate) const FILTER: &str = "flashsample_filter";
+pub(crate) const DECIDE: &str = flashsample_codegen_ptx::DECIDE.kernel;
+pub(crate) const SPEC_TARGETS: &str = flashsample_codegen_ptx::SPEC_TARGETS.kernel;

@@ -1,42 +1,96 @@
-//! Speculative verification on CUDA (`Sampler::verify`, DESIGN.md "Speculative verification"):
-//! stages one to three of the `S·(k+1)` target rows on the GPU (draft rows keep residual lists
-//! and their draft logit), read back; then the per-sequence decisions on the host
-//! ([`crate::verify::decide`], the CPU backend's), recomputing a row the lists cannot serve by
-//! stage one of that row alone with whole-tile residual lists.
+//! Speculative verification on CUDA (`Sampler::verify`, DESIGN.md "Speculative verification").
+//! A launch whose rows have no active filter runs stages one to three and the decision
+//! (`flashsample_decide`) on the GPU and reads back only the rows' status and each sequence's
+//! outcome. A sequence the device leaves undecided (a residual bound that failed, a filtered
+//! draft row, a bonus row's nucleus past the lists) sends the launch down the host path:
+//! stages one to three again, their lists and residual lists read back, and the decisions on
+//! the host ([`crate::verify::decide`], the CPU backend's), recomputing a row the lists cannot
+//! serve by stage one of that row alone with whole-tile residual lists.
 
-use super::backend::CudaSampler;
+use super::backend::{CudaSampler, SpecRun};
 use crate::launch::Shape;
 use crate::tensor::Storage;
-use crate::verify::{decide, draft_targets, DraftProbs, whole_row_entries, Verified, VerifyRun};
+use crate::verify::{decide, draft_targets, sequence_failure, whole_row_entries, DraftProbs, Verified, VerifyRun};
 use crate::{stage_three, Error, Result, Tensor};
+use flashsample_abi::speculative::SpecStatus;
 use flashsample_abi::{RowStatus, SamplingParams, Scored};
 use flashsample_codegen_ptx::GpuConfig;
 
 impl CudaSampler {
     /// Verifies `params.drafts` against the rows of `hidden` (`Sampler::verify` checked the
-    /// operands and parameters). A launch must run whole (not in row chunks: the residual lists
-    /// are read back), else `Error::Shape`.
+    /// operands and parameters). A launch must run whole (not in row chunks: the decision
+    /// reads every row's residual lists), else `Error::Shape`.
     pub(crate) fn verify(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Verified> {
-        let pipeline = self.pipeline();
         let (k, targets) = draft_targets(params, shape.batch)?;
         let inner = SamplingParams { targets: Some(&targets), drafts: None, draft_probs: None, ..*params };
-        let lse = self.launch_lse(&inner, shape.batch);
+        let filtered = params.filter.is_some_and(|f| f.iter().any(|f| !f.is_off()));
+        if !filtered {
+            let drafts = params.drafts.unwrap_or(&[]);
+            if let Some(v) = self.verify_on_device(hidden, weights, &inner, shape, config, k, SpecRun::Decide { k, drafts, probs: params.draft_probs })? {
+                return Ok(v);
+            }
+        }
+        self.verify_on_host(hidden, weights, params, &inner, shape, config, k)
+    }
+
+    /// The decision on the device: `None` when a sequence needs the host path.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_on_device(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, inner: &SamplingParams<'_>, shape: Shape, config: &GpuConfig, k: usize, spec: SpecRun<'_>) -> Result<Option<Verified>> {
+        let pipeline = self.pipeline();
+        let lse = self.launch_lse(inner, shape.batch);
+        let config = config.for_shape(shape.dim, shape.vocab);
+        let need = pipeline.list_capacity();
+        let r = self.sample_once(hidden, weights, inner, shape, &config, need, lse, false, Some(spec))?;
+        // Overflowing lists and nuclei past them are served by the host path's reruns.
+        if r.status.iter().any(|s| matches!(s, RowStatus::ListOverflow | RowStatus::NucleusTooLarge)) {
+            return Ok(None);
+        }
+        let d = r.decision.ok_or_else(|| Error::Cuda("a verifying launch read back no decision".into()))?;
+        let capacity = need as usize;
+        let mut errors = vec![None; d.status.len()];
+        for (i, &code) in d.status.iter().enumerate() {
+            match SpecStatus::from_code(code) {
+                Some(SpecStatus::Ok) => {}
+                Some(SpecStatus::RowFailed) => {
+                    let rows = i * (k + 1)..(i + 1) * (k + 1);
+                    let e = sequence_failure(&r.status, rows, k, capacity).ok_or_else(|| Error::Cuda(format!("sequence {i} failed with no failed row")))?;
+                    errors[i] = Some(e);
+                }
+                Some(SpecStatus::Filtered | SpecStatus::Recompute) => return Ok(None),
+                None => return Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {i}"))),
+            }
+        }
+        Ok(Some(Verified {
+            k,
+            accepted: d.accepted.iter().map(|&a| a as usize).collect(),
+            tokens: d.tokens,
+            logprobs: d.logprobs,
+            errors,
+            recomputed_rows: 0,
+        }))
+    }
+
+    /// The decisions on the host from read-back lists (see the module docs).
+    #[allow(clippy::too_many_arguments)]
+    fn verify_on_host(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, inner: &SamplingParams<'_>, shape: Shape, config: &GpuConfig, k: usize) -> Result<Verified> {
+        let pipeline = self.pipeline();
+        let lse = self.launch_lse(inner, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
         let need = pipeline.list_capacity();
-        let period = Some((k + 1) as u32);
-        let mut r = self.sample_once(hidden, weights, &inner, shape, &config, need, lse, need > 0, period)?;
+        let spec = Some(SpecRun::Lists { period: (k + 1) as u32 });
+        let mut r = self.sample_once(hidden, weights, inner, shape, &config, need, lse, need > 0, spec)?;
         if r.status.contains(&RowStatus::ListOverflow) {
             let exact = config.exact_lists(need);
             // As `sample`: whole-tile lists never overflow, so this reruns at most once.
             if exact.list_per_tile > config.list_per_tile {
                 config = exact;
-                r = self.sample_once(hidden, weights, &inner, shape, &config, need, lse, true, period)?;
+                r = self.sample_once(hidden, weights, inner, shape, &config, need, lse, true, spec)?;
             }
         }
         // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
         let bonus: Vec<usize> = stage_three::nucleus_rows(&r.status).into_iter().filter(|&row| row % (k + 1) == k).collect();
         if !bonus.is_empty() {
-            self.serve_exact(hidden, weights, &inner, shape, &config, &bonus, &mut r)?;
+            self.serve_exact(hidden, weights, inner, shape, &config, &bonus, &mut r)?;
         }
         let missing = |what: &str| Error::Cuda(format!("a verifying launch read back no {what}"));
         let (res_layout, res_lists) = r.residual.as_ref().ok_or_else(|| missing("residual lists"))?;
@@ -55,10 +109,10 @@ impl CudaSampler {
             let subset = inner.select_rows(&[row], shape.vocab);
             let sub = subset.params();
             let sub_shape = Shape { batch: 1, ..shape };
-            let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, need, lse, false, Some(0))?;
+            let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, need, lse, false, Some(SpecRun::Lists { period: 0 }))?;
             let (_, lists) = one.residual.ok_or_else(|| missing("whole-tile residual lists"))?;
             Ok(whole_row_entries(&lists))
         };
-        decide(pipeline, &inner, &DraftProbs::of(params, shape.vocab), k, &run, &mut whole_row_of)
+        decide(pipeline, inner, &DraftProbs::of(params, shape.vocab), k, &run, &mut whole_row_of)
     }
 }

@@ -1,13 +1,18 @@
 //! Speculative verification on the GPU (`Sampler::verify` on CUDA, DESIGN.md "Speculative
-//! verification"): stage one's residual lists and draft logits, read back and decided on the
-//! host, pathwise the float64 reference and the CPU backend (greedy and sampled drafts, with
-//! and without a filter, k = 0, 1, 3, 7), the recompute of rows whose residual bound fails,
-//! and the device API's typed refusal.
+//! verification"): the decision on the device (and, for filtered rows, on the host from the
+//! read-back lists) pathwise the float64 reference and the CPU backend (greedy and sampled
+//! drafts, with and without a filter, k = 0, 1, 3, 7), the recompute of rows whose residual
+//! bound fails, the device API's decision equal to the host API's, its typed refusals, and a
+//! verify captured into a CUDA graph.
 
 use super::gpu;
-use flashsample::{Device, Error, Sampler};
-use flashsample_abi::speculative::DraftKind;
-use flashsample_tests::spec::{VERIFIERS, close_drafts, compare, most_likely_every_other, random_drafts, verifier};
+use flashsample::cuda::SamplingPlan;
+use flashsample::{Device, Error, ParamError, Sampler, SamplingParams};
+use flashsample_abi::speculative::{DraftKind, SequenceError, SpecError};
+use flashsample_abi::{ListError, RowStatus, RowStatusError, INDEX_NONE};
+use flashsample_ir::{DType, PipelineBuilder};
+use flashsample_tests::gpu::{addr, DeviceCase, DeviceVerify, ToyKernels, VerifyResults};
+use flashsample_tests::spec::{VERIFIERS, case_drafts, close_drafts, compare, random_drafts, verifier};
 use flashsample_tests::Case;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -22,11 +27,7 @@ fn gpu_verification_is_pathwise_the_reference_and_the_cpu() {
         let cpu_sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
         for (k, seqs, vocab, dim, seed) in [(3, 12, 5003, 64, 1), (1, 20, 1201, 32, 2), (0, 6, 300, 32, 3), (7, 4, 32_000, 128, 4), (3, 16, 151_936, 64, 5)] {
             let case = Case::random(&p, seqs * (k + 1), dim, vocab, seed, 4.0);
-            let mut rng = StdRng::seed_from_u64(seed + 100);
-            let (mut drafts, q) = random_drafts(&mut rng, seqs * k, vocab);
-            if kind == DraftKind::Greedy {
-                most_likely_every_other(&p, &case, k, &mut drafts, &q);
-            }
+            let (drafts, q) = case_drafts(&p, &case, k, seed);
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
             let on_gpu = compare(&gpu_sampler, &p, &case, k, &drafts, q);
             let on_cpu = compare(&cpu_sampler, &p, &case, k, &drafts, q);
@@ -58,16 +59,164 @@ fn a_failed_residual_bound_recomputes_the_row_on_the_gpu() {
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
 }
 
-/// The device API has no decision kernel yet: a verifying pipeline's plan is a typed refusal,
-/// never a plan that would sample draft rows.
+/// One verifying device launch (`SamplingPlan::launch_verify`) of `case` with `params` on a
+/// fresh caller stream: the plan and what it wrote.
+fn device_verify(sampler: &Sampler, case: &Case, params: &SamplingParams<'_>, k: usize) -> (SamplingPlan, VerifyResults) {
+    let cuda = sampler.cuda().expect("a CUDA sampler");
+    let dev = cuda.device().clone();
+    let p = sampler.pipeline();
+    let seqs = case.batch / (k + 1);
+    let plan = cuda.plan(case.batch, case.dim, case.vocab).expect("a verifying plan");
+    let inputs = DeviceCase::upload(&dev, p, case, params);
+    let mut spec = DeviceVerify::new(&dev, p, seqs, k, params.drafts.unwrap_or(&[]), params.draft_probs);
+    let stream = dev.context().new_stream().expect("a caller stream");
+    let (drafts, outputs) = spec.args(&stream);
+    plan.launch_verify(&stream, inputs.inputs(&stream), drafts, outputs).expect("device verify");
+    let got = spec.read(&stream);
+    (plan, got)
+}
+
+/// The device API's decision (`flashsample_decide`, read back by the caller) equals the host
+/// API's `Verified` sequence for sequence, which is pathwise the reference: accepted counts,
+/// tokens, logprobs (bit for bit), for greedy and sampled drafts, k = 0, 3, 7. A filtered
+/// draft row it reaches is `SpecStatus::Filtered`, a failed residual bound `Recompute`.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn the_device_api_refuses_verifying_pipelines() {
+fn the_device_api_decides_as_the_host_api() {
     let (device, _) = gpu();
-    let p = verifier(DraftKind::Greedy, false, false);
+    let mut decided = 0;
+    for (kind, filtered, penalties) in VERIFIERS {
+        let p = verifier(kind, filtered, penalties);
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        // k = 1 runs through `gpu_verification_is_pathwise_the_reference_and_the_cpu` (the host API).
+        for (k, seqs, vocab, dim, seed) in [(0, 5, 300, 32, 3), (3, 8, 5003, 64, 1), (7, 3, 32_000, 128, 4)] {
+            let case = Case::random(&p, seqs * (k + 1), dim, vocab, seed, 4.0);
+            let (drafts, q) = case_drafts(&p, &case, k, seed);
+            let q = (kind == DraftKind::Sampled).then_some(&q[..]);
+            let host = compare(&sampler, &p, &case, k, &drafts, q);
+            let params = SamplingParams { drafts: Some(&drafts), draft_probs: q, ..case.params(&p) };
+            let (plan, got) = device_verify(&sampler, &case, &params, k);
+            let what = format!("{kind:?} filtered {filtered} k {k} V {vocab}");
+            // Only a filter's nucleus can outgrow the lists (the host API serves such rows).
+            let nucleus = RowStatus::NucleusTooLarge.code();
+            assert!(got.row_status.iter().all(|&st| st == 0 || (filtered && st == nucleus)), "{what}: {:?}", got.row_status);
+            let errors = plan.sequence_errors(&got.status, &got.row_status).unwrap();
+            let mut recomputed = 0;
+            for (i, e) in errors.iter().enumerate() {
+                let span = i * (k + 1)..(i + 1) * (k + 1);
+                match e {
+                    None => {
+                        decided += 1;
+                        assert_eq!(got.accepted[i] as usize, host.accepted[i], "{what}: sequence {i}");
+                        assert_eq!(&got.tokens[span.clone()], &host.tokens[span.clone()], "{what}: sequence {i}");
+                        let (lg, lh) = (&got.logprobs.as_ref().unwrap()[span.clone()], &host.logprobs.as_ref().unwrap()[span]);
+                        assert!(lg.iter().zip(lh).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())), "{what}: {lg:?} {lh:?}");
+                    }
+                    Some(SequenceError::Filtered { .. }) => assert!(filtered, "{what}: an unfiltered sequence {i} reported a filter"),
+                    Some(SequenceError::Row { error: RowStatusError::List(ListError::NucleusTooLarge { .. }), .. }) if filtered => {}
+                    Some(SequenceError::Recompute { .. }) => {
+                        recomputed += 1;
+                        assert!(got.tokens[span].iter().all(|&t| t == INDEX_NONE), "{what}: an undecided sequence carries tokens");
+                    }
+                    Some(e) => panic!("{what}: {e}"),
+                }
+            }
+            if !filtered {
+                // Drafts far from the target: the residual lists serve nearly every rejection.
+                assert!(recomputed * 4 <= seqs, "{what}: {recomputed} of {seqs} sequences need a recompute");
+            }
+        }
+    }
+    assert!(decided > 25, "only {decided} sequences were decided on the device");
+}
+
+/// The device API's typed refusals: a verifying launch's drafts, distributions and outputs
+/// are checked on the host and named; a verifying pipeline does not `launch`, a plain one does
+/// not `launch_verify`, and `Sampler::sample` refuses a verifying pipeline.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_device_api_checks_verify_arguments() {
+    let (device, dev) = gpu();
+    let p = verifier(DraftKind::Sampled, false, false);
     let sampler = Sampler::new(p.clone(), &device).unwrap();
-    assert!(matches!(sampler.cuda().unwrap().plan(8, 64, 1000), Err(Error::Unsupported(_))));
-    // A verifying pipeline does not sample on CUDA either.
-    let case = Case::random(&p, 4, 64, 1000, 1, 1.0);
+    let (k, seqs, vocab) = (2, 3, 1000);
+    let case = Case::random(&p, seqs * (k + 1), 64, vocab, 1, 1.0);
+    let (drafts, q) = random_drafts(&mut StdRng::seed_from_u64(2), seqs * k, vocab);
+    let params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..case.params(&p) };
+    let plan = sampler.cuda().unwrap().plan(case.batch, 64, vocab).unwrap();
+    let inputs = DeviceCase::upload(&dev, &p, &case, &params);
+    let stream = dev.context().new_stream().unwrap();
+    let attempt = |drafts: &[u32], probs: Option<&[f32]>, logprobs: bool| {
+        let mut spec = DeviceVerify::new(&dev, &p, seqs, k, drafts, probs);
+        if !logprobs {
+            spec.logprobs = None;
+        }
+        let (drafts, outputs) = spec.args(&stream);
+        plan.launch_verify(&stream, inputs.inputs(&stream), drafts, outputs)
+    };
+    attempt(&drafts, Some(&q), true).expect("the well-formed launch");
+    let e = attempt(&drafts[1..], Some(&q), true).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Draft(SpecError::Sequences { .. }))), "{e}");
+    let e = attempt(&drafts, None, true).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Missing("draft distributions"))), "{e}");
+    let e = attempt(&drafts, Some(&q[..q.len() - 1]), true).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Length { what: "draft distributions", .. })), "{e}");
+    let e = attempt(&drafts, Some(&q), false).unwrap_err();
+    assert!(matches!(e, Error::Param(ParamError::Missing("verify logprobs output"))), "{e}");
+    // A verifying pipeline's plan does not sample, and the host API does not either.
+    let mut out = flashsample_tests::gpu::DeviceResults::alloc(&dev, &p, case.batch);
+    assert!(matches!(plan.launch(&stream, inputs.inputs(&stream), out.outputs(&stream)), Err(Error::Unsupported(_))));
     assert!(matches!(sampler.sample(case.hidden.tensor(), case.weights.tensor(), &case.params(&p)), Err(Error::Unsupported(_))));
+    // A plain pipeline's plan does not verify.
+    let plain = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed").gumbel("seed", 1).build().unwrap();
+    let plain_plan = Sampler::new(plain.clone(), &device).unwrap().cuda().unwrap().plan(case.batch, 64, vocab).unwrap();
+    let plain_inputs = DeviceCase::upload(&dev, &plain, &case, &case.params(&plain));
+    let mut spec = DeviceVerify::new(&dev, &plain, seqs, k, &drafts, None);
+    let (drafts, outputs) = spec.args(&stream);
+    let e = plain_plan.launch_verify(&stream, plain_inputs.inputs(&stream), drafts, outputs).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e}");
+}
+
+/// A verifying device launch captured into a CUDA graph replays while a device kernel
+/// advances the rows' steps: every replay equals the host API at that step.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_captured_verify_replays_with_fresh_steps() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let (device, dev) = gpu();
+    let p = verifier(DraftKind::Sampled, false, false);
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let (k, seqs, vocab, dim) = (3, 6, 5003, 64);
+    let case = Case::random(&p, seqs * (k + 1), dim, vocab, 7, 4.0);
+    let (drafts, q) = random_drafts(&mut StdRng::seed_from_u64(8), seqs * k, vocab);
+    let zeros = vec![0u32; case.batch];
+    let params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), row_steps: Some(&zeros), ..case.params(&p) };
+    let plan = sampler.cuda().unwrap().plan(case.batch, dim, vocab).unwrap();
+    let inputs = DeviceCase::upload(&dev, &p, &case, &params);
+    let mut spec = DeviceVerify::new(&dev, &p, seqs, k, &drafts, Some(&q));
+    let kernels = ToyKernels::load(&dev);
+    let stream = dev.context().new_stream().unwrap();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    {
+        let (drafts, outputs) = spec.args(&stream);
+        plan.launch_verify(&stream, inputs.inputs(&stream), drafts, outputs).unwrap();
+        let steps = inputs.row_steps.as_ref().expect("row steps");
+        kernels.advance(&stream, addr(steps, &stream), case.batch);
+    }
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+    let mut distinct = std::collections::HashSet::new();
+    for replay in 0..6u32 {
+        graph.launch().unwrap();
+        let got = spec.read(&stream);
+        let steps = vec![replay; case.batch];
+        let host = sampler.verify(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { row_steps: Some(&steps), ..params }).unwrap();
+        let errors = plan.sequence_errors(&got.status, &got.row_status).unwrap();
+        for (i, e) in errors.iter().enumerate().filter(|(_, e)| e.is_none()) {
+            let span = i * (k + 1)..(i + 1) * (k + 1);
+            assert_eq!((got.accepted[i] as usize, &got.tokens[span.clone()]), (host.accepted[i], &host.tokens[span]), "replay {replay}, sequence {i}: {e:?}");
+        }
+        assert!(errors.iter().filter(|e| e.is_none()).count() * 2 > seqs, "replay {replay}: {errors:?}");
+        distinct.insert(got.tokens);
+    }
+    assert!(distinct.len() > 3, "6 replays gave {} distinct outcomes: the step does not reach the decision", distinct.len());
 }

@@ -1,0 +1,620 @@
+//! Tests' LLVM IR interpreter for the small kernels codegen emits (`flashsample_decide` and
+//! the helpers it calls): a parsed function runs one CTA at a time, its threads in lockstep at
+//! barriers and warp shuffles, every `.rn` intrinsic as the IEEE operation it is, global and
+//! shared memory as byte buffers. No GPU needed.
+
+use flashsample_codegen_ptx::DECIDE_THREADS;
+use std::collections::HashMap;
+
+/// A value's type, as far as the interpreter needs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ty {
+    I1,
+    I32,
+    I64,
+    F32,
+    F64,
+    Ptr,
+    Agg,
+}
+
+fn ty_of(s: &str) -> Ty {
+    match s {
+        "i1" => Ty::I1,
+        "i8" => Ty::I32,
+        "i32" => Ty::I32,
+        "i64" => Ty::I64,
+        "float" => Ty::F32,
+        "double" => Ty::F64,
+        "void" => Ty::Agg,
+        s if s.starts_with("ptr") => Ty::Ptr,
+        s if s.starts_with('{') => Ty::Agg,
+        other => panic!("type {other}"),
+    }
+}
+
+/// Bytes of a `getelementptr` element or a memory access.
+fn size_of(s: &str) -> u64 {
+    match s {
+        "i8" => 1,
+        "i1" => 1,
+        "i32" | "float" => 4,
+        "i64" | "double" => 8,
+        other => panic!("size of {other}"),
+    }
+}
+
+fn mask(v: u64, ty: Ty) -> u64 {
+    match ty {
+        Ty::I1 => v & 1,
+        Ty::I32 | Ty::F32 => v & 0xffff_ffff,
+        _ => v,
+    }
+}
+
+fn sext(v: u64, ty: Ty) -> i64 {
+    match ty {
+        Ty::I1 => -((v & 1) as i64),
+        Ty::I32 => v as u32 as i32 as i64,
+        _ => v as i64,
+    }
+}
+
+/// A scalar (in word 0) or an aggregate of up to four words.
+type Word = [u64; 4];
+
+#[derive(Clone, Copy, Debug)]
+enum Val {
+    Reg(usize),
+    Imm(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Intr {
+    AddD,
+    MulD,
+    DivD,
+    AddF,
+    FabsD,
+    FptosiSat,
+    RoundevenD,
+    Tid,
+    Ctaid,
+    Shfl,
+}
+
+#[derive(Debug)]
+enum Inst {
+    Bin { d: usize, op: String, ty: Ty, a: Val, b: Val },
+    Cast { d: usize, op: String, from: Ty, to: Ty, a: Val },
+    Cmp { d: usize, pred: String, ty: Ty, a: Val, b: Val },
+    Select { d: usize, c: Val, a: Val, b: Val },
+    Fneg { d: usize, ty: Ty, a: Val },
+    Alloca { d: usize },
+    Load { d: usize, bytes: u64, p: Val },
+    Store { bytes: u64, v: Val, p: Val },
+    Gep { d: usize, size: u64, p: Val, idx: Val, idx_ty: Ty },
+    Extract { d: usize, agg: Val, i: usize },
+    Insert { d: usize, agg: Option<Val>, v: Val, i: usize },
+    Intrinsic { d: usize, which: Intr, args: Vec<Val> },
+    Call { d: Option<usize>, callee: String, args: Vec<Val> },
+    Barrier,
+    Br(usize),
+    CondBr(Val, usize, usize),
+    Ret(Option<Val>),
+}
+
+/// A parsed function: its parameters (registers `0..params.len()`) and blocks.
+pub(super) struct Function {
+    pub(super) params: Vec<String>,
+    regs: usize,
+    blocks: Vec<Vec<Inst>>,
+}
+
+/// Splits a leading type (`ptr addrspace(1)`, `{ i32, … }` or one word) off `s`.
+fn split_ty(s: &str) -> (&str, &str) {
+    let s = s.trim_start();
+    let end = if s.starts_with('{') {
+        s.find('}').unwrap() + 1
+    } else if s.starts_with("ptr addrspace(") {
+        s.find(')').unwrap() + 1
+    } else {
+        s.find(' ').unwrap_or(s.len())
+    };
+    (&s[..end], s[end..].trim_start())
+}
+
+/// Parses one function's text.
+struct Parser<'a> {
+    regs: HashMap<String, usize>,
+    labels: HashMap<String, usize>,
+    globals: &'a HashMap<String, u64>,
+}
+
+impl Parser<'_> {
+    fn reg(&mut self, name: &str) -> usize {
+        let n = self.regs.len();
+        *self.regs.entry(name.to_string()).or_insert(n)
+    }
+
+    fn val(&mut self, text: &str, ty: Ty) -> Val {
+        let t = text.trim().trim_end_matches(',');
+        if t.starts_with('%') {
+            return Val::Reg(self.reg(t));
+        }
+        if let Some(&a) = self.globals.get(t) {
+            return Val::Imm(a);
+        }
+        let bits = match (t, ty) {
+            ("null" | "undef", _) => 0,
+            ("true", _) => 1,
+            ("false", _) => 0,
+            (t, Ty::F32) => {
+                let v = match t.strip_prefix("0x") {
+                    Some(h) => f64::from_bits(u64::from_str_radix(h, 16).unwrap()),
+                    None => t.parse().unwrap(),
+                };
+                u64::from((v as f32).to_bits())
+            }
+            (t, Ty::F64) => match t.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).unwrap(),
+                None => t.parse::<f64>().unwrap().to_bits(),
+            },
+            (t, ty) => mask(t.parse::<i64>().unwrap_or_else(|_| panic!("operand {t}")) as u64, ty),
+        };
+        Val::Imm(bits)
+    }
+
+    /// `ty a` → the value.
+    fn typed(&mut self, s: &str) -> Val {
+        let (ty, v) = split_ty(s);
+        self.val(v, ty_of(ty))
+    }
+
+    fn label(&mut self, s: &str) -> usize {
+        let name = s.trim().trim_start_matches("label ").trim_start_matches('%');
+        let n = self.labels.len();
+        *self.labels.entry(name.to_string()).or_insert(n)
+    }
+
+    fn inst(&mut self, line: &str) -> Inst {
+        if line.starts_with("call void asm sideeffect \"bar.sync 0;\"") {
+            return Inst::Barrier;
+        }
+        if let Some(rest) = line.strip_prefix("store ") {
+            let (ty, rest) = split_ty(rest);
+            let (v, p) = rest.split_once(", ").unwrap();
+            let v = self.val(v, ty_of(ty));
+            let (_, p) = split_ty(p);
+            let p = self.val(p.split(',').next().unwrap(), Ty::Ptr);
+            return Inst::Store { bytes: size_of(ty), v, p };
+        }
+        if let Some(rest) = line.strip_prefix("br ") {
+            return match rest.strip_prefix("i1 ") {
+                Some(c) => {
+                    let parts: Vec<&str> = c.split(", ").collect();
+                    let c = self.val(parts[0], Ty::I1);
+                    Inst::CondBr(c, self.label(parts[1]), self.label(parts[2]))
+                }
+                None => Inst::Br(self.label(rest)),
+            };
+        }
+        if let Some(rest) = line.strip_prefix("ret ") {
+            return if rest == "void" { Inst::Ret(None) } else { Inst::Ret(Some(self.typed(rest))) };
+        }
+        let (dst, rhs) = line.split_once(" = ").unwrap_or_else(|| panic!("{line}"));
+        let d = self.reg(dst);
+        let (op, rest) = rhs.split_once(' ').unwrap();
+        match op {
+            "alloca" => Inst::Alloca { d },
+            "load" => {
+                let (ty, rest) = rest.split_once(", ").unwrap();
+                let (_, p) = split_ty(rest);
+                let p = self.val(p.split(',').next().unwrap(), Ty::Ptr);
+                Inst::Load { d, bytes: size_of(ty), p }
+            }
+            "getelementptr" => {
+                let (elem, rest) = rest.split_once(", ").unwrap();
+                let (_, rest) = split_ty(rest);
+                let (p, idx) = rest.split_once(", ").unwrap();
+                let p = self.val(p, Ty::Ptr);
+                let (idx_ty, idx) = split_ty(idx);
+                let idx_ty = ty_of(idx_ty);
+                Inst::Gep { d, size: size_of(elem), p, idx: self.val(idx, idx_ty), idx_ty }
+            }
+            "extractvalue" => {
+                let (_, rest) = split_ty(rest);
+                let (agg, i) = rest.split_once(", ").unwrap();
+                Inst::Extract { d, agg: self.val(agg, Ty::Agg), i: i.parse().unwrap() }
+            }
+            "insertvalue" => {
+                let (_, rest) = split_ty(rest);
+                let parts: Vec<&str> = rest.split(", ").collect();
+                let agg = (parts[0] != "undef").then(|| self.val(parts[0], Ty::Agg));
+                Inst::Insert { d, agg, v: self.typed(parts[1]), i: parts[2].parse().unwrap() }
+            }
+            "select" => {
+                let parts: Vec<&str> = rest.split(", ").collect();
+                let c = self.typed(parts[0]);
+                Inst::Select { d, c, a: self.typed(parts[1]), b: self.typed(parts[2]) }
+            }
+            "fneg" => {
+                let (ty, a) = split_ty(rest);
+                let ty = ty_of(ty);
+                Inst::Fneg { d, ty, a: self.val(a, ty) }
+            }
+            "icmp" | "fcmp" => {
+                let (pred, rest) = rest.split_once(' ').unwrap();
+                let (ty, rest) = split_ty(rest);
+                let ty = ty_of(ty);
+                let (a, b) = rest.split_once(", ").unwrap();
+                Inst::Cmp { d, pred: pred.to_string(), ty, a: self.val(a, ty), b: self.val(b, ty) }
+            }
+            "call" => {
+                let at = rest.find('@').unwrap();
+                let (callee, args) = rest[at..].split_once('(').unwrap();
+                let args = args.strip_suffix(')').unwrap_or(args);
+                let args: Vec<Val> = if args.is_empty() { Vec::new() } else { args.split(", ").map(|a| self.typed(a)).collect() };
+                let which = match callee {
+                    "@llvm.nvvm.add.rn.d" => Some(Intr::AddD),
+                    "@llvm.nvvm.mul.rn.d" => Some(Intr::MulD),
+                    "@llvm.nvvm.div.rn.d" => Some(Intr::DivD),
+                    "@llvm.nvvm.add.rn.f" => Some(Intr::AddF),
+                    "@llvm.fabs.f64" => Some(Intr::FabsD),
+                    "@llvm.fptosi.sat.i64.f64" => Some(Intr::FptosiSat),
+                    "@llvm.roundeven.f64" => Some(Intr::RoundevenD),
+                    "@llvm.nvvm.read.ptx.sreg.tid.x" => Some(Intr::Tid),
+                    "@llvm.nvvm.read.ptx.sreg.ctaid.x" => Some(Intr::Ctaid),
+                    "@llvm.nvvm.shfl.sync.bfly.i32" => Some(Intr::Shfl),
+                    c if c.starts_with("@llvm") => panic!("intrinsic {c}"),
+                    _ => None,
+                };
+                match which {
+                    Some(which) => Inst::Intrinsic { d, which, args },
+                    None => Inst::Call { d: Some(d), callee: callee[1..].to_string(), args },
+                }
+            }
+            _ => {
+                if let Some((src, to)) = rest.split_once(" to ") {
+                    let (from, a) = split_ty(src);
+                    let from = ty_of(from);
+                    Inst::Cast { d, op: op.to_string(), from, to: ty_of(to), a: self.val(a, from) }
+                } else {
+                    let (ty, rest) = split_ty(rest);
+                    let ty = ty_of(ty);
+                    let (a, b) = rest.split_once(", ").unwrap();
+                    Inst::Bin { d, op: op.to_string(), ty, a: self.val(a, ty), b: self.val(b, ty) }
+                }
+            }
+        }
+    }
+}
+
+/// Where a parameter list (after its `(`) ends: the first `)` outside `addrspace(N)`.
+fn params_end(s: &str) -> usize {
+    let mut depth = 0;
+    for (j, ch) in s.char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' if depth == 0 => return j,
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// Parses function `name` of module `ir`.
+pub(super) fn parse(ir: &str, name: &str, globals: &HashMap<String, u64>) -> Function {
+    let start = ir.find(&format!("@{name}(")).and_then(|i| ir[..i].rfind("define ")).unwrap_or_else(|| panic!("{name}"));
+    let text = &ir[start..];
+    let text = &text[..text.find("\n}").unwrap()];
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    let open = header.find(&format!("@{name}(")).unwrap() + name.len() + 2;
+    let params_text = &header[open..open + params_end(&header[open..])];
+    let params: Vec<String> = params_text.split(", ").map(|p| p.split_whitespace().last().unwrap().to_string()).collect();
+    let mut parser = Parser { regs: HashMap::new(), labels: HashMap::new(), globals };
+    for p in &params {
+        parser.reg(p);
+    }
+    let mut blocks: Vec<(usize, Vec<Inst>)> = Vec::new();
+    for line in lines.map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(label) = line.strip_suffix(':') {
+            let id = parser.label(label);
+            blocks.push((id, Vec::new()));
+            continue;
+        }
+        let inst = parser.inst(line);
+        blocks.last_mut().unwrap().1.push(inst);
+    }
+    let mut ordered: Vec<Vec<Inst>> = (0..parser.labels.len()).map(|_| Vec::new()).collect();
+    for (id, insts) in blocks {
+        ordered[id] = insts;
+    }
+    Function { params, regs: parser.regs.len(), blocks: ordered }
+}
+
+/// Global and shared memory: buffer `id` at addresses `id << 40 ..`; allocas live per thread.
+pub(super) struct Memory {
+    pub(super) bufs: Vec<Vec<u8>>,
+}
+
+const LOCAL: u64 = 1 << 62;
+
+impl Memory {
+    pub(super) fn add(&mut self, bytes: Vec<u8>) -> u64 {
+        self.bufs.push(bytes);
+        (self.bufs.len() as u64) << 40
+    }
+    fn at(&mut self, addr: u64, bytes: u64) -> &mut [u8] {
+        let (id, off) = ((addr >> 40) as usize, (addr & ((1 << 40) - 1)) as usize);
+        assert!(id > 0, "null dereference");
+        &mut self.bufs[id - 1][off..off + bytes as usize]
+    }
+    pub(super) fn load(&mut self, addr: u64, bytes: u64) -> u64 {
+        let mut w = [0u8; 8];
+        w[..bytes as usize].copy_from_slice(self.at(addr, bytes));
+        u64::from_le_bytes(w)
+    }
+    fn store(&mut self, addr: u64, bytes: u64, v: u64) {
+        let b = v.to_le_bytes();
+        self.at(addr, bytes).copy_from_slice(&b[..bytes as usize]);
+    }
+}
+
+fn fd(b: u64) -> f64 {
+    f64::from_bits(b)
+}
+fn ff(b: u64) -> f32 {
+    f32::from_bits(b as u32)
+}
+
+/// Why a thread stopped.
+enum Stop {
+    Barrier,
+    Shuffle { d: usize, v: u64, lane_mask: u32 },
+    Done,
+}
+
+/// One thread of the kernel: its block, position, registers and allocas.
+struct Thread {
+    block: usize,
+    pc: usize,
+    regs: Vec<Word>,
+    locals: HashMap<u64, u64>,
+    next_local: u64,
+    tid: u64,
+    stop: Option<Stop>,
+}
+
+pub(super) struct Module {
+    pub(super) funcs: HashMap<String, Function>,
+}
+
+impl Module {
+    fn get(regs: &[Word], v: Val) -> u64 {
+        match v {
+            Val::Reg(r) => regs[r][0],
+            Val::Imm(b) => b,
+        }
+    }
+
+    /// Executes one non-control instruction (shared by the kernel and the helpers).
+    fn exec(&self, inst: &Inst, regs: &mut [Word], locals: &mut HashMap<u64, u64>, next_local: &mut u64, mem: &mut Memory, ids: (u64, u64)) {
+        let g = |regs: &[Word], v: Val| Self::get(regs, v);
+        match inst {
+            Inst::Bin { d, op, ty, a, b } => {
+                let (a, b) = (g(regs, *a), g(regs, *b));
+                let r = match op.as_str() {
+                    "add" => a.wrapping_add(b),
+                    "sub" => a.wrapping_sub(b),
+                    "mul" => a.wrapping_mul(b),
+                    "udiv" => a / b,
+                    "urem" => a % b,
+                    "and" => a & b,
+                    "or" => a | b,
+                    "xor" => a ^ b,
+                    "shl" => a << b,
+                    "lshr" => a >> b,
+                    "ashr" => (sext(a, *ty) >> b) as u64,
+                    other => panic!("{other}"),
+                };
+                regs[*d][0] = mask(r, *ty);
+            }
+            Inst::Cast { d, op, from, to, a } => {
+                let a = g(regs, *a);
+                regs[*d][0] = match op.as_str() {
+                    "zext" | "bitcast" => a,
+                    "trunc" => mask(a, *to),
+                    "sext" => mask(sext(a, *from) as u64, *to),
+                    "fpext" => (f64::from(ff(a))).to_bits(),
+                    "sitofp" if *to == Ty::F64 => (sext(a, *from) as f64).to_bits(),
+                    "uitofp" if *to == Ty::F64 => (a as f64).to_bits(),
+                    "sitofp" => u64::from((sext(a, *from) as f32).to_bits()),
+                    "uitofp" => u64::from((a as f32).to_bits()),
+                    other => panic!("cast {other}"),
+                };
+            }
+            Inst::Cmp { d, pred, ty, a, b } => {
+                let (a, b) = (g(regs, *a), g(regs, *b));
+                let (x, y) = match ty {
+                    Ty::F32 => (f64::from(ff(a)), f64::from(ff(b))),
+                    _ => (fd(a), fd(b)),
+                };
+                regs[*d][0] = u64::from(match pred.as_str() {
+                    "eq" => a == b,
+                    "ne" => a != b,
+                    "ult" => a < b,
+                    "ugt" => a > b,
+                    "sgt" => sext(a, *ty) > sext(b, *ty),
+                    "oeq" => x == y,
+                    "ogt" => x > y,
+                    "olt" => x < y,
+                    "oge" => x >= y,
+                    "ole" => x <= y,
+                    other => panic!("predicate {other}"),
+                });
+            }
+            Inst::Select { d, c, a, b } => {
+                regs[*d] = if g(regs, *c) & 1 == 1 { self.word(regs, *a) } else { self.word(regs, *b) };
+            }
+            Inst::Fneg { d, ty, a } => {
+                let a = g(regs, *a);
+                regs[*d][0] = if *ty == Ty::F32 { a ^ 0x8000_0000 } else { a ^ (1 << 63) };
+            }
+            Inst::Alloca { d } => {
+                *next_local += 8;
+                regs[*d][0] = LOCAL | *next_local;
+            }
+            Inst::Load { d, bytes, p } => {
+                let p = g(regs, *p);
+                regs[*d][0] = if p & LOCAL != 0 { locals.get(&p).copied().unwrap_or(0) } else { mem.load(p, *bytes) };
+            }
+            Inst::Store { bytes, v, p } => {
+                let (v, p) = (g(regs, *v), g(regs, *p));
+                if p & LOCAL != 0 {
+                    locals.insert(p, v);
+                } else {
+                    mem.store(p, *bytes, v);
+                }
+            }
+            Inst::Gep { d, size, p, idx, idx_ty } => {
+                let i = sext(g(regs, *idx), *idx_ty);
+                regs[*d][0] = g(regs, *p).wrapping_add((i * *size as i64) as u64);
+            }
+            Inst::Extract { d, agg, i } => {
+                let w = self.word(regs, *agg);
+                regs[*d][0] = w[*i];
+            }
+            Inst::Insert { d, agg, v, i } => {
+                let mut w = agg.map_or([0; 4], |a| self.word(regs, a));
+                w[*i] = g(regs, *v);
+                regs[*d] = w;
+            }
+            Inst::Intrinsic { d, which, args } => {
+                let a: Vec<u64> = args.iter().map(|v| g(regs, *v)).collect();
+                regs[*d][0] = match which {
+                    Intr::AddD => (fd(a[0]) + fd(a[1])).to_bits(),
+                    Intr::MulD => (fd(a[0]) * fd(a[1])).to_bits(),
+                    Intr::DivD => (fd(a[0]) / fd(a[1])).to_bits(),
+                    Intr::AddF => u64::from((ff(a[0]) + ff(a[1])).to_bits()),
+                    Intr::FabsD => fd(a[0]).abs().to_bits(),
+                    Intr::FptosiSat => (fd(a[0]) as i64) as u64,
+                    Intr::RoundevenD => fd(a[0]).round_ties_even().to_bits(),
+                    Intr::Tid => ids.0,
+                    Intr::Ctaid => ids.1,
+                    Intr::Shfl => unreachable!("shuffles synchronize the warp"),
+                };
+            }
+            Inst::Call { d, callee, args } => {
+                let a: Vec<Word> = args.iter().map(|v| self.word(regs, *v)).collect();
+                let r = self.call(callee, &a, mem);
+                if let Some(d) = d {
+                    regs[*d] = r;
+                }
+            }
+            other => panic!("not a straight-line instruction: {other:?}"),
+        }
+    }
+
+    fn word(&self, regs: &[Word], v: Val) -> Word {
+        match v {
+            Val::Reg(r) => regs[r],
+            Val::Imm(b) => [b, 0, 0, 0],
+        }
+    }
+
+    /// Runs a helper (no barriers or shuffles) to its `ret`.
+    pub(super) fn call(&self, name: &str, args: &[Word], mem: &mut Memory) -> Word {
+        let f = &self.funcs[name];
+        let mut regs = vec![[0u64; 4]; f.regs];
+        regs[..args.len()].copy_from_slice(args);
+        let (mut locals, mut next) = (HashMap::new(), 0);
+        let (mut block, mut pc) = (0, 0);
+        loop {
+            match &f.blocks[block][pc] {
+                Inst::Br(b) => (block, pc) = (*b, 0),
+                Inst::CondBr(c, t, e) => (block, pc) = (if Self::get(&regs, *c) & 1 == 1 { *t } else { *e }, 0),
+                Inst::Ret(v) => return v.map_or([0; 4], |v| self.word(&regs, v)),
+                inst => {
+                    self.exec(inst, &mut regs, &mut locals, &mut next, mem, (0, 0));
+                    pc += 1;
+                }
+            }
+        }
+    }
+
+    /// Runs `t` of the kernel until it reaches a barrier, a shuffle or its end.
+    fn run_thread(&self, f: &Function, t: &mut Thread, cta: u64, mem: &mut Memory) {
+        loop {
+            match &f.blocks[t.block][t.pc] {
+                Inst::Br(b) => (t.block, t.pc) = (*b, 0),
+                Inst::CondBr(c, a, b) => (t.block, t.pc) = (if Self::get(&t.regs, *c) & 1 == 1 { *a } else { *b }, 0),
+                Inst::Ret(_) => {
+                    t.stop = Some(Stop::Done);
+                    return;
+                }
+                Inst::Barrier => {
+                    t.pc += 1;
+                    t.stop = Some(Stop::Barrier);
+                    return;
+                }
+                Inst::Intrinsic { d, which: Intr::Shfl, args } => {
+                    let v = Self::get(&t.regs, args[1]);
+                    let lane_mask = Self::get(&t.regs, args[2]) as u32;
+                    t.pc += 1;
+                    t.stop = Some(Stop::Shuffle { d: *d, v, lane_mask });
+                    return;
+                }
+                inst => {
+                    self.exec(inst, &mut t.regs, &mut t.locals, &mut t.next_local, mem, (t.tid, cta));
+                    t.pc += 1;
+                }
+            }
+        }
+    }
+
+    /// Runs CTA `cta` of kernel `f` ([`DECIDE_THREADS`] threads) with parameters `params`.
+    pub(super) fn run_cta(&self, f: &Function, params: &[u64], cta: u64, mem: &mut Memory) {
+        let n = DECIDE_THREADS as usize;
+        let mut threads: Vec<Thread> = (0..n)
+            .map(|tid| {
+                let mut regs = vec![[0u64; 4]; f.regs];
+                for (r, p) in regs.iter_mut().zip(params) {
+                    r[0] = *p;
+                }
+                Thread { block: 0, pc: 0, regs, locals: HashMap::new(), next_local: 0, tid: tid as u64, stop: None }
+            })
+            .collect();
+        loop {
+            for t in threads.iter_mut().filter(|t| t.stop.is_none()) {
+                self.run_thread(f, t, cta, mem);
+            }
+            if threads.iter().all(|t| matches!(t.stop, Some(Stop::Done))) {
+                return;
+            }
+            let shuffles = threads.iter().any(|t| matches!(t.stop, Some(Stop::Shuffle { .. })));
+            if shuffles {
+                for warp in threads.chunks_mut(32) {
+                    let lanes: Vec<Option<(usize, u64, u32)>> =
+                        warp.iter().map(|t| if let Some(Stop::Shuffle { d, v, lane_mask }) = t.stop { Some((d, v, lane_mask)) } else { None }).collect();
+                    if lanes.iter().all(Option::is_none) {
+                        continue;
+                    }
+                    assert!(lanes.iter().all(Option::is_some), "a warp shuffle reached by only some lanes");
+                    for (lane, t) in warp.iter_mut().enumerate() {
+                        let (d, _, m) = lanes[lane].unwrap();
+                        t.regs[d][0] = lanes[lane ^ m as usize].unwrap().1;
+                        t.stop = None;
+                    }
+                }
+            } else {
+                assert!(threads.iter().all(|t| matches!(t.stop, Some(Stop::Barrier))), "a barrier reached by only some threads");
+                for t in &mut threads {
+                    t.stop = None;
+                }
+            }
+        }
+    }
+}
