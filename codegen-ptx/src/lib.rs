@@ -16,6 +16,7 @@ mod ir;
 mod layout;
 mod lse;
 mod math;
+mod nucleus;
 mod params;
 mod ptx;
 mod stage1;
@@ -27,7 +28,15 @@ pub use config::{
 };
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
-pub use params::{FilterArgs, KernelArg, KernelParams, Param, ParamKind, Stage1Args, Stage2Args, FILTER, STAGE1, STAGE2};
+pub use nucleus::{
+    has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
+    NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
+};
+pub use params::{
+    FilterArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
+    NucleusScatterArgs, Param, ParamKind, Stage1Args, Stage2Args, FILTER, NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST, NUCLEUS_LOGITS,
+    NUCLEUS_PICK, NUCLEUS_SCATTER, STAGE1, STAGE2,
+};
 
 use flashsample_ir::{DType, IrError, Pipeline};
 use inkwell::{
@@ -169,6 +178,10 @@ pub fn llvm_ir_with(
         m.push('\n');
         m.push_str(&filter::shared_decls());
         m.push_str(&filter::emit(config));
+    }
+    if has_nucleus_kernels(pipeline) {
+        m.push('\n');
+        m.push_str(&nucleus::emit(pipeline, config));
     }
     Ok(m)
 }

@@ -996,3 +996,53 @@ fn raw_pipelines_write_the_raw_partials_and_lists() {
         assert_eq!(ir_function(&ir, "flashsample_stage1").matches(param).count(), 1, "{param}: only the parameter");
     }
 }
+
+/// The exact nucleus's kernels (DESIGN.md "Exact nucleus on the device") come with every
+/// sampling pipeline that has a filter, on both multiply paths: the logits kernel runs the
+/// tensor-core path's `mma.sync` for 16-bit operands and the SIMT path's `fma` chain otherwise,
+/// and calls the same transform helpers as stage one (penalties out of line); the scatter is
+/// stable through `match.any`; the cut reads the abi's `ln` / `exp`. Greedy or unfiltered
+/// pipelines have none. With `FLASHSAMPLE_PTX_DUMP=DIR` the modules are written there.
+#[test]
+fn filtered_pipelines_get_the_nucleus_kernels() {
+    let dump = std::env::var_os("FLASHSAMPLE_PTX_DUMP").map(std::path::PathBuf::from);
+    let kernels = [
+        "flashsample_nucleus_pick",
+        "flashsample_nucleus_logits",
+        "flashsample_nucleus_hist",
+        "flashsample_nucleus_scatter",
+        "flashsample_nucleus_cut",
+        "flashsample_nucleus_draw",
+    ];
+    for (name, p, c, arch) in [
+        ("bf16_mma", filtered(DType::BF16), tensor_small(), Arch::Sm80),
+        ("f32_simt", filtered(DType::F32), cfg(128, 8, 64, 4, 1, false), Arch::Sm80),
+        ("raw_bf16", raw_filtered(DType::BF16), tensor_small(), Arch::Sm80),
+        ("bias_wgmma", request_bias(DType::BF16), wgmma(cfg(256, 64, 64, 8, 4, false)), Arch::Sm90),
+    ] {
+        let c = with_lists(c, &p);
+        assert!(flashsample_codegen_ptx::has_nucleus_kernels(&p));
+        let k = ptx(&p, &c, arch);
+        for kernel in kernels {
+            assert!(k.ptx.contains(&format!(".entry {kernel}(")), "{name}: {kernel}");
+        }
+        let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+        let logits = ir_function(&ir, "flashsample_nucleus_logits");
+        assert_eq!(logits.contains("mma.sync.aligned.m16n8k16"), c.is_tensor(), "{name}");
+        assert_eq!(logits.contains("@llvm.fma.f32"), !c.is_tensor(), "{name}");
+        assert!(logits.contains("@fs_penalize_token("), "{name}: stage one's penalty search");
+        assert!(ir_function(&ir, "flashsample_nucleus_scatter").contains("match.any.sync.b32"));
+        let cut = ir_function(&ir, "flashsample_nucleus_cut");
+        assert!(cut.contains("@fs_ln_f32(") && cut.contains("@fs_exp_f32("), "{name}");
+        assert!(ir_function(&ir, "flashsample_nucleus_draw").contains("@fs_gumbel_f32("), "{name}");
+        assert!(!k.ptx.contains(".local"), "{name}: no local memory");
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(format!("nucleus_{name}.ptx")), &k.ptx).unwrap();
+        }
+    }
+    for p in [greedy(DType::BF16), full(DType::BF16)] {
+        assert!(!flashsample_codegen_ptx::has_nucleus_kernels(&p));
+        assert!(!ptx(&p, &tensor_small(), Arch::Sm80).ptx.contains("flashsample_nucleus_"));
+    }
+}

@@ -759,7 +759,7 @@ pub(crate) fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bia
 }
 
 /// The CSR range `[offsets[row], offsets[row + 1])` of a per-row token table (`r64`: the row, as i64).
-pub(crate) fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
+fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
     let a = f.gaddr(offsets, r64, 4);
     let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
     let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));

@@ -37,7 +37,7 @@ use crate::ptx;
 use flashsample_ir::Pipeline;
 use ring::{Feed, Ring};
 
-pub(crate) use epilogue::{csr_range, model_logit, transform_token, RowTransform, TokenBits};
+pub(crate) use epilogue::{model_logit, transform_token, RowTransform, TokenBits};
 pub(crate) use simt::load_elem;
 
 pub(crate) const NAME: &str = "flashsample_stage1";
