@@ -43,6 +43,7 @@ const MAX_MASS_BLOCKS: u32 = 1024;
 pub const NUCLEUS_MAX_VOCAB: usize = MAX_MASS_BLOCKS as usize * SUM_BLOCK;
 
 const _: () = assert!(SUM_BLOCK == 1024, "the cut's block arithmetic shifts by 10");
+const _: () = assert!(NUCLEUS_RADIX_PASSES % 2 == 0, "the sorted row ends in the first buffer");
 const _: () = assert!(NUCLEUS_SORT_TILE == (NUCLEUS_THREADS / 32) * 16 * 32);
 
 /// Whether a pipeline's module has the nucleus kernels: a sampling pipeline with a filter

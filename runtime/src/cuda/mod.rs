@@ -34,4 +34,4 @@ pub use backend::CudaSampler;
 pub use cache::cache_dir;
 pub use device::{CudaDevice, DeviceTensor};
 pub(crate) use device::drv;
-pub use plan::SamplingPlan;
+pub use plan::{SamplingPlan, DEFAULT_NUCLEUS_ROWS};
