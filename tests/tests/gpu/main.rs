@@ -19,6 +19,7 @@ mod invariance;
 mod logit_bias;
 mod logprob_modes;
 mod noise_skip;
+mod nucleus;
 mod robust;
 mod scoring;
 mod speculative;
