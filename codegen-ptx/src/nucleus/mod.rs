@@ -43,7 +43,7 @@ const MAX_MASS_BLOCKS: u32 = 1024;
 pub const NUCLEUS_MAX_VOCAB: usize = MAX_MASS_BLOCKS as usize * SUM_BLOCK;
 
 const _: () = assert!(SUM_BLOCK == 1024, "the cut's block arithmetic shifts by 10");
-const _: () = assert!(NUCLEUS_RADIX_PASSES % 2 == 0, "the sorted row ends in the first buffer");
+const _: () = assert!(NUCLEUS_RADIX_PASSES.is_multiple_of(2), "the sorted row ends in the first buffer");
 const _: () = assert!(NUCLEUS_SORT_TILE == (NUCLEUS_THREADS / 32) * 16 * 32);
 
 /// Whether a pipeline's module has the nucleus kernels: a sampling pipeline with a filter
@@ -57,9 +57,13 @@ pub fn has_nucleus_kernels(p: &Pipeline) -> bool {
 /// Every field offset is 8-byte aligned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NucleusLayout {
+    /// Picked rows at most (`R`).
     pub rows: usize,
+    /// Tokens per row.
     pub vocab: usize,
+    /// Samples per row.
     pub samples: usize,
+    /// Whether the raw logits are kept (step 10).
     pub raw: bool,
 }
 
@@ -83,6 +87,7 @@ pub struct NucleusOffsets {
     /// `u32 [rows, vocab]` each: the sort's two key and token buffers (the sorted ones are
     /// `keys[0]`, `vals[0]`; `keys[1]` holds the cut's masses afterwards).
     pub keys: [usize; 2],
+    /// The tokens beside `keys`.
     pub vals: [usize; 2],
     /// Total bytes.
     pub bytes: usize,

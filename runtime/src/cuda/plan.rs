@@ -8,8 +8,10 @@
 //! Exactness without a host round trip: the plan's kernels keep tile lists long enough that
 //! they cannot overflow (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)`
 //! entries), so stage three never needs the host's rerun. A row whose top-p / min-p nucleus
-//! outgrows the lists gets status `NucleusTooLarge` (the host API then serves that row exactly
-//! from whole-tile lists of it alone, DESIGN.md step 9; the device API reports the row).
+//! outgrows the lists is sampled over its whole vocabulary by the plan's nucleus kernels after
+//! stage three (DESIGN.md "Exact nucleus on the device"), up to the plan's `R` rows per chunk;
+//! a row past them keeps status `NucleusTooLarge` (the host API then serves it exactly from
+//! whole-tile lists of it alone, DESIGN.md step 9; the device API reports it).
 //!
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
