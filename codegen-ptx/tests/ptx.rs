@@ -1046,3 +1046,42 @@ fn filtered_pipelines_get_the_nucleus_kernels() {
         assert!(!ptx(&p, &tensor_small(), Arch::Sm80).ptx.contains("flashsample_nucleus_"));
     }
 }
+
+/// The nucleus scratch layout: fields in order, 8-byte aligned, none overlapping, `R × V × 20`
+/// bytes of per-row buffers (24 with the raw logits) plus the small ones; grids cover the
+/// vocabulary.
+#[test]
+fn nucleus_layout_is_aligned_and_disjoint() {
+    use flashsample_codegen_ptx::{NucleusLayout, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_SORT_TILE};
+    for (rows, vocab, samples, raw) in [(2usize, 151_936usize, 2usize, false), (3, 1003, 1, true), (1, 5, 4, false)] {
+        let l = NucleusLayout { rows, vocab, samples, raw };
+        let o = l.offsets();
+        let per_row = rows * vocab * 4;
+        let mut fields = vec![
+            (o.picks, (rows + 1) * 4),
+            (o.best, rows * samples * 8),
+            (o.done, rows * 4),
+            (o.kept, rows * 4),
+            (o.hist, rows * l.sort_tiles() * 256 * 4),
+            (o.x, per_row),
+            (o.keys[0], per_row),
+            (o.keys[1], per_row),
+            (o.vals[0], per_row),
+            (o.vals[1], per_row),
+        ];
+        assert_eq!(o.raw.is_some(), raw);
+        fields.extend(o.raw.map(|r| (r, per_row)));
+        fields.sort();
+        for w in fields.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{w:?} overlap");
+        }
+        assert!(fields.iter().all(|f| f.0 % 8 == 0));
+        let last = fields.last().unwrap();
+        assert!(last.0 + last.1 <= o.bytes && o.bytes < last.0 + last.1 + 8);
+        assert!(o.bytes >= per_row * if raw { 6 } else { 5 });
+        assert!(l.logits_grid().0 as usize * NUCLEUS_LOGITS_TOKENS as usize >= vocab);
+        assert!(l.sort_grid().0 as usize * NUCLEUS_SORT_TILE as usize >= vocab && l.sort_grid().1 as usize == rows);
+        assert!(l.draw_grid().0 as usize * NUCLEUS_DRAW_TILE as usize >= vocab && l.draw_grid().1 as usize == rows);
+        assert_eq!(l.cut_grid(), (rows as u32, 1, 1));
+    }
+}
