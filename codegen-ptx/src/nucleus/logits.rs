@@ -30,7 +30,7 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
         let cta = f.sreg("ctaid.x");
         let v0 = f.mul(&cta, &super::NUCLEUS_LOGITS_TOKENS.to_string());
         if c.is_tensor() {
-            tensor(f, p, &tid, &v0, &count);
+            tensor(f, p, c.k_step(), &tid, &v0, &count);
         } else {
             simt(f, p, &tid, &v0, &count);
         }
@@ -40,8 +40,12 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
 }
 
 /// The tensor-core multiply: warp `w` owns tokens `v0 + 16w ..`, lane `4g + t` the
-/// accumulators of tokens `16w + g` and `16w + g + 8` for picked rows `2t` and `2t + 1`.
-fn tensor(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
+/// accumulators of tokens `16w + g` and `16w + g + 8` for picked rows `2t` and `2t + 1` of each
+/// group of 8. K runs
+/// in slices of stage one's `k_step` (every 16-wide step's loads of a slice issued before its
+/// MMAs), zero-padded to a whole slice as stage one's ring pads it: the same MMA steps, so even
+/// an exact zero sum keeps its sign.
+fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &str) {
     let warp = f.v(format!("lshr i32 {tid}, 5"));
     let lane = f.v(format!("and i32 {tid}, 31"));
     let g = f.v(format!("lshr i32 {lane}, 2"));
@@ -59,17 +63,10 @@ fn tensor(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
     };
     let wa = row_start(f, &va);
     let wb = row_start(f, &vb);
-    // Column g multiplies picked row g; columns past the count repeat row 0 (unused).
-    let has_col = f.ult(&g, count);
-    let jcol = f.sel("i32", &has_col, &g, "0");
-    let hrow = picked_row(f, &jcol);
-    let h64 = f.zext64(&hrow);
-    let hb = f.v(format!("mul i64 {h64}, {dim64}"));
     let dtype = match p.weights.dtype {
         DType::F16 => "f16",
         _ => "bf16",
     };
-    let acc: Vec<_> = (0..4).map(|_| f.var("float", "0.0")).collect();
     // 32-bit pair loads need an even D and 4-byte aligned operands; else two 16-bit loads.
     let odd = f.v("and i32 %dim, 1");
     let wp = f.v("ptrtoint ptr addrspace(1) %weights to i64");
@@ -80,38 +77,49 @@ fn tensor(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
     let mis = f.v(format!("or i32 {odd}, {ptrs}"));
     let aligned = f.v(format!("icmp eq i32 {mis}, 0"));
     let t2 = f.v(format!("shl i32 {t}, 1"));
-    let kloop = |f: &mut Func, aligned: bool| {
-        f.for_loop("0", "%dim", "32", |f, k| {
-            let mut steps = Vec::new();
-            for step in 0..2u32 {
-                let k0 = f.add(k, &(16 * step).to_string());
-                let ka = f.add(&k0, &t2);
-                let kb = f.add(&ka, "8");
-                let a = [
-                    pair(f, aligned, "%weights", &wa, &ka),
-                    pair(f, aligned, "%weights", &wb, &ka),
-                    pair(f, aligned, "%weights", &wa, &kb),
-                    pair(f, aligned, "%weights", &wb, &kb),
-                ];
-                let b = [pair(f, aligned, "%hidden", &hb, &ka), pair(f, aligned, "%hidden", &hb, &kb)];
-                steps.push((a, b));
-            }
-            for (a, b) in steps {
-                let cur: Vec<F32> = acc.iter().map(|v| F32::raw(f.get(v))).collect();
-                let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
-                for (slot, v) in acc.iter().zip(out.iter()) {
-                    f.set(slot, v.text());
+    // Up to 8 picked rows per pass (the MMA's n): column g multiplies picked row `first + g`;
+    // columns past the count repeat row 0 (unused).
+    f.for_loop("0", count, "8", |f, first| {
+        let jg = f.add(first, &g);
+        let has_col = f.ult(&jg, count);
+        let jcol = f.sel("i32", &has_col, &jg, "0");
+        let hrow = picked_row(f, &jcol);
+        let h64 = f.zext64(&hrow);
+        let hb = f.v(format!("mul i64 {h64}, {dim64}"));
+        let acc: Vec<_> = (0..4).map(|_| f.var("float", "0.0")).collect();
+        let kloop = |f: &mut Func, aligned: bool| {
+            f.for_loop("0", "%dim", &k_step.to_string(), |f, k| {
+                let mut steps = Vec::new();
+                for step in 0..k_step / 16 {
+                    let k0 = f.add(k, &(16 * step).to_string());
+                    let ka = f.add(&k0, &t2);
+                    let kb = f.add(&ka, "8");
+                    let a = [
+                        pair(f, aligned, "%weights", &wa, &ka),
+                        pair(f, aligned, "%weights", &wb, &ka),
+                        pair(f, aligned, "%weights", &wa, &kb),
+                        pair(f, aligned, "%weights", &wb, &kb),
+                    ];
+                    let b = [pair(f, aligned, "%hidden", &hb, &ka), pair(f, aligned, "%hidden", &hb, &kb)];
+                    steps.push((a, b));
                 }
-            }
-        });
-    };
-    f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
-    let j0 = t2.clone();
-    let j1 = f.add(&t2, "1");
-    for (i, (v, j)) in [(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)].into_iter().enumerate() {
-        let raw = f.get(&acc[i]);
-        store_logit(f, p, v, j, count, &raw);
-    }
+                for (a, b) in steps {
+                    let cur: Vec<F32> = acc.iter().map(|v| F32::raw(f.get(v))).collect();
+                    let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
+                    for (slot, v) in acc.iter().zip(out.iter()) {
+                        f.set(slot, v.text());
+                    }
+                }
+            });
+        };
+        f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
+        let j0 = f.add(first, &t2);
+        let j1 = f.add(&j0, "1");
+        for (i, (v, j)) in [(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)].into_iter().enumerate() {
+            let raw = f.get(&acc[i]);
+            store_logit(f, p, v, j, count, &raw);
+        }
+    });
 }
 
 /// Elements `k, k + 1` of the 16-bit matrix `ptr` from element `base` (i64) as one 32-bit

@@ -164,3 +164,37 @@ fn a_nucleus_row_is_served_inside_a_captured_graph() {
         assert_eq!(got, want, "replay {replay}: the graph differs from the direct launch");
     }
 }
+
+/// More picked rows than the multiply's 8 columns: the logits kernel takes them 8 at a time.
+/// Twelve twin rows on a lone top-p, a plan of R = 10: rows 0..10 by the kernels, 10 and 11
+/// reported on the device API and served by the host cut on the host API; all equal.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn more_nucleus_rows_than_the_multiplys_columns() {
+    let (device_handle, _dev) = gpu();
+    let p = serving(DType::BF16);
+    let sampler = Sampler::new(p.clone(), &device_handle).unwrap();
+    let batch = 12;
+    let mut case = Case::identical_rows(&p, batch, 64, 5000, 1e-3);
+    case.filters.iter_mut().for_each(|f| *f = RowFilter::top_p(0.95));
+    case.temperatures.iter_mut().for_each(|t| *t = 2.0);
+    let seeds = vec![0x5eed_u64; batch];
+    let mut params = case.params(&p);
+    params.row_seeds = Some(&seeds);
+    let h = host(&sampler, &case, &params);
+    assert!(h.is_complete(), "{:?}", h.row_errors);
+    let s = p.samples_per_row() as usize;
+    let (scores, logprobs) = (h.scores.as_ref().unwrap(), h.logprobs.as_ref().unwrap());
+    for r in 1..batch {
+        assert_eq!(row_of(&h.tokens, scores, logprobs, r, s), row_of(&h.tokens, scores, logprobs, 0, s), "row {r}");
+    }
+    let got = device(&sampler, &case, &params, 10);
+    for r in 0..batch {
+        if r < 10 {
+            assert_eq!(got.status[r], RowStatus::Ok.code(), "row {r}");
+            assert_eq!(row_of(&got.tokens, &got.scores, got.logprobs.as_ref().unwrap(), r, s), row_of(&h.tokens, scores, logprobs, r, s), "row {r}");
+        } else {
+            assert_eq!(got.status[r], RowStatus::NucleusTooLarge.code(), "row {r}");
+        }
+    }
+}
