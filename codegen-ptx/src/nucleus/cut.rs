@@ -10,11 +10,16 @@
 //!   each block thread finds its first entry whose prefix `done + block` reaches the cut. The
 //!   smallest such count is `k` (else `n`): the abi's sequential loop, bit for bit.
 
-use super::{decode_key, pick_count, picked_row, row_elem, MAX_MASS_BLOCKS, NUCLEUS_THREADS};
+use super::{decode_key, pick_count, picked_row, row_elem, MAX_MASS_BLOCKS, NUCLEUS_CUT_THREADS};
 use crate::ir::Func;
 use crate::params::NUCLEUS_CUT;
 
 pub(crate) const NAME: &str = "flashsample_nucleus_cut";
+/// Masses per thread and iteration of the mass pass.
+const MASS_UNROLL: u32 = 4;
+/// Masses a block thread loads together before adding them in order.
+const SUM_UNROLL: u32 = 16;
+const _: () = assert!(NUCLEUS_CUT_THREADS >= MAX_MASS_BLOCKS, "one pass over the blocks");
 
 fn misc(f: &mut Func, i: u32) -> String {
     f.v(format!("getelementptr i32, ptr addrspace(3) @fs_nucleus_misc, i32 {i}"))
@@ -112,19 +117,33 @@ pub(super) fn emit() -> String {
         let tp_on = f.v(format!("fcmp olt float {top_p}, 1.0"));
         let some = f.v(format!("icmp ne i32 {n}, 0"));
         let tp_on = f.and1(&tp_on, &some);
-        let threads = NUCLEUS_THREADS.to_string();
+        let threads = NUCLEUS_CUT_THREADS.to_string();
         f.if_then(&tp_on, |f| {
             let mass_at = |f: &mut Func, i: &str| {
                 let i64 = f.zext64(i);
                 let at = row_elem(f, &j, &i64);
                 f.gaddr("%masses", &at, 4)
             };
-            f.for_loop(&tid, &n, &threads, |f, i| {
-                let x = logit_at(f, &j, i);
-                let d = f.fsub(&x, &x0);
-                let m = f.v(format!("call float @fs_exp_f32(float {d})"));
-                let a = mass_at(f, i);
-                f.s(format!("store float {m}, ptr addrspace(1) {a}, align 4"));
+            // The masses, MASS_UNROLL entries per thread and iteration (loads first).
+            let stride = (NUCLEUS_CUT_THREADS * MASS_UNROLL).to_string();
+            f.for_loop(&tid, &n, &stride, |f, i0| {
+                let xs: Vec<(String, String, String)> = (0..MASS_UNROLL)
+                    .map(|u| {
+                        let i = f.add(i0, &(u * NUCLEUS_CUT_THREADS).to_string());
+                        let ok = f.ult(&i, &n);
+                        let is = f.sel("i32", &ok, &i, "0");
+                        let x = logit_at(f, &j, &is);
+                        (ok, i, x)
+                    })
+                    .collect();
+                for (ok, i, x) in xs {
+                    f.if_then(&ok, |f| {
+                        let d = f.fsub(&x, &x0);
+                        let m = f.v(format!("call float @fs_exp_f32(float {d})"));
+                        let a = mass_at(f, &i);
+                        f.s(format!("store float {m}, ptr addrspace(1) {a}, align 4"));
+                    });
+                }
             });
             f.barrier();
             let nb = f.add(&n, "1023");
@@ -136,16 +155,30 @@ pub(super) fn emit() -> String {
                 let full = f.v(format!("icmp ugt i32 {left}, 1024"));
                 (first.clone(), f.sel("i32", &full, "1024", &left))
             };
+            // Block b's masses `i0 .. i0 + SUM_UNROLL`, loaded together: +0 past the block (an
+            // exact no-op on the non-negative running sum), and whether each is inside.
+            let chunk = |f: &mut Func, first: &str, len: &str, i0: &str| -> Vec<(String, String)> {
+                (0..SUM_UNROLL)
+                    .map(|u| {
+                        let i = f.add(i0, &u.to_string());
+                        let ok = f.ult(&i, len);
+                        let is = f.sel("i32", &ok, &i, "0");
+                        let e = f.add(first, &is);
+                        let a = mass_at(f, &e);
+                        let m = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                        (ok.clone(), f.sel("float", &ok, &m, "0.0"))
+                    })
+                    .collect()
+            };
             f.for_loop(&tid, &nb, &threads, |f, b| {
                 let (first, len) = block_len(f, b);
                 let s = f.var("float", "0.0");
-                f.for_loop("0", &len, "1", |f, i| {
-                    let e = f.add(&first, i);
-                    let a = mass_at(f, &e);
-                    let m = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                    let sv = f.get(&s);
-                    let sv = f.fadd(&sv, &m);
-                    f.set(&s, &sv);
+                f.for_loop("0", &len, &SUM_UNROLL.to_string(), |f, i0| {
+                    for (_, m) in chunk(f, &first, &len, i0) {
+                        let sv = f.get(&s);
+                        let sv = f.fadd(&sv, &m);
+                        f.set(&s, &sv);
+                    }
                 });
                 let sv = f.get(&s);
                 let at = block_slot(f, "@fs_nucleus_bsum", b);
@@ -185,40 +218,70 @@ pub(super) fn emit() -> String {
             f.barrier();
             let cb = f.v(format!("load i32, ptr addrspace(3) {cut_at}, align 4"));
             let cut = f.v(format!("bitcast i32 {cb} to float"));
+            // The prefix `done + block` never decreases (non-negative masses, rounding is
+            // monotone) and ends block b at `done[b] + bsum[b]`, so the first entry reaching
+            // the cut lies in the first block whose end reaches it: only that block's thread
+            // walks its entries.
+            let reaches = |f: &mut Func, b: &str| {
+                let d = block_slot(f, "@fs_nucleus_done", b);
+                let d = f.v(format!("load float, ptr addrspace(3) {d}, align 4"));
+                let bs = block_slot(f, "@fs_nucleus_bsum", b);
+                let bs = f.v(format!("load float, ptr addrspace(3) {bs}, align 4"));
+                let end = f.fadd(&d, &bs);
+                f.v(format!("fcmp oge float {end}, {cut}"))
+            };
             f.for_loop(&tid, &nb, &threads, |f, b| {
-                let (first, len) = block_len(f, b);
-                let at = block_slot(f, "@fs_nucleus_done", b);
-                let done = f.v(format!("load float, ptr addrspace(3) {at}, align 4"));
-                let s = f.var("float", "0.0");
-                let i = f.var("i32", "0");
-                let found = f.var("i1", "false");
-                f.while_loop(
-                    |f| {
-                        let iv = f.get(&i);
-                        let more = f.ult(&iv, &len);
-                        let fv = f.get(&found);
-                        let go = f.v(format!("xor i1 {fv}, true"));
-                        f.and1(&more, &go)
-                    },
-                    |f| {
-                        let iv = f.get(&i);
-                        let e = f.add(&first, &iv);
-                        let a = mass_at(f, &e);
-                        let m = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                        let sv = f.get(&s);
-                        let sv = f.fadd(&sv, &m);
-                        f.set(&s, &sv);
-                        let prefix = f.fadd(&done, &sv);
-                        let reached = f.v(format!("fcmp oge float {prefix}, {cut}"));
-                        let next = f.add(&iv, "1");
-                        f.if_then(&reached, |f| {
-                            let k = f.add(&first, &next);
-                            f.s(format!("atomicrmw umin ptr addrspace(3) {kept_at}, i32 {k} monotonic, align 4"));
-                            f.set(&found, "true");
-                        });
-                        f.set(&i, &next);
-                    },
-                );
+                let here = reaches(f, b);
+                let has_prev = f.v(format!("icmp ne i32 {b}, 0"));
+                let pb = f.v(format!("sub i32 {b}, 1"));
+                let pb = f.sel("i32", &has_prev, &pb, "0");
+                let before = reaches(f, &pb);
+                let before = f.and1(&has_prev, &before);
+                let not_before = f.v(format!("xor i1 {before}, true"));
+                let first_block = f.and1(&here, &not_before);
+                f.if_then(&first_block, |f| {
+                    let (first, len) = block_len(f, b);
+                    let at = block_slot(f, "@fs_nucleus_done", b);
+                    let done = f.v(format!("load float, ptr addrspace(3) {at}, align 4"));
+                    let s = f.var("float", "0.0");
+                    let i = f.var("i32", "0");
+                    let found = f.var("i1", "false");
+                    let k = f.var("i32", "%vocab");
+                    f.while_loop(
+                        |f| {
+                            let iv = f.get(&i);
+                            let more = f.ult(&iv, &len);
+                            let fv = f.get(&found);
+                            let go = f.v(format!("xor i1 {fv}, true"));
+                            f.and1(&more, &go)
+                        },
+                        |f| {
+                            let i0 = f.get(&i);
+                            for (u, (ok, m)) in chunk(f, &first, &len, &i0).into_iter().enumerate() {
+                                let sv = f.get(&s);
+                                let sv = f.fadd(&sv, &m);
+                                f.set(&s, &sv);
+                                let prefix = f.fadd(&done, &sv);
+                                let reached = f.v(format!("fcmp oge float {prefix}, {cut}"));
+                                let fv = f.get(&found);
+                                let fresh = f.v(format!("xor i1 {fv}, true"));
+                                let hit = f.and1(&reached, &ok);
+                                let hit = f.and1(&hit, &fresh);
+                                let count = f.add(&first, &i0);
+                                let count = f.add(&count, &(u + 1).to_string());
+                                let kv = f.get(&k);
+                                let kv = f.sel("i32", &hit, &count, &kv);
+                                f.set(&k, &kv);
+                                let fv = f.v(format!("or i1 {fv}, {hit}"));
+                                f.set(&found, &fv);
+                            }
+                            let next = f.add(&i0, &SUM_UNROLL.to_string());
+                            f.set(&i, &next);
+                        },
+                    );
+                    let kv = f.get(&k);
+                    f.s(format!("atomicrmw umin ptr addrspace(3) {kept_at}, i32 {kv} monotonic, align 4"));
+                });
             });
             f.barrier();
         });
@@ -235,6 +298,6 @@ pub(super) fn emit() -> String {
          @fs_nucleus_bsum = internal addrspace(3) global [{MAX_MASS_BLOCKS} x float] undef, align 4\n\
          @fs_nucleus_done = internal addrspace(3) global [{MAX_MASS_BLOCKS} x float] undef, align 4\n"
     );
-    out.push_str(&f.finish(&NUCLEUS_CUT.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{NUCLEUS_THREADS}\""))));
+    out.push_str(&f.finish(&NUCLEUS_CUT.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{NUCLEUS_CUT_THREADS}\""))));
     out
 }

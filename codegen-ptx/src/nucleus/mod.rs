@@ -26,8 +26,10 @@ use crate::ir::Func;
 use flashsample_abi::filter::SUM_BLOCK;
 use flashsample_ir::Pipeline;
 
-/// Threads of every nucleus kernel but the pick (one warp).
+/// Threads of every nucleus kernel but the pick (one warp) and the cut.
 pub const NUCLEUS_THREADS: u32 = 256;
+/// Threads of the cut's CTA: one per mass block up to `MAX_MASS_BLOCKS`.
+pub const NUCLEUS_CUT_THREADS: u32 = 1024;
 /// Tokens per CTA of the logits kernel (8 warps of 16 tokens on the tensor-core path).
 pub const NUCLEUS_LOGITS_TOKENS: u32 = 128;
 /// Entries per CTA of a radix pass (8 warps × 16 steps of 32).
@@ -120,7 +122,8 @@ impl NucleusLayout {
         NucleusOffsets { picks, best, done, kept, hist, x, raw, keys, vals, bytes: at }
     }
 
-    /// Grids of the kernels (blocks: one warp for the pick, [`NUCLEUS_THREADS`] for the rest).
+    /// Grids of the kernels (blocks: one warp for the pick, [`NUCLEUS_CUT_THREADS`] for the
+    /// cut, [`NUCLEUS_THREADS`] for the rest).
     pub fn logits_grid(&self) -> (u32, u32, u32) {
         (self.vocab.div_ceil(NUCLEUS_LOGITS_TOKENS as usize) as u32, 1, 1)
     }

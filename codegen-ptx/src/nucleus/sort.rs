@@ -20,6 +20,8 @@ const WARPS: u32 = NUCLEUS_THREADS / 32;
 /// Entries per warp of a tile, walked 32 at a time.
 const WARP_ENTRIES: u32 = NUCLEUS_SORT_TILE / WARPS;
 const _: () = assert!(NUCLEUS_THREADS == 256, "one thread per digit");
+/// Tiles' counts a scatter thread loads per iteration.
+const TILE_UNROLL: u32 = 8;
 
 /// The CTA's pick (`ctaid.y`), its tile's first entry, and whether the pick exists (uniform).
 fn tile(f: &mut Func) -> (String, String, String) {
@@ -49,19 +51,26 @@ pub(super) fn emit_hist() -> String {
         let h = shared(f, "@fs_nucleus_hist", &tid);
         f.s(format!("store i32 0, ptr addrspace(3) {h}, align 4"));
         f.barrier();
-        let start = f.add(&first, &tid);
-        let end = f.add(&first, &NUCLEUS_SORT_TILE.to_string());
-        let over = f.v(format!("icmp ugt i32 {end}, %vocab"));
-        let end = f.sel("i32", &over, "%vocab", &end);
-        f.for_loop(&start, &end, &NUCLEUS_THREADS.to_string(), |f, e| {
-            let e64 = f.zext64(e);
-            let at = row_elem(f, &j, &e64);
-            let a = f.gaddr("%keys", &at, 4);
-            let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let d = digit(f, &key);
-            let s = shared(f, "@fs_nucleus_hist", &d);
-            f.s(format!("atomicrmw add ptr addrspace(3) {s}, i32 1 monotonic, align 4"));
-        });
+        // Every load of the tile first (independent, in flight together), then the counts.
+        let digits: Vec<(String, String)> = (0..NUCLEUS_SORT_TILE / NUCLEUS_THREADS)
+            .map(|step| {
+                let e = f.add(&first, &(step * NUCLEUS_THREADS).to_string());
+                let e = f.add(&e, &tid);
+                let valid = f.ult(&e, "%vocab");
+                let es = f.sel("i32", &valid, &e, "0");
+                let e64 = f.zext64(&es);
+                let at = row_elem(f, &j, &e64);
+                let a = f.gaddr("%keys", &at, 4);
+                let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                (valid, digit(f, &key))
+            })
+            .collect();
+        for (valid, d) in digits {
+            f.if_then(&valid, |f| {
+                let s = shared(f, "@fs_nucleus_hist", &d);
+                f.s(format!("atomicrmw add ptr addrspace(3) {s}, i32 1 monotonic, align 4"));
+            });
+        }
         f.barrier();
         let n = f.v(format!("load i32, ptr addrspace(3) {h}, align 4"));
         let tiles = f.sreg("nctaid.x");
@@ -95,21 +104,32 @@ pub(super) fn emit_scatter() -> String {
         let total = f.var("i32", "0");
         let before = f.var("i32", "0");
         let row_hist = f.mul(&j, &tiles);
-        f.for_loop("0", &tiles, "1", |f, t| {
-            let slot = f.add(&row_hist, t);
-            let slot = f.v(format!("shl i32 {slot}, 8"));
-            let slot = f.add(&slot, &tid);
-            let s64 = f.zext64(&slot);
-            let a = f.gaddr("%hist", &s64, 4);
-            let n = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let tv = f.get(&total);
-            let tv = f.add(&tv, &n);
-            f.set(&total, &tv);
-            let earlier = f.ult(t, &tile);
-            let add = f.sel("i32", &earlier, &n, "0");
-            let bv = f.get(&before);
-            let bv = f.add(&bv, &add);
-            f.set(&before, &bv);
+        // Eight tiles' counts per iteration, loaded together (independent loads in flight).
+        f.for_loop("0", &tiles, &TILE_UNROLL.to_string(), |f, t0| {
+            let counts: Vec<(String, String)> = (0..TILE_UNROLL)
+                .map(|u| {
+                    let t = f.add(t0, &u.to_string());
+                    let inside = f.ult(&t, &tiles);
+                    let ts = f.sel("i32", &inside, &t, "0");
+                    let slot = f.add(&row_hist, &ts);
+                    let slot = f.v(format!("shl i32 {slot}, 8"));
+                    let slot = f.add(&slot, &tid);
+                    let s64 = f.zext64(&slot);
+                    let a = f.gaddr("%hist", &s64, 4);
+                    let n = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                    (t, f.sel("i32", &inside, &n, "0"))
+                })
+                .collect();
+            for (t, n) in counts {
+                let tv = f.get(&total);
+                let tv = f.add(&tv, &n);
+                f.set(&total, &tv);
+                let earlier = f.ult(&t, &tile);
+                let add = f.sel("i32", &earlier, &n, "0");
+                let bv = f.get(&before);
+                let bv = f.add(&bv, &add);
+                f.set(&before, &bv);
+            }
         });
         // Exclusive scan of the totals over the digits (Hillis–Steele in shared memory).
         let total = f.get(&total);
@@ -154,12 +174,21 @@ pub(super) fn emit_scatter() -> String {
             let at = row_elem(f, &j, &e64);
             (valid, at)
         };
-        for step in 0..WARP_ENTRIES / 32 {
-            let (valid, at) = entry(f, step);
-            f.if_then(&valid, |f| {
+        // The warp's keys and tokens, all loaded up front (they stay in registers for the
+        // scatter below): the count, then the stable scatter, 32 entries at a time.
+        let entries: Vec<(String, String, String)> = (0..WARP_ENTRIES / 32)
+            .map(|step| {
+                let (valid, at) = entry(f, step);
                 let a = f.gaddr("%keys", &at, 4);
                 let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                let d = digit(f, &key);
+                let a = f.gaddr("%vals", &at, 4);
+                let val = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                (valid, key, val)
+            })
+            .collect();
+        for (valid, key, _) in &entries {
+            f.if_then(valid, |f| {
+                let d = digit(f, key);
                 let i = f.add(&wslot, &d);
                 let s = shared(f, "@fs_nucleus_warp", &i);
                 f.s(format!("atomicrmw add ptr addrspace(3) {s}, i32 1 monotonic, align 4"));
@@ -178,12 +207,7 @@ pub(super) fn emit_scatter() -> String {
         }
         f.barrier();
         // The stable scatter, 32 entries of the warp at a time.
-        for step in 0..WARP_ENTRIES / 32 {
-            let (valid, at) = entry(f, step);
-            let a = f.gaddr("%keys", &at, 4);
-            let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let a = f.gaddr("%vals", &at, 4);
-            let val = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+        for (valid, key, val) in entries {
             let d = digit(f, &key);
             // Lanes past the vocabulary (a suffix of the warp) share a digit no entry has.
             let d_or_none = f.sel("i32", &valid, &d, "256");

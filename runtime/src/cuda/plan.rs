@@ -28,7 +28,7 @@ use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, Launch
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
 use flashsample_codegen_ptx::{
     FilterArgs, GpuConfig, KernelArg, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs, NucleusPickArgs,
-    NucleusScatterArgs, Stage1Args, Stage2Args, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES, NUCLEUS_THREADS,
+    NucleusScatterArgs, Stage1Args, Stage2Args, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES, NUCLEUS_THREADS,
 };
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
@@ -765,7 +765,7 @@ impl SamplingPlan {
         // An even number of passes: the sorted keys and tokens are back in buffer 0, and
         // buffer 1's keys hold the cut's masses.
         let cut = NucleusCutArgs { picks, rows, keys: at(o.keys[0]), filters: a.filters, vocab, masses: at(o.keys[1]), kept: at(o.kept) };
-        launch(&kn.cut, l.cut_grid(), NUCLEUS_THREADS, cut.args(), "cuLaunchKernel(flashsample_nucleus_cut)")?;
+        launch(&kn.cut, l.cut_grid(), NUCLEUS_CUT_THREADS, cut.args(), "cuLaunchKernel(flashsample_nucleus_cut)")?;
         let draw = NucleusDrawArgs {
             picks,
             rows,
