@@ -291,6 +291,10 @@ kernel_params! {
         best: MutPtr,
         /// `u32 [rows]` the draw's finished-CTA counters, zeroed here.
         done: MutPtr,
+        /// Stage one's `row_base` and `spec_period`: a verifying pipeline's draft rows are
+        /// never picked (its decision reads their lists; only bonus rows are samples).
+        row_base: U32,
+        spec_period: U32,
     }
 }
 

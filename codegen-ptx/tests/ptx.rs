@@ -1041,6 +1041,12 @@ fn filtered_pipelines_get_the_nucleus_kernels() {
             std::fs::write(dir.join(format!("nucleus_{name}.ptx")), &k.ptx).unwrap();
         }
     }
+    // A verifying pipeline's pick skips draft rows (stage one's `spec_period` test).
+    let v = verifying(true);
+    let ir = flashsample_codegen_ptx::llvm_ir(&v, &with_lists(tensor_small(), &v)).unwrap();
+    assert!(ir_function(&ir, "flashsample_nucleus_pick").contains("urem i32"));
+    let plain = flashsample_codegen_ptx::llvm_ir(&filtered(DType::BF16), &with_lists(tensor_small(), &filtered(DType::BF16))).unwrap();
+    assert!(!ir_function(&plain, "flashsample_nucleus_pick").contains("%spec_period, 0"));
     for p in [greedy(DType::BF16), full(DType::BF16)] {
         assert!(!flashsample_codegen_ptx::has_nucleus_kernels(&p));
         assert!(!ptx(&p, &tensor_small(), Arch::Sm80).ptx.contains("flashsample_nucleus_"));

@@ -145,7 +145,7 @@ impl NucleusLayout {
 /// out-of-line penalty and logit-bias searches).
 pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     let mut m = String::from(DECLS);
-    m.push_str(&pick::emit());
+    m.push_str(&pick::emit(p.verify.is_some()));
     m.push_str(&logits::emit(p, c));
     m.push_str(&sort::emit_hist());
     m.push_str(&sort::emit_scatter());

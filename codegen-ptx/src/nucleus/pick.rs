@@ -1,6 +1,7 @@
 //! `flashsample_nucleus_pick` (one warp): the first `rows` rows of the chunk whose status is
 //! `NucleusTooLarge`, in row order, and their count; zeroes the draw's counters. Later rows of
-//! status 4 keep it (DESIGN.md: the host API serves them, the device API reports them).
+//! status 4 keep it (DESIGN.md: the host API serves them, the device API reports them), and so
+//! do a verifying launch's draft rows (the decision reads their lists, not a sample).
 
 use super::popc;
 use crate::ir::Func;
@@ -9,7 +10,8 @@ use flashsample_abi::RowStatus;
 
 pub(crate) const NAME: &str = "flashsample_nucleus_pick";
 
-pub(super) fn emit() -> String {
+/// `verify`: the pipeline verifies drafts (its draft rows are skipped).
+pub(super) fn emit(verify: bool) -> String {
     let mut f = Func::new();
     let lane = f.sreg("tid.x");
     let lt = f.v(format!("shl i32 1, {lane}"));
@@ -24,6 +26,13 @@ pub(super) fn emit() -> String {
         let st = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
         let too_large = f.v(format!("icmp eq i32 {st}, {}", RowStatus::NucleusTooLarge.code()));
         let hit = f.and1(&inside, &too_large);
+        let hit = if verify {
+            let draft = crate::stage1::is_draft_row(f, &r);
+            let bonus = f.v(format!("xor i1 {draft}, true"));
+            f.and1(&hit, &bonus)
+        } else {
+            hit
+        };
         let ballot = f.ballot(&hit);
         let before = f.v(format!("and i32 {ballot}, {lt}"));
         let before = popc(f, &before);

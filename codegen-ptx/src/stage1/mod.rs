@@ -38,6 +38,7 @@ use flashsample_ir::Pipeline;
 use ring::{Feed, Ring};
 
 pub(crate) use epilogue::{model_logit, transform_token, RowTransform, TokenBits};
+pub(crate) use residual::is_draft_row;
 pub(crate) use simt::load_elem;
 
 pub(crate) const NAME: &str = "flashsample_stage1";

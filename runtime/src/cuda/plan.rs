@@ -715,7 +715,7 @@ impl SamplingPlan {
             unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }) }.map_err(drv(what))?;
             Ok(())
         };
-        let pick = NucleusPickArgs { status: a.status, batch, rows, samples, picks, best: at(o.best), done: at(o.done) };
+        let pick = NucleusPickArgs { status: a.status, batch, rows, samples, picks, best: at(o.best), done: at(o.done), row_base, spec_period: a.spec_period };
         launch(&kn.pick, (1, 1, 1), 32, pick.args(), "cuLaunchKernel(flashsample_nucleus_pick)")?;
         let [pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition] = a.penalties;
         let [lb_bits, lb_offsets, lb_tokens, lb_values] = a.logit_bias;
