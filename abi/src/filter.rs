@@ -107,8 +107,9 @@ pub enum ListError {
     /// A top-p / min-p nucleus past the lists' capacity (status 4).
     #[error(
         "row {row}: its top-p / min-p nucleus has more than the {capacity} tokens the candidate lists \
-         hold; `Sampler::sample` serves such a row exactly, a device-API plan reports it (serve the \
-         row on the host API, or set a top-k for it)"
+         hold; `Sampler::sample` serves such a row exactly, a device-API plan serves its first `R` \
+         such rows per launch on the device and reports the rest (raise `R` with \
+         `CudaSampler::plan_with_nucleus_rows`, serve the row on the host API, or set a top-k for it)"
     )]
     NucleusTooLarge {
         /// The row.

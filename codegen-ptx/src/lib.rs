@@ -18,6 +18,7 @@ mod layout;
 mod lse;
 mod math;
 mod math64;
+mod nucleus;
 mod params;
 mod ptx;
 mod stage1;
@@ -30,9 +31,14 @@ pub use config::{
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
+pub use nucleus::{
+    has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
+    NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
+};
 pub use params::{
-    DecideArgs, FilterArgs, KernelArg, KernelParams, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, SPEC_TARGETS,
-    STAGE1, STAGE2,
+    DecideArgs, FilterArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
+    NucleusScatterArgs, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST,
+    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};
@@ -188,6 +194,10 @@ pub fn llvm_ir_with(
         m.push_str(&decide::emit());
         m.push('\n');
         m.push_str(&decide::emit_targets());
+    }
+    if has_nucleus_kernels(pipeline) {
+        m.push('\n');
+        m.push_str(&nucleus::emit(pipeline, config));
     }
     Ok(m)
 }

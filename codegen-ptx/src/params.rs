@@ -335,3 +335,140 @@ kernel_params! {
         targets: MutPtr,
     }
 }
+
+// The exact nucleus's kernels (DESIGN.md "Exact nucleus on the device"; `nucleus/`). Every one
+// reads `picks` (`u32 [rows + 1]`: the picked launch rows, then their count, written by the
+// pick kernel) and exits at once when its picked row does not exist. Per-pick buffers are
+// `[rows, vocab]`, pick `j` at `j · vocab` (`NucleusLayout`).
+
+kernel_params! {
+    /// The arguments of the nucleus pick (`flashsample_nucleus_pick`, one warp).
+    NUCLEUS_PICK, NucleusPickArgs, "flashsample_nucleus_pick" {
+        /// `u32 [B]` stage three's statuses.
+        status: ConstPtr,
+        batch: U32,
+        /// Rows the nucleus kernels serve at most (`R`).
+        rows: U32,
+        samples: U32,
+        /// `u32 [rows + 1]`: the first `rows` rows of status 4, in row order, then their count.
+        picks: MutPtr,
+        /// `u64 [rows, S]` the draw's best keys, zeroed here.
+        best: MutPtr,
+        /// `u32 [rows]` the draw's finished-CTA counters, zeroed here.
+        done: MutPtr,
+        /// Stage one's `row_base` and `spec_period`: a verifying pipeline's draft rows are
+        /// never picked (its decision reads their lists; only bonus rows are samples).
+        row_base: U32,
+        spec_period: U32,
+    }
+}
+
+kernel_params! {
+    /// The arguments of the nucleus logits (`flashsample_nucleus_logits`): stage one's matmul
+    /// and transform chain for the picked rows over the whole vocabulary.
+    NUCLEUS_LOGITS, NucleusLogitsArgs, "flashsample_nucleus_logits" {
+        picks: ConstPtr,
+        rows: U32,
+        /// Stage one's inputs of the same names (the launch's, not only the picked rows').
+        hidden: ConstPtr,
+        weights: ConstPtr,
+        temperatures: ConstPtr,
+        bias: ConstPtr,
+        allowed: ConstPtr,
+        dim: U32,
+        vocab: U32,
+        pen_bits: ConstPtr,
+        pen_offsets: ConstPtr,
+        pen_tokens: ConstPtr,
+        pen_subtract: ConstPtr,
+        pen_repetition: ConstPtr,
+        lb_bits: ConstPtr,
+        lb_offsets: ConstPtr,
+        lb_tokens: ConstPtr,
+        lb_values: ConstPtr,
+        /// `f32 [rows, V]` the transformed logits (`-inf` where excluded).
+        x: MutPtr,
+        /// `f32 [rows, V]` the raw logits (DESIGN.md step 10), or 0 unless the pipeline's lists
+        /// carry them.
+        raw: MutPtr,
+        /// `u32 [rows, V]` each token's ascending sort key (`!order_key(x)`), and the token.
+        keys: MutPtr,
+        vals: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of one radix pass's histogram (`flashsample_nucleus_hist`).
+    NUCLEUS_HIST, NucleusHistArgs, "flashsample_nucleus_hist" {
+        picks: ConstPtr,
+        rows: U32,
+        /// `u32 [rows, V]` the pass's input keys.
+        keys: ConstPtr,
+        vocab: U32,
+        /// The pass's digit: bits `shift .. shift + 8` of the key.
+        shift: U32,
+        /// `u32 [rows, tiles, 256]` per sort tile, its digits' counts.
+        hist: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of one radix pass's stable scatter (`flashsample_nucleus_scatter`).
+    NUCLEUS_SCATTER, NucleusScatterArgs, "flashsample_nucleus_scatter" {
+        picks: ConstPtr,
+        rows: U32,
+        keys: ConstPtr,
+        vals: ConstPtr,
+        /// The pass's histogram.
+        hist: ConstPtr,
+        vocab: U32,
+        shift: U32,
+        keys_out: MutPtr,
+        vals_out: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of the nucleus cut (`flashsample_nucleus_cut`, one CTA per picked row).
+    NUCLEUS_CUT, NucleusCutArgs, "flashsample_nucleus_cut" {
+        picks: ConstPtr,
+        rows: U32,
+        /// `u32 [rows, V]` the sorted keys.
+        keys: ConstPtr,
+        /// `RowFilter [B]`.
+        filters: ConstPtr,
+        vocab: U32,
+        /// `f32 [rows, V]` scratch for the top-p masses.
+        masses: MutPtr,
+        /// `u32 [rows]` how many sorted entries survive (`abi::filter::survivors`).
+        kept: MutPtr,
+    }
+}
+
+kernel_params! {
+    /// The arguments of the nucleus draw (`flashsample_nucleus_draw`).
+    NUCLEUS_DRAW, NucleusDrawArgs, "flashsample_nucleus_draw" {
+        picks: ConstPtr,
+        rows: U32,
+        /// `u32 [rows, V]` the sorted tokens, `x` and `raw` the logits kernel's.
+        vals: ConstPtr,
+        x: ConstPtr,
+        raw: ConstPtr,
+        kept: ConstPtr,
+        vocab: U32,
+        samples: U32,
+        /// Stage one's noise parameters of the same names.
+        seed: U64,
+        row_seeds: ConstPtr,
+        row_steps: ConstPtr,
+        row_base: U32,
+        vocab_offset: U32,
+        best: MutPtr,
+        done: MutPtr,
+        /// The launch's outputs (stage three's), overwritten for the picked rows.
+        out_tokens: MutPtr,
+        out_scores: MutPtr,
+        out_logits: MutPtr,
+        out_status: MutPtr,
+    }
+}

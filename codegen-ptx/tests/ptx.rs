@@ -1056,3 +1056,98 @@ fn a_tuned_ring_gives_up_stages_for_a_list_tile() {
     let simt = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
     assert_eq!(simt.shallower_ring_that_fits(&p, &h200), None);
 }
+
+/// The exact nucleus's kernels (DESIGN.md "Exact nucleus on the device") come with every
+/// sampling pipeline that has a filter, on both multiply paths: the logits kernel runs the
+/// tensor-core path's `mma.sync` for 16-bit operands and the SIMT path's `fma` chain otherwise,
+/// and calls the same transform helpers as stage one (penalties out of line); the scatter is
+/// stable through `match.any`; the cut reads the abi's `ln` / `exp`. Greedy or unfiltered
+/// pipelines have none. With `FLASHSAMPLE_PTX_DUMP=DIR` the modules are written there.
+#[test]
+fn filtered_pipelines_get_the_nucleus_kernels() {
+    let dump = std::env::var_os("FLASHSAMPLE_PTX_DUMP").map(std::path::PathBuf::from);
+    let kernels = [
+        "flashsample_nucleus_pick",
+        "flashsample_nucleus_logits",
+        "flashsample_nucleus_hist",
+        "flashsample_nucleus_scatter",
+        "flashsample_nucleus_cut",
+        "flashsample_nucleus_draw",
+    ];
+    for (name, p, c, arch) in [
+        ("bf16_mma", filtered(DType::BF16), tensor_small(), Arch::Sm80),
+        ("f32_simt", filtered(DType::F32), cfg(128, 8, 64, 4, 1, false), Arch::Sm80),
+        ("raw_bf16", raw_filtered(DType::BF16), tensor_small(), Arch::Sm80),
+        ("bias_wgmma", request_bias(DType::BF16), wgmma(cfg(256, 64, 64, 8, 4, false)), Arch::Sm90),
+    ] {
+        let c = with_lists(c, &p);
+        assert!(flashsample_codegen_ptx::has_nucleus_kernels(&p));
+        let k = ptx(&p, &c, arch);
+        for kernel in kernels {
+            assert!(k.ptx.contains(&format!(".entry {kernel}(")), "{name}: {kernel}");
+        }
+        let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+        let logits = ir_function(&ir, "flashsample_nucleus_logits");
+        assert_eq!(logits.contains("mma.sync.aligned.m16n8k16"), c.is_tensor(), "{name}");
+        assert_eq!(logits.contains("@llvm.fma.f32"), !c.is_tensor(), "{name}");
+        assert!(logits.contains("@fs_penalize_token("), "{name}: stage one's penalty search");
+        assert!(ir_function(&ir, "flashsample_nucleus_scatter").contains("match.any.sync.b32"));
+        let cut = ir_function(&ir, "flashsample_nucleus_cut");
+        assert!(cut.contains("@fs_ln_f32(") && cut.contains("@fs_exp_f32("), "{name}");
+        assert!(ir_function(&ir, "flashsample_nucleus_draw").contains("@fs_gumbel_f32("), "{name}");
+        assert!(!k.ptx.contains(".local"), "{name}: no local memory");
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(format!("nucleus_{name}.ptx")), &k.ptx).unwrap();
+        }
+    }
+    // A verifying pipeline's pick skips draft rows (stage one's `spec_period` test).
+    let v = verifying(true);
+    let ir = flashsample_codegen_ptx::llvm_ir(&v, &with_lists(tensor_small(), &v)).unwrap();
+    assert!(ir_function(&ir, "flashsample_nucleus_pick").contains("urem i32"));
+    let plain = flashsample_codegen_ptx::llvm_ir(&filtered(DType::BF16), &with_lists(tensor_small(), &filtered(DType::BF16))).unwrap();
+    assert!(!ir_function(&plain, "flashsample_nucleus_pick").contains("%spec_period, 0"));
+    for p in [greedy(DType::BF16), full(DType::BF16)] {
+        assert!(!flashsample_codegen_ptx::has_nucleus_kernels(&p));
+        assert!(!ptx(&p, &tensor_small(), Arch::Sm80).ptx.contains("flashsample_nucleus_"));
+    }
+}
+
+/// The nucleus scratch layout: fields in order, 8-byte aligned, none overlapping, `R × V × 20`
+/// bytes of per-row buffers (24 with the raw logits) plus the small ones; grids cover the
+/// vocabulary.
+#[test]
+fn nucleus_layout_is_aligned_and_disjoint() {
+    use flashsample_codegen_ptx::{NucleusLayout, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_SORT_TILE};
+    for (rows, vocab, samples, raw) in [(2usize, 151_936usize, 2usize, false), (3, 1003, 1, true), (1, 5, 4, false)] {
+        let l = NucleusLayout { rows, vocab, samples, raw };
+        let o = l.offsets();
+        let per_row = rows * vocab * 4;
+        let mut fields = vec![
+            (o.picks, (rows + 1) * 4),
+            (o.best, rows * samples * 8),
+            (o.done, rows * 4),
+            (o.kept, rows * 4),
+            (o.hist, rows * l.sort_tiles() * 256 * 4),
+            (o.x, per_row),
+            (o.keys[0], per_row),
+            (o.keys[1], per_row),
+            (o.vals[0], per_row),
+            (o.vals[1], per_row),
+        ];
+        assert_eq!(o.raw.is_some(), raw);
+        fields.extend(o.raw.map(|r| (r, per_row)));
+        fields.sort();
+        for w in fields.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{w:?} overlap");
+        }
+        assert!(fields.iter().all(|f| f.0 % 8 == 0));
+        let last = fields.last().unwrap();
+        assert!(last.0 + last.1 <= o.bytes && o.bytes < last.0 + last.1 + 8);
+        assert!(o.bytes >= per_row * if raw { 6 } else { 5 });
+        assert!(l.logits_grid().0 as usize * NUCLEUS_LOGITS_TOKENS as usize >= vocab);
+        assert!(l.sort_grid().0 as usize * NUCLEUS_SORT_TILE as usize >= vocab && l.sort_grid().1 as usize == rows);
+        assert!(l.draw_grid().0 as usize * NUCLEUS_DRAW_TILE as usize >= vocab && l.draw_grid().1 as usize == rows);
+        assert_eq!(l.cut_grid(), (rows as u32, 1, 1));
+    }
+}

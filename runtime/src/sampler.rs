@@ -64,7 +64,8 @@ impl Sampler {
     /// non-finite logits) gets its error in
     /// [`Samples::row_errors`] while every other row is sampled ([`Samples::into_complete`]
     /// turns any such row into the call's error). A top-p / min-p nucleus larger than the
-    /// candidate lists is served exactly by recomputing that row alone (DESIGN.md step 9).
+    /// candidate lists is served exactly over its whole vocabulary (DESIGN.md step 9; on CUDA by
+    /// the plan's nucleus kernels, "Exact nucleus on the device").
     pub fn sample(&self, hidden: Tensor<'_>, weights: Tensor<'_>, params: &SamplingParams<'_>) -> Result<Samples> {
         if self.pipeline.verify.is_some() {
             return Err(crate::Error::Unsupported("a pipeline with `verify` runs through `Sampler::verify`".into()));

@@ -9,9 +9,10 @@
 //! against a torch.compile'd matmul → /T → top-k → softmax → top-p → multinomial; then the
 //! per-step overhead of each API in a decode loop (`--overhead-batches`): wall time per step of
 //! the host API, of the device API (`cuda::SamplingPlan`) without a graph, and of a CUDA graph
-//! replay, next to the kernels' event time. `--nucleus-batches`: the host API's wall time of a
-//! top-k 50 batch, and of the same batch with its last row on a lone top-p 0.95 at T = 2 (a
-//! nucleus far past the lists, served exactly by recomputing that row alone; budget 2x).
+//! replay, next to the kernels' event time. `--nucleus-batches`: the host API's and the device
+//! API's wall time of a top-k 50 batch, and of the same batch with its last row on a lone top-p
+//! 0.95 at T = 2 (a nucleus far past the lists, served exactly by the plan's nucleus kernels;
+//! budget 2x).
 //! `--logprob-batches`: stage one and whole-launch event times with raw vs processed logprobs
 //! (DESIGN.md step 10), unfiltered and with top-k 50.
 
@@ -384,7 +385,7 @@ fn main() {
             filter_rows.push((dim, vocab, batch, fused_s, config));
         }
         for &batch in &args.nucleus_batches.0 {
-            nucleus_rows.push(nucleus_row(&filtered, wt[0], dim, vocab, batch, args.reps.clamp(5, 20)));
+            nucleus_rows.push(nucleus_row(dev, &filtered, &weights[0], dim, vocab, batch, args.reps.clamp(5, 20)));
         }
         for &batch in &args.logprob_batches.0 {
             mode_rows.extend(logprob_mode_rows(&mode_pairs, &wt, dim, vocab, batch, args.reps.max(50)));
@@ -537,10 +538,11 @@ fn main() {
     if !nucleus_rows.is_empty() {
         println!();
         println!(
-            "exact nucleus (host API wall time, ms, synchronous: a top-k 50 batch, and the same batch with its last row on a lone \
-             top-p 0.95 at T = 2, served exactly; budget <= 2x):"
+            "exact nucleus (ms: a top-k 50 batch, and the same batch with its last row on a lone top-p 0.95 at T = 2, served \
+             exactly by the plan's nucleus kernels; host API synchronous wall time; device API wall time per launch of 20 queued \
+             back to back; budget <= 2x):"
         );
-        print_table(&["D", "V", "B", "batch", "with a nucleus row", "ratio"], &nucleus_rows);
+        print_table(&["D", "V", "B", "host batch", "host with a nucleus row", "ratio", "device batch", "device with a nucleus row", "ratio"], &nucleus_rows);
     }
     if !mode_rows.is_empty() {
         println!();
@@ -615,23 +617,77 @@ fn logprob_mode_rows(pairs: &[(&str, Sampler, Sampler)], wt: &[Tensor<'_>], dim:
 }
 
 /// One row of the exact-nucleus table: median host-API wall times of a top-k 50 batch and of
-/// the same batch with its last row on a lone top-p 0.95 at T = 2 (every row must be sampled).
-fn nucleus_row(sampler: &Sampler, wt: Tensor<'_>, dim: usize, vocab: usize, batch: usize, reps: usize) -> Vec<String> {
+/// the same batch with its last row on a lone top-p 0.95 at T = 2 (every row must be sampled),
+/// then the device API's (`cuda::SamplingPlan`, whose nucleus kernels serve that row): wall time
+/// per launch of launches queued back to back, one synchronization per 20 (status checked).
+fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler, weights: &flashsample::DeviceTensor, dim: usize, vocab: usize, batch: usize, reps: usize) -> Vec<String> {
+    use flashsample::cuda::{DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, DeviceOutputs};
     let hidden = random_bf16(batch * dim, 1.0, 29 + batch as u64);
     let ht = Tensor::host(&hidden, batch, dim).expect("hidden");
+    let wt = Tensor::device(weights);
     let mut temps = vec![0.7f32; batch];
     let mut filters = vec![RowFilter::top_k(50); batch];
+    let fail = |e: &dyn std::fmt::Display| -> ! { panic!("nucleus D={dim} V={vocab} B={batch}: {e}") };
     let time = |temps: &[f32], filters: &[RowFilter]| {
         let params = SamplingParams { temperature: TemperatureArg::PerRow(temps), seed: 99, filter: Some(filters), ..Default::default() };
-        flashsample_bench::median_secs(2, reps, || sampler.sample(ht, wt, &params)?.into_complete().map(|_| ()))
-            .unwrap_or_else(|e| panic!("nucleus D={dim} V={vocab} B={batch}: {e}"))
+        flashsample_bench::median_secs(2, reps, || sampler.sample(ht, wt, &params)?.into_complete().map(|_| ())).unwrap_or_else(|e| fail(&e))
+    };
+    let plan = sampler.cuda().expect("a CUDA sampler").plan(batch, dim, vocab).unwrap_or_else(|e| fail(&e));
+    let stream = dev.context().new_stream().unwrap_or_else(|e| fail(&format!("{e:?}")));
+    let hidden_dev = dev.upload(&hidden, batch, dim).unwrap_or_else(|e| fail(&e));
+    let device_time = |temps: &[f32], filters: &[RowFilter]| -> f64 {
+        let drv = |e: cudarc::driver::DriverError| -> ! { fail(&format!("{e:?}")) };
+        let temps_dev = stream.clone_htod(temps).unwrap_or_else(|e| drv(e));
+        // `RowFilter`'s layout: top_k, top_p, min_p.
+        let words: Vec<u32> = filters.iter().flat_map(|f| [f.top_k, f.top_p.to_bits(), f.min_p.to_bits()]).collect();
+        let filters_dev = stream.clone_htod(&words).unwrap_or_else(|e| drv(e));
+        let mut tokens = stream.alloc_zeros::<u32>(batch).unwrap_or_else(|e| drv(e));
+        let mut status = stream.alloc_zeros::<u32>(batch).unwrap_or_else(|e| drv(e));
+        let mut launch = || -> flashsample::Result<()> {
+            let mut inputs = DeviceInputs::new(DeviceMatrix::from_tensor(&hidden_dev), DeviceMatrix::from_tensor(weights), 99);
+            inputs.temperatures = Some(DeviceIn::new(&temps_dev, &stream)?);
+            inputs.filters = Some(DeviceIn::new(&filters_dev, &stream)?);
+            plan.launch(&stream, inputs, DeviceOutputs::new(DeviceOut::new(&mut tokens, &stream)?, DeviceOut::new(&mut status, &stream)?))
+        };
+        const QUEUED: usize = 20;
+        let t = flashsample_bench::median_secs(1, reps, || -> flashsample::Result<()> {
+            for _ in 0..QUEUED {
+                launch()?;
+            }
+            stream.synchronize().map_err(|e| flashsample::Error::Cuda(format!("{e:?}")))
+        })
+        .unwrap_or_else(|e| fail(&e));
+        let st = stream.clone_dtoh(&status).unwrap_or_else(|e| drv(e));
+        if let Some(e) = plan.row_errors(&st).unwrap_or_else(|e| fail(&e)).into_iter().flatten().next() {
+            fail(&e);
+        }
+        t / QUEUED as f64
     };
     let plain = time(&temps, &filters);
+    let device_plain = device_time(&temps, &filters);
     temps[batch - 1] = 2.0;
     filters[batch - 1] = RowFilter::top_p(0.95);
     let with = time(&temps, &filters);
-    eprintln!("exact nucleus D={dim} V={vocab} B={batch}: {:.2} ms, with the nucleus row {:.2} ms", plain * 1e3, with * 1e3);
-    vec![dim.to_string(), vocab.to_string(), batch.to_string(), format!("{:.2}", plain * 1e3), format!("{:.2}", with * 1e3), format!("{:.2}x", with / plain)]
+    let device_with = device_time(&temps, &filters);
+    eprintln!(
+        "exact nucleus D={dim} V={vocab} B={batch}: host {:.2} ms, with the nucleus row {:.2} ms; device {:.3} ms, with it {:.3} ms",
+        plain * 1e3,
+        with * 1e3,
+        device_plain * 1e3,
+        device_with * 1e3
+    );
+    let ms = |s: f64| format!("{:.3}", s * 1e3);
+    vec![
+        dim.to_string(),
+        vocab.to_string(),
+        batch.to_string(),
+        ms(plain),
+        ms(with),
+        format!("{:.2}x", with / plain),
+        ms(device_plain),
+        ms(device_with),
+        format!("{:.2}x", device_with / device_plain),
+    ]
 }
 
 /// One row of the overhead table: medians over `reps` steps at one weight buffer.

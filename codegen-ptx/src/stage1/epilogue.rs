@@ -20,7 +20,7 @@ use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF, POS_INF};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
 use flashsample_abi::rng::gumbel_f32_upper_bound;
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
-use flashsample_ir::Transform;
+use flashsample_ir::{Pipeline, Transform};
 
 /// A batch column `(n, j)` the thread owns and the row parameters its transforms read.
 /// The noise parameters are [`ColNoise`], loaded per column pair where the selection needs
@@ -30,12 +30,8 @@ struct Col {
     col: String,
     row: String,
     row_safe: String,
-    inv_t: String,
-    t_zero: String,
-    /// Penalty CSR range and repetition of the row.
-    pen: Option<(String, String, String)>,
-    /// Logit-bias CSR range of the row.
-    lb: Option<(String, String)>,
+    /// The row's inputs of the transform chain (temperature, penalty and logit-bias ranges).
+    tr: RowTransform,
 }
 
 /// A column's noise parameters (not for greedy pipelines).
@@ -49,6 +45,104 @@ struct ColNoise {
     ctr_row: String,
     /// Philox counter word 3: the row's decode step and the token stream.
     word3: String,
+}
+
+/// One row's inputs of DESIGN.md step 3's transform chain, loaded once per row and read by
+/// [`transform_token`] for each of its tokens (stage one's columns, the exact nucleus's rows).
+pub(crate) struct RowTransform {
+    /// `1 / T` and whether `T == 0` (then the temperature leaves `x` alone).
+    pub(crate) inv_t: String,
+    pub(crate) t_zero: String,
+    /// Penalty CSR range and repetition of the row.
+    pub(crate) pen: Option<(String, String, String)>,
+    /// Logit-bias CSR range of the row.
+    pub(crate) lb: Option<(String, String)>,
+}
+
+impl RowTransform {
+    /// Row `row_safe`'s `1 / T` and `T == 0` from `%temperatures` (`("", false)` without a
+    /// temperature transform).
+    pub(crate) fn temperature(f: &mut Func, p: &Pipeline, row_safe: &str) -> (String, String) {
+        if p.temperature().is_none() {
+            return (String::new(), "false".to_string());
+        }
+        let r64 = f.zext64(row_safe);
+        let a = f.gaddr("%temperatures", &r64, 4);
+        let tv: F32 = f.load(&a, 4);
+        let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
+        (f.fdiv(&f32c(1.0), tv.text()), z)
+    }
+
+    /// Row `row_safe`'s penalty range and repetition (`%pen_offsets`, `%pen_repetition`) and
+    /// logit-bias range (`%lb_offsets`), where the pipeline has them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn tables(f: &mut Func, p: &Pipeline, row_safe: &str) -> (Option<(String, String, String)>, Option<(String, String)>) {
+        let pen = p.has_penalties().then(|| {
+            let r64 = f.zext64(row_safe);
+            let (lo, hi) = csr_range(f, "%pen_offsets", &r64);
+            let a = f.gaddr("%pen_repetition", &r64, 4);
+            let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+            (lo, hi, rep)
+        });
+        let lb = p.has_logit_bias().then(|| {
+            let r64 = f.zext64(row_safe);
+            csr_range(f, "%lb_offsets", &r64)
+        });
+        (pen, lb)
+    }
+}
+
+/// One token's place in the per-row bitsets: `v`, `bit = v % 32`, whether `v < V`, and the
+/// row's words of the penalized- and biased-token bitsets that hold `v` (where the pipeline
+/// has those tables).
+pub(crate) struct TokenBits<'a> {
+    pub(crate) v: &'a str,
+    pub(crate) bit: &'a str,
+    pub(crate) v_ok: &'a str,
+    pub(crate) pen_word: Option<&'a str>,
+    pub(crate) lb_word: Option<&'a str>,
+}
+
+/// DESIGN.md step 3: the transform chain on one token's matmul value `raw` for a row, in
+/// pipeline order and in f32 (`bias`: the token's global bias, loaded when the pipeline has
+/// one). Masks are not applied here (step 4). The one emitter of the chain: stage one's
+/// epilogue and the exact nucleus's logits kernel both call it, so their `x` are the same bits.
+pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowTransform, raw: &str, bias: &str, t: &TokenBits<'_>) -> String {
+    let v = t.v;
+    let mut xv = raw.to_string();
+    for tr in transforms {
+        match tr {
+            Transform::Temperature(_) => {
+                let scaled = f.fmul(&xv, &row.inv_t);
+                xv = f.sel("float", &row.t_zero, &xv, &scaled);
+            }
+            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
+            Transform::Softcap { cap } => {
+                xv = f.v(format!(
+                    "call float @fs_softcap_f32(float {xv}, float {})",
+                    f32c(cap.get())
+                ))
+            }
+            Transform::Penalties { .. } => {
+                let (Some((lo, hi, rep)), Some(word)) = (&row.pen, t.pen_word) else { continue };
+                xv = listed_call(f, word, t.bit, t.v_ok, &xv, &format!(
+                    "call float @fs_penalize_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
+                     ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
+                ));
+            }
+            Transform::LogitBias { .. } => {
+                let (Some((lo, hi)), Some(word)) = (&row.lb, t.lb_word) else { continue };
+                xv = listed_call(f, word, t.bit, t.v_ok, &xv, &format!(
+                    "call float @fs_logit_bias_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
+                     ptr addrspace(1) %lb_tokens, ptr addrspace(1) %lb_values)"
+                ));
+            }
+            // Exclusion is the caller's `ok` test (step 4); the filter acts on the lists
+            // (step 6b) and in stage three.
+            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
+        }
+    }
+    xv
 }
 
 /// The transformed logits of the thread's accumulators (same indices), the non-finite flag
@@ -121,8 +215,6 @@ impl Gen<'_> {
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
     fn columns(&self, f: &mut Func, it: &Item, t2: &str) -> Vec<Col> {
         let p = self.p;
-        let has_pen = p.has_penalties();
-        let has_lb = p.has_logit_bias();
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
@@ -130,40 +222,18 @@ impl Gen<'_> {
                 let row = f.add(&it.b0, &col);
                 let ok = f.ult(&row, "%batch");
                 let row_safe = f.sel("i32", &ok, &row, "0");
-                let (inv_t, t_zero) = match self.row_temperature(f, &row_safe) {
-                    Some((tv, z)) => (f.fdiv(&f32c(1.0), tv.text()), z),
-                    None => (String::new(), "false".to_string()),
-                };
-                let pen = has_pen.then(|| {
-                    let r64 = f.zext64(&row_safe);
-                    let (lo, hi) = csr_range(f, "%pen_offsets", &r64);
-                    let a = f.gaddr("%pen_repetition", &r64, 4);
-                    let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                    (lo, hi, rep)
-                });
-                let lb = has_lb.then(|| {
-                    let r64 = f.zext64(&row_safe);
-                    csr_range(f, "%lb_offsets", &r64)
-                });
-                cols.push(Col { col, row, row_safe, inv_t, t_zero, pen, lb });
+                let (inv_t, t_zero) = RowTransform::temperature(f, p, &row_safe);
+                let (pen, lb) = RowTransform::tables(f, p, &row_safe);
+                cols.push(Col { col, row, row_safe, tr: RowTransform { inv_t, t_zero, pen, lb } });
             }
         }
         cols
     }
 
-    /// The row's temperature and whether it is 0 (greedy), when the pipeline has one.
-    fn row_temperature(&self, f: &mut Func, row_safe: &str) -> Option<(F32, String)> {
-        self.p.temperature()?;
-        let r64 = f.zext64(row_safe);
-        let a = f.gaddr("%temperatures", &r64, 4);
-        let tv: F32 = f.load(&a, 4);
-        let zero = f.v(format!("fcmp oeq float {tv}, 0.0"));
-        Some((tv, zero))
-    }
-
     /// Column `cl`'s noise parameters, loaded where a column pair's selection starts.
     fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
-        let t_zero = self.row_temperature(f, &cl.row_safe).map_or("false".to_string(), |(_, z)| z);
+        // Only `T == 0` is read: LLVM drops the unused `1 / T`.
+        let (_, t_zero) = RowTransform::temperature(f, self.p, &cl.row_safe);
         let greedy = if self.c.residual_per_tile > 0 {
             // A draft row's candidate is its argmax: verification reads its noise only
             // through the residual lists.
@@ -240,39 +310,14 @@ impl Gen<'_> {
                     if let Some(rx) = &mut raw_x {
                         rx[idx] = model_logit(f, &p.transforms, &raw, &bias, &v_ok);
                     }
-                    let mut xv = raw;
-                    for tr in &p.transforms {
-                        match tr {
-                            Transform::Temperature(_) => {
-                                let scaled = f.fmul(&xv, &cl.inv_t);
-                                xv = f.sel("float", &cl.t_zero, &xv, &scaled);
-                            }
-                            Transform::Bias { .. } => xv = f.fadd(&xv, &bias),
-                            Transform::Softcap { cap } => {
-                                xv = f.v(format!(
-                                    "call float @fs_softcap_f32(float {xv}, float {})",
-                                    f32c(cap.get())
-                                ))
-                            }
-                            Transform::Penalties { .. } => {
-                                let Some((lo, hi, rep)) = &cl.pen else { continue };
-                                xv = listed_call(f, &pen_words[ci], &bit, &v_ok, &xv, &format!(
-                                    "call float @fs_penalize_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
-                                     ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
-                                ));
-                            }
-                            Transform::LogitBias { .. } => {
-                                let Some((lo, hi)) = &cl.lb else { continue };
-                                xv = listed_call(f, &lb_words[ci], &bit, &v_ok, &xv, &format!(
-                                    "call float @fs_logit_bias_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
-                                     ptr addrspace(1) %lb_tokens, ptr addrspace(1) %lb_values)"
-                                ));
-                            }
-                            // Exclusion is the `ok` test below (step 4); the filter acts on
-                            // the lists (step 6b) and in stage three.
-                            Transform::Mask { .. } | Transform::Ban { .. } | Transform::Filter { .. } => {}
-                        }
-                    }
+                    let bits = TokenBits {
+                        v: &v,
+                        bit: &bit,
+                        v_ok: &v_ok,
+                        pen_word: pen_words.get(ci).map(String::as_str),
+                        lb_word: lb_words.get(ci).map(String::as_str),
+                    };
+                    let xv = transform_token(f, &p.transforms, &cl.tr, &raw, &bias, &bits);
                     let mut ok = v_ok.clone();
                     if has_mask {
                         let sh = f.v(format!("lshr i32 {}, {bit}", mask_words[ci]));
@@ -671,7 +716,7 @@ impl Gen<'_> {
 /// transforms (`Transform::is_model`) in pipeline order, in the same f32 ops as
 /// [`Gen::transform`]; `-inf` past the vocabulary (`v_ok` false). `bias` is the token's global
 /// bias (loaded when the pipeline has one).
-fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bias: &str, v_ok: &str) -> String {
+pub(crate) fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bias: &str, v_ok: &str) -> String {
     let mut xv = raw.to_string();
     for tr in transforms.iter().filter(|t| t.is_model()) {
         match tr {

@@ -37,6 +37,10 @@ use crate::ptx;
 use flashsample_ir::Pipeline;
 use ring::{Feed, Ring};
 
+pub(crate) use epilogue::{model_logit, transform_token, RowTransform, TokenBits};
+pub(crate) use residual::is_draft_row;
+pub(crate) use simt::load_elem;
+
 pub(crate) const NAME: &str = "flashsample_stage1";
 
 /// Per-thread values every part of the kernel uses.

@@ -10,18 +10,24 @@ use crate::math;
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::INDEX_NONE;
 
+/// Whether kernel row `row` (launch row `%row_base + row`) of a verifying launch is a draft
+/// row, by the kernel's `%row_base` and `%spec_period` (see [`Gen::is_draft_row`]).
+pub(crate) fn is_draft_row(f: &mut Func, row: &str) -> String {
+    let launch_row = f.add(row, "%row_base");
+    let every = f.v("icmp eq i32 %spec_period, 0");
+    let period = f.sel("i32", &every, "1", "%spec_period");
+    let pos = f.v(format!("urem i32 {launch_row}, {period}"));
+    let last = f.v(format!("sub i32 {period}, 1"));
+    let draft = f.v(format!("icmp ne i32 {pos}, {last}"));
+    f.v(format!("or i1 {every}, {draft}"))
+}
+
 impl Gen<'_> {
     /// Whether launch row `b0 + col = row` is a draft row: `(row_base + row) mod spec_period ≠
     /// spec_period − 1` (each sequence's last row is its bonus); every row when
     /// `%spec_period` is 0.
     pub(super) fn is_draft_row(&self, f: &mut Func, row: &str) -> String {
-        let launch_row = f.add(row, "%row_base");
-        let every = f.v("icmp eq i32 %spec_period, 0");
-        let period = f.sel("i32", &every, "1", "%spec_period");
-        let pos = f.v(format!("urem i32 {launch_row}, {period}"));
-        let last = f.v(format!("sub i32 {period}, 1"));
-        let draft = f.v(format!("icmp ne i32 {pos}, {last}"));
-        f.v(format!("or i1 {every}, {draft}"))
+        is_draft_row(f, row)
     }
 
     /// The residual lists of the item's draft rows. One warp per row (uniform branches, so the

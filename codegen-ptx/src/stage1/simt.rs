@@ -6,7 +6,7 @@ use crate::ir::{Func, Var};
 use flashsample_ir::DType;
 
 /// Loads one element of a `dtype` matrix at element index `index64` and widens it to f32.
-fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
+pub(crate) fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
     match dtype {
         DType::F32 => {
             let a = f.gaddr(base, index64, 4);

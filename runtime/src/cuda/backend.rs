@@ -20,7 +20,7 @@
 
 use super::cache;
 use super::device::drv;
-use super::plan::{from_bytes, Args, Boundary, DecideLaunch, SamplingPlan};
+use super::plan::{from_bytes, Args, Boundary, DecideLaunch, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
 use crate::stage_three;
@@ -233,8 +233,15 @@ impl CudaSampler {
     /// A device-API plan for launches of up to `max_batch` rows against `[vocab, dim]` weights:
     /// each batch's tuned (or heuristic) tile with lists that cannot overflow, every kernel
     /// compiled and loaded, every scratch buffer allocated (see [`SamplingPlan`]). A verifying
-    /// pipeline's plan runs [`SamplingPlan::launch_verify`].
+    /// pipeline's plan runs [`SamplingPlan::launch_verify`]. Its rows of status 4 (a top-p / min-p nucleus past the lists) are sampled exactly on
+    /// the device, [`DEFAULT_NUCLEUS_ROWS`] per chunk ([`CudaSampler::plan_with_nucleus_rows`]).
     pub fn plan(&self, max_batch: usize, dim: usize, vocab: usize) -> Result<SamplingPlan> {
+        self.plan_with_nucleus_rows(max_batch, dim, vocab, DEFAULT_NUCLEUS_ROWS)
+    }
+
+    /// [`CudaSampler::plan`] whose exact nucleus kernels serve `nucleus_rows` rows of status 4
+    /// per chunk (`R`; 0: none, such rows keep status 4), with `R × V × 20` bytes of scratch.
+    pub fn plan_with_nucleus_rows(&self, max_batch: usize, dim: usize, vocab: usize, nucleus_rows: usize) -> Result<SamplingPlan> {
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
@@ -248,7 +255,7 @@ impl CudaSampler {
                 _ => configs.push((batch, c)),
             }
         }
-        SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, configs, true, capacity)
+        SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, configs, true, capacity, nucleus_rows)
     }
 
     /// Whether this launch computes the logsumexp: the pipeline has it and the launch needs
@@ -266,7 +273,7 @@ impl CudaSampler {
                 let max_batch = batch.next_power_of_two();
                 let shape = Shape { batch: max_batch, dim: key.dim, vocab: key.vocab };
                 let plan =
-                    SamplingPlan::build(this.pipeline.clone(), this.device.clone(), shape, vec![(max_batch, key.config.clone())], key.lse, key.need)?;
+                    SamplingPlan::build(this.pipeline.clone(), this.device.clone(), shape, vec![(max_batch, key.config.clone())], key.lse, key.need, DEFAULT_NUCLEUS_ROWS)?;
                 plans.retain(|(k, _)| *k != key);
                 if plans.len() >= HOST_PLANS {
                     plans.remove(0);
@@ -734,7 +741,7 @@ impl CudaSampler {
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
         let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
-        let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need)?;
+        let mut plan = SamplingPlan::build(self.pipeline.clone(), self.device.clone(), shape, vec![(shape.batch, config)], lse, need, 0)?;
         plan.poison_scratch(poison)?;
         let up = self.upload(&mut host.bufs, &hidden, std::slice::from_ref(&weights), params, shape, lse)?;
         let out = run(&plan, &up.args);

@@ -38,6 +38,8 @@ pub(crate) struct LoadedKernel {
     /// The speculative decision and the drafts' spreading into targets, for verifying
     /// pipelines.
     pub decide: Option<DecideKernels>,
+    /// The exact nucleus's kernels (`codegen_ptx::has_nucleus_kernels`).
+    pub nucleus: Option<NucleusKernels>,
     /// Keeps the module (and so both functions) alive.
     _module: Arc<CudaModule>,
     /// Whether the PTX came from the disk cache (for tests and logs).
@@ -51,6 +53,16 @@ pub(crate) struct LoadedKernel {
 pub(crate) struct DecideKernels {
     pub decide: CudaFunction,
     pub targets: CudaFunction,
+}
+
+/// The exact nucleus's kernels of a module (DESIGN.md "Exact nucleus on the device").
+pub(crate) struct NucleusKernels {
+    pub pick: CudaFunction,
+    pub logits: CudaFunction,
+    pub hist: CudaFunction,
+    pub scatter: CudaFunction,
+    pub cut: CudaFunction,
+    pub draw: CudaFunction,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -182,6 +194,7 @@ fn trusted_dir(dir: &Path) -> Option<&Path> {
 /// then passes lse = 0 to every stage).
 pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfig, skip_lse: bool) -> Result<Arc<LoadedKernel>> {
     let skip_lse = skip_lse && pipeline.needs_logsumexp();
+    let nucleus = flashsample_codegen_ptx::has_nucleus_kernels(pipeline);
     let key = Key {
         ordinal: device.ordinal(),
         fingerprint: pipeline.fingerprint(),
@@ -199,7 +212,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
     if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
-        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, pipeline.verify.is_some(), config) {
+        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, pipeline.verify.is_some(), nucleus, config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }
@@ -210,7 +223,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false, compiled.filter.is_some(), compiled.decide.is_some(), config)?;
+            let k = load(device, text, false, compiled.filter.is_some(), compiled.decide.is_some(), nucleus, config)?;
             if let Some(d) = dir {
                 write_cached(d, &key, text);
             }
@@ -269,10 +282,10 @@ fn write_cached(dir: &Path, key: &Key, text: &str) {
 }
 
 /// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`,
-/// the decision kernels iff `decide`).
+/// the decision kernels iff `decide`, the exact nucleus's iff `nucleus`).
 /// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
 /// its occupancy read with it.
-fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: bool, config: &GpuConfig) -> Result<LoadedKernel> {
+fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: bool, nucleus: bool, config: &GpuConfig) -> Result<LoadedKernel> {
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
@@ -298,6 +311,20 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: 
     } else {
         None
     };
+    let nucleus = if nucleus {
+        use flashsample_codegen_ptx::{NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST, NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER};
+        let get = |name: &str| module.load_function(name).map_err(|e| Error::Cuda(format!("cuModuleGetFunction({name}): {}", driver_error_text(&e))));
+        Some(NucleusKernels {
+            pick: get(NUCLEUS_PICK.kernel)?,
+            logits: get(NUCLEUS_LOGITS.kernel)?,
+            hist: get(NUCLEUS_HIST.kernel)?,
+            scatter: get(NUCLEUS_SCATTER.kernel)?,
+            cut: get(NUCLEUS_CUT.kernel)?,
+            draw: get(NUCLEUS_DRAW.kernel)?,
+        })
+    } else {
+        None
+    };
     let smem = config.smem_bytes();
     if smem > DEFAULT_SMEM_LIMIT {
         stage1
@@ -313,7 +340,7 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: 
             config.block_threads()
         )));
     }
-    Ok(LoadedKernel { stage1, stage2, filter, decide, _module: module, from_disk, stage1_per_sm })
+    Ok(LoadedKernel { stage1, stage2, filter, decide, nucleus, _module: module, from_disk, stage1_per_sm })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

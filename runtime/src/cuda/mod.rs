@@ -38,4 +38,4 @@ pub use backend::CudaSampler;
 pub use cache::cache_dir;
 pub use device::{CudaDevice, DeviceTensor};
 pub(crate) use device::drv;
-pub use plan::{DeviceDrafts, SamplingPlan, VerifyOutputs};
+pub use plan::{DeviceDrafts, SamplingPlan, VerifyOutputs, DEFAULT_NUCLEUS_ROWS};

@@ -8,23 +8,29 @@
 //! Exactness without a host round trip: the plan's kernels keep tile lists long enough that
 //! they cannot overflow (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)`
 //! entries), so stage three never needs the host's rerun. A row whose top-p / min-p nucleus
-//! outgrows the lists gets status `NucleusTooLarge` (the host API then serves that row exactly
-//! from whole-tile lists of it alone, DESIGN.md step 9; the device API reports the row).
+//! outgrows the lists is sampled over its whole vocabulary by the plan's nucleus kernels after
+//! stage three (DESIGN.md "Exact nucleus on the device"), up to the plan's `R` rows per chunk;
+//! a row past them keeps status `NucleusTooLarge` (the host API then serves it exactly from
+//! whole-tile lists of it alone, DESIGN.md step 9; the device API reports it).
 //!
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
 
 use super::runtime_kernels::{AuxKernels, STORE_WORDS};
-use super::cache::{self, LoadedKernel};
+use super::cache::{self, LoadedKernel, NucleusKernels};
 use super::device::drv;
 use super::ptx::{self, Geometry};
 use super::tma;
 use super::{CudaDevice, DeviceInputs, DeviceOutputs};
 use crate::launch::{check_shape, row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES};
 use crate::{Error, Result};
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
-use flashsample_codegen_ptx::{DecideArgs, FilterArgs, GpuConfig, KernelArg, Stage1Args, Stage2Args, DECIDE_THREADS};
+use flashsample_codegen_ptx::{
+    DecideArgs, FilterArgs, GpuConfig, KernelArg, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs,
+    NucleusPickArgs, NucleusScatterArgs, Stage1Args, Stage2Args, DECIDE_THREADS, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES,
+    NUCLEUS_THREADS,
+};
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
 
@@ -190,6 +196,18 @@ pub struct SamplingPlan {
     /// Rows one chunk of a launch runs at most ([`chunk_rows`]); the per-(row, tile) scratch
     /// holds this many rows.
     chunk_rows: usize,
+    /// The exact nucleus's scratch, for pipelines with its kernels and `R > 0`.
+    nucleus: Option<NucleusScratch>,
+}
+
+/// Rows per chunk the exact nucleus kernels serve by default (`R`, DESIGN.md "Exact nucleus on
+/// the device"): scratch `R × V × 20` bytes (6 MB at V = 151936).
+pub const DEFAULT_NUCLEUS_ROWS: usize = 2;
+
+/// A plan's exact nucleus scratch: its layout and the one buffer it describes.
+struct NucleusScratch {
+    layout: NucleusLayout,
+    buffer: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for SamplingPlan {
@@ -208,7 +226,8 @@ impl std::fmt::Debug for SamplingPlan {
 impl SamplingPlan {
     /// A plan running `configs[i].1` for batches up to `configs[i].0` (ascending, the last one
     /// `max_batch`); `lse`: stage one computes the logsumexp partials; `need`: stage three's
-    /// merge length.
+    /// merge length; `nucleus_rows`: the status-4 rows per chunk the exact nucleus kernels
+    /// serve (`R`; 0: none, they keep status 4).
     pub(crate) fn build(
         pipeline: Arc<Pipeline>,
         device: Arc<CudaDevice>,
@@ -216,6 +235,7 @@ impl SamplingPlan {
         configs: Vec<(usize, GpuConfig)>,
         lse: bool,
         need: u32,
+        nucleus_rows: usize,
     ) -> Result<SamplingPlan> {
         let Shape { batch: max_batch, dim, vocab } = check_shape(shape.batch, shape.dim, shape.vocab, shape.dim)?;
         if configs.last().map(|c| c.0) != Some(max_batch) {
@@ -280,8 +300,15 @@ impl SamplingPlan {
                 None
             },
         };
+        // Vocabularies past the cut's shared block sums keep status 4 (NUCLEUS_MAX_VOCAB).
+        let nucleus = if nucleus_rows > 0 && flashsample_codegen_ptx::has_nucleus_kernels(&pipeline) && vocab <= NUCLEUS_MAX_VOCAB {
+            let layout = NucleusLayout { rows: nucleus_rows.min(chunk), vocab, samples, raw: pipeline.lists_carry_raw() };
+            Some(NucleusScratch { layout, buffer: alloc(layout.offsets().bytes)? })
+        } else {
+            None
+        };
         let aux = device.aux_kernels()?;
-        Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk })
+        Ok(SamplingPlan { pipeline, device, max_batch, dim, vocab, lse, need, kernels, aux, scratch, chunk_rows: chunk, nucleus })
     }
 
     /// The largest batch a launch may have.
@@ -321,6 +348,14 @@ impl SamplingPlan {
             + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
             + raw
             + spec
+            + self.nucleus.as_ref().map_or(0, |n| n.buffer.len())
+    }
+
+    /// Rows of status 4 per chunk of a launch that the exact nucleus kernels sample on the
+    /// device (`R`; DESIGN.md "Exact nucleus on the device"); later ones keep status 4. 0 for
+    /// pipelines without a filter, plans made with 0, or vocabularies past `NUCLEUS_MAX_VOCAB`.
+    pub fn nucleus_rows(&self) -> usize {
+        self.nucleus.as_ref().map_or(0, |n| n.layout.rows)
     }
 
     /// The list capacity a `NucleusTooLarge` row outgrew.
@@ -715,6 +750,9 @@ impl SamplingPlan {
         } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
+        if let (Some(ns), Some(kn)) = (&self.nucleus, &k.kernel.nucleus) {
+            self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits])?;
+        }
         let n = batch * samples;
         self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, if reported_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
         if let Some(d) = &a.decide {
@@ -759,6 +797,103 @@ impl SamplingPlan {
             }
         }
         at(Boundary::End)
+    }
+
+    /// The exact nucleus after stage three (DESIGN.md "Exact nucleus on the device"): the
+    /// chunk's first `R` rows of status 4 sampled over their whole vocabulary on the device
+    /// (pick, logits, four radix passes, cut, draw), before the finishing kernel turns their
+    /// logits into logprobs. Every kernel exits at once when no row was picked.
+    /// `[temperatures, scores, logits]`: the addresses stage one and three used.
+    fn enqueue_nucleus(&self, stream: &CudaStream, ns: &NucleusScratch, kn: &NucleusKernels, a: &Args, row_base: u32, [temperatures, scores, logits]: [u64; 3]) -> Result<()> {
+        let l = ns.layout;
+        let o = l.offsets();
+        let base = self.addr(&ns.buffer, stream);
+        let at = |off: usize| base + off as u64;
+        let (batch, dim, vocab, rows) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32, l.rows as u32);
+        let samples = self.pipeline.samples_per_row();
+        let picks = at(o.picks);
+        let launch = |f: &CudaFunction, grid: (u32, u32, u32), block: u32, args: Vec<KernelArg>, what: &'static str| -> Result<()> {
+            let mut b = stream.launch_builder(f);
+            push_args(&mut b, &args);
+            // SAFETY: `args` follow the kernel's parameter table (`NUCLEUS_*`); the nucleus
+            // buffers are the plan's, laid out by `l` for this vocabulary, and the launch's
+            // buffers were checked by `resolve` (chunk offsets as for stage one).
+            unsafe { b.launch(LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: 0 }) }.map_err(drv(what))?;
+            Ok(())
+        };
+        let pick = NucleusPickArgs { status: a.status, batch, rows, samples, picks, best: at(o.best), done: at(o.done), row_base, spec_period: a.spec_period };
+        launch(&kn.pick, (1, 1, 1), 32, pick.args(), "cuLaunchKernel(flashsample_nucleus_pick)")?;
+        let [pen_bits, pen_offsets, pen_tokens, pen_subtract, pen_repetition] = a.penalties;
+        let [lb_bits, lb_offsets, lb_tokens, lb_values] = a.logit_bias;
+        let logits_args = NucleusLogitsArgs {
+            picks,
+            rows,
+            hidden: a.hidden,
+            weights: a.weights,
+            temperatures,
+            bias: a.bias,
+            allowed: a.allowed,
+            dim,
+            vocab,
+            pen_bits,
+            pen_offsets,
+            pen_tokens,
+            pen_subtract,
+            pen_repetition,
+            lb_bits,
+            lb_offsets,
+            lb_tokens,
+            lb_values,
+            x: at(o.x),
+            raw: o.raw.map_or(0, at),
+            keys: at(o.keys[0]),
+            vals: at(o.vals[0]),
+        };
+        launch(&kn.logits, l.logits_grid(), NUCLEUS_THREADS, logits_args.args(), "cuLaunchKernel(flashsample_nucleus_logits)")?;
+        for pass in 0..NUCLEUS_RADIX_PASSES as usize {
+            let (src, dst) = (pass % 2, 1 - pass % 2);
+            let shift = 8 * pass as u32;
+            let hist = NucleusHistArgs { picks, rows, keys: at(o.keys[src]), vocab, shift, hist: at(o.hist) };
+            launch(&kn.hist, l.sort_grid(), NUCLEUS_THREADS, hist.args(), "cuLaunchKernel(flashsample_nucleus_hist)")?;
+            let scatter = NucleusScatterArgs {
+                picks,
+                rows,
+                keys: at(o.keys[src]),
+                vals: at(o.vals[src]),
+                hist: at(o.hist),
+                vocab,
+                shift,
+                keys_out: at(o.keys[dst]),
+                vals_out: at(o.vals[dst]),
+            };
+            launch(&kn.scatter, l.sort_grid(), NUCLEUS_THREADS, scatter.args(), "cuLaunchKernel(flashsample_nucleus_scatter)")?;
+        }
+        // An even number of passes: the sorted keys and tokens are back in buffer 0, and
+        // buffer 1's keys hold the cut's masses.
+        let cut = NucleusCutArgs { picks, rows, keys: at(o.keys[0]), filters: a.filters, vocab, masses: at(o.keys[1]), kept: at(o.kept) };
+        launch(&kn.cut, l.cut_grid(), NUCLEUS_CUT_THREADS, cut.args(), "cuLaunchKernel(flashsample_nucleus_cut)")?;
+        let draw = NucleusDrawArgs {
+            picks,
+            rows,
+            vals: at(o.vals[0]),
+            x: at(o.x),
+            raw: o.raw.map_or(0, at),
+            kept: at(o.kept),
+            vocab,
+            samples,
+            seed: a.seed,
+            row_seeds: a.row_seeds,
+            row_steps: a.row_steps,
+            row_base,
+            vocab_offset: a.vocab_offset,
+            best: at(o.best),
+            done: at(o.done),
+            out_tokens: a.tokens,
+            out_scores: scores,
+            out_logits: logits,
+            out_status: a.status,
+        };
+        launch(&kn.draw, l.draw_grid(), NUCLEUS_THREADS, draw.args(), "cuLaunchKernel(flashsample_nucleus_draw)")
     }
 
     /// Queues a host copy of the per-tile lists a launch of `batch` rows left in the plan's

@@ -146,12 +146,13 @@ fn bad_rows_land_in_the_status_buffer_and_the_others_are_sampled() {
     case.check(serving, &host, &good).unwrap();
 }
 
-/// A nucleus past the lists among top-k rows: the host API serves it exactly (every row equal
-/// to the reference); the device API reports the row (status 4, the plan's capacity) and
-/// samples the others as the host API does.
+/// A nucleus past the lists among top-k rows: both APIs serve it exactly, on the device (the
+/// plan's nucleus kernels; every row equal to the reference and the two APIs equal); a plan
+/// without nucleus rows reports it (status 4, the plan's capacity) and samples the others as
+/// the host API does. `nucleus.rs` compares the kernels with the host cut bit for bit.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_nucleus_past_the_lists_is_served_on_the_host_api_and_reported_on_the_device_api() {
+fn a_nucleus_past_the_lists_is_served_on_both_apis() {
     let (device, _dev) = gpu();
     let serving = &pipelines()[2];
     let sampler = Sampler::new(serving.clone(), &device).unwrap();
@@ -163,6 +164,19 @@ fn a_nucleus_past_the_lists_is_served_on_the_host_api_and_reported_on_the_device
     assert!(host.is_complete(), "{:?}", host.row_errors);
     case.check(serving, &host, &(0..64).collect::<Vec<_>>()).unwrap();
     let (plan, got) = device_launch(&sampler, &case, &case.params(serving), 64);
+    assert!(row_errors(&plan, &got.status).iter().all(Option::is_none), "{:?}", got.status);
+    assert_eq!(got.tokens, host.tokens);
+    assert_eq!(&got.scores, host.scores.as_ref().unwrap());
+    assert_eq!(got.logprobs.as_ref(), host.logprobs.as_ref());
+
+    let cuda = sampler.cuda().unwrap();
+    let dev = cuda.device().clone();
+    let plan = cuda.plan_with_nucleus_rows(64, 16, 5000, 0).unwrap();
+    let inputs = DeviceCase::upload(&dev, serving, &case, &case.params(serving));
+    let mut outputs = DeviceResults::alloc(&dev, serving, 64);
+    let stream = dev.context().new_stream().unwrap();
+    plan.launch(&stream, inputs.inputs(&stream), outputs.outputs(&stream)).unwrap();
+    let got = outputs.read(&stream);
     let errors = row_errors(&plan, &got.status);
     assert_eq!(errors[63], Some(RowStatusError::List(ListError::NucleusTooLarge { row: 63, capacity: 8 })));
     assert_eq!(&got.tokens[..63 * 2], &host.tokens[..63 * 2]);

@@ -85,9 +85,10 @@ fn device_api_logit_bias_equals_the_host_api() {
     let stream = dev.context().new_stream().unwrap();
     plan.launch(&stream, inputs.inputs(&stream), outputs.outputs(&stream)).unwrap();
     let got = outputs.read(&stream);
-    // The host API serves a lone top-p row whose nucleus outgrew the lists exactly; the device
-    // API reports it as status 4 (DESIGN.md "Exact nucleus on the device"). Every other row
-    // must be the host API's, bit for bit.
+    // A lone top-p row whose nucleus outgrew the lists is served exactly by both APIs, by the
+    // plan's nucleus kernels up to its R rows; the device API reports any past them as status 4
+    // (DESIGN.md "Exact nucleus on the device"). Every sampled row must be the host API's, bit
+    // for bit.
     let errors = row_errors(&plan, &got.status);
     let samples = got.tokens.len() / case.batch;
     let scores = host.scores.as_ref().expect("the pipeline outputs scores");

@@ -19,6 +19,7 @@ mod invariance;
 mod logit_bias;
 mod logprob_modes;
 mod noise_skip;
+mod nucleus;
 mod robust;
 mod scoring;
 mod speculative;
@@ -456,7 +457,7 @@ fn ptx_disk_cache() {
 
 /// Logit spread of the filter tests: at the fixtures' temperatures (up to 1.5) a narrower one
 /// makes top-p 0.9 nuclei of thousands of tokens at V = 151936, which take the exact nucleus
-/// path (a second stage one of those rows); `large_nuclei_are_served_exactly` covers it.
+/// path (the plan's nucleus kernels); `large_nuclei_are_served_exactly` and `nucleus.rs` cover it.
 const FILTER_LOGIT_STD: f32 = 8.0;
 
 /// What a serving stack runs (as the CPU suite's): penalties, per-row temperature, a grammar
