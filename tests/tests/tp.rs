@@ -4,8 +4,9 @@
 //! - CPU (runs everywhere): N CPU samplers on shards, merged on the host, against TP = 1, for
 //!   N in {1, 2, 4, 8}, pathwise (tokens and scores bit-equal).
 //! - GPU: `TensorParallelSampler` (NCCL) with world size 1 on cuda:0, and over every GPU of
-//!   the machine when there are more, against the plain single-GPU sampler. Without a driver,
-//!   a GPU or libnccl these print `SKIPPED: <reason>` to stderr and pass.
+//!   the machine when there are more, against the plain single-GPU sampler. They are
+//!   `#[ignore]`d (reported as ignored where there is no GPU) and fail, naming what is
+//!   missing, when run without a driver, a GPU or libnccl.
 
 use flashsample::{
     tp::{merge_summaries, shard_pipeline, shard_ranges, summarize_shard, RankSummary},
@@ -172,33 +173,19 @@ fn list_pipelines_are_refused_with_a_typed_error() {
 
 // ---------------------------------------------------------------------------------- GPU
 
-fn skip(why: impl std::fmt::Display) {
-    // Straight to the process's stderr: libtest captures `eprintln!` of passing tests.
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED: {why}");
-}
-
-/// The number of usable GPUs, or `None` after printing why the test is skipped.
-fn gpus_with_nccl() -> Option<usize> {
+/// The number of usable GPUs; panics naming what is missing (these tests are ignored where
+/// there is no GPU, so running them means one was expected).
+fn gpus_with_nccl() -> usize {
     let count = match Device::cuda(0) {
         Ok(_) => (1..16).take_while(|&o| CudaDevice::open(o).is_ok()).count() + 1,
-        Err(e @ (Error::NoCudaDriver | Error::NoCudaDevice { .. })) => {
-            skip(format!("{e} (no GPU here)"));
-            return None;
-        }
-        Err(e) => panic!("opening cuda:0 failed: {e}"),
+        Err(e) => panic!("tensor-parallel GPU tests need cuda:0: {e}"),
     };
     match flashsample::tp::nccl_version() {
         Ok(v) => {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr().lock(), "tp: NCCL {}.{}.{}, {count} GPU(s)", v.0, v.1, v.2);
-            Some(count)
+            eprintln!("tp: NCCL {}.{}.{}, {count} GPU(s)", v.0, v.1, v.2);
+            count
         }
-        Err(e @ TpError::NoNccl { .. }) => {
-            skip(e);
-            None
-        }
-        Err(e) => panic!("NCCL present but unusable: {e}"),
+        Err(e) => panic!("tensor-parallel GPU tests need NCCL: {e}"),
     }
 }
 
@@ -238,26 +225,26 @@ fn gpu_tp_matches_single_gpu(world: usize, vocab: usize, dim: usize, batches: &[
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU and NCCL"]
 fn gpu_tp_world_1_equals_the_single_gpu_sampler() {
-    let Some(_) = gpus_with_nccl() else { return };
+    gpus_with_nccl();
     gpu_tp_matches_single_gpu(1, 128_256, 1024, &[1, 16, 64]);
 }
 
 #[test]
+#[ignore = "needs two or more CUDA GPUs and NCCL"]
 fn gpu_tp_over_every_gpu_equals_the_single_gpu_sampler() {
-    let Some(n) = gpus_with_nccl() else { return };
-    if n < 2 {
-        skip(format!("TP over several GPUs: this machine has {n} GPU"));
-        return;
-    }
+    let n = gpus_with_nccl();
+    assert!(n >= 2, "TP over several GPUs: this machine has {n} GPU");
     for world in [2usize, 4, 8].into_iter().filter(|&w| w <= n) {
         gpu_tp_matches_single_gpu(world, 128_256, 1024, &[1, 16, 64]);
     }
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU and NCCL"]
 fn gpu_tp_reports_typed_errors() {
-    let Some(_) = gpus_with_nccl() else { return };
+    gpus_with_nccl();
     let p = &pipelines(DType::BF16)[1];
     let mut case = Case::random(p, 3, 256, 5000, 3, 4.0);
     let words = case.vocab.div_ceil(32);
