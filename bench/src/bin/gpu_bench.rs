@@ -542,7 +542,10 @@ fn main() {
              exactly by the plan's nucleus kernels; host API synchronous wall time; device API wall time per launch of 20 queued \
              back to back; budget <= 2x):"
         );
-        print_table(&["D", "V", "B", "host batch", "host with a nucleus row", "ratio", "device batch", "device with a nucleus row", "ratio"], &nucleus_rows);
+        print_table(
+            &["D", "V", "B", "host batch", "host with a nucleus row", "ratio", "device batch, R = 0", "device batch", "device with a nucleus row", "ratio"],
+            &nucleus_rows,
+        );
     }
     if !mode_rows.is_empty() {
         println!();
@@ -632,10 +635,14 @@ fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler,
         let params = SamplingParams { temperature: TemperatureArg::PerRow(temps), seed: 99, filter: Some(filters), ..Default::default() };
         flashsample_bench::median_secs(2, reps, || sampler.sample(ht, wt, &params)?.into_complete().map(|_| ())).unwrap_or_else(|e| fail(&e))
     };
-    let plan = sampler.cuda().expect("a CUDA sampler").plan(batch, dim, vocab).unwrap_or_else(|e| fail(&e));
+    let cuda = sampler.cuda().expect("a CUDA sampler");
+    let plan = cuda.plan(batch, dim, vocab).unwrap_or_else(|e| fail(&e));
+    // The same plan without the nucleus kernels (R = 0): what their idle launches cost a batch
+    // that needs none.
+    let plan_r0 = cuda.plan_with_nucleus_rows(batch, dim, vocab, 0).unwrap_or_else(|e| fail(&e));
     let stream = dev.context().new_stream().unwrap_or_else(|e| fail(&format!("{e:?}")));
     let hidden_dev = dev.upload(&hidden, batch, dim).unwrap_or_else(|e| fail(&e));
-    let device_time = |temps: &[f32], filters: &[RowFilter]| -> f64 {
+    let device_time = |plan: &flashsample::cuda::SamplingPlan, temps: &[f32], filters: &[RowFilter]| -> f64 {
         let drv = |e: cudarc::driver::DriverError| -> ! { fail(&format!("{e:?}")) };
         let temps_dev = stream.clone_htod(temps).unwrap_or_else(|e| drv(e));
         // `RowFilter`'s layout: top_k, top_p, min_p.
@@ -664,11 +671,12 @@ fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler,
         t / QUEUED as f64
     };
     let plain = time(&temps, &filters);
-    let device_plain = device_time(&temps, &filters);
+    let device_plain = device_time(&plan, &temps, &filters);
+    let device_idle_free = device_time(&plan_r0, &temps, &filters);
     temps[batch - 1] = 2.0;
     filters[batch - 1] = RowFilter::top_p(0.95);
     let with = time(&temps, &filters);
-    let device_with = device_time(&temps, &filters);
+    let device_with = device_time(&plan, &temps, &filters);
     eprintln!(
         "exact nucleus D={dim} V={vocab} B={batch}: host {:.2} ms, with the nucleus row {:.2} ms; device {:.3} ms, with it {:.3} ms",
         plain * 1e3,
@@ -684,6 +692,7 @@ fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler,
         ms(plain),
         ms(with),
         format!("{:.2}x", with / plain),
+        ms(device_idle_free),
         ms(device_plain),
         ms(device_with),
         format!("{:.2}x", device_with / device_plain),
