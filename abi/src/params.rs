@@ -67,6 +67,13 @@ impl RowFilter {
     pub fn is_bounded(&self) -> bool {
         self.top_k > 0 || self.min_p > 0.0
     }
+
+    /// Whether the row's candidate set can outgrow any list: a top-p or min-p without a
+    /// top-k (a top-k is at most the lists' capacity). Only such a row can be
+    /// [`crate::filter::ListError::NucleusTooLarge`].
+    pub fn may_outgrow_lists(&self) -> bool {
+        self.top_k == 0 && !self.is_off()
+    }
 }
 
 impl Default for RowFilter {
@@ -799,5 +806,14 @@ mod tests {
         assert_eq!(t.apply(0, 4, 1.0), 1.0);
         assert_eq!(t.apply(1, 3, 1.0), 1.0);
         assert_eq!(t.apply(2, 3, 1.0), 0.0);
+    }
+
+    #[test]
+    fn only_unbounded_top_p_or_min_p_rows_can_outgrow_the_lists() {
+        assert!(!RowFilter::OFF.may_outgrow_lists());
+        assert!(!RowFilter::top_k(50).may_outgrow_lists());
+        assert!(RowFilter::top_p(0.9).may_outgrow_lists());
+        assert!(RowFilter { min_p: 0.05, ..RowFilter::OFF }.may_outgrow_lists());
+        assert!(!RowFilter { top_p: 0.9, ..RowFilter::top_k(8) }.may_outgrow_lists());
     }
 }

@@ -28,7 +28,7 @@ use crate::tensor::Storage;
 use crate::tuning::{self, DeviceIdentity, ShapeKey};
 use crate::{Error, Result, Tensor};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
-use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists, INDEX_NONE};
+use flashsample_abi::{Candidate, LsePartial, RowFilter, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists, INDEX_NONE};
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
@@ -397,6 +397,8 @@ impl CudaSampler {
             logprobs: 0,
             top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
             spec_period: 0,
+            // Only a row with a top-p / min-p and no top-k can be status 4.
+            nucleus_pass: params.filter.is_some_and(|f| f.iter().any(RowFilter::may_outgrow_lists)),
             decide: None,
         };
         Ok(Uploaded { args, weights: weight_ptrs, _host: host, _operands: operands })

@@ -144,6 +144,11 @@ pub(crate) struct Args {
     /// Stage one's `spec_period` (`k + 1` of a verifying launch; 0: every row keeps residual
     /// lists), unread without `verify`.
     pub spec_period: u32,
+    /// Whether the exact nucleus kernels are enqueued (when the plan has them). The device API
+    /// always enqueues them: its filters are device memory. The host API knows its rows'
+    /// filters and enqueues them only when some row can outgrow the lists
+    /// (`RowFilter::may_outgrow_lists`), so a batch that cannot pays none of their idle launches.
+    pub nucleus_pass: bool,
     /// The decision on the device, enqueued after stage three (a verifying launch).
     pub decide: Option<DecideLaunch>,
 }
@@ -504,6 +509,7 @@ impl SamplingPlan {
             logprobs,
             top,
             spec_period: 0,
+            nucleus_pass: true,
             decide: None,
         })
     }
@@ -750,7 +756,7 @@ impl SamplingPlan {
         } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
-        if let (Some(ns), Some(kn)) = (&self.nucleus, &k.kernel.nucleus) {
+        if let (true, Some(ns), Some(kn)) = (a.nucleus_pass, &self.nucleus, &k.kernel.nucleus) {
             self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits])?;
         }
         let n = batch * samples;
@@ -1152,6 +1158,7 @@ mod tests {
             logprobs: base(24),
             top: base(25),
             spec_period: 4,
+            nucleus_pass: true,
             decide: None,
         };
         let c = chunk_args(&p, dim, vocab, &a, first, 1000);
