@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: decode before_after peers profile ptxas score spec
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
@@ -32,6 +32,19 @@ if has tests; then
   rc=$?
   summary+=("tests rc=$rc ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/tests.log" | head -20)")
+fi
+if has new; then
+  # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
+  # then memcheck on the new kernels: the first thing a lent GPU should run.
+  NEW_TESTS=${NEW_TESTS:-"nucleus:: device_api::a_nucleus_past_the_lists_is_served_on_both_apis speculative:: pingpong_equals_tma_ring filtered_gpu_tokens_match_cpu_tokens a_range_with_its_row_offset_samples_what_the_whole_launch_does stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly"}
+  start=$SECONDS
+  timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
+  summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
+  summary+=("$(grep -E '^test .* FAILED$' "$OUT/new-tests.log" | head -20)")
+  for t in nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit speculative::the_device_api_decides_as_the_host_api; do
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/memcheck-${t//:/_}.log" 2>&1
+    summary+=("memcheck $t rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-${t//:/_}.log" | tr '\n' ' ')")
+  done
 fi
 if has cache; then
   FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$GPU_TEST" ptx_disk_cache --exact --include-ignored --nocapture >"$OUT/cache.log" 2>&1
