@@ -1,7 +1,9 @@
 //! Tests' LLVM IR interpreter for the small kernels codegen emits (`flashsample_decide` and
-//! the helpers it calls): a parsed function runs one CTA at a time, its threads in lockstep at
-//! barriers and warp shuffles, every `.rn` intrinsic as the IEEE operation it is, global and
-//! shared memory as byte buffers. No GPU needed.
+//! the helpers it calls, the exact nucleus kernels' paths that take no atomics): a parsed
+//! function runs one CTA at a time, its threads in lockstep at barriers and warp collectives
+//! (shuffles, ballots), every `.rn` intrinsic as the IEEE operation it is, global and shared
+//! memory as byte buffers. An instruction it does not model parses, and panics only if a thread
+//! reaches it. No GPU needed.
 
 use flashsample_codegen_ptx::DECIDE_THREADS;
 use std::collections::HashMap;
@@ -21,7 +23,7 @@ enum Ty {
 fn ty_of(s: &str) -> Ty {
     match s {
         "i1" => Ty::I1,
-        "i8" => Ty::I32,
+        "i8" | "i16" => Ty::I32,
         "i32" => Ty::I32,
         "i64" => Ty::I64,
         "float" => Ty::F32,
@@ -37,6 +39,7 @@ fn ty_of(s: &str) -> Ty {
 fn size_of(s: &str) -> u64 {
     match s {
         "i8" => 1,
+        "i16" => 2,
         "i1" => 1,
         "i32" | "float" => 4,
         "i64" | "double" => 8,
@@ -80,7 +83,12 @@ enum Intr {
     RoundevenD,
     Tid,
     Ctaid,
+    CtaidY,
+    NctaidX,
     Shfl,
+    Ballot,
+    WarpSync,
+    Ctpop,
 }
 
 #[derive(Debug)]
@@ -99,6 +107,9 @@ enum Inst {
     Intrinsic { d: usize, which: Intr, args: Vec<Val> },
     Call { d: Option<usize>, callee: String, args: Vec<Val> },
     Barrier,
+    /// An instruction the interpreter does not model (atomics, inline PTX other than
+    /// `bar.sync 0`, other intrinsics): executing it panics with its text.
+    Unsupported(String),
     Br(usize),
     CondBr(Val, usize, usize),
     Ret(Option<Val>),
@@ -181,6 +192,9 @@ impl Parser<'_> {
         if line.starts_with("call void asm sideeffect \"bar.sync 0;\"") {
             return Inst::Barrier;
         }
+        if line.contains(" asm ") || line.contains("atomicrmw ") || line.contains("cmpxchg ") || line.starts_with("fence") || line.contains(" x ") {
+            return Inst::Unsupported(line.to_string());
+        }
         if let Some(rest) = line.strip_prefix("store ") {
             let (ty, rest) = split_ty(rest);
             let (v, p) = rest.split_once(", ").unwrap();
@@ -201,6 +215,20 @@ impl Parser<'_> {
         }
         if let Some(rest) = line.strip_prefix("ret ") {
             return if rest == "void" { Inst::Ret(None) } else { Inst::Ret(Some(self.typed(rest))) };
+        }
+        if line.starts_with("call void @llvm.nvvm.bar.warp.sync(") {
+            // The warp's lanes meet here, as at a ballot (the result is ignored).
+            let d = self.reg("%warp.sync");
+            return Inst::Intrinsic { d, which: Intr::WarpSync, args: vec![Val::Imm(0), Val::Imm(0)] };
+        }
+        if line.starts_with("call void @llvm") {
+            return Inst::Unsupported(line.to_string());
+        }
+        if let Some(rest) = line.strip_prefix("call void @") {
+            let (callee, args) = rest.split_once('(').unwrap();
+            let args = args.strip_suffix(')').unwrap_or(args);
+            let args: Vec<Val> = if args.is_empty() { Vec::new() } else { args.split(", ").map(|a| self.typed(a)).collect() };
+            return Inst::Call { d: None, callee: callee.to_string(), args };
         }
         let (dst, rhs) = line.split_once(" = ").unwrap_or_else(|| panic!("{line}"));
         let d = self.reg(dst);
@@ -265,8 +293,12 @@ impl Parser<'_> {
                     "@llvm.roundeven.f64" => Some(Intr::RoundevenD),
                     "@llvm.nvvm.read.ptx.sreg.tid.x" => Some(Intr::Tid),
                     "@llvm.nvvm.read.ptx.sreg.ctaid.x" => Some(Intr::Ctaid),
+                    "@llvm.nvvm.read.ptx.sreg.ctaid.y" => Some(Intr::CtaidY),
+                    "@llvm.nvvm.read.ptx.sreg.nctaid.x" => Some(Intr::NctaidX),
                     "@llvm.nvvm.shfl.sync.bfly.i32" => Some(Intr::Shfl),
-                    c if c.starts_with("@llvm") => panic!("intrinsic {c}"),
+                    "@llvm.nvvm.vote.ballot.sync" => Some(Intr::Ballot),
+                    "@llvm.ctpop.i32" => Some(Intr::Ctpop),
+                    c if c.starts_with("@llvm") => return Inst::Unsupported(line.to_string()),
                     _ => None,
                 };
                 match which {
@@ -370,10 +402,19 @@ fn ff(b: u64) -> f32 {
     f32::from_bits(b as u32)
 }
 
+/// A CTA's place in its grid: `ctaid.x`, `ctaid.y` and `nctaid.x`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Cta {
+    pub(super) x: u64,
+    pub(super) y: u64,
+    pub(super) grid_x: u64,
+}
+
 /// Why a thread stopped.
 enum Stop {
     Barrier,
     Shuffle { d: usize, v: u64, lane_mask: u32 },
+    Ballot { d: usize, pred: bool },
     Done,
 }
 
@@ -401,7 +442,7 @@ impl Module {
     }
 
     /// Executes one non-control instruction (shared by the kernel and the helpers).
-    fn exec(&self, inst: &Inst, regs: &mut [Word], locals: &mut HashMap<u64, u64>, next_local: &mut u64, mem: &mut Memory, ids: (u64, u64)) {
+    fn exec(&self, inst: &Inst, regs: &mut [Word], locals: &mut HashMap<u64, u64>, next_local: &mut u64, mem: &mut Memory, ids: (u64, Cta)) {
         let g = |regs: &[Word], v: Val| Self::get(regs, v);
         match inst {
             Inst::Bin { d, op, ty, a, b } => {
@@ -442,17 +483,35 @@ impl Module {
                     Ty::F32 => (f64::from(ff(a)), f64::from(ff(b))),
                     _ => (fd(a), fd(b)),
                 };
+                let float = matches!(ty, Ty::F32 | Ty::F64);
+                let nan = x.is_nan() || y.is_nan();
                 regs[*d][0] = u64::from(match pred.as_str() {
+                    // icmp (integers and pointers: `a`, `b` are their bits)
                     "eq" => a == b,
                     "ne" => a != b,
-                    "ult" => a < b,
-                    "ugt" => a > b,
+                    "ult" if !float => a < b,
+                    "ugt" if !float => a > b,
+                    "ule" if !float => a <= b,
+                    "uge" if !float => a >= b,
                     "sgt" => sext(a, *ty) > sext(b, *ty),
+                    "sge" => sext(a, *ty) >= sext(b, *ty),
+                    "slt" => sext(a, *ty) < sext(b, *ty),
+                    "sle" => sext(a, *ty) <= sext(b, *ty),
+                    // fcmp: ordered predicates are false, unordered true, when a side is NaN.
                     "oeq" => x == y,
                     "ogt" => x > y,
                     "olt" => x < y,
                     "oge" => x >= y,
                     "ole" => x <= y,
+                    "one" => !nan && x != y,
+                    "ueq" => nan || x == y,
+                    "une" => nan || x != y,
+                    "ugt" => nan || x > y,
+                    "uge" => nan || x >= y,
+                    "ult" => nan || x < y,
+                    "ule" => nan || x <= y,
+                    "uno" => nan,
+                    "ord" => !nan,
                     other => panic!("predicate {other}"),
                 });
             }
@@ -503,8 +562,11 @@ impl Module {
                     Intr::FptosiSat => (fd(a[0]) as i64) as u64,
                     Intr::RoundevenD => fd(a[0]).round_ties_even().to_bits(),
                     Intr::Tid => ids.0,
-                    Intr::Ctaid => ids.1,
-                    Intr::Shfl => unreachable!("shuffles synchronize the warp"),
+                    Intr::Ctaid => ids.1.x,
+                    Intr::CtaidY => ids.1.y,
+                    Intr::NctaidX => ids.1.grid_x,
+                    Intr::Ctpop => u64::from((a[0] as u32).count_ones()),
+                    Intr::Shfl | Intr::Ballot | Intr::WarpSync => unreachable!("warp collectives synchronize the warp"),
                 };
             }
             Inst::Call { d, callee, args } => {
@@ -514,6 +576,7 @@ impl Module {
                     regs[*d] = r;
                 }
             }
+            Inst::Unsupported(line) => panic!("the interpreter does not model `{line}`"),
             other => panic!("not a straight-line instruction: {other:?}"),
         }
     }
@@ -538,7 +601,7 @@ impl Module {
                 Inst::CondBr(c, t, e) => (block, pc) = (if Self::get(&regs, *c) & 1 == 1 { *t } else { *e }, 0),
                 Inst::Ret(v) => return v.map_or([0; 4], |v| self.word(&regs, v)),
                 inst => {
-                    self.exec(inst, &mut regs, &mut locals, &mut next, mem, (0, 0));
+                    self.exec(inst, &mut regs, &mut locals, &mut next, mem, (0, Cta::default()));
                     pc += 1;
                 }
             }
@@ -546,7 +609,7 @@ impl Module {
     }
 
     /// Runs `t` of the kernel until it reaches a barrier, a shuffle or its end.
-    fn run_thread(&self, f: &Function, t: &mut Thread, cta: u64, mem: &mut Memory) {
+    fn run_thread(&self, f: &Function, t: &mut Thread, cta: Cta, mem: &mut Memory) {
         loop {
             match &f.blocks[t.block][t.pc] {
                 Inst::Br(b) => (t.block, t.pc) = (*b, 0),
@@ -558,6 +621,12 @@ impl Module {
                 Inst::Barrier => {
                     t.pc += 1;
                     t.stop = Some(Stop::Barrier);
+                    return;
+                }
+                Inst::Intrinsic { d, which: Intr::Ballot | Intr::WarpSync, args } => {
+                    let pred = Self::get(&t.regs, args[1]) & 1 == 1;
+                    t.pc += 1;
+                    t.stop = Some(Stop::Ballot { d: *d, pred });
                     return;
                 }
                 Inst::Intrinsic { d, which: Intr::Shfl, args } => {
@@ -577,7 +646,11 @@ impl Module {
 
     /// Runs CTA `cta` of kernel `f` ([`DECIDE_THREADS`] threads) with parameters `params`.
     pub(super) fn run_cta(&self, f: &Function, params: &[u64], cta: u64, mem: &mut Memory) {
-        let n = DECIDE_THREADS as usize;
+        self.run_cta_of(f, params, Cta { x: cta, ..Cta::default() }, DECIDE_THREADS as usize, mem);
+    }
+
+    /// Runs CTA `cta` of kernel `f` with `n` threads (a multiple of 32) and `params`.
+    pub(super) fn run_cta_of(&self, f: &Function, params: &[u64], cta: Cta, n: usize, mem: &mut Memory) {
         let mut threads: Vec<Thread> = (0..n)
             .map(|tid| {
                 let mut regs = vec![[0u64; 4]; f.regs];
@@ -594,8 +667,23 @@ impl Module {
             if threads.iter().all(|t| matches!(t.stop, Some(Stop::Done))) {
                 return;
             }
+            let ballots = threads.iter().any(|t| matches!(t.stop, Some(Stop::Ballot { .. })));
             let shuffles = threads.iter().any(|t| matches!(t.stop, Some(Stop::Shuffle { .. })));
-            if shuffles {
+            if ballots {
+                for warp in threads.chunks_mut(32) {
+                    let lanes: Vec<Option<(usize, bool)>> =
+                        warp.iter().map(|t| if let Some(Stop::Ballot { d, pred }) = t.stop { Some((d, pred)) } else { None }).collect();
+                    if lanes.iter().all(Option::is_none) {
+                        continue;
+                    }
+                    assert!(lanes.iter().all(Option::is_some), "a warp ballot reached by only some lanes");
+                    let bits = lanes.iter().enumerate().filter(|(_, l)| l.unwrap().1).fold(0u64, |b, (lane, _)| b | 1 << lane);
+                    for (lane, t) in warp.iter_mut().enumerate() {
+                        t.regs[lanes[lane].unwrap().0][0] = bits;
+                        t.stop = None;
+                    }
+                }
+            } else if shuffles {
                 for warp in threads.chunks_mut(32) {
                     let lanes: Vec<Option<(usize, u64, u32)>> =
                         warp.iter().map(|t| if let Some(Stop::Shuffle { d, v, lane_mask }) = t.stop { Some((d, v, lane_mask)) } else { None }).collect();

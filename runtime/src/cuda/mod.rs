@@ -25,6 +25,8 @@ mod cache;
 mod decide_sim;
 #[cfg(test)]
 mod ir_sim;
+#[cfg(test)]
+mod nucleus_sim;
 mod device;
 mod plan;
 mod ptx;
