@@ -88,7 +88,17 @@ enum Intr {
     Shfl,
     Ballot,
     WarpSync,
+    /// `match.any.sync.b32`: the lanes holding the same value.
+    MatchAny,
     Ctpop,
+    FmaF,
+    MulF,
+    DivF,
+    MaxnumF,
+    MinnumF,
+    FabsF,
+    RoundevenF,
+    FptosiSatI32F,
 }
 
 #[derive(Debug)]
@@ -107,6 +117,11 @@ enum Inst {
     Intrinsic { d: usize, which: Intr, args: Vec<Val> },
     Call { d: Option<usize>, callee: String, args: Vec<Val> },
     Barrier,
+    /// `atomicrmw op` on `bytes` at `p` with `v`; `d` gets the old value. Threads run one at a
+    /// time, so every read-modify-write is atomic.
+    Atomic { d: Option<usize>, op: String, bytes: u64, p: Val, v: Val },
+    /// A memory fence (`membar`): threads run one at a time, so a no-op.
+    Nop,
     /// An instruction the interpreter does not model (atomics, inline PTX other than
     /// `bar.sync 0`, other intrinsics): executing it panics with its text.
     Unsupported(String),
@@ -191,6 +206,28 @@ impl Parser<'_> {
     fn inst(&mut self, line: &str) -> Inst {
         if line.starts_with("call void asm sideeffect \"bar.sync 0;\"") {
             return Inst::Barrier;
+        }
+        if line.starts_with("call void asm sideeffect \"membar.") {
+            return Inst::Nop;
+        }
+        if let Some(at) = line.find("atomicrmw ") {
+            let d = line.split_once(" = ").map(|(dst, _)| self.reg(dst));
+            let rest = &line[at + "atomicrmw ".len()..];
+            let (op, rest) = rest.split_once(' ').unwrap();
+            let (_, rest) = split_ty(rest);
+            let (p, rest) = rest.split_once(", ").unwrap();
+            let p = self.val(p, Ty::Ptr);
+            let (ty, rest) = split_ty(rest);
+            let v = self.val(rest.split_whitespace().next().unwrap(), ty_of(ty));
+            return Inst::Atomic { d, op: op.to_string(), bytes: size_of(ty), p, v };
+        }
+        if line.contains("asm sideeffect \"match.any.sync.b32") {
+            let (dst, rhs) = line.split_once(" = ").unwrap();
+            let d = self.reg(dst);
+            let arg = rhs.rsplit_once('(').unwrap().1;
+            let arg = &arg[..arg.find(')').unwrap()];
+            let x = self.typed(arg);
+            return Inst::Intrinsic { d, which: Intr::MatchAny, args: vec![Val::Imm(0), x] };
         }
         if line.contains(" asm ") || line.contains("atomicrmw ") || line.contains("cmpxchg ") || line.starts_with("fence") || line.contains(" x ") {
             return Inst::Unsupported(line.to_string());
@@ -298,6 +335,14 @@ impl Parser<'_> {
                     "@llvm.nvvm.shfl.sync.bfly.i32" => Some(Intr::Shfl),
                     "@llvm.nvvm.vote.ballot.sync" => Some(Intr::Ballot),
                     "@llvm.ctpop.i32" => Some(Intr::Ctpop),
+                    "@llvm.nvvm.fma.rn.f" | "@llvm.fma.f32" => Some(Intr::FmaF),
+                    "@llvm.nvvm.mul.rn.f" => Some(Intr::MulF),
+                    "@llvm.nvvm.div.rn.f" => Some(Intr::DivF),
+                    "@llvm.maxnum.f32" => Some(Intr::MaxnumF),
+                    "@llvm.minnum.f32" => Some(Intr::MinnumF),
+                    "@llvm.fabs.f32" => Some(Intr::FabsF),
+                    "@llvm.roundeven.f32" => Some(Intr::RoundevenF),
+                    "@llvm.fptosi.sat.i32.f32" => Some(Intr::FptosiSatI32F),
                     c if c.starts_with("@llvm") => return Inst::Unsupported(line.to_string()),
                     _ => None,
                 };
@@ -338,7 +383,13 @@ fn params_end(s: &str) -> usize {
 
 /// Parses function `name` of module `ir`.
 pub(super) fn parse(ir: &str, name: &str, globals: &HashMap<String, u64>) -> Function {
-    let start = ir.find(&format!("@{name}(")).and_then(|i| ir[..i].rfind("define ")).unwrap_or_else(|| panic!("{name}"));
+    // The definition, not a call site that comes first.
+    let signature = format!("@{name}(");
+    let start = ir
+        .match_indices("define ")
+        .map(|(i, _)| i)
+        .find(|&i| ir[i..].lines().next().is_some_and(|l| l.contains(&signature)))
+        .unwrap_or_else(|| panic!("{name}"));
     let text = &ir[start..];
     let text = &text[..text.find("\n}").unwrap()];
     let mut lines = text.lines();
@@ -415,6 +466,7 @@ enum Stop {
     Barrier,
     Shuffle { d: usize, v: u64, lane_mask: u32 },
     Ballot { d: usize, pred: bool },
+    MatchAny { d: usize, v: u64 },
     Done,
 }
 
@@ -474,6 +526,12 @@ impl Module {
                     "uitofp" if *to == Ty::F64 => (a as f64).to_bits(),
                     "sitofp" => u64::from((sext(a, *from) as f32).to_bits()),
                     "uitofp" => u64::from((a as f32).to_bits()),
+                    // LLVM's result is poison out of range; the kernels convert in range.
+                    "fptoui" if *from == Ty::F32 => mask(ff(a) as u64, *to),
+                    "fptosi" if *from == Ty::F32 => mask(ff(a) as i64 as u64, *to),
+                    "fptoui" => mask(fd(a) as u64, *to),
+                    "fptosi" => mask(fd(a) as i64 as u64, *to),
+                    "fptrunc" => u64::from((fd(a) as f32).to_bits()),
                     other => panic!("cast {other}"),
                 };
             }
@@ -566,7 +624,16 @@ impl Module {
                     Intr::CtaidY => ids.1.y,
                     Intr::NctaidX => ids.1.grid_x,
                     Intr::Ctpop => u64::from((a[0] as u32).count_ones()),
-                    Intr::Shfl | Intr::Ballot | Intr::WarpSync => unreachable!("warp collectives synchronize the warp"),
+                    Intr::FmaF => u64::from(ff(a[0]).mul_add(ff(a[1]), ff(a[2])).to_bits()),
+                    Intr::MulF => u64::from((ff(a[0]) * ff(a[1])).to_bits()),
+                    Intr::DivF => u64::from((ff(a[0]) / ff(a[1])).to_bits()),
+                    // PTX's max/min: a NaN operand yields the other.
+                    Intr::MaxnumF => u64::from(ff(a[0]).max(ff(a[1])).to_bits()),
+                    Intr::MinnumF => u64::from(ff(a[0]).min(ff(a[1])).to_bits()),
+                    Intr::FabsF => u64::from(ff(a[0]).abs().to_bits()),
+                    Intr::RoundevenF => u64::from(ff(a[0]).round_ties_even().to_bits()),
+                    Intr::FptosiSatI32F => mask(ff(a[0]) as i32 as u32 as u64, Ty::I32),
+                    Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny => unreachable!("warp collectives synchronize the warp"),
                 };
             }
             Inst::Call { d, callee, args } => {
@@ -576,6 +643,25 @@ impl Module {
                     regs[*d] = r;
                 }
             }
+            Inst::Atomic { d, op, bytes, p, v } => {
+                let (p, v) = (g(regs, *p), g(regs, *v));
+                let old = mem.load(p, *bytes);
+                let new = match op.as_str() {
+                    "add" => old.wrapping_add(v),
+                    "or" => old | v,
+                    "and" => old & v,
+                    "xchg" => v,
+                    "umax" => old.max(v),
+                    "umin" => old.min(v),
+                    other => panic!("atomicrmw {other}"),
+                };
+                let width = if *bytes == 4 { Ty::I32 } else { Ty::I64 };
+                mem.store(p, *bytes, mask(new, width));
+                if let Some(d) = d {
+                    regs[*d][0] = old;
+                }
+            }
+            Inst::Nop => {}
             Inst::Unsupported(line) => panic!("the interpreter does not model `{line}`"),
             other => panic!("not a straight-line instruction: {other:?}"),
         }
@@ -623,6 +709,12 @@ impl Module {
                     t.stop = Some(Stop::Barrier);
                     return;
                 }
+                Inst::Intrinsic { d, which: Intr::MatchAny, args } => {
+                    let v = Self::get(&t.regs, args[1]);
+                    t.pc += 1;
+                    t.stop = Some(Stop::MatchAny { d: *d, v });
+                    return;
+                }
                 Inst::Intrinsic { d, which: Intr::Ballot | Intr::WarpSync, args } => {
                     let pred = Self::get(&t.regs, args[1]) & 1 == 1;
                     t.pc += 1;
@@ -668,6 +760,24 @@ impl Module {
                 return;
             }
             let ballots = threads.iter().any(|t| matches!(t.stop, Some(Stop::Ballot { .. })));
+            let matches = threads.iter().any(|t| matches!(t.stop, Some(Stop::MatchAny { .. })));
+            if matches {
+                for warp in threads.chunks_mut(32) {
+                    let lanes: Vec<Option<(usize, u64)>> =
+                        warp.iter().map(|t| if let Some(Stop::MatchAny { d, v }) = t.stop { Some((d, v)) } else { None }).collect();
+                    if lanes.iter().all(Option::is_none) {
+                        continue;
+                    }
+                    assert!(lanes.iter().all(Option::is_some), "a warp match reached by only some lanes");
+                    for (lane, t) in warp.iter_mut().enumerate() {
+                        let (d, v) = lanes[lane].unwrap();
+                        let same = lanes.iter().enumerate().filter(|(_, l)| l.unwrap().1 == v).fold(0u64, |m, (i, _)| m | 1 << i);
+                        t.regs[d][0] = same;
+                        t.stop = None;
+                    }
+                }
+                continue;
+            }
             let shuffles = threads.iter().any(|t| matches!(t.stop, Some(Stop::Shuffle { .. })));
             if ballots {
                 for warp in threads.chunks_mut(32) {

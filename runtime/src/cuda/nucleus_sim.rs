@@ -1,14 +1,18 @@
 //! Tests of the exact nucleus kernels without a GPU, on their LLVM IR as codegen emits it,
 //! interpreted on the host ([`super::ir_sim`]): the pick takes the first `R` rows of status 4
-//! in row order (a verifying launch's bonus rows only) and zeroes the draw's counters, and when
-//! it picked no row every later kernel exits without touching memory — the path of every
-//! filtered device-API launch without such a row.
+//! in row order (a verifying launch's bonus rows only) and zeroes the draw's counters; when it
+//! picked no row every later kernel exits without touching memory (the path of every filtered
+//! device-API launch without such a row); and the whole chain — logits (the SIMT path's fma
+//! order), radix sort, cut and draw — serves a picked row as the host's exact cut does.
 
 use super::ir_sim::{parse, Cta, Memory, Module};
 use flashsample_abi::RowStatus;
+use flashsample_abi::filter::{draw, survivors, whole_row, Scored};
+use flashsample_abi::{RowFilter, INDEX_NONE};
 use flashsample_codegen_ptx::{
-    GpuConfig, Grid, KernelParams, NucleusPickArgs, ParamKind, Schedule, NUCLEUS_CUT, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW, NUCLEUS_HIST,
-    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, NUCLEUS_THREADS,
+    GpuConfig, Grid, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs,
+    NucleusPickArgs, NucleusScatterArgs, ParamKind, Schedule, NUCLEUS_CUT, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW, NUCLEUS_HIST, NUCLEUS_LOGITS,
+    NUCLEUS_PICK, NUCLEUS_RADIX_PASSES, NUCLEUS_SCATTER, NUCLEUS_THREADS,
 };
 use flashsample_ir::{DType, Pipeline, PipelineBuilder};
 use std::collections::HashMap;
@@ -28,15 +32,34 @@ const SHARED: [(&str, usize); 7] = [
 fn kernels(verify: bool, mem: &mut Memory) -> (Pipeline, Module) {
     let b = PipelineBuilder::new("Nucleus", DType::BF16, DType::BF16).temperature_per_row("t").filter("filter", 8);
     let p = if verify { b.verify_sampled("drafts", "draft_probs") } else { b.gumbel("seed", 1) }.build().unwrap();
-    let mut c = GpuConfig::new(128, 8, 4, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::PerItem });
-    c.fit_lists(&p);
-    let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+    let c = GpuConfig::new(128, 8, 4, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::PerItem });
+    let m = module(&p, c, mem);
+    (p, m)
+}
+
+/// The nucleus kernels of `pipeline` on `config`, and the helpers they call, parsed.
+fn module(pipeline: &Pipeline, mut config: GpuConfig, mem: &mut Memory) -> Module {
+    config.fit_lists(pipeline);
+    let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &config).unwrap();
     let globals: HashMap<String, u64> = SHARED.iter().map(|&(name, bytes)| (name.to_string(), mem.add(vec![0; bytes]))).collect();
-    let funcs = [NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW]
-        .iter()
-        .map(|k| (k.kernel.to_string(), parse(&ir, k.kernel, &globals)))
-        .collect();
-    (p, Module { funcs })
+    let mut todo: Vec<String> = [NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW].iter().map(|k| k.kernel.to_string()).collect();
+    let mut funcs = HashMap::new();
+    while let Some(name) = todo.pop() {
+        if funcs.contains_key(&name) {
+            continue;
+        }
+        let signature = format!("@{name}(");
+        let start = ir.match_indices("define ").map(|(i, _)| i).find(|&i| ir[i..].lines().next().is_some_and(|l| l.contains(&signature))).unwrap();
+        let text = &ir[start..][..ir[start..].find("\n}").unwrap()];
+        let calls = text.split("call ").skip(1).filter_map(|c| c.lines().next()?.split_once('@'));
+        for callee in calls.map(|(_, c)| c.split('(').next().unwrap()) {
+            if callee.starts_with("fs_") {
+                todo.push(callee.to_string());
+            }
+        }
+        funcs.insert(name.clone(), parse(&ir, &name, &globals));
+    }
+    Module { funcs }
 }
 
 fn u32s(v: &[u32]) -> Vec<u8> {
@@ -135,5 +158,136 @@ fn with_no_row_picked_every_later_kernel_exits_without_touching_memory() {
         for (i, (a, b)) in before.iter().zip(&mem.bufs).enumerate() {
             assert!(a == b, "{}: buffer {i} changed although no row was picked", table.kernel);
         }
+    }
+}
+
+/// Every CTA of `grid` of `kernel` with `threads` threads, in order (the kernels' atomics
+/// make any order valid).
+fn launch(m: &Module, mem: &mut Memory, kernel: &KernelParams, args: Vec<KernelArg>, grid: (u32, u32, u32), threads: u32) {
+    let params: Vec<u64> = args.iter().map(arg_word).collect();
+    let f = &m.funcs[kernel.kernel];
+    for y in 0..grid.1 {
+        for x in 0..grid.0 {
+            m.run_cta_of(f, &params, Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0) }, threads as usize, mem);
+        }
+    }
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The whole chain on an f32 pipeline (the SIMT multiply: one fma per k, ascending): a row
+/// of status 4 with a top-p at T = 2 among rows that are not, served by pick, logits, four
+/// radix passes, cut and draw, gives the token, logit and status the host gets from the
+/// row's logits in that order, `whole_row`, `survivors` and `draw`.
+#[test]
+fn the_kernels_serve_a_picked_row_as_the_host_cut_does() {
+    let (batch, dim, vocab) = (3usize, 8usize, 1500usize);
+    let p = PipelineBuilder::new("Nucleus", DType::F32, DType::F32).temperature_per_row("t").filter("filter", 8).gumbel("seed", 1).build().unwrap();
+    let mut mem = Memory { bufs: Vec::new() };
+    let m = module(&p, GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem }), &mut mem);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut unit = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let hidden: Vec<f32> = (0..batch * dim).map(|_| 2.0 * unit()).collect();
+    let weights: Vec<f32> = (0..vocab * dim).map(|_| 2.0 * unit()).collect();
+    let temperatures = [0.7f32, 2.0, 1.0];
+    let filters = [RowFilter::top_k(8), RowFilter::top_p(0.95), RowFilter::OFF];
+    let (row, seed) = (1usize, 0x5eed_u64);
+    let status: Vec<u32> = (0..batch as u32).map(|r| if r as usize == row { RowStatus::NucleusTooLarge.code() } else { 0 }).collect();
+    let layout = NucleusLayout { rows: 2, vocab, samples: 1, raw: false };
+    let o = layout.offsets();
+    let base = mem.add(vec![0; o.bytes]);
+    let at = |off: usize| base + off as u64;
+    let (rows, vocab32) = (layout.rows as u32, vocab as u32);
+    let status_buf = mem.add(u32s(&status));
+    let (tokens, scores, logits) = (mem.add(vec![0xab; batch * 4]), mem.add(vec![0xab; batch * 4]), mem.add(vec![0xab; batch * 4]));
+    let filters_buf = mem.add(bytemuck::cast_slice(&filters).to_vec());
+    let temps = mem.add(f32s(&temperatures));
+    let pick = NucleusPickArgs { status: status_buf, batch: batch as u32, rows, samples: 1, picks: at(o.picks), best: at(o.best), done: at(o.done), row_base: 0, spec_period: 0 };
+    launch(&m, &mut mem, &NUCLEUS_PICK, pick.args(), (1, 1, 1), 32);
+    let logits_args = NucleusLogitsArgs {
+        picks: at(o.picks),
+        rows,
+        hidden: mem.add(f32s(&hidden)),
+        weights: mem.add(f32s(&weights)),
+        temperatures: temps,
+        dim: dim as u32,
+        vocab: vocab32,
+        x: at(o.x),
+        keys: at(o.keys[0]),
+        vals: at(o.vals[0]),
+        ..Default::default()
+    };
+    launch(&m, &mut mem, &NUCLEUS_LOGITS, logits_args.args(), layout.logits_grid(), NUCLEUS_THREADS);
+    for pass in 0..NUCLEUS_RADIX_PASSES as usize {
+        let (src, dst, shift) = (pass % 2, 1 - pass % 2, 8 * pass as u32);
+        let hist = NucleusHistArgs { picks: at(o.picks), rows, keys: at(o.keys[src]), vocab: vocab32, shift, hist: at(o.hist) };
+        launch(&m, &mut mem, &NUCLEUS_HIST, hist.args(), layout.sort_grid(), NUCLEUS_THREADS);
+        let scatter = NucleusScatterArgs {
+            picks: at(o.picks),
+            rows,
+            keys: at(o.keys[src]),
+            vals: at(o.vals[src]),
+            hist: at(o.hist),
+            vocab: vocab32,
+            shift,
+            keys_out: at(o.keys[dst]),
+            vals_out: at(o.vals[dst]),
+        };
+        launch(&m, &mut mem, &NUCLEUS_SCATTER, scatter.args(), layout.sort_grid(), NUCLEUS_THREADS);
+    }
+    let cut = NucleusCutArgs { picks: at(o.picks), rows, keys: at(o.keys[0]), filters: filters_buf, vocab: vocab32, masses: at(o.keys[1]), kept: at(o.kept) };
+    launch(&m, &mut mem, &NUCLEUS_CUT, cut.args(), layout.cut_grid(), NUCLEUS_CUT_THREADS);
+    let draw_args = NucleusDrawArgs {
+        picks: at(o.picks),
+        rows,
+        vals: at(o.vals[0]),
+        x: at(o.x),
+        kept: at(o.kept),
+        vocab: vocab32,
+        samples: 1,
+        seed,
+        best: at(o.best),
+        done: at(o.done),
+        out_tokens: tokens,
+        out_scores: scores,
+        out_logits: logits,
+        out_status: status_buf,
+        ..Default::default()
+    };
+    launch(&m, &mut mem, &NUCLEUS_DRAW, draw_args.args(), layout.draw_grid(), NUCLEUS_THREADS);
+
+    // The host: the row's logits in the SIMT order, then the exact cut and draw.
+    let inv_t = 1.0f32 / temperatures[row];
+    let x: Vec<f32> = (0..vocab)
+        .map(|v| (0..dim).fold(0.0f32, |acc, k| hidden[row * dim + k].mul_add(weights[v * dim + k], acc)) * inv_t)
+        .collect();
+    let word = |mem: &mut Memory, addr: u64, i: usize| mem.load(addr + 4 * i as u64, 4) as u32;
+    let kernel_x: Vec<f32> = (0..vocab).map(|v| f32::from_bits(word(&mut mem, at(o.x), v))).collect();
+    assert_eq!(kernel_x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "the picked row's logits");
+    let scored: Vec<Scored> = x.iter().enumerate().map(|(v, &logit)| Scored { logit, index: v as u32 }).collect();
+    let top = whole_row(&scored);
+    let sorted: Vec<u32> = (0..vocab).map(|i| word(&mut mem, at(o.vals[0]), i)).collect();
+    assert_eq!(sorted, top.iter().map(|s| s.index).collect::<Vec<_>>(), "the radix sort's order is whole_row's");
+    let lse = {
+        let m = top[0].logit;
+        m + scored.iter().map(|s| f64::from(s.logit - m).exp()).sum::<f64>().ln() as f32
+    };
+    let n = survivors(&top, &filters[row], lse, true, row).unwrap();
+    assert_eq!(word(&mut mem, at(o.kept), 0) as usize, n, "the cut keeps survivors' count");
+    assert!(n > 8 && n < vocab, "a nucleus past the lists and short of the vocabulary: {n}");
+    let (want, _) = draw(&top[..n], seed, row as u32, 0, 0, 0).unwrap();
+    assert_eq!(word(&mut mem, tokens, row), want.index, "the sample");
+    assert_eq!(f32::from_bits(word(&mut mem, logits, row)).to_bits(), want.logit.to_bits(), "its logit");
+    assert_eq!(word(&mut mem, status_buf, row), 0, "served: status 0");
+    for r in (0..batch).filter(|&r| r != row) {
+        assert_eq!(word(&mut mem, tokens, r), 0xabab_abab, "row {r} was not picked");
+        assert_ne!(word(&mut mem, tokens, r), INDEX_NONE);
     }
 }
