@@ -322,7 +322,7 @@ fn the_decision_f64_helpers_are_the_abis_bit_for_bit() {
     use flashsample_abi::rng::gumbel_f64;
     let mut mem = Memory { bufs: Vec::new() };
     let (module, _) = kernel(&Scenario::new(true, false, 1, 1, 0).pipeline, &mut mem);
-    let mut call = |name: &str, bits: u64| module.call(name, &[[bits, 0, 0, 0]], &mut mem)[0];
+    let mut call = |name: &str, bits: u64| module.call(name, &[[bits, 0, 0, 0, 0, 0, 0, 0]], &mut mem)[0];
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     for i in 0..20_000 {
         // ln over normal positives of every magnitude, and near 1 (fdlibm's other branch).

@@ -63,8 +63,9 @@ fn sext(v: u64, ty: Ty) -> i64 {
     }
 }
 
-/// A scalar (in word 0) or an aggregate of up to four words.
-type Word = [u64; 4];
+/// A scalar (in word 0), or an aggregate or vector of up to eight words.
+type Word = [u64; WORDS];
+const WORDS: usize = 8;
 
 #[derive(Clone, Copy, Debug)]
 enum Val {
@@ -85,11 +86,17 @@ enum Intr {
     Ctaid,
     CtaidY,
     NctaidX,
+    NctaidY,
     Shfl,
     Ballot,
     WarpSync,
     /// `match.any.sync.b32`: the lanes holding the same value.
     MatchAny,
+    /// `redux.sync.umax`: the largest value over the warp.
+    ReduxUmax,
+    UmaxI,
+    Cttz,
+    Ctlz,
     Ctpop,
     FmaF,
     MulF,
@@ -98,7 +105,9 @@ enum Intr {
     MinnumF,
     FabsF,
     RoundevenF,
+    FloorF,
     FptosiSatI32F,
+    FptouiSatI64F,
 }
 
 #[derive(Debug)]
@@ -122,6 +131,9 @@ enum Inst {
     Atomic { d: Option<usize>, op: String, bytes: u64, p: Val, v: Val },
     /// A memory fence (`membar`): threads run one at a time, so a no-op.
     Nop,
+    /// A `<lanes x float>` load or store: lane `i` in word `i` of the register.
+    LoadVec { d: usize, lanes: usize, p: Val },
+    StoreVec { lanes: usize, v: Val, p: Val },
     /// An instruction the interpreter does not model (atomics, inline PTX other than
     /// `bar.sync 0`, other intrinsics): executing it panics with its text.
     Unsupported(String),
@@ -229,10 +241,38 @@ impl Parser<'_> {
             let x = self.typed(arg);
             return Inst::Intrinsic { d, which: Intr::MatchAny, args: vec![Val::Imm(0), x] };
         }
+        if let Some(rest) = line.strip_prefix("store <4 x float> ") {
+            let (v, p) = rest.split_once(", ").unwrap();
+            let v = self.val(v, Ty::Agg);
+            let (_, p) = split_ty(p);
+            let p = self.val(p.split(',').next().unwrap(), Ty::Ptr);
+            return Inst::StoreVec { lanes: 4, v, p };
+        }
+        if let Some((dst, rhs)) = line.split_once(" = ") {
+            if let Some(rest) = rhs.strip_prefix("load <4 x float>, ") {
+                let d = self.reg(dst);
+                let (_, p) = split_ty(rest);
+                let p = self.val(p.split(',').next().unwrap(), Ty::Ptr);
+                return Inst::LoadVec { d, lanes: 4, p };
+            }
+            if let Some(rest) = rhs.strip_prefix("insertelement <4 x float> ") {
+                let d = self.reg(dst);
+                let parts: Vec<&str> = rest.split(", ").collect();
+                let agg = (parts[0] != "undef").then(|| self.val(parts[0], Ty::Agg));
+                let i = parts[2].trim_start_matches("i32 ").parse().unwrap();
+                return Inst::Insert { d, agg, v: self.typed(parts[1]), i };
+            }
+            if let Some(rest) = rhs.strip_prefix("extractelement <4 x float> ") {
+                let d = self.reg(dst);
+                let (agg, i) = rest.split_once(", ").unwrap();
+                let i = i.trim_start_matches("i32 ").parse().unwrap();
+                return Inst::Extract { d, agg: self.val(agg, Ty::Agg), i };
+            }
+        }
         if line.contains(" asm ") || line.contains("atomicrmw ") || line.contains("cmpxchg ") || line.starts_with("fence") || line.contains(" x ") {
             return Inst::Unsupported(line.to_string());
         }
-        if let Some(rest) = line.strip_prefix("store ") {
+        if let Some(rest) = line.strip_prefix("store ").map(|r| r.strip_prefix("volatile ").unwrap_or(r)) {
             let (ty, rest) = split_ty(rest);
             let (v, p) = rest.split_once(", ").unwrap();
             let v = self.val(v, ty_of(ty));
@@ -273,6 +313,7 @@ impl Parser<'_> {
         match op {
             "alloca" => Inst::Alloca { d },
             "load" => {
+                let rest = rest.strip_prefix("volatile ").unwrap_or(rest);
                 let (ty, rest) = rest.split_once(", ").unwrap();
                 let (_, p) = split_ty(rest);
                 let p = self.val(p.split(',').next().unwrap(), Ty::Ptr);
@@ -335,6 +376,11 @@ impl Parser<'_> {
                     "@llvm.nvvm.shfl.sync.bfly.i32" => Some(Intr::Shfl),
                     "@llvm.nvvm.vote.ballot.sync" => Some(Intr::Ballot),
                     "@llvm.ctpop.i32" => Some(Intr::Ctpop),
+                    "@llvm.cttz.i32" => Some(Intr::Cttz),
+                    "@llvm.ctlz.i32" => Some(Intr::Ctlz),
+                    "@llvm.umax.i32" => Some(Intr::UmaxI),
+                    "@llvm.nvvm.redux.sync.umax" => Some(Intr::ReduxUmax),
+                    "@llvm.nvvm.read.ptx.sreg.nctaid.y" => Some(Intr::NctaidY),
                     "@llvm.nvvm.fma.rn.f" | "@llvm.fma.f32" => Some(Intr::FmaF),
                     "@llvm.nvvm.mul.rn.f" => Some(Intr::MulF),
                     "@llvm.nvvm.div.rn.f" => Some(Intr::DivF),
@@ -342,7 +388,9 @@ impl Parser<'_> {
                     "@llvm.minnum.f32" => Some(Intr::MinnumF),
                     "@llvm.fabs.f32" => Some(Intr::FabsF),
                     "@llvm.roundeven.f32" => Some(Intr::RoundevenF),
+                    "@llvm.floor.f32" => Some(Intr::FloorF),
                     "@llvm.fptosi.sat.i32.f32" => Some(Intr::FptosiSatI32F),
+                    "@llvm.fptoui.sat.i64.f32" => Some(Intr::FptouiSatI64F),
                     c if c.starts_with("@llvm") => return Inst::Unsupported(line.to_string()),
                     _ => None,
                 };
@@ -459,6 +507,7 @@ pub(super) struct Cta {
     pub(super) x: u64,
     pub(super) y: u64,
     pub(super) grid_x: u64,
+    pub(super) grid_y: u64,
 }
 
 /// Why a thread stopped.
@@ -467,6 +516,7 @@ enum Stop {
     Shuffle { d: usize, v: u64, lane_mask: u32 },
     Ballot { d: usize, pred: bool },
     MatchAny { d: usize, v: u64 },
+    Redux { d: usize, v: u64 },
     Done,
 }
 
@@ -605,7 +655,7 @@ impl Module {
                 regs[*d][0] = w[*i];
             }
             Inst::Insert { d, agg, v, i } => {
-                let mut w = agg.map_or([0; 4], |a| self.word(regs, a));
+                let mut w = agg.map_or([0; WORDS], |a| self.word(regs, a));
                 w[*i] = g(regs, *v);
                 regs[*d] = w;
             }
@@ -623,7 +673,12 @@ impl Module {
                     Intr::Ctaid => ids.1.x,
                     Intr::CtaidY => ids.1.y,
                     Intr::NctaidX => ids.1.grid_x,
+                    Intr::NctaidY => ids.1.grid_y,
                     Intr::Ctpop => u64::from((a[0] as u32).count_ones()),
+                    // cttz(0) is 32 (the kernels pass `is_zero_poison` only for non-zero words).
+                    Intr::Cttz => u64::from((a[0] as u32).trailing_zeros()),
+                    Intr::UmaxI => (a[0] as u32).max(a[1] as u32).into(),
+                    Intr::Ctlz => u64::from((a[0] as u32).leading_zeros()),
                     Intr::FmaF => u64::from(ff(a[0]).mul_add(ff(a[1]), ff(a[2])).to_bits()),
                     Intr::MulF => u64::from((ff(a[0]) * ff(a[1])).to_bits()),
                     Intr::DivF => u64::from((ff(a[0]) / ff(a[1])).to_bits()),
@@ -632,8 +687,12 @@ impl Module {
                     Intr::MinnumF => u64::from(ff(a[0]).min(ff(a[1])).to_bits()),
                     Intr::FabsF => u64::from(ff(a[0]).abs().to_bits()),
                     Intr::RoundevenF => u64::from(ff(a[0]).round_ties_even().to_bits()),
+                    Intr::FloorF => u64::from(ff(a[0]).floor().to_bits()),
                     Intr::FptosiSatI32F => mask(ff(a[0]) as i32 as u32 as u64, Ty::I32),
-                    Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny => unreachable!("warp collectives synchronize the warp"),
+                    Intr::FptouiSatI64F => ff(a[0]) as u64,
+                    Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax => {
+                        unreachable!("warp collectives synchronize the warp")
+                    }
                 };
             }
             Inst::Call { d, callee, args } => {
@@ -662,6 +721,18 @@ impl Module {
                 }
             }
             Inst::Nop => {}
+            Inst::LoadVec { d, lanes, p } => {
+                let p = g(regs, *p);
+                for (i, lane) in regs[*d].iter_mut().take(*lanes).enumerate() {
+                    *lane = mem.load(p + 4 * i as u64, 4);
+                }
+            }
+            Inst::StoreVec { lanes, v, p } => {
+                let (w, p) = (self.word(regs, *v), g(regs, *p));
+                for (i, lane) in w.iter().take(*lanes).enumerate() {
+                    mem.store(p + 4 * i as u64, 4, *lane);
+                }
+            }
             Inst::Unsupported(line) => panic!("the interpreter does not model `{line}`"),
             other => panic!("not a straight-line instruction: {other:?}"),
         }
@@ -670,14 +741,18 @@ impl Module {
     fn word(&self, regs: &[Word], v: Val) -> Word {
         match v {
             Val::Reg(r) => regs[r],
-            Val::Imm(b) => [b, 0, 0, 0],
+            Val::Imm(b) => {
+                let mut w = [0; WORDS];
+                w[0] = b;
+                w
+            }
         }
     }
 
     /// Runs a helper (no barriers or shuffles) to its `ret`.
     pub(super) fn call(&self, name: &str, args: &[Word], mem: &mut Memory) -> Word {
         let f = &self.funcs[name];
-        let mut regs = vec![[0u64; 4]; f.regs];
+        let mut regs = vec![[0u64; WORDS]; f.regs];
         regs[..args.len()].copy_from_slice(args);
         let (mut locals, mut next) = (HashMap::new(), 0);
         let (mut block, mut pc) = (0, 0);
@@ -685,7 +760,7 @@ impl Module {
             match &f.blocks[block][pc] {
                 Inst::Br(b) => (block, pc) = (*b, 0),
                 Inst::CondBr(c, t, e) => (block, pc) = (if Self::get(&regs, *c) & 1 == 1 { *t } else { *e }, 0),
-                Inst::Ret(v) => return v.map_or([0; 4], |v| self.word(&regs, v)),
+                Inst::Ret(v) => return v.map_or([0; WORDS], |v| self.word(&regs, v)),
                 inst => {
                     self.exec(inst, &mut regs, &mut locals, &mut next, mem, (0, Cta::default()));
                     pc += 1;
@@ -707,6 +782,12 @@ impl Module {
                 Inst::Barrier => {
                     t.pc += 1;
                     t.stop = Some(Stop::Barrier);
+                    return;
+                }
+                Inst::Intrinsic { d, which: Intr::ReduxUmax, args } => {
+                    let v = Self::get(&t.regs, args[0]);
+                    t.pc += 1;
+                    t.stop = Some(Stop::Redux { d: *d, v });
                     return;
                 }
                 Inst::Intrinsic { d, which: Intr::MatchAny, args } => {
@@ -745,7 +826,7 @@ impl Module {
     pub(super) fn run_cta_of(&self, f: &Function, params: &[u64], cta: Cta, n: usize, mem: &mut Memory) {
         let mut threads: Vec<Thread> = (0..n)
             .map(|tid| {
-                let mut regs = vec![[0u64; 4]; f.regs];
+                let mut regs = vec![[0u64; WORDS]; f.regs];
                 for (r, p) in regs.iter_mut().zip(params) {
                     r[0] = *p;
                 }
@@ -761,6 +842,22 @@ impl Module {
             }
             let ballots = threads.iter().any(|t| matches!(t.stop, Some(Stop::Ballot { .. })));
             let matches = threads.iter().any(|t| matches!(t.stop, Some(Stop::MatchAny { .. })));
+            if threads.iter().any(|t| matches!(t.stop, Some(Stop::Redux { .. }))) {
+                for warp in threads.chunks_mut(32) {
+                    let lanes: Vec<Option<(usize, u64)>> =
+                        warp.iter().map(|t| if let Some(Stop::Redux { d, v }) = t.stop { Some((d, v)) } else { None }).collect();
+                    if lanes.iter().all(Option::is_none) {
+                        continue;
+                    }
+                    assert!(lanes.iter().all(Option::is_some), "a warp reduction reached by only some lanes");
+                    let max = lanes.iter().map(|l| l.unwrap().1 as u32).max().unwrap();
+                    for (lane, t) in warp.iter_mut().enumerate() {
+                        t.regs[lanes[lane].unwrap().0][0] = u64::from(max);
+                        t.stop = None;
+                    }
+                }
+                continue;
+            }
             if matches {
                 for warp in threads.chunks_mut(32) {
                     let lanes: Vec<Option<(usize, u64)>> =

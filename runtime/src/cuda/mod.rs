@@ -27,6 +27,8 @@ mod decide_sim;
 mod ir_sim;
 #[cfg(test)]
 mod nucleus_sim;
+#[cfg(test)]
+mod stage1_sim;
 mod device;
 mod plan;
 mod ptx;

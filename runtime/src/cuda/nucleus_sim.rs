@@ -152,7 +152,7 @@ fn with_no_row_picked_every_later_kernel_exits_without_touching_memory() {
             })
             .collect();
         let before = mem.bufs.clone();
-        for cta in [Cta { x: 0, y: 0, grid_x: 3 }, Cta { x: 2, y: 1, grid_x: 3 }] {
+        for cta in [Cta { x: 0, y: 0, grid_x: 3, grid_y: 2 }, Cta { x: 2, y: 1, grid_x: 3, grid_y: 2 }] {
             m.run_cta_of(&m.funcs[table.kernel], &params, cta, threads as usize, &mut mem);
         }
         for (i, (a, b)) in before.iter().zip(&mem.bufs).enumerate() {
@@ -168,7 +168,7 @@ fn launch(m: &Module, mem: &mut Memory, kernel: &KernelParams, args: Vec<KernelA
     let f = &m.funcs[kernel.kernel];
     for y in 0..grid.1 {
         for x in 0..grid.0 {
-            m.run_cta_of(f, &params, Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0) }, threads as usize, mem);
+            m.run_cta_of(f, &params, Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0), grid_y: u64::from(grid.1) }, threads as usize, mem);
         }
     }
 }
