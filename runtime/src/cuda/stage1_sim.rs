@@ -68,6 +68,8 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
     let tiles = c.tiles(vocab);
     let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
 
+    // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
+    let row_base = 1000u32;
     let run = |mem: &mut Memory, row_bounds: bool| -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
         let mut bufs: HashMap<&str, u64> = HashMap::new();
         bufs.insert("hidden", mem.add(f32s(&hidden)));
@@ -89,6 +91,7 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
                 ("batch", _) => batch as u64,
                 ("dim", _) => dim as u64,
                 ("vocab", _) => vocab as u64,
+                ("row_base", _) => u64::from(row_base),
                 _ => 0,
             })
             .collect();
@@ -129,7 +132,7 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
                 let xv = x(r, v);
                 partial.add(xv);
                 scored.push(Scored { logit: xv, index: v as u32 });
-                let score = if temperatures[r] == 0.0 { xv } else { xv + gumbel_f32(noise_bits(seed, r as u32, 0, v as u32, 0)) };
+                let score = if temperatures[r] == 0.0 { xv } else { xv + gumbel_f32(noise_bits(seed, row_base + r as u32, 0, v as u32, 0)) };
                 if best.is_none_or(|b| score > b.score) {
                     best = Some(Candidate { score, index: v as u32, logit: xv });
                 }
