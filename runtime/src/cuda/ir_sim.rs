@@ -106,6 +106,8 @@ enum Intr {
     FabsF,
     RoundevenF,
     FloorF,
+    CopysignF,
+    UminI,
     FptosiSatI32F,
     FptouiSatI64F,
 }
@@ -389,6 +391,8 @@ impl Parser<'_> {
                     "@llvm.fabs.f32" => Some(Intr::FabsF),
                     "@llvm.roundeven.f32" => Some(Intr::RoundevenF),
                     "@llvm.floor.f32" => Some(Intr::FloorF),
+                    "@llvm.copysign.f32" => Some(Intr::CopysignF),
+                    "@llvm.umin.i32" => Some(Intr::UminI),
                     "@llvm.fptosi.sat.i32.f32" => Some(Intr::FptosiSatI32F),
                     "@llvm.fptoui.sat.i64.f32" => Some(Intr::FptouiSatI64F),
                     c if c.starts_with("@llvm") => return Inst::Unsupported(line.to_string()),
@@ -688,6 +692,8 @@ impl Module {
                     Intr::FabsF => u64::from(ff(a[0]).abs().to_bits()),
                     Intr::RoundevenF => u64::from(ff(a[0]).round_ties_even().to_bits()),
                     Intr::FloorF => u64::from(ff(a[0]).floor().to_bits()),
+                    Intr::CopysignF => u64::from(ff(a[0]).copysign(ff(a[1])).to_bits()),
+                    Intr::UminI => (a[0] as u32).min(a[1] as u32).into(),
                     Intr::FptosiSatI32F => mask(ff(a[0]) as i32 as u32 as u64, Ty::I32),
                     Intr::FptouiSatI64F => ff(a[0]) as u64,
                     Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax => {

@@ -1,37 +1,29 @@
 //! Tests of stage one's epilogue without a GPU, on the SIMT schedule's LLVM IR interpreted on
 //! the host ([`super::ir_sim`]): every (row, tile)'s candidate, exact logsumexp partial and
-//! top list equal a host model of the same f32 logits (one fma per k, ascending) bit for bit —
-//! the epilogue's phases (transforms, per-pair noise parameters, the partial's scratch, the
-//! lists and the logits read back from their tile, the selection) checked on the code every
-//! schedule shares; and with the cross-tile row bounds on, every row's winner is unchanged.
+//! top list equal a host model of the same f32 logits (one fma per k, ascending, then the
+//! pipeline's transforms as `abi` defines them) bit for bit — the epilogue's phases
+//! (transforms, per-pair noise parameters, the partial's scratch, the lists and the logits
+//! read back from their tile, the selection) checked on the code every schedule shares; with
+//! the cross-tile row bounds on, every row's winner is unchanged.
 
 use super::ir_sim::{parse, Cta, Memory, Module};
 use flashsample_abi::filter::{whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
+use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{Candidate, RowFilter, INDEX_NONE};
-use flashsample_codegen_ptx::{GpuConfig, Grid, KernelArg, ParamKind, Schedule, STAGE1};
-use flashsample_ir::{DType, Outputs, PipelineBuilder};
+use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE};
+use flashsample_codegen_ptx::{GpuConfig, Grid, ParamKind, Schedule, STAGE1};
+use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder, Transform};
 use std::collections::HashMap;
 
-fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
 }
 
-#[test]
-fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
-    let (batch, dim, vocab, seed) = (10usize, 8usize, 600usize, 0x1234_5678_9abc_def0u64);
-    let p = PipelineBuilder::new("S1", DType::F32, DType::F32)
-        .temperature_per_row("t")
-        .filter("filter", 8)
-        .gumbel("seed", 1)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
-        .build()
-        .unwrap();
-    let mut c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
-    c.fit_lists(&p);
-    let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
-    let mut mem = Memory { bufs: Vec::new() };
+/// Stage one's kernel of `p` on the SIMT tile and the helpers it calls, parsed, with its
+/// dynamic shared memory.
+fn stage_one_module(p: &Pipeline, c: &GpuConfig, mem: &mut Memory) -> Module {
+    let ir = flashsample_codegen_ptx::llvm_ir(p, c).unwrap();
     let globals: HashMap<String, u64> = [("@fs_smem".to_string(), mem.add(vec![0; c.smem_bytes() as usize]))].into();
     let mut funcs = HashMap::new();
     let mut todo = vec![STAGE1.kernel.to_string()];
@@ -50,48 +42,65 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
         }
         funcs.insert(name.clone(), parse(&ir, &name, &globals));
     }
-    let m = Module { funcs };
+    Module { funcs }
+}
 
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut unit = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
-    // Logits spread over ±100, so most tiles' partials fill all three windows (16 wide).
-    let hidden: Vec<f32> = (0..batch * dim).map(|_| 10.0 * unit()).collect();
-    let weights: Vec<f32> = (0..vocab * dim).map(|_| 10.0 * unit()).collect();
-    // A greedy row (T = 0) among sampled ones.
-    let temperatures: Vec<f32> = (0..batch).map(|r| if r == 3 { 0.0 } else { 0.5 + 0.1 * r as f32 }).collect();
-    let filters = vec![RowFilter::top_k(8); batch];
-    let tiles = c.tiles(vocab);
-    let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
+/// One interpreted stage-one launch: its candidates, logsumexp partials and lists.
+struct Launch<'a> {
+    p: &'a Pipeline,
+    c: GpuConfig,
+    hidden: &'a [f32],
+    weights: &'a [f32],
+    params: &'a SamplingParams<'a>,
+    batch: usize,
+    dim: usize,
+    vocab: usize,
+    row_base: u32,
+}
 
-    // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
-    let row_base = 1000u32;
-    let run = |mem: &mut Memory, row_bounds: bool| -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
+impl Launch<'_> {
+    fn run(&self, row_bounds: bool) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
+        let (p, c, params, batch, vocab) = (self.p, &self.c, self.params, self.batch, self.vocab);
+        let mut mem = Memory { bufs: Vec::new() };
+        let m = stage_one_module(p, c, &mut mem);
+        let tiles = c.tiles(vocab);
+        let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
         let mut bufs: HashMap<&str, u64> = HashMap::new();
-        bufs.insert("hidden", mem.add(f32s(&hidden)));
-        bufs.insert("weights", mem.add(f32s(&weights)));
-        bufs.insert("temperatures", mem.add(f32s(&temperatures)));
-        bufs.insert("filters", mem.add(bytemuck::cast_slice(&filters).to_vec()));
+        bufs.insert("hidden", mem.add(bytes(self.hidden)));
+        bufs.insert("weights", mem.add(bytes(self.weights)));
+        bufs.insert("temperatures", mem.add(bytes(&params.row_temperatures(p, batch))));
+        if let Some(a) = params.allowed_bitset(batch, vocab) {
+            bufs.insert("allowed", mem.add(bytes(&a)));
+        }
+        if let Some(t) = params.penalty_table(batch, vocab) {
+            for (name, b) in [("pen_bits", bytes(&t.listed.bits)), ("pen_offsets", bytes(&t.listed.offsets)), ("pen_tokens", bytes(&t.listed.tokens))] {
+                bufs.insert(name, mem.add(b));
+            }
+            bufs.insert("pen_subtract", mem.add(bytes(&t.subtract)));
+            bufs.insert("pen_repetition", mem.add(bytes(&t.repetition)));
+        }
+        if let Some(t) = params.logit_bias_table(batch, vocab) {
+            for (name, b) in [("lb_bits", bytes(&t.listed.bits)), ("lb_offsets", bytes(&t.listed.offsets)), ("lb_tokens", bytes(&t.listed.tokens))] {
+                bufs.insert(name, mem.add(b));
+            }
+            bufs.insert("lb_values", mem.add(bytes(&t.values)));
+        }
         bufs.insert("candidates", mem.add(vec![0xab; batch * samples * tiles * 12]));
         bufs.insert("lse", mem.add(vec![0xab; batch * tiles * 32]));
         bufs.insert("lists", mem.add(vec![0xab; batch * tiles * per_tile * 8]));
         if row_bounds {
             bufs.insert("row_bounds", mem.add(vec![0; batch * samples * 4]));
         }
-        let params: Vec<u64> = STAGE1
+        let args: Vec<u64> = STAGE1
             .params
             .iter()
             .map(|q| match (q.name, q.kind) {
                 (name, ParamKind::ConstPtr | ParamKind::MutPtr) => bufs.get(name).copied().unwrap_or(0),
-                ("seed", _) => seed,
+                ("seed", _) => params.seed,
                 ("batch", _) => batch as u64,
-                ("dim", _) => dim as u64,
+                ("dim", _) => self.dim as u64,
                 ("vocab", _) => vocab as u64,
-                ("row_base", _) => u64::from(row_base),
+                ("row_base", _) => u64::from(self.row_base),
                 _ => 0,
             })
             .collect();
@@ -100,67 +109,163 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
         for y in 0..grid.1 {
             for x in 0..grid.0 {
                 let cta = Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0), grid_y: u64::from(grid.1) };
-                m.run_cta_of(f, &params, cta, c.block_threads() as usize, mem);
+                m.run_cta_of(f, &args, cta, c.block_threads() as usize, &mut mem);
             }
         }
-        let read = |mem: &Memory, name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
-        (
-            bytemuck::pod_collect_to_vec(&read(mem, "candidates")),
-            bytemuck::pod_collect_to_vec(&read(mem, "lse")),
-            bytemuck::pod_collect_to_vec(&read(mem, "lists")),
-        )
-    };
-    let _ = KernelArg::U32(0);
+        let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
+        (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
+    }
 
-    // The host model: the SIMT path's logits (one fma per k, ascending), the temperature,
-    // then per tile the winner by score (ties to the lower token), the exact partial and the
-    // top list.
-    let x = |r: usize, v: usize| {
-        let acc = (0..dim).fold(0.0f32, |a, k| hidden[r * dim + k].mul_add(weights[v * dim + k], a));
-        let t = temperatures[r];
-        if t == 0.0 { acc } else { acc * (1.0 / t) }
-    };
-    let (cands, partials, lists) = run(&mut mem, false);
-    let mut third_windows = 0;
-    for r in 0..batch {
-        for t in 0..tiles {
-            let tokens = t * 128..((t + 1) * 128).min(vocab);
-            let mut best: Option<Candidate> = None;
-            let mut partial = LsePartial::EMPTY;
-            let mut scored = Vec::new();
-            for v in tokens {
-                let xv = x(r, v);
-                partial.add(xv);
-                scored.push(Scored { logit: xv, index: v as u32 });
-                let score = if temperatures[r] == 0.0 { xv } else { xv + gumbel_f32(noise_bits(seed, row_base + r as u32, 0, v as u32, 0)) };
-                if best.is_none_or(|b| score > b.score) {
-                    best = Some(Candidate { score, index: v as u32, logit: xv });
+    /// Row `r`'s transformed logit of token `v` on the host: the SIMT multiply order, then
+    /// the pipeline's transforms in order with `abi`'s f32 steps; `-inf` where masked.
+    fn x(&self, r: usize, v: usize) -> f32 {
+        let (p, params, dim) = (self.p, self.params, self.dim);
+        let mut x = (0..dim).fold(0.0f32, |a, k| self.hidden[r * dim + k].mul_add(self.weights[v * dim + k], a));
+        let pen = params.penalty_table(self.batch, self.vocab);
+        let lb = params.logit_bias_table(self.batch, self.vocab);
+        for t in &p.transforms {
+            match t {
+                Transform::Temperature(_) => {
+                    let temp = params.row_temperature(p, r);
+                    if temp != 0.0 {
+                        x *= 1.0 / temp;
+                    }
+                }
+                Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
+                Transform::Penalties { .. } => x = pen.as_ref().unwrap().apply(r, v as u32, x),
+                Transform::LogitBias { .. } => x = lb.as_ref().unwrap().apply(r, v as u32, x),
+                _ => {}
+            }
+        }
+        let allowed = params.allowed_bitset(self.batch, self.vocab).is_none_or(|a| a[r * self.vocab.div_ceil(32) + v / 32] >> (v % 32) & 1 == 1);
+        if allowed { x } else { f32::NEG_INFINITY }
+    }
+
+    /// Runs the launch and checks it against the host model.
+    fn check(&self) {
+        let (p, c, params, batch, vocab) = (self.p, &self.c, self.params, self.batch, self.vocab);
+        let tiles = c.tiles(vocab);
+        let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
+        let (cands, partials, lists) = self.run(false);
+        let mut third_windows = 0;
+        for r in 0..batch {
+            let greedy = params.row_temperature(p, r) == 0.0;
+            let (key, ctr) = (params.seed, self.row_base + r as u32);
+            for t in 0..tiles {
+                let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
+                let mut partial = LsePartial::EMPTY;
+                let mut scored = Vec::new();
+                for v in t * c.vocab_tile as usize..((t + 1) * c.vocab_tile as usize).min(vocab) {
+                    let xv = self.x(r, v);
+                    partial.add(xv);
+                    scored.push(Scored { logit: xv, index: v as u32 });
+                    let score = if greedy { xv } else { xv + gumbel_f32(noise_bits(key, ctr, 0, v as u32, 0)) };
+                    if score > best.score {
+                        best = Candidate { score, index: v as u32, logit: xv };
+                    }
+                }
+                third_windows += usize::from(partial.sums[2] > 0);
+                let got = cands[(r * samples) * tiles + t];
+                assert_eq!((got.index, got.score.to_bits(), got.logit.to_bits()), (best.index, best.score.to_bits(), best.logit.to_bits()), "row {r} tile {t}: candidate");
+                assert_eq!(partials[r * tiles + t], partial, "row {r} tile {t}: logsumexp partial");
+                let top = whole_row(&scored);
+                for (k, g) in lists[(r * tiles + t) * per_tile..][..per_tile].iter().enumerate() {
+                    let w = top.get(k).copied().unwrap_or(Scored::EMPTY);
+                    assert_eq!((g.index, g.logit.to_bits()), (w.index, w.logit.to_bits()), "row {r} tile {t}: list entry {k}");
                 }
             }
-            third_windows += usize::from(partial.sums[2] > 0);
-            let got = cands[(r * samples) * tiles + t];
-            let want = best.unwrap();
-            assert_eq!((got.index, got.score.to_bits(), got.logit.to_bits()), (want.index, want.score.to_bits(), want.logit.to_bits()), "row {r} tile {t}: candidate");
-            assert_eq!(partials[r * tiles + t], partial, "row {r} tile {t}: logsumexp partial");
-            let top = whole_row(&scored);
-            let got_list = &lists[(r * tiles + t) * per_tile..][..per_tile];
-            for (k, g) in got_list.iter().enumerate() {
-                let w = top.get(k).copied().unwrap_or(Scored::EMPTY);
-                assert_eq!((g.index, g.logit.to_bits()), (w.index, w.logit.to_bits()), "row {r} tile {t}: list entry {k}");
-            }
+        }
+        assert!(third_windows * 2 > batch * tiles, "most partials fill all three windows: {third_windows}");
+        // With the cross-tile bounds the skips may change a losing tile's candidate, never a
+        // row's winner.
+        let (bounded, _, _) = self.run(true);
+        let winner = |c: &[Candidate], r: usize| {
+            c[r * samples * tiles..][..tiles].iter().filter(|c| c.index != INDEX_NONE).fold(None::<Candidate>, |b, c| match b {
+                Some(b) if b.score > c.score || (b.score == c.score && b.index < c.index) => Some(b),
+                _ => Some(*c),
+            })
+        };
+        for r in 0..batch {
+            assert_eq!(winner(&bounded, r).map(|c| c.index), winner(&cands, r).map(|c| c.index), "row {r}: the winner with row bounds");
         }
     }
-    assert!(third_windows * 2 > batch * tiles, "most partials fill all three windows: {third_windows}");
-    // With the cross-tile bounds the skips may change a losing tile's candidate, never a
-    // row's winner.
-    let (bounded, _, _) = run(&mut mem, true);
-    let winner = |c: &[Candidate], r: usize| {
-        c[r * samples * tiles..][..tiles].iter().filter(|c| c.index != INDEX_NONE).fold(None::<Candidate>, |b, c| match b {
-            Some(b) if b.score > c.score || (b.score == c.score && b.index < c.index) => Some(b),
-            _ => Some(*c),
-        })
+}
+
+/// Inputs with logits spread over ±100, so most tiles' partials fill all three windows.
+fn inputs(batch: usize, dim: usize, vocab: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut unit = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    for r in 0..batch {
-        assert_eq!(winner(&bounded, r).map(|c| c.index), winner(&cands, r).map(|c| c.index), "row {r}: the winner with row bounds");
-    }
+    let hidden = (0..batch * dim).map(|_| 10.0 * unit()).collect();
+    let weights = (0..vocab * dim).map(|_| 10.0 * unit()).collect();
+    (hidden, weights)
+}
+
+fn simt(p: &Pipeline) -> GpuConfig {
+    let mut c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+    c.fit_lists(p);
+    c
+}
+
+#[test]
+fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
+    let (batch, dim, vocab) = (10usize, 8usize, 600usize);
+    let p = PipelineBuilder::new("S1", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .filter("filter", 8)
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    // A greedy row (T = 0) among sampled ones.
+    let temperatures: Vec<f32> = (0..batch).map(|r| if r == 3 { 0.0 } else { 0.5 + 0.1 * r as f32 }).collect();
+    let filters = vec![RowFilter::top_k(8); batch];
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x1234_5678_9abc_def0, ..Default::default() };
+    // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
+    Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
+}
+
+/// Every per-token transform through `transform_token`: softcap, per-request logit bias,
+/// penalties, temperature and a mask, in the pipeline's order.
+#[test]
+fn simt_stage_one_applies_every_transform_as_the_abi_does() {
+    let (batch, dim, vocab) = (6usize, 8usize, 400usize);
+    let p = PipelineBuilder::new("S1T", DType::F32, DType::F32)
+        .softcap(40.0)
+        .logit_bias("logit_bias")
+        .penalties("penalties")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .filter("filter", 8)
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    let temperatures: Vec<f32> = (0..batch).map(|r| 0.6 + 0.2 * r as f32).collect();
+    let filters = vec![RowFilter::top_k(8); batch];
+    let words = vocab.div_ceil(32);
+    // Every row allows most tokens: word i of row r drops one bit.
+    let mask: Vec<u32> = (0..batch * words).map(|i| !(1u32 << (i % 29))).collect();
+    let logit_bias: Vec<Vec<(u32, f32)>> = (0..batch).map(|r| vec![(5 + r as u32, 7.5), (130 + r as u32, -3.0), (260, f32::NEG_INFINITY)]).collect();
+    let history: Vec<Vec<(u32, u32)>> = (0..batch).map(|r| vec![(7, 2), (129 + r as u32, 0), (300, 1)]).collect();
+    let repetition = vec![1.3f32; batch];
+    let presence = vec![0.5f32; batch];
+    let frequency = vec![0.25f32; batch];
+    let params = SamplingParams {
+        temperature: TemperatureArg::PerRow(&temperatures),
+        filter: Some(&filters),
+        mask: Some(&mask),
+        logit_bias: Some(&logit_bias),
+        penalties: Some(PenaltyArg { repetition: &repetition, presence: &presence, frequency: &frequency, history: &history }),
+        seed: 0x0bad_5eed,
+        ..Default::default()
+    };
+    params.validate(&p, batch, vocab).unwrap();
+    Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check();
 }
