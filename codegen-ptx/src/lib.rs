@@ -17,6 +17,7 @@ mod ir;
 mod layout;
 mod lse;
 mod math;
+mod glue;
 mod math64;
 mod nucleus;
 mod params;
@@ -31,14 +32,15 @@ pub use config::{
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
+pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS, STORE_WORDS_COUNT};
 pub use nucleus::{
     has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
     NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
 };
 pub use params::{
-    DecideArgs, FilterArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
+    DecideArgs, FilterArgs, FinalizeArgs, GreedyFlagsArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
     NucleusScatterArgs, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST,
-    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2,
+    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2, FINALIZE, GREEDY_FLAGS, STORE_WORDS, StoreWordsArgs,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};
@@ -239,7 +241,7 @@ pub fn compile_with(
 
 /// Parses LLVM IR text, optimises it at O3 and emits PTX.
 /// `cpu`: the NVPTX processor (`sm_80`, `sm_90`, `sm_90a`).
-fn ir_to_ptx(text: &str, cpu: &str) -> Result<String, PtxError> {
+pub(crate) fn ir_to_ptx(text: &str, cpu: &str) -> Result<String, PtxError> {
     Target::initialize_nvptx(&InitializationConfig::default());
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| PtxError::Llvm(e.to_string()))?;

@@ -472,3 +472,78 @@ kernel_params! {
         out_status: MutPtr,
     }
 }
+
+// The runtime's glue kernels (`glue.rs`): one thread per element, [`crate::GLUE_THREADS`] a block.
+
+kernel_params! {
+    /// The arguments of `flashsample_greedy_flags`: `out[r] = all_greedy | (temperatures[r] == 0)`.
+    GREEDY_FLAGS, GreedyFlagsArgs, "flashsample_greedy_flags" {
+        /// `f32 [n]`.
+        temperatures: ConstPtr,
+        /// `u32 [n]`, what stage three reads.
+        out: MutPtr,
+        n: U32,
+        /// 1 when the pipeline is greedy (every row).
+        all_greedy: U32,
+    }
+}
+
+kernel_params! {
+    /// The arguments of `flashsample_finalize` over `n = batch · samples` samples.
+    FINALIZE, FinalizeArgs, "flashsample_finalize" {
+        /// `u32 [n]`: a sample of a row whose status is not ok becomes `abi::INDEX_NONE`.
+        tokens: MutPtr,
+        /// `u32 [n / samples]` `abi::RowStatus` codes.
+        status: ConstPtr,
+        /// `f32 [n]` the samples' logits (read only with `logprobs`).
+        logits: ConstPtr,
+        /// `f32 [n / samples]` the rows' logsumexp (read only with `logprobs`).
+        lse: ConstPtr,
+        /// `f32 [n]` `logit − lse` (NaN for a failed row), or 0 for none.
+        logprobs: MutPtr,
+        n: U32,
+        samples: U32,
+    }
+}
+
+kernel_params! {
+    /// The arguments of `flashsample_store_words`: 32 words passed by value copied to `dst`
+    /// (two 128-byte TMA tensor maps: as kernel parameters they are captured into a graph
+    /// node, with no host memory a later launch could overwrite before the copy ran).
+    STORE_WORDS, StoreWordsArgs, "flashsample_store_words" {
+        /// At least 256 bytes, 8-byte aligned.
+        dst: MutPtr,
+        w0: U64,
+        w1: U64,
+        w2: U64,
+        w3: U64,
+        w4: U64,
+        w5: U64,
+        w6: U64,
+        w7: U64,
+        w8: U64,
+        w9: U64,
+        w10: U64,
+        w11: U64,
+        w12: U64,
+        w13: U64,
+        w14: U64,
+        w15: U64,
+        w16: U64,
+        w17: U64,
+        w18: U64,
+        w19: U64,
+        w20: U64,
+        w21: U64,
+        w22: U64,
+        w23: U64,
+        w24: U64,
+        w25: U64,
+        w26: U64,
+        w27: U64,
+        w28: U64,
+        w29: U64,
+        w30: U64,
+        w31: U64,
+    }
+}

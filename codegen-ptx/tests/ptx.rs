@@ -1151,3 +1151,25 @@ fn nucleus_layout_is_aligned_and_disjoint() {
         assert_eq!(l.cut_grid(), (rows as u32, 1, 1));
     }
 }
+
+/// The runtime's glue kernels come from the same emitter and parameter tables: one sm_80
+/// module with the three entries, their signatures from `params.rs`.
+#[test]
+fn the_glue_module_has_its_three_kernels() {
+    use flashsample_codegen_ptx::{compile_glue, glue_llvm_ir, FINALIZE, GREEDY_FLAGS, STORE_WORDS, STORE_WORDS_COUNT};
+    let ptx = compile_glue().unwrap();
+    assert!(ptx.contains(".target sm_80"));
+    for k in [STORE_WORDS, GREEDY_FLAGS, FINALIZE] {
+        assert_eq!(entry_param_types(&ptx, k.kernel).len(), k.params.len(), "{}", k.kernel);
+    }
+    assert_eq!(STORE_WORDS.params.len(), 1 + STORE_WORDS_COUNT);
+    let ir = glue_llvm_ir();
+    assert_eq!(ir_function(&ir, "flashsample_store_words").matches("store i64").count(), STORE_WORDS_COUNT);
+    assert!(ir_function(&ir, "flashsample_finalize").contains(&format!("store i32 {}", flashsample_abi::INDEX_NONE as i32)));
+    if let Ok(ptxas) = std::env::var("PTXAS") {
+        let path = std::env::temp_dir().join(format!("flashsample-glue-{}.ptx", std::process::id()));
+        std::fs::write(&path, &ptx).unwrap();
+        let out = std::process::Command::new(ptxas).args(["-arch=sm_80", "-o", "/dev/null"]).arg(&path).output().unwrap();
+        assert!(out.status.success(), "ptxas: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

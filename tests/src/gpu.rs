@@ -3,8 +3,9 @@
 //! states are the embeddings of the last tokens, gathered on the device by a small PTX kernel.
 
 use crate::{Case, MatrixData};
+use crate::elementwise;
 use flashsample::cuda::{
-    elementwise, DeviceDrafts, DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
+    DeviceDrafts, DeviceIn, DeviceInputs, DeviceLogitBias, DeviceMatrix, DeviceOut, DeviceOutputs, DevicePenalties, DeviceRowTokens,
     SamplingPlan, VerifyOutputs,
 };
 use flashsample::{bf16, f16, CudaDevice, Device, DeviceTensor, RowFilter, RowStatusError, SamplingParams};

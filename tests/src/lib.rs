@@ -1,6 +1,7 @@
 //! Shared fixtures for the integration tests: random LM-head problems in any dtype, their
 //! float64 reference, and the pathwise and chi-square checks every backend must pass.
 
+pub mod elementwise;
 pub mod gpu;
 pub mod invariance;
 pub mod modes;

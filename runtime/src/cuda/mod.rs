@@ -16,13 +16,13 @@
 //! the sampler.
 
 mod args;
-#[doc(hidden)]
-pub mod elementwise;
 mod runtime_kernels;
 mod backend;
 mod cache;
 #[cfg(test)]
 mod decide_sim;
+#[cfg(test)]
+mod glue_sim;
 #[cfg(test)]
 mod ir_sim;
 #[cfg(test)]

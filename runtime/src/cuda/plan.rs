@@ -16,7 +16,7 @@
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
 
-use super::runtime_kernels::{AuxKernels, STORE_WORDS};
+use super::runtime_kernels::{AuxKernels, STORE_WORDS_COUNT};
 use super::cache::{self, LoadedKernel, NucleusKernels};
 use super::device::drv;
 use super::ptx::{self, Geometry};
@@ -42,7 +42,7 @@ pub use device_verify::{DeviceDrafts, VerifyOutputs};
 pub type RawPartials = (StageTwo, Vec<LsePartial>, Vec<f32>);
 
 /// Pushes a kernel's arguments in their parameter table's order.
-fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [KernelArg]) {
+pub(super) fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [KernelArg]) {
     for a in args {
         match a {
             KernelArg::U64(v) => b.arg(v),
@@ -592,7 +592,7 @@ impl SamplingPlan {
         at(Boundary::Start)?;
         let tmaps = if k.config.uses_tma() {
             let maps = tma::encode_operands(a.weights, a.hidden, self.vocab, self.dim, a.shape.batch, k.config.batch_tile)?;
-            let mut words = [0u64; STORE_WORDS];
+            let mut words = [0u64; STORE_WORDS_COUNT];
             for (w, chunk) in words.iter_mut().zip(maps.chunks_exact(8)) {
                 *w = u64::from_le_bytes(chunk.try_into().map_err(|_| Error::Cuda("tensor map size".into()))?);
             }

@@ -1,9 +1,7 @@
-//! The scaffolding of small one-thread-per-element PTX kernels, shared by the runtime's glue
-//! kernels (`runtime_kernels`) and the test fixtures' toy decode kernels: the module header,
-//! an entry whose threads past its `n` parameter do nothing, and the grid that covers `n`
-//! elements.
-//!
-//! Public (hidden from the docs) only so that the fixtures write their kernels the same way.
+//! The scaffolding of the GPU fixtures' small hand-written PTX kernels (the toy decode model's
+//! gather and step advance, `gpu.rs`): the module header, an entry whose threads past its `n`
+//! parameter do nothing, and the grid that covers `n` elements. The library's own kernels are
+//! all emitted by `flashsample-codegen-ptx`.
 
 use cudarc::driver::LaunchConfig;
 

@@ -1,0 +1,92 @@
+//! Tests of the glue kernels without a GPU, on their LLVM IR interpreted on the host
+//! ([`super::ir_sim`]): the greedy flags, the finishing kernel (a failed row's samples become
+//! `INDEX_NONE` with NaN logprobs, the others `logit − lse` in f32) and the tensor-map copy.
+
+use super::ir_sim::{parse, Cta, Memory, Module};
+use flashsample_abi::INDEX_NONE;
+use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, KernelArg, StoreWordsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS, STORE_WORDS};
+use std::collections::HashMap;
+
+fn module() -> Module {
+    let ir = glue_llvm_ir();
+    let funcs = [STORE_WORDS, GREEDY_FLAGS, FINALIZE].iter().map(|k| (k.kernel.to_string(), parse(&ir, k.kernel, &HashMap::new()))).collect();
+    Module { funcs }
+}
+
+fn words(args: &[KernelArg]) -> Vec<u64> {
+    args.iter().map(|a| match *a {
+        KernelArg::U64(v) => v,
+        KernelArg::U32(v) => u64::from(v),
+    })
+    .collect()
+}
+
+/// Every CTA of an elementwise launch over `n` elements.
+fn launch(m: &Module, kernel: &str, params: &[u64], n: u32, mem: &mut Memory) {
+    for x in 0..n.div_ceil(GLUE_THREADS).max(1) {
+        m.run_cta_of(&m.funcs[kernel], params, Cta { x: u64::from(x), ..Cta::default() }, GLUE_THREADS as usize, mem);
+    }
+}
+
+fn read<T: bytemuck::Pod>(mem: &Memory, addr: u64) -> Vec<T> {
+    bytemuck::pod_collect_to_vec(&mem.bufs[(addr >> 40) as usize - 1])
+}
+
+#[test]
+fn greedy_flags_mark_zero_temperatures_and_greedy_pipelines() {
+    let m = module();
+    let temps = [0.7f32, 0.0, -0.0, 1.0, 0.0];
+    for all_greedy in [0u32, 1] {
+        let mut mem = Memory { bufs: Vec::new() };
+        let t = mem.add(bytemuck::cast_slice(&temps).to_vec());
+        let out = mem.add(vec![0xab; (temps.len() + 3) * 4]);
+        let args = GreedyFlagsArgs { temperatures: t, out, n: temps.len() as u32, all_greedy }.args();
+        launch(&m, GREEDY_FLAGS.kernel, &words(&args), temps.len() as u32, &mut mem);
+        let got: Vec<u32> = read(&mem, out);
+        let want: Vec<u32> = temps.iter().map(|&t| u32::from(t == 0.0) | all_greedy).chain([0xabab_abab; 3]).collect();
+        assert_eq!(got, want, "all_greedy {all_greedy}: flags, and nothing past n");
+    }
+}
+
+#[test]
+fn finalize_voids_failed_rows_and_writes_logprobs() {
+    let m = module();
+    let (rows, samples) = (300usize, 2usize);
+    let n = rows * samples;
+    let status: Vec<u32> = (0..rows as u32).map(|r| if r % 7 == 3 { 1 + r % 4 } else { 0 }).collect();
+    let logits: Vec<f32> = (0..n).map(|i| i as f32 * 0.37 - 50.0).collect();
+    let lse: Vec<f32> = (0..rows).map(|r| r as f32 * 0.11 + 3.0).collect();
+    for with_logprobs in [false, true] {
+        let mut mem = Memory { bufs: Vec::new() };
+        let tokens = mem.add(bytemuck::cast_slice(&(0..n as u32).collect::<Vec<_>>()).to_vec());
+        let st = mem.add(bytemuck::cast_slice(&status).to_vec());
+        let lg = mem.add(bytemuck::cast_slice(&logits).to_vec());
+        let ls = mem.add(bytemuck::cast_slice(&lse).to_vec());
+        let lp = if with_logprobs { mem.add(vec![0xab; n * 4]) } else { 0 };
+        let args = FinalizeArgs { tokens, status: st, logits: lg, lse: ls, logprobs: lp, n: n as u32, samples: samples as u32 }.args();
+        launch(&m, FINALIZE.kernel, &words(&args), n as u32, &mut mem);
+        let got: Vec<u32> = read(&mem, tokens);
+        for i in 0..n {
+            let failed = status[i / samples] != 0;
+            assert_eq!(got[i], if failed { INDEX_NONE } else { i as u32 }, "sample {i}");
+        }
+        if with_logprobs {
+            let got: Vec<f32> = read(&mem, lp);
+            for i in 0..n {
+                let want = if status[i / samples] != 0 { f32::NAN } else { logits[i] - lse[i / samples] };
+                assert!(got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()), "logprob {i}: {} vs {want}", got[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn store_words_copies_its_parameters() {
+    let m = module();
+    let mut mem = Memory { bufs: Vec::new() };
+    let dst = mem.add(vec![0; 256]);
+    let w: Vec<u64> = (0..32u64).map(|i| 0x0123_4567_89ab_cdef ^ (i << 40) ^ i).collect();
+    let args = StoreWordsArgs::from_words(dst, &w.clone().try_into().unwrap()).args();
+    m.run_cta_of(&m.funcs[STORE_WORDS.kernel], &words(&args), Cta::default(), 32, &mut mem);
+    assert_eq!(read::<u64>(&mem, dst), w);
+}
