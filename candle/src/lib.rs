@@ -41,21 +41,54 @@ pub enum Error {
     /// pipeline, parameters) or a row could not be sampled.
     #[error(transparent)]
     Flashsample(#[from] flashsample::Error),
+    /// candle failed (reading a tensor, building an output).
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// An operand that is not the matrix it should be.
     #[error("`{operand}` has shape {dims:?}; expected a matrix {expected}")]
-    Rank { operand: Operand, dims: Vec<usize>, expected: &'static str },
+    Rank {
+        /// The operand.
+        operand: Operand,
+        /// Its shape.
+        dims: Vec<usize>,
+        /// The matrix it should be.
+        expected: &'static str,
+    },
+    /// An operand of a dtype flashsample does not read.
     #[error("`{operand}` has dtype {dtype:?}; flashsample reads bf16, f16 or f32")]
-    DType { operand: Operand, dtype: DType },
+    DType {
+        /// The operand.
+        operand: Operand,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// An operand that is not contiguous (the LM head is read in place).
     #[error(
         "`{operand}` is not contiguous (shape {dims:?}, strides {stride:?}): the LM head is read in \
          place, never copied per call; make it contiguous once, when the model is loaded"
     )]
-    NotContiguous { operand: Operand, dims: Vec<usize>, stride: Vec<usize> },
+    NotContiguous {
+        /// The operand.
+        operand: Operand,
+        /// Its shape.
+        dims: Vec<usize>,
+        /// Its strides.
+        stride: Vec<usize>,
+    },
+    /// An operand on another device than the sampler's.
     #[error("`{operand}` lives on {location:?}, but this sampler runs on candle's CPU device")]
-    WrongDevice { operand: Operand, location: DeviceLocation },
+    WrongDevice {
+        /// The operand.
+        operand: Operand,
+        /// Where it lives.
+        location: DeviceLocation,
+    },
+    /// A candle device the sampler does not run on.
     #[error("flashsample-candle runs on candle's CPU device; {location:?} is not supported yet")]
-    UnsupportedDevice { location: DeviceLocation },
+    UnsupportedDevice {
+        /// The device asked for.
+        location: DeviceLocation,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

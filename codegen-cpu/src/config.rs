@@ -159,6 +159,7 @@ impl CpuConfig {
         CpuConfig { vocab_tile, row_block, threads, engine }
     }
 
+    /// Checks every field against what the kernel supports (a typed error naming the field).
     pub fn validate(&self) -> Result<(), CpuCodegenError> {
         let bad = |field, reason: String| Err(CpuCodegenError::InvalidConfig { field, reason });
         if self.vocab_tile < 4 || !self.vocab_tile.is_multiple_of(4) || self.vocab_tile > MAX_VOCAB_TILE {

@@ -220,8 +220,11 @@ pub struct CpuLaunch<'a> {
     pub hidden: &'a [f32],
     /// `[vocab, dim]` raw little-endian elements of `pipeline.weights.dtype`.
     pub weights: &'a [u8],
+    /// Rows.
     pub batch: usize,
+    /// Hidden size.
     pub dim: usize,
+    /// Vocabulary size.
     pub vocab: usize,
     /// `[batch]` effective temperatures (`SamplingParams::row_temperatures`).
     pub temperatures: &'a [f32],
@@ -229,6 +232,7 @@ pub struct CpuLaunch<'a> {
     pub bias: Option<&'a [f32]>,
     /// `[batch, ceil(vocab / 32)]` allowed-token bitset.
     pub allowed: Option<&'a [u32]>,
+    /// The launch's Philox key (rows without their own seed).
     pub seed: u64,
     /// `[batch]` per-row seeds: row `r` draws `noise_bits(row_seeds[r], 0, s, v, step)` instead
     /// of `noise_bits(seed, r, s, v, step)`.
@@ -406,14 +410,17 @@ impl CpuKernel {
         self.logsumexp
     }
 
+    /// The kernel's Cranelift IR text, for inspection.
     pub fn clif(&self) -> &str {
         &self.clif
     }
 
+    /// The config it was compiled for.
     pub fn config(&self) -> &CpuConfig {
         &self.config
     }
 
+    /// The pipeline it was compiled from.
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }

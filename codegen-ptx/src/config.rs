@@ -119,23 +119,45 @@ impl From<Grid> for GridKind {
 pub enum Schedule {
     /// Each thread accumulates its own (token, column) pairs from global memory: any dtypes
     /// (the only path for f32 or mixed operands), any D.
-    Simt { grid: Grid },
+    Simt {
+        /// One CTA per work item or a persistent grid.
+        grid: Grid,
+    },
     /// Tensor cores (sm_80+): a `stages`-deep (2..=8) `cp.async` ring of `k_step`-element
     /// slices (64 or 128), `ldmatrix` fragments and `mma.sync`.
-    MmaSync { stages: u32, k_step: u32, grid: Grid },
+    MmaSync {
+        /// Ring depth.
+        stages: u32,
+        /// Hidden-dimension elements per slice.
+        k_step: u32,
+        /// One CTA per work item or a persistent grid.
+        grid: Grid,
+    },
     /// Hopper's warpgroup MMA (sm_90a, compute capability 9.0): the same `cp.async` ring of
     /// 64-element slices (one 128-byte swizzle atom per row), `stages` 3..=8; each group of 4
     /// warps multiplies its vocab rows straight from the ring. A slice's wgmmas stay in flight
     /// across the next barrier unless `drain`, which waits for them every slice so that no
     /// slot is held by MMAs in flight and the ring runs one slice deeper (the MMAs are a fifth
     /// of a slice's time at LM-head shapes: one more slice of loads is worth more).
-    Wgmma { stages: u32, drain: bool, grid: Grid },
+    Wgmma {
+        /// Ring depth.
+        stages: u32,
+        /// Whether each slice's wgmmas are waited for before the next refill.
+        drain: bool,
+        /// One CTA per work item or a persistent grid.
+        grid: Grid,
+    },
     /// [`Schedule::Wgmma`] fed by the Tensor Memory Accelerator: one thread issues a slice's
     /// boxes, a full and an empty mbarrier per slot replace the CTA barrier per slice. Needs
     /// one 32-row block per warp (`vocab_tile = 32 · warps`) and operand shapes the tensor
     /// maps describe ([`GpuConfig::tma_fits`]; the runtime drops to `Wgmma` for others,
     /// [`GpuConfig::for_shape`]).
-    WgmmaTma { stages: u32, grid: GridKind },
+    WgmmaTma {
+        /// Ring depth.
+        stages: u32,
+        /// One CTA per item, persistent, or ping-pong.
+        grid: GridKind,
+    },
 }
 
 impl Schedule {
@@ -222,12 +244,19 @@ pub const WGMMA_K_STEP: u32 = 64;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "legacy::ConfigRepr")]
 pub struct GpuConfig {
+    /// Vocabulary rows per work item.
     pub vocab_tile: u32,
+    /// Batch rows per work item.
     pub batch_tile: u32,
+    /// Warps per consumer set.
     pub warps: u32,
+    /// The mainloop and grid.
     pub schedule: Schedule,
+    /// Top-list entries per (row, tile); 0 without lists.
     pub list_per_tile: u32,
+    /// Start delay of second-slot CTAs, in microseconds (0: off).
     pub stagger_us: u32,
+    /// Residual-list entries per (draft row, tile) of a verifying pipeline; 0 otherwise.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub residual_per_tile: u32,
 }

@@ -73,25 +73,42 @@ pub enum PtxError {
     Pipeline(#[from] IrError),
     /// A config knob (`knob`) has a value code generation cannot use.
     #[error("invalid GPU config: `{knob}`: {reason}")]
-    InvalidConfig { knob: &'static str, reason: String },
+    InvalidConfig {
+        /// The knob.
+        knob: &'static str,
+        /// Why its value cannot be used.
+        reason: String,
+    },
     /// The config needs more of a device resource (`what`) than the device has.
     #[error("GPU config needs {needed} {what}, the device allows {limit}")]
     OverLimit {
+        /// The resource.
         what: &'static str,
+        /// What the config needs.
         needed: u32,
+        /// What the device allows.
         limit: u32,
     },
     /// The device is older than sm_80.
     #[error("compute capability {}.{} is not supported (flashsample needs sm_80 or newer: mma.sync bf16, ldmatrix, cp.async)", compute_capability.0, compute_capability.1)]
-    UnsupportedArch { compute_capability: (u32, u32) },
+    UnsupportedArch {
+        /// The device's compute capability.
+        compute_capability: (u32, u32),
+    },
     /// A wgmma schedule on a device that is not compute capability 9.0.
     #[error("wgmma configs need an sm_90a device (compute capability 9.0: H100/H200); this one is {}.{}", compute_capability.0, compute_capability.1)]
-    WgmmaNeedsSm90a { compute_capability: (u32, u32) },
+    WgmmaNeedsSm90a {
+        /// The device's compute capability.
+        compute_capability: (u32, u32),
+    },
     /// The operand dtypes have no path on the config's schedule.
     #[error("hidden {hidden:?} × weights {weights:?}: {reason}")]
     UnsupportedDtypes {
+        /// The hidden states' dtype.
         hidden: DType,
+        /// The weights' dtype.
         weights: DType,
+        /// Why the schedule has no path for them.
         reason: &'static str,
     },
     /// LLVM rejected or failed to compile the module.

@@ -102,7 +102,10 @@ macro_rules! kernel_params {
         };
 
         $(#[$meta])*
+        ///
+        /// Fields in launch order, named as the kernel's parameters.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[allow(missing_docs)]
         pub struct $args {
             $( $(#[$fmeta])* pub $field: param_ty!($kind), )*
         }

@@ -48,26 +48,40 @@ use std::sync::{Arc, Mutex};
 /// Why tensor-parallel sampling could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum TpError {
+    /// No loadable NCCL library.
     #[error(
         "NCCL library not found (tried {searched:?}). PyTorch's wheel ships \
          site-packages/nvidia/nccl/lib/libnccl.so.2, a name cudarc does not try: symlink it as libnccl.so \
          in a directory on LD_LIBRARY_PATH before starting the process (scripts/nccl-env.sh)"
     )]
-    NoNccl { searched: Vec<String> },
+    NoNccl {
+        /// The library names tried.
+        searched: Vec<String>,
+    },
     /// An NCCL call failed; names the call and NCCL's result code.
     #[error("NCCL {call} failed: {code}")]
-    Nccl { call: &'static str, code: String },
+    Nccl {
+        /// The NCCL call.
+        call: &'static str,
+        /// Its result code.
+        code: String,
+    },
     /// A rank's own failure (its device, its inputs, a row error found on its shard).
     #[error("rank {rank}: {source}")]
     Rank {
+        /// The rank.
         rank: usize,
+        /// Its error.
         #[source]
         source: Error,
     },
+    /// An error of the runtime outside any one rank.
     #[error(transparent)]
     Runtime(#[from] Error),
+    /// A pipeline or parameter tensor parallelism does not support.
     #[error("tensor-parallel sampling does not support {0}")]
     Unsupported(String),
+    /// Shards or devices that do not make a tensor-parallel sampler.
     #[error("bad tensor-parallel setup: {0}")]
     Setup(String),
 }
@@ -609,9 +623,11 @@ impl TensorParallelSampler {
         Self::new(pipeline, shards)
     }
 
+    /// The pipeline every rank runs.
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }
+    /// Ranks (one per GPU and vocabulary shard).
     pub fn world_size(&self) -> usize {
         self.ranks.len()
     }

@@ -88,9 +88,21 @@ impl TunedConfig for GpuConfig {
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum DeviceIdentity {
     /// A CPU model (from `/proc/cpuinfo`) with a worker-thread count.
-    Cpu { model: String, threads: usize },
+    Cpu {
+        /// The model name.
+        model: String,
+        /// Worker threads.
+        threads: usize,
+    },
     /// An NVIDIA GPU.
-    Cuda { name: String, compute_capability: (u32, u32), sm_count: u32 },
+    Cuda {
+        /// The device name the driver reports.
+        name: String,
+        /// Its compute capability.
+        compute_capability: (u32, u32),
+        /// Its streaming multiprocessors.
+        sm_count: u32,
+    },
 }
 
 impl std::fmt::Display for DeviceIdentity {
@@ -177,17 +189,33 @@ pub struct TuningFile {
 }
 
 /// Why a tuning file could not be used.
+/// A tuning file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TuningError {
     /// The file could not be read or written.
     #[error("cannot read tuning file {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The file is not a tuning file.
     #[error("tuning file {path} is corrupt: {source}")]
-    Corrupt { path: PathBuf, source: serde_json::Error },
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
     /// The file has another layout version.
     #[error("tuning file {path} has schema {found}; this flashsample reads schema {TUNING_SCHEMA}")]
-    Schema { path: PathBuf, found: u32 },
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// Its schema version.
+        found: u32,
+    },
 }
 
 impl Default for TuningFile {

@@ -247,15 +247,19 @@ impl std::fmt::Debug for DeviceTensor {
 }
 
 impl DeviceTensor {
+    /// The elements' dtype.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Rows.
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Columns.
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// The device it lives on.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
     }
