@@ -42,7 +42,8 @@ fn schedules(stages: u32, k_step: u32, grid: Grid) -> Vec<Schedule> {
 pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
     let mut out = Vec::new();
     let tensor = uses_tensor_cores(pipeline);
-    let cap = pipeline.list_capacity();
+    // Both kinds of list (processed, and raw in the raw logprob mode) use `list_per_tile`.
+    let cap = flashsample_codegen_ptx::list_capacity(pipeline);
     for warps in [4u32, 8] {
         for quads in [1u32, 2, 4] {
             for batch_tile in [8u32, 16, 32, 64, 128] {

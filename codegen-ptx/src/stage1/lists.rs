@@ -206,7 +206,9 @@ impl Gen<'_> {
                     let s64 = f.zext64(&slot);
                     let a = f.gaddr("%lists", &s64, 8);
                     let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                    let idx = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
+                    // Volatile: other threads wrote the entry before the barrier, and `%lists` is
+                    // `noalias`, so nothing else would keep the load after the barrier.
+                    let idx = f.v(format!("load volatile i32, ptr addrspace(1) {a1}, align 4"));
                     let real = f.v(format!("icmp ne i32 {idx}, {}", INDEX_NONE as i32));
                     f.if_then(&real, |f| {
                         let local = f.v(format!("sub i32 {idx}, {}", it.v0));

@@ -17,7 +17,7 @@ use flashsample_tests::{Case, MatrixData};
 const ALL_OUTPUTS: Outputs = Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 };
 
 fn pipelines() -> Vec<Pipeline> {
-    vec![
+    let mut out = vec![
         PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(Outputs { score: true, logsumexp: false, logprob: false, top_logprobs: 0 }).build().unwrap(),
         PipelineBuilder::new("Qwen", DType::BF16, DType::BF16)
             .temperature_per_row("t")
@@ -39,19 +39,15 @@ fn pipelines() -> Vec<Pipeline> {
             .build()
             .unwrap(),
         PipelineBuilder::new("Const", DType::F16, DType::F16).temperature_const(0.7).outputs(ALL_OUTPUTS).build().unwrap(),
-        // Raw logprobs (DESIGN.md step 10): the plan's raw scratch, the raw logsumexp in the
-        // caller's buffer and the finishing kernel's logprobs from it.
-        PipelineBuilder::new("RawServing", DType::BF16, DType::BF16)
-            .penalties("penalties")
-            .temperature_per_row("t")
-            .mask("allowed")
-            .filter("filter", 8)
-            .gumbel("seed", 2)
-            .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
-            .logprob_mode(LogprobMode::Raw)
-            .build()
-            .unwrap(),
-    ]
+    ];
+    // Raw logprobs (DESIGN.md step 10): "Serving" in the raw mode, for the plan's raw scratch,
+    // the raw logsumexp in the caller's buffer and the finishing kernel's logprobs from it.
+    let mut raw = out[2].clone();
+    raw.name = "RawServing".into();
+    raw.logprob_mode = LogprobMode::Raw;
+    raw.validate().unwrap();
+    out.push(raw);
+    out
 }
 
 /// The logits' spread of a random case: wide enough with a filter that every top-p / min-p
