@@ -36,7 +36,7 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  NEW_TESTS=${NEW_TESTS:-"nucleus:: device_api::a_nucleus_past_the_lists_is_served_on_both_apis speculative:: pingpong_equals_tma_ring filtered_gpu_tokens_match_cpu_tokens a_range_with_its_row_offset_samples_what_the_whole_launch_does stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly"}
+  NEW_TESTS=${NEW_TESTS:-"nucleus:: device_api:: logprob_modes:: speculative:: pingpong_equals_tma_ring filtered_gpu_tokens_match_cpu_tokens a_range_with_its_row_offset_samples_what_the_whole_launch_does stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
