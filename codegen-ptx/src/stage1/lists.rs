@@ -115,49 +115,17 @@ impl Gen<'_> {
         });
     }
 
-    /// The tile's transformed logits into shared memory, column-major (`vocab_tile` floats per
-    /// batch column, after the scratch), for the warps that select lists from it; returns the
-    /// tile's offset in `@fs_smem`. Ends with a barrier.
-    pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
+    /// Calls `quad` with the shared address of each of the thread's quads in the list tile
+    /// (column-major, `vocab_tile` floats per batch column, after the scratch: a quad is 4
+    /// consecutive tokens of one column, one 16-byte access) and its `(q, n, j)`; returns the
+    /// tile's offset in `@fs_smem`. The one layout [`Gen::store_list_tile`] and
+    /// [`Gen::load_list_tile`] share.
+    fn list_tile_quads(&self, f: &mut Func, th: &Thread, mut quad: impl FnMut(&mut Func, (u32, u32, u32), &str)) -> String {
         let vt = self.c.vocab_tile;
         let base = f.add(&th.scratch, &self.c.smem_layout().list_tile.to_string());
         let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
-        // Each thread's quad is 4 consecutive tokens of one column: one 16-byte store.
-        for q in 0..self.quads {
-            let local = f.add(&warp_base, &(q * 32).to_string());
-            let local = f.add(&local, &g4);
-            for n in 0..self.ntiles {
-                for j in 0..2 {
-                    let col = f.add(&t2, &(n * 8 + j).to_string());
-                    let e = f.mul(&col, &vt.to_string());
-                    let e = f.add(&e, &local);
-                    let off = f.v(format!("shl i32 {e}, 2"));
-                    let off = f.add(&off, &base.to_string());
-                    let mut vec = "undef".to_string();
-                    for o in 0..4 {
-                        let xv = &x[self.acc_index(q, o, n, j)];
-                        vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
-                    }
-                    let a = f.saddr("@fs_smem", &off);
-                    f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
-                }
-            }
-        }
-        f.barrier();
-        base
-    }
-
-    /// The thread's own logits back from the list tile [`Gen::store_list_tile`] wrote (same
-    /// addresses, same indices as `x`; the thread reads only what it stored, so no barrier).
-    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<String> {
-        let vt = self.c.vocab_tile;
-        let base = f.add(&th.scratch, &self.c.smem_layout().list_tile.to_string());
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
-        let g4 = f.v(format!("shl i32 {}, 2", th.g));
-        let t2 = f.v(format!("shl i32 {}, 1", th.t));
-        let mut x = vec![String::new(); self.acc_count()];
         for q in 0..self.quads {
             let local = f.add(&warp_base, &(q * 32).to_string());
             let local = f.add(&local, &g4);
@@ -169,13 +137,39 @@ impl Gen<'_> {
                     let off = f.v(format!("shl i32 {e}, 2"));
                     let off = f.add(&off, &base);
                     let a = f.saddr("@fs_smem", &off);
-                    let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
-                    for o in 0..4 {
-                        x[self.acc_index(q, o, n, j)] = f.v(format!("extractelement <4 x float> {vec}, i32 {o}"));
-                    }
+                    quad(f, (q, n, j), a.as_ref());
                 }
             }
         }
+        base
+    }
+
+    /// The tile's transformed logits into shared memory ([`Gen::list_tile_quads`]' layout),
+    /// for the warps that select lists from it; returns the tile's offset in `@fs_smem`. Ends
+    /// with a barrier.
+    pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
+        let base = self.list_tile_quads(f, th, |f, (q, n, j), a| {
+            let mut vec = "undef".to_string();
+            for o in 0..4 {
+                let xv = &x[self.acc_index(q, o, n, j)];
+                vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
+            }
+            f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
+        });
+        f.barrier();
+        base
+    }
+
+    /// The thread's own logits back from the list tile [`Gen::store_list_tile`] wrote (same
+    /// addresses, same indices as `x`; the thread reads only what it stored, so no barrier).
+    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<String> {
+        let mut x = vec![String::new(); self.acc_count()];
+        self.list_tile_quads(f, th, |f, (q, n, j), a| {
+            let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+            for o in 0..4 {
+                x[self.acc_index(q, o, n, j)] = f.v(format!("extractelement <4 x float> {vec}, i32 {o}"));
+            }
+        });
         x
     }
 
