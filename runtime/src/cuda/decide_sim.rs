@@ -3,7 +3,7 @@
 //! `verify::decide` does, bit for bit, and its f64 helpers compute the abi's `ln_f64`,
 //! `exp_f64` and `gumbel_f64` bit for bit.
 
-use super::ir_sim::{parse, Memory, Module};
+use super::ir_sim::{Memory, Module};
 use crate::verify::{decide, DraftProbs, VerifyRun};
 use flashsample_abi::filter::{Scored, TopLists};
 use flashsample_abi::rng::gumbel_f32;
@@ -176,11 +176,7 @@ fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
     for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16)] {
         globals.insert(name.to_string(), mem.add(vec![0; bytes]));
     }
-    let mut funcs = HashMap::new();
-    for name in [DECIDE.kernel, "fs_philox", "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"] {
-        funcs.insert(name.to_string(), parse(&ir, name, &globals));
-    }
-    (Module { funcs }, DECIDE.kernel)
+    (Module::with_callees(&ir, &[DECIDE.kernel, "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"], &globals), DECIDE.kernel)
 }
 
 /// What the interpreted kernel wrote: accepted, tokens, logprobs, status.

@@ -433,9 +433,9 @@ fn params_end(s: &str) -> usize {
     s.len()
 }
 
-/// Parses function `name` of module `ir`.
-pub(super) fn parse(ir: &str, name: &str, globals: &HashMap<String, u64>) -> Function {
-    // The definition, not a call site that comes first.
+/// The text of function `name`'s definition in `ir` (not a call site that comes first), up
+/// to its closing brace.
+fn definition<'a>(ir: &'a str, name: &str) -> &'a str {
     let signature = format!("@{name}(");
     let start = ir
         .match_indices("define ")
@@ -443,7 +443,12 @@ pub(super) fn parse(ir: &str, name: &str, globals: &HashMap<String, u64>) -> Fun
         .find(|&i| ir[i..].lines().next().is_some_and(|l| l.contains(&signature)))
         .unwrap_or_else(|| panic!("{name}"));
     let text = &ir[start..];
-    let text = &text[..text.find("\n}").unwrap()];
+    &text[..text.find("\n}").unwrap()]
+}
+
+/// Parses function `name` of module `ir`.
+pub(super) fn parse(ir: &str, name: &str, globals: &HashMap<String, u64>) -> Function {
+    let text = definition(ir, name);
     let mut lines = text.lines();
     let header = lines.next().unwrap();
     let open = header.find(&format!("@{name}(")).unwrap() + name.len() + 2;
@@ -540,6 +545,22 @@ pub(super) struct Module {
 }
 
 impl Module {
+    /// The functions `roots` of module `ir` and every `fs_` helper they call, transitively,
+    /// parsed; `globals` gives the addresses of the shared arrays they name.
+    pub(super) fn with_callees(ir: &str, roots: &[&str], globals: &HashMap<String, u64>) -> Module {
+        let mut todo: Vec<String> = roots.iter().map(|r| r.to_string()).collect();
+        let mut funcs = HashMap::new();
+        while let Some(name) = todo.pop() {
+            if funcs.contains_key(&name) {
+                continue;
+            }
+            let calls = definition(ir, &name).split("call ").skip(1).filter_map(|c| c.lines().next()?.split_once('@'));
+            todo.extend(calls.map(|(_, c)| c.split('(').next().unwrap().to_string()).filter(|c| c.starts_with("fs_")));
+            funcs.insert(name.clone(), parse(ir, &name, globals));
+        }
+        Module { funcs }
+    }
+
     fn get(regs: &[Word], v: Val) -> u64 {
         match v {
             Val::Reg(r) => regs[r][0],

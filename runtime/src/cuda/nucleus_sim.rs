@@ -5,7 +5,7 @@
 //! device-API launch without such a row); and the whole chain — logits (the SIMT path's fma
 //! order), radix sort, cut and draw — serves a picked row as the host's exact cut does.
 
-use super::ir_sim::{parse, Cta, Memory, Module};
+use super::ir_sim::{Cta, Memory, Module};
 use flashsample_abi::RowStatus;
 use flashsample_abi::filter::{draw, survivors, whole_row, Scored};
 use flashsample_abi::{RowFilter, INDEX_NONE};
@@ -42,24 +42,8 @@ fn module(pipeline: &Pipeline, mut config: GpuConfig, mem: &mut Memory) -> Modul
     config.fit_lists(pipeline);
     let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &config).unwrap();
     let globals: HashMap<String, u64> = SHARED.iter().map(|&(name, bytes)| (name.to_string(), mem.add(vec![0; bytes]))).collect();
-    let mut todo: Vec<String> = [NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW].iter().map(|k| k.kernel.to_string()).collect();
-    let mut funcs = HashMap::new();
-    while let Some(name) = todo.pop() {
-        if funcs.contains_key(&name) {
-            continue;
-        }
-        let signature = format!("@{name}(");
-        let start = ir.match_indices("define ").map(|(i, _)| i).find(|&i| ir[i..].lines().next().is_some_and(|l| l.contains(&signature))).unwrap();
-        let text = &ir[start..][..ir[start..].find("\n}").unwrap()];
-        let calls = text.split("call ").skip(1).filter_map(|c| c.lines().next()?.split_once('@'));
-        for callee in calls.map(|(_, c)| c.split('(').next().unwrap()) {
-            if callee.starts_with("fs_") {
-                todo.push(callee.to_string());
-            }
-        }
-        funcs.insert(name.clone(), parse(&ir, &name, &globals));
-    }
-    Module { funcs }
+    let roots = [NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW].map(|k| k.kernel);
+    Module::with_callees(&ir, &roots, &globals)
 }
 
 fn u32s(v: &[u32]) -> Vec<u8> {

@@ -6,7 +6,7 @@
 //! read back from their tile, the selection) checked on the code every schedule shares; with
 //! the cross-tile row bounds on, every row's winner is unchanged.
 
-use super::ir_sim::{parse, Cta, Memory, Module};
+use super::ir_sim::{Cta, Memory, Module};
 use flashsample_abi::filter::{whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
@@ -25,24 +25,7 @@ fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
 fn stage_one_module(p: &Pipeline, c: &GpuConfig, mem: &mut Memory) -> Module {
     let ir = flashsample_codegen_ptx::llvm_ir(p, c).unwrap();
     let globals: HashMap<String, u64> = [("@fs_smem".to_string(), mem.add(vec![0; c.smem_bytes() as usize]))].into();
-    let mut funcs = HashMap::new();
-    let mut todo = vec![STAGE1.kernel.to_string()];
-    while let Some(name) = todo.pop() {
-        if funcs.contains_key(&name) {
-            continue;
-        }
-        let signature = format!("@{name}(");
-        let start = ir.match_indices("define ").map(|(i, _)| i).find(|&i| ir[i..].lines().next().is_some_and(|l| l.contains(&signature))).unwrap();
-        let text = &ir[start..][..ir[start..].find("\n}").unwrap()];
-        for (_, callee) in text.split("call ").skip(1).filter_map(|c| c.lines().next()?.split_once('@')) {
-            let callee = callee.split('(').next().unwrap();
-            if callee.starts_with("fs_") {
-                todo.push(callee.to_string());
-            }
-        }
-        funcs.insert(name.clone(), parse(&ir, &name, &globals));
-    }
-    Module { funcs }
+    Module::with_callees(&ir, &[STAGE1.kernel], &globals)
 }
 
 /// One interpreted stage-one launch: its candidates, logsumexp partials and lists.
