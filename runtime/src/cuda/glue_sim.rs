@@ -2,30 +2,18 @@
 //! ([`super::ir_sim`]): the greedy flags, the finishing kernel (a failed row's samples become
 //! `INDEX_NONE` with NaN logprobs, the others `logit − lse` in f32) and the tensor-map copy.
 
-use super::ir_sim::{parse, Cta, Memory, Module};
+use super::ir_sim::{arg_words, Cta, Memory, Module};
 use flashsample_abi::INDEX_NONE;
-use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, KernelArg, StoreWordsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS, STORE_WORDS};
+use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, StoreWordsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS, STORE_WORDS};
 use std::collections::HashMap;
 
 fn module() -> Module {
-    let ir = glue_llvm_ir();
-    let funcs = [STORE_WORDS, GREEDY_FLAGS, FINALIZE].iter().map(|k| (k.kernel.to_string(), parse(&ir, k.kernel, &HashMap::new()))).collect();
-    Module { funcs }
-}
-
-fn words(args: &[KernelArg]) -> Vec<u64> {
-    args.iter().map(|a| match *a {
-        KernelArg::U64(v) => v,
-        KernelArg::U32(v) => u64::from(v),
-    })
-    .collect()
+    Module::with_callees(&glue_llvm_ir(), &[STORE_WORDS, GREEDY_FLAGS, FINALIZE].map(|k| k.kernel), &HashMap::new())
 }
 
 /// Every CTA of an elementwise launch over `n` elements.
 fn launch(m: &Module, kernel: &str, params: &[u64], n: u32, mem: &mut Memory) {
-    for x in 0..n.div_ceil(GLUE_THREADS).max(1) {
-        m.run_cta_of(&m.funcs[kernel], params, Cta { x: u64::from(x), ..Cta::default() }, GLUE_THREADS as usize, mem);
-    }
+    m.run_grid(kernel, params, (n.div_ceil(GLUE_THREADS).max(1), 1, 1), GLUE_THREADS as usize, mem);
 }
 
 fn read<T: bytemuck::Pod>(mem: &Memory, addr: u64) -> Vec<T> {
@@ -41,7 +29,7 @@ fn greedy_flags_mark_zero_temperatures_and_greedy_pipelines() {
         let t = mem.add(bytemuck::cast_slice(&temps).to_vec());
         let out = mem.add(vec![0xab; (temps.len() + 3) * 4]);
         let args = GreedyFlagsArgs { temperatures: t, out, n: temps.len() as u32, all_greedy }.args();
-        launch(&m, GREEDY_FLAGS.kernel, &words(&args), temps.len() as u32, &mut mem);
+        launch(&m, GREEDY_FLAGS.kernel, &arg_words(&args), temps.len() as u32, &mut mem);
         let got: Vec<u32> = read(&mem, out);
         let want: Vec<u32> = temps.iter().map(|&t| u32::from(t == 0.0) | all_greedy).chain([0xabab_abab; 3]).collect();
         assert_eq!(got, want, "all_greedy {all_greedy}: flags, and nothing past n");
@@ -64,7 +52,7 @@ fn finalize_voids_failed_rows_and_writes_logprobs() {
         let ls = mem.add(bytemuck::cast_slice(&lse).to_vec());
         let lp = if with_logprobs { mem.add(vec![0xab; n * 4]) } else { 0 };
         let args = FinalizeArgs { tokens, status: st, logits: lg, lse: ls, logprobs: lp, n: n as u32, samples: samples as u32 }.args();
-        launch(&m, FINALIZE.kernel, &words(&args), n as u32, &mut mem);
+        launch(&m, FINALIZE.kernel, &arg_words(&args), n as u32, &mut mem);
         let got: Vec<u32> = read(&mem, tokens);
         for i in 0..n {
             let failed = status[i / samples] != 0;
@@ -87,6 +75,6 @@ fn store_words_copies_its_parameters() {
     let dst = mem.add(vec![0; 256]);
     let w: Vec<u64> = (0..32u64).map(|i| 0x0123_4567_89ab_cdef ^ (i << 40) ^ i).collect();
     let args = StoreWordsArgs::from_words(dst, &w.clone().try_into().unwrap()).args();
-    m.run_cta_of(&m.funcs[STORE_WORDS.kernel], &words(&args), Cta::default(), 32, &mut mem);
+    m.run_cta_of(&m.funcs[STORE_WORDS.kernel], &arg_words(&args), Cta::default(), 32, &mut mem);
     assert_eq!(read::<u64>(&mem, dst), w);
 }

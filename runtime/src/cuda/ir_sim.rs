@@ -510,6 +510,17 @@ fn ff(b: u64) -> f32 {
     f32::from_bits(b as u32)
 }
 
+/// A launch's arguments as the interpreter's parameter words.
+pub(super) fn arg_words(args: &[flashsample_codegen_ptx::KernelArg]) -> Vec<u64> {
+    use flashsample_codegen_ptx::KernelArg;
+    args.iter()
+        .map(|a| match *a {
+            KernelArg::U64(v) => v,
+            KernelArg::U32(v) => u64::from(v),
+        })
+        .collect()
+}
+
 /// A CTA's place in its grid: `ctaid.x`, `ctaid.y` and `nctaid.x`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Cta {
@@ -847,6 +858,18 @@ impl Module {
     /// Runs CTA `cta` of kernel `f` ([`DECIDE_THREADS`] threads) with parameters `params`.
     pub(super) fn run_cta(&self, f: &Function, params: &[u64], cta: u64, mem: &mut Memory) {
         self.run_cta_of(f, params, Cta { x: cta, ..Cta::default() }, DECIDE_THREADS as usize, mem);
+    }
+
+    /// Runs every CTA of `grid` (x fastest) of kernel `name` with `threads` threads each, one
+    /// CTA after another: a valid schedule for kernels whose CTAs meet only through atomics.
+    pub(super) fn run_grid(&self, name: &str, params: &[u64], grid: (u32, u32, u32), threads: usize, mem: &mut Memory) {
+        let f = &self.funcs[name];
+        for y in 0..grid.1 {
+            for x in 0..grid.0 {
+                let cta = Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0), grid_y: u64::from(grid.1) };
+                self.run_cta_of(f, params, cta, threads, mem);
+            }
+        }
     }
 
     /// Runs CTA `cta` of kernel `f` with `n` threads (a multiple of 32) and `params`.

@@ -5,7 +5,7 @@
 //! device-API launch without such a row); and the whole chain — logits (the SIMT path's fma
 //! order), radix sort, cut and draw — serves a picked row as the host's exact cut does.
 
-use super::ir_sim::{Cta, Memory, Module};
+use super::ir_sim::{arg_words, Cta, Memory, Module};
 use flashsample_abi::RowStatus;
 use flashsample_abi::filter::{draw, survivors, whole_row, Scored};
 use flashsample_abi::{RowFilter, INDEX_NONE};
@@ -68,7 +68,7 @@ fn pick(verify: bool, status: &[RowStatus], rows: usize, spec_period: u32) -> (V
         row_base: 0,
         spec_period,
     };
-    let params: Vec<u64> = args.args().iter().map(arg_word).collect();
+    let params = arg_words(&args.args());
     m.run_cta_of(&m.funcs[NUCLEUS_PICK.kernel], &params, Cta::default(), 32, &mut mem);
     let buf = |addr: u64| mem.bufs[(addr >> 40) as usize - 1].clone();
     let (picks, best, done) = (buf(args.picks), buf(args.best), buf(args.done));
@@ -78,13 +78,6 @@ fn pick(verify: bool, status: &[RowStatus], rows: usize, spec_period: u32) -> (V
     let word = |i: usize| u32::from_le_bytes(picks[4 * i..][..4].try_into().unwrap());
     let count = word(rows);
     ((0..count as usize).map(word).collect(), count)
-}
-
-fn arg_word(a: &flashsample_codegen_ptx::KernelArg) -> u64 {
-    match *a {
-        flashsample_codegen_ptx::KernelArg::U64(v) => v,
-        flashsample_codegen_ptx::KernelArg::U32(v) => u64::from(v),
-    }
 }
 
 #[test]
@@ -145,16 +138,9 @@ fn with_no_row_picked_every_later_kernel_exits_without_touching_memory() {
     }
 }
 
-/// Every CTA of `grid` of `kernel` with `threads` threads, in order (the kernels' atomics
-/// make any order valid).
+/// Every CTA of `grid` of `kernel` with `threads` threads.
 fn launch(m: &Module, mem: &mut Memory, kernel: &KernelParams, args: Vec<KernelArg>, grid: (u32, u32, u32), threads: u32) {
-    let params: Vec<u64> = args.iter().map(arg_word).collect();
-    let f = &m.funcs[kernel.kernel];
-    for y in 0..grid.1 {
-        for x in 0..grid.0 {
-            m.run_cta_of(f, &params, Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0), grid_y: u64::from(grid.1) }, threads as usize, mem);
-        }
-    }
+    m.run_grid(kernel.kernel, &arg_words(&args), grid, threads as usize, mem);
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {

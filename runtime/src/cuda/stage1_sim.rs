@@ -6,7 +6,7 @@
 //! read back from their tile, the selection) checked on the code every schedule shares; with
 //! the cross-tile row bounds on, every row's winner is unchanged.
 
-use super::ir_sim::{Cta, Memory, Module};
+use super::ir_sim::{Memory, Module};
 use flashsample_abi::filter::{whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
@@ -87,14 +87,7 @@ impl Launch<'_> {
                 _ => 0,
             })
             .collect();
-        let grid = c.grid(batch, vocab, 132);
-        let f = &m.funcs[STAGE1.kernel];
-        for y in 0..grid.1 {
-            for x in 0..grid.0 {
-                let cta = Cta { x: u64::from(x), y: u64::from(y), grid_x: u64::from(grid.0), grid_y: u64::from(grid.1) };
-                m.run_cta_of(f, &args, cta, c.block_threads() as usize, &mut mem);
-            }
-        }
+        m.run_grid(STAGE1.kernel, &args, c.grid(batch, vocab, 132), c.block_threads() as usize, &mut mem);
         let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
         (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
     }
