@@ -92,29 +92,37 @@ impl Launch<'_> {
         (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
     }
 
-    /// Row `r`'s transformed logit of token `v` on the host: the SIMT multiply order, then
+    /// Every row's transformed logits on the host (`[B][V]`): the SIMT multiply order, then
     /// the pipeline's transforms in order with `abi`'s f32 steps; `-inf` where masked.
-    fn x(&self, r: usize, v: usize) -> f32 {
-        let (p, params, dim) = (self.p, self.params, self.dim);
-        let mut x = (0..dim).fold(0.0f32, |a, k| self.hidden[r * dim + k].mul_add(self.weights[v * dim + k], a));
-        let pen = params.penalty_table(self.batch, self.vocab);
-        let lb = params.logit_bias_table(self.batch, self.vocab);
-        for t in &p.transforms {
-            match t {
-                Transform::Temperature(_) => {
-                    let temp = params.row_temperature(p, r);
-                    if temp != 0.0 {
-                        x *= 1.0 / temp;
+    fn logits(&self) -> Vec<Vec<f32>> {
+        let (p, params, dim, batch, vocab) = (self.p, self.params, self.dim, self.batch, self.vocab);
+        let pen = params.penalty_table(batch, vocab);
+        let lb = params.logit_bias_table(batch, vocab);
+        let allowed = params.allowed_bitset(batch, vocab);
+        let row = |r: usize| {
+            (0..vocab)
+                .map(|v| {
+                    let mut x = (0..dim).fold(0.0f32, |a, k| self.hidden[r * dim + k].mul_add(self.weights[v * dim + k], a));
+                    for t in &p.transforms {
+                        match t {
+                            Transform::Temperature(_) => {
+                                let temp = params.row_temperature(p, r);
+                                if temp != 0.0 {
+                                    x *= 1.0 / temp;
+                                }
+                            }
+                            Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
+                            Transform::Penalties { .. } => x = pen.as_ref().unwrap().apply(r, v as u32, x),
+                            Transform::LogitBias { .. } => x = lb.as_ref().unwrap().apply(r, v as u32, x),
+                            _ => {}
+                        }
                     }
-                }
-                Transform::Softcap { cap } => x = softcap_f32(x, cap.get()),
-                Transform::Penalties { .. } => x = pen.as_ref().unwrap().apply(r, v as u32, x),
-                Transform::LogitBias { .. } => x = lb.as_ref().unwrap().apply(r, v as u32, x),
-                _ => {}
-            }
-        }
-        let allowed = params.allowed_bitset(self.batch, self.vocab).is_none_or(|a| a[r * self.vocab.div_ceil(32) + v / 32] >> (v % 32) & 1 == 1);
-        if allowed { x } else { f32::NEG_INFINITY }
+                    let ok = allowed.as_ref().is_none_or(|a| a[r * vocab.div_ceil(32) + v / 32] >> (v % 32) & 1 == 1);
+                    if ok { x } else { f32::NEG_INFINITY }
+                })
+                .collect()
+        };
+        (0..batch).map(row).collect()
     }
 
     /// Runs the launch and checks it against the host model.
@@ -123,6 +131,7 @@ impl Launch<'_> {
         let tiles = c.tiles(vocab);
         let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
         let (cands, partials, lists) = self.run(false);
+        let x = self.logits();
         let mut third_windows = 0;
         for r in 0..batch {
             let greedy = params.row_temperature(p, r) == 0.0;
@@ -131,8 +140,8 @@ impl Launch<'_> {
                 let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
                 let mut partial = LsePartial::EMPTY;
                 let mut scored = Vec::new();
-                for v in t * c.vocab_tile as usize..((t + 1) * c.vocab_tile as usize).min(vocab) {
-                    let xv = self.x(r, v);
+                let first = t * c.vocab_tile as usize;
+                for (v, &xv) in x[r].iter().enumerate().take(((t + 1) * c.vocab_tile as usize).min(vocab)).skip(first) {
                     partial.add(xv);
                     scored.push(Scored { logit: xv, index: v as u32 });
                     let score = if greedy { xv } else { xv + gumbel_f32(noise_bits(key, ctr, 0, v as u32, 0)) };
