@@ -173,6 +173,13 @@ pub enum SpecError {
     },
 }
 
+/// The draft whose target position launch row `row` holds (`i·k + j` for row `i·(k + 1) + j`,
+/// `j < k`), or `None` for a sequence's bonus row (`j = k`).
+pub fn draft_of_row(row: usize, k: usize) -> Option<usize> {
+    let (i, j) = (row / (k + 1), row % (k + 1));
+    (j != k).then_some(i * k + j)
+}
+
 /// `k`, the drafts per sequence, of `rows` target rows and `drafts` draft tokens: `S`
 /// sequences own `S·(k + 1)` rows and `S·k` drafts, so `S = rows − drafts` and `k = drafts / S`.
 pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecError> {
@@ -216,6 +223,13 @@ pub fn check_drafts(batch: usize, k: usize, vocab: usize, tokens: &[u32], q: Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_map_to_their_drafts_and_the_bonus_rows_to_none() {
+        let k2: Vec<Option<usize>> = (0..6).map(|r| draft_of_row(r, 2)).collect();
+        assert_eq!(k2, [Some(0), Some(1), None, Some(2), Some(3), None]);
+        assert!((0..4).all(|r| draft_of_row(r, 0).is_none()), "k = 0: every row is a bonus row");
+    }
     use crate::rng::noise_bits;
 
     #[test]

@@ -10,7 +10,7 @@ use crate::{launch::Shape, stage_three, Error, Result, Tensor};
 use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
 use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
 use flashsample_abi::math::{exp_f64, ln_f64};
-use flashsample_abi::speculative::{accept_bits, drafts_per_sequence, residual_bits, residual_upper_bound, RESIDUAL_PER_TILE};
+use flashsample_abi::speculative::{accept_bits, draft_of_row, drafts_per_sequence, residual_bits, residual_upper_bound, RESIDUAL_PER_TILE};
 use flashsample_abi::filter::TopLists;
 use flashsample_abi::{Candidate, RowResult, RowStatus, RowStatusError, SamplingParams, INDEX_NONE};
 use flashsample_codegen_cpu::CpuConfig;
@@ -143,7 +143,7 @@ fn residual_draw(entries: &[ResidualEntry], q: impl Fn(u32) -> f64, noise: impl 
 pub(crate) fn draft_targets(params: &SamplingParams<'_>, batch: usize) -> Result<(usize, Vec<u32>)> {
     let drafts = params.drafts.unwrap_or(&[]);
     let k = drafts_per_sequence(batch, drafts.len()).map_err(flashsample_abi::ParamError::from)?;
-    let targets = (0..batch).map(|r| if r % (k + 1) != k { drafts[r / (k + 1) * k + r % (k + 1)] } else { 0 }).collect();
+    let targets = (0..batch).map(|r| draft_of_row(r, k).map_or(0, |d| drafts[d])).collect();
     Ok((k, targets))
 }
 
@@ -165,7 +165,7 @@ pub(crate) struct VerifyRun<'a> {
 pub(crate) fn sequence_failure(status: &[RowStatus], rows: std::ops::Range<usize>, k: usize, capacity: usize) -> Option<RowStatusError> {
     rows.clone().find_map(|r| match status[r] {
         RowStatus::AllMasked | RowStatus::NonFinite => status[r].error(r, capacity),
-        _ if r % (k + 1) == k => status[r].error(r, capacity),
+        _ if draft_of_row(r, k).is_none() => status[r].error(r, capacity),
         _ => None,
     })
 }
@@ -334,9 +334,8 @@ impl CpuBackend {
     ) -> Result<Verified> {
         let pipeline: &Pipeline = &self.pipeline;
         let (k, targets) = draft_targets(params, shape.batch)?;
-        let is_draft_row = |r: usize| r % (k + 1) != k;
         let streams: Vec<NoiseStream> =
-            (0..shape.batch).map(|r| if is_draft_row(r) { NoiseStream::SpecResidual } else { NoiseStream::Token }).collect();
+            (0..shape.batch).map(|r| if draft_of_row(r, k).is_some() { NoiseStream::SpecResidual } else { NoiseStream::Token }).collect();
         let inner = SamplingParams { targets: Some(&targets), drafts: None, draft_probs: None, ..*params };
         let hidden_f32 = host_f32(hidden)?;
         let allowed = inner.allowed_bitset(shape.batch, shape.vocab);
@@ -348,7 +347,7 @@ impl CpuBackend {
             stage_three::finish(pipeline, &inner, *layout, lists, None, &mut reduced, &mut status);
         }
         // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
-        let bonus_nuclei: Vec<usize> = stage_three::nucleus_rows(&status).into_iter().filter(|&r| !is_draft_row(r)).collect();
+        let bonus_nuclei: Vec<usize> = stage_three::nucleus_rows(&status).into_iter().filter(|&r| draft_of_row(r, k).is_none()).collect();
         if !bonus_nuclei.is_empty() {
             self.serve_exact(&hidden_f32, weights, &inner, shape, &bonus_nuclei, &mut reduced, &mut status)?;
         }

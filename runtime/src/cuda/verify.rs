@@ -12,7 +12,7 @@ use crate::launch::Shape;
 use crate::tensor::Storage;
 use crate::verify::{decide, draft_targets, sequence_failure, whole_row_entries, DraftProbs, Verified, VerifyRun};
 use crate::{stage_three, Error, Result, Tensor};
-use flashsample_abi::speculative::SpecStatus;
+use flashsample_abi::speculative::{draft_of_row, SpecStatus};
 use flashsample_abi::{RowStatus, SamplingParams, Scored};
 use flashsample_codegen_ptx::GpuConfig;
 
@@ -88,7 +88,7 @@ impl CudaSampler {
             }
         }
         // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
-        let bonus: Vec<usize> = stage_three::nucleus_rows(&r.status).into_iter().filter(|&row| row % (k + 1) == k).collect();
+        let bonus: Vec<usize> = stage_three::nucleus_rows(&r.status).into_iter().filter(|&row| draft_of_row(row, k).is_none()).collect();
         if !bonus.is_empty() {
             self.serve_exact(hidden, weights, inner, shape, &config, &bonus, &mut r)?;
         }
