@@ -468,12 +468,7 @@ fn decide_position(
     let sampled = f.v(format!("xor i1 {greedy}, true"));
     let look = f.and1(c.has_filters, &sampled);
     f.if_then(&look, |f| {
-        let a = f.gaddr("%filters", &r64, 12);
-        let top_k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-        let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-        let top_p = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
-        let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-        let min_p = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
+        let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
         let k0 = f.v(format!("icmp eq i32 {top_k}, 0"));
         let p1 = f.v(format!("fcmp oge float {top_p}, {}", f32c(1.0)));
         let m0 = f.v(format!("fcmp ole float {min_p}, 0.0"));

@@ -508,6 +508,18 @@ fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &s
 }
 
 /// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.
+/// Row `r64`'s `abi::RowFilter` (`top_k` u32, `top_p` f32, `min_p` f32: 12 bytes) from
+/// `%filters`: the one reader of that layout every kernel with filters calls.
+pub(crate) fn load_row_filter(f: &mut Func, r64: &str) -> (String, String, String) {
+    let a = f.gaddr("%filters", r64, 12);
+    let top_k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+    let top_p = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
+    let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
+    let min_p = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
+    (top_k, top_p, min_p)
+}
+
 fn row_f32_or_nan(f: &mut Func, ptr: &str, r64: &str) -> String {
     let out = f.var("float", "0x7FF8000000000000");
     let has = f.v(format!("icmp ne ptr addrspace(1) {ptr}, null"));
@@ -687,15 +699,10 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
             let min_p = f.var("float", "0.0");
             let has_filters = f.v("icmp ne ptr addrspace(1) %filters, null");
             f.if_then(&has_filters, |f| {
-                let a = f.gaddr("%filters", &r64, 12);
-                let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                f.set(&top_k, &v);
-                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                let v = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
-                f.set(&top_p, &v);
-                let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-                let v = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
-                f.set(&min_p, &v);
+                let (tk, tp, mp) = load_row_filter(f, &r64);
+                f.set(&top_k, &tk);
+                f.set(&top_p, &tp);
+                f.set(&min_p, &mp);
             });
             let (tk, tp, mp) = (f.get(&top_k), f.get(&top_p), f.get(&min_p));
             // RowFilter::is_off: top_k == 0 && top_p >= 1 && min_p <= 0.

@@ -73,12 +73,7 @@ pub(super) fn emit() -> String {
     f.if_then(&live, |f| {
         let r = picked_row(f, &j);
         let r64 = f.zext64(&r);
-        let a = f.gaddr("%filters", &r64, 12);
-        let top_k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-        let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-        let top_p = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
-        let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-        let min_p = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
+        let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
         let (n_at, kept_at, x0_at, cut_at) = (misc(f, 0), misc(f, 1), misc(f, 2), misc(f, 3));
         f.if_then(&tid0, |f| {
             let n = prefix_len(f, "%vocab", |f, i| {
