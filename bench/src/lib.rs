@@ -70,6 +70,11 @@ impl LmHead {
         Ok(LmHead { host, device, dim, vocab })
     }
 
+    /// Random hidden states for `rows` rows of this head (`U(−1, 1)`, bf16, host memory).
+    pub fn random_hidden(&self, rng: &mut StdRng, rows: usize) -> Vec<bf16> {
+        (0..rows * self.dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect()
+    }
+
     /// The weights' device copy (CUDA only).
     pub fn device_tensor(&self) -> Option<&DeviceTensor> {
         self.device.as_ref()

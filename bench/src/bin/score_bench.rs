@@ -10,7 +10,7 @@
 //! (wall time per launch).
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, Tensor};
+use flashsample::{ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
 use flashsample_bench::{LmHead, fmt_opt, peers_json, print_table};
 use flashsample_ir::DType;
@@ -99,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
         let mut table = Vec::new();
         for &rows in &args.rows {
-            let h: Vec<bf16> = (0..rows * dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect();
+            let h = head.random_hidden(&mut rng, rows);
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);

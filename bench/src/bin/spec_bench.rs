@@ -176,7 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &batch in &args.batches {
             for &k in &args.ks {
                 let rows = batch * (k + 1);
-                let h: Vec<bf16> = (0..rows * dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect();
+                let h = head.random_hidden(&mut rng, rows);
                 let (drafts, q) = random_drafts(&mut rng, batch * k, vocab);
                 let temperatures = vec![1.0f32; rows];
                 let sample_params = SamplingParams { temperature: flashsample::TemperatureArg::PerRow(&temperatures), seed: 7, ..Default::default() };
