@@ -17,7 +17,7 @@
 //! `SpecStatus::Filtered` (its `p_j` lives on the filter's survivors, which only the host
 //! rebuilds).
 
-use crate::ir::{f32c, Func, Var, NEG_INF};
+use crate::ir::{f32c_u, Func, Var, NEG_INF};
 use crate::math::{row_stream, stream_word3, token_bits};
 use crate::math64::{dadd, ddiv, dmul, dsub, f64c, uniform_f64};
 use crate::params::{DECIDE, SPEC_TARGETS};
@@ -51,9 +51,9 @@ fn keep(f: &mut Func, best: Best, other: (&str, &str, &str)) -> Best {
     let gt = f.v(format!("fcmp ogt double {}, {}", other.0, best.0));
     let eq = f.v(format!("fcmp oeq double {}, {}", other.0, best.0));
     let lo = f.v(format!("icmp ult i32 {}, {}", other.1, best.1));
-    let tie = f.and1(&eq, &lo);
+    let tie = f.and1_u(&eq, &lo);
     let take = f.v(format!("or i1 {gt}, {tie}"));
-    (f.sel("double", &take, other.0, &best.0), f.sel("i32", &take, other.1, &best.1), f.sel("float", &take, other.2, &best.2))
+    (f.sel_u("double", &take, other.0, &best.0), f.sel_u("i32", &take, other.1, &best.1), f.sel_u("float", &take, other.2, &best.2))
 }
 
 fn shfl_f64(f: &mut Func, v: &str, mask: u32) -> String {
@@ -61,8 +61,8 @@ fn shfl_f64(f: &mut Func, v: &str, mask: u32) -> String {
     let lo = f.v(format!("trunc i64 {b} to i32"));
     let hi = f.v(format!("lshr i64 {b}, 32"));
     let hi = f.v(format!("trunc i64 {hi} to i32"));
-    let lo = f.shfl_xor_i32(&lo, mask);
-    let hi = f.shfl_xor_i32(&hi, mask);
+    let lo = f.shfl_xor_i32_u(&lo, mask);
+    let hi = f.shfl_xor_i32_u(&hi, mask);
     let lo = f.v(format!("zext i32 {lo} to i64"));
     let hi = f.v(format!("zext i32 {hi} to i64"));
     let hi = f.v(format!("shl i64 {hi}, 32"));
@@ -75,11 +75,11 @@ fn block_best(f: &mut Func, warp: &str, lane0: &str, best: Best) -> Best {
     let mut b = best;
     for sh in [16, 8, 4, 2, 1] {
         let os = shfl_f64(f, &b.0, sh);
-        let ot = f.shfl_xor_i32(&b.1, sh);
-        let ox = f.shfl_xor_f32(&b.2, sh);
+        let ot = f.shfl_xor_i32_u(&b.1, sh);
+        let ox = f.shfl_xor_f32_u(&b.2, sh);
         b = keep(f, b, (&os, &ot, &ox));
     }
-    f.if_then(lane0, |f| {
+    f.if_then_u(lane0, |f| {
         for (arr, ty, v) in [("@fs_decide_s", "double", &b.0), ("@fs_decide_t", "i32", &b.1), ("@fs_decide_x", "float", &b.2)] {
             let a = f.v(format!("getelementptr {ty}, ptr addrspace(3) {arr}, i32 {warp}"));
             f.s(format!("store {ty} {v}, ptr addrspace(3) {a}"));
@@ -102,7 +102,7 @@ fn block_best(f: &mut Func, warp: &str, lane0: &str, best: Best) -> Best {
 
 /// A residual-list entry `(score, index, logit)` at entry `slot` (i64).
 fn load_candidate(f: &mut Func, slot: &str) -> (String, String, String) {
-    let a = f.gaddr("%residual_lists", slot, 12);
+    let a = f.gaddr_u("%residual_lists", slot, 12);
     let s = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
     let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
     let i = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
@@ -140,25 +140,25 @@ struct Row {
 
 /// `q_j(v)` as f64: the draft distribution's entry, or `[v = d_j]` for greedy drafts.
 fn q_of(f: &mut Func, row: &Row, v: &str) -> String {
-    let q = f.var("double", &f64c(0.0));
+    let q = f.var_u("double", &f64c(0.0));
     let has = f.v("icmp ne ptr addrspace(1) %draft_probs, null");
-    f.if_else(
+    f.if_else_u(
         &has,
         |f| {
-            let v64 = f.zext64(v);
+            let v64 = f.zext64_u(v);
             let at = f.v(format!("add i64 {}, {v64}", row.q_base));
-            let a = f.gaddr("%draft_probs", &at, 4);
+            let a = f.gaddr_u("%draft_probs", &at, 4);
             let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
             let x = f.v(format!("fpext float {x} to double"));
-            f.set(&q, &x);
+            f.set_u(&q, &x);
         },
         |f| {
             let same = f.v(format!("icmp eq i32 {v}, {}", row.draft));
-            let x = f.sel("double", &same, &f64c(1.0), &f64c(0.0));
-            f.set(&q, &x);
+            let x = f.sel_u("double", &same, &f64c(1.0), &f64c(0.0));
+            f.set_u(&q, &x);
         },
     );
-    f.get(&q)
+    f.get_u(&q)
 }
 
 /// The exact residual score `ln(max(0, p − q)) + gumbel_f64(residual bits)` of the listed
@@ -169,18 +169,18 @@ fn exact_score(f: &mut Func, row: &Row, w3: &str, v: &str, x: &str) -> String {
     let p = f.v(format!("call double @fs_exp_f64(double {d})"));
     let q = q_of(f, row, v);
     let w = dsub(f, &p, &q);
-    let score = f.var("double", NEG_INF);
+    let score = f.var_u("double", NEG_INF);
     let pos = f.v(format!("fcmp ogt double {w}, {}", f64c(0.0)));
-    f.if_then(&pos, |f| {
+    f.if_then_u(&pos, |f| {
         // Keyed by the global token, as stage one's residual lists are.
-        let g = f.add(v, "%vocab_offset");
+        let g = f.add_u(v, "%vocab_offset");
         let bits = token_bits(f, &g, &row.ctr, "0", w3, (&row.key.0, &row.key.1));
         let gum = f.v(format!("call double @fs_gumbel_f64(i32 {bits})"));
         let lw = f.v(format!("call double @fs_ln_f64(double {w})"));
         let s = dadd(f, &lw, &gum);
-        f.set(&score, &s);
+        f.set_u(&score, &s);
     });
-    f.get(&score)
+    f.get_u(&score)
 }
 
 /// The residual draw of a rejected unfiltered draft row: `(found, token, logit)`, `found`
@@ -192,88 +192,88 @@ fn residual_draw(f: &mut Func, tid: &str, warp: &str, lane0: &str, row: &Row) ->
     let none = (INDEX_NONE as i32).to_string();
     let row_tiles = f.v(format!("mul i64 {}, {}", row.r64, row.tiles_wide));
     let slot = |f: &mut Func, tile: &str, e: &str| -> String {
-        let t64 = f.zext64(tile);
+        let t64 = f.zext64_u(tile);
         let rt = f.v(format!("add i64 {row_tiles}, {t64}"));
         let s = f.v(format!("mul i64 {rt}, {}", row.per_tile_wide));
-        let e64 = f.zext64(e);
+        let e64 = f.zext64_u(e);
         f.v(format!("add i64 {s}, {e64}"))
     };
     // Pass one: the best stored score (ties to the lower tile) and the bound.
-    let top = (f.var("double", NEG_INF), f.var("i32", &none));
-    let bound = f.var("double", NEG_INF);
+    let top = (f.var_u("double", NEG_INF), f.var_u("i32", &none));
+    let bound = f.var_u("double", NEG_INF);
     let last_e = f.v("add i32 %per_tile, -1");
-    f.for_loop(tid, "%tiles", &step, |f, t| {
+    f.for_loop_u(tid, "%tiles", &step, |f, t| {
         let first = slot(f, t, "0");
         let (s0, i0, _) = load_candidate(f, &first);
         let live = f.v(format!("icmp ne i32 {i0}, {none}"));
         let s0 = f.v(format!("fpext float {s0} to double"));
-        let s0 = f.sel("double", &live, &s0, NEG_INF);
-        let t0 = f.sel("i32", &live, t, &none);
-        let cur = (f.get(&top.0), f.get(&top.1), f32c(0.0));
-        let (bs, bt, _) = keep(f, cur, (&s0, &t0, &f32c(0.0)));
-        f.set(&top.0, &bs);
-        f.set(&top.1, &bt);
+        let s0 = f.sel_u("double", &live, &s0, NEG_INF);
+        let t0 = f.sel_u("i32", &live, t, &none);
+        let cur = (f.get_u(&top.0), f.get_u(&top.1), f32c_u(0.0));
+        let (bs, bt, _) = keep(f, cur, (&s0, &t0, &f32c_u(0.0)));
+        f.set_u(&top.0, &bs);
+        f.set_u(&top.1, &bt);
         let last = slot(f, t, &last_e);
         let (sl, il, _) = load_candidate(f, &last);
         let live = f.v(format!("icmp ne i32 {il}, {none}"));
         let ub = upper_bound(f, &sl, &row.l);
-        let cur = f.get(&bound);
+        let cur = f.get_u(&bound);
         let gt = f.v(format!("fcmp ogt double {ub}, {cur}"));
-        let take = f.and1(&live, &gt);
-        let nb = f.sel("double", &take, &ub, &cur);
-        f.set(&bound, &nb);
+        let take = f.and1_u(&live, &gt);
+        let nb = f.sel_u("double", &take, &ub, &cur);
+        f.set_u(&bound, &nb);
     });
-    let mine = (f.get(&top.0), f.get(&top.1), f32c(0.0));
+    let mine = (f.get_u(&top.0), f.get_u(&top.1), f32c_u(0.0));
     let (_, top_tile, _) = block_best(f, warp, lane0, mine);
-    let mine = (f.get(&bound), "0".to_string(), f32c(0.0));
+    let mine = (f.get_u(&bound), "0".to_string(), f32c_u(0.0));
     let (bound, _, _) = block_best(f, warp, lane0, mine);
     // The top entry's exact score prunes the scan (every thread computes it alike).
-    let threshold = f.var("double", NEG_INF);
+    let threshold = f.var_u("double", NEG_INF);
     let has_top = f.v(format!("icmp ne i32 {top_tile}, {none}"));
-    f.if_then(&has_top, |f| {
+    f.if_then_u(&has_top, |f| {
         let at = slot(f, &top_tile, "0");
         let (_, v, x) = load_candidate(f, &at);
         let s = exact_score(f, row, &w3, &v, &x);
-        f.set(&threshold, &s);
+        f.set_u(&threshold, &s);
     });
-    let thr = f.get(&threshold);
+    let thr = f.get_u(&threshold);
     // Pass two: the exact scores of every listed token whose bound reaches the threshold.
-    let best = (f.var("double", NEG_INF), f.var("i32", &none), f.var("float", NEG_INF));
-    f.for_loop(tid, "%tiles", &step, |f, t| {
-        f.for_loop("0", "%per_tile", "1", |f, e| {
+    let best = (f.var_u("double", NEG_INF), f.var_u("i32", &none), f.var_u("float", NEG_INF));
+    f.for_loop_u(tid, "%tiles", &step, |f, t| {
+        f.for_loop_u("0", "%per_tile", "1", |f, e| {
             let at = slot(f, t, e);
             let (s, v, x) = load_candidate(f, &at);
             let live = f.v(format!("icmp ne i32 {v}, {none}"));
             let ub = upper_bound(f, &s, &row.l);
             let reach = f.v(format!("fcmp oge double {ub}, {thr}"));
-            let go = f.and1(&live, &reach);
-            f.if_then(&go, |f| {
+            let go = f.and1_u(&live, &reach);
+            f.if_then_u(&go, |f| {
                 let es = exact_score(f, row, &w3, &v, &x);
                 // A `-inf` score (p ≤ q) is not eligible: it never enters the argmax.
                 let eligible = f.v(format!("fcmp ogt double {es}, {NEG_INF}"));
-                f.if_then(&eligible, |f| {
-                    let cur = (f.get(&best.0), f.get(&best.1), f.get(&best.2));
+                f.if_then_u(&eligible, |f| {
+                    let cur = (f.get_u(&best.0), f.get_u(&best.1), f.get_u(&best.2));
                     let (ns, nv, nx) = keep(f, cur, (&es, &v, &x));
-                    f.set(&best.0, &ns);
-                    f.set(&best.1, &nv);
-                    f.set(&best.2, &nx);
+                    f.set_u(&best.0, &ns);
+                    f.set_u(&best.1, &nv);
+                    f.set_u(&best.2, &nx);
                 });
             });
         });
     });
-    let mine = (f.get(&best.0), f.get(&best.1), f.get(&best.2));
+    let mine = (f.get_u(&best.0), f.get_u(&best.1), f.get_u(&best.2));
     let (bs, bv, bx) = block_best(f, warp, lane0, mine);
     let listed = f.v(format!("icmp ne i32 {bv}, {none}"));
     let beats = f.v(format!("fcmp ogt double {bs}, {bound}"));
-    let found = f.and1(&listed, &beats);
+    let found = f.and1_u(&listed, &beats);
     (found, bv, bx)
 }
 
 /// `flashsample_decide` (see the module docs; parameters: `params::DECIDE`).
 pub(crate) fn emit() -> String {
     let mut f = Func::new();
-    let seq = f.sreg("ctaid.x");
-    let tid = f.sreg("tid.x");
+    let seq = f.sreg_u("ctaid.x");
+    let tid = f.sreg_u("tid.x");
     let warp = f.v(format!("lshr i32 {tid}, 5"));
     let lane = f.v(format!("and i32 {tid}, 31"));
     let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
@@ -281,44 +281,44 @@ pub(crate) fn emit() -> String {
     let none = (INDEX_NONE as i32).to_string();
     let tiles_wide = f.v("zext i32 %tiles to i64");
     let per_tile_wide = f.v("zext i32 %per_tile to i64");
-    let in_range = f.ult(&seq, "%sequences");
-    f.if_then(&in_range, |f| {
-        let period = f.add("%k", "1");
-        let row0 = f.mul(&seq, &period);
+    let in_range = f.ult_u(&seq, "%sequences");
+    f.if_then_u(&in_range, |f| {
+        let period = f.add_u("%k", "1");
+        let row0 = f.mul_u(&seq, &period);
         let has_lp = f.v("icmp ne ptr addrspace(1) %out_logprobs, null");
         let has_lse = f.v("icmp ne ptr addrspace(1) %lse, null");
         let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
         let has_filters = f.v("icmp ne ptr addrspace(1) %filters, null");
         // Writes the sequence's n-th emitted token (row row0 + n) and its logprob `x − lse`.
         let emit_token = |f: &mut Func, n: &str, token: &str, x: &str| {
-            f.if_then(&tid0, |f| {
-                let at = f.add(&row0, n);
-                let at64 = f.zext64(&at);
-                let a = f.gaddr("%out_tokens", &at64, 4);
+            f.if_then_u(&tid0, |f| {
+                let at = f.add_u(&row0, n);
+                let at64 = f.zext64_u(&at);
+                let a = f.gaddr_u("%out_tokens", &at64, 4);
                 f.s(format!("store i32 {token}, ptr addrspace(1) {a}, align 4"));
-                f.if_then(&has_lp, |f| {
-                    let lp = f.var("float", NAN);
-                    f.if_then(&has_lse, |f| {
-                        let a = f.gaddr("%lse", &at64, 4);
+                f.if_then_u(&has_lp, |f| {
+                    let lp = f.var_u("float", NAN);
+                    f.if_then_u(&has_lse, |f| {
+                        let a = f.gaddr_u("%lse", &at64, 4);
                         let l = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                        let d = f.fsub(x, &l);
-                        f.set(&lp, &d);
+                        let d = f.fsub_u(x, &l);
+                        f.set_u(&lp, &d);
                     });
-                    let lp = f.get(&lp);
-                    let a = f.gaddr("%out_logprobs", &at64, 4);
+                    let lp = f.get_u(&lp);
+                    let a = f.gaddr_u("%out_logprobs", &at64, 4);
                     f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
                 });
             });
         };
         let clear = |f: &mut Func| {
-            f.if_then(&tid0, |f| {
-                f.for_loop("0", &period, "1", |f, n| {
-                    let at = f.add(&row0, n);
-                    let at64 = f.zext64(&at);
-                    let a = f.gaddr("%out_tokens", &at64, 4);
+            f.if_then_u(&tid0, |f| {
+                f.for_loop_u("0", &period, "1", |f, n| {
+                    let at = f.add_u(&row0, n);
+                    let at64 = f.zext64_u(&at);
+                    let a = f.gaddr_u("%out_tokens", &at64, 4);
                     f.s(format!("store i32 {none}, ptr addrspace(1) {a}, align 4"));
-                    f.if_then(&has_lp, |f| {
-                        let a = f.gaddr("%out_logprobs", &at64, 4);
+                    f.if_then_u(&has_lp, |f| {
+                        let a = f.gaddr_u("%out_logprobs", &at64, 4);
                         f.s(format!("store float {NAN}, ptr addrspace(1) {a}, align 4"));
                     });
                 });
@@ -326,44 +326,44 @@ pub(crate) fn emit() -> String {
         };
         clear(f);
         // A failing row fails the sequence (`verify::sequence_failure`).
-        let fail = f.var("i32", "0");
-        f.for_loop("0", &period, "1", |f, n| {
-            let r = f.add(&row0, n);
-            let r64 = f.zext64(&r);
-            let a = f.gaddr("%status", &r64, 4);
+        let fail = f.var_u("i32", "0");
+        f.for_loop_u("0", &period, "1", |f, n| {
+            let r = f.add_u(&row0, n);
+            let r64 = f.zext64_u(&r);
+            let a = f.gaddr_u("%status", &r64, 4);
             let st = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
             let masked = f.v(format!("icmp eq i32 {st}, {}", RowStatus::AllMasked.code()));
             let nonfinite = f.v(format!("icmp eq i32 {st}, {}", RowStatus::NonFinite.code()));
             let bonus = f.v(format!("icmp eq i32 {n}, %k"));
             let not_ok = f.v(format!("icmp ne i32 {st}, {}", RowStatus::Ok.code()));
-            let bad_bonus = f.and1(&bonus, &not_ok);
+            let bad_bonus = f.and1_u(&bonus, &not_ok);
             let bad = f.v(format!("or i1 {masked}, {nonfinite}"));
             let bad = f.v(format!("or i1 {bad}, {bad_bonus}"));
             let bad = f.v(format!("zext i1 {bad} to i32"));
-            let cur = f.get(&fail);
+            let cur = f.get_u(&fail);
             let nf = f.v(format!("or i32 {cur}, {bad}"));
-            f.set(&fail, &nf);
+            f.set_u(&fail, &nf);
         });
-        let outcome = f.var("i32", &SpecStatus::Ok.code().to_string());
-        let accepted = f.var("i32", "0");
-        let stop = f.var("i32", "0");
-        let failed = f.get(&fail);
+        let outcome = f.var_u("i32", &SpecStatus::Ok.code().to_string());
+        let accepted = f.var_u("i32", "0");
+        let stop = f.var_u("i32", "0");
+        let failed = f.get_u(&fail);
         let failed = f.v(format!("icmp ne i32 {failed}, 0"));
-        f.if_else(
+        f.if_else_u(
             &failed,
-            |f| f.set(&outcome, &SpecStatus::RowFailed.code().to_string()),
+            |f| f.set_u(&outcome, &SpecStatus::RowFailed.code().to_string()),
             |f| {
-                let j = f.var("i32", "0");
-                f.while_loop(
+                let j = f.var_u("i32", "0");
+                f.while_loop_u(
                     |f| {
-                        let jv = f.get(&j);
+                        let jv = f.get_u(&j);
                         let more = f.v(format!("icmp ult i32 {jv}, %k"));
-                        let st = f.get(&stop);
+                        let st = f.get_u(&stop);
                         let running = f.v(format!("icmp eq i32 {st}, 0"));
-                        f.and1(&more, &running)
+                        f.and1_u(&more, &running)
                     },
                     |f| {
-                        let jv = f.get(&j);
+                        let jv = f.get_u(&j);
                         let c = DecideCtx {
                             tid: &tid,
                             warp: &warp,
@@ -377,39 +377,39 @@ pub(crate) fn emit() -> String {
                             per_tile_wide: &per_tile_wide,
                         };
                         decide_position(f, &c, &jv, &outcome, &accepted, &stop, &emit_token);
-                        let nj = f.add(&jv, "1");
-                        f.set(&j, &nj);
+                        let nj = f.add_u(&jv, "1");
+                        f.set_u(&j, &nj);
                     },
                 );
                 // Every draft accepted: the bonus is row k's ordinary sample.
-                let st = f.get(&stop);
+                let st = f.get_u(&stop);
                 let all = f.v(format!("icmp eq i32 {st}, 0"));
-                f.if_then(&all, |f| {
-                    let r = f.add(&row0, "%k");
-                    let r64 = f.zext64(&r);
-                    let a = f.gaddr("%row_tokens", &r64, 4);
+                f.if_then_u(&all, |f| {
+                    let r = f.add_u(&row0, "%k");
+                    let r64 = f.zext64_u(&r);
+                    let a = f.gaddr_u("%row_tokens", &r64, 4);
                     let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                    let a = f.gaddr("%row_logits", &r64, 4);
+                    let a = f.gaddr_u("%row_logits", &r64, 4);
                     let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
                     emit_token(f, "%k", &v, &x);
-                    f.set(&accepted, "%k");
+                    f.set_u(&accepted, "%k");
                 });
             },
         );
-        let oc = f.get(&outcome);
+        let oc = f.get_u(&outcome);
         let undecided = f.v(format!("icmp ne i32 {oc}, {}", SpecStatus::Ok.code()));
         // Only a decided sequence carries tokens.
-        f.if_then(&undecided, |f| {
+        f.if_then_u(&undecided, |f| {
             clear(f);
-            f.set(&accepted, "0");
+            f.set_u(&accepted, "0");
         });
-        f.if_then(&tid0, |f| {
-            let s64 = f.zext64(&seq);
-            let oc = f.get(&outcome);
-            let a = f.gaddr("%out_status", &s64, 4);
+        f.if_then_u(&tid0, |f| {
+            let s64 = f.zext64_u(&seq);
+            let oc = f.get_u(&outcome);
+            let a = f.gaddr_u("%out_status", &s64, 4);
             f.s(format!("store i32 {oc}, ptr addrspace(1) {a}, align 4"));
-            let acc = f.get(&accepted);
-            let a = f.gaddr("%out_accepted", &s64, 4);
+            let acc = f.get_u(&accepted);
+            let a = f.gaddr_u("%out_accepted", &s64, 4);
             f.s(format!("store i32 {acc}, ptr addrspace(1) {a}, align 4"));
         });
     });
@@ -443,58 +443,58 @@ fn decide_position(
     stop: &Var,
     emit_token: &dyn Fn(&mut Func, &str, &str, &str),
 ) {
-    let r = f.add(c.row0, j);
-    let r64 = f.zext64(&r);
-    let draft = f.mul(c.seq, "%k");
-    let draft = f.add(&draft, j);
-    let draft64 = f.zext64(&draft);
-    let a = f.gaddr("%drafts", &draft64, 4);
+    let r = f.add_u(c.row0, j);
+    let r64 = f.zext64_u(&r);
+    let draft = f.mul_u(c.seq, "%k");
+    let draft = f.add_u(&draft, j);
+    let draft64 = f.zext64_u(&draft);
+    let a = f.gaddr_u("%drafts", &draft64, 4);
     let d = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    let l = f.var("double", NAN);
-    f.if_then(c.has_lse, |f| {
-        let a = f.gaddr("%lse", &r64, 4);
+    let l = f.var_u("double", NAN);
+    f.if_then_u(c.has_lse, |f| {
+        let a = f.gaddr_u("%lse", &r64, 4);
         let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
         let x = f.v(format!("fpext float {x} to double"));
-        f.set(&l, &x);
+        f.set_u(&l, &x);
     });
-    let l = f.get(&l);
-    let a = f.gaddr("%temperatures", &r64, 4);
+    let l = f.get_u(&l);
+    let a = f.gaddr_u("%temperatures", &r64, 4);
     let t = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
     let cold = f.v(format!("fcmp oeq float {t}, 0.0"));
     let all = f.v("icmp ne i32 %all_greedy, 0");
     let greedy = f.v(format!("or i1 {all}, {cold}"));
     // `RowFilter::is_off`: top_k == 0 && top_p >= 1 && min_p <= 0.
-    let filtered = f.var("i1", "false");
+    let filtered = f.var_u("i1", "false");
     let sampled = f.v(format!("xor i1 {greedy}, true"));
-    let look = f.and1(c.has_filters, &sampled);
-    f.if_then(&look, |f| {
+    let look = f.and1_u(c.has_filters, &sampled);
+    f.if_then_u(&look, |f| {
         let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
         let k0 = f.v(format!("icmp eq i32 {top_k}, 0"));
-        let p1 = f.v(format!("fcmp oge float {top_p}, {}", f32c(1.0)));
+        let p1 = f.v(format!("fcmp oge float {top_p}, {}", f32c_u(1.0)));
         let m0 = f.v(format!("fcmp ole float {min_p}, 0.0"));
-        let off = f.and1(&k0, &p1);
-        let off = f.and1(&off, &m0);
+        let off = f.and1_u(&k0, &p1);
+        let off = f.and1_u(&off, &m0);
         let on = f.v(format!("xor i1 {off}, true"));
-        f.set(&filtered, &on);
+        f.set_u(&filtered, &on);
     });
-    let filtered = f.get(&filtered);
-    f.if_else(
+    let filtered = f.get_u(&filtered);
+    f.if_else_u(
         &filtered,
         |f| {
-            f.set(outcome, &SpecStatus::Filtered.code().to_string());
-            f.set(stop, "1");
+            f.set_u(outcome, &SpecStatus::Filtered.code().to_string());
+            f.set_u(stop, "1");
         },
         |f| {
-            let a = f.gaddr("%row_tokens", &r64, 4);
+            let a = f.gaddr_u("%row_tokens", &r64, 4);
             let argmax = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let a = f.gaddr("%draft_logits", &r64, 4);
+            let a = f.gaddr_u("%draft_logits", &r64, 4);
             let xd = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
             let hit = f.v(format!("icmp eq i32 {argmax}, {d}"));
-            let p_greedy = f.sel("double", &hit, &f64c(1.0), &f64c(0.0));
+            let p_greedy = f.sel_u("double", &hit, &f64c(1.0), &f64c(0.0));
             let xd64 = f.v(format!("fpext float {xd} to double"));
             let diff = dsub(f, &xd64, &l);
             let p_full = f.v(format!("call double @fs_exp_f64(double {diff})"));
-            let p = f.sel("double", &greedy, &p_greedy, &p_full);
+            let p = f.sel_u("double", &greedy, &p_greedy, &p_full);
             let (k0, k1, ctr) = row_stream(f, c.has_rs, &r, &r64);
             let vocab64 = f.v("zext i32 %vocab to i64");
             let q_base = f.v(format!("mul i64 {draft64}, {vocab64}"));
@@ -516,28 +516,28 @@ fn decide_position(
             let u = uniform_f64(f, &bits);
             let ratio = ddiv(f, &p, &qd);
             let accept = f.v(format!("fcmp olt double {u}, {ratio}"));
-            f.if_else(
+            f.if_else_u(
                 &accept,
                 |f| {
                     emit_token(f, j, &d, &xd);
-                    let n = f.add(j, "1");
-                    f.set(accepted, &n);
+                    let n = f.add_u(j, "1");
+                    f.set_u(accepted, &n);
                 },
                 |f| {
-                    f.set(stop, "1");
-                    f.if_else(
+                    f.set_u(stop, "1");
+                    f.if_else_u(
                         &greedy,
                         |f| {
-                            let a = f.gaddr("%row_logits", &r64, 4);
+                            let a = f.gaddr_u("%row_logits", &r64, 4);
                             let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
                             emit_token(f, j, &argmax, &x);
                         },
                         |f| {
                             let (found, v, x) = residual_draw(f, c.tid, c.warp, c.lane0, &row);
-                            f.if_else(
+                            f.if_else_u(
                                 &found,
                                 |f| emit_token(f, j, &v, &x),
-                                |f| f.set(outcome, &SpecStatus::Recompute.code().to_string()),
+                                |f| f.set_u(outcome, &SpecStatus::Recompute.code().to_string()),
                             );
                         },
                     );
@@ -551,28 +551,28 @@ fn decide_position(
 /// draft row, 0 for a bonus row (unread), one thread per row.
 pub(crate) fn emit_targets() -> String {
     let mut f = Func::new();
-    let cta = f.sreg("ctaid.x");
-    let tid = f.sreg("tid.x");
-    let r = f.mul(&cta, &DECIDE_THREADS.to_string());
-    let r = f.add(&r, &tid);
-    let live = f.ult(&r, "%batch");
-    f.if_then(&live, |f| {
-        let period = f.add("%k", "1");
+    let cta = f.sreg_u("ctaid.x");
+    let tid = f.sreg_u("tid.x");
+    let r = f.mul_u(&cta, &DECIDE_THREADS.to_string());
+    let r = f.add_u(&r, &tid);
+    let live = f.ult_u(&r, "%batch");
+    f.if_then_u(&live, |f| {
+        let period = f.add_u("%k", "1");
         let seq = f.v(format!("udiv i32 {r}, {period}"));
         let j = f.v(format!("urem i32 {r}, {period}"));
         let draft_row = f.v(format!("icmp ne i32 {j}, %k"));
-        let token = f.var("i32", "0");
-        f.if_then(&draft_row, |f| {
-            let at = f.mul(&seq, "%k");
-            let at = f.add(&at, &j);
-            let at64 = f.zext64(&at);
-            let a = f.gaddr("%drafts", &at64, 4);
+        let token = f.var_u("i32", "0");
+        f.if_then_u(&draft_row, |f| {
+            let at = f.mul_u(&seq, "%k");
+            let at = f.add_u(&at, &j);
+            let at64 = f.zext64_u(&at);
+            let a = f.gaddr_u("%drafts", &at64, 4);
             let d = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            f.set(&token, &d);
+            f.set_u(&token, &d);
         });
-        let t = f.get(&token);
-        let r64 = f.zext64(&r);
-        let a = f.gaddr("%targets", &r64, 4);
+        let t = f.get_u(&token);
+        let r64 = f.zext64_u(&r);
+        let a = f.gaddr_u("%targets", &r64, 4);
         f.s(format!("store i32 {t}, ptr addrspace(1) {a}, align 4"));
     });
     f.s("ret void");

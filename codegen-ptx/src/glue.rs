@@ -12,7 +12,7 @@
 //!
 //! One module of sm_80 PTX serves every device (the driver JIT-compiles it).
 
-use crate::ir::{self, f32c, Func};
+use crate::ir::{self, f32c_u, Func};
 use crate::params::{StoreWordsArgs, FINALIZE, GREEDY_FLAGS, STORE_WORDS};
 use crate::{ir_to_ptx, PtxError};
 use flashsample_abi::INDEX_NONE;
@@ -38,11 +38,11 @@ impl StoreWordsArgs {
 
 /// The thread's element (`ctaid.x · GLUE_THREADS + tid.x`) and whether it is below `%n`.
 fn element(f: &mut Func) -> (String, String) {
-    let cta = f.sreg("ctaid.x");
-    let tid = f.sreg("tid.x");
-    let i = f.mul(&cta, &GLUE_THREADS.to_string());
-    let i = f.add(&i, &tid);
-    let live = f.ult(&i, "%n");
+    let cta = f.sreg_u("ctaid.x");
+    let tid = f.sreg_u("tid.x");
+    let i = f.mul_u(&cta, &GLUE_THREADS.to_string());
+    let i = f.add_u(&i, &tid);
+    let live = f.ult_u(&i, "%n");
     (i, live)
 }
 
@@ -53,14 +53,14 @@ fn attrs() -> String {
 fn greedy_flags() -> String {
     let mut f = Func::new();
     let (i, live) = element(&mut f);
-    f.if_then(&live, |f| {
-        let i64 = f.zext64(&i);
-        let a = f.gaddr("%temperatures", &i64, 4);
+    f.if_then_u(&live, |f| {
+        let i64 = f.zext64_u(&i);
+        let a = f.gaddr_u("%temperatures", &i64, 4);
         let t = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-        let zero = f.v(format!("fcmp oeq float {t}, {}", f32c(0.0)));
+        let zero = f.v(format!("fcmp oeq float {t}, {}", f32c_u(0.0)));
         let zero = f.v(format!("zext i1 {zero} to i32"));
         let flag = f.v(format!("or i32 {zero}, %all_greedy"));
-        let o = f.gaddr("%out", &i64, 4);
+        let o = f.gaddr_u("%out", &i64, 4);
         f.s(format!("store i32 {flag}, ptr addrspace(1) {o}, align 4"));
     });
     f.s("ret void");
@@ -70,32 +70,32 @@ fn greedy_flags() -> String {
 fn finalize() -> String {
     let mut f = Func::new();
     let (i, live) = element(&mut f);
-    f.if_then(&live, |f| {
+    f.if_then_u(&live, |f| {
         let row = f.v(format!("udiv i32 {i}, %samples"));
-        let r64 = f.zext64(&row);
-        let i64 = f.zext64(&i);
-        let sa = f.gaddr("%status", &r64, 4);
+        let r64 = f.zext64_u(&row);
+        let i64 = f.zext64_u(&i);
+        let sa = f.gaddr_u("%status", &r64, 4);
         let st = f.v(format!("load i32, ptr addrspace(1) {sa}, align 4"));
         let bad = f.v(format!("icmp ne i32 {st}, 0"));
         let want_lp = f.v("icmp ne ptr addrspace(1) %logprobs, null");
-        f.if_else(
+        f.if_else_u(
             &bad,
             |f| {
-                let ta = f.gaddr("%tokens", &i64, 4);
+                let ta = f.gaddr_u("%tokens", &i64, 4);
                 f.s(format!("store i32 {}, ptr addrspace(1) {ta}, align 4", INDEX_NONE as i32));
-                f.if_then(&want_lp, |f| {
-                    let la = f.gaddr("%logprobs", &i64, 4);
+                f.if_then_u(&want_lp, |f| {
+                    let la = f.gaddr_u("%logprobs", &i64, 4);
                     f.s(format!("store float 0x7FF8000000000000, ptr addrspace(1) {la}, align 4"));
                 });
             },
             |f| {
-                f.if_then(&want_lp, |f| {
-                    let xa = f.gaddr("%logits", &i64, 4);
+                f.if_then_u(&want_lp, |f| {
+                    let xa = f.gaddr_u("%logits", &i64, 4);
                     let x = f.v(format!("load float, ptr addrspace(1) {xa}, align 4"));
-                    let la = f.gaddr("%lse", &r64, 4);
+                    let la = f.gaddr_u("%lse", &r64, 4);
                     let l = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
-                    let lp = f.fsub(&x, &l);
-                    let oa = f.gaddr("%logprobs", &i64, 4);
+                    let lp = f.fsub_u(&x, &l);
+                    let oa = f.gaddr_u("%logprobs", &i64, 4);
                     f.s(format!("store float {lp}, ptr addrspace(1) {oa}, align 4"));
                 });
             },

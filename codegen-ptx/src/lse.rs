@@ -8,7 +8,7 @@
 //!   `LseSum::merge`): `(w, s0, s1, s2) ⊕ (w', s0', s1', s2')`.
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
 
-use crate::ir::{f32c, Func, NEG_INF};
+use crate::ir::{f32c_u, Func, NEG_INF};
 use flashsample_abi::LsePartial;
 use std::mem::{offset_of, size_of};
 use flashsample_abi::lse::{
@@ -33,7 +33,7 @@ const PARTIAL_WINDOW: u32 = offset_of!(LsePartial, window) as u32;
 
 /// Stores partial `(w, sums)` (u64 sums) as `abi::LsePartial` number `index64` of `buffer`.
 pub(crate) fn store_partial(f: &mut Func, buffer: &str, index64: &str, w: &str, sums: &[String; KEPT_WINDOWS]) {
-    let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
+    let a = f.gaddr_u(buffer, index64, PARTIAL_BYTES);
     for (k, v) in sums.iter().enumerate() {
         let p = f.offset(&a, 8 * k as u32);
         f.s(format!("store i64 {v}, ptr addrspace(1) {p}, align 8"));
@@ -46,7 +46,7 @@ pub(crate) fn store_partial(f: &mut Func, buffer: &str, index64: &str, w: &str, 
 
 /// Loads `abi::LsePartial` number `index64` of `buffer`, its sums widened to u128.
 pub(crate) fn load_partial_wide(f: &mut Func, buffer: &str, index64: &str) -> (String, [String; KEPT_WINDOWS]) {
-    let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
+    let a = f.gaddr_u(buffer, index64, PARTIAL_BYTES);
     let sums = std::array::from_fn(|k| {
         let p = f.offset(&a, 8 * k as u32);
         let v = f.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
@@ -72,13 +72,13 @@ struct Window {
 fn window_of(f: &mut Func, x: &str) -> Window {
     let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
     let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
-    let scaled = f.fmul(x, &f32c(INV_WINDOW));
+    let scaled = f.fmul_u(x, &f32c_u(INV_WINDOW));
     let floor = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
     let lim = WINDOW_LIMIT as f32;
-    let kc = f.v(format!("call float @llvm.maxnum.f32(float {floor}, float {})", f32c(-lim)));
-    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
+    let kc = f.v(format!("call float @llvm.maxnum.f32(float {floor}, float {})", f32c_u(-lim)));
+    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c_u(lim)));
     let w = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
-    let window = f.sel("i32", &finite, &w, &EMPTY_WINDOW.to_string());
+    let window = f.sel_u("i32", &finite, &w, &EMPTY_WINDOW.to_string());
     Window { finite, floor, window }
 }
 
@@ -86,13 +86,13 @@ fn window_of(f: &mut Func, x: &str) -> Window {
 fn term(attr: &str) -> String {
     let mut f = Func::new();
     let w = window_of(&mut f, "%x");
-    let kw = f.fmul(&w.floor, &f32c(WINDOW));
-    let rem = f.fsub("%x", &kw);
+    let kw = f.fmul_u(&w.floor, &f32c_u(WINDOW));
+    let rem = f.fsub_u("%x", &kw);
     let t = f.v(format!("call float @fs_exp_f32(float {rem})"));
-    let tt = f.fmul(&t, &f32c(TERM_SCALE));
+    let tt = f.fmul_u(&t, &f32c_u(TERM_SCALE));
     let value = f.v(format!("call i64 @llvm.fptoui.sat.i64.f32(float {tt})"));
     let window = w.window;
-    let value = f.sel("i64", &w.finite, &value, "0");
+    let value = f.sel_u("i64", &w.finite, &value, "0");
     let r = f.v(format!("insertvalue {{ i32, i64 }} undef, i32 {window}, 0"));
     let r = f.v(format!("insertvalue {{ i32, i64 }} {r}, i64 {value}, 1"));
     f.s(format!("ret {{ i32, i64 }} {r}"));
@@ -114,7 +114,7 @@ fn realigned(f: &mut Func, ty: &str, sums: &[String], shift: &str, i: usize) -> 
     let mut r = "0".to_string();
     for (j, s) in sums.iter().enumerate().take(i + 1) {
         let hit = f.v(format!("icmp eq i32 {shift}, {}", i - j));
-        r = f.sel(ty, &hit, s, &r);
+        r = f.sel_u(ty, &hit, s, &r);
     }
     r
 }
@@ -125,7 +125,7 @@ fn merge(name: &str, ty: &str, ret: &str, attr: &str) -> String {
     let a: Vec<String> = (0..KEPT_WINDOWS).map(|i| format!("%a{i}")).collect();
     let b: Vec<String> = (0..KEPT_WINDOWS).map(|i| format!("%b{i}")).collect();
     let a_higher = f.v("icmp sgt i32 %wa, %wb");
-    let top = f.sel("i32", &a_higher, "%wa", "%wb");
+    let top = f.sel_u("i32", &a_higher, "%wa", "%wb");
     let da = f.v(format!("sub i32 {top}, %wa"));
     let db = f.v(format!("sub i32 {top}, %wb"));
     let mut r = f.v(format!("insertvalue {ret} undef, i32 {top}, 0"));
@@ -182,9 +182,9 @@ fn finish() -> String {
     let empty = f.v("icmp eq i128 %s0, 0");
     let high = f.v(format!("icmp sge i32 %w, {WINDOW_LIMIT}"));
     let low = f.v(format!("icmp sle i32 %w, {}", -WINDOW_LIMIT));
-    let r = f.sel("float", &high, "0x7FF0000000000000", &lse);
+    let r = f.sel_u("float", &high, "0x7FF0000000000000", &lse);
     let low = f.v(format!("or i1 {low}, {empty}"));
-    let r = f.sel("float", &low, "0xFFF0000000000000", &r);
+    let r = f.sel_u("float", &low, "0xFFF0000000000000", &r);
     f.s(format!("ret float {r}"));
     f.finish("define internal float @fs_lse_finish(i32 %w, i128 %s0, i128 %s1, i128 %s2) #0")
 }
@@ -203,7 +203,7 @@ pub(crate) fn sum_logits(f: &mut Func, xs: &[&String]) -> (String, [String; KEPT
     for x in xs {
         let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
         let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
-        let xc = f.sel("float", &finite, x, NEG_INF);
+        let xc = f.sel_u("float", &finite, x, NEG_INF);
         xmax = f.v(format!("call float @llvm.maxnum.f32(float {xmax}, float {xc})"));
     }
     let top = f.v(format!("call i32 @fs_lse_window(float {xmax})"));
@@ -215,7 +215,7 @@ pub(crate) fn sum_logits(f: &mut Func, xs: &[&String]) -> (String, [String; KEPT
         let below = f.v(format!("sub i32 {top}, {w}"));
         for (j, s) in sums.iter_mut().enumerate() {
             let hit = f.v(format!("icmp eq i32 {below}, {j}"));
-            let add = f.sel("i64", &hit, &v, "0");
+            let add = f.sel_u("i64", &hit, &v, "0");
             *s = f.v(format!("add i64 {s}, {add}"));
         }
     }
@@ -237,13 +237,13 @@ pub(crate) fn merge_call(f: &mut Func, wide: bool, a: &(String, [String; KEPT_WI
 /// The partial `(w, sums)` of u64 (`wide`: u128) sums exchanged with lane `lane ^ mask`.
 pub(crate) fn shfl_xor(f: &mut Func, wide: bool, p: &(String, [String; KEPT_WINDOWS]), mask: u32) -> (String, [String; KEPT_WINDOWS]) {
     let (ty, words) = if wide { ("i128", 4) } else { ("i64", 2) };
-    let w = f.shfl_xor_i32(&p.0, mask);
+    let w = f.shfl_xor_i32_u(&p.0, mask);
     let sums = std::array::from_fn(|i| {
         let mut out = "0".to_string();
         for word in 0..words {
             let part = f.v(format!("lshr {ty} {}, {}", p.1[i], 32 * word));
             let part = f.v(format!("trunc {ty} {part} to i32"));
-            let got = f.shfl_xor_i32(&part, mask);
+            let got = f.shfl_xor_i32_u(&part, mask);
             let got = f.v(format!("zext i32 {got} to {ty}"));
             let got = f.v(format!("shl {ty} {got}, {}", 32 * word));
             out = f.v(format!("or {ty} {out}, {got}"));

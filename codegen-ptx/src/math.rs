@@ -3,7 +3,7 @@
 //! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
 //! therefore bit-identical.
 
-use crate::ir::{f32c, Func, Var, NEG_INF};
+use crate::ir::{f32c_u, Func, Var, NEG_INF};
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,
     TANH_SATURATE,
@@ -23,18 +23,18 @@ fn ln_f32() -> String {
     let mant = f.v(format!("and i32 {t}, 8388607"));
     let mb = f.v(format!("add i32 {mant}, {LN_REDUCE_BITS}"));
     let m = f.v(format!("bitcast i32 {mb} to float"));
-    let fm1 = f.fadd(&m, &f32c(-1.0));
-    let den = f.fadd(&f32c(2.0), &fm1);
-    let s = f.fdiv(&fm1, &den);
-    let z = f.fmul(&s, &s);
-    let p = f.fma(&z, &f32c(LN_C9), &f32c(LN_C7));
-    let p = f.fma(&z, &p, &f32c(LN_C5));
-    let p = f.fma(&z, &p, &f32c(LN_C3));
-    let s2 = f.fadd(&s, &s);
-    let s2z = f.fmul(&s2, &z);
-    let ln_m = f.fma(&s2z, &p, &s2);
-    let lo = f.fma(&e, &f32c(LN2_LO), &ln_m);
-    let r = f.fma(&e, &f32c(LN2_HI), &lo);
+    let fm1 = f.fadd_u(&m, &f32c_u(-1.0));
+    let den = f.fadd_u(&f32c_u(2.0), &fm1);
+    let s = f.fdiv_u(&fm1, &den);
+    let z = f.fmul_u(&s, &s);
+    let p = f.fma_u(&z, &f32c_u(LN_C9), &f32c_u(LN_C7));
+    let p = f.fma_u(&z, &p, &f32c_u(LN_C5));
+    let p = f.fma_u(&z, &p, &f32c_u(LN_C3));
+    let s2 = f.fadd_u(&s, &s);
+    let s2z = f.fmul_u(&s2, &z);
+    let ln_m = f.fma_u(&s2z, &p, &s2);
+    let lo = f.fma_u(&e, &f32c_u(LN2_LO), &ln_m);
+    let r = f.fma_u(&e, &f32c_u(LN2_HI), &lo);
     f.s(format!("ret float {r}"));
     f.finish("define internal float @fs_ln_f32(float %x) #0")
 }
@@ -44,27 +44,27 @@ fn exp_f32(attr: &str) -> String {
     let mut f = Func::new();
     let xc = f.v(format!(
         "call float @llvm.maxnum.f32(float %x, float {})",
-        f32c(EXP_MIN_INPUT)
+        f32c_u(EXP_MIN_INPUT)
     ));
-    let xl = f.fmul(&xc, &f32c(LOG2_E));
+    let xl = f.fmul_u(&xc, &f32c_u(LOG2_E));
     let n = f.v(format!("call float @llvm.roundeven.f32(float {xl})"));
     let nn = f.v(format!("fneg float {n}"));
-    let r = f.fma(&nn, &f32c(LN2_HI), &xc);
-    let r = f.fma(&nn, &f32c(LN2_LO), &r);
-    let p = f.fma(&r, &f32c(EXP_C[5]), &f32c(EXP_C[4]));
-    let p = f.fma(&r, &p, &f32c(EXP_C[3]));
-    let p = f.fma(&r, &p, &f32c(EXP_C[2]));
-    let p = f.fma(&r, &p, &f32c(EXP_C[1]));
-    let p = f.fma(&r, &p, &f32c(EXP_C[0]));
-    let p = f.fma(&r, &p, &f32c(1.0));
-    let p = f.fma(&r, &p, &f32c(1.0));
+    let r = f.fma_u(&nn, &f32c_u(LN2_HI), &xc);
+    let r = f.fma_u(&nn, &f32c_u(LN2_LO), &r);
+    let p = f.fma_u(&r, &f32c_u(EXP_C[5]), &f32c_u(EXP_C[4]));
+    let p = f.fma_u(&r, &p, &f32c_u(EXP_C[3]));
+    let p = f.fma_u(&r, &p, &f32c_u(EXP_C[2]));
+    let p = f.fma_u(&r, &p, &f32c_u(EXP_C[1]));
+    let p = f.fma_u(&r, &p, &f32c_u(EXP_C[0]));
+    let p = f.fma_u(&r, &p, &f32c_u(1.0));
+    let p = f.fma_u(&r, &p, &f32c_u(1.0));
     // `n as i32` saturates in Rust; n is within [-126, 128] for every input this is used on.
     let ni = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {n})"));
     let nb = f.v(format!("add i32 {ni}, 127"));
     let sb = f.v(format!("shl i32 {nb}, 23"));
     let scale = f.v(format!("bitcast i32 {sb} to float"));
-    let y = f.fmul(&p, &scale);
-    let under = f.v(format!("fcmp olt float %x, {}", f32c(EXP_MIN_INPUT)));
+    let y = f.fmul_u(&p, &scale);
+    let under = f.v(format!("fcmp olt float %x, {}", f32c_u(EXP_MIN_INPUT)));
     let r = f.v(format!("select i1 {under}, float 0.0, float {y}"));
     f.s(format!("ret float {r}"));
     f.finish(&format!(
@@ -75,22 +75,22 @@ fn exp_f32(attr: &str) -> String {
 /// `abi::math::softcap_f32` (with `tanh_f32` inlined).
 fn softcap_f32(attr: &str) -> String {
     let mut f = Func::new();
-    let y = f.fdiv("%x", "%cap");
+    let y = f.fdiv_u("%x", "%cap");
     let ay = f.v(format!("call float @llvm.fabs.f32(float {y})"));
     let a = f.v(format!(
         "call float @llvm.minnum.f32(float {ay}, float {})",
-        f32c(TANH_SATURATE)
+        f32c_u(TANH_SATURATE)
     ));
-    let a2 = f.fadd(&a, &a);
+    let a2 = f.fadd_u(&a, &a);
     let e = f.v(format!("call float @fs_exp_f32(float {a2})"));
-    let e1 = f.fadd(&e, &f32c(1.0));
-    let q = f.fdiv(&f32c(2.0), &e1);
+    let e1 = f.fadd_u(&e, &f32c_u(1.0));
+    let q = f.fdiv_u(&f32c_u(2.0), &e1);
     let nq = f.v(format!("fneg float {q}"));
-    let t = f.fadd(&f32c(1.0), &nq);
+    let t = f.fadd_u(&f32c_u(1.0), &nq);
     let th = f.v(format!(
         "call float @llvm.copysign.f32(float {t}, float {y})"
     ));
-    let r = f.fmul("%cap", &th);
+    let r = f.fmul_u("%cap", &th);
     f.s(format!("ret float {r}"));
     f.finish(&format!(
         "define internal float @fs_softcap_f32(float %x, float %cap) {attr}"
@@ -106,19 +106,19 @@ fn gumbel_f32(attr: &str) -> String {
     let nf = f.v(format!("uitofp i32 {n} to float"));
     let nu = f.v(format!("fptoui float {nf} to i32"));
     let residual = f.v(format!("sub i32 {n}, {nu}"));
-    let uh = f.fmul(&nf, &f32c(TWO_POW_M25));
+    let uh = f.fmul_u(&nf, &f32c_u(TWO_POW_M25));
     let rf = f.v(format!("sitofp i32 {residual} to float"));
-    let ul = f.fmul(&rf, &f32c(TWO_POW_M25));
+    let ul = f.fmul_u(&rf, &f32c_u(TWO_POW_M25));
     let lnu = f.v(format!("call float @fs_ln_f32(float {uh})"));
     // `ul` is 0 for every n below 2^24 (half the draws). div.rn sends a zero dividend down
     // its out-of-line slow path, so a warp took it on nearly every call (a visible share of
     // stage one's stall samples in a profile). The quotient of a nonzero stand-in is
     // discarded there: q = +0.0, the bits 0 / uh gives, as abi::rng::gumbel_f32 computes.
     let zero = f.v(format!("icmp eq i32 {residual}, 0"));
-    let ul_safe = f.sel("float", &zero, &f32c(TWO_POW_M25), &ul);
-    let q_nz = f.fdiv(&ul_safe, &uh);
-    let q = f.sel("float", &zero, "0.0", &q_nz);
-    let sum = f.fadd(&lnu, &q);
+    let ul_safe = f.sel_u("float", &zero, &f32c_u(TWO_POW_M25), &ul);
+    let q_nz = f.fdiv_u(&ul_safe, &uh);
+    let q = f.sel_u("float", &zero, "0.0", &q_nz);
+    let sum = f.fadd_u(&lnu, &q);
     let e = f.v(format!("fneg float {sum}"));
     let le = f.v(format!("call float @fs_ln_f32(float {e})"));
     let r = f.v(format!("fneg float {le}"));
@@ -140,8 +140,8 @@ fn philox(attr: &str) -> String {
     let mut k = ["%k0".to_string(), "%k1".to_string()];
     for round in 0..PHILOX_ROUNDS {
         if round > 0 {
-            k[0] = f.add(&k[0], &(PHILOX_W0 as i32).to_string());
-            k[1] = f.add(&k[1], &(PHILOX_W1 as i32).to_string());
+            k[0] = f.add_u(&k[0], &(PHILOX_W0 as i32).to_string());
+            k[1] = f.add_u(&k[1], &(PHILOX_W1 as i32).to_string());
         }
         let mul = |f: &mut Func, m: u32, x: &str| {
             let xw = f.v(format!("zext i32 {x} to i64"));
@@ -174,18 +174,18 @@ fn philox(attr: &str) -> String {
 /// and counter row 0 when the launch has `%row_seeds` (`has_rs`), else `%seed` and the launch
 /// row `row_base + row`. `row64`: the row as i64, inside the batch (the seed's load).
 pub(crate) fn row_stream(f: &mut Func, has_rs: &str, row: &str, row64: &str) -> (String, String, String) {
-    let key = f.var("i64", "%seed");
-    f.if_then(has_rs, |f| {
-        let a = f.gaddr("%row_seeds", row64, 8);
+    let key = f.var_u("i64", "%seed");
+    f.if_then_u(has_rs, |f| {
+        let a = f.gaddr_u("%row_seeds", row64, 8);
         let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
-        f.set(&key, &k);
+        f.set_u(&key, &k);
     });
-    let k = f.get(&key);
+    let k = f.get_u(&key);
     let lo = f.v(format!("trunc i64 {k} to i32"));
     let hi = f.v(format!("lshr i64 {k}, 32"));
     let hi = f.v(format!("trunc i64 {hi} to i32"));
-    let launch_row = f.add(row, "%row_base");
-    let ctr_row = f.sel("i32", has_rs, "0", &launch_row);
+    let launch_row = f.add_u(row, "%row_base");
+    let ctr_row = f.sel_u("i32", has_rs, "0", &launch_row);
     (lo, hi, ctr_row)
 }
 
@@ -200,7 +200,7 @@ pub(crate) fn token_bits(f: &mut Func, g: &str, ctr_row: &str, s: &str, word3: &
     for j in 1..4 {
         let wj = f.v(format!("extractvalue {ty} {r}, {j}"));
         let is = f.v(format!("icmp eq i32 {w}, {j}"));
-        bits = f.sel("i32", &is, &wj, &bits);
+        bits = f.sel_u("i32", &is, &wj, &bits);
     }
     bits
 }
@@ -216,17 +216,17 @@ pub(crate) fn token_word3(f: &mut Func, row64: &str) -> String {
 /// as [`token_word3`].
 pub(crate) fn stream_word3(f: &mut Func, row64: &str, stream: NoiseStream) -> String {
     let stream = stream as u32;
-    let word = f.var("i32", &stream.to_string());
+    let word = f.var_u("i32", &stream.to_string());
     let has_steps = f.v("icmp ne ptr addrspace(1) %row_steps, null");
-    f.if_then(&has_steps, |f| {
-        let a = f.gaddr("%row_steps", row64, 4);
+    f.if_then_u(&has_steps, |f| {
+        let a = f.gaddr_u("%row_steps", row64, 4);
         let step = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
         // A step counts modulo 2^30: the shift drops its top two bits.
         let w = f.v(format!("shl i32 {step}, 2"));
         let w = f.v(format!("or i32 {w}, {stream}"));
-        f.set(&word, &w);
+        f.set_u(&word, &w);
     });
-    f.get(&word)
+    f.get_u(&word)
 }
 
 /// The Gumbel noise of one quad (4 consecutive tokens, one Philox block) for two batch
@@ -252,21 +252,21 @@ fn noise_pair(attr: &str) -> String {
             "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 {w3}, i32 {k0}, i32 {k1})"
         ));
         let bits: Vec<String> = (0..4).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect();
-        let hi01 = f.umax(&bits[0], &bits[1]);
-        let hi23 = f.umax(&bits[2], &bits[3]);
-        let bits_max = f.umax(&hi01, &hi23);
+        let hi01 = f.umax_u(&bits[0], &bits[1]);
+        let hi23 = f.umax_u(&bits[2], &bits[3]);
+        let bits_max = f.umax_u(&hi01, &hi23);
         let bound = gumbel_bucket_bound(&mut f, &bits_max);
-        let reach = f.fadd(xmax, &bound);
+        let reach = f.fadd_u(xmax, &bound);
         let beaten = f.v(format!("fcmp olt float {reach}, {thr}"));
-        let noise: Vec<Var> = (0..4).map(|_| f.var("float", NEG_INF)).collect();
+        let noise: Vec<Var> = (0..4).map(|_| f.var_u("float", NEG_INF)).collect();
         let draw = f.v(format!("xor i1 {beaten}, true"));
-        f.if_then(&draw, |f| {
+        f.if_then_u(&draw, |f| {
             for (b, slot) in bits.iter().zip(&noise) {
                 let g = f.v(format!("call float @fs_gumbel_f32(i32 {b})"));
-                f.set(slot, &g);
+                f.set_u(slot, &g);
             }
         });
-        gumbels.extend(noise.iter().map(|n| f.get(n)));
+        gumbels.extend(noise.iter().map(|n| f.get_u(n)));
     }
     let out = NOISE_PAIR_TY;
     let mut agg = "undef".to_string();
@@ -287,9 +287,9 @@ fn gumbel_bucket_bound(f: &mut Func, bits: &str) -> String {
     let inv = f.v(format!("or i32 {inv}, 255"));
     let leading_ones = f.v(format!("call i32 @llvm.ctlz.i32(i32 {inv}, i1 false)"));
     let l = f.v(format!("uitofp i32 {leading_ones} to float"));
-    let l1 = f.fadd(&l, &f32c(1.0));
-    let b = f.fmul(&l1, &f32c(std::f32::consts::LN_2));
-    f.fadd(&b, &f32c(GUMBEL_BUCKET_SLACK))
+    let l1 = f.fadd_u(&l, &f32c_u(1.0));
+    let b = f.fmul_u(&l1, &f32c_u(std::f32::consts::LN_2));
+    f.fadd_u(&b, &f32c_u(GUMBEL_BUCKET_SLACK))
 }
 
 /// The return type of `@fs_noise_pair`: row a's four noises, then row b's.

@@ -103,7 +103,7 @@ fn ln_f64() -> String {
     let u = dsub(&mut f, &u, &lo);
     let u = dsub(&mut f, &u, &fm);
     let near = dsub(&mut f, &hi, &u);
-    let res = f.sel("double", &far, &near_far, &near);
+    let res = f.sel_u("double", &far, &near_far, &near);
     f.s(format!("ret double {res}"));
     f.finish("define internal double @fs_ln_f64(double %x) #0")
 }
@@ -132,7 +132,7 @@ fn exp_f64() -> String {
     let sb = f.v(format!("shl i64 {kb}, 52"));
     let scale = f.v(format!("bitcast i64 {sb} to double"));
     let out = dmul(&mut f, &y, &scale);
-    let res = f.sel("double", &live, &out, &f64c(0.0));
+    let res = f.sel_u("double", &live, &out, &f64c(0.0));
     f.s(format!("ret double {res}"));
     f.finish("define internal double @fs_exp_f64(double %x) #0")
 }

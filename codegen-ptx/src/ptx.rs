@@ -73,10 +73,10 @@ pub(crate) fn fence_mbarrier_init(f: &mut Func) {
 /// Blocks until the mbarrier at `bar` has completed the phase of `parity` (`try_wait` may
 /// time out and is retried; it acquires what the phase released).
 pub(crate) fn mbarrier_wait(f: &mut Func, bar: &SharedAddr, parity: &I32) {
-    let done = f.var("i32", "0");
-    f.while_loop(
+    let done = f.var_u("i32", "0");
+    f.while_loop_u(
         |f| {
-            let d = f.get(&done);
+            let d = f.get_u(&done);
             f.v(format!("icmp eq i32 {d}, 0"))
         },
         |f| {
@@ -84,7 +84,7 @@ pub(crate) fn mbarrier_wait(f: &mut Func, bar: &SharedAddr, parity: &I32) {
                 "call i32 asm sideeffect \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \
                  \"=r,r,r,~{{memory}}\"(i32 {bar}, i32 {parity}) #1"
             ));
-            f.set(&done, &r);
+            f.set_u(&done, &r);
         },
     );
 }

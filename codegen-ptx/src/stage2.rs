@@ -22,13 +22,13 @@ pub(crate) const SCRATCH_DECL: &str = "@fs_stage2_scratch = internal addrspace(3
 
 /// Field `field` (0: window, 1..=3: sums) of warp `warp`'s logsumexp sum in the scratch.
 fn lse_scratch(f: &mut Func, warp: &str, field: u32) -> String {
-    let i = f.mul(warp, "4");
-    let i = f.add(&i, &field.to_string());
+    let i = f.mul_u(warp, "4");
+    let i = f.add_u(&i, &field.to_string());
     f.v(format!("getelementptr i128, ptr addrspace(3) @fs_stage2_lse, i32 {i}"))
 }
 
 fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
-    let i = f.add(warp, &(field * WARPS).to_string());
+    let i = f.add_u(warp, &(field * WARPS).to_string());
     f.v(format!(
         "getelementptr i32, ptr addrspace(3) @fs_stage2_scratch, i32 {i}"
     ))
@@ -36,32 +36,32 @@ fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
 
 pub(crate) fn emit() -> String {
     let mut f = Func::new();
-    let row = f.sreg("ctaid.x");
-    let tid = f.sreg("tid.x");
+    let row = f.sreg_u("ctaid.x");
+    let tid = f.sreg_u("tid.x");
     let warp = f.v(format!("lshr i32 {tid}, 5"));
     let lane = f.v(format!("and i32 {tid}, 31"));
-    let in_batch = f.ult(&row, "%batch");
+    let in_batch = f.ult_u(&row, "%batch");
     let none = INDEX_NONE as i32;
     let nonfinite = INDEX_NONFINITE as i32;
 
 
     // The grid is exactly `batch` CTAs; the guard keeps a larger grid harmless.
-    f.if_then(&in_batch, |f| {
-        let status = f.var("i32", &RowStatus::Ok.code().to_string());
+    f.if_then_u(&in_batch, |f| {
+        let status = f.var_u("i32", &RowStatus::Ok.code().to_string());
         let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
         let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
-        f.for_loop("0", "%samples", "1", |f, s| {
-            let bs = f.var("float", NEG_INF);
-            let bi = f.var("i32", &none.to_string());
-            let bl = f.var("float", NEG_INF);
-            let flag = f.var("i32", "0");
-            let base = f.mul(&row, "%samples");
-            let base = f.add(&base, s);
-            let base = f.mul(&base, "%tiles");
-            f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
-                let slot = f.add(&base, tile);
-                let s64 = f.zext64(&slot);
-                let a = f.gaddr("%candidates", &s64, 12);
+        f.for_loop_u("0", "%samples", "1", |f, s| {
+            let bs = f.var_u("float", NEG_INF);
+            let bi = f.var_u("i32", &none.to_string());
+            let bl = f.var_u("float", NEG_INF);
+            let flag = f.var_u("i32", "0");
+            let base = f.mul_u(&row, "%samples");
+            let base = f.add_u(&base, s);
+            let base = f.mul_u(&base, "%tiles");
+            f.for_loop_u(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+                let slot = f.add_u(&base, tile);
+                let s64 = f.zext64_u(&slot);
+                let a = f.gaddr_u("%candidates", &s64, 12);
                 let cs = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
                 let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
                 let ci = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
@@ -72,37 +72,37 @@ pub(crate) fn emit() -> String {
                 // the row non-finite, as `abi::StageTwo::reduce` says.
                 let bad_score = f.v(format!("fcmp uge float {cs}, 0x7FF0000000000000"));
                 let live = f.v(format!("xor i1 {is_none}, true"));
-                let bad_score = f.and1(&bad_score, &live);
+                let bad_score = f.and1_u(&bad_score, &live);
                 let is_nf = f.v(format!("icmp eq i32 {ci}, {nonfinite}"));
                 let is_nf = f.v(format!("or i1 {is_nf}, {bad_score}"));
-                let fl = f.get(&flag);
+                let fl = f.get_u(&flag);
                 let nf32 = f.v(format!("zext i1 {is_nf} to i32"));
                 let fl = f.v(format!("or i32 {fl}, {nf32}"));
-                f.set(&flag, &fl);
+                f.set_u(&flag, &fl);
                 let real = f.v(format!("or i1 {is_nf}, {is_none}"));
                 let real = f.v(format!("xor i1 {real}, true"));
-                let (s0, i0, l0) = (f.get(&bs), f.get(&bi), f.get(&bl));
-                let b = f.beats(&cs, &ci, &s0, &i0);
-                let take = f.and1(&real, &b);
-                let v = f.sel("float", &take, &cs, &s0);
-                f.set(&bs, &v);
-                let v = f.sel("i32", &take, &ci, &i0);
-                f.set(&bi, &v);
-                let v = f.sel("float", &take, &cl, &l0);
-                f.set(&bl, &v);
+                let (s0, i0, l0) = (f.get_u(&bs), f.get_u(&bi), f.get_u(&bl));
+                let b = f.beats_u(&cs, &ci, &s0, &i0);
+                let take = f.and1_u(&real, &b);
+                let v = f.sel_u("float", &take, &cs, &s0);
+                f.set_u(&bs, &v);
+                let v = f.sel_u("i32", &take, &ci, &i0);
+                f.set_u(&bi, &v);
+                let v = f.sel_u("float", &take, &cl, &l0);
+                f.set_u(&bl, &v);
             });
-            let mut lane_best = (f.get(&bs), f.get(&bi), f.get(&bl));
-            let mut fl = f.get(&flag);
+            let mut lane_best = (f.get_u(&bs), f.get_u(&bi), f.get_u(&bl));
+            let mut fl = f.get_u(&flag);
             for sh in [16, 8, 4, 2, 1] {
-                let os = f.shfl_xor_f32(&lane_best.0, sh);
-                let oi = f.shfl_xor_i32(&lane_best.1, sh);
-                let ol = f.shfl_xor_f32(&lane_best.2, sh);
-                let of = f.shfl_xor_i32(&fl, sh);
+                let os = f.shfl_xor_f32_u(&lane_best.0, sh);
+                let oi = f.shfl_xor_i32_u(&lane_best.1, sh);
+                let ol = f.shfl_xor_f32_u(&lane_best.2, sh);
+                let of = f.shfl_xor_i32_u(&fl, sh);
                 fl = f.v(format!("or i32 {fl}, {of}"));
-                lane_best = f.keep_best(lane_best, (&os, &oi, &ol));
+                lane_best = f.keep_best_u(lane_best, (&os, &oi, &ol));
             }
             let (s1, i1, l1) = lane_best;
-            f.if_then(&lane0, |f| {
+            f.if_then_u(&lane0, |f| {
                 for (field, ty, v) in [
                     (0, "float", &s1),
                     (1, "i32", &i1),
@@ -114,7 +114,7 @@ pub(crate) fn emit() -> String {
                 }
             });
             f.barrier();
-            f.if_then(&tid0, |f| {
+            f.if_then_u(&tid0, |f| {
                 let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
                 let mut f2 = "0".to_string();
                 for w in 0..WARPS {
@@ -130,39 +130,39 @@ pub(crate) fn emit() -> String {
                         ld(f, 3, "i32"),
                     );
                     f2 = f.v(format!("or i32 {f2}, {wf}"));
-                    best = f.keep_best(best, (&ws, &wi, &wl));
+                    best = f.keep_best_u(best, (&ws, &wi, &wl));
                 }
                 let (s2, i2, l2) = best;
-                let out = f.mul(&row, "%samples");
-                let out = f.add(&out, s);
-                let o64 = f.zext64(&out);
+                let out = f.mul_u(&row, "%samples");
+                let out = f.add_u(&out, s);
+                let o64 = f.zext64_u(&out);
                 for (ptr, ty, v) in [
                     ("%out_tokens", "i32", &i2),
                     ("%out_scores", "float", &s2),
                     ("%out_logits", "float", &l2),
                 ] {
-                    let a = f.gaddr(ptr, &o64, 4);
+                    let a = f.gaddr_u(ptr, &o64, 4);
                     f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
                 }
                 // Status: non-finite anywhere wins over an empty sample (the larger code).
                 let nf = f.v(format!("icmp ne i32 {f2}, 0"));
                 let empty = f.v(format!("icmp eq i32 {i2}, {none}"));
                 let (ok, masked, nonfinite) = (RowStatus::Ok.code(), RowStatus::AllMasked.code(), RowStatus::NonFinite.code());
-                let this = f.sel("i32", &empty, &masked.to_string(), &ok.to_string());
-                let this = f.sel("i32", &nf, &nonfinite.to_string(), &this);
-                let cur = f.get(&status);
+                let this = f.sel_u("i32", &empty, &masked.to_string(), &ok.to_string());
+                let this = f.sel_u("i32", &nf, &nonfinite.to_string(), &this);
+                let cur = f.get_u(&status);
                 let hi = f.v(format!("icmp ugt i32 {this}, {cur}"));
-                let st = f.sel("i32", &hi, &this, &cur);
-                f.set(&status, &st);
+                let st = f.sel_u("i32", &hi, &this, &cur);
+                f.set_u(&status, &st);
             });
             // The next sample rewrites the scratch just read.
             f.barrier();
         });
 
-        f.if_then(&tid0, |f| {
-            let st = f.get(&status);
-            let r64 = f.zext64(&row);
-            let a = f.gaddr("%out_status", &r64, 4);
+        f.if_then_u(&tid0, |f| {
+            let st = f.get_u(&status);
+            let r64 = f.zext64_u(&row);
+            let a = f.gaddr_u("%out_status", &r64, 4);
             f.s(format!("store i32 {st}, ptr addrspace(1) {a}, align 4"));
         });
 
@@ -184,28 +184,28 @@ pub(crate) fn emit() -> String {
 fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, tid0: &str, status: &Var, (partials, out): (&str, &str), targets: &str) {
     let lse_in = f.v(format!("icmp ne ptr addrspace(1) {partials}, null"));
     let lse_out = f.v(format!("icmp ne ptr addrspace(1) {out}, null"));
-    let both = f.and1(&lse_in, &lse_out);
+    let both = f.and1_u(&lse_in, &lse_out);
     // Uniform over the CTA, so the barrier inside is safe.
-    f.if_then(&both, |f| {
+    f.if_then_u(&both, |f| {
         // abi::LseSum: each thread sums its tiles' partials in u128, then the lanes, then the
         // warps; the sum is exact, so its order does not matter.
-        let w = f.var("i32", &EMPTY_WINDOW.to_string());
-        let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i128", "0"));
-        let base = f.mul(row, "%tiles");
-        f.for_loop(tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
-            let i = f.add(&base, tile);
-            let i64v = f.zext64(&i);
+        let w = f.var_u("i32", &EMPTY_WINDOW.to_string());
+        let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var_u("i128", "0"));
+        let base = f.mul_u(row, "%tiles");
+        f.for_loop_u(tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+            let i = f.add_u(&base, tile);
+            let i64v = f.zext64_u(&i);
             let part = lse::load_partial_wide(f, partials, &i64v);
-            let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+            let cur = (f.get_u(&w), sums.each_ref().map(|v| f.get_u(v)));
             let (nw, ns) = lse::merge_call(f, true, &cur, &part);
-            f.set(&w, &nw);
+            f.set_u(&w, &nw);
             for (v, x) in sums.iter().zip(&ns) {
-                f.set(v, x);
+                f.set_u(v, x);
             }
         });
-        let mine = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
+        let mine = (f.get_u(&w), sums.each_ref().map(|v| f.get_u(v)));
         let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
-        f.if_then(lane0, |f| {
+        f.if_then_u(lane0, |f| {
             let a = lse_scratch(f, warp, 0);
             let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
             f.s(format!("store i128 {wide}, ptr addrspace(3) {a}, align 16"));
@@ -215,7 +215,7 @@ fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, ti
             }
         });
         f.barrier();
-        f.if_then(tid0, |f| {
+        f.if_then_u(tid0, |f| {
             let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn(|_| "0".to_string()));
             for wi in 0..WARPS {
                 let wi = wi.to_string();
@@ -232,19 +232,19 @@ fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, ti
                 "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",
                 acc.0, acc.1[0], acc.1[1], acc.1[2]
             ));
-            let r64 = f.zext64(row);
-            let a = f.gaddr(out, &r64, 4);
+            let r64 = f.zext64_u(row);
+            let a = f.gaddr_u(out, &r64, 4);
             f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
             // Step 7b: the target's logit becomes its logprob (NaN for a failed row).
             let has_targets = f.v("icmp ne ptr addrspace(1) %target_logprobs, null");
-            let has_targets = f.and1(&has_targets, targets);
-            f.if_then(&has_targets, |f| {
-                let a = f.gaddr("%target_logprobs", &r64, 4);
+            let has_targets = f.and1_u(&has_targets, targets);
+            f.if_then_u(&has_targets, |f| {
+                let a = f.gaddr_u("%target_logprobs", &r64, 4);
                 let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                let lp = f.fsub(&x, &l);
-                let st = f.get(status);
+                let lp = f.fsub_u(&x, &l);
+                let st = f.get_u(status);
                 let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
-                let lp = f.sel("float", &ok, &lp, "0x7FF8000000000000");
+                let lp = f.sel_u("float", &ok, &lp, "0x7FF8000000000000");
                 f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
             });
         });

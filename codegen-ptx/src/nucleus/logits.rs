@@ -23,12 +23,12 @@ pub(crate) const NAME: &str = "flashsample_nucleus_logits";
 
 pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     let mut f = Func::new();
-    let tid = f.sreg("tid.x");
+    let tid = f.sreg_u("tid.x");
     let count = pick_count(&mut f);
     let any = f.v(format!("icmp ne i32 {count}, 0"));
-    f.if_then(&any, |f| {
-        let cta = f.sreg("ctaid.x");
-        let v0 = f.mul(&cta, &super::NUCLEUS_LOGITS_TOKENS.to_string());
+    f.if_then_u(&any, |f| {
+        let cta = f.sreg_u("ctaid.x");
+        let v0 = f.mul_u(&cta, &super::NUCLEUS_LOGITS_TOKENS.to_string());
         if c.is_tensor() {
             tensor(f, p, c.k_step(), &tid, &v0, &count);
         } else {
@@ -51,14 +51,14 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
     let g = f.v(format!("lshr i32 {lane}, 2"));
     let t = f.v(format!("and i32 {lane}, 3"));
     let w16 = f.v(format!("shl i32 {warp}, 4"));
-    let m0 = f.add(v0, &w16);
-    let va = f.add(&m0, &g);
-    let vb = f.add(&va, "8");
-    let dim64 = f.zext64("%dim");
+    let m0 = f.add_u(v0, &w16);
+    let va = f.add_u(&m0, &g);
+    let vb = f.add_u(&va, "8");
+    let dim64 = f.zext64_u("%dim");
     let row_start = |f: &mut Func, v: &str| {
-        let ok = f.ult(v, "%vocab");
-        let vs = f.sel("i32", &ok, v, "0");
-        let v64 = f.zext64(&vs);
+        let ok = f.ult_u(v, "%vocab");
+        let vs = f.sel_u("i32", &ok, v, "0");
+        let v64 = f.zext64_u(&vs);
         f.v(format!("mul i64 {v64}, {dim64}"))
     };
     let wa = row_start(f, &va);
@@ -79,21 +79,21 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
     let t2 = f.v(format!("shl i32 {t}, 1"));
     // Up to 8 picked rows per pass (the MMA's n): column g multiplies picked row `first + g`;
     // columns past the count repeat row 0 (unused).
-    f.for_loop("0", count, "8", |f, first| {
-        let jg = f.add(first, &g);
-        let has_col = f.ult(&jg, count);
-        let jcol = f.sel("i32", &has_col, &jg, "0");
+    f.for_loop_u("0", count, "8", |f, first| {
+        let jg = f.add_u(first, &g);
+        let has_col = f.ult_u(&jg, count);
+        let jcol = f.sel_u("i32", &has_col, &jg, "0");
         let hrow = picked_row(f, &jcol);
-        let h64 = f.zext64(&hrow);
+        let h64 = f.zext64_u(&hrow);
         let hb = f.v(format!("mul i64 {h64}, {dim64}"));
-        let acc: Vec<_> = (0..4).map(|_| f.var("float", "0.0")).collect();
+        let acc: Vec<_> = (0..4).map(|_| f.var_u("float", "0.0")).collect();
         let kloop = |f: &mut Func, aligned: bool| {
-            f.for_loop("0", "%dim", &k_step.to_string(), |f, k| {
+            f.for_loop_u("0", "%dim", &k_step.to_string(), |f, k| {
                 let mut steps = Vec::new();
                 for step in 0..k_step / 16 {
-                    let k0 = f.add(k, &(16 * step).to_string());
-                    let ka = f.add(&k0, &t2);
-                    let kb = f.add(&ka, "8");
+                    let k0 = f.add_u(k, &(16 * step).to_string());
+                    let ka = f.add_u(&k0, &t2);
+                    let kb = f.add_u(&ka, "8");
                     let a = [
                         pair(f, aligned, "%weights", &wa, &ka),
                         pair(f, aligned, "%weights", &wb, &ka),
@@ -104,19 +104,19 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
                     steps.push((a, b));
                 }
                 for (a, b) in steps {
-                    let cur: Vec<F32> = acc.iter().map(|v| F32::raw(f.get(v))).collect();
+                    let cur: Vec<F32> = acc.iter().map(|v| F32::raw(f.get_u(v))).collect();
                     let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
                     for (slot, v) in acc.iter().zip(out.iter()) {
-                        f.set(slot, v.text());
+                        f.set_u(slot, v.text());
                     }
                 }
             });
         };
-        f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
-        let j0 = f.add(first, &t2);
-        let j1 = f.add(&j0, "1");
+        f.if_else_u(&aligned, |f| kloop(f, true), |f| kloop(f, false));
+        let j0 = f.add_u(first, &t2);
+        let j1 = f.add_u(&j0, "1");
         for (i, (v, j)) in [(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)].into_iter().enumerate() {
-            let raw = f.get(&acc[i]);
+            let raw = f.get_u(&acc[i]);
             store_logit(f, p, v, j, count, &raw);
         }
     });
@@ -126,27 +126,27 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
 /// MMA operand register (element `k` in the low half), zero past D.
 fn pair(f: &mut Func, aligned: bool, ptr: &str, base: &str, k: &str) -> I32 {
     let elem = |f: &mut Func, k: &str| {
-        let ok = f.ult(k, "%dim");
-        let ks = f.sel("i32", &ok, k, "0");
-        let k64 = f.zext64(&ks);
+        let ok = f.ult_u(k, "%dim");
+        let ks = f.sel_u("i32", &ok, k, "0");
+        let k64 = f.zext64_u(&ks);
         let i = f.v(format!("add i64 {base}, {k64}"));
         (ok, i)
     };
     if aligned {
         // D is even and k is even: k < D covers k + 1.
         let (ok, i) = elem(f, k);
-        let a = f.gaddr(ptr, &i, 2);
+        let a = f.gaddr_u(ptr, &i, 2);
         let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-        I32::raw(f.sel("i32", &ok, &v, "0"))
+        I32::raw(f.sel_u("i32", &ok, &v, "0"))
     } else {
         let mut halves = Vec::new();
         for o in 0..2 {
-            let kk = f.add(k, &o.to_string());
+            let kk = f.add_u(k, &o.to_string());
             let (ok, i) = elem(f, &kk);
-            let a = f.gaddr(ptr, &i, 2);
+            let a = f.gaddr_u(ptr, &i, 2);
             let h = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
             let h = f.v(format!("zext i16 {h} to i32"));
-            halves.push(f.sel("i32", &ok, &h, "0"));
+            halves.push(f.sel_u("i32", &ok, &h, "0"));
         }
         let hi = f.v(format!("shl i32 {}, 16", halves[1]));
         I32::raw(f.v(format!("or i32 {hi}, {}", halves[0])))
@@ -158,30 +158,30 @@ fn pair(f: &mut Func, aligned: bool, ptr: &str, base: &str, k: &str) -> I32 {
 fn simt(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
     let lo = f.v(format!("and i32 {tid}, {}", super::NUCLEUS_LOGITS_TOKENS - 1));
     let half = f.v(format!("lshr i32 {tid}, {}", super::NUCLEUS_LOGITS_TOKENS.trailing_zeros()));
-    let v = f.add(v0, &lo);
-    let ok = f.ult(&v, "%vocab");
-    let vs = f.sel("i32", &ok, &v, "0");
-    let dim64 = f.zext64("%dim");
-    let v64 = f.zext64(&vs);
+    let v = f.add_u(v0, &lo);
+    let ok = f.ult_u(&v, "%vocab");
+    let vs = f.sel_u("i32", &ok, &v, "0");
+    let dim64 = f.zext64_u("%dim");
+    let v64 = f.zext64_u(&vs);
     let wrow = f.v(format!("mul i64 {v64}, {dim64}"));
     let step = (super::NUCLEUS_THREADS / super::NUCLEUS_LOGITS_TOKENS).to_string();
     let (wd, hd) = (p.weights.dtype, p.hidden.dtype);
-    f.for_loop(&half, count, &step, |f, j| {
+    f.for_loop_u(&half, count, &step, |f, j| {
         let r = picked_row(f, j);
-        let r64 = f.zext64(&r);
+        let r64 = f.zext64_u(&r);
         let hrow = f.v(format!("mul i64 {r64}, {dim64}"));
-        let acc = f.var("float", "0.0");
-        f.for_loop("0", "%dim", "1", |f, k| {
-            let k64 = f.zext64(k);
+        let acc = f.var_u("float", "0.0");
+        f.for_loop_u("0", "%dim", "1", |f, k| {
+            let k64 = f.zext64_u(k);
             let wi = f.v(format!("add i64 {wrow}, {k64}"));
             let w = load_elem(f, "%weights", &wi, wd);
             let hi = f.v(format!("add i64 {hrow}, {k64}"));
             let h = load_elem(f, "%hidden", &hi, hd);
-            let cur = f.get(&acc);
+            let cur = f.get_u(&acc);
             let nv = f.v(format!("call float @llvm.fma.f32(float {w}, float {h}, float {cur})"));
-            f.set(&acc, &nv);
+            f.set_u(&acc, &nv);
         });
-        let raw = f.get(&acc);
+        let raw = f.get_u(&acc);
         store_logit(f, p, &v, j, count, &raw);
     });
 }
@@ -190,30 +190,30 @@ fn simt(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
 /// `raw` with the row's parameters, then `x`, its sort key and its index into the pick's
 /// buffers, and with `%raw` its raw logit (step 10).
 fn store_logit(f: &mut Func, p: &Pipeline, v: &str, j: &str, count: &str, raw: &str) {
-    let v_ok = f.ult(v, "%vocab");
-    let j_ok = f.ult(j, count);
-    let ok = f.and1(&v_ok, &j_ok);
-    f.if_then(&ok, |f| {
+    let v_ok = f.ult_u(v, "%vocab");
+    let j_ok = f.ult_u(j, count);
+    let ok = f.and1_u(&v_ok, &j_ok);
+    f.if_then_u(&ok, |f| {
         let r = picked_row(f, j);
         let (inv_t, t_zero) = RowTransform::temperature(f, p, &r);
         let (pen, lb) = RowTransform::tables(f, p, &r);
         let row = RowTransform { inv_t, t_zero, pen, lb };
-        let words = f.add("%vocab", "31");
+        let words = f.add_u("%vocab", "31");
         let words = f.v(format!("lshr i32 {words}, 5"));
-        let wi = f.mul(&r, &words);
+        let wi = f.mul_u(&r, &words);
         let wcol = f.v(format!("lshr i32 {v}, 5"));
-        let wi = f.add(&wi, &wcol);
-        let wi64 = f.zext64(&wi);
+        let wi = f.add_u(&wi, &wcol);
+        let wi64 = f.zext64_u(&wi);
         let word = |f: &mut Func, table: &str| {
-            let a = f.gaddr(table, &wi64, 4);
+            let a = f.gaddr_u(table, &wi64, 4);
             f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
         };
         let pen_word = p.has_penalties().then(|| word(f, "%pen_bits"));
         let lb_word = p.has_logit_bias().then(|| word(f, "%lb_bits"));
         let mask_word = p.has_mask().then(|| word(f, "%allowed"));
-        let v64 = f.zext64(v);
+        let v64 = f.zext64_u(v);
         let bias = if p.has_bias() {
-            let a = f.gaddr("%bias", &v64, 4);
+            let a = f.gaddr_u("%bias", &v64, 4);
             f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
         } else {
             String::new()
@@ -225,23 +225,23 @@ fn store_logit(f: &mut Func, p: &Pipeline, v: &str, j: &str, count: &str, raw: &
             Some(w) => {
                 let sh = f.v(format!("lshr i32 {w}, {bit}"));
                 let allowed = f.v(format!("trunc i32 {sh} to i1"));
-                f.sel("float", &allowed, &xv, NEG_INF)
+                f.sel_u("float", &allowed, &xv, NEG_INF)
             }
             None => xv,
         };
         let e = row_elem(f, j, &v64);
-        let a = f.gaddr("%x", &e, 4);
+        let a = f.gaddr_u("%x", &e, 4);
         f.s(format!("store float {x}, ptr addrspace(1) {a}, align 4"));
-        let key = f.order_key(&x);
+        let key = f.order_key_u(&x);
         let key = f.v(format!("xor i32 {key}, -1"));
-        let a = f.gaddr("%keys", &e, 4);
+        let a = f.gaddr_u("%keys", &e, 4);
         f.s(format!("store i32 {key}, ptr addrspace(1) {a}, align 4"));
-        let a = f.gaddr("%vals", &e, 4);
+        let a = f.gaddr_u("%vals", &e, 4);
         f.s(format!("store i32 {v}, ptr addrspace(1) {a}, align 4"));
         let has_raw = f.v("icmp ne ptr addrspace(1) %raw, null");
-        f.if_then(&has_raw, |f| {
+        f.if_then_u(&has_raw, |f| {
             let rv = model_logit(f, &p.transforms, raw, &bias, "true");
-            let a = f.gaddr("%raw", &e, 4);
+            let a = f.gaddr_u("%raw", &e, 4);
             f.s(format!("store float {rv}, ptr addrspace(1) {a}, align 4"));
         });
     });

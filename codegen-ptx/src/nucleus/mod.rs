@@ -160,22 +160,22 @@ const DECLS: &str = "declare i32 @llvm.ctpop.i32(i32)\n\
 
 /// `picks[rows]`: how many rows were picked.
 fn pick_count(f: &mut Func) -> String {
-    let r64 = f.zext64("%rows");
-    let a = f.gaddr("%picks", &r64, 4);
+    let r64 = f.zext64_u("%rows");
+    let a = f.gaddr_u("%picks", &r64, 4);
     f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
 }
 
 /// `picks[j]`: picked row `j`'s launch row (of this chunk).
 fn picked_row(f: &mut Func, j: &str) -> String {
-    let j64 = f.zext64(j);
-    let a = f.gaddr("%picks", &j64, 4);
+    let j64 = f.zext64_u(j);
+    let a = f.gaddr_u("%picks", &j64, 4);
     f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
 }
 
 /// Element `i` (i64) of pick `j`'s `[rows, vocab]` buffer: `j · vocab + i` as i64.
 fn row_elem(f: &mut Func, j: &str, i64: &str) -> String {
-    let j64 = f.zext64(j);
-    let v64 = f.zext64("%vocab");
+    let j64 = f.zext64_u(j);
+    let v64 = f.zext64_u("%vocab");
     let base = f.v(format!("mul i64 {j64}, {v64}"));
     f.v(format!("add i64 {base}, {i64}"))
 }
@@ -187,7 +187,7 @@ fn decode_key(f: &mut Func, key: &str) -> String {
     let negative = f.v(format!("icmp sge i32 {k}, 0"));
     let inverted = f.v(format!("xor i32 {k}, -1"));
     let cleared = f.v(format!("and i32 {k}, 2147483647"));
-    let bits = f.sel("i32", &negative, &inverted, &cleared);
+    let bits = f.sel_u("i32", &negative, &inverted, &cleared);
     f.v(format!("bitcast i32 {bits} to float"))
 }
 

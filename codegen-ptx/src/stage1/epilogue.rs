@@ -16,7 +16,7 @@
 
 use super::{Gen, Item, Thread};
 use crate::{lse, math};
-use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF, POS_INF};
+use crate::ir::{f32c_u, Func, Value, Var, F32, I32, NEG_INF, POS_INF};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
 use flashsample_abi::rng::gumbel_f32_upper_bound;
 use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
@@ -66,11 +66,11 @@ impl RowTransform {
         if p.temperature().is_none() {
             return (String::new(), "false".to_string());
         }
-        let r64 = f.zext64(row_safe);
-        let a = f.gaddr("%temperatures", &r64, 4);
+        let r64 = f.zext64_u(row_safe);
+        let a = f.gaddr_u("%temperatures", &r64, 4);
         let tv: F32 = f.load(&a, 4);
         let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
-        (f.fdiv(&f32c(1.0), tv.text()), z)
+        (f.fdiv_u(&f32c_u(1.0), tv.text()), z)
     }
 
     /// Row `row_safe`'s penalty range and repetition (`%pen_offsets`, `%pen_repetition`) and
@@ -78,14 +78,14 @@ impl RowTransform {
     #[allow(clippy::type_complexity)]
     pub(crate) fn tables(f: &mut Func, p: &Pipeline, row_safe: &str) -> (Option<(String, String, String)>, Option<(String, String)>) {
         let pen = p.has_penalties().then(|| {
-            let r64 = f.zext64(row_safe);
+            let r64 = f.zext64_u(row_safe);
             let (lo, hi) = csr_range(f, "%pen_offsets", &r64);
-            let a = f.gaddr("%pen_repetition", &r64, 4);
+            let a = f.gaddr_u("%pen_repetition", &r64, 4);
             let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
             (lo, hi, rep)
         });
         let lb = p.has_logit_bias().then(|| {
-            let r64 = f.zext64(row_safe);
+            let r64 = f.zext64_u(row_safe);
             csr_range(f, "%lb_offsets", &r64)
         });
         (pen, lb)
@@ -113,14 +113,14 @@ pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowT
     for tr in transforms {
         match tr {
             Transform::Temperature(_) => {
-                let scaled = f.fmul(&xv, &row.inv_t);
-                xv = f.sel("float", &row.t_zero, &xv, &scaled);
+                let scaled = f.fmul_u(&xv, &row.inv_t);
+                xv = f.sel_u("float", &row.t_zero, &xv, &scaled);
             }
-            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
+            Transform::Bias { .. } => xv = f.fadd_u(&xv, bias),
             Transform::Softcap { cap } => {
                 xv = f.v(format!(
                     "call float @fs_softcap_f32(float {xv}, float {})",
-                    f32c(cap.get())
+                    f32c_u(cap.get())
                 ))
             }
             Transform::Penalties { .. } => {
@@ -166,7 +166,7 @@ struct Reducers {
 impl Gen<'_> {
     /// Steps 2–7 on the thread's accumulators (`acc`, by [`Gen::acc_index`]).
     pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[String]) {
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
+        let warp_base = f.mul_u(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
         let cols = self.columns(f, it, &t2);
@@ -218,10 +218,10 @@ impl Gen<'_> {
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
-                let col = f.add(t2, &(n * 8 + j).to_string());
-                let row = f.add(&it.b0, &col);
-                let ok = f.ult(&row, "%batch");
-                let row_safe = f.sel("i32", &ok, &row, "0");
+                let col = f.add_u(t2, &(n * 8 + j).to_string());
+                let row = f.add_u(&it.b0, &col);
+                let ok = f.ult_u(&row, "%batch");
+                let row_safe = f.sel_u("i32", &ok, &row, "0");
                 let (inv_t, t_zero) = RowTransform::temperature(f, p, &row_safe);
                 let (pen, lb) = RowTransform::tables(f, p, &row_safe);
                 cols.push(Col { col, row, row_safe, tr: RowTransform { inv_t, t_zero, pen, lb } });
@@ -243,7 +243,7 @@ impl Gen<'_> {
             t_zero
         };
         let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-        let r64 = f.zext64(&cl.row_safe);
+        let r64 = f.zext64_u(&cl.row_safe);
         let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &cl.row, &r64);
         let word3 = math::token_word3(f, &r64);
         ColNoise { greedy, key_lo, key_hi, ctr_row, word3 }
@@ -256,7 +256,7 @@ impl Gen<'_> {
         let has_mask = p.has_mask();
         let has_pen = p.has_penalties();
         let has_lb = p.has_logit_bias();
-        let words = f.add("%vocab", "31");
+        let words = f.add_u("%vocab", "31");
         let words = f.v(format!("lshr i32 {words}, 5"));
 
         // Transformed logits x (−inf when excluded) and the non-finite flag per column.
@@ -265,21 +265,21 @@ impl Gen<'_> {
         let mut nonfinite = vec!["false".to_string(); cols.len()];
         let mut quad_base = Vec::new();
         for q in 0..self.quads {
-            let qb = f.add(&it.v0, warp_base);
-            let qb = f.add(&qb, &(q * 32).to_string());
-            let qb = f.add(&qb, g4);
+            let qb = f.add_u(&it.v0, warp_base);
+            let qb = f.add_u(&qb, &(q * 32).to_string());
+            let qb = f.add_u(&qb, g4);
             // A quad never straddles a bitset word, so one word per column (row) serves it:
             // of the allowed-token bitset and of the penalized- and biased-token bitsets.
             let quad_words = |f: &mut Func, table: &str| -> Vec<String> {
-                let qok = f.ult(&qb, "%vocab");
-                let qs = f.sel("i32", &qok, &qb, "0");
+                let qok = f.ult_u(&qb, "%vocab");
+                let qs = f.sel_u("i32", &qok, &qb, "0");
                 let wcol = f.v(format!("lshr i32 {qs}, 5"));
                 cols.iter()
                     .map(|cl| {
-                        let wi = f.mul(&cl.row_safe, &words);
-                        let wi = f.add(&wi, &wcol);
-                        let wi = f.zext64(&wi);
-                        let a = f.gaddr(table, &wi, 4);
+                        let wi = f.mul_u(&cl.row_safe, &words);
+                        let wi = f.add_u(&wi, &wcol);
+                        let wi = f.zext64_u(&wi);
+                        let a = f.gaddr_u(table, &wi, 4);
                         f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
                     })
                     .collect()
@@ -288,12 +288,12 @@ impl Gen<'_> {
             let pen_words = if has_pen { quad_words(f, "%pen_bits") } else { Vec::new() };
             let lb_words = if has_lb { quad_words(f, "%lb_bits") } else { Vec::new() };
             for o in 0..4 {
-                let v = f.add(&qb, &o.to_string());
-                let v_ok = f.ult(&v, "%vocab");
+                let v = f.add_u(&qb, &o.to_string());
+                let v_ok = f.ult_u(&v, "%vocab");
                 let bias = if has_bias {
-                    let vs = f.sel("i32", &v_ok, &v, "0");
-                    let v64 = f.zext64(&vs);
-                    let a = f.gaddr("%bias", &v64, 4);
+                    let vs = f.sel_u("i32", &v_ok, &v, "0");
+                    let v64 = f.zext64_u(&vs);
+                    let a = f.gaddr_u("%bias", &v64, 4);
                     f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
                 } else {
                     String::new()
@@ -305,7 +305,7 @@ impl Gen<'_> {
                     let raw = acc[idx].clone();
                     let abs = f.v(format!("call float @llvm.fabs.f32(float {raw})"));
                     let bad = f.v(format!("fcmp ueq float {abs}, 0x7FF0000000000000"));
-                    let bad = f.and1(&bad, &v_ok);
+                    let bad = f.and1_u(&bad, &v_ok);
                     nonfinite[ci] = f.v(format!("or i1 {}, {bad}", nonfinite[ci]));
                     if let Some(rx) = &mut raw_x {
                         rx[idx] = model_logit(f, &p.transforms, &raw, &bias, &v_ok);
@@ -322,9 +322,9 @@ impl Gen<'_> {
                     if has_mask {
                         let sh = f.v(format!("lshr i32 {}, {bit}", mask_words[ci]));
                         let b = f.v(format!("trunc i32 {sh} to i1"));
-                        ok = f.and1(&ok, &b);
+                        ok = f.and1_u(&ok, &b);
                     }
-                    x[idx] = f.sel("float", &ok, &xv, NEG_INF);
+                    x[idx] = f.sel_u("float", &ok, &xv, NEG_INF);
                 }
             }
             quad_base.push(qb);
@@ -340,27 +340,27 @@ impl Gen<'_> {
         let has = f.v("icmp ne ptr addrspace(1) %targets, null");
         for (ci, cl) in cols.iter().enumerate() {
             let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-            let row = f.add(&it.b0, &cl.col);
-            let row_ok = f.ult(&row, "%batch");
-            let ok = f.and1(&row_ok, &has);
-            f.if_then(&ok, |f| {
-                let r64 = f.zext64(&row);
-                let a = f.gaddr("%targets", &r64, 4);
+            let row = f.add_u(&it.b0, &cl.col);
+            let row_ok = f.ult_u(&row, "%batch");
+            let ok = f.and1_u(&row_ok, &has);
+            f.if_then_u(&ok, |f| {
+                let r64 = f.zext64_u(&row);
+                let a = f.gaddr_u("%targets", &r64, 4);
                 let target = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
                 let mut found = "false".to_string();
                 let mut value = NEG_INF.to_string();
                 for q in 0..self.quads {
                     for o in 0..4 {
-                        let v = f.add(&quad_base[q as usize], &o.to_string());
+                        let v = f.add_u(&quad_base[q as usize], &o.to_string());
                         let hit = f.v(format!("icmp eq i32 {v}, {target}"));
-                        value = f.sel("float", &hit, &x[self.acc_index(q, o, n, j)], &value);
+                        value = f.sel_u("float", &hit, &x[self.acc_index(q, o, n, j)], &value);
                         found = f.v(format!("or i1 {found}, {hit}"));
                     }
                 }
-                f.if_then(&found, |f| {
+                f.if_then_u(&found, |f| {
                     let live = f.v(format!("fcmp ogt float {value}, {NEG_INF}"));
-                    let value = f.sel("float", &live, &value, NEG_INF);
-                    let a = f.gaddr("%target_logprobs", &r64, 4);
+                    let value = f.sel_u("float", &live, &value, NEG_INF);
+                    let a = f.gaddr_u("%target_logprobs", &r64, 4);
                     f.s(format!("store float {value}, ptr addrspace(1) {a}, align 4"));
                 });
             });
@@ -369,24 +369,24 @@ impl Gen<'_> {
 
     /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.
     fn scratch_slot(&self, f: &mut Func, warp: &str, col: &str) -> String {
-        let s = f.mul(warp, &self.c.batch_tile.to_string());
-        let s = f.add(&s, col);
+        let s = f.mul_u(warp, &self.c.batch_tile.to_string());
+        let s = f.add_u(&s, col);
         f.v(format!("shl i32 {s}, 2"))
     }
 
     /// Stores `v` (`ty`) at `slot4` of the scratch field at `field` of this thread's area.
     fn st_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str, v: &str) {
-        let off = f.add(slot4, &field.to_string());
-        let off = f.add(&off, &th.scratch);
-        let a = f.saddr("@fs_smem", &off);
+        let off = f.add_u(slot4, &field.to_string());
+        let off = f.add_u(&off, &th.scratch);
+        let a = f.saddr_u("@fs_smem", &off);
         f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
     }
 
     /// Loads the `ty` at `slot4` of the scratch field at `field` of this thread's area.
     fn ld_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str) -> String {
-        let off = f.add(slot4, &field.to_string());
-        let off = f.add(&off, &th.scratch);
-        let a = f.saddr("@fs_smem", &off);
+        let off = f.add_u(slot4, &field.to_string());
+        let off = f.add_u(&off, &th.scratch);
+        let a = f.saddr_u("@fs_smem", &off);
         f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
     }
 
@@ -409,7 +409,7 @@ impl Gen<'_> {
         let c = self.c;
         let bt = c.batch_tile;
         let sc = c.smem_layout().scratch;
-        let lane_lt4 = f.ult(&th.lane, "4");
+        let lane_lt4 = f.ult_u(&th.lane, "4");
         // Each column's flag and partial (window and its three sums) go to the scratch as soon
         // as they are known, so no column's partial stays live past its own merge.
         let mut flags = Vec::new();
@@ -417,7 +417,7 @@ impl Gen<'_> {
             let flag = nonfinite.map(|nf| {
                 let mut flag = f.v(format!("zext i1 {} to i32", nf[ci]));
                 for sh in [4, 8, 16] {
-                    let o = f.shfl_xor_i32(&flag, sh);
+                    let o = f.shfl_xor_i32_u(&flag, sh);
                     flag = f.v(format!("or i32 {flag}, {o}"));
                 }
                 flag
@@ -431,7 +431,7 @@ impl Gen<'_> {
                 part = Some(lse::warp_merge(f, false, own, &[4, 8, 16]));
             }
             if let Some((w, sums)) = &part {
-                f.if_then(&lane_lt4, |f| {
+                f.if_then_u(&lane_lt4, |f| {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
                     if let Some(flag) = &flag {
                         self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
@@ -447,7 +447,7 @@ impl Gen<'_> {
         }
         if !lse && !flags.is_empty() {
             // Without a logsumexp only the flags cross warps: one block stores them all.
-            f.if_then(&lane_lt4, |f| {
+            f.if_then_u(&lane_lt4, |f| {
                 for (cl, flag) in cols.iter().zip(&flags) {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
                     self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
@@ -455,10 +455,10 @@ impl Gen<'_> {
             });
         }
         f.barrier();
-        let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
+        let tid_lt_bt = f.ult_u(&th.tid, &bt.to_string());
         if lse {
             // The column's sum over the warps (exact: the merge order does not matter).
-            f.if_then(&tid_lt_bt, |f| {
+            f.if_then_u(&tid_lt_bt, |f| {
                 let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn::<String, KEPT_WINDOWS, _>(|_| "0".to_string()));
                 for w in 0..c.warps {
                     let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
@@ -467,14 +467,14 @@ impl Gen<'_> {
                     let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, "i64", field, &slot8));
                     acc = lse::merge_call(f, false, &acc, &(ww, sums));
                 }
-                let row = f.add(&it.b0, &th.tid);
-                let row_ok = f.ult(&row, "%batch");
+                let row = f.add_u(&it.b0, &th.tid);
+                let row_ok = f.ult_u(&row, "%batch");
                 let lse_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
-                let ok = f.and1(&row_ok, &lse_ok);
-                f.if_then(&ok, |f| {
-                    let i = f.mul(&row, &it.vtiles);
-                    let i = f.add(&i, &it.vtile);
-                    let i64v = f.zext64(&i);
+                let ok = f.and1_u(&row_ok, &lse_ok);
+                f.if_then_u(&ok, |f| {
+                    let i = f.mul_u(&row, &it.vtiles);
+                    let i = f.add_u(&i, &it.vtile);
+                    let i64v = f.zext64_u(&i);
                     lse::store_partial(f, dest, &i64v, &acc.0, &acc.1);
                 });
             });
@@ -499,7 +499,7 @@ impl Gen<'_> {
         let (x, quad_base) = (&t.x, &t.quad_base);
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
         let none = INDEX_NONE as i32;
-        f.for_loop("0", &samples.to_string(), "1", |f, s| {
+        f.for_loop_u("0", &samples.to_string(), "1", |f, s| {
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
                 // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
@@ -507,11 +507,11 @@ impl Gen<'_> {
                 // epilogue's work. Its columns report NONE, which no live row reads.
                 let outs: Vec<[Var; 3]> = pair
                     .iter()
-                    .map(|_| [f.var("float", NEG_INF), f.var("i32", &none.to_string()), f.var("float", NEG_INF)])
+                    .map(|_| [f.var_u("float", NEG_INF), f.var_u("i32", &none.to_string()), f.var_u("float", NEG_INF)])
                     .collect();
-                let first_row = f.add(&it.b0, &(n as u32 * 8).to_string());
-                let live = f.ult(&first_row, "%batch");
-                f.if_then(&live, |f| {
+                let first_row = f.add_u(&it.b0, &(n as u32 * 8).to_string());
+                let live = f.ult_u(&first_row, "%batch");
+                f.if_then_u(&live, |f| {
                     let mut acc_best: Vec<(String, String, String)> =
                         vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
                     // A score each row's winner reaches (other tiles' candidates so far), or NaN.
@@ -535,28 +535,28 @@ impl Gen<'_> {
                                 let score = if p.is_greedy() {
                                     xv.clone()
                                 } else {
-                                    let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
-                                    f.sel("float", &pair_noise[pj].greedy, xv, &noisy)
+                                    let noisy = f.fadd_u(xv, &noise[pj * 4 + o as usize]);
+                                    f.sel_u("float", &pair_noise[pj].greedy, xv, &noisy)
                                 };
-                                let v = f.add(&quad_base[q as usize], &o.to_string());
+                                let v = f.add_u(&quad_base[q as usize], &o.to_string());
                                 let better = f.v(format!("fcmp ogt float {score}, {bs}"));
-                                *bs = f.sel("float", &better, &score, bs);
-                                *bi = f.sel("i32", &better, &v, bi);
-                                *bl = f.sel("float", &better, &carried[self.acc_index(q, o, n, j)], bl);
+                                *bs = f.sel_u("float", &better, &score, bs);
+                                *bi = f.sel_u("i32", &better, &v, bi);
+                                *bl = f.sel_u("float", &better, &carried[self.acc_index(q, o, n, j)], bl);
                             }
                         }
                     }
                     for (best, out) in acc_best.into_iter().zip(&outs) {
-                        let (bs, bi, bl) = f.shfl_best(best, &[4, 8, 16]);
+                        let (bs, bi, bl) = f.shfl_best_u(best, &[4, 8, 16]);
                         for (slot, v) in out.iter().zip([bs, bi, bl]) {
-                            f.set(slot, &v);
+                            f.set_u(slot, &v);
                         }
                     }
                 });
                 // The pair's warp results go to the scratch at once, so no column's best
                 // stays live while the next pairs are selected.
-                let best: Vec<(String, String, String)> = outs.iter().map(|[bs, bi, bl]| (f.get(bs), f.get(bi), f.get(bl))).collect();
-                f.if_then(lane_lt4, |f| {
+                let best: Vec<(String, String, String)> = outs.iter().map(|[bs, bi, bl]| (f.get_u(bs), f.get_u(bi), f.get_u(bl))).collect();
+                f.if_then_u(lane_lt4, |f| {
                     for (cl, (bs, bi, bl)) in pair.iter().zip(&best) {
                         let slot = self.scratch_slot(f, &th.warp, &cl.col);
                         self.st_scratch(f, th, "float", sc.score, &slot, bs);
@@ -566,7 +566,7 @@ impl Gen<'_> {
                 });
             }
             f.barrier();
-            f.if_then(tid_lt_bt, |f| {
+            f.if_then_u(tid_lt_bt, |f| {
                 let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
                 let mut flag = "0".to_string();
                 for w in 0..c.warps {
@@ -576,20 +576,20 @@ impl Gen<'_> {
                     let wl = self.ld_scratch(f, th, "float", sc.logit, &slot);
                     let wf = self.ld_scratch(f, th, "i32", sc.nonfinite, &slot);
                     flag = f.v(format!("or i32 {flag}, {wf}"));
-                    best = f.keep_best(best, (&ws, &wi, &wl));
+                    best = f.keep_best_u(best, (&ws, &wi, &wl));
                 }
                 let (bs, bi, bl) = best;
                 let nf = f.v(format!("icmp ne i32 {flag}, 0"));
-                let index = f.sel("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
-                let row = f.add(&it.b0, &th.tid);
-                let row_ok = f.ult(&row, "%batch");
-                f.if_then(&row_ok, |f| {
-                    let slot = f.mul(&row, &samples.to_string());
-                    let slot = f.add(&slot, s);
-                    let slot = f.mul(&slot, &it.vtiles);
-                    let slot = f.add(&slot, &it.vtile);
-                    let s64 = f.zext64(&slot);
-                    let a = f.gaddr("%candidates", &s64, 12);
+                let index = f.sel_u("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
+                let row = f.add_u(&it.b0, &th.tid);
+                let row_ok = f.ult_u(&row, "%batch");
+                f.if_then_u(&row_ok, |f| {
+                    let slot = f.mul_u(&row, &samples.to_string());
+                    let slot = f.add_u(&slot, s);
+                    let slot = f.mul_u(&slot, &it.vtiles);
+                    let slot = f.add_u(&slot, &it.vtile);
+                    let s64 = f.zext64_u(&slot);
+                    let a = f.gaddr_u("%candidates", &s64, 12);
                     // abi::Candidate { score, index, logit }.
                     f.store(&F32::raw(bs.clone()), &a, 4);
                     let a1 = f.offset(&a, 4);
@@ -613,18 +613,18 @@ impl Gen<'_> {
     /// buffer starts at 0 each launch) or the kernel has no `row_bounds`. Decodes
     /// [`Func::order_key`]: keys with the top bit set are non-negative floats, the rest inverted.
     fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &str) -> String {
-        let key = f.var("i32", "0");
+        let key = f.var_u("i32", "0");
         let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
-        f.if_then(&has, |f| {
+        f.if_then_u(&has, |f| {
             let a = self.row_bound_addr(f, &cl.row_safe, s);
             let k = f.v(format!("load volatile i32, ptr addrspace(1) {a}, align 4"));
-            f.set(&key, &k);
+            f.set_u(&key, &k);
         });
-        let k = f.get(&key);
+        let k = f.get_u(&key);
         let negative = f.v(format!("icmp sge i32 {k}, 0"));
         let inverted = f.v(format!("xor i32 {k}, -1"));
         let cleared = f.v(format!("and i32 {k}, 2147483647"));
-        let bits = f.sel("i32", &negative, &inverted, &cleared);
+        let bits = f.sel_u("i32", &negative, &inverted, &cleared);
         f.v(format!("bitcast i32 {bits} to float"))
     }
 
@@ -634,18 +634,18 @@ impl Gen<'_> {
     /// whatever order the tiles run in.
     fn publish_row_bound(&self, f: &mut Func, row: &str, s: &str, score: &str) {
         let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
-        f.if_then(&has, |f| {
+        f.if_then_u(&has, |f| {
             let a = self.row_bound_addr(f, row, s);
-            let k = f.order_key(score);
+            let k = f.order_key_u(score);
             f.s(format!("atomicrmw umax ptr addrspace(1) {a}, i32 {k} monotonic, align 4"));
         });
     }
 
     fn row_bound_addr(&self, f: &mut Func, row: &str, s: &str) -> String {
-        let slot = f.mul(row, &self.p.samples_per_row().to_string());
-        let slot = f.add(&slot, s);
-        let s64 = f.zext64(&slot);
-        f.gaddr("%row_bounds", &s64, 4).to_string()
+        let slot = f.mul_u(row, &self.p.samples_per_row().to_string());
+        let slot = f.add_u(&slot, s);
+        let s64 = f.zext64_u(&slot);
+        f.gaddr_u("%row_bounds", &s64, 4).to_string()
     }
 
     /// Quad `q`'s Gumbel noise for the column pair `pair` of n tile `n` (`-inf` where skipped),
@@ -668,7 +668,7 @@ impl Gen<'_> {
         s: &str,
         x: &[String],
     ) -> Vec<String> {
-        let up = f32c(gumbel_f32_upper_bound());
+        let up = f32c_u(gumbel_f32_upper_bound());
         let mut xmax = Vec::new();
         let mut thr = Vec::new();
         let mut need = "false".to_string();
@@ -680,20 +680,20 @@ impl Gen<'_> {
             }
             let bs = &acc_best[pj].0;
             let bound_higher = f.v(format!("fcmp ogt float {}, {bs}", bounds[pj]));
-            let t = f.sel("float", &bound_higher, &bounds[pj], bs);
+            let t = f.sel_u("float", &bound_higher, &bounds[pj], bs);
             // A greedy column reads no noise: a threshold of +inf skips its transform.
-            let t = f.sel("float", &cl.greedy, POS_INF, &t);
-            let reach = f.fadd(&m, &up);
+            let t = f.sel_u("float", &cl.greedy, POS_INF, &t);
+            let reach = f.fadd_u(&m, &up);
             let beaten = f.v(format!("fcmp olt float {reach}, {t}"));
             let needed = f.v(format!("xor i1 {beaten}, true"));
             need = f.v(format!("or i1 {need}, {needed}"));
             xmax.push(m);
             thr.push(t);
         }
-        let noise: Vec<Var> = (0..pair.len() * 4).map(|_| f.var("float", NEG_INF)).collect();
-        f.if_then(&need, |f| {
+        let noise: Vec<Var> = (0..pair.len() * 4).map(|_| f.var_u("float", NEG_INF)).collect();
+        f.if_then_u(&need, |f| {
             // Global index g = v + vocab_offset (a multiple of 4: same quads).
-            let g = f.add(quad_base, "%vocab_offset");
+            let g = f.add_u(quad_base, "%vocab_offset");
             let ctr = f.v(format!("lshr i32 {g}, 2"));
             let (a, b) = (&pair[0], &pair[pair.len() - 1]);
             let (ia, ib) = (0, pair.len() - 1);
@@ -705,10 +705,10 @@ impl Gen<'_> {
             ));
             for (w, slot) in noise.iter().enumerate() {
                 let v = f.v(format!("extractvalue {ty} {r}, {w}"));
-                f.set(slot, &v);
+                f.set_u(slot, &v);
             }
         });
-        noise.iter().map(|v| f.get(v)).collect()
+        noise.iter().map(|v| f.get_u(v)).collect()
     }
 }
 
@@ -720,19 +720,19 @@ pub(crate) fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bia
     let mut xv = raw.to_string();
     for tr in transforms.iter().filter(|t| t.is_model()) {
         match tr {
-            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
+            Transform::Bias { .. } => xv = f.fadd_u(&xv, bias),
             Transform::Softcap { cap } => {
-                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c(cap.get())))
+                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c_u(cap.get())))
             }
             _ => {}
         }
     }
-    f.sel("float", v_ok, &xv, NEG_INF)
+    f.sel_u("float", v_ok, &xv, NEG_INF)
 }
 
 /// The CSR range `[offsets[row], offsets[row + 1])` of a per-row token table (`r64`: the row, as i64).
 fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
-    let a = f.gaddr(offsets, r64, 4);
+    let a = f.gaddr_u(offsets, r64, 4);
     let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
     let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
     let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
@@ -744,13 +744,13 @@ fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
 fn listed_call(f: &mut Func, word: &str, bit: &str, v_ok: &str, x: &str, call: &str) -> String {
     let sh = f.v(format!("lshr i32 {word}, {bit}"));
     let b = f.v(format!("trunc i32 {sh} to i1"));
-    let b = f.and1(&b, v_ok);
-    let out = f.var("float", x);
-    f.if_then(&b, |f| {
+    let b = f.and1_u(&b, v_ok);
+    let out = f.var_u("float", x);
+    f.if_then_u(&b, |f| {
         let r = f.v(call);
-        f.set(&out, &r);
+        f.set_u(&out, &r);
     });
-    f.get(&out)
+    f.get_u(&out)
 }
 
 /// `abi::RowTokens::find` inside a helper whose parameters include `%v`, `%lo`, `%hi` and
@@ -758,37 +758,37 @@ fn listed_call(f: &mut Func, word: &str, bit: &str, v_ok: &str, x: &str, call: &
 /// was found and its entry index (an index inside the row's range either way, so loads at it
 /// are safe).
 fn find_token(f: &mut Func) -> (String, String) {
-    let lo = f.var("i32", "%lo");
-    let hi = f.var("i32", "%hi");
-    f.while_loop(
+    let lo = f.var_u("i32", "%lo");
+    let hi = f.var_u("i32", "%hi");
+    f.while_loop_u(
         |f| {
-            let (l, h) = (f.get(&lo), f.get(&hi));
-            f.ult(&l, &h)
+            let (l, h) = (f.get_u(&lo), f.get_u(&hi));
+            f.ult_u(&l, &h)
         },
         |f| {
-            let (l, h) = (f.get(&lo), f.get(&hi));
-            let sum = f.add(&l, &h);
+            let (l, h) = (f.get_u(&lo), f.get_u(&hi));
+            let sum = f.add_u(&l, &h);
             let mid = f.v(format!("lshr i32 {sum}, 1"));
-            let m64 = f.zext64(&mid);
-            let a = f.gaddr("%tokens", &m64, 4);
+            let m64 = f.zext64_u(&mid);
+            let a = f.gaddr_u("%tokens", &m64, 4);
             let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let less = f.ult(&t, "%v");
-            let up = f.add(&mid, "1");
-            let nl = f.sel("i32", &less, &up, &l);
-            let nh = f.sel("i32", &less, &h, &mid);
-            f.set(&lo, &nl);
-            f.set(&hi, &nh);
+            let less = f.ult_u(&t, "%v");
+            let up = f.add_u(&mid, "1");
+            let nl = f.sel_u("i32", &less, &up, &l);
+            let nh = f.sel_u("i32", &less, &h, &mid);
+            f.set_u(&lo, &nl);
+            f.set_u(&hi, &nh);
         },
     );
-    let at = f.get(&lo);
-    let inside = f.ult(&at, "%hi");
+    let at = f.get_u(&lo);
+    let inside = f.ult_u(&at, "%hi");
     // Never read past the row's entries (the bitset says `v` is listed, but stay safe).
-    let safe = f.sel("i32", &inside, &at, "%lo");
-    let s64 = f.zext64(&safe);
-    let a = f.gaddr("%tokens", &s64, 4);
+    let safe = f.sel_u("i32", &inside, &at, "%lo");
+    let s64 = f.zext64_u(&safe);
+    let a = f.gaddr_u("%tokens", &s64, 4);
     let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
     let hit = f.v(format!("icmp eq i32 {t}, %v"));
-    (f.and1(&inside, &hit), s64)
+    (f.and1_u(&inside, &hit), s64)
 }
 
 /// DESIGN.md step 3, penalties, for a token whose bit is set: [`find_token`], then
@@ -797,14 +797,14 @@ fn find_token(f: &mut Func) -> (String, String) {
 pub(super) fn penalize_token() -> String {
     let mut f = Func::new();
     let (found, entry) = find_token(&mut f);
-    let a = f.gaddr("%subtract", &entry, 4);
+    let a = f.gaddr_u("%subtract", &entry, 4);
     let sub = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
     let pos = f.v("fcmp ogt float %x, 0.0");
-    let q = f.fdiv("%x", "%rep");
-    let m = f.fmul("%x", "%rep");
-    let y = f.sel("float", &pos, &q, &m);
-    let y = f.fsub(&y, &sub);
-    let r = f.sel("float", &found, &y, "%x");
+    let q = f.fdiv_u("%x", "%rep");
+    let m = f.fmul_u("%x", "%rep");
+    let y = f.sel_u("float", &pos, &q, &m);
+    let y = f.fsub_u(&y, &sub);
+    let r = f.sel_u("float", &found, &y, "%x");
     f.s(format!("ret float {r}"));
     f.finish(
         "define internal float @fs_penalize_token(float %x, i32 %v, i32 %lo, i32 %hi, \
@@ -817,10 +817,10 @@ pub(super) fn penalize_token() -> String {
 pub(super) fn logit_bias_token() -> String {
     let mut f = Func::new();
     let (found, entry) = find_token(&mut f);
-    let a = f.gaddr("%values", &entry, 4);
+    let a = f.gaddr_u("%values", &entry, 4);
     let bias = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let y = f.fadd("%x", &bias);
-    let r = f.sel("float", &found, &y, "%x");
+    let y = f.fadd_u("%x", &bias);
+    let r = f.sel_u("float", &found, &y, "%x");
     f.s(format!("ret float {r}"));
     f.finish(
         "define internal float @fs_logit_bias_token(float %x, i32 %v, i32 %lo, i32 %hi, \

@@ -21,7 +21,7 @@ impl Gen<'_> {
         let smem = &ring.smem;
 
         let acc: Vec<Var> = (0..mtiles * self.ntiles * 4)
-            .map(|_| f.var("float", "0.0"))
+            .map(|_| f.var_u("float", "0.0"))
             .collect();
         if own_prologue {
             self.prologue(f, th, it, ring, None);
@@ -38,19 +38,19 @@ impl Gen<'_> {
         let khalf_b = f.v(format!("lshr i32 {}, 3", th.lane));
         let khalf_b = f.v(format!("and i32 {khalf_b}, 1"));
         let nsel = f.v(format!("lshr i32 {}, 4", th.lane));
-        let warp_row = f.mul(&th.warp, &self.warp_rows().to_string());
+        let warp_row = f.mul_u(&th.warp, &self.warp_rows().to_string());
         let m7x4 = f.v(format!("shl i32 {m7}, 2"));
-        let a_row_base = f.add(&warp_row, &m7x4);
-        let a_row_base = f.add(&a_row_base, &mhi);
+        let a_row_base = f.add_u(&warp_row, &m7x4);
+        let a_row_base = f.add_u(&a_row_base, &mhi);
 
         let item = self.begin_item(f, th, it, ring);
-        f.for_loop("0", ring.ktiles.text(), "1", |f, kt| {
+        f.for_loop_u("0", ring.ktiles.text(), "1", |f, kt| {
             // Slice kt has landed for every thread, and everyone is done reading the slot
             // the refill below overwrites (consumed at iteration kt − 1).
             let full = self.wait_full(f, ring, &item, kt);
             self.refill(f, th, it, ring, &item, kt);
             let slot = self.slot(f, full, kt);
-            let slot_off = f.mul32(&slot, &i32c(stage_bytes));
+            let slot_off = f.mul(&slot, &i32c(stage_bytes));
             let slot_addr = f.shared_offset(smem, &slot_off);
             let ldm = |f: &mut Func, x: u32, byte_off: &str| -> Vec<I32> {
                 let a = f.shared_offset(&slot_addr, &i32v(byte_off));
@@ -60,17 +60,17 @@ impl Gen<'_> {
             let frags = |f: &mut Func, kk: u32| -> (Vec<Vec<I32>>, Vec<Vec<I32>>) {
                 // A fragments: lane l gives MMA row l & 15 of k half l >> 4.
                 let mut a_frag = Vec::new();
-                let ca = f.add(&khalf_a, &(kk * 2).to_string());
+                let ca = f.add_u(&khalf_a, &(kk * 2).to_string());
                 let swa = f.v(format!("xor i32 {ca}, {m7}"));
                 let swa = f.v(format!("shl i32 {swa}, 4"));
                 for mt in 0..mtiles {
-                    let row = f.add(&a_row_base, &((mt >> 1) * 32 + 2 * (mt & 1)).to_string());
-                    let ro = f.mul(&row, &row_bytes.to_string());
-                    let off = f.add(&ro, &swa);
+                    let row = f.add_u(&a_row_base, &((mt >> 1) * 32 + 2 * (mt & 1)).to_string());
+                    let ro = f.mul_u(&row, &row_bytes.to_string());
+                    let off = f.add_u(&ro, &swa);
                     a_frag.push(ldm(f, 4, &off));
                 }
                 // B fragments: H rows n (batch), k contiguous = mma's col-major B.
-                let cb = f.add(&khalf_b, &(kk * 2).to_string());
+                let cb = f.add_u(&khalf_b, &(kk * 2).to_string());
                 let swb = f.v(format!("xor i32 {cb}, {l7}"));
                 let swb = f.v(format!("shl i32 {swb}, 4"));
                 let mut b_frag: Vec<Vec<I32>> = Vec::new();
@@ -78,15 +78,15 @@ impl Gen<'_> {
                 while n < self.ntiles {
                     let pair = n + 1 < self.ntiles;
                     let nrow = if pair {
-                        let sel = f.add(&nsel, &n.to_string());
+                        let sel = f.add_u(&nsel, &n.to_string());
                         let s8 = f.v(format!("shl i32 {sel}, 3"));
-                        f.add(&s8, &l7)
+                        f.add_u(&s8, &l7)
                     } else {
-                        f.add(&l7, &(n * 8).to_string())
+                        f.add_u(&l7, &(n * 8).to_string())
                     };
-                    let ro = f.mul(&nrow, &row_bytes.to_string());
-                    let off = f.add(&ro, &swb);
-                    let off = f.add(&off, &w_tile_bytes.to_string());
+                    let ro = f.mul_u(&nrow, &row_bytes.to_string());
+                    let off = f.add_u(&ro, &swb);
+                    let off = f.add_u(&off, &w_tile_bytes.to_string());
                     let r = ldm(f, if pair { 4 } else { 2 }, &off);
                     b_frag.push(r[0..2].to_vec());
                     if pair {
@@ -107,10 +107,10 @@ impl Gen<'_> {
                 for mt in 0..mtiles {
                     for n in 0..self.ntiles {
                         let base = ((mt * self.ntiles + n) * 4) as usize;
-                        let cur: Vec<F32> = (0..4).map(|i| F32::raw(f.get(&acc[base + i]))).collect();
+                        let cur: Vec<F32> = (0..4).map(|i| F32::raw(f.get_u(&acc[base + i]))).collect();
                         let out = ptx::mma_m16n8k16(f, dtype, &a_frag[mt as usize], &b_frag[n as usize], &cur);
                         for (i, v) in out.iter().enumerate() {
-                            f.set(&acc[base + i], v.text());
+                            f.set_u(&acc[base + i], v.text());
                         }
                     }
                 }

@@ -83,8 +83,8 @@ impl Items {
         let (vt, bt) = (g.c.vocab_tile, g.c.batch_tile);
         let btile = f.v(format!("urem i32 {item}, {}", self.btiles));
         let vtile = f.v(format!("udiv i32 {item}, {}", self.btiles));
-        let v0 = f.mul(&vtile, &vt.to_string());
-        let b0 = f.mul(&btile, &bt.to_string());
+        let v0 = f.mul_u(&vtile, &vt.to_string());
+        let b0 = f.mul_u(&btile, &bt.to_string());
         let done = f.v(format!("sub i32 {item}, {}", self.first));
         let seq = f.v(format!("udiv i32 {done}, {}", self.stride));
         Item { vtile, vtiles: self.vtiles.clone(), v0, b0, seq }
@@ -130,7 +130,7 @@ enum Mma {
 pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8, lse };
     let mut f = Func::new();
-    let tid = f.sreg("tid.x");
+    let tid = f.sreg_u("tid.x");
     let warp = f.v(format!("lshr i32 {tid}, 5"));
     let lane = f.v(format!("and i32 {tid}, 31"));
     let lg = f.v(format!("lshr i32 {lane}, 2"));
@@ -139,20 +139,20 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
 
     let vt = c.vocab_tile;
     let bt = c.batch_tile;
-    let vt_up = f.add("%vocab", &(vt - 1).to_string());
+    let vt_up = f.add_u("%vocab", &(vt - 1).to_string());
     let vtiles = f.v(format!("udiv i32 {vt_up}, {vt}"));
-    let bt_up = f.add("%batch", &(bt - 1).to_string());
+    let bt_up = f.add_u("%batch", &(bt - 1).to_string());
     let btiles = f.v(format!("udiv i32 {bt_up}, {bt}"));
-    let count = f.mul(&vtiles, &btiles);
+    let count = f.mul_u(&vtiles, &btiles);
     // Non-persistent grids are (tiles, batch tiles): one item per CTA, numbered linearly.
     // Persistent grids are (n, 1): CTA i takes items i, i + n, ...
-    let cx = f.sreg("ctaid.x");
-    let cy = f.sreg("ctaid.y");
-    let nx = f.sreg("nctaid.x");
-    let ny = f.sreg("nctaid.y");
-    let cyx = f.mul(&cy, &nx);
-    let first = f.add(&cx, &cyx);
-    let stride = f.mul(&nx, &ny);
+    let cx = f.sreg_u("ctaid.x");
+    let cy = f.sreg_u("ctaid.y");
+    let nx = f.sreg_u("nctaid.x");
+    let ny = f.sreg_u("nctaid.y");
+    let cyx = f.mul_u(&cy, &nx);
+    let first = f.add_u(&cx, &cyx);
+    let stride = f.mul_u(&nx, &ny);
     if c.stagger_us > 0 {
         g.stagger(&mut f, &first);
     }
@@ -190,11 +190,11 @@ impl Gen<'_> {
     fn item_loop(&self, f: &mut Func, th: &Thread, items: &Items, ring: Option<(&Ring, Mma)>) {
         let overlap = self.c.overlaps_epilogue();
         if let (Some((ring, _)), true) = (ring, overlap) {
-            let valid = f.ult(&items.first, &items.count);
+            let valid = f.ult_u(&items.first, &items.count);
             let first = items.item(self, f, &items.first);
             self.prologue(f, th, &first, ring, Some(&valid));
         }
-        f.for_loop(&items.first, &items.count, &items.stride, |f, item| {
+        f.for_loop_u(&items.first, &items.count, &items.stride, |f, item| {
             let it = items.item(self, f, item);
             let acc = match ring {
                 None => self.simt_mainloop(f, th, &it),
@@ -202,8 +202,8 @@ impl Gen<'_> {
                 Some((ring, Mma::Wgmma)) => self.wgmma_mainloop(f, th, &it, ring, !overlap),
             };
             if let (Some((ring, _)), true) = (ring, overlap) {
-                let next = f.add(item, &items.stride);
-                let valid = f.ult(&next, &items.count);
+                let next = f.add_u(item, &items.stride);
+                let valid = f.ult_u(&next, &items.count);
                 let next_it = items.item(self, f, &next);
                 self.prologue(f, th, &next_it, ring, Some(&valid));
             }
@@ -239,13 +239,13 @@ impl Gen<'_> {
     /// long before their first item. The delay persists: each later CTA takes the slot its
     /// predecessor frees, so co-resident CTAs stay out of phase.
     fn stagger(&self, f: &mut Func, item0: &str) {
-        let nsm = f.sreg("nsmid");
+        let nsm = f.sreg_u("nsmid");
         let second = f.v(format!("icmp uge i32 {item0}, {nsm}"));
         let nsm2 = f.v(format!("shl i32 {nsm}, 1"));
-        let first_wave = f.ult(item0, &nsm2);
-        let go = f.and1(&second, &first_wave);
+        let first_wave = f.ult_u(item0, &nsm2);
+        let go = f.and1_u(&second, &first_wave);
         let ns = u64::from(self.c.stagger_us) * 1000;
-        f.if_then(&go, |f| ptx::sleep_ns(f, ns));
+        f.if_then_u(&go, |f| ptx::sleep_ns(f, ns));
     }
 }
 

@@ -17,7 +17,7 @@
 //! [`GpuConfig::prefetch_depth`]: crate::GpuConfig::prefetch_depth
 
 use super::{i32v, Gen, Item, Thread};
-use crate::ir::{Func, Ptr, SharedAddr, Value, I1, I32};
+use crate::ir::{Func, Icmp, Ptr, SharedAddr, Value, I1, I32};
 use crate::ptx;
 
 /// How the ring is filled.
@@ -90,7 +90,7 @@ impl Gen<'_> {
     pub(super) fn ring(&self, f: &mut Func, feed: Feed) -> Ring {
         let ks = self.c.k_step();
         let smem = f.typed("ptrtoint ptr addrspace(3) @fs_smem to i32");
-        let ks_up = f.add("%dim", &(ks - 1).to_string());
+        let ks_up = f.add_u("%dim", &(ks - 1).to_string());
         let ktiles = f.typed(format!("udiv i32 {ks_up}, {ks}"));
         let aligned = matches!(feed, Feed::CpAsync { .. }).then(|| {
             // cp.async needs 16-byte aligned global chunks: rows of D·2 bytes with D % 8 == 0
@@ -103,7 +103,7 @@ impl Gen<'_> {
             let hw = f.v(format!("or i64 {hi}, {wi}"));
             let hw = f.v(format!("and i64 {hw}, 15"));
             let p_ok = f.v(format!("icmp eq i64 {hw}, 0"));
-            I1::raw(f.and1(&d_ok, &p_ok))
+            I1::raw(f.and1_u(&d_ok, &p_ok))
         });
         Ring { feed, smem, ktiles, aligned }
     }
@@ -117,24 +117,24 @@ impl Gen<'_> {
             Feed::Tma { .. } => {
                 let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
                 let go = match valid {
-                    Some(v) => f.and1(&t0, v),
+                    Some(v) => f.and1_u(&t0, v),
                     None => t0,
                 };
-                f.if_then(&go, |f| {
+                f.if_then_u(&go, |f| {
                     for s in 0..depth {
-                        let in_range = f.ult(&s.to_string(), ring.ktiles.text());
-                        f.if_then(&in_range, |f| self.tma_issue(f, it, ring, &s.to_string()));
+                        let in_range = f.ult_u(&s.to_string(), ring.ktiles.text());
+                        f.if_then_u(&in_range, |f| self.tma_issue(f, it, ring, &s.to_string()));
                     }
                 });
             }
             Feed::CpAsync { .. } => {
                 for s in 0..depth {
-                    let in_range = f.ult(&s.to_string(), ring.ktiles.text());
+                    let in_range = f.ult_u(&s.to_string(), ring.ktiles.text());
                     let go = match valid {
-                        Some(v) => f.and1(&in_range, v),
+                        Some(v) => f.and1_u(&in_range, v),
                         None => in_range,
                     };
-                    f.if_then(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
+                    f.if_then_u(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
                     ptx::cp_async_commit(f);
                 }
             }
@@ -146,7 +146,7 @@ impl Gen<'_> {
         match ring.feed {
             Feed::CpAsync { .. } => ItemRing { j0: None, lane0: None, tid0: None },
             Feed::Tma { producer_warp } => {
-                let j0 = f.mul32(&i32v(&it.seq), &ring.ktiles);
+                let j0 = f.mul(&i32v(&it.seq), &ring.ktiles);
                 let lane0 = f.typed(format!("icmp eq i32 {}, 0", th.lane));
                 let tid0 = (!producer_warp).then(|| f.typed(format!("icmp eq i32 {}, 0", th.tid)));
                 ItemRing { j0: Some(j0), lane0: Some(lane0), tid0 }
@@ -171,7 +171,7 @@ impl Gen<'_> {
                 Full { slot: None }
             }
             Feed::Tma { .. } => {
-                let state = PipelineState { j: f.add32(item.j0.as_ref().expect("TMA item"), &i32v(kt)) };
+                let state = PipelineState { j: f.add(item.j0.as_ref().expect("TMA item"), &i32v(kt)) };
                 let slot = state.slot(f, stages);
                 let round = state.round(f, stages);
                 let phase = PipelineState::full_phase(f, &round);
@@ -196,9 +196,9 @@ impl Gen<'_> {
     pub(super) fn release(&self, f: &mut Func, ring: &Ring, item: &ItemRing, kt: &str) {
         if let Feed::Tma { .. } = ring.feed {
             let started = f.v(format!("icmp ugt i32 {kt}, 0"));
-            let release = f.and1(&started, item.lane0.as_ref().expect("TMA item").text());
-            f.if_then(&release, |f| {
-                let j = f.add(item.j0.as_ref().expect("TMA item").text(), kt);
+            let release = f.and1_u(&started, item.lane0.as_ref().expect("TMA item").text());
+            f.if_then_u(&release, |f| {
+                let j = f.add_u(item.j0.as_ref().expect("TMA item").text(), kt);
                 let prev = f.v(format!("add i32 {j}, -1"));
                 self.release_slot(f, ring, &prev);
             });
@@ -213,9 +213,9 @@ impl Gen<'_> {
         let c = self.c;
         match ring.feed {
             Feed::CpAsync { .. } => {
-                let pf = f.add(kt, &c.prefetch_depth().to_string());
-                let pf_ok = f.ult32(&i32v(&pf), &ring.ktiles);
-                f.if_then(pf_ok.text(), |f| {
+                let pf = f.add_u(kt, &c.prefetch_depth().to_string());
+                let pf_ok = f.icmp(Icmp::Ult, &i32v(&pf), &ring.ktiles);
+                f.if_then_u(pf_ok.text(), |f| {
                     let slot = f.v(format!("urem i32 {pf}, {}", c.stages()));
                     self.load_stage(f, th, it, ring, &pf, &slot);
                 });
@@ -223,10 +223,10 @@ impl Gen<'_> {
             }
             Feed::Tma { producer_warp: true } => {}
             Feed::Tma { producer_warp: false } => {
-                let next = f.add(kt, &(c.stages() - 1).to_string());
-                let more = f.ult(&next, ring.ktiles.text());
-                let go = f.and1(&more, item.tid0.as_ref().expect("TMA item").text());
-                f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
+                let next = f.add_u(kt, &(c.stages() - 1).to_string());
+                let more = f.ult_u(&next, ring.ktiles.text());
+                let go = f.and1_u(&more, item.tid0.as_ref().expect("TMA item").text());
+                f.if_then_u(&go, |f| self.tma_issue(f, it, ring, &next));
             }
         }
     }
@@ -237,8 +237,8 @@ impl Gen<'_> {
         match ring.feed {
             Feed::CpAsync { .. } => ptx::cp_async_wait(f, 0),
             Feed::Tma { .. } => {
-                f.if_then(item.lane0.as_ref().expect("TMA item").text(), |f| {
-                    let j = f.add32(item.j0.as_ref().expect("TMA item"), &ring.ktiles);
+                f.if_then_u(item.lane0.as_ref().expect("TMA item").text(), |f| {
+                    let j = f.add(item.j0.as_ref().expect("TMA item"), &ring.ktiles);
                     let last = f.v(format!("add i32 {j}, -1"));
                     self.release_slot(f, ring, &last);
                 });
@@ -275,7 +275,7 @@ impl Gen<'_> {
     /// set's mainloop-done barrier one arrival per warp of the set.
     pub(super) fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
         let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
-        f.if_then(&t0, |f| {
+        f.if_then_u(&t0, |f| {
             let mut bars = Vec::new();
             for s in 0..self.c.stages() {
                 let (full, empty) = self.mbarriers(f, ring, &i32v(&s.to_string()));
@@ -310,18 +310,18 @@ impl Gen<'_> {
         let c = self.c;
         let layout = c.smem_layout();
         let stages = c.stages();
-        let j0 = f.mul32(&i32v(&it.seq), &ring.ktiles);
-        let state = PipelineState { j: f.add32(&j0, &i32v(kt)) };
+        let j0 = f.mul(&i32v(&it.seq), &ring.ktiles);
+        let state = PipelineState { j: f.add(&j0, &i32v(kt)) };
         let slot = state.slot(f, stages);
         let (full, empty) = self.mbarriers(f, ring, &slot);
         let reuse = f.v(format!("icmp uge i32 {}, {stages}", state.j));
-        f.if_then(&reuse, |f| {
+        f.if_then_u(&reuse, |f| {
             let round = state.round(f, stages);
             let phase = PipelineState::empty_phase(f, &round);
             ptx::mbarrier_wait(f, &empty, &phase);
         });
         ptx::mbarrier_arrive_expect_tx(f, &full, layout.slot_bytes);
-        let slot_off = f.mul32(&slot, &i32v(&layout.slot_bytes.to_string()));
+        let slot_off = f.mul(&slot, &i32v(&layout.slot_bytes.to_string()));
         let dst0 = f.shared_offset(&ring.smem, &slot_off);
         let k0 = f.typed::<I32>(format!("mul i32 {kt}, {}", c.k_step()));
         let maps = f.v("addrspacecast ptr addrspace(1) %tmaps to ptr");
@@ -329,7 +329,7 @@ impl Gen<'_> {
         let h_map = f.typed(format!("add i64 {w_map}, 128"));
         let blk0 = f.typed::<I32>(format!("lshr i32 {}, 5", it.v0));
         for grp in 0..c.warps / 4 {
-            let blk = f.add32(&blk0, &i32v(&(4 * grp).to_string()));
+            let blk = f.add(&blk0, &i32v(&(4 * grp).to_string()));
             let dst = f.shared_offset(&dst0, &i32v(&(grp * 128 * 128).to_string()));
             ptx::tma_load_5d(f, &dst, &w_map, &k0, &blk, &full);
         }
@@ -352,8 +352,8 @@ impl Gen<'_> {
         let w_tile_bytes = c.vocab_tile * row_bytes;
         let stage_bytes = c.smem_layout().slot_bytes;
         let smem = &ring.smem;
-        let kbase = f.mul(kt, &ks.to_string());
-        let slot_off = f.mul(slot, &stage_bytes.to_string());
+        let kbase = f.mul_u(kt, &ks.to_string());
+        let slot_off = f.mul_u(slot, &stage_bytes.to_string());
         let chunks = |f: &mut Func, asynchronous: bool| {
             for (is_w, rows, tile_off, base_row, limit, ptr) in [
                 (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
@@ -369,7 +369,7 @@ impl Gen<'_> {
                 let n_chunks = rows * cpr;
                 let nthr = c.block_threads();
                 for u in 0..n_chunks.div_ceil(nthr) {
-                    let i = f.add(&th.tid, &(u * nthr).to_string());
+                    let i = f.add_u(&th.tid, &(u * nthr).to_string());
                     let body = |f: &mut Func| {
                         let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
                         let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
@@ -383,47 +383,47 @@ impl Gen<'_> {
                         };
                         let s = f.v(format!("and i32 {s}, 7"));
                         let sw = f.v(format!("xor i32 {cc}, {s}"));
-                        let ro = f.mul(&at, &row_bytes.to_string());
+                        let ro = f.mul_u(&at, &row_bytes.to_string());
                         let so = f.v(format!("shl i32 {sw}, 4"));
-                        let dst = f.add(&slot_off, &ro);
-                        let dst = f.add(&dst, &so);
-                        let dst = f.add(&dst, &tile_off.to_string());
-                        let gr = f.add(base_row, &row);
-                        let row_ok = f.ult(&gr, limit);
+                        let dst = f.add_u(&slot_off, &ro);
+                        let dst = f.add_u(&dst, &so);
+                        let dst = f.add_u(&dst, &tile_off.to_string());
+                        let gr = f.add_u(base_row, &row);
+                        let row_ok = f.ult_u(&gr, limit);
                         let c8 = f.v(format!("shl i32 {cc}, 3"));
-                        let k = f.add(&kbase, &c8);
-                        let gr64 = f.zext64(&gr);
-                        let d64 = f.zext64("%dim");
+                        let k = f.add_u(&kbase, &c8);
+                        let gr64 = f.zext64_u(&gr);
+                        let d64 = f.zext64_u("%dim");
                         let row_elem = f.v(format!("mul i64 {gr64}, {d64}"));
                         if asynchronous {
-                            let k_ok = f.ult(&k, "%dim");
-                            let ok = f.and1(&row_ok, &k_ok);
+                            let k_ok = f.ult_u(&k, "%dim");
+                            let ok = f.and1_u(&row_ok, &k_ok);
                             // The chunk's row pointer does not depend on the slice, so LLVM
                             // hoists it out of the k loop; a slice adds its byte offset (one
                             // 64-bit add per chunk) and only the final pointer is selected.
-                            let c64 = f.zext64(&c8);
+                            let c64 = f.zext64_u(&c8);
                             let e = f.v(format!("add i64 {row_elem}, {c64}"));
-                            let row_ptr = f.gaddr(ptr, &e, 2);
-                            let kb = f.zext64(&kbase);
+                            let row_ptr = f.gaddr_u(ptr, &e, 2);
+                            let kb = f.zext64_u(&kbase);
                             let kb = f.v(format!("shl i64 {kb}, 1"));
                             let src = f.v(format!("getelementptr i8, ptr addrspace(1) {row_ptr}, i64 {kb}"));
-                            let src = f.sel("ptr addrspace(1)", &ok, &src, ptr);
+                            let src = f.sel_u("ptr addrspace(1)", &ok, &src, ptr);
                             let d32 = f.shared_offset(smem, &i32v(&dst));
                             // src-size 0 zero-fills the chunk: rows past V or B, k past D.
-                            let size = f.sel("i32", &ok, "16", "0");
+                            let size = f.sel_u("i32", &ok, "16", "0");
                             ptx::cp_async_16(f, &d32, &Ptr::raw(src), &i32v(&size));
                         } else {
                             let mut halves = Vec::new();
                             for e in 0..8 {
-                                let ke = f.add(&k, &e.to_string());
-                                let k_ok = f.ult(&ke, "%dim");
-                                let ok = f.and1(&row_ok, &k_ok);
-                                let k64 = f.zext64(&ke);
+                                let ke = f.add_u(&k, &e.to_string());
+                                let k_ok = f.ult_u(&ke, "%dim");
+                                let ok = f.and1_u(&row_ok, &k_ok);
+                                let k64 = f.zext64_u(&ke);
                                 let ix = f.v(format!("add i64 {row_elem}, {k64}"));
-                                let ix = f.sel("i64", &ok, &ix, "0");
-                                let a = f.gaddr(ptr, &ix, 2);
+                                let ix = f.sel_u("i64", &ok, &ix, "0");
+                                let a = f.gaddr_u(ptr, &ix, 2);
                                 let v = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
-                                let v = f.sel("i16", &ok, &v, "0");
+                                let v = f.sel_u("i16", &ok, &v, "0");
                                 halves.push(f.v(format!("zext i16 {v} to i32")));
                             }
                             let mut vec = "undef".to_string();
@@ -434,15 +434,15 @@ impl Gen<'_> {
                                     "insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"
                                 ));
                             }
-                            let sa = f.saddr("@fs_smem", &dst);
+                            let sa = f.saddr_u("@fs_smem", &dst);
                             f.s(format!(
                                 "store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"
                             ));
                         }
                     };
                     if (u + 1) * nthr > n_chunks {
-                        let inr = f.ult(&i, &n_chunks.to_string());
-                        f.if_then(&inr, body);
+                        let inr = f.ult_u(&i, &n_chunks.to_string());
+                        f.if_then_u(&inr, body);
                     } else {
                         body(f);
                     }
@@ -450,6 +450,6 @@ impl Gen<'_> {
             }
         };
         let aligned = ring.aligned.as_ref().expect("the cp.async ring checks alignment");
-        f.if_else(aligned.text(), |f| chunks(f, true), |f| chunks(f, false));
+        f.if_else_u(aligned.text(), |f| chunks(f, true), |f| chunks(f, false));
     }
 }

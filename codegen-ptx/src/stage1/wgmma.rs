@@ -37,34 +37,34 @@ impl Gen<'_> {
             DType::F16 => "f16",
             _ => "bf16",
         };
-        let acc: Vec<Var> = (0..mtiles * per).map(|_| f.var("float", "0.0")).collect();
+        let acc: Vec<Var> = (0..mtiles * per).map(|_| f.var_u("float", "0.0")).collect();
         if own_prologue {
             self.prologue(f, th, it, ring, None);
         }
         let grp = f.v(format!("lshr i32 {}, 2", th.warp));
         // The warpgroup's first m64 operand, in descriptor units (16 bytes).
-        let a_grp = f.mul(&grp, &(mtiles * 64 * 128 / 16).to_string());
-        let a_grp = f.zext64(&a_grp);
+        let a_grp = f.mul_u(&grp, &(mtiles * 64 * 128 / 16).to_string());
+        let a_grp = f.zext64_u(&a_grp);
         // Descriptor: start address >> 4 (bits 0-13), leading byte offset 1 (unused by
         // swizzled K-major), stride byte offset 1024 >> 4 (8-row atoms, bits 32-45),
         // 128-byte swizzle (bits 62-63).
         const DESC: u64 = (1 << 16) | (64 << 32) | (1 << 62);
         // Every accumulator through one asm, so LLVM cannot move their uses across it.
         let through_all = |f: &mut Func, op: &dyn Fn(&mut Func, &[F32]) -> Vec<F32>| {
-            let vals: Vec<F32> = acc.iter().map(|a| F32::raw(f.get(a))).collect();
+            let vals: Vec<F32> = acc.iter().map(|a| F32::raw(f.get_u(a))).collect();
             for (a, v) in acc.iter().zip(op(f, &vals)) {
-                f.set(a, v.text());
+                f.set_u(a, v.text());
             }
         };
         let item = self.begin_item(f, th, it, ring);
         let drain = matches!(c.schedule, Schedule::Wgmma { drain: true, .. });
-        f.for_loop("0", ring.ktiles.text(), "1", |f, kt| {
+        f.for_loop_u("0", ring.ktiles.text(), "1", |f, kt| {
             let full = self.wait_full(f, ring, &item, kt);
             let slot = self.slot(f, full, kt);
-            let slot_off = f.mul32(&slot, &i32c(layout.slot_bytes));
+            let slot_off = f.mul(&slot, &i32c(layout.slot_bytes));
             let slot_addr = f.shared_offset(&ring.smem, &slot_off);
             let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
-            let s4 = f.zext64(&s4);
+            let s4 = f.zext64_u(&s4);
             let desc0 = f.v(format!("or i64 {s4}, {DESC}"));
             let a_desc0 = f.v(format!("add i64 {desc0}, {a_grp}"));
             through_all(f, &|f, acc| ptx::wgmma_fence(f, acc));
@@ -73,10 +73,10 @@ impl Gen<'_> {
                 for mt in 0..mtiles {
                     let da = f.typed::<I64>(format!("add i64 {a_desc0}, {}", (mt * 64 * 128 + kk * 32) >> 4));
                     let range = (mt * per) as usize..((mt + 1) * per) as usize;
-                    let vals: Vec<F32> = acc[range.clone()].iter().map(|a| F32::raw(f.get(a))).collect();
+                    let vals: Vec<F32> = acc[range.clone()].iter().map(|a| F32::raw(f.get_u(a))).collect();
                     let out = ptx::wgmma_m64k16(f, n, dtype, &da, &db, &vals);
                     for (a, v) in acc[range].iter().zip(out) {
-                        f.set(a, v.text());
+                        f.set_u(a, v.text());
                     }
                 }
             }
@@ -114,14 +114,14 @@ impl Gen<'_> {
         let e = f.v(format!("and i32 {q}, 1"));
         let mt = f.v(format!("shl i32 {blk}, 1"));
         let mt = f.v(format!("or i32 {mt}, {h}"));
-        let op = f.mul(&grp, &mtiles.to_string());
-        let op = f.add(&op, &mt);
+        let op = f.mul_u(&grp, &mtiles.to_string());
+        let op = f.add_u(&op, &mt);
         let base = f.v(format!("shl i32 {op}, 6"));
         let k16 = f.v(format!("shl i32 {k}, 4"));
         let e8 = f.v(format!("shl i32 {e}, 3"));
-        let at = f.add(&base, &k16);
-        let at = f.add(&at, &g);
-        f.add(&at, &e8)
+        let at = f.add_u(&base, &k16);
+        let at = f.add_u(&at, &g);
+        f.add_u(&at, &e8)
     }
 
     /// Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column); the same
@@ -131,7 +131,7 @@ impl Gen<'_> {
         for mt in 0..self.quads * 2 {
             for n in 0..self.ntiles {
                 for i in 0..4u32 {
-                    let v = f.get(&acc[((mt * self.ntiles + n) * 4 + i) as usize]);
+                    let v = f.get_u(&acc[((mt * self.ntiles + n) * 4 + i) as usize]);
                     out[self.acc_index(mt >> 1, 2 * (mt & 1) + (i >> 1), n, i & 1)] = v;
                 }
             }

@@ -1,0 +1,347 @@
+//! A small LLVM-IR text writer: fresh SSA names, entry-block allocas for mutable values
+//! (promoted to registers by `mem2reg`), structured loops and ifs, and typed SSA values
+//! (`value.rs`: [`I1`], [`I32`], [`I64`], [`F32`], [`F64`], [`Ptr`] by address space,
+//! [`SharedAddr`], ...) with typed instructions on them (`ops.rs`) and warp and block
+//! primitives (`warp.rs`). Inline PTX lives in `ptx` (one function per instruction family).
+//!
+//! The kernels are emitted as textual LLVM IR and parsed by LLVM (through inkwell), so the
+//! generated code reads like the PTX it becomes and every instruction is visible in review.
+//! Every instruction takes and returns typed values, so code that passes an i64 where an i32
+//! goes, a float where a predicate goes, or a global pointer where a shared address goes does
+//! not compile: rustc rejects it, not LLVM's parser at run time. [`Func::v`] and [`Func::s`]
+//! remain for what has no single typed result: labels and branches, inline asm, aggregates.
+
+mod ops;
+mod value;
+mod warp;
+
+use std::fmt::Write;
+use std::marker::PhantomData;
+
+pub(crate) use ops::{Atomic, Fcmp, Icmp};
+pub(crate) use value::{
+    f32c, f64c, i32c, Agg, AnyFloat, Bits, Float, Generic, Global, Int, Lane, Operand, Ptr, Shared, SharedAddr, Space, Value, F16, F32, F64, I1, I128,
+    I16, I32, I64, X4,
+};
+pub(crate) use warp::Shuffle;
+
+/// One function body under construction.
+pub(crate) struct Func {
+    allocas: String,
+    body: String,
+    next: u32,
+    /// What [`Func::barrier`] synchronises: `None` is the whole CTA (`bar.sync 0`); `Some((id,
+    /// threads))` a named barrier of `threads` threads, for code that one warp-specialized
+    /// consumer set runs while the rest of the CTA does other work.
+    barrier_scope: Option<(I32, u32)>,
+}
+
+/// A mutable value of type `T`: an entry-block alloca.
+pub(crate) struct Var<T = Untyped> {
+    ptr: String,
+    ty: String,
+    _ty: PhantomData<T>,
+}
+
+impl Func {
+    pub(crate) fn new() -> Self {
+        Func {
+            allocas: String::new(),
+            body: String::new(),
+            next: 0,
+            barrier_scope: None,
+        }
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.next += 1;
+        format!("{prefix}{}", self.next)
+    }
+
+    /// Emits `%vN = rhs` and returns `%vN`: for results that are not one typed value (inline
+    /// asm returning several, aggregates).
+    pub(crate) fn v(&mut self, rhs: impl AsRef<str>) -> String {
+        let name = self.fresh("%v");
+        let _ = writeln!(self.body, "  {name} = {}", rhs.as_ref());
+        name
+    }
+
+    /// Emits `%vN = rhs` whose result has type `T`, and returns it typed.
+    pub(crate) fn typed<T: Value>(&mut self, rhs: impl AsRef<str>) -> T {
+        T::raw(self.v(rhs))
+    }
+
+    /// Emits a statement without a result.
+    pub(crate) fn s(&mut self, stmt: impl AsRef<str>) {
+        let _ = writeln!(self.body, "  {}", stmt.as_ref());
+    }
+
+    pub(crate) fn label(&mut self, hint: &str) -> String {
+        self.fresh(&format!("{hint}."))
+    }
+
+    pub(crate) fn place(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+
+    pub(crate) fn br(&mut self, label: &str) {
+        self.s(format!("br label %{label}"));
+    }
+
+    fn cond_br(&mut self, cond: &I1, yes: &str, no: &str) {
+        self.s(format!("br i1 {cond}, label %{yes}, label %{no}"));
+    }
+
+    /// A mutable value (an entry-block alloca) initialised here to `init`.
+    pub(crate) fn var<T: Value>(&mut self, init: &T) -> Var<T> {
+        let ptr = self.fresh("%m");
+        let _ = writeln!(self.allocas, "  {ptr} = alloca {}", T::LLVM);
+        let var = Var { ptr, ty: T::LLVM.to_string(), _ty: PhantomData };
+        self.set(&var, init);
+        var
+    }
+
+    pub(crate) fn get<T: Value>(&mut self, var: &Var<T>) -> T {
+        self.typed(format!("load {}, ptr {}", T::LLVM, var.ptr))
+    }
+
+    pub(crate) fn set<T: Value>(&mut self, var: &Var<T>, value: &T) {
+        self.s(format!("store {} {value}, ptr {}", T::LLVM, var.ptr));
+    }
+
+    /// `for (i = start; i < end (unsigned); i += step) body(i)`.
+    pub(crate) fn for_loop(&mut self, start: &I32, end: &I32, step: &I32, body: impl FnOnce(&mut Func, &I32)) {
+        let i = self.var(start);
+        let head = self.label("loop");
+        let inner = self.label("body");
+        let exit = self.label("done");
+        self.br(&head);
+        self.place(&head);
+        let iv = self.get(&i);
+        let go = self.icmp(Icmp::Ult, &iv, end);
+        self.cond_br(&go, &inner, &exit);
+        self.place(&inner);
+        body(self, &iv);
+        let nx = self.add(&iv, step);
+        self.set(&i, &nx);
+        self.br(&head);
+        self.place(&exit);
+    }
+
+    /// `while (cond()) body()`: `cond` emits the test (evaluated before every iteration).
+    pub(crate) fn while_loop(&mut self, cond: impl FnOnce(&mut Func) -> I1, body: impl FnOnce(&mut Func)) {
+        let head = self.label("while");
+        let inner = self.label("wbody");
+        let exit = self.label("wdone");
+        self.br(&head);
+        self.place(&head);
+        let go = cond(self);
+        self.cond_br(&go, &inner, &exit);
+        self.place(&inner);
+        body(self);
+        self.br(&head);
+        self.place(&exit);
+    }
+
+    pub(crate) fn if_then(&mut self, cond: &I1, then: impl FnOnce(&mut Func)) {
+        let yes = self.label("then");
+        let join = self.label("endif");
+        self.cond_br(cond, &yes, &join);
+        self.place(&yes);
+        then(self);
+        self.br(&join);
+        self.place(&join);
+    }
+
+    pub(crate) fn if_else(&mut self, cond: &I1, then: impl FnOnce(&mut Func), otherwise: impl FnOnce(&mut Func)) {
+        let yes = self.label("then");
+        let no = self.label("else");
+        let join = self.label("endif");
+        self.cond_br(cond, &yes, &no);
+        self.place(&yes);
+        then(self);
+        self.br(&join);
+        self.place(&no);
+        otherwise(self);
+        self.br(&join);
+        self.place(&join);
+    }
+
+    /// The function text: `header {` entry allocas, body, `}`.
+    pub(crate) fn finish(self, header: &str) -> String {
+        format!("{header} {{\nentry:\n{}{}}}\n", self.allocas, self.body)
+    }
+}
+
+
+// ---- the untyped API, while the emitters move to the typed one ----
+
+/// The type parameter of an untyped [`Var`].
+pub(crate) struct Untyped;
+
+/// `-inf` as an LLVM float literal.
+pub(crate) const NEG_INF: &str = "0xFFF0000000000000";
+
+/// `+inf` as an LLVM float literal.
+pub(crate) const POS_INF: &str = "0x7FF0000000000000";
+
+/// An f32 constant's text.
+pub(crate) fn f32c_u(v: f32) -> String {
+    f32c(v).to_string()
+}
+
+fn i(a: &str) -> I32 {
+    I32::raw(a)
+}
+fn fl(a: &str) -> F32 {
+    F32::raw(a)
+}
+fn b(a: &str) -> I1 {
+    I1::raw(a)
+}
+
+impl Func {
+    pub(crate) fn beats_u(&mut self, s1: &str, i1: &str, s2: &str, i2: &str) -> String {
+        let gt = self.v(format!("fcmp ogt float {s1}, {s2}"));
+        let eq = self.v(format!("fcmp oeq float {s1}, {s2}"));
+        let lo = self.v(format!("icmp ult i32 {i1}, {i2}"));
+        let tie = self.and1_u(&eq, &lo);
+        self.v(format!("or i1 {gt}, {tie}"))
+    }
+    pub(crate) fn keep_best_u(&mut self, best: (String, String, String), other: (&str, &str, &str)) -> (String, String, String) {
+        let (bs, bi, bp) = best;
+        let (os, oi, op) = other;
+        let take = self.beats_u(os, oi, &bs, &bi);
+        (self.sel_u("float", &take, os, &bs), self.sel_u("i32", &take, oi, &bi), self.sel_u("float", &take, op, &bp))
+    }
+    pub(crate) fn shfl_best_u(&mut self, mut best: (String, String, String), masks: &[u32]) -> (String, String, String) {
+        for &sh in masks {
+            let os = self.shfl_xor_f32_u(&best.0, sh);
+            let oi = self.shfl_xor_i32_u(&best.1, sh);
+            let op = self.shfl_xor_f32_u(&best.2, sh);
+            best = self.keep_best_u(best, (&os, &oi, &op));
+        }
+        best
+    }
+    pub(crate) fn var_u(&mut self, ty: &str, init: &str) -> Var {
+        let ptr = self.fresh("%m");
+        let _ = writeln!(self.allocas, "  {ptr} = alloca {ty}");
+        let var = Var { ptr, ty: ty.to_string(), _ty: PhantomData };
+        self.set_u(&var, init);
+        var
+    }
+    pub(crate) fn get_u(&mut self, var: &Var) -> String {
+        self.v(format!("load {}, ptr {}", var.ty, var.ptr))
+    }
+    pub(crate) fn set_u(&mut self, var: &Var, value: &str) {
+        self.s(format!("store {} {value}, ptr {}", var.ty, var.ptr));
+    }
+    pub(crate) fn for_loop_u(&mut self, start: &str, end: &str, step: &str, body: impl FnOnce(&mut Func, &str)) {
+        self.for_loop(&i(start), &i(end), &i(step), |f, iv| body(f, iv.text()))
+    }
+    pub(crate) fn while_loop_u(&mut self, cond: impl FnOnce(&mut Func) -> String, body: impl FnOnce(&mut Func)) {
+        self.while_loop(|f| b(&cond(f)), body)
+    }
+    pub(crate) fn if_then_u(&mut self, cond: &str, then: impl FnOnce(&mut Func)) {
+        self.if_then(&b(cond), then)
+    }
+    pub(crate) fn if_else_u(&mut self, cond: &str, then: impl FnOnce(&mut Func), otherwise: impl FnOnce(&mut Func)) {
+        self.if_else(&b(cond), then, otherwise)
+    }
+    pub(crate) fn add_u(&mut self, a: &str, c: &str) -> String {
+        self.add(&i(a), &i(c)).to_string()
+    }
+    pub(crate) fn mul_u(&mut self, a: &str, c: &str) -> String {
+        self.mul(&i(a), &i(c)).to_string()
+    }
+    pub(crate) fn ult_u(&mut self, a: &str, c: &str) -> String {
+        self.icmp(Icmp::Ult, &i(a), &i(c)).to_string()
+    }
+    pub(crate) fn and1_u(&mut self, a: &str, c: &str) -> String {
+        self.and(&b(a), &b(c)).to_string()
+    }
+    pub(crate) fn sel_u(&mut self, ty: &str, c: &str, x: &str, y: &str) -> String {
+        self.v(format!("select i1 {c}, {ty} {x}, {ty} {y}"))
+    }
+    pub(crate) fn gaddr_u(&mut self, base: &str, index64: &str, scale: u32) -> Ptr<Global> {
+        self.gaddr(&Ptr::raw(base), &I64::raw(index64), scale)
+    }
+    pub(crate) fn zext64_u(&mut self, a: &str) -> String {
+        self.zext::<I32, I64>(&i(a)).to_string()
+    }
+    pub(crate) fn saddr_u(&mut self, buffer: &str, off: &str) -> Ptr<Shared> {
+        self.saddr(&Ptr::raw(buffer), &i(off))
+    }
+    pub(crate) fn fadd_u(&mut self, a: &str, c: &str) -> String {
+        self.fadd(&fl(a), &fl(c)).to_string()
+    }
+    pub(crate) fn fmul_u(&mut self, a: &str, c: &str) -> String {
+        self.fmul(&fl(a), &fl(c)).to_string()
+    }
+    pub(crate) fn fdiv_u(&mut self, a: &str, c: &str) -> String {
+        self.fdiv(&fl(a), &fl(c)).to_string()
+    }
+    pub(crate) fn fsub_u(&mut self, a: &str, c: &str) -> String {
+        self.fsub(&fl(a), &fl(c)).to_string()
+    }
+    pub(crate) fn fma_u(&mut self, a: &str, c: &str, d: &str) -> String {
+        self.fma(&fl(a), &fl(c), &fl(d)).to_string()
+    }
+    pub(crate) fn shfl_xor_i32_u(&mut self, v: &str, mask: u32) -> String {
+        self.shfl_xor(&i(v), mask).to_string()
+    }
+    pub(crate) fn shfl_xor_f32_u(&mut self, v: &str, mask: u32) -> String {
+        self.shfl_xor(&fl(v), mask).to_string()
+    }
+    pub(crate) fn shfl_down_i32_u(&mut self, v: &str, delta: u32) -> String {
+        self.shfl_down(&i(v), delta).to_string()
+    }
+    pub(crate) fn redux_umax_u(&mut self, v: &str) -> String {
+        self.redux_umax(&i(v)).to_string()
+    }
+    pub(crate) fn ballot_u(&mut self, p: &str) -> String {
+        self.ballot(&b(p)).to_string()
+    }
+    pub(crate) fn umax_u(&mut self, a: &str, c: &str) -> String {
+        self.umax(&i(a), &i(c)).to_string()
+    }
+    pub(crate) fn order_key_u(&mut self, x: &str) -> String {
+        self.order_key(&fl(x)).to_string()
+    }
+    pub(crate) fn with_barrier_scope_u(&mut self, id: &str, threads: u32, body: impl FnOnce(&mut Func)) {
+        self.with_barrier_scope(&i(id), threads, body)
+    }
+    pub(crate) fn sreg_u(&mut self, name: &str) -> String {
+        self.sreg(name).to_string()
+    }
+}
+
+/// Declarations every module needs (intrinsics, attribute groups).
+pub(crate) const PRELUDE: &str = r#"target triple = "nvptx64-nvidia-cuda"
+
+declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()
+declare i32 @llvm.nvvm.shfl.sync.bfly.i32(i32, i32, i32, i32)
+declare i32 @llvm.nvvm.shfl.sync.down.i32(i32, i32, i32, i32)
+declare i32 @llvm.nvvm.redux.sync.umax(i32, i32)
+declare i32 @llvm.nvvm.vote.ballot.sync(i32, i1)
+declare i32 @llvm.cttz.i32(i32, i1)
+declare i32 @llvm.ctlz.i32(i32, i1)
+declare i32 @llvm.umax.i32(i32, i32)
+declare float @llvm.nvvm.add.rn.f(float, float)
+declare float @llvm.nvvm.mul.rn.f(float, float)
+declare float @llvm.nvvm.div.rn.f(float, float)
+declare float @llvm.nvvm.fma.rn.f(float, float, float)
+declare float @llvm.fabs.f32(float)
+declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.copysign.f32(float, float)
+declare float @llvm.roundeven.f32(float)
+
+attributes #0 = { alwaysinline nounwind }
+attributes #1 = { convergent nounwind }
+attributes #2 = { noinline nounwind }
+"#;
