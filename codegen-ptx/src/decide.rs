@@ -18,7 +18,7 @@
 //! rebuilds).
 
 use crate::ir::{f32c_u, Func, Var, NEG_INF};
-use crate::math::{row_stream, stream_word3, token_bits};
+use crate::math::{row_stream_u, stream_word3_u, token_bits_u};
 use crate::math64::{dadd, ddiv, dmul, dsub, f64c, uniform_f64};
 use crate::params::{DECIDE, SPEC_TARGETS};
 use flashsample_abi::rng::NoiseStream;
@@ -174,7 +174,7 @@ fn exact_score(f: &mut Func, row: &Row, w3: &str, v: &str, x: &str) -> String {
     f.if_then_u(&pos, |f| {
         // Keyed by the global token, as stage one's residual lists are.
         let g = f.add_u(v, "%vocab_offset");
-        let bits = token_bits(f, &g, &row.ctr, "0", w3, (&row.key.0, &row.key.1));
+        let bits = token_bits_u(f, &g, &row.ctr, "0", w3, (&row.key.0, &row.key.1));
         let gum = f.v(format!("call double @fs_gumbel_f64(i32 {bits})"));
         let lw = f.v(format!("call double @fs_ln_f64(double {w})"));
         let s = dadd(f, &lw, &gum);
@@ -187,7 +187,7 @@ fn exact_score(f: &mut Func, row: &Row, w3: &str, v: &str, x: &str) -> String {
 /// iff some listed token has `p > q` and the best one's exact score beats every unlisted
 /// token's bound (the host's `decide`, `Target::Full`). Uniform over the CTA.
 fn residual_draw(f: &mut Func, tid: &str, warp: &str, lane0: &str, row: &Row) -> (String, String, String) {
-    let w3 = stream_word3(f, &row.r64, NoiseStream::SpecResidual);
+    let w3 = stream_word3_u(f, &row.r64, NoiseStream::SpecResidual);
     let step = DECIDE_THREADS.to_string();
     let none = (INDEX_NONE as i32).to_string();
     let row_tiles = f.v(format!("mul i64 {}, {}", row.r64, row.tiles_wide));
@@ -495,7 +495,7 @@ fn decide_position(
             let diff = dsub(f, &xd64, &l);
             let p_full = f.v(format!("call double @fs_exp_f64(double {diff})"));
             let p = f.sel_u("double", &greedy, &p_greedy, &p_full);
-            let (k0, k1, ctr) = row_stream(f, c.has_rs, &r, &r64);
+            let (k0, k1, ctr) = row_stream_u(f, c.has_rs, &r, &r64);
             let vocab64 = f.v("zext i32 %vocab to i64");
             let q_base = f.v(format!("mul i64 {draft64}, {vocab64}"));
             let row = Row {
@@ -509,7 +509,7 @@ fn decide_position(
                 ctr,
             };
             let qd = q_of(f, &row, &d);
-            let w3 = stream_word3(f, &r64, NoiseStream::SpecAccept);
+            let w3 = stream_word3_u(f, &r64, NoiseStream::SpecAccept);
             let ty = "{ i32, i32, i32, i32 }";
             let block = f.v(format!("call {ty} @fs_philox(i32 0, i32 {}, i32 0, i32 {w3}, i32 {}, i32 {})", row.ctr, row.key.0, row.key.1));
             let bits = f.v(format!("extractvalue {ty} {block}, 0"));

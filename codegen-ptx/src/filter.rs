@@ -813,14 +813,14 @@ fn draw_filtered(
         |f| {
             // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
             let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-            let (key_lo, key_hi, ctr_row) = crate::math::row_stream(f, &has_rs, row, r64);
-            let word3 = crate::math::token_word3(f, r64);
+            let (key_lo, key_hi, ctr_row) = crate::math::row_stream_u(f, &has_rs, row, r64);
+            let word3 = crate::math::token_word3_u(f, r64);
             f.for_loop_u("0", "%samples", "1", |f, s| {
                 let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
                     f.for_loop_u(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
                         let (x, i) = load_shared_scored(f, "@fs_filter_top", e);
                         let g = f.add_u(&i, "%vocab_offset");
-                        let bits = crate::math::token_bits(f, &g, &ctr_row, s, &word3, (&key_lo, &key_hi));
+                        let bits = crate::math::token_bits_u(f, &g, &ctr_row, s, &word3, (&key_lo, &key_hi));
                         let gum = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
                         let score = f.fadd_u(&x, &gum);
                         let (s0, i0, p0) = (f.get_u(vs), f.get_u(vi), f.get_u(vp));

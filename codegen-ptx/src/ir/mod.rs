@@ -167,6 +167,16 @@ impl Func {
         self.place(&join);
     }
 
+    /// `ret T v`: returns `v` from a helper function.
+    pub(crate) fn ret<T: Value>(&mut self, v: &T) {
+        self.s(format!("ret {} {v}", T::LLVM));
+    }
+
+    /// Returns the aggregate `v` from a helper function.
+    pub(crate) fn ret_agg(&mut self, v: &Agg) {
+        self.s(format!("ret {} {v}", v.ty()));
+    }
+
     /// The function text: `header {` entry allocas, body, `}`.
     pub(crate) fn finish(self, header: &str) -> String {
         format!("{header} {{\nentry:\n{}{}}}\n", self.allocas, self.body)

@@ -162,9 +162,11 @@ macro_rules! float {
         impl AnyFloat for $name {}
         impl Float for $name {
             const RN: &'static str = $rn;
-            const NEG_INF: Self = $name::named("0xFFF0000000000000");
+            const NEG_INF: Self = $name::NEG_INF;
         }
         impl $name {
+            /// `-inf`.
+            pub(crate) const NEG_INF: Self = $name::named("0xFFF0000000000000");
             /// `+inf`.
             pub(crate) const POS_INF: Self = $name::named("0x7FF0000000000000");
             /// A quiet NaN.

@@ -19,7 +19,7 @@ pub(crate) const NAME: &str = "flashsample_nucleus_draw";
 /// Token `tok`'s score in sample `s`: `x + gumbel(noise)` (x of pick `j`).
 fn score(f: &mut Func, x: &str, tok: &str, s: &str, ctr_row: &str, word3: &str, key: (&str, &str)) -> String {
     let g = f.add_u(tok, "%vocab_offset");
-    let bits = math::token_bits(f, &g, ctr_row, s, word3, key);
+    let bits = math::token_bits_u(f, &g, ctr_row, s, word3, key);
     let gum = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
     f.fadd_u(x, &gum)
 }
@@ -41,8 +41,8 @@ pub(super) fn emit() -> String {
         let ka = f.gaddr_u("%kept", &j64, 4);
         let kept = f.v(format!("load i32, ptr addrspace(1) {ka}, align 4"));
         let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-        let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &r, &r64);
-        let word3 = math::token_word3(f, &r64);
+        let (key_lo, key_hi, ctr_row) = math::row_stream_u(f, &has_rs, &r, &r64);
+        let word3 = math::token_word3_u(f, &r64);
         let key = (key_lo.as_str(), key_hi.as_str());
         let tile = f.sreg_u("ctaid.x");
         let first = f.mul_u(&tile, &NUCLEUS_DRAW_TILE.to_string());

@@ -244,8 +244,8 @@ impl Gen<'_> {
         };
         let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
         let r64 = f.zext64_u(&cl.row_safe);
-        let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &cl.row, &r64);
-        let word3 = math::token_word3(f, &r64);
+        let (key_lo, key_hi, ctr_row) = math::row_stream_u(f, &has_rs, &cl.row, &r64);
+        let word3 = math::token_word3_u(f, &r64);
         ColNoise { greedy, key_lo, key_hi, ctr_row, word3 }
     }
 

@@ -63,8 +63,8 @@ impl Gen<'_> {
             let ok = f.and1_u(&ok, &has_out);
             f.if_then_u(&ok, |f| {
                 let r64 = f.zext64_u(&row);
-                let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &row, &r64);
-                let word3 = math::stream_word3(f, &r64, NoiseStream::SpecResidual);
+                let (key_lo, key_hi, ctr_row) = math::row_stream_u(f, &has_rs, &row, &r64);
+                let word3 = math::stream_word3_u(f, &r64, NoiseStream::SpecResidual);
                 let e = f.mul_u(col, &vt.to_string());
                 let e = f.add_u(&e, &lane_first);
                 let off = f.v(format!("shl i32 {e}, 2"));
@@ -92,7 +92,7 @@ impl Gen<'_> {
                         }
                         f.v(format!("extractvalue {ty} {block}, {}", o % 4))
                     } else {
-                        math::token_bits(f, &g, &ctr_row, "0", &word3, (&key_lo, &key_hi))
+                        math::token_bits_u(f, &g, &ctr_row, "0", &word3, (&key_lo, &key_hi))
                     };
                     let noise = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
                     scores.push(f.fadd_u(xv, &noise));
