@@ -195,16 +195,16 @@ fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, ti
         f.for_loop_u(tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
             let i = f.add_u(&base, tile);
             let i64v = f.zext64_u(&i);
-            let part = lse::load_partial_wide(f, partials, &i64v);
+            let part = lse::load_partial_wide_u(f, partials, &i64v);
             let cur = (f.get_u(&w), sums.each_ref().map(|v| f.get_u(v)));
-            let (nw, ns) = lse::merge_call(f, true, &cur, &part);
+            let (nw, ns) = lse::merge_call_u(f, true, &cur, &part);
             f.set_u(&w, &nw);
             for (v, x) in sums.iter().zip(&ns) {
                 f.set_u(v, x);
             }
         });
         let mine = (f.get_u(&w), sums.each_ref().map(|v| f.get_u(v)));
-        let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
+        let warp_sum = lse::warp_merge_u(f, true, mine, &[16, 8, 4, 2, 1]);
         f.if_then_u(lane0, |f| {
             let a = lse_scratch(f, warp, 0);
             let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
@@ -226,7 +226,7 @@ fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, ti
                     let a = lse_scratch(f, &wi, k as u32 + 1);
                     f.v(format!("load i128, ptr addrspace(3) {a}, align 16"))
                 });
-                acc = lse::merge_call(f, true, &acc, &(ww, ws));
+                acc = lse::merge_call_u(f, true, &acc, &(ww, ws));
             }
             let l = f.v(format!(
                 "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",

@@ -427,8 +427,8 @@ impl Gen<'_> {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
                 let xs: Vec<&String> =
                     (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
-                let own = lse::sum_logits(f, &xs);
-                part = Some(lse::warp_merge(f, false, own, &[4, 8, 16]));
+                let own = lse::sum_logits_u(f, &xs);
+                part = Some(lse::warp_merge_u(f, false, own, &[4, 8, 16]));
             }
             if let Some((w, sums)) = &part {
                 f.if_then_u(&lane_lt4, |f| {
@@ -465,7 +465,7 @@ impl Gen<'_> {
                     let ww = self.ld_scratch(f, th, "i32", sc.lse_window, &slot);
                     let slot8 = f.v(format!("shl i32 {slot}, 1"));
                     let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, "i64", field, &slot8));
-                    acc = lse::merge_call(f, false, &acc, &(ww, sums));
+                    acc = lse::merge_call_u(f, false, &acc, &(ww, sums));
                 }
                 let row = f.add_u(&it.b0, &th.tid);
                 let row_ok = f.ult_u(&row, "%batch");
@@ -475,7 +475,7 @@ impl Gen<'_> {
                     let i = f.mul_u(&row, &it.vtiles);
                     let i = f.add_u(&i, &it.vtile);
                     let i64v = f.zext64_u(&i);
-                    lse::store_partial(f, dest, &i64v, &acc.0, &acc.1);
+                    lse::store_partial_u(f, dest, &i64v, &acc.0, &acc.1);
                 });
             });
             // The selection phase writes the score, index and logit fields the sums alias.
