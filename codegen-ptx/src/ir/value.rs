@@ -57,6 +57,14 @@ macro_rules! value {
                 f.write_str(&self.0)
             }
         }
+
+        // Transitional: the untyped helpers read a typed value's text.
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 
@@ -296,6 +304,14 @@ impl<S: Space> Value for Ptr<S> {
 impl<S: Space> fmt::Display for Ptr<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+// Transitional: the untyped helpers read a typed value's text.
+impl<S: Space> std::ops::Deref for Ptr<S> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
     }
 }
 

@@ -111,7 +111,7 @@ impl Gen<'_> {
     /// The first [`GpuConfig::prefetch_depth`](crate::GpuConfig::prefetch_depth) slices of
     /// item `it` (only where `valid`, if given). The `cp.async` feed always commits that many
     /// groups, so the group counting stays static.
-    pub(super) fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
+    pub(super) fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&I1>) {
         let depth = self.c.prefetch_depth();
         match ring.feed {
             Feed::Tma { .. } => {
