@@ -174,9 +174,9 @@ fn simt(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
         f.for_loop_u("0", "%dim", "1", |f, k| {
             let k64 = f.zext64_u(k);
             let wi = f.v(format!("add i64 {wrow}, {k64}"));
-            let w = load_elem(f, "%weights", &wi, wd);
+            let w = load_elem(f, &crate::params::arg::WEIGHTS, &crate::ir::I64::raw(wi), wd);
             let hi = f.v(format!("add i64 {hrow}, {k64}"));
-            let h = load_elem(f, "%hidden", &hi, hd);
+            let h = load_elem(f, &crate::params::arg::HIDDEN, &crate::ir::I64::raw(hi), hd);
             let cur = f.get_u(&acc);
             let nv = f.v(format!("call float @llvm.fma.f32(float {w}, float {h}, float {cur})"));
             f.set_u(&acc, &nv);

@@ -165,7 +165,7 @@ struct Reducers {
 
 impl Gen<'_> {
     /// Steps 2–7 on the thread's accumulators (`acc`, by [`Gen::acc_index`]).
-    pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[String]) {
+    pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[F32]) {
         let warp_base = f.mul_u(&th.warp, &self.warp_rows().to_string());
         let g4 = f.v(format!("shl i32 {}, 2", th.g));
         let t2 = f.v(format!("shl i32 {}, 1", th.t));
@@ -250,7 +250,7 @@ impl Gen<'_> {
     }
 
     /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
-    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[String], warp_base: &str, g4: &str) -> Transformed {
+    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[F32], warp_base: &str, g4: &str) -> Transformed {
         let p = self.p;
         let has_bias = p.has_bias();
         let has_mask = p.has_mask();

@@ -31,7 +31,7 @@ mod simt;
 mod wgmma;
 
 use crate::config::{GpuConfig, GridKind, Schedule};
-use crate::ir::{i32c, Func, Icmp, Value, I32};
+use crate::ir::{i32c, Func, Icmp, Ptr, Shared, Value, I32};
 use crate::params::arg;
 use crate::params::STAGE1;
 use crate::ptx;
@@ -43,6 +43,10 @@ pub(crate) use residual::is_draft_row;
 pub(crate) use simt::load_elem;
 
 pub(crate) const NAME: &str = "flashsample_stage1";
+
+/// The kernel's dynamic shared memory (`lib.rs` declares it): the ring, the mbarriers, the
+/// epilogue areas.
+const SMEM: Ptr<Shared> = Ptr::named("@fs_smem");
 
 /// Per-thread values every part of the kernel uses.
 struct Thread {
