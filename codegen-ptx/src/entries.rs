@@ -3,7 +3,7 @@
 //! of the kernels uses and its warp reduction, and [`Scored`] (`abi::filter::Scored`, a list
 //! entry), each with its global-memory layout from the abi struct.
 
-use crate::ir::{i32c, Fcmp, Float, Func, Global, Icmp, Ptr, Shuffle, F32, I1, I32};
+use crate::ir::{i32c, Fcmp, Float, Func, Global, Icmp, Ptr, Shuffle, Var, F32, I1, I32};
 use flashsample_abi::INDEX_NONE;
 use std::mem::{offset_of, size_of};
 
@@ -111,5 +111,29 @@ impl Scored {
         f.store(&self.logit, at, 4);
         let a = f.offset(at, SCORED_INDEX);
         f.store(&self.index, &a, 4);
+    }
+}
+
+/// A [`Candidate`] in three mutable values: a running best that branches update.
+pub(crate) struct CandidateVar {
+    score: Var<F32>,
+    index: Var<I32>,
+    logit: Var<F32>,
+}
+
+impl CandidateVar {
+    /// The variables, initialised here to `init`.
+    pub(crate) fn new(f: &mut Func, init: &Candidate) -> CandidateVar {
+        CandidateVar { score: f.var(&init.score), index: f.var(&init.index), logit: f.var(&init.logit) }
+    }
+
+    pub(crate) fn get(&self, f: &mut Func) -> Candidate {
+        Candidate { score: f.get(&self.score), index: f.get(&self.index), logit: f.get(&self.logit) }
+    }
+
+    pub(crate) fn set(&self, f: &mut Func, c: &Candidate) {
+        f.set(&self.score, &c.score);
+        f.set(&self.index, &c.index);
+        f.set(&self.logit, &c.logit);
     }
 }

@@ -10,7 +10,7 @@
 //!   each block thread finds its first entry whose prefix `done + block` reaches the cut. The
 //!   smallest such count is `k` (else `n`): the abi's sequential loop, bit for bit.
 
-use super::{decode_key, pick_count, picked_row, row_elem, MAX_MASS_BLOCKS, NUCLEUS_CUT_THREADS};
+use super::{decode_key_u, pick_count_u, picked_row_u, row_elem_u, MAX_MASS_BLOCKS, NUCLEUS_CUT_THREADS};
 use crate::ir::Func;
 use crate::params::NUCLEUS_CUT;
 
@@ -32,10 +32,10 @@ fn block_slot(f: &mut Func, array: &str, b: &str) -> String {
 /// Logit of sorted entry `i` (i32) of pick `j`.
 fn logit_at(f: &mut Func, j: &str, i: &str) -> String {
     let i64 = f.zext64_u(i);
-    let at = row_elem(f, j, &i64);
+    let at = row_elem_u(f, j, &i64);
     let a = f.gaddr_u("%keys", &at, 4);
     let k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    decode_key(f, &k)
+    decode_key_u(f, &k)
 }
 
 /// Binary search over `[0, hi)` for the first entry where `pred` fails (`pred` holds on a
@@ -67,18 +67,18 @@ pub(super) fn emit() -> String {
     let mut f = Func::new();
     let tid = f.sreg_u("tid.x");
     let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
-    let count = pick_count(&mut f);
+    let count = pick_count_u(&mut f);
     let j = f.sreg_u("ctaid.x");
     let live = f.ult_u(&j, &count);
     f.if_then_u(&live, |f| {
-        let r = picked_row(f, &j);
+        let r = picked_row_u(f, &j);
         let r64 = f.zext64_u(&r);
         let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
         let (n_at, kept_at, x0_at, cut_at) = (misc(f, 0), misc(f, 1), misc(f, 2), misc(f, 3));
         f.if_then_u(&tid0, |f| {
             let n = prefix_len(f, "%vocab", |f, i| {
                 let i64 = f.zext64_u(i);
-                let at = row_elem(f, &j, &i64);
+                let at = row_elem_u(f, &j, &i64);
                 let a = f.gaddr_u("%keys", &at, 4);
                 let k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
                 f.v(format!("icmp ne i32 {k}, -1"))
@@ -116,7 +116,7 @@ pub(super) fn emit() -> String {
         f.if_then_u(&tp_on, |f| {
             let mass_at = |f: &mut Func, i: &str| {
                 let i64 = f.zext64_u(i);
-                let at = row_elem(f, &j, &i64);
+                let at = row_elem_u(f, &j, &i64);
                 f.gaddr_u("%masses", &at, 4)
             };
             // The masses, MASS_UNROLL entries per thread and iteration (loads first).

@@ -8,7 +8,7 @@
 //! the abi's f32 sum), logit (the raw one with `%raw`, step 10) and status 0; an empty kept
 //! set (no eligible token) is status 1, as the host path's.
 
-use super::{fence_gpu, pick_count, picked_row, row_elem, NUCLEUS_DRAW_TILE, NUCLEUS_THREADS};
+use super::{fence_gpu, pick_count_u, picked_row_u, row_elem_u, NUCLEUS_DRAW_TILE, NUCLEUS_THREADS};
 use crate::ir::{Func, NEG_INF};
 use crate::math;
 use crate::params::NUCLEUS_DRAW;
@@ -31,11 +31,11 @@ pub(super) fn emit() -> String {
     let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
     let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
     let none = (INDEX_NONE as i32).to_string();
-    let count = pick_count(&mut f);
+    let count = pick_count_u(&mut f);
     let j = f.sreg_u("ctaid.y");
     let live = f.ult_u(&j, &count);
     f.if_then_u(&live, |f| {
-        let r = picked_row(f, &j);
+        let r = picked_row_u(f, &j);
         let r64 = f.zext64_u(&r);
         let j64 = f.zext64_u(&j);
         let ka = f.gaddr_u("%kept", &j64, 4);
@@ -52,7 +52,7 @@ pub(super) fn emit() -> String {
         let end = f.sel_u("i32", &over, &kept, &end);
         let x_of = |f: &mut Func, tok: &str, buf: &str| {
             let t64 = f.zext64_u(tok);
-            let at = row_elem(f, &j, &t64);
+            let at = row_elem_u(f, &j, &t64);
             let a = f.gaddr_u(buf, &at, 4);
             f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
         };
@@ -61,7 +61,7 @@ pub(super) fn emit() -> String {
             let bi = f.var_u("i32", &none);
             f.for_loop_u(&start, &end, &NUCLEUS_THREADS.to_string(), |f, e| {
                 let e64 = f.zext64_u(e);
-                let at = row_elem(f, &j, &e64);
+                let at = row_elem_u(f, &j, &e64);
                 let a = f.gaddr_u("%vals", &at, 4);
                 let tok = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
                 let x = x_of(f, &tok, "%x");

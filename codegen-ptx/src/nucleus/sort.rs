@@ -10,7 +10,7 @@
 //! order, 32 at a time: a lane's slot is its warp's running slot for its digit plus the lanes
 //! below it with the same digit (`match.any`), so the scatter is stable.
 
-use super::{pick_count, popc, row_elem, NUCLEUS_SORT_TILE, NUCLEUS_THREADS};
+use super::{pick_count_u, popc_u, row_elem_u, NUCLEUS_SORT_TILE, NUCLEUS_THREADS};
 use crate::ir::Func;
 use crate::params::{NUCLEUS_HIST, NUCLEUS_SCATTER};
 
@@ -25,7 +25,7 @@ const TILE_UNROLL: u32 = 8;
 
 /// The CTA's pick (`ctaid.y`), its tile's first entry, and whether the pick exists (uniform).
 fn tile(f: &mut Func) -> (String, String, String) {
-    let count = pick_count(f);
+    let count = pick_count_u(f);
     let j = f.sreg_u("ctaid.y");
     let tile = f.sreg_u("ctaid.x");
     let first = f.mul_u(&tile, &NUCLEUS_SORT_TILE.to_string());
@@ -59,7 +59,7 @@ pub(super) fn emit_hist() -> String {
                 let valid = f.ult_u(&e, "%vocab");
                 let es = f.sel_u("i32", &valid, &e, "0");
                 let e64 = f.zext64_u(&es);
-                let at = row_elem(f, &j, &e64);
+                let at = row_elem_u(f, &j, &e64);
                 let a = f.gaddr_u("%keys", &at, 4);
                 let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
                 (valid, digit(f, &key))
@@ -171,7 +171,7 @@ pub(super) fn emit_scatter() -> String {
             let valid = f.ult_u(&e, "%vocab");
             let es = f.sel_u("i32", &valid, &e, "0");
             let e64 = f.zext64_u(&es);
-            let at = row_elem(f, &j, &e64);
+            let at = row_elem_u(f, &j, &e64);
             (valid, at)
         };
         // The warp's keys and tokens, all loaded up front (they stay in registers for the
@@ -213,14 +213,14 @@ pub(super) fn emit_scatter() -> String {
             let d_or_none = f.sel_u("i32", &valid, &d, "256");
             let peers = f.v(format!("call i32 asm sideeffect \"match.any.sync.b32 $0, $1, -1;\", \"=r,r\"(i32 {d_or_none}) #1"));
             let below = f.v(format!("and i32 {peers}, {lt}"));
-            let rank = popc(f, &below);
+            let rank = popc_u(f, &below);
             let i = f.add_u(&wslot, &d);
             let s = shared(f, "@fs_nucleus_warp", &i);
             let base = f.v(format!("load i32, ptr addrspace(3) {s}, align 4"));
             f.if_then_u(&valid, |f| {
                 let pos = f.add_u(&base, &rank);
                 let p64 = f.zext64_u(&pos);
-                let out = row_elem(f, &j, &p64);
+                let out = row_elem_u(f, &j, &p64);
                 let a = f.gaddr_u("%keys_out", &out, 4);
                 f.s(format!("store i32 {key}, ptr addrspace(1) {a}, align 4"));
                 let a = f.gaddr_u("%vals_out", &out, 4);
@@ -231,7 +231,7 @@ pub(super) fn emit_scatter() -> String {
             let leader = f.v(format!("icmp eq i32 {rank}, 0"));
             let lead = f.and1_u(&leader, &valid);
             f.if_then_u(&lead, |f| {
-                let n = popc(f, &peers);
+                let n = popc_u(f, &peers);
                 let next = f.add_u(&base, &n);
                 f.s(format!("store i32 {next}, ptr addrspace(3) {s}, align 4"));
             });
