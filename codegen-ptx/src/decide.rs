@@ -468,7 +468,7 @@ fn decide_position(
     let sampled = f.v(format!("xor i1 {greedy}, true"));
     let look = f.and1_u(c.has_filters, &sampled);
     f.if_then_u(&look, |f| {
-        let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
+        let (top_k, top_p, min_p) = crate::filter::load_row_filter_u(f, &r64);
         let k0 = f.v(format!("icmp eq i32 {top_k}, 0"));
         let p1 = f.v(format!("fcmp oge float {top_p}, {}", f32c_u(1.0)));
         let m0 = f.v(format!("fcmp ole float {min_p}, 0.0"));

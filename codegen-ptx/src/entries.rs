@@ -116,9 +116,9 @@ impl Scored {
 
 /// A [`Candidate`] in three mutable values: a running best that branches update.
 pub(crate) struct CandidateVar {
-    score: Var<F32>,
-    index: Var<I32>,
-    logit: Var<F32>,
+    pub(crate) score: Var<F32>,
+    pub(crate) index: Var<I32>,
+    pub(crate) logit: Var<F32>,
 }
 
 impl CandidateVar {

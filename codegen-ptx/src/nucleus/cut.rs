@@ -73,7 +73,7 @@ pub(super) fn emit() -> String {
     f.if_then_u(&live, |f| {
         let r = picked_row_u(f, &j);
         let r64 = f.zext64_u(&r);
-        let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
+        let (top_k, top_p, min_p) = crate::filter::load_row_filter_u(f, &r64);
         let (n_at, kept_at, x0_at, cut_at) = (misc(f, 0), misc(f, 1), misc(f, 2), misc(f, 3));
         f.if_then_u(&tid0, |f| {
             let n = prefix_len(f, "%vocab", |f, i| {
