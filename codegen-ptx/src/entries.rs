@@ -115,23 +115,23 @@ impl Scored {
 }
 
 /// A [`Candidate`] in three mutable values: a running best that branches update.
-pub(crate) struct CandidateVar {
-    pub(crate) score: Var<F32>,
+pub(crate) struct CandidateVar<S = F32> {
+    pub(crate) score: Var<S>,
     pub(crate) index: Var<I32>,
     pub(crate) logit: Var<F32>,
 }
 
-impl CandidateVar {
+impl<S: Float> CandidateVar<S> {
     /// The variables, initialised here to `init`.
-    pub(crate) fn new(f: &mut Func, init: &Candidate) -> CandidateVar {
+    pub(crate) fn new(f: &mut Func, init: &Candidate<S>) -> Self {
         CandidateVar { score: f.var(&init.score), index: f.var(&init.index), logit: f.var(&init.logit) }
     }
 
-    pub(crate) fn get(&self, f: &mut Func) -> Candidate {
+    pub(crate) fn get(&self, f: &mut Func) -> Candidate<S> {
         Candidate { score: f.get(&self.score), index: f.get(&self.index), logit: f.get(&self.logit) }
     }
 
-    pub(crate) fn set(&self, f: &mut Func, c: &Candidate) {
+    pub(crate) fn set(&self, f: &mut Func, c: &Candidate<S>) {
         f.set(&self.score, &c.score);
         f.set(&self.index, &c.index);
         f.set(&self.logit, &c.logit);
