@@ -347,22 +347,3 @@ pub(crate) fn helpers(outline: bool) -> String {
     out
 }
 
-// ---- untyped entry points, while the callers move to the typed ones ----
-
-pub(crate) fn row_stream_u(f: &mut Func, has_rs: &str, row: &str, row64: &str) -> (String, String, String) {
-    let s = row_stream(f, &I1::raw(has_rs), &I32::raw(row), &I64::raw(row64));
-    (s.key.lo.to_string(), s.key.hi.to_string(), s.ctr_row.to_string())
-}
-
-pub(crate) fn token_bits_u(f: &mut Func, g: &str, ctr_row: &str, s: &str, word3: &str, key: (&str, &str)) -> String {
-    let stream = RowStream { key: PhiloxKey { lo: I32::raw(key.0), hi: I32::raw(key.1) }, ctr_row: I32::raw(ctr_row) };
-    token_bits(f, &I32::raw(g), &stream, &I32::raw(s), &I32::raw(word3)).to_string()
-}
-
-pub(crate) fn token_word3_u(f: &mut Func, row64: &str) -> String {
-    token_word3(f, &I64::raw(row64)).to_string()
-}
-
-pub(crate) fn stream_word3_u(f: &mut Func, row64: &str, stream: NoiseStream) -> String {
-    stream_word3(f, &I64::raw(row64), stream).to_string()
-}
