@@ -192,6 +192,13 @@ pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, 
     asm_floats(f, &insn, &[("l", a.text()), ("l", b.text()), ("r", "1")], acc)
 }
 
+// ---- warp votes ----
+
+/// `match.any.sync.b32` over the full warp: the lanes whose `v` equals this lane's.
+pub(crate) fn match_any(f: &mut Func, v: &I32) -> I32 {
+    f.typed(format!("call i32 asm sideeffect \"match.any.sync.b32 $0, $1, -1;\", \"=r,r\"(i32 {v}) #1"))
+}
+
 // ---- registers, barriers, timers ----
 
 /// `setmaxnreg.{inc|dec}.sync.aligned.u32`: the warpgroup's registers per thread become `regs`.
