@@ -877,9 +877,3 @@ fn drawn_raw_logit(f: &mut Func, k: &Ctx, r64: &I64, token: &I32, logit: &F32) -
     f.get(&out)
 }
 
-// ---- untyped entry points, while the callers move to the typed ones ----
-
-pub(crate) fn load_row_filter_u(f: &mut Func, r64: &str) -> (String, String, String) {
-    let rf = load_row_filter(f, &<I64 as crate::ir::Value>::raw(r64));
-    (rf.top_k.to_string(), rf.top_p.to_string(), rf.min_p.to_string())
-}

@@ -202,24 +202,3 @@ fn fence_gpu(f: &mut Func) {
     f.s("call void asm sideeffect \"membar.gl;\", \"~{memory}\"() #1");
 }
 
-// ---- untyped entry points, while the kernels move to the typed ones ----
-
-fn pick_count_u(f: &mut Func) -> String {
-    pick_count(f).to_string()
-}
-
-fn picked_row_u(f: &mut Func, j: &str) -> String {
-    picked_row(f, &I32::raw(j)).to_string()
-}
-
-fn row_elem_u(f: &mut Func, j: &str, i64: &str) -> String {
-    row_elem(f, &I32::raw(j), &I64::raw(i64)).to_string()
-}
-
-fn decode_key_u(f: &mut Func, key: &str) -> String {
-    decode_key(f, &I32::raw(key)).to_string()
-}
-
-fn popc_u(f: &mut Func, v: &str) -> String {
-    popc(f, &I32::raw(v)).to_string()
-}
