@@ -71,6 +71,13 @@ impl Func {
         T::raw(self.v(rhs))
     }
 
+    /// Emits `%vN = rhs` whose result is an aggregate of type `ty` (an inline asm's several
+    /// results), and returns it.
+    pub(crate) fn agg(&mut self, ty: impl Into<std::borrow::Cow<'static, str>>, rhs: impl AsRef<str>) -> Agg {
+        let ty = ty.into();
+        Agg::raw(ty, self.v(rhs))
+    }
+
     /// Emits a statement without a result.
     pub(crate) fn s(&mut self, stmt: impl AsRef<str>) {
         let _ = writeln!(self.body, "  {}", stmt.as_ref());

@@ -348,8 +348,7 @@ impl Func {
 
     /// `call ty name(args)` of a function returning the aggregate type `ty`.
     pub(crate) fn call_agg(&mut self, ty: &'static str, name: &str, args: &[&dyn Operand]) -> Agg {
-        let r = self.v(format!("call {ty} {name}({})", operands(args)));
-        Agg::raw(ty, r)
+        self.agg(ty, format!("call {ty} {name}({})", operands(args)))
     }
 
     /// Field `i` of `agg`, which must have type `T`.
@@ -361,8 +360,7 @@ impl Func {
     /// `agg` with field `i` (of type `T`) replaced by `v`.
     pub(crate) fn insert<T: Value>(&mut self, agg: &Agg, v: &T, i: usize) -> Agg {
         assert_eq!(agg.field_ty(i), Some(T::LLVM), "field {i} of {}", agg.ty());
-        let r = self.v(format!("insertvalue {} {agg}, {} {v}, {i}", agg.ty(), T::LLVM));
-        Agg::raw(agg.ty().to_string(), r)
+        self.agg(agg.ty().to_string(), format!("insertvalue {} {agg}, {} {v}, {i}", agg.ty(), T::LLVM))
     }
 
     /// Lane `lane` of `vec`.
