@@ -3,7 +3,7 @@
 //! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
 //! therefore bit-identical.
 
-use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, Value, F32, I1, I32, I64};
+use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, F32, I1, I32, I64};
 use crate::params::arg;
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,

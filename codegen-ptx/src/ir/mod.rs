@@ -19,10 +19,7 @@ use std::fmt::Write;
 use std::marker::PhantomData;
 
 pub(crate) use ops::{Atomic, Fcmp, Icmp};
-pub(crate) use value::{
-    f32c, f64c, i32c, Agg, AnyFloat, Bits, Float, Generic, Global, Int, Lane, Operand, Ptr, Shared, SharedAddr, Space, Value, F16, F32, F64, I1, I128,
-    I16, I32, I64, X4,
-};
+pub(crate) use value::{f32c, f64c, i32c, Agg, Float, Generic, Global, Int, Operand, Ptr, Shared, SharedAddr, Value, F16, F32, F64, I1, I128, I16, I32, I64, X4};
 pub(crate) use warp::Shuffle;
 
 /// One function body under construction.
@@ -37,9 +34,8 @@ pub(crate) struct Func {
 }
 
 /// A mutable value of type `T`: an entry-block alloca.
-pub(crate) struct Var<T = Untyped> {
+pub(crate) struct Var<T> {
     ptr: String,
-    ty: String,
     _ty: PhantomData<T>,
 }
 
@@ -103,7 +99,7 @@ impl Func {
     pub(crate) fn var<T: Value>(&mut self, init: &T) -> Var<T> {
         let ptr = self.fresh("%m");
         let _ = writeln!(self.allocas, "  {ptr} = alloca {}", T::LLVM);
-        let var = Var { ptr, ty: T::LLVM.to_string(), _ty: PhantomData };
+        let var = Var { ptr, _ty: PhantomData };
         self.set(&var, init);
         var
     }
@@ -190,148 +186,6 @@ impl Func {
     }
 }
 
-
-// ---- the untyped API, while the emitters move to the typed one ----
-
-/// The type parameter of an untyped [`Var`].
-pub(crate) struct Untyped;
-
-/// `-inf` as an LLVM float literal.
-pub(crate) const NEG_INF: &str = "0xFFF0000000000000";
-
-/// `+inf` as an LLVM float literal.
-pub(crate) const POS_INF: &str = "0x7FF0000000000000";
-
-/// An f32 constant's text.
-pub(crate) fn f32c_u(v: f32) -> String {
-    f32c(v).to_string()
-}
-
-fn i(a: &str) -> I32 {
-    I32::raw(a)
-}
-fn fl(a: &str) -> F32 {
-    F32::raw(a)
-}
-fn b(a: &str) -> I1 {
-    I1::raw(a)
-}
-
-impl Func {
-    pub(crate) fn beats_u(&mut self, s1: &str, i1: &str, s2: &str, i2: &str) -> String {
-        let gt = self.v(format!("fcmp ogt float {s1}, {s2}"));
-        let eq = self.v(format!("fcmp oeq float {s1}, {s2}"));
-        let lo = self.v(format!("icmp ult i32 {i1}, {i2}"));
-        let tie = self.and1_u(&eq, &lo);
-        self.v(format!("or i1 {gt}, {tie}"))
-    }
-    pub(crate) fn keep_best_u(&mut self, best: (String, String, String), other: (&str, &str, &str)) -> (String, String, String) {
-        let (bs, bi, bp) = best;
-        let (os, oi, op) = other;
-        let take = self.beats_u(os, oi, &bs, &bi);
-        (self.sel_u("float", &take, os, &bs), self.sel_u("i32", &take, oi, &bi), self.sel_u("float", &take, op, &bp))
-    }
-    pub(crate) fn shfl_best_u(&mut self, mut best: (String, String, String), masks: &[u32]) -> (String, String, String) {
-        for &sh in masks {
-            let os = self.shfl_xor_f32_u(&best.0, sh);
-            let oi = self.shfl_xor_i32_u(&best.1, sh);
-            let op = self.shfl_xor_f32_u(&best.2, sh);
-            best = self.keep_best_u(best, (&os, &oi, &op));
-        }
-        best
-    }
-    pub(crate) fn var_u(&mut self, ty: &str, init: &str) -> Var {
-        let ptr = self.fresh("%m");
-        let _ = writeln!(self.allocas, "  {ptr} = alloca {ty}");
-        let var = Var { ptr, ty: ty.to_string(), _ty: PhantomData };
-        self.set_u(&var, init);
-        var
-    }
-    pub(crate) fn get_u(&mut self, var: &Var) -> String {
-        self.v(format!("load {}, ptr {}", var.ty, var.ptr))
-    }
-    pub(crate) fn set_u(&mut self, var: &Var, value: &str) {
-        self.s(format!("store {} {value}, ptr {}", var.ty, var.ptr));
-    }
-    pub(crate) fn for_loop_u(&mut self, start: &str, end: &str, step: &str, body: impl FnOnce(&mut Func, &str)) {
-        self.for_loop(&i(start), &i(end), &i(step), |f, iv| body(f, iv.text()))
-    }
-    pub(crate) fn while_loop_u(&mut self, cond: impl FnOnce(&mut Func) -> String, body: impl FnOnce(&mut Func)) {
-        self.while_loop(|f| b(&cond(f)), body)
-    }
-    pub(crate) fn if_then_u(&mut self, cond: &str, then: impl FnOnce(&mut Func)) {
-        self.if_then(&b(cond), then)
-    }
-    pub(crate) fn if_else_u(&mut self, cond: &str, then: impl FnOnce(&mut Func), otherwise: impl FnOnce(&mut Func)) {
-        self.if_else(&b(cond), then, otherwise)
-    }
-    pub(crate) fn add_u(&mut self, a: &str, c: &str) -> String {
-        self.add(&i(a), &i(c)).to_string()
-    }
-    pub(crate) fn mul_u(&mut self, a: &str, c: &str) -> String {
-        self.mul(&i(a), &i(c)).to_string()
-    }
-    pub(crate) fn ult_u(&mut self, a: &str, c: &str) -> String {
-        self.icmp(Icmp::Ult, &i(a), &i(c)).to_string()
-    }
-    pub(crate) fn and1_u(&mut self, a: &str, c: &str) -> String {
-        self.and(&b(a), &b(c)).to_string()
-    }
-    pub(crate) fn sel_u(&mut self, ty: &str, c: &str, x: &str, y: &str) -> String {
-        self.v(format!("select i1 {c}, {ty} {x}, {ty} {y}"))
-    }
-    pub(crate) fn gaddr_u(&mut self, base: &str, index64: &str, scale: u32) -> Ptr<Global> {
-        self.gaddr(&Ptr::raw(base), &I64::raw(index64), scale)
-    }
-    pub(crate) fn zext64_u(&mut self, a: &str) -> String {
-        self.zext::<I32, I64>(&i(a)).to_string()
-    }
-    pub(crate) fn saddr_u(&mut self, buffer: &str, off: &str) -> Ptr<Shared> {
-        self.saddr(&Ptr::raw(buffer), &i(off))
-    }
-    pub(crate) fn fadd_u(&mut self, a: &str, c: &str) -> String {
-        self.fadd(&fl(a), &fl(c)).to_string()
-    }
-    pub(crate) fn fmul_u(&mut self, a: &str, c: &str) -> String {
-        self.fmul(&fl(a), &fl(c)).to_string()
-    }
-    pub(crate) fn fdiv_u(&mut self, a: &str, c: &str) -> String {
-        self.fdiv(&fl(a), &fl(c)).to_string()
-    }
-    pub(crate) fn fsub_u(&mut self, a: &str, c: &str) -> String {
-        self.fsub(&fl(a), &fl(c)).to_string()
-    }
-    pub(crate) fn fma_u(&mut self, a: &str, c: &str, d: &str) -> String {
-        self.fma(&fl(a), &fl(c), &fl(d)).to_string()
-    }
-    pub(crate) fn shfl_xor_i32_u(&mut self, v: &str, mask: u32) -> String {
-        self.shfl_xor(&i(v), mask).to_string()
-    }
-    pub(crate) fn shfl_xor_f32_u(&mut self, v: &str, mask: u32) -> String {
-        self.shfl_xor(&fl(v), mask).to_string()
-    }
-    pub(crate) fn shfl_down_i32_u(&mut self, v: &str, delta: u32) -> String {
-        self.shfl_down(&i(v), delta).to_string()
-    }
-    pub(crate) fn redux_umax_u(&mut self, v: &str) -> String {
-        self.redux_umax(&i(v)).to_string()
-    }
-    pub(crate) fn ballot_u(&mut self, p: &str) -> String {
-        self.ballot(&b(p)).to_string()
-    }
-    pub(crate) fn umax_u(&mut self, a: &str, c: &str) -> String {
-        self.umax(&i(a), &i(c)).to_string()
-    }
-    pub(crate) fn order_key_u(&mut self, x: &str) -> String {
-        self.order_key(&fl(x)).to_string()
-    }
-    pub(crate) fn with_barrier_scope_u(&mut self, id: &str, threads: u32, body: impl FnOnce(&mut Func)) {
-        self.with_barrier_scope(&i(id), threads, body)
-    }
-    pub(crate) fn sreg_u(&mut self, name: &str) -> String {
-        self.sreg(name).to_string()
-    }
-}
 
 /// Declarations every module needs (intrinsics, attribute groups).
 pub(crate) const PRELUDE: &str = r#"target triple = "nvptx64-nvidia-cuda"

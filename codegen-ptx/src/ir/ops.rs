@@ -15,7 +15,6 @@ pub(crate) enum Icmp {
     Ule,
     Ugt,
     Uge,
-    Slt,
     Sle,
     Sgt,
     Sge,
@@ -30,7 +29,6 @@ impl Icmp {
             Icmp::Ule => "ule",
             Icmp::Ugt => "ugt",
             Icmp::Uge => "uge",
-            Icmp::Slt => "slt",
             Icmp::Sle => "sle",
             Icmp::Sgt => "sgt",
             Icmp::Sge => "sge",
@@ -252,7 +250,7 @@ impl Func {
         self.cast("ptrtoint", p)
     }
     /// Global pointer `p` as a generic one.
-    pub(crate) fn to_generic(&mut self, p: &Ptr<Global>) -> Ptr<Generic> {
+    pub(crate) fn generic_ptr(&mut self, p: &Ptr<Global>) -> Ptr<Generic> {
         self.cast("addrspacecast", p)
     }
 

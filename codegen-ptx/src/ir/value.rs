@@ -37,6 +37,7 @@ macro_rules! value {
 
         impl $name {
             /// The value named `name` (a parameter, a global, a literal), usable in a `const`.
+            #[allow(dead_code, reason = "not every type has a named value")]
             pub(crate) const fn named(name: &'static str) -> Self {
                 $name(Cow::Borrowed(name))
             }
@@ -55,14 +56,6 @@ macro_rules! value {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
-            }
-        }
-
-        // Transitional: the untyped helpers read a typed value's text.
-        impl std::ops::Deref for $name {
-            type Target = str;
-            fn deref(&self) -> &str {
-                &self.0
             }
         }
     };
@@ -172,6 +165,7 @@ macro_rules! float {
             const RN: &'static str = $rn;
             const NEG_INF: Self = $name::NEG_INF;
         }
+        #[allow(dead_code, reason = "both widths get the same constants")]
         impl $name {
             /// `-inf`.
             pub(crate) const NEG_INF: Self = $name::named("0xFFF0000000000000");
@@ -304,14 +298,6 @@ impl<S: Space> Value for Ptr<S> {
 impl<S: Space> fmt::Display for Ptr<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-// Transitional: the untyped helpers read a typed value's text.
-impl<S: Space> std::ops::Deref for Ptr<S> {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
     }
 }
 

@@ -22,7 +22,7 @@ mod pick;
 mod sort;
 
 use crate::config::GpuConfig;
-use crate::ir::{i32c, Func, Icmp, Value, F32, I32, I64};
+use crate::ir::{i32c, Func, Icmp, F32, I32, I64};
 use crate::params::arg;
 use flashsample_abi::filter::SUM_BLOCK;
 use flashsample_ir::Pipeline;

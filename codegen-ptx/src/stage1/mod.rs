@@ -31,7 +31,7 @@ mod simt;
 mod wgmma;
 
 use crate::config::{GpuConfig, GridKind, Schedule};
-use crate::ir::{i32c, Func, Icmp, Ptr, Shared, Value, I32};
+use crate::ir::{i32c, Func, Icmp, Ptr, Shared, I32};
 use crate::params::arg;
 use crate::params::STAGE1;
 use crate::ptx;
@@ -252,9 +252,4 @@ impl Gen<'_> {
         let ns = u64::from(self.c.stagger_us) * 1000;
         f.if_then(&go, |f| ptx::sleep_ns(f, ns));
     }
-}
-
-/// `i` as a typed i32 (an SSA name or constant of the untyped emitters).
-fn i32v(i: &str) -> I32 {
-    I32::raw(i)
 }

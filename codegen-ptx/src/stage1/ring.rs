@@ -325,7 +325,7 @@ impl Gen<'_> {
         let slot_off = f.mul(&slot, &i32c(layout.slot_bytes));
         let dst0 = f.shared_offset(&ring.smem, &slot_off);
         let k0 = f.mul(kt, &i32c(c.k_step()));
-        let maps = f.to_generic(&arg::TMAPS);
+        let maps = f.generic_ptr(&arg::TMAPS);
         let w_map: I64 = f.ptrtoint::<Generic, _>(&maps);
         let h_map = f.add(&w_map, &I64::c(128));
         let blk0 = f.lshr(&it.v0, &i32c(5));
