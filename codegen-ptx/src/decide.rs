@@ -386,7 +386,7 @@ pub(crate) fn emit() -> String {
             f.store(&acc, &a, 4);
         });
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&DECIDE.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")))
 }
 
@@ -545,6 +545,6 @@ pub(crate) fn emit_targets() -> String {
         let a = f.gaddr(&arg::TARGETS, &r64, 4);
         f.store(&t, &a, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&SPEC_TARGETS.llvm_header(TARGETS_NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")))
 }

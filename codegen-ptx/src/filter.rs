@@ -757,7 +757,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
             });
         });
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&FILTER.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{FILTER_THREADS}\"")))
 }
 

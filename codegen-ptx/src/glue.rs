@@ -64,7 +64,7 @@ fn greedy_flags() -> String {
         let o = f.gaddr(&arg::OUT, &i64, 4);
         f.store(&flag, &o, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&GREEDY_FLAGS.llvm_header(GREEDY_FLAGS.kernel, &attrs()))
 }
 
@@ -102,7 +102,7 @@ fn finalize() -> String {
             },
         );
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&FINALIZE.llvm_header(FINALIZE.kernel, &attrs()))
 }
 
@@ -112,7 +112,7 @@ fn store_words() -> String {
         let a = f.offset(&arg::DST, 8 * w as u32);
         f.store(&I64::raw(format!("%w{w}")), &a, 8);
     }
-    f.s("ret void");
+    f.ret_void();
     f.finish(&STORE_WORDS.llvm_header(STORE_WORDS.kernel, "\"nvvm.maxntid\"=\"1\""))
 }
 

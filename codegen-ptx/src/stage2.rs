@@ -162,7 +162,7 @@ pub(crate) fn emit() -> String {
         // DESIGN.md step 10: the raw row logsumexp, from the raw logits' partials.
         row_logsumexp(f, &th, &status, (&arg::RAW_LSE, &arg::OUT_RAW_LSE), &I1::TRUE);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&STAGE2.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{STAGE2_THREADS}\"")))
 }
 

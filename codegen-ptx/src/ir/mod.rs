@@ -170,6 +170,11 @@ impl Func {
         self.place(&join);
     }
 
+    /// `ret void`: the end of a kernel.
+    pub(crate) fn ret_void(&mut self) {
+        self.s("ret void");
+    }
+
     /// `ret T v`: returns `v` from a helper function.
     pub(crate) fn ret<T: Value>(&mut self, v: &T) {
         self.s(format!("ret {} {v}", T::LLVM));

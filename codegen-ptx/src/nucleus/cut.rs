@@ -294,7 +294,7 @@ pub(super) fn emit() -> String {
             f.store(&k, &a, 4);
         });
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = format!(
         "@fs_nucleus_misc = internal addrspace(3) global [4 x i32] undef, align 4\n\
          @fs_nucleus_bsum = internal addrspace(3) global [{MAX_MASS_BLOCKS} x float] undef, align 4\n\

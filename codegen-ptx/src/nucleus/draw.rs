@@ -153,7 +153,7 @@ pub(super) fn emit() -> String {
             f.store(&st, &a, 4);
         });
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = String::from("@fs_nucleus_last = internal addrspace(3) global [1 x i32] undef, align 4\n");
     out.push_str(&f.finish(&NUCLEUS_DRAW.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{NUCLEUS_THREADS}\""))));
     out

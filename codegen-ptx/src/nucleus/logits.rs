@@ -35,7 +35,7 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
             simt(f, p, &tid, &v0, &count);
         }
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&NUCLEUS_LOGITS.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{}\"", super::NUCLEUS_THREADS)))
 }
 

@@ -69,6 +69,6 @@ pub(super) fn emit(verify: bool) -> String {
         let a = f.gaddr(&arg::DONE, &i64, 4);
         f.store(&i32c(0), &a, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&NUCLEUS_PICK.llvm_header(NAME, "\"nvvm.maxntid\"=\"32\""))
 }

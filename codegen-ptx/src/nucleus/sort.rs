@@ -94,7 +94,7 @@ pub(super) fn emit_hist() -> String {
         let a = f.gaddr(&arg::HIST, &s64, 4);
         f.store(&n, &a, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = String::from("@fs_nucleus_hist = internal addrspace(3) global [256 x i32] undef, align 4\n");
     out.push_str(&f.finish(&NUCLEUS_HIST.llvm_header(HIST, &format!("\"nvvm.maxntid\"=\"{NUCLEUS_THREADS}\""))));
     out
@@ -249,7 +249,7 @@ pub(super) fn emit_scatter() -> String {
             warp_sync(f);
         }
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = format!(
         "@fs_nucleus_scan = internal addrspace(3) global [256 x i32] undef, align 4\n\
          @fs_nucleus_warp = internal addrspace(3) global [{} x i32] undef, align 4\n",

@@ -184,7 +184,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
             g.item_loop(&mut f, &th, &items, Some((&ring, Mma::Wgmma)));
         }
     }
-    f.s("ret void");
+    f.ret_void();
     g.finish(f)
 }
 
