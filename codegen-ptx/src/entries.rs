@@ -3,7 +3,8 @@
 //! of the kernels uses and its warp reduction, and [`Scored`] (`abi::filter::Scored`, a list
 //! entry), each with its global-memory layout from the abi struct.
 
-use crate::ir::{i32c, Fcmp, Float, Func, Global, Icmp, Ptr, Shuffle, Var, F32, I1, I32};
+use crate::ir::{i32c, Fcmp, Float, Func, Global, Icmp, Ptr, Shuffle, Var, F32, I1, I32, I64};
+use crate::params::arg;
 use flashsample_abi::INDEX_NONE;
 use std::mem::{offset_of, size_of};
 
@@ -73,6 +74,17 @@ impl Candidate {
         let a = f.offset(at, CANDIDATE_LOGIT);
         let logit = f.load(&a, 4);
         Candidate { score, index, logit }
+    }
+
+    /// Writes this candidate as sample `at` of the kernel's outputs: its index to
+    /// `%out_tokens`, its score to `%out_scores`, its logit to `%out_logits`.
+    pub(crate) fn store_sample(&self, f: &mut Func, at: &I64) {
+        let a = f.gaddr(&arg::OUT_TOKENS, at, 4);
+        f.store(&self.index, &a, 4);
+        let a = f.gaddr(&arg::OUT_SCORES, at, 4);
+        f.store(&self.score, &a, 4);
+        let a = f.gaddr(&arg::OUT_LOGITS, at, 4);
+        f.store(&self.logit, &a, 4);
     }
 
     /// Stores this candidate as the `abi::Candidate` at `at`.

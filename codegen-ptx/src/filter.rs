@@ -832,12 +832,7 @@ fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<
                     let o = f.mul(row, &arg::SAMPLES);
                     let o = f.add(&o, s);
                     let o64 = f.zext(&o);
-                    let a = f.gaddr(&arg::OUT_TOKENS, &o64, 4);
-                    f.store(&best.index, &a, 4);
-                    let a = f.gaddr(&arg::OUT_SCORES, &o64, 4);
-                    f.store(&best.score, &a, 4);
-                    let a = f.gaddr(&arg::OUT_LOGITS, &o64, 4);
-                    f.store(&logit, &a, 4);
+                    Candidate { logit, ..best.clone() }.store_sample(f, &o64);
                 });
             });
         },

@@ -126,12 +126,7 @@ pub(crate) fn emit() -> String {
                 let out = f.mul(&row, &arg::SAMPLES);
                 let out = f.add(&out, s);
                 let o64 = f.zext(&out);
-                let a = f.gaddr(&arg::OUT_TOKENS, &o64, 4);
-                f.store(&best.index, &a, 4);
-                let a = f.gaddr(&arg::OUT_SCORES, &o64, 4);
-                f.store(&best.score, &a, 4);
-                let a = f.gaddr(&arg::OUT_LOGITS, &o64, 4);
-                f.store(&best.logit, &a, 4);
+                best.store_sample(f, &o64);
                 // Status: non-finite anywhere wins over an empty sample (the larger code).
                 let nf = f.icmp(Icmp::Ne, &f2, &i32c(0));
                 let empty = f.icmp(Icmp::Eq, &best.index, &none);

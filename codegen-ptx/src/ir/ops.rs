@@ -203,6 +203,16 @@ impl Func {
         self.sel(&live, &k, &I32::c(0))
     }
 
+    /// The value an order key stands for: [`Func::order_key`] inverted (keys with the top bit
+    /// set are non-negative floats, the rest bit-inverted negative ones; `-0` reads as `+0`).
+    pub(crate) fn key_value(&mut self, k: &I32) -> F32 {
+        let negative = self.icmp(Icmp::Sge, k, &I32::c(0));
+        let inverted = self.not(k);
+        let cleared = self.and(k, &I32::c(i32::MAX));
+        let bits = self.sel(&negative, &inverted, &cleared);
+        self.bitcast(&bits)
+    }
+
     // ---- casts ----
 
     fn cast<A: Value, B: Value>(&mut self, op: &str, a: &A) -> B {

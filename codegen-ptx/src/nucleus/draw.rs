@@ -139,12 +139,7 @@ pub(super) fn emit() -> String {
                         let o = f.mul(&r, &arg::SAMPLES);
                         let o = f.add(&o, s);
                         let o64 = f.zext(&o);
-                        let a = f.gaddr(&arg::OUT_TOKENS, &o64, 4);
-                        f.store(&tok, &a, 4);
-                        let a = f.gaddr(&arg::OUT_SCORES, &o64, 4);
-                        f.store(&sc, &a, 4);
-                        let a = f.gaddr(&arg::OUT_LOGITS, &o64, 4);
-                        f.store(&logit, &a, 4);
+                        Candidate { score: sc, index: tok, logit }.store_sample(f, &o64);
                     },
                 );
             });

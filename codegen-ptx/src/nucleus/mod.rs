@@ -22,7 +22,7 @@ mod pick;
 mod sort;
 
 use crate::config::GpuConfig;
-use crate::ir::{i32c, Func, Icmp, F32, I32, I64};
+use crate::ir::{Func, F32, I32, I64};
 use crate::params::arg;
 use flashsample_abi::filter::SUM_BLOCK;
 use flashsample_ir::Pipeline;
@@ -185,11 +185,7 @@ fn row_elem(f: &mut Func, j: &I32, i: &I64) -> I64 {
 /// bit marks a non-negative float (`-0` reads as `+0`, which ties with it everywhere).
 fn decode_key(f: &mut Func, key: &I32) -> F32 {
     let k = f.not(key);
-    let negative = f.icmp(Icmp::Sge, &k, &i32c(0));
-    let inverted = f.not(&k);
-    let cleared = f.and(&k, &i32c(i32::MAX));
-    let bits = f.sel(&negative, &inverted, &cleared);
-    f.bitcast(&bits)
+    f.key_value(&k)
 }
 
 /// The number of set bits of `v`.

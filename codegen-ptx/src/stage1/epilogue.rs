@@ -596,8 +596,8 @@ impl Gen<'_> {
 impl Gen<'_> {
     /// `row_bounds[row · S + s]` decoded: the best score another tile of this launch has
     /// published for (row, sample), a score the row's winner reaches; NaN when none has (the
-    /// buffer starts at 0 each launch) or the kernel has no `row_bounds`. Decodes
-    /// [`Func::order_key`]: keys with the top bit set are non-negative floats, the rest inverted.
+    /// buffer starts at 0 each launch) or the kernel has no `row_bounds` ([`Func::key_value`]
+    /// of the published key).
     fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &I32) -> F32 {
         let key = f.var(&i32c(0));
         let has = f.non_null(&arg::ROW_BOUNDS);
@@ -607,11 +607,7 @@ impl Gen<'_> {
             f.set(&key, &k);
         });
         let k = f.get(&key);
-        let negative = f.icmp(Icmp::Sge, &k, &i32c(0));
-        let inverted = f.not(&k);
-        let cleared = f.and(&k, &i32c(i32::MAX));
-        let bits = f.sel(&negative, &inverted, &cleared);
-        f.bitcast(&bits)
+        f.key_value(&k)
     }
 
     /// Publishes a tile's best score of (row, sample) with an atomic max on its order key, so
