@@ -17,10 +17,12 @@
 //! `SpecStatus::Filtered` (its `p_j` lives on the filter's survivors, which only the host
 //! rebuilds).
 
-use crate::ir::{f32c, Func, Var, NEG_INF};
-use crate::math::{row_stream, stream_word3, token_bits};
-use crate::math64::{dadd, ddiv, dmul, dsub, f64c, uniform_f64};
-use crate::params::{DECIDE, SPEC_TARGETS};
+use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
+use crate::filter::load_row_filter;
+use crate::ir::{f32c, f64c, i32c, Fcmp, Func, Icmp, Ptr, Shared, Var, F32, F64, I1, I32, I64};
+use crate::math::{philox_block, row_stream, stream_word3, token_bits, RowStream};
+use crate::math64::{self, uniform_f64};
+use crate::params::{arg, DECIDE, SPEC_TARGETS};
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::{SpecStatus, RESIDUAL_BOUND_SLACK};
 use flashsample_abi::{RowStatus, INDEX_NONE};
@@ -31,7 +33,6 @@ pub(crate) const TARGETS_NAME: &str = "flashsample_spec_targets";
 /// `flashsample_spec_targets` CTA (that many rows).
 pub const DECIDE_THREADS: u32 = 128;
 const WARPS: u32 = DECIDE_THREADS / 32;
-const NAN: &str = "0x7FF8000000000000";
 
 /// The block reduction's per-warp scratch (score, tie, payload) and `llvm.fabs.f64`.
 pub(crate) fn shared_decls() -> String {
@@ -43,57 +44,36 @@ pub(crate) fn shared_decls() -> String {
     )
 }
 
+/// The arrays [`shared_decls`] declares.
+const SCORES: Ptr<Shared> = Ptr::named("@fs_decide_s");
+const TIES: Ptr<Shared> = Ptr::named("@fs_decide_t");
+const PAYLOADS: Ptr<Shared> = Ptr::named("@fs_decide_x");
+
 /// A candidate of the residual draw: f64 score, u32 tie-break (token or tile), f32 payload.
-type Best = (String, String, String);
-
-/// `other` where it beats `best` (higher score, ties to the lower tie-break), else `best`.
-fn keep(f: &mut Func, best: Best, other: (&str, &str, &str)) -> Best {
-    let gt = f.v(format!("fcmp ogt double {}, {}", other.0, best.0));
-    let eq = f.v(format!("fcmp oeq double {}, {}", other.0, best.0));
-    let lo = f.v(format!("icmp ult i32 {}, {}", other.1, best.1));
-    let tie = f.and1(&eq, &lo);
-    let take = f.v(format!("or i1 {gt}, {tie}"));
-    (f.sel("double", &take, other.0, &best.0), f.sel("i32", &take, other.1, &best.1), f.sel("float", &take, other.2, &best.2))
-}
-
-fn shfl_f64(f: &mut Func, v: &str, mask: u32) -> String {
-    let b = f.v(format!("bitcast double {v} to i64"));
-    let lo = f.v(format!("trunc i64 {b} to i32"));
-    let hi = f.v(format!("lshr i64 {b}, 32"));
-    let hi = f.v(format!("trunc i64 {hi} to i32"));
-    let lo = f.shfl_xor_i32(&lo, mask);
-    let hi = f.shfl_xor_i32(&hi, mask);
-    let lo = f.v(format!("zext i32 {lo} to i64"));
-    let hi = f.v(format!("zext i32 {hi} to i64"));
-    let hi = f.v(format!("shl i64 {hi}, 32"));
-    let b = f.v(format!("or i64 {hi}, {lo}"));
-    f.v(format!("bitcast i64 {b} to double"))
-}
+type Best = Candidate<F64>;
 
 /// The CTA's best of every thread's `best`, in every thread (two barriers; uniform).
-fn block_best(f: &mut Func, warp: &str, lane0: &str, best: Best) -> Best {
-    let mut b = best;
-    for sh in [16, 8, 4, 2, 1] {
-        let os = shfl_f64(f, &b.0, sh);
-        let ot = f.shfl_xor_i32(&b.1, sh);
-        let ox = f.shfl_xor_f32(&b.2, sh);
-        b = keep(f, b, (&os, &ot, &ox));
-    }
+fn block_best(f: &mut Func, warp: &I32, lane0: &I1, best: Best) -> Best {
+    let b = best.shfl_best(f, &[16, 8, 4, 2, 1]);
     f.if_then(lane0, |f| {
-        for (arr, ty, v) in [("@fs_decide_s", "double", &b.0), ("@fs_decide_t", "i32", &b.1), ("@fs_decide_x", "float", &b.2)] {
-            let a = f.v(format!("getelementptr {ty}, ptr addrspace(3) {arr}, i32 {warp}"));
-            f.s(format!("store {ty} {v}, ptr addrspace(3) {a}"));
-        }
+        let a = f.element::<_, F64>(&SCORES, warp);
+        f.store_natural(&b.score, &a);
+        let a = f.element::<_, I32>(&TIES, warp);
+        f.store_natural(&b.index, &a);
+        let a = f.element::<_, F32>(&PAYLOADS, warp);
+        f.store_natural(&b.logit, &a);
     });
     f.barrier();
-    let mut acc: Best = (NEG_INF.into(), (INDEX_NONE as i32).to_string(), NEG_INF.into());
+    let mut acc = Best::none();
     for w in 0..WARPS {
-        let ld = |f: &mut Func, arr: &str, ty: &str| {
-            let a = f.v(format!("getelementptr {ty}, ptr addrspace(3) {arr}, i32 {w}"));
-            f.v(format!("load {ty}, ptr addrspace(3) {a}"))
-        };
-        let (s, t, x) = (ld(f, "@fs_decide_s", "double"), ld(f, "@fs_decide_t", "i32"), ld(f, "@fs_decide_x", "float"));
-        acc = keep(f, acc, (&s, &t, &x));
+        let w = i32c(w);
+        let a = f.element::<_, F64>(&SCORES, &w);
+        let score = f.load_natural(&a);
+        let a = f.element::<_, I32>(&TIES, &w);
+        let index = f.load_natural(&a);
+        let a = f.element::<_, F32>(&PAYLOADS, &w);
+        let logit = f.load_natural(&a);
+        acc = acc.keep_best(f, &Candidate { score, index, logit });
     }
     // The next reduction rewrites the scratch just read.
     f.barrier();
@@ -101,60 +81,54 @@ fn block_best(f: &mut Func, warp: &str, lane0: &str, best: Best) -> Best {
 }
 
 /// A residual-list entry `(score, index, logit)` at entry `slot` (i64).
-fn load_candidate(f: &mut Func, slot: &str) -> (String, String, String) {
-    let a = f.gaddr("%residual_lists", slot, 12);
-    let s = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-    let i = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
-    let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-    let x = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
-    (s, i, x)
+fn load_candidate(f: &mut Func, slot: &I64) -> Candidate {
+    let a = f.gaddr(&arg::RESIDUAL_LISTS, slot, CANDIDATE_BYTES);
+    Candidate::load(f, &a)
 }
 
 /// `abi::speculative::residual_upper_bound(score, l)`.
-fn upper_bound(f: &mut Func, score: &str, l: &str) -> String {
-    let s = f.v(format!("fpext float {score} to double"));
-    let a = dsub(f, &s, l);
-    let abs = f.v(format!("call double @llvm.fabs.f64(double {s})"));
-    let b = dadd(f, &f64c(1.0), &abs);
-    let c = dmul(f, &f64c(RESIDUAL_BOUND_SLACK), &b);
-    dadd(f, &a, &c)
+fn upper_bound(f: &mut Func, score: &F32, l: &F64) -> F64 {
+    let s: F64 = f.fpext(score);
+    let a = f.fsub(&s, l);
+    let abs: F64 = f.call("@llvm.fabs.f64", &[&s]);
+    let b = f.fadd(&f64c(1.0), &abs);
+    let c = f.fmul(&f64c(RESIDUAL_BOUND_SLACK), &b);
+    f.fadd(&a, &c)
 }
 
 /// What one draft row's decision reads besides its row index.
 struct Row {
     /// The launch row as i64.
-    r64: String,
+    r64: I64,
     /// `%tiles` and `%per_tile` as i64 (the slot arithmetic's).
-    tiles_wide: String,
-    per_tile_wide: String,
+    tiles_wide: I64,
+    per_tile_wide: I64,
     /// `%draft_probs`' first entry of this draft's distribution (i64), the draft token.
-    q_base: String,
-    draft: String,
+    q_base: I64,
+    draft: I32,
     /// The row logsumexp as f64.
-    l: String,
-    /// The row's Philox key halves and counter row.
-    key: (String, String),
-    ctr: String,
+    l: F64,
+    /// The row's Philox key and counter row.
+    stream: RowStream,
 }
 
 /// `q_j(v)` as f64: the draft distribution's entry, or `[v = d_j]` for greedy drafts.
-fn q_of(f: &mut Func, row: &Row, v: &str) -> String {
-    let q = f.var("double", &f64c(0.0));
-    let has = f.v("icmp ne ptr addrspace(1) %draft_probs, null");
+fn q_of(f: &mut Func, row: &Row, v: &I32) -> F64 {
+    let q = f.var(&f64c(0.0));
+    let has = f.non_null(&arg::DRAFT_PROBS);
     f.if_else(
         &has,
         |f| {
-            let v64 = f.zext64(v);
-            let at = f.v(format!("add i64 {}, {v64}", row.q_base));
-            let a = f.gaddr("%draft_probs", &at, 4);
-            let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-            let x = f.v(format!("fpext float {x} to double"));
+            let v64 = f.zext(v);
+            let at = f.add(&row.q_base, &v64);
+            let a = f.gaddr(&arg::DRAFT_PROBS, &at, 4);
+            let x: F32 = f.load(&a, 4);
+            let x = f.fpext(&x);
             f.set(&q, &x);
         },
         |f| {
-            let same = f.v(format!("icmp eq i32 {v}, {}", row.draft));
-            let x = f.sel("double", &same, &f64c(1.0), &f64c(0.0));
+            let same = f.icmp(Icmp::Eq, v, &row.draft);
+            let x = f.sel(&same, &f64c(1.0), &f64c(0.0));
             f.set(&q, &x);
         },
     );
@@ -163,21 +137,21 @@ fn q_of(f: &mut Func, row: &Row, v: &str) -> String {
 
 /// The exact residual score `ln(max(0, p − q)) + gumbel_f64(residual bits)` of the listed
 /// token `v` with logit `x`: `-inf` when `p ≤ q` (the token is not eligible).
-fn exact_score(f: &mut Func, row: &Row, w3: &str, v: &str, x: &str) -> String {
-    let x64 = f.v(format!("fpext float {x} to double"));
-    let d = dsub(f, &x64, &row.l);
-    let p = f.v(format!("call double @fs_exp_f64(double {d})"));
+fn exact_score(f: &mut Func, row: &Row, w3: &I32, v: &I32, x: &F32) -> F64 {
+    let x64: F64 = f.fpext(x);
+    let d = f.fsub(&x64, &row.l);
+    let p = math64::exp(f, &d);
     let q = q_of(f, row, v);
-    let w = dsub(f, &p, &q);
-    let score = f.var("double", NEG_INF);
-    let pos = f.v(format!("fcmp ogt double {w}, {}", f64c(0.0)));
+    let w = f.fsub(&p, &q);
+    let score = f.var(&F64::NEG_INF);
+    let pos = f.fcmp(Fcmp::Ogt, &w, &f64c(0.0));
     f.if_then(&pos, |f| {
         // Keyed by the global token, as stage one's residual lists are.
-        let g = f.add(v, "%vocab_offset");
-        let bits = token_bits(f, &g, &row.ctr, "0", w3, (&row.key.0, &row.key.1));
-        let gum = f.v(format!("call double @fs_gumbel_f64(i32 {bits})"));
-        let lw = f.v(format!("call double @fs_ln_f64(double {w})"));
-        let s = dadd(f, &lw, &gum);
+        let g = f.add(v, &arg::VOCAB_OFFSET);
+        let bits = token_bits(f, &g, &row.stream, &i32c(0), w3);
+        let gum = math64::gumbel(f, &bits);
+        let lw = math64::ln(f, &w);
+        let s = f.fadd(&lw, &gum);
         f.set(&score, &s);
     });
     f.get(&score)
@@ -186,87 +160,85 @@ fn exact_score(f: &mut Func, row: &Row, w3: &str, v: &str, x: &str) -> String {
 /// The residual draw of a rejected unfiltered draft row: `(found, token, logit)`, `found`
 /// iff some listed token has `p > q` and the best one's exact score beats every unlisted
 /// token's bound (the host's `decide`, `Target::Full`). Uniform over the CTA.
-fn residual_draw(f: &mut Func, tid: &str, warp: &str, lane0: &str, row: &Row) -> (String, String, String) {
+fn residual_draw(f: &mut Func, tid: &I32, warp: &I32, lane0: &I1, row: &Row) -> (I1, I32, F32) {
     let w3 = stream_word3(f, &row.r64, NoiseStream::SpecResidual);
-    let step = DECIDE_THREADS.to_string();
-    let none = (INDEX_NONE as i32).to_string();
-    let row_tiles = f.v(format!("mul i64 {}, {}", row.r64, row.tiles_wide));
-    let slot = |f: &mut Func, tile: &str, e: &str| -> String {
-        let t64 = f.zext64(tile);
-        let rt = f.v(format!("add i64 {row_tiles}, {t64}"));
-        let s = f.v(format!("mul i64 {rt}, {}", row.per_tile_wide));
-        let e64 = f.zext64(e);
-        f.v(format!("add i64 {s}, {e64}"))
+    let step = i32c(DECIDE_THREADS);
+    let none = i32c(INDEX_NONE as i32);
+    let row_tiles = f.mul(&row.r64, &row.tiles_wide);
+    let slot = |f: &mut Func, tile: &I32, e: &I32| -> I64 {
+        let t64 = f.zext(tile);
+        let rt = f.add(&row_tiles, &t64);
+        let s = f.mul(&rt, &row.per_tile_wide);
+        let e64 = f.zext(e);
+        f.add(&s, &e64)
     };
     // Pass one: the best stored score (ties to the lower tile) and the bound.
-    let top = (f.var("double", NEG_INF), f.var("i32", &none));
-    let bound = f.var("double", NEG_INF);
-    let last_e = f.v("add i32 %per_tile, -1");
-    f.for_loop(tid, "%tiles", &step, |f, t| {
-        let first = slot(f, t, "0");
-        let (s0, i0, _) = load_candidate(f, &first);
-        let live = f.v(format!("icmp ne i32 {i0}, {none}"));
-        let s0 = f.v(format!("fpext float {s0} to double"));
-        let s0 = f.sel("double", &live, &s0, NEG_INF);
-        let t0 = f.sel("i32", &live, t, &none);
-        let cur = (f.get(&top.0), f.get(&top.1), f32c(0.0));
-        let (bs, bt, _) = keep(f, cur, (&s0, &t0, &f32c(0.0)));
-        f.set(&top.0, &bs);
-        f.set(&top.1, &bt);
+    let top = (f.var(&F64::NEG_INF), f.var(&none));
+    let bound = f.var(&F64::NEG_INF);
+    let last_e = f.add(&arg::PER_TILE, &i32c(-1));
+    f.for_loop(tid, &arg::TILES, &step, |f, t| {
+        let first = slot(f, t, &i32c(0));
+        let head = load_candidate(f, &first);
+        let live = f.icmp(Icmp::Ne, &head.index, &none);
+        let s0: F64 = f.fpext(&head.score);
+        let s0 = f.sel(&live, &s0, &F64::NEG_INF);
+        let t0 = f.sel(&live, t, &none);
+        let cur = Candidate { score: f.get(&top.0), index: f.get(&top.1), logit: f32c(0.0) };
+        let best = cur.keep_best(f, &Candidate { score: s0, index: t0, logit: f32c(0.0) });
+        f.set(&top.0, &best.score);
+        f.set(&top.1, &best.index);
         let last = slot(f, t, &last_e);
-        let (sl, il, _) = load_candidate(f, &last);
-        let live = f.v(format!("icmp ne i32 {il}, {none}"));
-        let ub = upper_bound(f, &sl, &row.l);
+        let tail = load_candidate(f, &last);
+        let live = f.icmp(Icmp::Ne, &tail.index, &none);
+        let ub = upper_bound(f, &tail.score, &row.l);
         let cur = f.get(&bound);
-        let gt = f.v(format!("fcmp ogt double {ub}, {cur}"));
-        let take = f.and1(&live, &gt);
-        let nb = f.sel("double", &take, &ub, &cur);
+        let gt = f.fcmp(Fcmp::Ogt, &ub, &cur);
+        let take = f.and(&live, &gt);
+        let nb = f.sel(&take, &ub, &cur);
         f.set(&bound, &nb);
     });
-    let mine = (f.get(&top.0), f.get(&top.1), f32c(0.0));
-    let (_, top_tile, _) = block_best(f, warp, lane0, mine);
-    let mine = (f.get(&bound), "0".to_string(), f32c(0.0));
-    let (bound, _, _) = block_best(f, warp, lane0, mine);
+    let mine = Candidate { score: f.get(&top.0), index: f.get(&top.1), logit: f32c(0.0) };
+    let top_tile = block_best(f, warp, lane0, mine).index;
+    let mine = Candidate { score: f.get(&bound), index: i32c(0), logit: f32c(0.0) };
+    let bound = block_best(f, warp, lane0, mine).score;
     // The top entry's exact score prunes the scan (every thread computes it alike).
-    let threshold = f.var("double", NEG_INF);
-    let has_top = f.v(format!("icmp ne i32 {top_tile}, {none}"));
+    let threshold = f.var(&F64::NEG_INF);
+    let has_top = f.icmp(Icmp::Ne, &top_tile, &none);
     f.if_then(&has_top, |f| {
-        let at = slot(f, &top_tile, "0");
-        let (_, v, x) = load_candidate(f, &at);
-        let s = exact_score(f, row, &w3, &v, &x);
+        let at = slot(f, &top_tile, &i32c(0));
+        let c = load_candidate(f, &at);
+        let s = exact_score(f, row, &w3, &c.index, &c.logit);
         f.set(&threshold, &s);
     });
     let thr = f.get(&threshold);
     // Pass two: the exact scores of every listed token whose bound reaches the threshold.
-    let best = (f.var("double", NEG_INF), f.var("i32", &none), f.var("float", NEG_INF));
-    f.for_loop(tid, "%tiles", &step, |f, t| {
-        f.for_loop("0", "%per_tile", "1", |f, e| {
+    let best = CandidateVar::new(f, &Best::none());
+    f.for_loop(tid, &arg::TILES, &step, |f, t| {
+        f.for_loop(&i32c(0), &arg::PER_TILE, &i32c(1), |f, e| {
             let at = slot(f, t, e);
-            let (s, v, x) = load_candidate(f, &at);
-            let live = f.v(format!("icmp ne i32 {v}, {none}"));
-            let ub = upper_bound(f, &s, &row.l);
-            let reach = f.v(format!("fcmp oge double {ub}, {thr}"));
-            let go = f.and1(&live, &reach);
+            let c = load_candidate(f, &at);
+            let live = f.icmp(Icmp::Ne, &c.index, &none);
+            let ub = upper_bound(f, &c.score, &row.l);
+            let reach = f.fcmp(Fcmp::Oge, &ub, &thr);
+            let go = f.and(&live, &reach);
             f.if_then(&go, |f| {
-                let es = exact_score(f, row, &w3, &v, &x);
+                let es = exact_score(f, row, &w3, &c.index, &c.logit);
                 // A `-inf` score (p ≤ q) is not eligible: it never enters the argmax.
-                let eligible = f.v(format!("fcmp ogt double {es}, {NEG_INF}"));
+                let eligible = f.fcmp(Fcmp::Ogt, &es, &F64::NEG_INF);
                 f.if_then(&eligible, |f| {
-                    let cur = (f.get(&best.0), f.get(&best.1), f.get(&best.2));
-                    let (ns, nv, nx) = keep(f, cur, (&es, &v, &x));
-                    f.set(&best.0, &ns);
-                    f.set(&best.1, &nv);
-                    f.set(&best.2, &nx);
+                    let cur = best.get(f);
+                    let next = cur.keep_best(f, &Candidate { score: es, index: c.index.clone(), logit: c.logit.clone() });
+                    best.set(f, &next);
                 });
             });
         });
     });
-    let mine = (f.get(&best.0), f.get(&best.1), f.get(&best.2));
-    let (bs, bv, bx) = block_best(f, warp, lane0, mine);
-    let listed = f.v(format!("icmp ne i32 {bv}, {none}"));
-    let beats = f.v(format!("fcmp ogt double {bs}, {bound}"));
-    let found = f.and1(&listed, &beats);
-    (found, bv, bx)
+    let mine = best.get(f);
+    let b = block_best(f, warp, lane0, mine);
+    let listed = f.icmp(Icmp::Ne, &b.index, &none);
+    let beats = f.fcmp(Fcmp::Ogt, &b.score, &bound);
+    let found = f.and(&listed, &beats);
+    (found, b.index, b.logit)
 }
 
 /// `flashsample_decide` (see the module docs; parameters: `params::DECIDE`).
@@ -274,93 +246,93 @@ pub(crate) fn emit() -> String {
     let mut f = Func::new();
     let seq = f.sreg("ctaid.x");
     let tid = f.sreg("tid.x");
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
-    let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
-    let none = (INDEX_NONE as i32).to_string();
-    let tiles_wide = f.v("zext i32 %tiles to i64");
-    let per_tile_wide = f.v("zext i32 %per_tile to i64");
-    let in_range = f.ult(&seq, "%sequences");
+    let warp = f.lshr(&tid, &i32c(5));
+    let lane = f.and(&tid, &i32c(31));
+    let lane0 = f.icmp(Icmp::Eq, &lane, &i32c(0));
+    let tid0 = f.icmp(Icmp::Eq, &tid, &i32c(0));
+    let none = i32c(INDEX_NONE as i32);
+    let tiles_wide = f.zext(&arg::TILES);
+    let per_tile_wide = f.zext(&arg::PER_TILE);
+    let in_range = f.icmp(Icmp::Ult, &seq, &arg::SEQUENCES);
     f.if_then(&in_range, |f| {
-        let period = f.add("%k", "1");
+        let period = f.add(&arg::K, &i32c(1));
         let row0 = f.mul(&seq, &period);
-        let has_lp = f.v("icmp ne ptr addrspace(1) %out_logprobs, null");
-        let has_lse = f.v("icmp ne ptr addrspace(1) %lse, null");
-        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-        let has_filters = f.v("icmp ne ptr addrspace(1) %filters, null");
+        let has_lp = f.non_null(&arg::OUT_LOGPROBS);
+        let has_lse = f.non_null(&arg::LSE);
+        let has_rs = f.non_null(&arg::ROW_SEEDS);
+        let has_filters = f.non_null(&arg::FILTERS);
         // Writes the sequence's n-th emitted token (row row0 + n) and its logprob `x − lse`.
-        let emit_token = |f: &mut Func, n: &str, token: &str, x: &str| {
+        let emit_token = |f: &mut Func, n: &I32, token: &I32, x: &F32| {
             f.if_then(&tid0, |f| {
                 let at = f.add(&row0, n);
-                let at64 = f.zext64(&at);
-                let a = f.gaddr("%out_tokens", &at64, 4);
-                f.s(format!("store i32 {token}, ptr addrspace(1) {a}, align 4"));
+                let at64 = f.zext(&at);
+                let a = f.gaddr(&arg::OUT_TOKENS, &at64, 4);
+                f.store(token, &a, 4);
                 f.if_then(&has_lp, |f| {
-                    let lp = f.var("float", NAN);
+                    let lp = f.var(&F32::NAN);
                     f.if_then(&has_lse, |f| {
-                        let a = f.gaddr("%lse", &at64, 4);
-                        let l = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                        let a = f.gaddr(&arg::LSE, &at64, 4);
+                        let l = f.load(&a, 4);
                         let d = f.fsub(x, &l);
                         f.set(&lp, &d);
                     });
                     let lp = f.get(&lp);
-                    let a = f.gaddr("%out_logprobs", &at64, 4);
-                    f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+                    let a = f.gaddr(&arg::OUT_LOGPROBS, &at64, 4);
+                    f.store(&lp, &a, 4);
                 });
             });
         };
         let clear = |f: &mut Func| {
             f.if_then(&tid0, |f| {
-                f.for_loop("0", &period, "1", |f, n| {
+                f.for_loop(&i32c(0), &period, &i32c(1), |f, n| {
                     let at = f.add(&row0, n);
-                    let at64 = f.zext64(&at);
-                    let a = f.gaddr("%out_tokens", &at64, 4);
-                    f.s(format!("store i32 {none}, ptr addrspace(1) {a}, align 4"));
+                    let at64 = f.zext(&at);
+                    let a = f.gaddr(&arg::OUT_TOKENS, &at64, 4);
+                    f.store(&none, &a, 4);
                     f.if_then(&has_lp, |f| {
-                        let a = f.gaddr("%out_logprobs", &at64, 4);
-                        f.s(format!("store float {NAN}, ptr addrspace(1) {a}, align 4"));
+                        let a = f.gaddr(&arg::OUT_LOGPROBS, &at64, 4);
+                        f.store(&F32::NAN, &a, 4);
                     });
                 });
             });
         };
         clear(f);
         // A failing row fails the sequence (`verify::sequence_failure`).
-        let fail = f.var("i32", "0");
-        f.for_loop("0", &period, "1", |f, n| {
+        let fail = f.var(&i32c(0));
+        f.for_loop(&i32c(0), &period, &i32c(1), |f, n| {
             let r = f.add(&row0, n);
-            let r64 = f.zext64(&r);
-            let a = f.gaddr("%status", &r64, 4);
-            let st = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let masked = f.v(format!("icmp eq i32 {st}, {}", RowStatus::AllMasked.code()));
-            let nonfinite = f.v(format!("icmp eq i32 {st}, {}", RowStatus::NonFinite.code()));
-            let bonus = f.v(format!("icmp eq i32 {n}, %k"));
-            let not_ok = f.v(format!("icmp ne i32 {st}, {}", RowStatus::Ok.code()));
-            let bad_bonus = f.and1(&bonus, &not_ok);
-            let bad = f.v(format!("or i1 {masked}, {nonfinite}"));
-            let bad = f.v(format!("or i1 {bad}, {bad_bonus}"));
-            let bad = f.v(format!("zext i1 {bad} to i32"));
+            let r64 = f.zext(&r);
+            let a = f.gaddr(&arg::STATUS, &r64, 4);
+            let st: I32 = f.load(&a, 4);
+            let masked = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::AllMasked.code()));
+            let nonfinite = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::NonFinite.code()));
+            let bonus = f.icmp(Icmp::Eq, n, &arg::K);
+            let not_ok = f.icmp(Icmp::Ne, &st, &i32c(RowStatus::Ok.code()));
+            let bad_bonus = f.and(&bonus, &not_ok);
+            let bad = f.or(&masked, &nonfinite);
+            let bad = f.or(&bad, &bad_bonus);
+            let bad = f.zext(&bad);
             let cur = f.get(&fail);
-            let nf = f.v(format!("or i32 {cur}, {bad}"));
+            let nf = f.or(&cur, &bad);
             f.set(&fail, &nf);
         });
-        let outcome = f.var("i32", &SpecStatus::Ok.code().to_string());
-        let accepted = f.var("i32", "0");
-        let stop = f.var("i32", "0");
+        let outcome = f.var(&i32c(SpecStatus::Ok.code()));
+        let accepted = f.var(&i32c(0));
+        let stop = f.var(&i32c(0));
         let failed = f.get(&fail);
-        let failed = f.v(format!("icmp ne i32 {failed}, 0"));
+        let failed = f.icmp(Icmp::Ne, &failed, &i32c(0));
         f.if_else(
             &failed,
-            |f| f.set(&outcome, &SpecStatus::RowFailed.code().to_string()),
+            |f| f.set(&outcome, &i32c(SpecStatus::RowFailed.code())),
             |f| {
-                let j = f.var("i32", "0");
+                let j = f.var(&i32c(0));
                 f.while_loop(
                     |f| {
                         let jv = f.get(&j);
-                        let more = f.v(format!("icmp ult i32 {jv}, %k"));
+                        let more = f.icmp(Icmp::Ult, &jv, &arg::K);
                         let st = f.get(&stop);
-                        let running = f.v(format!("icmp eq i32 {st}, 0"));
-                        f.and1(&more, &running)
+                        let running = f.icmp(Icmp::Eq, &st, &i32c(0));
+                        f.and(&more, &running)
                     },
                     |f| {
                         let jv = f.get(&j);
@@ -376,160 +348,158 @@ pub(crate) fn emit() -> String {
                             tiles_wide: &tiles_wide,
                             per_tile_wide: &per_tile_wide,
                         };
-                        decide_position(f, &c, &jv, &outcome, &accepted, &stop, &emit_token);
-                        let nj = f.add(&jv, "1");
+                        let out = Outcome { outcome: &outcome, accepted: &accepted, stop: &stop };
+                        decide_position(f, &c, &jv, &out, &emit_token);
+                        let nj = f.add(&jv, &i32c(1));
                         f.set(&j, &nj);
                     },
                 );
                 // Every draft accepted: the bonus is row k's ordinary sample.
                 let st = f.get(&stop);
-                let all = f.v(format!("icmp eq i32 {st}, 0"));
+                let all = f.icmp(Icmp::Eq, &st, &i32c(0));
                 f.if_then(&all, |f| {
-                    let r = f.add(&row0, "%k");
-                    let r64 = f.zext64(&r);
-                    let a = f.gaddr("%row_tokens", &r64, 4);
-                    let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                    let a = f.gaddr("%row_logits", &r64, 4);
-                    let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                    emit_token(f, "%k", &v, &x);
-                    f.set(&accepted, "%k");
+                    let r = f.add(&row0, &arg::K);
+                    let r64 = f.zext(&r);
+                    let a = f.gaddr(&arg::ROW_TOKENS, &r64, 4);
+                    let v = f.load(&a, 4);
+                    let a = f.gaddr(&arg::ROW_LOGITS, &r64, 4);
+                    let x = f.load(&a, 4);
+                    emit_token(f, &arg::K, &v, &x);
+                    f.set(&accepted, &arg::K);
                 });
             },
         );
         let oc = f.get(&outcome);
-        let undecided = f.v(format!("icmp ne i32 {oc}, {}", SpecStatus::Ok.code()));
+        let undecided = f.icmp(Icmp::Ne, &oc, &i32c(SpecStatus::Ok.code()));
         // Only a decided sequence carries tokens.
         f.if_then(&undecided, |f| {
             clear(f);
-            f.set(&accepted, "0");
+            f.set(&accepted, &i32c(0));
         });
         f.if_then(&tid0, |f| {
-            let s64 = f.zext64(&seq);
+            let s64 = f.zext(&seq);
             let oc = f.get(&outcome);
-            let a = f.gaddr("%out_status", &s64, 4);
-            f.s(format!("store i32 {oc}, ptr addrspace(1) {a}, align 4"));
+            let a = f.gaddr(&arg::OUT_STATUS, &s64, 4);
+            f.store(&oc, &a, 4);
             let acc = f.get(&accepted);
-            let a = f.gaddr("%out_accepted", &s64, 4);
-            f.s(format!("store i32 {acc}, ptr addrspace(1) {a}, align 4"));
+            let a = f.gaddr(&arg::OUT_ACCEPTED, &s64, 4);
+            f.store(&acc, &a, 4);
         });
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&DECIDE.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")))
 }
 
 /// The kernel-wide values one position's decision reads.
 struct DecideCtx<'a> {
-    tid: &'a str,
-    warp: &'a str,
-    lane0: &'a str,
-    seq: &'a str,
-    row0: &'a str,
-    has_lse: &'a str,
-    has_rs: &'a str,
-    has_filters: &'a str,
-    tiles_wide: &'a str,
-    per_tile_wide: &'a str,
+    tid: &'a I32,
+    warp: &'a I32,
+    lane0: &'a I1,
+    seq: &'a I32,
+    row0: &'a I32,
+    has_lse: &'a I1,
+    has_rs: &'a I1,
+    has_filters: &'a I1,
+    tiles_wide: &'a I64,
+    per_tile_wide: &'a I64,
+}
+
+/// What the positions' decisions write: the sequence's `SpecStatus` code, its accepted
+/// drafts, and whether a position stopped the walk (`i32` flags).
+struct Outcome<'a> {
+    outcome: &'a Var<I32>,
+    accepted: &'a Var<I32>,
+    stop: &'a Var<I32>,
 }
 
 /// Draft position `j` of the sequence: filtered → `Filtered`; else accept (emit `d_j`) or
 /// reject (emit the correction, or `Recompute`) and stop.
-#[allow(clippy::too_many_arguments)]
-fn decide_position(
-    f: &mut Func,
-    c: &DecideCtx<'_>,
-    j: &str,
-    outcome: &Var,
-    accepted: &Var,
-    stop: &Var,
-    emit_token: &dyn Fn(&mut Func, &str, &str, &str),
-) {
+fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, emit_token: &dyn Fn(&mut Func, &I32, &I32, &F32)) {
     let r = f.add(c.row0, j);
-    let r64 = f.zext64(&r);
-    let draft = f.mul(c.seq, "%k");
+    let r64 = f.zext(&r);
+    let draft = f.mul(c.seq, &arg::K);
     let draft = f.add(&draft, j);
-    let draft64 = f.zext64(&draft);
-    let a = f.gaddr("%drafts", &draft64, 4);
-    let d = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    let l = f.var("double", NAN);
+    let draft64 = f.zext(&draft);
+    let a = f.gaddr(&arg::DRAFTS, &draft64, 4);
+    let d: I32 = f.load(&a, 4);
+    let l = f.var(&F64::NAN);
     f.if_then(c.has_lse, |f| {
-        let a = f.gaddr("%lse", &r64, 4);
-        let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-        let x = f.v(format!("fpext float {x} to double"));
+        let a = f.gaddr(&arg::LSE, &r64, 4);
+        let x: F32 = f.load(&a, 4);
+        let x = f.fpext(&x);
         f.set(&l, &x);
     });
     let l = f.get(&l);
-    let a = f.gaddr("%temperatures", &r64, 4);
-    let t = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let cold = f.v(format!("fcmp oeq float {t}, 0.0"));
-    let all = f.v("icmp ne i32 %all_greedy, 0");
-    let greedy = f.v(format!("or i1 {all}, {cold}"));
+    let a = f.gaddr(&arg::TEMPERATURES, &r64, 4);
+    let t = f.load(&a, 4);
+    let cold = f.fcmp(Fcmp::Oeq, &t, &F32::ZERO);
+    let all = f.icmp(Icmp::Ne, &arg::ALL_GREEDY, &i32c(0));
+    let greedy = f.or(&all, &cold);
     // `RowFilter::is_off`: top_k == 0 && top_p >= 1 && min_p <= 0.
-    let filtered = f.var("i1", "false");
-    let sampled = f.v(format!("xor i1 {greedy}, true"));
-    let look = f.and1(c.has_filters, &sampled);
+    let filtered = f.var(&I1::FALSE);
+    let sampled = f.not(&greedy);
+    let look = f.and(c.has_filters, &sampled);
     f.if_then(&look, |f| {
-        let (top_k, top_p, min_p) = crate::filter::load_row_filter(f, &r64);
-        let k0 = f.v(format!("icmp eq i32 {top_k}, 0"));
-        let p1 = f.v(format!("fcmp oge float {top_p}, {}", f32c(1.0)));
-        let m0 = f.v(format!("fcmp ole float {min_p}, 0.0"));
-        let off = f.and1(&k0, &p1);
-        let off = f.and1(&off, &m0);
-        let on = f.v(format!("xor i1 {off}, true"));
+        let rf = load_row_filter(f, &r64);
+        let k0 = f.icmp(Icmp::Eq, &rf.top_k, &i32c(0));
+        let p1 = f.fcmp(Fcmp::Oge, &rf.top_p, &f32c(1.0));
+        let m0 = f.fcmp(Fcmp::Ole, &rf.min_p, &F32::ZERO);
+        let off = f.and(&k0, &p1);
+        let off = f.and(&off, &m0);
+        let on = f.not(&off);
         f.set(&filtered, &on);
     });
     let filtered = f.get(&filtered);
     f.if_else(
         &filtered,
         |f| {
-            f.set(outcome, &SpecStatus::Filtered.code().to_string());
-            f.set(stop, "1");
+            f.set(out.outcome, &i32c(SpecStatus::Filtered.code()));
+            f.set(out.stop, &i32c(1));
         },
         |f| {
-            let a = f.gaddr("%row_tokens", &r64, 4);
-            let argmax = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let a = f.gaddr("%draft_logits", &r64, 4);
-            let xd = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-            let hit = f.v(format!("icmp eq i32 {argmax}, {d}"));
-            let p_greedy = f.sel("double", &hit, &f64c(1.0), &f64c(0.0));
-            let xd64 = f.v(format!("fpext float {xd} to double"));
-            let diff = dsub(f, &xd64, &l);
-            let p_full = f.v(format!("call double @fs_exp_f64(double {diff})"));
-            let p = f.sel("double", &greedy, &p_greedy, &p_full);
-            let (k0, k1, ctr) = row_stream(f, c.has_rs, &r, &r64);
-            let vocab64 = f.v("zext i32 %vocab to i64");
-            let q_base = f.v(format!("mul i64 {draft64}, {vocab64}"));
+            let a = f.gaddr(&arg::ROW_TOKENS, &r64, 4);
+            let argmax: I32 = f.load(&a, 4);
+            let a = f.gaddr(&arg::DRAFT_LOGITS, &r64, 4);
+            let xd: F32 = f.load(&a, 4);
+            let hit = f.icmp(Icmp::Eq, &argmax, &d);
+            let p_greedy = f.sel(&hit, &f64c(1.0), &f64c(0.0));
+            let xd64: F64 = f.fpext(&xd);
+            let diff = f.fsub(&xd64, &l);
+            let p_full = math64::exp(f, &diff);
+            let p = f.sel(&greedy, &p_greedy, &p_full);
+            let stream = row_stream(f, c.has_rs, &r, &r64);
+            let vocab64 = f.zext(&arg::VOCAB);
+            let q_base = f.mul(&draft64, &vocab64);
             let row = Row {
                 r64: r64.clone(),
-                tiles_wide: c.tiles_wide.to_string(),
-                per_tile_wide: c.per_tile_wide.to_string(),
+                tiles_wide: c.tiles_wide.clone(),
+                per_tile_wide: c.per_tile_wide.clone(),
                 q_base,
                 draft: d.clone(),
                 l: l.clone(),
-                key: (k0, k1),
-                ctr,
+                stream,
             };
             let qd = q_of(f, &row, &d);
             let w3 = stream_word3(f, &r64, NoiseStream::SpecAccept);
-            let ty = "{ i32, i32, i32, i32 }";
-            let block = f.v(format!("call {ty} @fs_philox(i32 0, i32 {}, i32 0, i32 {w3}, i32 {}, i32 {})", row.ctr, row.key.0, row.key.1));
-            let bits = f.v(format!("extractvalue {ty} {block}, 0"));
+            let block = philox_block(f, [&i32c(0), &row.stream.ctr_row, &i32c(0), &w3], &row.stream.key);
+            let bits = f.extract(&block, 0);
             let u = uniform_f64(f, &bits);
-            let ratio = ddiv(f, &p, &qd);
-            let accept = f.v(format!("fcmp olt double {u}, {ratio}"));
+            let ratio = f.fdiv(&p, &qd);
+            let accept = f.fcmp(Fcmp::Olt, &u, &ratio);
             f.if_else(
                 &accept,
                 |f| {
                     emit_token(f, j, &d, &xd);
-                    let n = f.add(j, "1");
-                    f.set(accepted, &n);
+                    let n = f.add(j, &i32c(1));
+                    f.set(out.accepted, &n);
                 },
                 |f| {
-                    f.set(stop, "1");
+                    f.set(out.stop, &i32c(1));
                     f.if_else(
                         &greedy,
                         |f| {
-                            let a = f.gaddr("%row_logits", &r64, 4);
-                            let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                            let a = f.gaddr(&arg::ROW_LOGITS, &r64, 4);
+                            let x = f.load(&a, 4);
                             emit_token(f, j, &argmax, &x);
                         },
                         |f| {
@@ -537,7 +507,7 @@ fn decide_position(
                             f.if_else(
                                 &found,
                                 |f| emit_token(f, j, &v, &x),
-                                |f| f.set(outcome, &SpecStatus::Recompute.code().to_string()),
+                                |f| f.set(out.outcome, &i32c(SpecStatus::Recompute.code())),
                             );
                         },
                     );
@@ -553,28 +523,28 @@ pub(crate) fn emit_targets() -> String {
     let mut f = Func::new();
     let cta = f.sreg("ctaid.x");
     let tid = f.sreg("tid.x");
-    let r = f.mul(&cta, &DECIDE_THREADS.to_string());
+    let r = f.mul(&cta, &i32c(DECIDE_THREADS));
     let r = f.add(&r, &tid);
-    let live = f.ult(&r, "%batch");
+    let live = f.icmp(Icmp::Ult, &r, &arg::BATCH);
     f.if_then(&live, |f| {
-        let period = f.add("%k", "1");
-        let seq = f.v(format!("udiv i32 {r}, {period}"));
-        let j = f.v(format!("urem i32 {r}, {period}"));
-        let draft_row = f.v(format!("icmp ne i32 {j}, %k"));
-        let token = f.var("i32", "0");
+        let period = f.add(&arg::K, &i32c(1));
+        let seq = f.udiv(&r, &period);
+        let j = f.urem(&r, &period);
+        let draft_row = f.icmp(Icmp::Ne, &j, &arg::K);
+        let token = f.var(&i32c(0));
         f.if_then(&draft_row, |f| {
-            let at = f.mul(&seq, "%k");
+            let at = f.mul(&seq, &arg::K);
             let at = f.add(&at, &j);
-            let at64 = f.zext64(&at);
-            let a = f.gaddr("%drafts", &at64, 4);
-            let d = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+            let at64 = f.zext(&at);
+            let a = f.gaddr(&arg::DRAFTS, &at64, 4);
+            let d = f.load(&a, 4);
             f.set(&token, &d);
         });
         let t = f.get(&token);
-        let r64 = f.zext64(&r);
-        let a = f.gaddr("%targets", &r64, 4);
-        f.s(format!("store i32 {t}, ptr addrspace(1) {a}, align 4"));
+        let r64 = f.zext(&r);
+        let a = f.gaddr(&arg::TARGETS, &r64, 4);
+        f.store(&t, &a, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&SPEC_TARGETS.llvm_header(TARGETS_NAME, &format!("\"nvvm.maxntid\"=\"{DECIDE_THREADS}\"")))
 }

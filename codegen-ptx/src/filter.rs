@@ -24,10 +24,13 @@
 //! because the order is total (indices are distinct).
 
 use crate::config::{GpuConfig, FILTER_THREADS};
-use crate::ir::{Func, Value, Var, NEG_INF};
-use crate::params::FILTER;
+use crate::entries::{beats, Candidate, CandidateVar, Scored, SCORED_BYTES, SCORED_INDEX};
+use crate::ir::{i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64};
+use crate::math;
+use crate::params::{arg, FILTER};
 use flashsample_abi::{RowStatus, INDEX_NONE};
 use flashsample_ir::MAX_LIST_CAPACITY;
+use std::mem::{offset_of, size_of};
 
 pub(crate) const NAME: &str = "flashsample_filter";
 const WARPS: u32 = FILTER_THREADS / 32;
@@ -58,88 +61,93 @@ pub(crate) fn shared_decls() -> String {
     )
 }
 
+/// The shared arrays [`shared_decls`] declares.
+const TOP: Ptr<Shared> = Ptr::named("@fs_filter_top");
+const CAND: Ptr<Shared> = Ptr::named("@fs_filter_cand");
+const RED: Ptr<Shared> = Ptr::named("@fs_filter_red");
+const MISC: Ptr<Shared> = Ptr::named("@fs_filter_misc");
+const HIST: Ptr<Shared> = Ptr::named("@fs_filter_hist");
+const WSUM: Ptr<Shared> = Ptr::named("@fs_filter_wsum");
+const EX: Ptr<Shared> = Ptr::named("@fs_filter_ex");
+
 struct Ctx {
-    tid: String,
-    warp: String,
-    lane0: String,
-    tid0: String,
+    tid: I32,
+    warp: I32,
+    lane0: I1,
+    tid0: I1,
     /// Which half of the reduction scratch the next block reduction uses.
-    parity: Var,
+    parity: Var<I32>,
 }
 
-fn misc(f: &mut Func, i: u32) -> String {
-    f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_misc, i32 {i}"))
+fn misc(f: &mut Func, i: u32) -> Ptr<Shared> {
+    f.element::<_, I32>(&MISC, &i32c(i))
 }
 
-/// Address of entry `e` (i32) of a shared `Scored` array.
-fn shared_entry(f: &mut Func, array: &str, e: &str) -> String {
-    f.v(format!("getelementptr i64, ptr addrspace(3) {array}, i32 {e}"))
+/// Address of entry `e` of a shared `Scored` array.
+fn shared_entry(f: &mut Func, array: &Ptr<Shared>, e: &I32) -> Ptr<Shared> {
+    f.element::<_, I64>(array, e)
 }
 
-fn load_shared_scored(f: &mut Func, array: &str, e: &str) -> (String, String) {
+fn load_shared_scored(f: &mut Func, array: &Ptr<Shared>, e: &I32) -> Scored {
     let a = shared_entry(f, array, e);
-    let x = f.v(format!("load float, ptr addrspace(3) {a}, align 8"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(3) {a}, i32 4"));
-    let i = f.v(format!("load i32, ptr addrspace(3) {a1}, align 4"));
-    (x, i)
+    let logit = f.load(&a, 8);
+    let a1 = f.offset(&a, SCORED_INDEX);
+    let index = f.load(&a1, 4);
+    Scored { logit, index }
 }
 
-fn store_shared_scored(f: &mut Func, array: &str, e: &str, x: &str, i: &str) {
+fn store_shared_scored(f: &mut Func, array: &Ptr<Shared>, e: &I32, entry: &Scored) {
     let a = shared_entry(f, array, e);
-    f.s(format!("store float {x}, ptr addrspace(3) {a}, align 8"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(3) {a}, i32 4"));
-    f.s(format!("store i32 {i}, ptr addrspace(3) {a1}, align 4"));
+    f.store(&entry.logit, &a, 8);
+    let a1 = f.offset(&a, SCORED_INDEX);
+    f.store(&entry.index, &a1, 4);
 }
 
-/// `Scored` at global element `e64` (i64) of `base`.
-fn load_global_scored(f: &mut Func, base: &str, e64: &str) -> (String, String) {
-    let a = f.gaddr(base, e64, 8);
-    let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-    let i = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
-    (x, i)
+/// `Scored` at global element `e64` of `base`.
+fn load_global_scored(f: &mut Func, base: &Ptr<Global>, e64: &I64) -> Scored {
+    let a = f.gaddr(base, e64, SCORED_BYTES);
+    Scored::load(f, &a)
 }
 
 /// The CTA's best `(score, index, payload)` (higher score, ties to the lower index) over what
 /// each thread's `scan` folds into its three variables (initially `(-inf, NONE, -inf)`).
 /// Every thread gets the result. One barrier.
-fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &Var)) -> (String, String, String) {
-    let none = (INDEX_NONE as i32).to_string();
-    let bs = f.var("float", NEG_INF);
-    let bi = f.var("i32", &none);
-    let bp = f.var("float", NEG_INF);
-    scan(f, &bs, &bi, &bp);
-    let lane_best = (f.get(&bs), f.get(&bi), f.get(&bp));
-    let (s, i, p) = f.shfl_best(lane_best, &[16, 8, 4, 2, 1]);
+fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &CandidateVar)) -> Candidate {
+    let best = CandidateVar::new(f, &Candidate::none());
+    scan(f, &best);
+    let lane_best = best.get(f);
+    let warp_best = lane_best.shfl_best(f, &[16, 8, 4, 2, 1]);
     let par = f.get(&k.parity);
-    let half = f.mul(&par, &(WARPS * 4).to_string());
-    let slot = |f: &mut Func, w: &str, field: u32| -> String {
-        let w4 = f.v(format!("shl i32 {w}, 2"));
+    let half = f.mul(&par, &i32c(WARPS * 4));
+    let slot = |f: &mut Func, w: &I32, field: u32| -> Ptr<Shared> {
+        let w4 = f.shl(w, &i32c(2));
         let e = f.add(&half, &w4);
-        let e = f.add(&e, &field.to_string());
-        f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_red, i32 {e}"))
+        let e = f.add(&e, &i32c(field));
+        f.element::<_, I32>(&RED, &e)
     };
     f.if_then(&k.lane0, |f| {
-        for (field, ty, v) in [(0, "float", &s), (1, "i32", &i), (2, "float", &p)] {
-            let a = slot(f, &k.warp, field);
-            f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
-        }
+        let a = slot(f, &k.warp, 0);
+        f.store(&warp_best.score, &a, 4);
+        let a = slot(f, &k.warp, 1);
+        f.store(&warp_best.index, &a, 4);
+        let a = slot(f, &k.warp, 2);
+        f.store(&warp_best.logit, &a, 4);
     });
     // The other half is written by the next reduction; the one after that (same half) comes
     // after the next reduction's barrier, which every thread passes only once done reading.
     f.barrier();
-    let mut best = (NEG_INF.to_string(), none.clone(), NEG_INF.to_string());
+    let mut best = Candidate::none();
     for w in 0..WARPS {
-        let w = w.to_string();
+        let w = i32c(w);
         let a = slot(f, &w, 0);
-        let ws = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
+        let score = f.load(&a, 4);
         let a = slot(f, &w, 1);
-        let wi = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
+        let index = f.load(&a, 4);
         let a = slot(f, &w, 2);
-        let wp = f.v(format!("load float, ptr addrspace(3) {a}, align 4"));
-        best = f.keep_best(best, (&ws, &wi, &wp));
+        let logit = f.load(&a, 4);
+        best = best.keep_best(f, &Candidate { score, index, logit });
     }
-    let np = f.v(format!("xor i32 {par}, 1"));
+    let np = f.xor(&par, &i32c(1));
     f.set(&k.parity, &np);
     best
 }
@@ -151,61 +159,62 @@ fn block_best(f: &mut Func, k: &Ctx, scan: impl FnOnce(&mut Func, &Var, &Var, &V
 fn select_rounds(
     f: &mut Func,
     k: &Ctx,
-    count: &str,
-    n: &str,
-    load: &dyn Fn(&mut Func, &str) -> (String, String),
-    on_winner: &dyn Fn(&mut Func, &str, &str, &str),
-) -> (String, String, String) {
-    let none = (INDEX_NONE as i32).to_string();
-    let px = f.var("float", NEG_INF);
-    let pi = f.var("i32", &none);
-    let first = f.var("i1", "true");
-    let found = f.var("i32", "0");
-    let done = f.var("i1", "false");
+    count: &I32,
+    n: &I32,
+    load: &dyn Fn(&mut Func, &I32) -> Scored,
+    on_winner: &dyn Fn(&mut Func, &I32, &Scored),
+) -> (I32, Scored) {
+    let none = i32c(INDEX_NONE as i32);
+    let px = f.var(&F32::NEG_INF);
+    let pi = f.var(&none);
+    let first = f.var(&I1::TRUE);
+    let found = f.var(&i32c(0));
+    let done = f.var(&I1::FALSE);
     f.while_loop(
         |f| {
             let (kv, d) = (f.get(&found), f.get(&done));
-            let more = f.ult(&kv, count);
-            let live = f.v(format!("xor i1 {d}, true"));
-            f.and1(&more, &live)
+            let more = f.icmp(Icmp::Ult, &kv, count);
+            let live = f.not(&d);
+            f.and(&more, &live)
         },
         |f| {
             let (pxv, piv, fv) = (f.get(&px), f.get(&pi), f.get(&first));
-            let (bx, bi, _) = block_best(f, k, |f, bs, bi, _| {
-                f.for_loop(&k.tid, n, &FILTER_THREADS.to_string(), |f, e| {
-                    let (x, i) = load(f, e);
-                    let after = f.beats(&pxv, &piv, &x, &i);
-                    let after = f.v(format!("or i1 {fv}, {after}"));
-                    let live = f.v(format!("fcmp ogt float {x}, {NEG_INF}"));
-                    let real = f.v(format!("icmp ne i32 {i}, {none}"));
-                    let (s0, i0) = (f.get(bs), f.get(bi));
-                    let better = f.beats(&x, &i, &s0, &i0);
-                    let take = f.and1(&after, &live);
-                    let take = f.and1(&take, &real);
-                    let take = f.and1(&take, &better);
-                    let ns = f.sel("float", &take, &x, &s0);
-                    let ni = f.sel("i32", &take, &i, &i0);
-                    f.set(bs, &ns);
-                    f.set(bi, &ni);
+            let winner = block_best(f, k, |f, best| {
+                f.for_loop(&k.tid, n, &i32c(FILTER_THREADS), |f, e| {
+                    let Scored { logit: x, index: i } = load(f, e);
+                    let after = beats(f, &pxv, &piv, &x, &i);
+                    let after = f.or(&fv, &after);
+                    let live = f.fcmp(Fcmp::Ogt, &x, &F32::NEG_INF);
+                    let real = f.icmp(Icmp::Ne, &i, &none);
+                    let (s0, i0) = (f.get(&best.score), f.get(&best.index));
+                    let better = beats(f, &x, &i, &s0, &i0);
+                    let take = f.and(&after, &live);
+                    let take = f.and(&take, &real);
+                    let take = f.and(&take, &better);
+                    let ns = f.sel(&take, &x, &s0);
+                    let ni = f.sel(&take, &i, &i0);
+                    f.set(&best.score, &ns);
+                    f.set(&best.index, &ni);
                 });
             });
-            let empty = f.v(format!("icmp eq i32 {bi}, {none}"));
+            let empty = f.icmp(Icmp::Eq, &winner.index, &none);
             f.if_else(
                 &empty,
-                |f| f.set(&done, "true"),
+                |f| f.set(&done, &I1::TRUE),
                 |f| {
                     let kv = f.get(&found);
-                    on_winner(f, &kv, &bx, &bi);
-                    f.set(&px, &bx);
-                    f.set(&pi, &bi);
-                    f.set(&first, "false");
-                    let nk = f.add(&kv, "1");
+                    on_winner(f, &kv, &Scored { logit: winner.score.clone(), index: winner.index.clone() });
+                    f.set(&px, &winner.score);
+                    f.set(&pi, &winner.index);
+                    f.set(&first, &I1::FALSE);
+                    let nk = f.add(&kv, &i32c(1));
                     f.set(&found, &nk);
                 },
             );
         },
     );
-    (f.get(&found), f.get(&px), f.get(&pi))
+    let found = f.get(&found);
+    (found, Scored { logit: f.get(&px), index: f.get(&pi) })
 }
 
 /// A threshold for the merge from the tile heads, by a two-level radix select over their
@@ -218,209 +227,208 @@ fn select_rounds(
 /// `t` can be dropped. It replaces `need` rounds of block argmax over the heads (each a pass
 /// over global memory and a barrier) by two passes; the bins are 2^-7 of an octave wide, so
 /// few more than `need` entries pass. Every thread gets the result (uniform).
-fn head_threshold(f: &mut Func, k: &Ctx, need: &str, heads_load: &dyn Fn(&mut Func, &str) -> (String, String)) -> (String, String) {
-    let threads = FILTER_THREADS.to_string();
-    let hist = |f: &mut Func, bin: &str| f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_hist, i32 {bin}"));
-    let wsum = |f: &mut Func, w: &str| f.v(format!("getelementptr i32, ptr addrspace(3) @fs_filter_wsum, i32 {w}"));
-    let lane = f.v(format!("and i32 {}, 31", k.tid));
-    let prefix = f.var("i32", "0");
-    let want = f.var("i32", need);
-    let on = f.var("i1", "true");
+fn head_threshold(f: &mut Func, k: &Ctx, need: &I32, heads_load: &dyn Fn(&mut Func, &I32) -> Scored) -> (I1, I32) {
+    let threads = i32c(FILTER_THREADS);
+    let hist = |f: &mut Func, bin: &I32| f.element::<_, I32>(&HIST, bin);
+    let wsum = |f: &mut Func, w: &I32| f.element::<_, I32>(&WSUM, w);
+    let lane = f.and(&k.tid, &i32c(31));
+    let prefix = f.var(&i32c(0));
+    let want = f.var(need);
+    let on = f.var(&I1::TRUE);
     for level in 0..2u32 {
         let shift = 24 - 8 * level;
         let ha = hist(f, &k.tid);
-        f.s(format!("store i32 0, ptr addrspace(3) {ha}, align 4"));
+        f.store(&i32c(0), &ha, 4);
         f.barrier();
         let pre = f.get(&prefix);
-        f.for_loop(&k.tid, "%tiles", &threads, |f, e| {
-            let (x, _) = heads_load(f, e);
+        f.for_loop(&k.tid, &arg::TILES, &threads, |f, e| {
+            let x = heads_load(f, e).logit;
             let key = f.order_key(&x);
-            let live = f.v(format!("icmp ne i32 {key}, 0"));
+            let live = f.icmp(Icmp::Ne, &key, &i32c(0));
             let inside = if level == 0 {
                 live
             } else {
-                let hi = f.v(format!("lshr i32 {key}, {}", shift + 8));
-                let same = f.v(format!("icmp eq i32 {hi}, {pre}"));
-                f.and1(&live, &same)
+                let hi = f.lshr(&key, &i32c(shift + 8));
+                let same = f.icmp(Icmp::Eq, &hi, &pre);
+                f.and(&live, &same)
             };
             f.if_then(&inside, |f| {
-                let bin = f.v(format!("lshr i32 {key}, {shift}"));
-                let bin = f.v(format!("and i32 {bin}, 255"));
+                let bin = f.lshr(&key, &i32c(shift));
+                let bin = f.and(&bin, &i32c(255));
                 let a = hist(f, &bin);
-                f.s(format!("atomicrmw add ptr addrspace(3) {a}, i32 1 monotonic"));
+                f.atomic_update(Atomic::Add, &a, &i32c(1), None);
             });
         });
         f.barrier();
         // Thread t owns bin t: s = Σ hist[t..] over its warp's bins, then the higher warps.
-        let h = f.v(format!("load i32, ptr addrspace(3) {ha}, align 4"));
+        let h: I32 = f.load(&ha, 4);
         let mut sfx = h.clone();
         for d in [1u32, 2, 4, 8, 16] {
-            let o = f.shfl_down_i32(&sfx, d);
-            let l = f.add(&lane, &d.to_string());
-            let inw = f.ult(&l, "32");
-            let o = f.sel("i32", &inw, &o, "0");
+            let o = f.shfl_down(&sfx, d);
+            let l = f.add(&lane, &i32c(d));
+            let inw = f.icmp(Icmp::Ult, &l, &i32c(32));
+            let o = f.sel(&inw, &o, &i32c(0));
             sfx = f.add(&sfx, &o);
         }
-        let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
+        let lane0 = f.icmp(Icmp::Eq, &lane, &i32c(0));
         f.if_then(&lane0, |f| {
             let a = wsum(f, &k.warp);
-            f.s(format!("store i32 {sfx}, ptr addrspace(3) {a}, align 4"));
+            f.store(&sfx, &a, 4);
         });
         f.barrier();
-        let (mut above, mut total) = ("0".to_string(), "0".to_string());
+        let (mut above, mut total) = (i32c(0), i32c(0));
         for w in 0..WARPS {
-            let a = wsum(f, &w.to_string());
-            let ws = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
-            let hi = f.v(format!("icmp ugt i32 {w}, {}", k.warp));
-            let add = f.sel("i32", &hi, &ws, "0");
+            let a = wsum(f, &i32c(w));
+            let ws: I32 = f.load(&a, 4);
+            let hi = f.icmp(Icmp::Ugt, &i32c(w), &k.warp);
+            let add = f.sel(&hi, &ws, &i32c(0));
             above = f.add(&above, &add);
             total = f.add(&total, &ws);
         }
         let s_t = f.add(&sfx, &above);
-        let s_next = f.v(format!("sub i32 {s_t}, {h}"));
+        let s_next = f.sub(&s_t, &h);
         let wv = f.get(&want);
-        let reach = f.v(format!("icmp uge i32 {s_t}, {wv}"));
-        let short = f.ult(&s_next, &wv);
-        let pick = f.and1(&reach, &short);
+        let reach = f.icmp(Icmp::Uge, &s_t, &wv);
+        let short = f.icmp(Icmp::Ult, &s_next, &wv);
+        let pick = f.and(&reach, &short);
         let (bin_a, above_a) = (misc(f, 4), misc(f, 5));
         f.if_then(&pick, |f| {
-            f.s(format!("store i32 {}, ptr addrspace(3) {bin_a}, align 4", k.tid));
-            f.s(format!("store i32 {s_next}, ptr addrspace(3) {above_a}, align 4"));
+            f.store(&k.tid, &bin_a, 4);
+            f.store(&s_next, &above_a, 4);
         });
         f.barrier();
         if level == 0 {
             // Fewer than `need` live heads: no threshold (and level two is moot).
-            let enough = f.v(format!("icmp uge i32 {total}, {wv}"));
+            let enough = f.icmp(Icmp::Uge, &total, &wv);
             f.set(&on, &enough);
         }
         let ov = f.get(&on);
         f.if_then(&ov, |f| {
-            let bin = f.v(format!("load i32, ptr addrspace(3) {bin_a}, align 4"));
-            let ab = f.v(format!("load i32, ptr addrspace(3) {above_a}, align 4"));
+            let bin = f.load(&bin_a, 4);
+            let ab = f.load(&above_a, 4);
             let p0 = f.get(&prefix);
-            let p1 = f.v(format!("shl i32 {p0}, 8"));
-            let p1 = f.v(format!("or i32 {p1}, {bin}"));
+            let p1 = f.shl(&p0, &i32c(8));
+            let p1 = f.or(&p1, &bin);
             f.set(&prefix, &p1);
-            let w1 = f.v(format!("sub i32 {wv}, {ab}"));
+            let w1 = f.sub(&wv, &ab);
             f.set(&want, &w1);
         });
         // The next level rewrites hist / wsum / misc only after its first two barriers,
         // which every thread passes after these reads.
     }
     let p = f.get(&prefix);
-    let t = f.v(format!("shl i32 {p}, 16"));
+    let t = f.shl(&p, &i32c(16));
     (f.get(&on), t)
 }
 
 /// `abi::filter::survivors` in one thread over the shared top list of `found` entries:
 /// returns `(k, error)`. The f32 steps and their order are the abi's.
-fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) -> (String, String) {
-    let (top_k, top_p, min_p) = filt;
-    let logit = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_top", e).0;
-    let n = f.var("i32", found);
-    let complete = f.ult(found, need);
-    let bounded = f.var("i1", &complete);
-    let err = f.var("i1", "false");
+fn survivors(f: &mut Func, found: &I32, need: &I32, filt: &RowFilter) -> (I32, I1) {
+    let logit = |f: &mut Func, e: &I32| load_shared_scored(f, &TOP, e).logit;
+    let n = f.var(found);
+    let complete = f.icmp(Icmp::Ult, found, need);
+    let bounded = f.var(&complete);
+    let err = f.var(&I1::FALSE);
     // top_k > 0 && top_k <= n
     let nv = f.get(&n);
-    let k_on = f.v(format!("icmp ne i32 {top_k}, 0"));
-    let k_fits = f.v(format!("icmp ule i32 {top_k}, {nv}"));
-    let k_use = f.and1(&k_on, &k_fits);
+    let k_on = f.icmp(Icmp::Ne, &filt.top_k, &i32c(0));
+    let k_fits = f.icmp(Icmp::Ule, &filt.top_k, &nv);
+    let k_use = f.and(&k_on, &k_fits);
     f.if_then(&k_use, |f| {
-        f.set(&n, top_k);
-        f.set(&bounded, "true");
+        f.set(&n, &filt.top_k);
+        f.set(&bounded, &I1::TRUE);
     });
-    let mp_on = f.v(format!("fcmp ogt float {min_p}, 0.0"));
+    let mp_on = f.fcmp(Fcmp::Ogt, &filt.min_p, &F32::ZERO);
     f.if_then(&mp_on, |f| {
-        let top0 = logit(f, "0");
-        let ln = f.v(format!("call float @fs_ln_f32(float {min_p})"));
+        let top0 = logit(f, &i32c(0));
+        let ln = math::ln(f, &filt.min_p);
         let threshold = f.fadd(&top0, &ln);
-        let passing = f.var("i32", "0");
+        let passing = f.var(&i32c(0));
         let nv = f.get(&n);
-        let stop = f.var("i1", "false");
+        let stop = f.var(&I1::FALSE);
         f.while_loop(
             |f| {
                 let pv = f.get(&passing);
-                let more = f.ult(&pv, &nv);
+                let more = f.icmp(Icmp::Ult, &pv, &nv);
                 let st = f.get(&stop);
-                let go = f.v(format!("xor i1 {st}, true"));
-                f.and1(&more, &go)
+                let go = f.not(&st);
+                f.and(&more, &go)
             },
             |f| {
                 let pv = f.get(&passing);
                 let l = logit(f, &pv);
-                let ok = f.v(format!("fcmp oge float {l}, {threshold}"));
+                let ok = f.fcmp(Fcmp::Oge, &l, &threshold);
                 f.if_else(
                     &ok,
                     |f| {
-                        let np = f.add(&pv, "1");
+                        let np = f.add(&pv, &i32c(1));
                         f.set(&passing, &np);
                     },
-                    |f| f.set(&stop, "true"),
+                    |f| f.set(&stop, &I1::TRUE),
                 );
             },
         );
         let pv = f.get(&passing);
         let b = f.get(&bounded);
-        let all = f.v(format!("icmp eq i32 {pv}, {nv}"));
-        let nb = f.v(format!("xor i1 {b}, true"));
-        let bad = f.and1(&nb, &all);
+        let all = f.icmp(Icmp::Eq, &pv, &nv);
+        let nb = f.not(&b);
+        let bad = f.and(&nb, &all);
         let e0 = f.get(&err);
-        let e1 = f.v(format!("or i1 {e0}, {bad}"));
+        let e1 = f.or(&e0, &bad);
         f.set(&err, &e1);
         f.set(&n, &pv);
-        f.set(&bounded, "true");
+        f.set(&bounded, &I1::TRUE);
     });
-    let tp_on = f.v(format!("fcmp olt float {top_p}, 1.0"));
+    let tp_on = f.fcmp(Fcmp::Olt, &filt.top_p, &F32::ONE);
     let b = f.get(&bounded);
     f.if_else(
         &tp_on,
         |f| {
             let nv = f.get(&n);
             // exp(top[i] − shift) was computed by the CTA (`exp_terms`), same f32 steps.
-            let ex_at = |f: &mut Func, i: &str| {
-                let a = f.v(format!("getelementptr float, ptr addrspace(3) @fs_filter_ex, i32 {i}"));
-                f.v(format!("load float, ptr addrspace(3) {a}, align 4"))
+            let ex_at = |f: &mut Func, i: &I32| -> F32 {
+                let a = f.element::<_, F32>(&EX, i);
+                f.load(&a, 4)
             };
-            let cut = f.var("float", top_p);
+            let cut = f.var(&filt.top_p);
             f.if_then(&b, |f| {
-                let total = f.var("float", "0.0");
-                f.for_loop("0", &nv, "1", |f, i| {
+                let total = f.var(&F32::ZERO);
+                f.for_loop(&i32c(0), &nv, &i32c(1), |f, i| {
                     let ex = ex_at(f, i);
                     let t0 = f.get(&total);
                     let t1 = f.fadd(&t0, &ex);
                     f.set(&total, &t1);
                 });
                 let t = f.get(&total);
-                let c = f.fmul(top_p, &t);
+                let c = f.fmul(&filt.top_p, &t);
                 f.set(&cut, &c);
             });
             let cutv = f.get(&cut);
-            let cum = f.var("float", "0.0");
-            let kept = f.var("i32", "0");
-            let stop = f.var("i1", "false");
+            let cum = f.var(&F32::ZERO);
+            let kept = f.var(&i32c(0));
+            let stop = f.var(&I1::FALSE);
             f.while_loop(
                 |f| {
                     let kv = f.get(&kept);
-                    let more = f.ult(&kv, &nv);
+                    let more = f.icmp(Icmp::Ult, &kv, &nv);
                     let st = f.get(&stop);
-                    let go = f.v(format!("xor i1 {st}, true"));
-                    f.and1(&more, &go)
+                    let go = f.not(&st);
+                    f.and(&more, &go)
                 },
                 |f| {
                     let kv = f.get(&kept);
                     let cv = f.get(&cum);
-                    let some = f.v(format!("icmp ne i32 {kv}, 0"));
-                    let reached = f.v(format!("fcmp oge float {cv}, {cutv}"));
-                    let brk = f.and1(&some, &reached);
+                    let some = f.icmp(Icmp::Ne, &kv, &i32c(0));
+                    let reached = f.fcmp(Fcmp::Oge, &cv, &cutv);
+                    let brk = f.and(&some, &reached);
                     f.if_else(
                         &brk,
-                        |f| f.set(&stop, "true"),
+                        |f| f.set(&stop, &I1::TRUE),
                         |f| {
                             let ex = ex_at(f, &kv);
                             let c1 = f.fadd(&cv, &ex);
                             f.set(&cum, &c1);
-                            let k1 = f.add(&kv, "1");
+                            let k1 = f.add(&kv, &i32c(1));
                             f.set(&kept, &k1);
                         },
                     );
@@ -428,21 +436,21 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) ->
             );
             let kv = f.get(&kept);
             let cv = f.get(&cum);
-            let all = f.v(format!("icmp eq i32 {kv}, {nv}"));
-            let short = f.v(format!("fcmp olt float {cv}, {top_p}"));
-            let nb = f.v(format!("xor i1 {b}, true"));
-            let bad = f.and1(&all, &short);
-            let bad = f.and1(&bad, &nb);
+            let all = f.icmp(Icmp::Eq, &kv, &nv);
+            let short = f.fcmp(Fcmp::Olt, &cv, &filt.top_p);
+            let nb = f.not(&b);
+            let bad = f.and(&all, &short);
+            let bad = f.and(&bad, &nb);
             let e0 = f.get(&err);
-            let e1 = f.v(format!("or i1 {e0}, {bad}"));
+            let e1 = f.or(&e0, &bad);
             f.set(&err, &e1);
             f.set(&n, &kv);
         },
         |f| {
             // A row whose filter is off never gets here (it keeps stage two's result).
-            let nb = f.v(format!("xor i1 {b}, true"));
+            let nb = f.not(&b);
             let e0 = f.get(&err);
-            let e1 = f.v(format!("or i1 {e0}, {nb}"));
+            let e1 = f.or(&e0, &nb);
             f.set(&err, &e1);
         },
     );
@@ -452,25 +460,23 @@ fn survivors(f: &mut Func, found: &str, need: &str, filt: (&str, &str, &str)) ->
 /// The first `n` entries of `@fs_filter_top` (`found` of them real) as `out_top[row]`'s top-n
 /// logprobs `(index, logit − lse)`, EMPTY past the row's eligible tokens; nothing when `n` is 0
 /// or there is no `out_top`.
-fn write_top_logprobs(f: &mut Func, k: &Ctx, row: &str, found: &str, lse: &str, n: &str) {
-    let none = (INDEX_NONE as i32).to_string();
-    let top_ok = f.v("icmp ne ptr addrspace(1) %out_top, null");
-    let tn = f.v(format!("icmp ne i32 {n}, 0"));
-    let top_ok = f.and1(&top_ok, &tn);
+fn write_top_logprobs(f: &mut Func, k: &Ctx, row: &I32, found: &I32, lse: &F32, n: &I32) {
+    let none = i32c(INDEX_NONE as i32);
+    let top_ok = f.non_null(&arg::OUT_TOP);
+    let tn = f.icmp(Icmp::Ne, n, &i32c(0));
+    let top_ok = f.and(&top_ok, &tn);
     f.if_then(&top_ok, |f| {
-        f.for_loop(&k.tid, n, &FILTER_THREADS.to_string(), |f, i| {
-            let have = f.ult(i, found);
-            let (x, idx) = load_shared_scored(f, "@fs_filter_top", i);
-            let lp = f.fsub(&x, lse);
-            let lp = f.sel("float", &have, &lp, NEG_INF);
-            let idx = f.sel("i32", &have, &idx, &none);
-            let o = f.mul(row, "%top_n");
+        f.for_loop(&k.tid, n, &i32c(FILTER_THREADS), |f, i| {
+            let have = f.icmp(Icmp::Ult, i, found);
+            let entry = load_shared_scored(f, &TOP, i);
+            let lp = f.fsub(&entry.logit, lse);
+            let logit = f.sel(&have, &lp, &F32::NEG_INF);
+            let index = f.sel(&have, &entry.index, &none);
+            let o = f.mul(row, &arg::TOP_N);
             let o = f.add(&o, i);
-            let o64 = f.zext64(&o);
-            let a = f.gaddr("%out_top", &o64, 8);
-            f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
-            let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-            f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
+            let o64 = f.zext(&o);
+            let a = f.gaddr(&arg::OUT_TOP, &o64, SCORED_BYTES);
+            Scored { logit, index }.store(f, &a);
         });
     });
 }
@@ -480,26 +486,25 @@ fn write_top_logprobs(f: &mut Func, k: &Ctx, row: &str, found: &str, lse: &str, 
 /// Returns whether the row may go on (i1): false when a raw list may have dropped a top
 /// token, and the row's status is then `ListOverflow`. Ends with a barrier (the merge below
 /// reuses the shared top list).
-fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &str, has_raw: &str, vocab_tile: u32) -> String {
-    let ok = f.var("i1", "true");
-    let tn = f.v("icmp ne i32 %top_n, 0");
-    let on = f.and1(has_raw, &tn);
+fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<Global>, has_raw: &I1, vocab_tile: u32) -> I1 {
+    let ok = f.var(&I1::TRUE);
+    let tn = f.icmp(Icmp::Ne, &arg::TOP_N, &i32c(0));
+    let on = f.and(has_raw, &tn);
     // Without an output for them the raw lists are not merged (nor can they overflow).
-    let out = f.v("icmp ne ptr addrspace(1) %out_top, null");
-    let on = f.and1(&on, &out);
+    let out = f.non_null(&arg::OUT_TOP);
+    let on = f.and(&on, &out);
     f.if_then(&on, |f| {
-        let need = f.v(format!("call i32 @llvm.umin.i32(i32 %top_n, i32 {MAX_LIST_CAPACITY})"));
-        let (found, overflow) = merge_lists(f, k, "%raw_lists", r64, &need, vocab_tile);
+        let need = f.umin(&arg::TOP_N, &i32c(MAX_LIST_CAPACITY));
+        let (found, overflow) = merge_lists(f, k, &arg::RAW_LISTS, r64, &need, vocab_tile);
         f.if_else(
             &overflow,
             |f| {
-                f.set(&ok, "false");
-                let t0 = k.tid0.clone();
-                f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {status_addr}, align 4", RowStatus::ListOverflow.code())));
+                f.set(&ok, &I1::FALSE);
+                f.if_then(&k.tid0, |f| f.store(&i32c(RowStatus::ListOverflow.code()), status_addr, 4));
             },
             |f| {
-                let lse = row_f32_or_nan(f, "%raw_lse", r64);
-                write_top_logprobs(f, k, row, &found, &lse, "%top_n");
+                let lse = row_f32_or_nan(f, &arg::RAW_LSE, r64);
+                write_top_logprobs(f, k, row, &found, &lse, &arg::TOP_N);
             },
         );
         f.barrier();
@@ -507,25 +512,38 @@ fn raw_top_logprobs(f: &mut Func, k: &Ctx, row: &str, r64: &str, status_addr: &s
     f.get(&ok)
 }
 
-/// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.
-/// Row `r64`'s `abi::RowFilter` (`top_k` u32, `top_p` f32, `min_p` f32: 12 bytes) from
-/// `%filters`: the one reader of that layout every kernel with filters calls.
-pub(crate) fn load_row_filter(f: &mut Func, r64: &str) -> (String, String, String) {
-    let a = f.gaddr("%filters", r64, 12);
-    let top_k = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-    let top_p = f.v(format!("load float, ptr addrspace(1) {a1}, align 4"));
-    let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-    let min_p = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
-    (top_k, top_p, min_p)
+/// A row's `abi::RowFilter` as values.
+pub(crate) struct RowFilter {
+    pub(crate) top_k: I32,
+    pub(crate) top_p: F32,
+    pub(crate) min_p: F32,
 }
 
-fn row_f32_or_nan(f: &mut Func, ptr: &str, r64: &str) -> String {
-    let out = f.var("float", "0x7FF8000000000000");
-    let has = f.v(format!("icmp ne ptr addrspace(1) {ptr}, null"));
+/// `abi::RowFilter`'s size and its fields' offsets (`top_k` first).
+const ROW_FILTER_BYTES: u32 = size_of::<flashsample_abi::RowFilter>() as u32;
+const ROW_FILTER_TOP_P: u32 = offset_of!(flashsample_abi::RowFilter, top_p) as u32;
+const ROW_FILTER_MIN_P: u32 = offset_of!(flashsample_abi::RowFilter, min_p) as u32;
+const _: () = assert!(offset_of!(flashsample_abi::RowFilter, top_k) == 0);
+
+/// Row `r64`'s `abi::RowFilter` from `%filters`: the one reader of that layout every kernel
+/// with filters calls.
+pub(crate) fn load_row_filter(f: &mut Func, r64: &I64) -> RowFilter {
+    let a = f.gaddr(&arg::FILTERS, r64, ROW_FILTER_BYTES);
+    let top_k = f.load(&a, 4);
+    let a1 = f.offset(&a, ROW_FILTER_TOP_P);
+    let top_p = f.load(&a1, 4);
+    let a2 = f.offset(&a, ROW_FILTER_MIN_P);
+    let min_p = f.load(&a2, 4);
+    RowFilter { top_k, top_p, min_p }
+}
+
+/// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.
+fn row_f32_or_nan(f: &mut Func, ptr: &Ptr<Global>, r64: &I64) -> F32 {
+    let out = f.var(&F32::NAN);
+    let has = f.non_null(ptr);
     f.if_then(&has, |f| {
         let a = f.gaddr(ptr, r64, 4);
-        let v = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+        let v = f.load(&a, 4);
         f.set(&out, &v);
     });
     f.get(&out)
@@ -534,28 +552,28 @@ fn row_f32_or_nan(f: &mut Func, ptr: &str, r64: &str) -> String {
 /// `abi::filter::merge_row` of the row's `lists` (a `Scored [B, tiles, per_tile]` parameter):
 /// the sorted best `need_r` into `@fs_filter_top`, how many were found, and whether a list
 /// may have dropped one of them (i1; `ListError::Overflow`). Uniform over the CTA.
-fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, vocab_tile: u32) -> (String, String) {
-    let none = (INDEX_NONE as i32).to_string();
-    let threads = FILTER_THREADS.to_string();
-    let len = f.mul("%tiles", "%per_tile");
-    let len64 = f.zext64(&len);
-    let rbase = f.v(format!("mul i64 {r64}, {len64}"));
-    let per_tile64 = f.zext64("%per_tile");
-    let heads_load = |f: &mut Func, e: &str| {
-        let e64 = f.zext64(e);
-        let off = f.v(format!("mul i64 {e64}, {per_tile64}"));
-        let off = f.v(format!("add i64 {rbase}, {off}"));
+fn merge_lists(f: &mut Func, k: &Ctx, lists: &Ptr<Global>, r64: &I64, need_r: &I32, vocab_tile: u32) -> (I32, I1) {
+    let none = i32c(INDEX_NONE as i32);
+    let threads = i32c(FILTER_THREADS);
+    let len = f.mul(&arg::TILES, &arg::PER_TILE);
+    let len64 = f.zext(&len);
+    let rbase = f.mul(r64, &len64);
+    let per_tile64: I64 = f.zext(&arg::PER_TILE);
+    let heads_load = |f: &mut Func, e: &I32| {
+        let e64: I64 = f.zext(e);
+        let off = f.mul(&e64, &per_tile64);
+        let off = f.add(&rbase, &off);
         load_global_scored(f, lists, &off)
     };
-    let all_load = |f: &mut Func, e: &str| {
-        let e64 = f.zext64(e);
-        let off = f.v(format!("add i64 {rbase}, {e64}"));
+    let all_load = |f: &mut Func, e: &I32| {
+        let e64 = f.zext(e);
+        let off = f.add(&rbase, &e64);
         load_global_scored(f, lists, &off)
     };
     // Threshold from the tile heads (see the module docs); none when too few.
-    let tau_key = f.var("i32", "0");
-    let tau_on = f.var("i1", "false");
-    let enough = f.v(format!("icmp uge i32 %tiles, {need_r}"));
+    let tau_key = f.var(&i32c(0));
+    let tau_on = f.var(&I1::FALSE);
+    let enough = f.icmp(Icmp::Uge, &arg::TILES, need_r);
     f.if_then(&enough, |f| {
         let (on, key) = head_threshold(f, k, need_r, &heads_load);
         f.set(&tau_on, &on);
@@ -565,37 +583,36 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, voca
     let cnt_a = misc(f, 0);
     let ovf_a = misc(f, 1);
     f.if_then(&k.tid0, |f| {
-        f.s(format!("store i32 0, ptr addrspace(3) {cnt_a}, align 4"));
-        f.s(format!("store i32 0, ptr addrspace(3) {ovf_a}, align 4"));
+        f.store(&i32c(0), &cnt_a, 4);
+        f.store(&i32c(0), &ovf_a, 4);
     });
     f.barrier();
     f.for_loop(&k.tid, &len, &threads, |f, e| {
-        let (x, i) = all_load(f, e);
-        let real = f.v(format!("icmp ne i32 {i}, {none}"));
+        let entry = all_load(f, e);
+        let real = f.icmp(Icmp::Ne, &entry.index, &none);
         // 0 unless x > -inf.
-        let key = f.order_key(&x);
-        let live = f.v(format!("icmp ne i32 {key}, 0"));
-        let below = f.ult(&key, &tkey);
-        let below = f.and1(&ton, &below);
-        let within = f.v(format!("xor i1 {below}, true"));
-        let keep = f.and1(&real, &live);
-        let keep = f.and1(&keep, &within);
+        let key = f.order_key(&entry.logit);
+        let live = f.icmp(Icmp::Ne, &key, &i32c(0));
+        let below = f.icmp(Icmp::Ult, &key, &tkey);
+        let below = f.and(&ton, &below);
+        let within = f.not(&below);
+        let keep = f.and(&real, &live);
+        let keep = f.and(&keep, &within);
         f.if_then(&keep, |f| {
-            let pos = f.v(format!("atomicrmw add ptr addrspace(3) {cnt_a}, i32 1 monotonic"));
-            let fits = f.ult(&pos, &CANDIDATES.to_string());
-            f.if_then(&fits, |f| store_shared_scored(f, "@fs_filter_cand", &pos, &x, &i));
+            let pos = f.atomic(Atomic::Add, &cnt_a, &i32c(1), None);
+            let fits = f.icmp(Icmp::Ult, &pos, &i32c(CANDIDATES));
+            f.if_then(&fits, |f| store_shared_scored(f, &CAND, &pos, &entry));
         });
     });
     f.barrier();
-    let cnt = f.v(format!("load i32, ptr addrspace(3) {cnt_a}, align 4"));
-    let staged = f.v(format!("icmp ule i32 {cnt}, {CANDIDATES}"));
-    let few = f.v(format!("icmp ule i32 {cnt}, {RANK_SORT_MAX}"));
-    let write_top = |f: &mut Func, kk: &str, x: &str, i: &str| {
-        let t0 = k.tid0.clone();
-        f.if_then(&t0, |f| store_shared_scored(f, "@fs_filter_top", kk, x, i));
+    let cnt: I32 = f.load(&cnt_a, 4);
+    let staged = f.icmp(Icmp::Ule, &cnt, &i32c(CANDIDATES));
+    let few = f.icmp(Icmp::Ule, &cnt, &i32c(RANK_SORT_MAX));
+    let write_top = |f: &mut Func, kk: &I32, entry: &Scored| {
+        f.if_then(&k.tid0, |f| store_shared_scored(f, &TOP, kk, entry));
     };
-    let found = f.var("i32", "0");
-    let cand_load = |f: &mut Func, e: &str| load_shared_scored(f, "@fs_filter_cand", e);
+    let found = f.var(&i32c(0));
+    let cand_load = |f: &mut Func, e: &I32| load_shared_scored(f, &CAND, e);
     f.if_else(
         &few,
         |f| {
@@ -603,32 +620,32 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, voca
             // entries beat it. The order is total (distinct indices), so the
             // ranks are distinct and top[..min(cnt, need)] is the sorted best.
             f.for_loop(&k.tid, &cnt, &threads, |f, e| {
-                let (x, i) = cand_load(f, e);
-                let rank = f.var("i32", "0");
-                f.for_loop("0", &cnt, "1", |f, j| {
-                    let (xj, ij) = cand_load(f, j);
-                    let b = f.beats(&xj, &ij, &x, &i);
-                    let b = f.v(format!("zext i1 {b} to i32"));
+                let entry = cand_load(f, e);
+                let rank = f.var(&i32c(0));
+                f.for_loop(&i32c(0), &cnt, &i32c(1), |f, j| {
+                    let other = cand_load(f, j);
+                    let b = beats(f, &other.logit, &other.index, &entry.logit, &entry.index);
+                    let b = f.zext(&b);
                     let r0 = f.get(&rank);
                     let r1 = f.add(&r0, &b);
                     f.set(&rank, &r1);
                 });
                 let r = f.get(&rank);
-                let in_top = f.ult(&r, need_r);
-                f.if_then(&in_top, |f| store_shared_scored(f, "@fs_filter_top", &r, &x, &i));
+                let in_top = f.icmp(Icmp::Ult, &r, need_r);
+                f.if_then(&in_top, |f| store_shared_scored(f, &TOP, &r, &entry));
             });
-            let n = f.v(format!("call i32 @llvm.umin.i32(i32 {cnt}, i32 {need_r})"));
+            let n = f.umin(&cnt, need_r);
             f.set(&found, &n);
         },
         |f| {
             f.if_else(
                 &staged,
                 |f| {
-                    let (n, _, _) = select_rounds(f, k, need_r, &cnt, &cand_load, &write_top);
+                    let (n, _) = select_rounds(f, k, need_r, &cnt, &cand_load, &write_top);
                     f.set(&found, &n);
                 },
                 |f| {
-                    let (n, _, _) = select_rounds(f, k, need_r, &len, &all_load, &write_top);
+                    let (n, _) = select_rounds(f, k, need_r, &len, &all_load, &write_top);
                     f.set(&found, &n);
                 },
             );
@@ -641,28 +658,28 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &str, r64: &str, need_r: &str, voca
     // merge_row's overflow test: a tile whose last entry ranks before the
     // `need`-th selected token may have dropped one. Lists that hold whole tiles
     // (per_tile >= vocab_tile) cannot have dropped anything.
-    let short = f.ult("%per_tile", need_r);
-    let partial = f.ult("%per_tile", &vocab_tile.to_string());
-    let filled = f.v(format!("icmp eq i32 {found}, {need_r}"));
-    let check = f.and1(&short, &partial);
-    let check = f.and1(&check, &filled);
+    let short = f.icmp(Icmp::Ult, &arg::PER_TILE, need_r);
+    let partial = f.icmp(Icmp::Ult, &arg::PER_TILE, &i32c(vocab_tile));
+    let filled = f.icmp(Icmp::Eq, &found, need_r);
+    let check = f.and(&short, &partial);
+    let check = f.and(&check, &filled);
     f.if_then(&check, |f| {
-        let lastk = f.add(need_r, "-1");
-        let (lx, li) = load_shared_scored(f, "@fs_filter_top", &lastk);
-        let pt1 = f.add("%per_tile", "-1");
-        f.for_loop(&k.tid, "%tiles", &threads, |f, t| {
-            let e = f.mul(t, "%per_tile");
+        let lastk = f.add(need_r, &i32c(-1));
+        let last = load_shared_scored(f, &TOP, &lastk);
+        let pt1 = f.add(&arg::PER_TILE, &i32c(-1));
+        f.for_loop(&k.tid, &arg::TILES, &threads, |f, t| {
+            let e = f.mul(t, &arg::PER_TILE);
             let e = f.add(&e, &pt1);
-            let (x, i) = all_load(f, &e);
-            let real = f.v(format!("icmp ne i32 {i}, {none}"));
-            let before = f.beats(&x, &i, &lx, &li);
-            let bad = f.and1(&real, &before);
-            f.if_then(&bad, |f| f.s(format!("store i32 1, ptr addrspace(3) {ovf_a}, align 4")));
+            let entry = all_load(f, &e);
+            let real = f.icmp(Icmp::Ne, &entry.index, &none);
+            let before = beats(f, &entry.logit, &entry.index, &last.logit, &last.index);
+            let bad = f.and(&real, &before);
+            f.if_then(&bad, |f| f.store(&i32c(1), &ovf_a, 4));
         });
     });
     f.barrier();
-    let ovf = f.v(format!("load i32, ptr addrspace(3) {ovf_a}, align 4"));
-    let overflow = f.v(format!("icmp ne i32 {ovf}, 0"));
+    let ovf = f.load(&ovf_a, 4);
+    let overflow = f.icmp(Icmp::Ne, &ovf, &i32c(0));
     (found, overflow)
 }
 
@@ -670,83 +687,77 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
     let mut f = Func::new();
     let row = f.sreg("ctaid.x");
     let tid = f.sreg("tid.x");
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
-    let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
-    let parity = f.var("i32", "0");
+    let warp = f.lshr(&tid, &i32c(5));
+    let lane = f.and(&tid, &i32c(31));
+    let lane0 = f.icmp(Icmp::Eq, &lane, &i32c(0));
+    let tid0 = f.icmp(Icmp::Eq, &tid, &i32c(0));
+    let parity = f.var(&i32c(0));
     let k = Ctx { tid, warp, lane0, tid0, parity };
     let vocab_tile = c.vocab_tile;
 
-    let in_batch = f.ult(&row, "%batch");
+    let in_batch = f.icmp(Icmp::Ult, &row, &arg::BATCH);
     f.if_then(&in_batch, |f| {
-        let r64 = f.zext64(&row);
-        let sa = f.gaddr("%out_status", &r64, 4);
-        let st = f.v(format!("load i32, ptr addrspace(1) {sa}, align 4"));
-        let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
+        let r64 = f.zext(&row);
+        let sa = f.gaddr(&arg::OUT_STATUS, &r64, 4);
+        let st: I32 = f.load(&sa, 4);
+        let ok = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::Ok.code()));
         // Rows stage two failed keep their status; everything below is uniform over the CTA.
         f.if_then(&ok, |f| {
-            let greedy = f.var("i1", "false");
-            let has_greedy = f.v("icmp ne ptr addrspace(1) %greedy, null");
+            let greedy = f.var(&I1::FALSE);
+            let has_greedy = f.non_null(&arg::GREEDY);
             f.if_then(&has_greedy, |f| {
-                let a = f.gaddr("%greedy", &r64, 4);
-                let g = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                let g = f.v(format!("icmp ne i32 {g}, 0"));
+                let a = f.gaddr(&arg::GREEDY, &r64, 4);
+                let g: I32 = f.load(&a, 4);
+                let g = f.icmp(Icmp::Ne, &g, &i32c(0));
                 f.set(&greedy, &g);
             });
-            let top_k = f.var("i32", "0");
-            let top_p = f.var("float", "1.0");
-            let min_p = f.var("float", "0.0");
-            let has_filters = f.v("icmp ne ptr addrspace(1) %filters, null");
+            let top_k = f.var(&i32c(0));
+            let top_p = f.var(&F32::ONE);
+            let min_p = f.var(&F32::ZERO);
+            let has_filters = f.non_null(&arg::FILTERS);
             f.if_then(&has_filters, |f| {
-                let (tk, tp, mp) = load_row_filter(f, &r64);
-                f.set(&top_k, &tk);
-                f.set(&top_p, &tp);
-                f.set(&min_p, &mp);
+                let rf = load_row_filter(f, &r64);
+                f.set(&top_k, &rf.top_k);
+                f.set(&top_p, &rf.top_p);
+                f.set(&min_p, &rf.min_p);
             });
-            let (tk, tp, mp) = (f.get(&top_k), f.get(&top_p), f.get(&min_p));
+            let filt = RowFilter { top_k: f.get(&top_k), top_p: f.get(&top_p), min_p: f.get(&min_p) };
             // RowFilter::is_off: top_k == 0 && top_p >= 1 && min_p <= 0.
-            let k_off = f.v(format!("icmp eq i32 {tk}, 0"));
-            let p_off = f.v(format!("fcmp oge float {tp}, 1.0"));
-            let m_off = f.v(format!("fcmp ole float {mp}, 0.0"));
-            let off = f.and1(&k_off, &p_off);
-            let off = f.and1(&off, &m_off);
+            let k_off = f.icmp(Icmp::Eq, &filt.top_k, &i32c(0));
+            let p_off = f.fcmp(Fcmp::Oge, &filt.top_p, &F32::ONE);
+            let m_off = f.fcmp(Fcmp::Ole, &filt.min_p, &F32::ZERO);
+            let off = f.and(&k_off, &p_off);
+            let off = f.and(&off, &m_off);
             let g = f.get(&greedy);
-            let skip = f.v(format!("or i1 {off}, {g}"));
-            let filtered = f.v(format!("xor i1 {skip}, true"));
+            let skip = f.or(&off, &g);
+            let filtered = f.not(&skip);
             // DESIGN.md step 10: raw top logprobs come from the raw lists, merged first; the
             // processed lists then serve the filter alone.
-            let has_raw = f.v("icmp ne ptr addrspace(1) %raw_lists, null");
-            let raw_ok = raw_top_logprobs(f, &k, &row, &r64, sa.text(), &has_raw, vocab_tile);
-            let top_n = f.sel("i32", &has_raw, "0", "%top_n");
-            let need_r = f.sel("i32", &filtered, "%need", &top_n);
-            let need_r = f.v(format!(
-                "call i32 @llvm.umin.i32(i32 {need_r}, i32 {})",
-                MAX_LIST_CAPACITY
-            ));
-            let any = f.v(format!("icmp ne i32 {need_r}, 0"));
-            let any = f.and1(&any, &raw_ok);
+            let has_raw = f.non_null(&arg::RAW_LISTS);
+            let raw_ok = raw_top_logprobs(f, &k, &row, &r64, &sa, &has_raw, vocab_tile);
+            let top_n = f.sel(&has_raw, &i32c(0), &arg::TOP_N);
+            let need_r = f.sel(&filtered, &arg::NEED, &top_n);
+            let need_r = f.umin(&need_r, &i32c(MAX_LIST_CAPACITY));
+            let any = f.icmp(Icmp::Ne, &need_r, &i32c(0));
+            let any = f.and(&any, &raw_ok);
             f.if_then(&any, |f| {
-                let (found, overflow) = merge_lists(f, &k, "%lists", &r64, &need_r, vocab_tile);
+                let (found, overflow) = merge_lists(f, &k, &arg::LISTS, &r64, &need_r, vocab_tile);
                 f.if_else(
                     &overflow,
-                    |f| {
-                        let t0 = k.tid0.clone();
-                        f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {sa}, align 4", RowStatus::ListOverflow.code())));
-                    },
+                    |f| f.if_then(&k.tid0, |f| f.store(&i32c(RowStatus::ListOverflow.code()), &sa, 4)),
                     |f| {
                         // lse = 0 (a launch without the logsumexp, CodegenOptions::
                         // skip_logsumexp): NaN. The runtime passes 0 only when no row reads it
                         // (no top logprobs, no lone top-p); a stray read poisons, never faults.
-                        let lse = row_f32_or_nan(f, "%lse", &r64);
+                        let lse = row_f32_or_nan(f, &arg::LSE, &r64);
                         write_top_logprobs(f, &k, &row, &found, &lse, &top_n);
-                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, sa.text(), &found, (&tk, &tp, &mp), &lse));
+                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, &filt, &lse));
                     },
                 );
             });
         });
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&FILTER.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{FILTER_THREADS}\"")))
 }
 
@@ -755,23 +766,22 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
 /// f32 sums), so only the `exp`s, which are independent, run in parallel. `shift` is
 /// `survivors`' choice: `top[0]` when the candidate set is bounded (complete lists, a
 /// top-k that fits, or min-p), else the row's logsumexp. Ends with a barrier.
-fn exp_terms(f: &mut Func, k: &Ctx, found: &str, need: &str, filt: (&str, &str, &str), lse: &str) {
-    let (top_k, _, min_p) = filt;
-    let complete = f.ult(found, need);
-    let k_on = f.v(format!("icmp ne i32 {top_k}, 0"));
-    let k_fits = f.v(format!("icmp ule i32 {top_k}, {found}"));
-    let k_use = f.and1(&k_on, &k_fits);
-    let mp_on = f.v(format!("fcmp ogt float {min_p}, 0.0"));
-    let b = f.v(format!("or i1 {complete}, {k_use}"));
-    let b = f.v(format!("or i1 {b}, {mp_on}"));
-    let (top0, _) = load_shared_scored(f, "@fs_filter_top", "0");
-    let shift = f.sel("float", &b, &top0, lse);
-    f.for_loop(&k.tid, found, &FILTER_THREADS.to_string(), |f, i| {
-        let (l, _) = load_shared_scored(f, "@fs_filter_top", i);
+fn exp_terms(f: &mut Func, k: &Ctx, found: &I32, need: &I32, filt: &RowFilter, lse: &F32) {
+    let complete = f.icmp(Icmp::Ult, found, need);
+    let k_on = f.icmp(Icmp::Ne, &filt.top_k, &i32c(0));
+    let k_fits = f.icmp(Icmp::Ule, &filt.top_k, found);
+    let k_use = f.and(&k_on, &k_fits);
+    let mp_on = f.fcmp(Fcmp::Ogt, &filt.min_p, &F32::ZERO);
+    let b = f.or(&complete, &k_use);
+    let b = f.or(&b, &mp_on);
+    let top0 = load_shared_scored(f, &TOP, &i32c(0)).logit;
+    let shift = f.sel(&b, &top0, lse);
+    f.for_loop(&k.tid, found, &i32c(FILTER_THREADS), |f, i| {
+        let l = load_shared_scored(f, &TOP, i).logit;
         let d = f.fsub(&l, &shift);
-        let ex = f.v(format!("call float @fs_exp_f32(float {d})"));
-        let a = f.v(format!("getelementptr float, ptr addrspace(3) @fs_filter_ex, i32 {i}"));
-        f.s(format!("store float {ex}, ptr addrspace(3) {a}, align 4"));
+        let ex = math::exp(f, &d);
+        let a = f.element::<_, F32>(&EX, i);
+        f.store(&ex, &a, 4);
     });
     f.barrier();
 }
@@ -779,72 +789,50 @@ fn exp_terms(f: &mut Func, k: &Ctx, found: &str, need: &str, filt: (&str, &str, 
 /// Survivors (thread 0, broadcast through shared memory), then per sample the Gumbel-max
 /// draw over them (`abi::filter::draw`), overwriting stage two's outputs.
 #[allow(clippy::too_many_arguments)]
-fn draw_filtered(
-    f: &mut Func,
-    k: &Ctx,
-    row: &str,
-    r64: &str,
-    status_addr: &str,
-    found: &str,
-    filt: (&str, &str, &str),
-    lse: &str,
-) {
-    let none = (INDEX_NONE as i32).to_string();
+fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<Global>, found: &I32, filt: &RowFilter, lse: &F32) {
+    let none = i32c(INDEX_NONE as i32);
     let kept_a = misc(f, 2);
     let err_a = misc(f, 3);
-    exp_terms(f, k, found, "%need", filt, lse);
-    let t0 = k.tid0.clone();
-    f.if_then(&t0, |f| {
-        let (n, err) = survivors(f, found, "%need", filt);
-        let e = f.v(format!("zext i1 {err} to i32"));
-        f.s(format!("store i32 {n}, ptr addrspace(3) {kept_a}, align 4"));
-        f.s(format!("store i32 {e}, ptr addrspace(3) {err_a}, align 4"));
+    exp_terms(f, k, found, &arg::NEED, filt, lse);
+    f.if_then(&k.tid0, |f| {
+        let (n, err) = survivors(f, found, &arg::NEED, filt);
+        let e: I32 = f.zext(&err);
+        f.store(&n, &kept_a, 4);
+        f.store(&e, &err_a, 4);
     });
     f.barrier();
-    let kept = f.v(format!("load i32, ptr addrspace(3) {kept_a}, align 4"));
-    let err = f.v(format!("load i32, ptr addrspace(3) {err_a}, align 4"));
-    let bad = f.v(format!("icmp ne i32 {err}, 0"));
+    let kept = f.load(&kept_a, 4);
+    let err = f.load(&err_a, 4);
+    let bad = f.icmp(Icmp::Ne, &err, &i32c(0));
     f.if_else(
         &bad,
-        |f| {
-            let t0 = k.tid0.clone();
-            f.if_then(&t0, |f| f.s(format!("store i32 {}, ptr addrspace(1) {status_addr}, align 4", RowStatus::NucleusTooLarge.code())));
-        },
+        |f| f.if_then(&k.tid0, |f| f.store(&i32c(RowStatus::NucleusTooLarge.code()), status_addr, 4)),
         |f| {
             // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
-            let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-            let (key_lo, key_hi, ctr_row) = crate::math::row_stream(f, &has_rs, row, r64);
-            let word3 = crate::math::token_word3(f, r64);
-            f.for_loop("0", "%samples", "1", |f, s| {
-                let (bs, bi, bl) = block_best(f, k, |f, vs, vi, vp| {
-                    f.for_loop(&k.tid, &kept, &FILTER_THREADS.to_string(), |f, e| {
-                        let (x, i) = load_shared_scored(f, "@fs_filter_top", e);
-                        let g = f.add(&i, "%vocab_offset");
-                        let bits = crate::math::token_bits(f, &g, &ctr_row, s, &word3, (&key_lo, &key_hi));
-                        let gum = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
-                        let score = f.fadd(&x, &gum);
-                        let (s0, i0, p0) = (f.get(vs), f.get(vi), f.get(vp));
-                        let take = f.beats(&score, &i, &s0, &i0);
-                        let ns = f.sel("float", &take, &score, &s0);
-                        let ni = f.sel("i32", &take, &i, &i0);
-                        let np = f.sel("float", &take, &x, &p0);
-                        f.set(vs, &ns);
-                        f.set(vi, &ni);
-                        f.set(vp, &np);
+            let has_rs = f.non_null(&arg::ROW_SEEDS);
+            let stream = math::row_stream(f, &has_rs, row, r64);
+            let word3 = math::token_word3(f, r64);
+            f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
+                let best = block_best(f, k, |f, best| {
+                    f.for_loop(&k.tid, &kept, &i32c(FILTER_THREADS), |f, e| {
+                        let entry = load_shared_scored(f, &TOP, e);
+                        let g = f.add(&entry.index, &arg::VOCAB_OFFSET);
+                        let bits = math::token_bits(f, &g, &stream, s, &word3);
+                        let gum = math::gumbel(f, &bits);
+                        let score = f.fadd(&entry.logit, &gum);
+                        let cur = best.get(f);
+                        let next = cur.keep_best(f, &Candidate { score, index: entry.index, logit: entry.logit });
+                        best.set(f, &next);
                     });
                 });
-                let bl = drawn_raw_logit(f, k, r64, &bi, &bl);
-                let t0 = k.tid0.clone();
-                let real = f.v(format!("icmp ne i32 {bi}, {none}"));
-                let w = f.and1(&t0, &real);
+                let logit = drawn_raw_logit(f, k, r64, &best.index, &best.logit);
+                let real = f.icmp(Icmp::Ne, &best.index, &none);
+                let w = f.and(&k.tid0, &real);
                 f.if_then(&w, |f| {
-                    let o = f.mul(row, "%samples");
+                    let o = f.mul(row, &arg::SAMPLES);
                     let o = f.add(&o, s);
-                    let o64 = f.zext64(&o);
-                    for (ptr, ty, v) in [("%out_tokens", "i32", &bi), ("%out_scores", "float", &bs), ("%out_logits", "float", &bl)] {
-                        let a = f.gaddr(ptr, &o64, 4);
-                        f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
-                    }
+                    let o64 = f.zext(&o);
+                    Candidate { logit, ..best.clone() }.store_sample(f, &o64);
                 });
             });
         },
@@ -854,33 +842,33 @@ fn draw_filtered(
 /// DESIGN.md step 10 (`abi::raw::raw_logit_of`): with `%list_raws`, the raw logit stored beside
 /// the drawn `token`'s entry in the row's processed lists (one entry holds it; NaN if none
 /// does), else `logit`. `token` is uniform (a [`block_best`] result), so are the barriers.
-fn drawn_raw_logit(f: &mut Func, k: &Ctx, r64: &str, token: &str, logit: &str) -> String {
-    let out = f.var("float", logit);
-    let has = f.v("icmp ne ptr addrspace(1) %list_raws, null");
+fn drawn_raw_logit(f: &mut Func, k: &Ctx, r64: &I64, token: &I32, logit: &F32) -> F32 {
+    let out = f.var(logit);
+    let has = f.non_null(&arg::LIST_RAWS);
     f.if_then(&has, |f| {
         let slot = misc(f, 4);
-        let t0 = k.tid0.clone();
-        f.if_then(&t0, |f| f.s(format!("store float 0x7FF8000000000000, ptr addrspace(3) {slot}, align 4")));
+        f.if_then(&k.tid0, |f| f.store(&F32::NAN, &slot, 4));
         f.barrier();
-        let len = f.mul("%tiles", "%per_tile");
-        let len64 = f.zext64(&len);
-        let rbase = f.v(format!("mul i64 {r64}, {len64}"));
-        f.for_loop(&k.tid, &len, &FILTER_THREADS.to_string(), |f, e| {
-            let e64 = f.zext64(e);
-            let off = f.v(format!("add i64 {rbase}, {e64}"));
-            let (_, i) = load_global_scored(f, "%lists", &off);
-            let hit = f.v(format!("icmp eq i32 {i}, {token}"));
+        let len = f.mul(&arg::TILES, &arg::PER_TILE);
+        let len64 = f.zext(&len);
+        let rbase = f.mul(r64, &len64);
+        f.for_loop(&k.tid, &len, &i32c(FILTER_THREADS), |f, e| {
+            let e64 = f.zext(e);
+            let off = f.add(&rbase, &e64);
+            let entry = load_global_scored(f, &arg::LISTS, &off);
+            let hit = f.icmp(Icmp::Eq, &entry.index, token);
             f.if_then(&hit, |f| {
-                let a = f.gaddr("%list_raws", &off, 4);
-                let r = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                f.s(format!("store float {r}, ptr addrspace(3) {slot}, align 4"));
+                let a = f.gaddr(&arg::LIST_RAWS, &off, 4);
+                let r: F32 = f.load(&a, 4);
+                f.store(&r, &slot, 4);
             });
         });
         f.barrier();
-        let r = f.v(format!("load float, ptr addrspace(3) {slot}, align 4"));
+        let r = f.load(&slot, 4);
         f.set(&out, &r);
         // The next sample rewrites the slot.
         f.barrier();
     });
     f.get(&out)
 }
+

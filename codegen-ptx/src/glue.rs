@@ -12,7 +12,8 @@
 //!
 //! One module of sm_80 PTX serves every device (the driver JIT-compiles it).
 
-use crate::ir::{self, f32c, Func};
+use crate::ir::{self, f32c, i32c, Fcmp, Func, Icmp, Value, F32, I1, I32, I64};
+use crate::params::arg;
 use crate::params::{StoreWordsArgs, FINALIZE, GREEDY_FLAGS, STORE_WORDS};
 use crate::{ir_to_ptx, PtxError};
 use flashsample_abi::INDEX_NONE;
@@ -37,12 +38,12 @@ impl StoreWordsArgs {
 }
 
 /// The thread's element (`ctaid.x · GLUE_THREADS + tid.x`) and whether it is below `%n`.
-fn element(f: &mut Func) -> (String, String) {
+fn element(f: &mut Func) -> (I32, I1) {
     let cta = f.sreg("ctaid.x");
     let tid = f.sreg("tid.x");
-    let i = f.mul(&cta, &GLUE_THREADS.to_string());
+    let i = f.mul(&cta, &i32c(GLUE_THREADS));
     let i = f.add(&i, &tid);
-    let live = f.ult(&i, "%n");
+    let live = f.icmp(Icmp::Ult, &i, &arg::N);
     (i, live)
 }
 
@@ -54,16 +55,16 @@ fn greedy_flags() -> String {
     let mut f = Func::new();
     let (i, live) = element(&mut f);
     f.if_then(&live, |f| {
-        let i64 = f.zext64(&i);
-        let a = f.gaddr("%temperatures", &i64, 4);
-        let t = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-        let zero = f.v(format!("fcmp oeq float {t}, {}", f32c(0.0)));
-        let zero = f.v(format!("zext i1 {zero} to i32"));
-        let flag = f.v(format!("or i32 {zero}, %all_greedy"));
-        let o = f.gaddr("%out", &i64, 4);
-        f.s(format!("store i32 {flag}, ptr addrspace(1) {o}, align 4"));
+        let i64 = f.zext(&i);
+        let a = f.gaddr(&arg::TEMPERATURES, &i64, 4);
+        let t = f.load(&a, 4);
+        let zero = f.fcmp(Fcmp::Oeq, &t, &f32c(0.0));
+        let zero: I32 = f.zext(&zero);
+        let flag = f.or(&zero, &arg::ALL_GREEDY);
+        let o = f.gaddr(&arg::OUT, &i64, 4);
+        f.store(&flag, &o, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&GREEDY_FLAGS.llvm_header(GREEDY_FLAGS.kernel, &attrs()))
 }
 
@@ -71,47 +72,47 @@ fn finalize() -> String {
     let mut f = Func::new();
     let (i, live) = element(&mut f);
     f.if_then(&live, |f| {
-        let row = f.v(format!("udiv i32 {i}, %samples"));
-        let r64 = f.zext64(&row);
-        let i64 = f.zext64(&i);
-        let sa = f.gaddr("%status", &r64, 4);
-        let st = f.v(format!("load i32, ptr addrspace(1) {sa}, align 4"));
-        let bad = f.v(format!("icmp ne i32 {st}, 0"));
-        let want_lp = f.v("icmp ne ptr addrspace(1) %logprobs, null");
+        let row = f.udiv(&i, &arg::SAMPLES);
+        let r64 = f.zext(&row);
+        let i64 = f.zext(&i);
+        let sa = f.gaddr(&arg::STATUS, &r64, 4);
+        let st: I32 = f.load(&sa, 4);
+        let bad = f.icmp(Icmp::Ne, &st, &i32c(0));
+        let want_lp = f.non_null(&arg::LOGPROBS);
         f.if_else(
             &bad,
             |f| {
-                let ta = f.gaddr("%tokens", &i64, 4);
-                f.s(format!("store i32 {}, ptr addrspace(1) {ta}, align 4", INDEX_NONE as i32));
+                let ta = f.gaddr(&arg::TOKENS, &i64, 4);
+                f.store(&i32c(INDEX_NONE as i32), &ta, 4);
                 f.if_then(&want_lp, |f| {
-                    let la = f.gaddr("%logprobs", &i64, 4);
-                    f.s(format!("store float 0x7FF8000000000000, ptr addrspace(1) {la}, align 4"));
+                    let la = f.gaddr(&arg::LOGPROBS, &i64, 4);
+                    f.store(&F32::NAN, &la, 4);
                 });
             },
             |f| {
                 f.if_then(&want_lp, |f| {
-                    let xa = f.gaddr("%logits", &i64, 4);
-                    let x = f.v(format!("load float, ptr addrspace(1) {xa}, align 4"));
-                    let la = f.gaddr("%lse", &r64, 4);
-                    let l = f.v(format!("load float, ptr addrspace(1) {la}, align 4"));
+                    let xa = f.gaddr(&arg::LOGITS, &i64, 4);
+                    let x: F32 = f.load(&xa, 4);
+                    let la = f.gaddr(&arg::LSE, &r64, 4);
+                    let l = f.load(&la, 4);
                     let lp = f.fsub(&x, &l);
-                    let oa = f.gaddr("%logprobs", &i64, 4);
-                    f.s(format!("store float {lp}, ptr addrspace(1) {oa}, align 4"));
+                    let oa = f.gaddr(&arg::LOGPROBS, &i64, 4);
+                    f.store(&lp, &oa, 4);
                 });
             },
         );
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&FINALIZE.llvm_header(FINALIZE.kernel, &attrs()))
 }
 
 fn store_words() -> String {
     let mut f = Func::new();
     for w in 0..STORE_WORDS_COUNT {
-        let a = f.v(format!("getelementptr i8, ptr addrspace(1) %dst, i64 {}", 8 * w));
-        f.s(format!("store i64 %w{w}, ptr addrspace(1) {a}, align 8"));
+        let a = f.offset(&arg::DST, 8 * w as u32);
+        f.store(&I64::raw(format!("%w{w}")), &a, 8);
     }
-    f.s("ret void");
+    f.ret_void();
     f.finish(&STORE_WORDS.llvm_header(STORE_WORDS.kernel, "\"nvvm.maxntid\"=\"1\""))
 }
 

@@ -11,6 +11,7 @@
 
 mod config;
 mod decide;
+mod entries;
 mod filter;
 mod heuristic;
 mod ir;

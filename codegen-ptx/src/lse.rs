@@ -8,7 +8,8 @@
 //!   `LseSum::merge`): `(w, s0, s1, s2) ⊕ (w', s0', s1', s2')`.
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
 
-use crate::ir::{f32c, Func, NEG_INF};
+use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, F32, F64, I1, I128, I32, I64};
+use crate::math;
 use flashsample_abi::LsePartial;
 use std::mem::{offset_of, size_of};
 use flashsample_abi::lse::{
@@ -19,6 +20,8 @@ use flashsample_abi::lse::{
 pub(crate) const PARTIAL_TY: &str = "{ i32, i64, i64, i64 }";
 /// The struct `@fs_lse_merge128` returns.
 pub(crate) const SUM_TY: &str = "{ i32, i128, i128, i128 }";
+/// The struct `@fs_lse_term` returns: the term's window and value.
+const TERM_TY: &str = "{ i32, i64 }";
 
 /// Declarations the helpers use beyond the module prelude.
 pub(crate) const DECLS: &str = "declare float @llvm.floor.f32(float)
@@ -27,75 +30,113 @@ declare double @llvm.nvvm.add.rn.d(double, double)
 declare double @llvm.nvvm.mul.rn.d(double, double)
 ";
 
+/// The word of a partial's sums: `i64` (`abi::LsePartial`, one thread's or one tile's) or
+/// `i128` (`abi::LseSum`, a row's), each with its merge function.
+pub(crate) trait SumWord: Int {
+    /// The merge function's name (without `@`).
+    const MERGE: &'static str;
+    /// The partial as the merge function returns it.
+    const PARTIAL: &'static str;
+    /// 32-bit words per sum (one shuffle each).
+    const WORDS: u32;
+}
+
+impl SumWord for I64 {
+    const MERGE: &'static str = "fs_lse_merge";
+    const PARTIAL: &'static str = PARTIAL_TY;
+    const WORDS: u32 = 2;
+}
+
+impl SumWord for I128 {
+    const MERGE: &'static str = "fs_lse_merge128";
+    const PARTIAL: &'static str = SUM_TY;
+    const WORDS: u32 = 4;
+}
+
+/// A logsumexp partial: its top window and the sums of the `KEPT_WINDOWS` windows at and
+/// below it.
+#[derive(Clone, Debug)]
+pub(crate) struct Partial<S> {
+    pub(crate) window: I32,
+    pub(crate) sums: [S; KEPT_WINDOWS],
+}
+
+impl<S: SumWord> Partial<S> {
+    /// The empty partial (`LsePartial::EMPTY`, `LseSum::EMPTY`).
+    pub(crate) fn empty() -> Self {
+        Partial { window: i32c(EMPTY_WINDOW), sums: std::array::from_fn(|_| S::c(0)) }
+    }
+
+    /// The window, then the sums: how the helper functions take a partial.
+    fn operands(&self) -> Vec<&dyn Operand> {
+        std::iter::once(&self.window as &dyn Operand).chain(self.sums.iter().map(|s| s as &dyn Operand)).collect()
+    }
+}
+
 /// `abi::LsePartial`'s size and its window's offset (the three u64 sums come first).
 const PARTIAL_BYTES: u32 = size_of::<LsePartial>() as u32;
 const PARTIAL_WINDOW: u32 = offset_of!(LsePartial, window) as u32;
 
-/// Stores partial `(w, sums)` (u64 sums) as `abi::LsePartial` number `index64` of `buffer`.
-pub(crate) fn store_partial(f: &mut Func, buffer: &str, index64: &str, w: &str, sums: &[String; KEPT_WINDOWS]) {
+/// Stores partial `p` as `abi::LsePartial` number `index64` of `buffer`.
+pub(crate) fn store_partial(f: &mut Func, buffer: &Ptr<Global>, index64: &I64, p: &Partial<I64>) {
     let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
-    for (k, v) in sums.iter().enumerate() {
-        let p = f.offset(&a, 8 * k as u32);
-        f.s(format!("store i64 {v}, ptr addrspace(1) {p}, align 8"));
+    for (k, v) in p.sums.iter().enumerate() {
+        let at = f.offset(&a, 8 * k as u32);
+        f.store(v, &at, 8);
     }
-    let p = f.offset(&a, PARTIAL_WINDOW);
-    f.s(format!("store i32 {w}, ptr addrspace(1) {p}, align 4"));
-    let p = f.offset(&a, PARTIAL_WINDOW + 4);
-    f.s(format!("store i32 0, ptr addrspace(1) {p}, align 4"));
+    let at = f.offset(&a, PARTIAL_WINDOW);
+    f.store(&p.window, &at, 4);
+    let at = f.offset(&a, PARTIAL_WINDOW + 4);
+    f.store(&i32c(0), &at, 4);
 }
 
 /// Loads `abi::LsePartial` number `index64` of `buffer`, its sums widened to u128.
-pub(crate) fn load_partial_wide(f: &mut Func, buffer: &str, index64: &str) -> (String, [String; KEPT_WINDOWS]) {
+pub(crate) fn load_partial_wide(f: &mut Func, buffer: &Ptr<Global>, index64: &I64) -> Partial<I128> {
     let a = f.gaddr(buffer, index64, PARTIAL_BYTES);
     let sums = std::array::from_fn(|k| {
-        let p = f.offset(&a, 8 * k as u32);
-        let v = f.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
-        f.v(format!("zext i64 {v} to i128"))
+        let at = f.offset(&a, 8 * k as u32);
+        let v: I64 = f.load(&at, 8);
+        f.zext(&v)
     });
-    let p = f.offset(&a, PARTIAL_WINDOW);
-    (f.v(format!("load i32, ptr addrspace(1) {p}, align 4")), sums)
-}
-
-/// An f64 constant in LLVM's exact hexadecimal form.
-fn f64c(v: f64) -> String {
-    format!("0x{:016X}", v.to_bits())
+    let at = f.offset(&a, PARTIAL_WINDOW);
+    Partial { window: f.load(&at, 4), sums }
 }
 
 /// The window part of `LseTerm::of(x)`: whether `x` counts (finite), `floor(x / 16)` (the
 /// remainder's base) and the clamped window (`EMPTY_WINDOW` when `x` does not count).
 struct Window {
-    finite: String,
-    floor: String,
-    window: String,
+    finite: I1,
+    floor: F32,
+    window: I32,
 }
 
-fn window_of(f: &mut Func, x: &str) -> Window {
-    let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
-    let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
+fn window_of(f: &mut Func, x: &F32) -> Window {
+    let ax = f.fabs(x);
+    let finite = f.fcmp(Fcmp::Olt, &ax, &F32::POS_INF);
     let scaled = f.fmul(x, &f32c(INV_WINDOW));
-    let floor = f.v(format!("call float @llvm.floor.f32(float {scaled})"));
+    let floor = f.call("@llvm.floor.f32", &[&scaled]);
     let lim = WINDOW_LIMIT as f32;
-    let kc = f.v(format!("call float @llvm.maxnum.f32(float {floor}, float {})", f32c(-lim)));
-    let kc = f.v(format!("call float @llvm.minnum.f32(float {kc}, float {})", f32c(lim)));
-    let w = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {kc})"));
-    let window = f.sel("i32", &finite, &w, &EMPTY_WINDOW.to_string());
+    let kc = f.maxnum(&floor, &f32c(-lim));
+    let kc = f.minnum(&kc, &f32c(lim));
+    let w = f.call("@llvm.fptosi.sat.i32.f32", &[&kc]);
+    let window = f.sel(&finite, &w, &i32c(EMPTY_WINDOW));
     Window { finite, floor, window }
 }
 
 /// `abi::lse::LseTerm::of`.
 fn term(attr: &str) -> String {
     let mut f = Func::new();
-    let w = window_of(&mut f, "%x");
+    let x = F32::named("%x");
+    let w = window_of(&mut f, &x);
     let kw = f.fmul(&w.floor, &f32c(WINDOW));
-    let rem = f.fsub("%x", &kw);
-    let t = f.v(format!("call float @fs_exp_f32(float {rem})"));
+    let rem = f.fsub(&x, &kw);
+    let t = math::exp(&mut f, &rem);
     let tt = f.fmul(&t, &f32c(TERM_SCALE));
-    let value = f.v(format!("call i64 @llvm.fptoui.sat.i64.f32(float {tt})"));
-    let window = w.window;
-    let value = f.sel("i64", &w.finite, &value, "0");
-    let r = f.v(format!("insertvalue {{ i32, i64 }} undef, i32 {window}, 0"));
-    let r = f.v(format!("insertvalue {{ i32, i64 }} {r}, i64 {value}, 1"));
-    f.s(format!("ret {{ i32, i64 }} {r}"));
+    let value: I64 = f.call("@llvm.fptoui.sat.i64.f32", &[&tt]);
+    let value = f.sel(&w.finite, &value, &I64::c(0));
+    let r = f.insert(&Agg::undef(TERM_TY), &w.window, 0);
+    let r = f.insert(&r, &value, 1);
+    f.ret_agg(&r);
     f.finish(&format!("define internal {{ i32, i64 }} @fs_lse_term(float %x) {attr}"))
 }
 
@@ -103,161 +144,166 @@ fn term(attr: &str) -> String {
 /// so a thread's top window is the window of its largest finite logit.
 fn window(attr: &str) -> String {
     let mut f = Func::new();
-    let w = window_of(&mut f, "%x");
-    f.s(format!("ret i32 {}", w.window));
+    let w = window_of(&mut f, &F32::named("%x"));
+    f.ret(&w.window);
     f.finish(&format!("define internal i32 @fs_lse_window(float %x) {attr}"))
 }
 
 /// Entry `i` of `sums` (of window `from`) realigned to the top window `to`: `sums[i − (to −
 /// from)]` or 0, given `shift = to − from ≥ 0`.
-fn realigned(f: &mut Func, ty: &str, sums: &[String], shift: &str, i: usize) -> String {
-    let mut r = "0".to_string();
+fn realigned<S: SumWord>(f: &mut Func, sums: &[S], shift: &I32, i: usize) -> S {
+    let mut r = S::c(0);
     for (j, s) in sums.iter().enumerate().take(i + 1) {
-        let hit = f.v(format!("icmp eq i32 {shift}, {}", i - j));
-        r = f.sel(ty, &hit, s, &r);
+        let hit = f.icmp(Icmp::Eq, shift, &i32c((i - j) as u32));
+        r = f.sel(&hit, s, &r);
     }
     r
 }
 
-/// `(wa, a) ⊕ (wb, b)` with sums of type `ty` (`LsePartial::merge` / `LseSum::merge`).
-fn merge(name: &str, ty: &str, ret: &str, attr: &str) -> String {
+/// `(wa, a) ⊕ (wb, b)` with sums of type `S` (`LsePartial::merge` / `LseSum::merge`).
+fn merge<S: SumWord>(attr: &str) -> String {
     let mut f = Func::new();
-    let a: Vec<String> = (0..KEPT_WINDOWS).map(|i| format!("%a{i}")).collect();
-    let b: Vec<String> = (0..KEPT_WINDOWS).map(|i| format!("%b{i}")).collect();
-    let a_higher = f.v("icmp sgt i32 %wa, %wb");
-    let top = f.sel("i32", &a_higher, "%wa", "%wb");
-    let da = f.v(format!("sub i32 {top}, %wa"));
-    let db = f.v(format!("sub i32 {top}, %wb"));
-    let mut r = f.v(format!("insertvalue {ret} undef, i32 {top}, 0"));
+    let a: Vec<S> = (0..KEPT_WINDOWS).map(|i| S::raw(format!("%a{i}"))).collect();
+    let b: Vec<S> = (0..KEPT_WINDOWS).map(|i| S::raw(format!("%b{i}"))).collect();
+    let (wa, wb) = (I32::named("%wa"), I32::named("%wb"));
+    let a_higher = f.icmp(Icmp::Sgt, &wa, &wb);
+    let top = f.sel(&a_higher, &wa, &wb);
+    let da = f.sub(&top, &wa);
+    let db = f.sub(&top, &wb);
+    let mut r = f.insert(&Agg::undef(S::PARTIAL), &top, 0);
     for i in 0..KEPT_WINDOWS {
-        let x = realigned(&mut f, ty, &a, &da, i);
-        let y = realigned(&mut f, ty, &b, &db, i);
-        let s = f.v(format!("add {ty} {x}, {y}"));
-        r = f.v(format!("insertvalue {ret} {r}, {ty} {s}, {}", i + 1));
+        let x = realigned(&mut f, &a, &da, i);
+        let y = realigned(&mut f, &b, &db, i);
+        let s = f.add(&x, &y);
+        r = f.insert(&r, &s, i + 1);
     }
-    f.s(format!("ret {ret} {r}"));
+    f.ret_agg(&r);
+    let (ty, ret, name) = (S::LLVM, S::PARTIAL, S::MERGE);
     let params = |p: &str| (0..KEPT_WINDOWS).map(|i| format!("{ty} %{p}{i}")).collect::<Vec<_>>().join(", ");
     f.finish(&format!("define internal {ret} @{name}(i32 %wa, {}, i32 %wb, {}) {attr}", params("a"), params("b")))
 }
 
 /// `abi::lse::u128_to_f64`.
-fn u128_to_f64(f: &mut Func, v: &str) -> String {
-    let hi = f.v(format!("lshr i128 {v}, 64"));
-    let hi = f.v(format!("trunc i128 {hi} to i64"));
-    let lo = f.v(format!("trunc i128 {v} to i64"));
-    let hi = f.v(format!("uitofp i64 {hi} to double"));
-    let lo = f.v(format!("uitofp i64 {lo} to double"));
-    let hi = f.v(format!("call double @llvm.nvvm.mul.rn.d(double {hi}, double {})", f64c(18_446_744_073_709_551_616.0)));
-    f.v(format!("call double @llvm.nvvm.add.rn.d(double {hi}, double {lo})"))
+fn u128_to_f64(f: &mut Func, v: &I128) -> F64 {
+    let hi = f.lshr(v, &I128::c(64));
+    let hi: I64 = f.trunc(&hi);
+    let lo: I64 = f.trunc(v);
+    let hi: F64 = f.uitofp(&hi);
+    let lo: F64 = f.uitofp(&lo);
+    let hi = f.fmul(&hi, &f64c(18_446_744_073_709_551_616.0));
+    f.fadd(&hi, &lo)
 }
 
 /// `abi::lse::LseSum::logsumexp`.
 fn finish() -> String {
     let mut f = Func::new();
+    let w = I32::named("%w");
     let mut acc = f64c(0.0);
-    for (i, w) in WINDOW_WEIGHTS.iter().enumerate() {
-        let v = u128_to_f64(&mut f, &format!("%s{i}"));
-        let t = f.v(format!("call double @llvm.nvvm.mul.rn.d(double {v}, double {})", f64c(*w)));
-        acc = f.v(format!("call double @llvm.nvvm.add.rn.d(double {acc}, double {t})"));
+    for (i, wt) in WINDOW_WEIGHTS.iter().enumerate() {
+        let v = u128_to_f64(&mut f, &I128::raw(format!("%s{i}")));
+        let t = f.fmul(&v, &f64c(*wt));
+        acc = f.fadd(&acc, &t);
     }
-    let bits = f.v(format!("bitcast double {acc} to i64"));
-    let eb = f.v(format!("lshr i64 {bits}, 52"));
-    let eb = f.v(format!("and i64 {eb}, 2047"));
-    let eb = f.v(format!("trunc i64 {eb} to i32"));
-    let e = f.v(format!("sub i32 {eb}, {}", 1023 + TERM_SCALE_LOG2));
-    let mb = f.v(format!("and i64 {bits}, {}", 0x000f_ffff_ffff_ffffu64));
-    let mb = f.v(format!("or i64 {mb}, {}", 1023u64 << 52));
-    let m = f.v(format!("bitcast i64 {mb} to double"));
-    let m32 = f.v(format!("fptrunc double {m} to float"));
-    let ln_m = f.v(format!("call float @fs_ln_f32(float {m32})"));
-    let ln_m = f.v(format!("fpext float {ln_m} to double"));
-    let wd = f.v("sitofp i32 %w to double");
-    let ed = f.v(format!("sitofp i32 {e} to double"));
-    let a = f.v(format!("call double @llvm.nvvm.mul.rn.d(double {wd}, double {})", f64c(f64::from(WINDOW))));
-    let b = f.v(format!("call double @llvm.nvvm.mul.rn.d(double {ed}, double {})", f64c(std::f64::consts::LN_2)));
-    let ab = f.v(format!("call double @llvm.nvvm.add.rn.d(double {a}, double {b})"));
-    let lse = f.v(format!("call double @llvm.nvvm.add.rn.d(double {ab}, double {ln_m})"));
-    let lse = f.v(format!("fptrunc double {lse} to float"));
+    let bits: I64 = f.bitcast(&acc);
+    let eb = f.lshr(&bits, &I64::c(52));
+    let eb = f.and(&eb, &I64::c(2047));
+    let eb: I32 = f.trunc(&eb);
+    let e = f.sub(&eb, &i32c(1023 + TERM_SCALE_LOG2));
+    let mb = f.and(&bits, &I64::c(0x000f_ffff_ffff_ffffu64));
+    let mb = f.or(&mb, &I64::c(1023u64 << 52));
+    let m: F64 = f.bitcast(&mb);
+    let m32: F32 = f.fptrunc(&m);
+    let ln_m = math::ln(&mut f, &m32);
+    let ln_m: F64 = f.fpext(&ln_m);
+    let wd: F64 = f.sitofp(&w);
+    let ed: F64 = f.sitofp(&e);
+    let a = f.fmul(&wd, &f64c(f64::from(WINDOW)));
+    let b = f.fmul(&ed, &f64c(std::f64::consts::LN_2));
+    let ab = f.fadd(&a, &b);
+    let lse = f.fadd(&ab, &ln_m);
+    let lse: F32 = f.fptrunc(&lse);
     // No token: -inf; a saturated top window: ±inf.
-    let empty = f.v("icmp eq i128 %s0, 0");
-    let high = f.v(format!("icmp sge i32 %w, {WINDOW_LIMIT}"));
-    let low = f.v(format!("icmp sle i32 %w, {}", -WINDOW_LIMIT));
-    let r = f.sel("float", &high, "0x7FF0000000000000", &lse);
-    let low = f.v(format!("or i1 {low}, {empty}"));
-    let r = f.sel("float", &low, "0xFFF0000000000000", &r);
-    f.s(format!("ret float {r}"));
+    let empty = f.icmp(Icmp::Eq, &I128::named("%s0"), &I128::c(0));
+    let high = f.icmp(Icmp::Sge, &w, &i32c(WINDOW_LIMIT));
+    let low = f.icmp(Icmp::Sle, &w, &i32c(-WINDOW_LIMIT));
+    let r = f.sel(&high, &F32::POS_INF, &lse);
+    let low = f.or(&low, &empty);
+    let r = f.sel(&low, &F32::NEG_INF, &r);
+    f.ret(&r);
     f.finish("define internal float @fs_lse_finish(i32 %w, i128 %s0, i128 %s1, i128 %s2) #0")
+}
+
+/// `@fs_lse_finish`: the logsumexp of row sum `sum`.
+pub(crate) fn finish_call(f: &mut Func, sum: &Partial<I128>) -> F32 {
+    f.call("@fs_lse_finish", &sum.operands())
 }
 
 /// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2` outlined).
 pub(crate) fn helpers(attr: &str) -> String {
-    [term(attr), window("#0"), merge("fs_lse_merge", "i64", PARTIAL_TY, "#0"), merge("fs_lse_merge128", "i128", SUM_TY, "#0"), finish()].join("\n")
+    [term(attr), window("#0"), merge::<I64>("#0"), merge::<I128>("#0"), finish()].join("\n")
 }
 
 /// A thread's logits of one column summed: the top window is the window of the largest
 /// finite logit (windows are monotone), then each logit's term goes into the sum of its window
 /// as soon as it is computed, so only the running sums stay live. Equal to merging the terms
 /// one by one.
-pub(crate) fn sum_logits(f: &mut Func, xs: &[&String]) -> (String, [String; KEPT_WINDOWS]) {
-    let mut xmax = NEG_INF.to_string();
+pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
+    let mut xmax = F32::NEG_INF;
     for x in xs {
-        let ax = f.v(format!("call float @llvm.fabs.f32(float {x})"));
-        let finite = f.v(format!("fcmp olt float {ax}, 0x7FF0000000000000"));
-        let xc = f.sel("float", &finite, x, NEG_INF);
-        xmax = f.v(format!("call float @llvm.maxnum.f32(float {xmax}, float {xc})"));
+        let ax = f.fabs(x);
+        let finite = f.fcmp(Fcmp::Olt, &ax, &F32::POS_INF);
+        let xc = f.sel(&finite, *x, &F32::NEG_INF);
+        xmax = f.maxnum(&xmax, &xc);
     }
-    let top = f.v(format!("call i32 @fs_lse_window(float {xmax})"));
-    let mut sums: [String; KEPT_WINDOWS] = std::array::from_fn(|_| "0".to_string());
+    let top: I32 = f.call("@fs_lse_window", &[&xmax]);
+    let mut sums: [I64; KEPT_WINDOWS] = std::array::from_fn(|_| I64::c(0));
     for x in xs {
-        let t = f.v(format!("call {{ i32, i64 }} @fs_lse_term(float {x})"));
-        let w = f.v(format!("extractvalue {{ i32, i64 }} {t}, 0"));
-        let v = f.v(format!("extractvalue {{ i32, i64 }} {t}, 1"));
-        let below = f.v(format!("sub i32 {top}, {w}"));
+        let t = f.call_agg(TERM_TY, "@fs_lse_term", &[*x]);
+        let w: I32 = f.extract(&t, 0);
+        let v: I64 = f.extract(&t, 1);
+        let below = f.sub(&top, &w);
         for (j, s) in sums.iter_mut().enumerate() {
-            let hit = f.v(format!("icmp eq i32 {below}, {j}"));
-            let add = f.sel("i64", &hit, &v, "0");
-            *s = f.v(format!("add i64 {s}, {add}"));
+            let hit = f.icmp(Icmp::Eq, &below, &i32c(j as u32));
+            let add = f.sel(&hit, &v, &I64::c(0));
+            *s = f.add(s, &add);
         }
     }
-    (top, sums)
+    Partial { window: top, sums }
 }
 
-/// Calls `@fs_lse_merge` (`wide`: `@fs_lse_merge128`) and unpacks the result.
-pub(crate) fn merge_call(f: &mut Func, wide: bool, a: &(String, [String; KEPT_WINDOWS]), b: &(String, [String; KEPT_WINDOWS])) -> (String, [String; KEPT_WINDOWS]) {
-    let (name, ty, ret) = if wide { ("fs_lse_merge128", "i128", SUM_TY) } else { ("fs_lse_merge", "i64", PARTIAL_TY) };
-    let args = |(w, s): &(String, [String; KEPT_WINDOWS])| {
-        std::iter::once(format!("i32 {w}")).chain(s.iter().map(|v| format!("{ty} {v}"))).collect::<Vec<_>>().join(", ")
-    };
-    let r = f.v(format!("call {ret} @{name}({}, {})", args(a), args(b)));
-    let w = f.v(format!("extractvalue {ret} {r}, 0"));
-    let sums = std::array::from_fn(|i| f.v(format!("extractvalue {ret} {r}, {}", i + 1)));
-    (w, sums)
+/// `a ⊕ b` by a call of the merge function, unpacked.
+pub(crate) fn merge_call<S: SumWord>(f: &mut Func, a: &Partial<S>, b: &Partial<S>) -> Partial<S> {
+    let args = [a.operands(), b.operands()].concat();
+    let r = f.call_agg(S::PARTIAL, &format!("@{}", S::MERGE), &args);
+    let window = f.extract(&r, 0);
+    let sums = std::array::from_fn(|i| f.extract(&r, i + 1));
+    Partial { window, sums }
 }
 
-/// The partial `(w, sums)` of u64 (`wide`: u128) sums exchanged with lane `lane ^ mask`.
-pub(crate) fn shfl_xor(f: &mut Func, wide: bool, p: &(String, [String; KEPT_WINDOWS]), mask: u32) -> (String, [String; KEPT_WINDOWS]) {
-    let (ty, words) = if wide { ("i128", 4) } else { ("i64", 2) };
-    let w = f.shfl_xor_i32(&p.0, mask);
+/// The partial `p` exchanged with lane `lane ^ mask`, one 32-bit shuffle per word.
+pub(crate) fn shfl_xor<S: SumWord>(f: &mut Func, p: &Partial<S>, mask: u32) -> Partial<S> {
+    let window = f.shfl_xor(&p.window, mask);
     let sums = std::array::from_fn(|i| {
-        let mut out = "0".to_string();
-        for word in 0..words {
-            let part = f.v(format!("lshr {ty} {}, {}", p.1[i], 32 * word));
-            let part = f.v(format!("trunc {ty} {part} to i32"));
-            let got = f.shfl_xor_i32(&part, mask);
-            let got = f.v(format!("zext i32 {got} to {ty}"));
-            let got = f.v(format!("shl {ty} {got}, {}", 32 * word));
-            out = f.v(format!("or {ty} {out}, {got}"));
+        let mut out = S::c(0);
+        for word in 0..S::WORDS {
+            let part = f.lshr(&p.sums[i], &S::c(32 * word));
+            let part: I32 = f.trunc(&part);
+            let got = f.shfl_xor(&part, mask);
+            let got: S = f.zext(&got);
+            let got = f.shl(&got, &S::c(32 * word));
+            out = f.or(&out, &got);
         }
         out
     });
-    (w, sums)
+    Partial { window, sums }
 }
 
 /// Merges the partials of the 32 lanes of a warp (every lane gets the warp's sum).
-pub(crate) fn warp_merge(f: &mut Func, wide: bool, mut p: (String, [String; KEPT_WINDOWS]), masks: &[u32]) -> (String, [String; KEPT_WINDOWS]) {
+pub(crate) fn warp_merge<S: SumWord>(f: &mut Func, mut p: Partial<S>, masks: &[u32]) -> Partial<S> {
     for &m in masks {
-        let o = shfl_xor(f, wide, &p, m);
-        p = merge_call(f, wide, &p, &o);
+        let o = shfl_xor(f, &p, m);
+        p = merge_call(f, &p, &o);
     }
     p
 }
+

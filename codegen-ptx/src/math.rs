@@ -3,7 +3,8 @@
 //! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
 //! therefore bit-identical.
 
-use crate::ir::{f32c, Func, Var, NEG_INF};
+use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, F32, I1, I32, I64};
+use crate::params::arg;
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,
     TANH_SATURATE,
@@ -13,16 +14,54 @@ use flashsample_abi::rng::{
     TWO_POW_M25,
 };
 
+/// `@fs_ln_f32(x)`: `abi::math::ln_f32`.
+pub(crate) fn ln(f: &mut Func, x: &F32) -> F32 {
+    f.call("@fs_ln_f32", &[x])
+}
+
+/// `@fs_exp_f32(x)`: `abi::math::exp_f32`.
+pub(crate) fn exp(f: &mut Func, x: &F32) -> F32 {
+    f.call("@fs_exp_f32", &[x])
+}
+
+/// `@fs_softcap_f32(x, cap)`: `abi::math::softcap_f32`.
+pub(crate) fn softcap(f: &mut Func, x: &F32, cap: f32) -> F32 {
+    f.call("@fs_softcap_f32", &[x, &f32c(cap)])
+}
+
+/// `@fs_gumbel_f32(bits)`: `abi::rng::gumbel_f32`.
+pub(crate) fn gumbel(f: &mut Func, bits: &I32) -> F32 {
+    f.call("@fs_gumbel_f32", &[bits])
+}
+
+/// A Philox key (`abi::rng::philox4x32_10`'s two words).
+#[derive(Clone, Debug)]
+pub(crate) struct PhiloxKey {
+    pub(crate) lo: I32,
+    pub(crate) hi: I32,
+}
+
+/// The return type of `@fs_philox`: the block's four words.
+pub(crate) const PHILOX_TY: &str = "{ i32, i32, i32, i32 }";
+
+/// `@fs_philox`: the Philox block of counter `[c0, c1, c2, c3]` under `key` (its words by
+/// [`Func::extract`]).
+pub(crate) fn philox_block(f: &mut Func, counter: [&I32; 4], key: &PhiloxKey) -> Agg {
+    let [c0, c1, c2, c3] = counter;
+    f.call_agg(PHILOX_TY, "@fs_philox", &[c0, c1, c2, c3, &key.lo, &key.hi])
+}
+
 /// `abi::math::ln_f32`.
 fn ln_f32() -> String {
     let mut f = Func::new();
-    let bits = f.v("bitcast float %x to i32");
-    let t = f.v(format!("sub i32 {bits}, {LN_REDUCE_BITS}"));
-    let ti = f.v(format!("ashr i32 {t}, 23"));
-    let e = f.v(format!("sitofp i32 {ti} to float"));
-    let mant = f.v(format!("and i32 {t}, 8388607"));
-    let mb = f.v(format!("add i32 {mant}, {LN_REDUCE_BITS}"));
-    let m = f.v(format!("bitcast i32 {mb} to float"));
+    let x = F32::named("%x");
+    let bits: I32 = f.bitcast(&x);
+    let t = f.sub(&bits, &I32::c(LN_REDUCE_BITS));
+    let ti = f.ashr(&t, &i32c(23));
+    let e: F32 = f.sitofp(&ti);
+    let mant = f.and(&t, &i32c(8388607));
+    let mb = f.add(&mant, &I32::c(LN_REDUCE_BITS));
+    let m: F32 = f.bitcast(&mb);
     let fm1 = f.fadd(&m, &f32c(-1.0));
     let den = f.fadd(&f32c(2.0), &fm1);
     let s = f.fdiv(&fm1, &den);
@@ -35,20 +74,18 @@ fn ln_f32() -> String {
     let ln_m = f.fma(&s2z, &p, &s2);
     let lo = f.fma(&e, &f32c(LN2_LO), &ln_m);
     let r = f.fma(&e, &f32c(LN2_HI), &lo);
-    f.s(format!("ret float {r}"));
+    f.ret(&r);
     f.finish("define internal float @fs_ln_f32(float %x) #0")
 }
 
 /// `abi::math::exp_f32`.
 fn exp_f32(attr: &str) -> String {
     let mut f = Func::new();
-    let xc = f.v(format!(
-        "call float @llvm.maxnum.f32(float %x, float {})",
-        f32c(EXP_MIN_INPUT)
-    ));
+    let x = F32::named("%x");
+    let xc = f.maxnum(&x, &f32c(EXP_MIN_INPUT));
     let xl = f.fmul(&xc, &f32c(LOG2_E));
-    let n = f.v(format!("call float @llvm.roundeven.f32(float {xl})"));
-    let nn = f.v(format!("fneg float {n}"));
+    let n: F32 = f.call("@llvm.roundeven.f32", &[&xl]);
+    let nn = f.fneg(&n);
     let r = f.fma(&nn, &f32c(LN2_HI), &xc);
     let r = f.fma(&nn, &f32c(LN2_LO), &r);
     let p = f.fma(&r, &f32c(EXP_C[5]), &f32c(EXP_C[4]));
@@ -59,14 +96,14 @@ fn exp_f32(attr: &str) -> String {
     let p = f.fma(&r, &p, &f32c(1.0));
     let p = f.fma(&r, &p, &f32c(1.0));
     // `n as i32` saturates in Rust; n is within [-126, 128] for every input this is used on.
-    let ni = f.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {n})"));
-    let nb = f.v(format!("add i32 {ni}, 127"));
-    let sb = f.v(format!("shl i32 {nb}, 23"));
-    let scale = f.v(format!("bitcast i32 {sb} to float"));
+    let ni: I32 = f.call("@llvm.fptosi.sat.i32.f32", &[&n]);
+    let nb = f.add(&ni, &i32c(127));
+    let sb = f.shl(&nb, &i32c(23));
+    let scale: F32 = f.bitcast(&sb);
     let y = f.fmul(&p, &scale);
-    let under = f.v(format!("fcmp olt float %x, {}", f32c(EXP_MIN_INPUT)));
-    let r = f.v(format!("select i1 {under}, float 0.0, float {y}"));
-    f.s(format!("ret float {r}"));
+    let under = f.fcmp(Fcmp::Olt, &x, &f32c(EXP_MIN_INPUT));
+    let r = f.sel(&under, &F32::ZERO, &y);
+    f.ret(&r);
     f.finish(&format!(
         "define internal float @fs_exp_f32(float %x) {attr}"
     ))
@@ -75,23 +112,19 @@ fn exp_f32(attr: &str) -> String {
 /// `abi::math::softcap_f32` (with `tanh_f32` inlined).
 fn softcap_f32(attr: &str) -> String {
     let mut f = Func::new();
-    let y = f.fdiv("%x", "%cap");
-    let ay = f.v(format!("call float @llvm.fabs.f32(float {y})"));
-    let a = f.v(format!(
-        "call float @llvm.minnum.f32(float {ay}, float {})",
-        f32c(TANH_SATURATE)
-    ));
+    let (x, cap) = (F32::named("%x"), F32::named("%cap"));
+    let y = f.fdiv(&x, &cap);
+    let ay = f.fabs(&y);
+    let a = f.minnum(&ay, &f32c(TANH_SATURATE));
     let a2 = f.fadd(&a, &a);
-    let e = f.v(format!("call float @fs_exp_f32(float {a2})"));
+    let e = exp(&mut f, &a2);
     let e1 = f.fadd(&e, &f32c(1.0));
     let q = f.fdiv(&f32c(2.0), &e1);
-    let nq = f.v(format!("fneg float {q}"));
+    let nq = f.fneg(&q);
     let t = f.fadd(&f32c(1.0), &nq);
-    let th = f.v(format!(
-        "call float @llvm.copysign.f32(float {t}, float {y})"
-    ));
-    let r = f.fmul("%cap", &th);
-    f.s(format!("ret float {r}"));
+    let th: F32 = f.call("@llvm.copysign.f32", &[&t, &y]);
+    let r = f.fmul(&cap, &th);
+    f.ret(&r);
     f.finish(&format!(
         "define internal float @fs_softcap_f32(float %x, float %cap) {attr}"
     ))
@@ -100,29 +133,29 @@ fn softcap_f32(attr: &str) -> String {
 /// `abi::rng::gumbel_f32`.
 fn gumbel_f32(attr: &str) -> String {
     let mut f = Func::new();
-    let k = f.v("lshr i32 %bits, 8");
-    let k2 = f.v(format!("shl i32 {k}, 1"));
-    let n = f.v(format!("or i32 {k2}, 1"));
-    let nf = f.v(format!("uitofp i32 {n} to float"));
-    let nu = f.v(format!("fptoui float {nf} to i32"));
-    let residual = f.v(format!("sub i32 {n}, {nu}"));
+    let k = f.lshr(&I32::named("%bits"), &i32c(8));
+    let k2 = f.shl(&k, &i32c(1));
+    let n = f.or(&k2, &i32c(1));
+    let nf: F32 = f.uitofp(&n);
+    let nu: I32 = f.fptoui(&nf);
+    let residual = f.sub(&n, &nu);
     let uh = f.fmul(&nf, &f32c(TWO_POW_M25));
-    let rf = f.v(format!("sitofp i32 {residual} to float"));
+    let rf: F32 = f.sitofp(&residual);
     let ul = f.fmul(&rf, &f32c(TWO_POW_M25));
-    let lnu = f.v(format!("call float @fs_ln_f32(float {uh})"));
+    let lnu = ln(&mut f, &uh);
     // `ul` is 0 for every n below 2^24 (half the draws). div.rn sends a zero dividend down
     // its out-of-line slow path, so a warp took it on nearly every call (a visible share of
     // stage one's stall samples in a profile). The quotient of a nonzero stand-in is
     // discarded there: q = +0.0, the bits 0 / uh gives, as abi::rng::gumbel_f32 computes.
-    let zero = f.v(format!("icmp eq i32 {residual}, 0"));
-    let ul_safe = f.sel("float", &zero, &f32c(TWO_POW_M25), &ul);
+    let zero = f.icmp(Icmp::Eq, &residual, &i32c(0));
+    let ul_safe = f.sel(&zero, &f32c(TWO_POW_M25), &ul);
     let q_nz = f.fdiv(&ul_safe, &uh);
-    let q = f.sel("float", &zero, "0.0", &q_nz);
+    let q = f.sel(&zero, &F32::ZERO, &q_nz);
     let sum = f.fadd(&lnu, &q);
-    let e = f.v(format!("fneg float {sum}"));
-    let le = f.v(format!("call float @fs_ln_f32(float {e})"));
-    let r = f.v(format!("fneg float {le}"));
-    f.s(format!("ret float {r}"));
+    let e = f.fneg(&sum);
+    let le = ln(&mut f, &e);
+    let r = f.fneg(&le);
+    f.ret(&r);
     f.finish(&format!(
         "define internal float @fs_gumbel_f32(i32 %bits) {attr}"
     ))
@@ -131,76 +164,76 @@ fn gumbel_f32(attr: &str) -> String {
 /// `abi::rng::philox4x32_10`, returning the four output words.
 fn philox(attr: &str) -> String {
     let mut f = Func::new();
-    let mut c = [
-        "%c0".to_string(),
-        "%c1".to_string(),
-        "%c2".to_string(),
-        "%c3".to_string(),
-    ];
-    let mut k = ["%k0".to_string(), "%k1".to_string()];
+    let mut c = ["%c0", "%c1", "%c2", "%c3"].map(I32::named);
+    let mut k = ["%k0", "%k1"].map(I32::named);
     for round in 0..PHILOX_ROUNDS {
         if round > 0 {
-            k[0] = f.add(&k[0], &(PHILOX_W0 as i32).to_string());
-            k[1] = f.add(&k[1], &(PHILOX_W1 as i32).to_string());
+            k[0] = f.add(&k[0], &i32c(PHILOX_W0 as i32));
+            k[1] = f.add(&k[1], &i32c(PHILOX_W1 as i32));
         }
-        let mul = |f: &mut Func, m: u32, x: &str| {
-            let xw = f.v(format!("zext i32 {x} to i64"));
-            let p = f.v(format!("mul i64 {xw}, {m}"));
-            let hi = f.v(format!("lshr i64 {p}, 32"));
-            let hi = f.v(format!("trunc i64 {hi} to i32"));
-            let lo = f.v(format!("trunc i64 {p} to i32"));
+        let mul = |f: &mut Func, m: u32, x: &I32| {
+            let xw: I64 = f.zext(x);
+            let p = f.mul(&xw, &I64::c(m));
+            let hi = f.lshr(&p, &I64::c(32));
+            let hi: I32 = f.trunc(&hi);
+            let lo: I32 = f.trunc(&p);
             (hi, lo)
         };
         let (hi0, lo0) = mul(&mut f, PHILOX_M0, &c[0]);
         let (hi1, lo1) = mul(&mut f, PHILOX_M1, &c[2]);
-        let x0 = f.v(format!("xor i32 {hi1}, {}", c[1]));
-        let x0 = f.v(format!("xor i32 {x0}, {}", k[0]));
-        let x2 = f.v(format!("xor i32 {hi0}, {}", c[3]));
-        let x2 = f.v(format!("xor i32 {x2}, {}", k[1]));
+        let x0 = f.xor(&hi1, &c[1]);
+        let x0 = f.xor(&x0, &k[0]);
+        let x2 = f.xor(&hi0, &c[3]);
+        let x2 = f.xor(&x2, &k[1]);
         c = [x0, lo1, x2, lo0];
     }
-    let ty = "{ i32, i32, i32, i32 }";
-    let mut agg = "undef".to_string();
+    let mut agg = Agg::undef(PHILOX_TY);
     for (i, w) in c.iter().enumerate() {
-        agg = f.v(format!("insertvalue {ty} {agg}, i32 {w}, {i}"));
+        agg = f.insert(&agg, w, i);
     }
-    f.s(format!("ret {ty} {agg}"));
+    f.ret_agg(&agg);
     f.finish(&format!(
-        "define internal {ty} @fs_philox(i32 %c0, i32 %c1, i32 %c2, i32 %c3, i32 %k0, i32 %k1) {attr}"
+        "define internal {PHILOX_TY} @fs_philox(i32 %c0, i32 %c1, i32 %c2, i32 %c3, i32 %k0, i32 %k1) {attr}"
     ))
+}
+
+/// A row's noise stream (`SamplingParams::row_stream`): its Philox key and counter row.
+#[derive(Clone, Debug)]
+pub(crate) struct RowStream {
+    pub(crate) key: PhiloxKey,
+    pub(crate) ctr_row: I32,
 }
 
 /// Row `row`'s Philox key halves and counter row (`SamplingParams::row_stream`): its own seed
 /// and counter row 0 when the launch has `%row_seeds` (`has_rs`), else `%seed` and the launch
 /// row `row_base + row`. `row64`: the row as i64, inside the batch (the seed's load).
-pub(crate) fn row_stream(f: &mut Func, has_rs: &str, row: &str, row64: &str) -> (String, String, String) {
-    let key = f.var("i64", "%seed");
+pub(crate) fn row_stream(f: &mut Func, has_rs: &I1, row: &I32, row64: &I64) -> RowStream {
+    let key = f.var(&arg::SEED);
     f.if_then(has_rs, |f| {
-        let a = f.gaddr("%row_seeds", row64, 8);
-        let k = f.v(format!("load i64, ptr addrspace(1) {a}, align 8"));
+        let a = f.gaddr(&arg::ROW_SEEDS, row64, 8);
+        let k = f.load(&a, 8);
         f.set(&key, &k);
     });
     let k = f.get(&key);
-    let lo = f.v(format!("trunc i64 {k} to i32"));
-    let hi = f.v(format!("lshr i64 {k}, 32"));
-    let hi = f.v(format!("trunc i64 {hi} to i32"));
-    let launch_row = f.add(row, "%row_base");
-    let ctr_row = f.sel("i32", has_rs, "0", &launch_row);
-    (lo, hi, ctr_row)
+    let lo = f.trunc(&k);
+    let hi = f.lshr(&k, &I64::c(32));
+    let hi = f.trunc(&hi);
+    let launch_row = f.add(row, &arg::ROW_BASE);
+    let ctr_row = f.sel(has_rs, &i32c(0), &launch_row);
+    RowStream { key: PhiloxKey { lo, hi }, ctr_row }
 }
 
 /// The 32 noise bits of global token `g` (any alignment): word `g mod 4` of the Philox block
-/// `[g >> 2, ctr_row, s, word3]` under key `(key_lo, key_hi)` (`abi::rng::noise_bits`' layout).
-pub(crate) fn token_bits(f: &mut Func, g: &str, ctr_row: &str, s: &str, word3: &str, key: (&str, &str)) -> String {
-    let ctr = f.v(format!("lshr i32 {g}, 2"));
-    let ty = "{ i32, i32, i32, i32 }";
-    let r = f.v(format!("call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 {s}, i32 {word3}, i32 {}, i32 {})", key.0, key.1));
-    let w = f.v(format!("and i32 {g}, 3"));
-    let mut bits = f.v(format!("extractvalue {ty} {r}, 0"));
+/// `[g >> 2, ctr_row, s, word3]` under the stream's key (`abi::rng::noise_bits`' layout).
+pub(crate) fn token_bits(f: &mut Func, g: &I32, stream: &RowStream, s: &I32, word3: &I32) -> I32 {
+    let ctr = f.lshr(g, &i32c(2));
+    let r = philox_block(f, [&ctr, &stream.ctr_row, s, word3], &stream.key);
+    let w = f.and(g, &i32c(3));
+    let mut bits = f.extract(&r, 0);
     for j in 1..4 {
-        let wj = f.v(format!("extractvalue {ty} {r}, {j}"));
-        let is = f.v(format!("icmp eq i32 {w}, {j}"));
-        bits = f.sel("i32", &is, &wj, &bits);
+        let wj = f.extract(&r, j);
+        let is = f.icmp(Icmp::Eq, &w, &i32c(j as u32));
+        bits = f.sel(&is, &wj, &bits);
     }
     bits
 }
@@ -208,22 +241,22 @@ pub(crate) fn token_bits(f: &mut Func, g: &str, ctr_row: &str, s: &str, word3: &
 /// Counter word 3 of row `row64`'s token noise (`abi::rng::counter_word3(step, Token)`):
 /// `row_steps[row] · 4 + NoiseStream::Token`, or the stream alone (step 0) when the kernel's
 /// `%row_steps` is 0.
-pub(crate) fn token_word3(f: &mut Func, row64: &str) -> String {
+pub(crate) fn token_word3(f: &mut Func, row64: &I64) -> I32 {
     stream_word3(f, row64, NoiseStream::Token)
 }
 
 /// Counter word 3 of row `row64`'s noise of `stream` (`abi::rng::counter_word3(step, stream)`),
 /// as [`token_word3`].
-pub(crate) fn stream_word3(f: &mut Func, row64: &str, stream: NoiseStream) -> String {
-    let stream = stream as u32;
-    let word = f.var("i32", &stream.to_string());
-    let has_steps = f.v("icmp ne ptr addrspace(1) %row_steps, null");
+pub(crate) fn stream_word3(f: &mut Func, row64: &I64, stream: NoiseStream) -> I32 {
+    let stream = i32c(stream as u32);
+    let word = f.var(&stream);
+    let has_steps = f.non_null(&arg::ROW_STEPS);
     f.if_then(&has_steps, |f| {
-        let a = f.gaddr("%row_steps", row64, 4);
-        let step = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+        let a = f.gaddr(&arg::ROW_STEPS, row64, 4);
+        let step: I32 = f.load(&a, 4);
         // A step counts modulo 2^30: the shift drops its top two bits.
-        let w = f.v(format!("shl i32 {step}, 2"));
-        let w = f.v(format!("or i32 {w}, {stream}"));
+        let w = f.shl(&step, &i32c(2));
+        let w = f.or(&w, &stream);
         f.set(&word, &w);
     });
     f.get(&word)
@@ -242,51 +275,49 @@ pub(crate) fn stream_word3(f: &mut Func, row64: &str, stream: NoiseStream) -> St
 /// `thr` NaN (no bound yet) never skips.
 fn noise_pair(attr: &str) -> String {
     let mut f = Func::new();
-    let ty = "{ i32, i32, i32, i32 }";
     let mut gumbels = Vec::new();
+    let (ctr, s) = (I32::named("%ctr"), I32::named("%s"));
     for (row, k0, k1, w3, xmax, thr) in [
         ("%row_a", "%ka0", "%ka1", "%w3_a", "%xmax_a", "%thr_a"),
         ("%row_b", "%kb0", "%kb1", "%w3_b", "%xmax_b", "%thr_b"),
     ] {
-        let r = f.v(format!(
-            "call {ty} @fs_philox(i32 %ctr, i32 {row}, i32 %s, i32 {w3}, i32 {k0}, i32 {k1})"
-        ));
-        let bits: Vec<String> = (0..4).map(|w| f.v(format!("extractvalue {ty} {r}, {w}"))).collect();
+        let key = PhiloxKey { lo: I32::named(k0), hi: I32::named(k1) };
+        let r = philox_block(&mut f, [&ctr, &I32::named(row), &s, &I32::named(w3)], &key);
+        let bits: Vec<I32> = (0..4).map(|w| f.extract(&r, w)).collect();
         let hi01 = f.umax(&bits[0], &bits[1]);
         let hi23 = f.umax(&bits[2], &bits[3]);
         let bits_max = f.umax(&hi01, &hi23);
         let bound = gumbel_bucket_bound(&mut f, &bits_max);
-        let reach = f.fadd(xmax, &bound);
-        let beaten = f.v(format!("fcmp olt float {reach}, {thr}"));
-        let noise: Vec<Var> = (0..4).map(|_| f.var("float", NEG_INF)).collect();
-        let draw = f.v(format!("xor i1 {beaten}, true"));
+        let reach = f.fadd(&F32::named(xmax), &bound);
+        let beaten = f.fcmp(Fcmp::Olt, &reach, &F32::named(thr));
+        let noise: Vec<_> = (0..4).map(|_| f.var(&F32::NEG_INF)).collect();
+        let draw = f.not(&beaten);
         f.if_then(&draw, |f| {
             for (b, slot) in bits.iter().zip(&noise) {
-                let g = f.v(format!("call float @fs_gumbel_f32(i32 {b})"));
+                let g = gumbel(f, b);
                 f.set(slot, &g);
             }
         });
         gumbels.extend(noise.iter().map(|n| f.get(n)));
     }
-    let out = NOISE_PAIR_TY;
-    let mut agg = "undef".to_string();
+    let mut agg = Agg::undef(NOISE_PAIR_TY);
     for (i, g) in gumbels.iter().enumerate() {
-        agg = f.v(format!("insertvalue {out} {agg}, float {g}, {i}"));
+        agg = f.insert(&agg, g, i);
     }
-    f.s(format!("ret {out} {agg}"));
+    f.ret_agg(&agg);
     f.finish(&format!(
-        "define internal {out} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
+        "define internal {NOISE_PAIR_TY} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
          i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b, float %xmax_a, float %thr_a, \
          float %xmax_b, float %thr_b) {attr}"
     ))
 }
 
 /// `abi::rng::gumbel_bucket_bound(abi::rng::uniform_leading_ones(bits))`, op for op.
-fn gumbel_bucket_bound(f: &mut Func, bits: &str) -> String {
-    let inv = f.v(format!("xor i32 {bits}, -1"));
-    let inv = f.v(format!("or i32 {inv}, 255"));
-    let leading_ones = f.v(format!("call i32 @llvm.ctlz.i32(i32 {inv}, i1 false)"));
-    let l = f.v(format!("uitofp i32 {leading_ones} to float"));
+fn gumbel_bucket_bound(f: &mut Func, bits: &I32) -> F32 {
+    let inv = f.not(bits);
+    let inv = f.or(&inv, &i32c(255));
+    let leading_ones: I32 = f.call("@llvm.ctlz.i32", &[&inv, &I1::FALSE]);
+    let l: F32 = f.uitofp(&leading_ones);
     let l1 = f.fadd(&l, &f32c(1.0));
     let b = f.fmul(&l1, &f32c(std::f32::consts::LN_2));
     f.fadd(&b, &f32c(GUMBEL_BUCKET_SLACK))
@@ -315,3 +346,4 @@ pub(crate) fn helpers(outline: bool) -> String {
     }
     out
 }
+

@@ -550,3 +550,124 @@ kernel_params! {
         w31: U64,
     }
 }
+
+/// The kernels' parameters as typed IR values (`%name`), for the code that reads them: the
+/// type follows the parameter's [`ParamKind`] (pointers `Ptr<Global>`, `U32` `I32`, `U64`
+/// `I64`), and a test checks every one against the tables. (`flashsample_store_words`' 32
+/// words are named in its loop.)
+pub(crate) mod arg {
+    use crate::ir::{Global, Ptr, I32, I64};
+
+    macro_rules! args {
+        ($($name:ident: $ty:ty = $text:literal,)*) => {
+            $(pub(crate) const $name: $ty = <$ty>::named($text);)*
+
+            /// Every value's name and LLVM type.
+            #[cfg(test)]
+            pub(super) const ALL: &[(&str, &str)] = &[$(($text, <$ty as crate::ir::Value>::LLVM)),*];
+        };
+    }
+
+    args! {
+    ALL_GREEDY: I32 = "%all_greedy",
+    ALLOWED: Ptr<Global> = "%allowed",
+    BATCH: I32 = "%batch",
+    BEST: Ptr<Global> = "%best",
+    BIAS: Ptr<Global> = "%bias",
+    CANDIDATES: Ptr<Global> = "%candidates",
+    DIM: I32 = "%dim",
+    DONE: Ptr<Global> = "%done",
+    DRAFT_LOGITS: Ptr<Global> = "%draft_logits",
+    DRAFT_PROBS: Ptr<Global> = "%draft_probs",
+    DRAFTS: Ptr<Global> = "%drafts",
+    DST: Ptr<Global> = "%dst",
+    FILTERS: Ptr<Global> = "%filters",
+    GREEDY: Ptr<Global> = "%greedy",
+    HIDDEN: Ptr<Global> = "%hidden",
+    HIST: Ptr<Global> = "%hist",
+    K: I32 = "%k",
+    KEPT: Ptr<Global> = "%kept",
+    KEYS: Ptr<Global> = "%keys",
+    KEYS_OUT: Ptr<Global> = "%keys_out",
+    LB_BITS: Ptr<Global> = "%lb_bits",
+    LB_OFFSETS: Ptr<Global> = "%lb_offsets",
+    LB_TOKENS: Ptr<Global> = "%lb_tokens",
+    LB_VALUES: Ptr<Global> = "%lb_values",
+    LIST_RAWS: Ptr<Global> = "%list_raws",
+    LISTS: Ptr<Global> = "%lists",
+    LOGITS: Ptr<Global> = "%logits",
+    LOGPROBS: Ptr<Global> = "%logprobs",
+    LSE: Ptr<Global> = "%lse",
+    MASSES: Ptr<Global> = "%masses",
+    N: I32 = "%n",
+    NEED: I32 = "%need",
+    OUT: Ptr<Global> = "%out",
+    OUT_ACCEPTED: Ptr<Global> = "%out_accepted",
+    OUT_LOGITS: Ptr<Global> = "%out_logits",
+    OUT_LOGPROBS: Ptr<Global> = "%out_logprobs",
+    OUT_LSE: Ptr<Global> = "%out_lse",
+    OUT_RAW_LSE: Ptr<Global> = "%out_raw_lse",
+    OUT_SCORES: Ptr<Global> = "%out_scores",
+    OUT_STATUS: Ptr<Global> = "%out_status",
+    OUT_TOKENS: Ptr<Global> = "%out_tokens",
+    OUT_TOP: Ptr<Global> = "%out_top",
+    PEN_BITS: Ptr<Global> = "%pen_bits",
+    PEN_OFFSETS: Ptr<Global> = "%pen_offsets",
+    PEN_REPETITION: Ptr<Global> = "%pen_repetition",
+    PEN_SUBTRACT: Ptr<Global> = "%pen_subtract",
+    PEN_TOKENS: Ptr<Global> = "%pen_tokens",
+    PER_TILE: I32 = "%per_tile",
+    PICKS: Ptr<Global> = "%picks",
+    RAW: Ptr<Global> = "%raw",
+    RAW_LISTS: Ptr<Global> = "%raw_lists",
+    RAW_LSE: Ptr<Global> = "%raw_lse",
+    RESIDUAL_LISTS: Ptr<Global> = "%residual_lists",
+    ROW_BASE: I32 = "%row_base",
+    ROW_BOUNDS: Ptr<Global> = "%row_bounds",
+    ROW_LOGITS: Ptr<Global> = "%row_logits",
+    ROW_SEEDS: Ptr<Global> = "%row_seeds",
+    ROW_STEPS: Ptr<Global> = "%row_steps",
+    ROW_TOKENS: Ptr<Global> = "%row_tokens",
+    ROWS: I32 = "%rows",
+    SAMPLES: I32 = "%samples",
+    SEED: I64 = "%seed",
+    SEQUENCES: I32 = "%sequences",
+    SHIFT: I32 = "%shift",
+    SPEC_PERIOD: I32 = "%spec_period",
+    STATUS: Ptr<Global> = "%status",
+    TARGET_LOGPROBS: Ptr<Global> = "%target_logprobs",
+    TARGETS: Ptr<Global> = "%targets",
+    TEMPERATURES: Ptr<Global> = "%temperatures",
+    TILES: I32 = "%tiles",
+    TMAPS: Ptr<Global> = "%tmaps",
+    TOKENS: Ptr<Global> = "%tokens",
+    TOP_N: I32 = "%top_n",
+    VALS: Ptr<Global> = "%vals",
+    VALS_OUT: Ptr<Global> = "%vals_out",
+    VOCAB: I32 = "%vocab",
+    VOCAB_OFFSET: I32 = "%vocab_offset",
+    WEIGHTS: Ptr<Global> = "%weights",
+    X: Ptr<Global> = "%x",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_typed_argument_is_a_parameter_of_its_kind() {
+        let tables = [
+            STAGE1, STAGE2, FILTER, DECIDE, SPEC_TARGETS, NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW,
+            GREEDY_FLAGS, FINALIZE, STORE_WORDS,
+        ];
+        for (text, llvm) in arg::ALL {
+            let name = text.strip_prefix('%').expect("a parameter value is %name");
+            let kinds: Vec<ParamKind> = tables.iter().flat_map(|t| t.params.iter().filter(|p| p.name == name).map(|p| p.kind)).collect();
+            assert!(!kinds.is_empty(), "{text} is no kernel's parameter");
+            for k in kinds {
+                assert!(k.llvm().starts_with(llvm), "{text}: {llvm} but a kernel passes it as {}", k.llvm());
+            }
+        }
+    }
+}

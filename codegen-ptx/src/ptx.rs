@@ -4,30 +4,22 @@
 //! Every asm statement is `sideeffect` and clobbers memory (attribute group `#1`: convergent),
 //! so LLVM neither drops nor reorders it against loads and stores.
 
-use crate::ir::{Func, Global, Ptr, SharedAddr, Value, F32, I32, I64};
+use crate::ir::{i32c, Agg, Func, Global, Icmp, Operand, Ptr, SharedAddr, F32, I32, I64};
 
 /// An inline-asm statement whose f32 results are `tied` (read and written in place, PTX
 /// `+f`) after the plain `inputs` (constraint, value): how wgmma reads and writes its
 /// accumulators, and how a fence pins every accumulator in place.
-fn asm_floats(f: &mut Func, insn: &str, inputs: &[(&str, &str)], tied: &[F32]) -> Vec<F32> {
+fn asm_floats(f: &mut Func, insn: &str, inputs: &[(&str, &dyn Operand)], tied: &[F32]) -> Vec<F32> {
     let n = tied.len();
-    let ty = format!("{{ {} }}", vec!["float"; n].join(", "));
+    let ty = Agg::of::<F32>(n);
     let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
     cons.extend(inputs.iter().map(|(c, _)| c.to_string()));
     cons.extend((0..n).map(|i| i.to_string()));
-    let ty_of = |c: &str| match c {
-        "l" => "i64",
-        "r" => "i32",
-        _ => "float",
-    };
-    let mut args: Vec<String> = inputs.iter().map(|(c, v)| format!("{} {v}", ty_of(c))).collect();
-    args.extend(tied.iter().map(|v| format!("float {v}")));
-    let r = f.v(format!(
-        "call {ty} asm sideeffect \"{insn}\", \"{},~{{memory}}\"({}) #1",
-        cons.join(","),
-        args.join(", ")
-    ));
-    (0..n).map(|i| f.typed(format!("extractvalue {ty} {r}, {i}"))).collect()
+    let mut args: Vec<String> = inputs.iter().map(|(_, v)| v.operand()).collect();
+    args.extend(tied.iter().map(|v| v.operand()));
+    let call = format!("call {ty} asm sideeffect \"{insn}\", \"{},~{{memory}}\"({}) #1", cons.join(","), args.join(", "));
+    let r = f.agg(ty, call);
+    (0..n).map(|i| f.extract(&r, i)).collect()
 }
 
 // ---- cp.async ----
@@ -73,14 +65,14 @@ pub(crate) fn fence_mbarrier_init(f: &mut Func) {
 /// Blocks until the mbarrier at `bar` has completed the phase of `parity` (`try_wait` may
 /// time out and is retried; it acquires what the phase released).
 pub(crate) fn mbarrier_wait(f: &mut Func, bar: &SharedAddr, parity: &I32) {
-    let done = f.var("i32", "0");
+    let done = f.var(&i32c(0));
     f.while_loop(
         |f| {
             let d = f.get(&done);
-            f.v(format!("icmp eq i32 {d}, 0"))
+            f.icmp(Icmp::Eq, &d, &i32c(0))
         },
         |f| {
-            let r = f.v(format!(
+            let r = f.typed(format!(
                 "call i32 asm sideeffect \"{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; selp.u32 $0, 1, 0, p; }}\", \
                  \"=r,r,r,~{{memory}}\"(i32 {bar}, i32 {parity}) #1"
             ));
@@ -139,23 +131,27 @@ pub(crate) fn ldmatrix(f: &mut Func, count: u32, row: &SharedAddr) -> Vec<I32> {
         ("{ i32, i32 }", "{$0,$1}, [$2]")
     };
     let cons = if count == 4 { "=r,=r,=r,=r,r,~{memory}" } else { "=r,=r,r,~{memory}" };
-    let r = f.v(format!(
-        "call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {regs};\", \"{cons}\"(i32 {row}) #1"
-    ));
-    (0..count).map(|i| f.typed(format!("extractvalue {outs} {r}, {i}"))).collect()
+    let r = f.agg(
+        outs,
+        format!("call {outs} asm sideeffect \"ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {regs};\", \"{cons}\"(i32 {row}) #1"),
+    );
+    (0..count as usize).map(|i| f.extract(&r, i)).collect()
 }
 
 /// `mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32`: `c + a·b` on one m16n8k16
 /// tile (`dtype` `bf16` or `f16`).
 pub(crate) fn mma_m16n8k16(f: &mut Func, dtype: &str, a: &[I32], b: &[I32], c: &[F32]) -> [F32; 4] {
-    let r = f.v(format!(
+    let r = f.agg(
+        "{ float, float, float, float }",
+        format!(
         "call {{ float, float, float, float }} asm \"mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 \
          {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};\", \
          \"=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f\"(i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, \
          float {}, float {}, float {}, float {}) #1",
         a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3]
-    ));
-    std::array::from_fn(|i| f.typed(format!("extractvalue {{ float, float, float, float }} {r}, {i}")))
+        ),
+    );
+    std::array::from_fn(|i| f.extract(&r, i))
 }
 
 // ---- wgmma ----
@@ -189,7 +185,14 @@ pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, 
         per,
         per + 1
     );
-    asm_floats(f, &insn, &[("l", a.text()), ("l", b.text()), ("r", "1")], acc)
+    asm_floats(f, &insn, &[("l", a), ("l", b), ("r", &i32c(1))], acc)
+}
+
+// ---- warp votes ----
+
+/// `match.any.sync.b32` over the full warp: the lanes whose `v` equals this lane's.
+pub(crate) fn match_any(f: &mut Func, v: &I32) -> I32 {
+    f.typed(format!("call i32 asm sideeffect \"match.any.sync.b32 $0, $1, -1;\", \"=r,r\"(i32 {v}) #1"))
 }
 
 // ---- registers, barriers, timers ----

@@ -5,9 +5,10 @@
 //! logprob mode (DESIGN.md step 10), the raw logits' ones.
 
 use crate::config::STAGE2_THREADS;
-use crate::ir::{Func, Var, NEG_INF};
-use crate::lse;
-use crate::params::STAGE2;
+use crate::entries::{beats, Candidate, CandidateVar, CANDIDATE_BYTES};
+use crate::ir::{i32c, Fcmp, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I128, I32};
+use crate::lse::{self, Partial};
+use crate::params::{arg, STAGE2};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
 use flashsample_abi::{RowStatus, INDEX_NONE, INDEX_NONFINITE};
 
@@ -20,139 +21,121 @@ pub(crate) const SCRATCH_DECL: &str = "@fs_stage2_scratch = internal addrspace(3
 @fs_stage2_lse = internal addrspace(3) global [32 x i128] undef, align 16
 ";
 
+/// The scratch arrays [`SCRATCH_DECL`] declares.
+const SCRATCH: Ptr<Shared> = Ptr::named("@fs_stage2_scratch");
+const LSE_SCRATCH: Ptr<Shared> = Ptr::named("@fs_stage2_lse");
+
 /// Field `field` (0: window, 1..=3: sums) of warp `warp`'s logsumexp sum in the scratch.
-fn lse_scratch(f: &mut Func, warp: &str, field: u32) -> String {
-    let i = f.mul(warp, "4");
-    let i = f.add(&i, &field.to_string());
-    f.v(format!("getelementptr i128, ptr addrspace(3) @fs_stage2_lse, i32 {i}"))
+fn lse_scratch(f: &mut Func, warp: &I32, field: u32) -> Ptr<Shared> {
+    let i = f.mul(warp, &i32c(4));
+    let i = f.add(&i, &i32c(field));
+    f.element::<_, I128>(&LSE_SCRATCH, &i)
 }
 
-fn scratch(f: &mut Func, field: u32, warp: &str) -> String {
-    let i = f.add(warp, &(field * WARPS).to_string());
-    f.v(format!(
-        "getelementptr i32, ptr addrspace(3) @fs_stage2_scratch, i32 {i}"
-    ))
+fn scratch(f: &mut Func, field: u32, warp: &I32) -> Ptr<Shared> {
+    let i = f.add(warp, &i32c(field * WARPS));
+    f.element::<_, I32>(&SCRATCH, &i)
 }
 
 pub(crate) fn emit() -> String {
     let mut f = Func::new();
     let row = f.sreg("ctaid.x");
     let tid = f.sreg("tid.x");
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let in_batch = f.ult(&row, "%batch");
-    let none = INDEX_NONE as i32;
-    let nonfinite = INDEX_NONFINITE as i32;
+    let warp = f.lshr(&tid, &i32c(5));
+    let lane = f.and(&tid, &i32c(31));
+    let in_batch = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+    let none = i32c(INDEX_NONE as i32);
+    let nonfinite = i32c(INDEX_NONFINITE as i32);
 
 
     // The grid is exactly `batch` CTAs; the guard keeps a larger grid harmless.
     f.if_then(&in_batch, |f| {
-        let status = f.var("i32", &RowStatus::Ok.code().to_string());
-        let lane0 = f.v(format!("icmp eq i32 {lane}, 0"));
-        let tid0 = f.v(format!("icmp eq i32 {tid}, 0"));
-        f.for_loop("0", "%samples", "1", |f, s| {
-            let bs = f.var("float", NEG_INF);
-            let bi = f.var("i32", &none.to_string());
-            let bl = f.var("float", NEG_INF);
-            let flag = f.var("i32", "0");
-            let base = f.mul(&row, "%samples");
+        let status = f.var(&i32c(RowStatus::Ok.code()));
+        let lane0 = f.icmp(Icmp::Eq, &lane, &i32c(0));
+        let tid0 = f.icmp(Icmp::Eq, &tid, &i32c(0));
+        f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
+            let best = CandidateVar::new(f, &Candidate::none());
+            let flag = f.var(&i32c(0));
+            let base = f.mul(&row, &arg::SAMPLES);
             let base = f.add(&base, s);
-            let base = f.mul(&base, "%tiles");
-            f.for_loop(&tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+            let base = f.mul(&base, &arg::TILES);
+            f.for_loop(&tid, &arg::TILES, &i32c(STAGE2_THREADS), |f, tile| {
                 let slot = f.add(&base, tile);
-                let s64 = f.zext64(&slot);
-                let a = f.gaddr("%candidates", &s64, 12);
-                let cs = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-                let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                let ci = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
-                let a2 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 8"));
-                let cl = f.v(format!("load float, ptr addrspace(1) {a2}, align 4"));
-                let is_none = f.v(format!("icmp eq i32 {ci}, {none}"));
+                let s64 = f.zext(&slot);
+                let a = f.gaddr(&arg::CANDIDATES, &s64, CANDIDATE_BYTES);
+                let c = Candidate::load(f, &a);
+                let is_none = f.icmp(Icmp::Eq, &c.index, &none);
                 // A tile winner whose score is NaN or +inf (a transformed logit past f32) makes
                 // the row non-finite, as `abi::StageTwo::reduce` says.
-                let bad_score = f.v(format!("fcmp uge float {cs}, 0x7FF0000000000000"));
-                let live = f.v(format!("xor i1 {is_none}, true"));
-                let bad_score = f.and1(&bad_score, &live);
-                let is_nf = f.v(format!("icmp eq i32 {ci}, {nonfinite}"));
-                let is_nf = f.v(format!("or i1 {is_nf}, {bad_score}"));
+                let bad_score = f.fcmp(Fcmp::Uge, &c.score, &F32::POS_INF);
+                let live = f.not(&is_none);
+                let bad_score = f.and(&bad_score, &live);
+                let is_nf = f.icmp(Icmp::Eq, &c.index, &nonfinite);
+                let is_nf = f.or(&is_nf, &bad_score);
                 let fl = f.get(&flag);
-                let nf32 = f.v(format!("zext i1 {is_nf} to i32"));
-                let fl = f.v(format!("or i32 {fl}, {nf32}"));
+                let nf32 = f.zext(&is_nf);
+                let fl = f.or(&fl, &nf32);
                 f.set(&flag, &fl);
-                let real = f.v(format!("or i1 {is_nf}, {is_none}"));
-                let real = f.v(format!("xor i1 {real}, true"));
-                let (s0, i0, l0) = (f.get(&bs), f.get(&bi), f.get(&bl));
-                let b = f.beats(&cs, &ci, &s0, &i0);
-                let take = f.and1(&real, &b);
-                let v = f.sel("float", &take, &cs, &s0);
-                f.set(&bs, &v);
-                let v = f.sel("i32", &take, &ci, &i0);
-                f.set(&bi, &v);
-                let v = f.sel("float", &take, &cl, &l0);
-                f.set(&bl, &v);
+                let real = f.or(&is_nf, &is_none);
+                let real = f.not(&real);
+                let cur = best.get(f);
+                let b = beats(f, &c.score, &c.index, &cur.score, &cur.index);
+                let take = f.and(&real, &b);
+                let v = f.sel(&take, &c.score, &cur.score);
+                f.set(&best.score, &v);
+                let v = f.sel(&take, &c.index, &cur.index);
+                f.set(&best.index, &v);
+                let v = f.sel(&take, &c.logit, &cur.logit);
+                f.set(&best.logit, &v);
             });
-            let mut lane_best = (f.get(&bs), f.get(&bi), f.get(&bl));
+            let mut lane_best = best.get(f);
             let mut fl = f.get(&flag);
             for sh in [16, 8, 4, 2, 1] {
-                let os = f.shfl_xor_f32(&lane_best.0, sh);
-                let oi = f.shfl_xor_i32(&lane_best.1, sh);
-                let ol = f.shfl_xor_f32(&lane_best.2, sh);
-                let of = f.shfl_xor_i32(&fl, sh);
-                fl = f.v(format!("or i32 {fl}, {of}"));
-                lane_best = f.keep_best(lane_best, (&os, &oi, &ol));
+                let other = Candidate { score: f.shfl_xor(&lane_best.score, sh), index: f.shfl_xor(&lane_best.index, sh), logit: f.shfl_xor(&lane_best.logit, sh) };
+                let of = f.shfl_xor(&fl, sh);
+                fl = f.or(&fl, &of);
+                lane_best = lane_best.keep_best(f, &other);
             }
-            let (s1, i1, l1) = lane_best;
             f.if_then(&lane0, |f| {
-                for (field, ty, v) in [
-                    (0, "float", &s1),
-                    (1, "i32", &i1),
-                    (2, "float", &l1),
-                    (3, "i32", &fl),
-                ] {
-                    let a = scratch(f, field, &warp);
-                    f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
-                }
+                let a = scratch(f, 0, &warp);
+                f.store(&lane_best.score, &a, 4);
+                let a = scratch(f, 1, &warp);
+                f.store(&lane_best.index, &a, 4);
+                let a = scratch(f, 2, &warp);
+                f.store(&lane_best.logit, &a, 4);
+                let a = scratch(f, 3, &warp);
+                f.store(&fl, &a, 4);
             });
             f.barrier();
             f.if_then(&tid0, |f| {
-                let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
-                let mut f2 = "0".to_string();
+                let mut best = Candidate::none();
+                let mut f2 = i32c(0);
                 for w in 0..WARPS {
-                    let w = w.to_string();
-                    let ld = |f: &mut Func, field: u32, ty: &str| {
-                        let a = scratch(f, field, &w);
-                        f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
-                    };
-                    let (ws, wi, wl, wf) = (
-                        ld(f, 0, "float"),
-                        ld(f, 1, "i32"),
-                        ld(f, 2, "float"),
-                        ld(f, 3, "i32"),
-                    );
-                    f2 = f.v(format!("or i32 {f2}, {wf}"));
-                    best = f.keep_best(best, (&ws, &wi, &wl));
+                    let w = i32c(w);
+                    let a = scratch(f, 0, &w);
+                    let score: F32 = f.load(&a, 4);
+                    let a = scratch(f, 1, &w);
+                    let index = f.load(&a, 4);
+                    let a = scratch(f, 2, &w);
+                    let logit = f.load(&a, 4);
+                    let a = scratch(f, 3, &w);
+                    let wf = f.load(&a, 4);
+                    f2 = f.or(&f2, &wf);
+                    best = best.keep_best(f, &Candidate { score, index, logit });
                 }
-                let (s2, i2, l2) = best;
-                let out = f.mul(&row, "%samples");
+                let out = f.mul(&row, &arg::SAMPLES);
                 let out = f.add(&out, s);
-                let o64 = f.zext64(&out);
-                for (ptr, ty, v) in [
-                    ("%out_tokens", "i32", &i2),
-                    ("%out_scores", "float", &s2),
-                    ("%out_logits", "float", &l2),
-                ] {
-                    let a = f.gaddr(ptr, &o64, 4);
-                    f.s(format!("store {ty} {v}, ptr addrspace(1) {a}, align 4"));
-                }
+                let o64 = f.zext(&out);
+                best.store_sample(f, &o64);
                 // Status: non-finite anywhere wins over an empty sample (the larger code).
-                let nf = f.v(format!("icmp ne i32 {f2}, 0"));
-                let empty = f.v(format!("icmp eq i32 {i2}, {none}"));
+                let nf = f.icmp(Icmp::Ne, &f2, &i32c(0));
+                let empty = f.icmp(Icmp::Eq, &best.index, &none);
                 let (ok, masked, nonfinite) = (RowStatus::Ok.code(), RowStatus::AllMasked.code(), RowStatus::NonFinite.code());
-                let this = f.sel("i32", &empty, &masked.to_string(), &ok.to_string());
-                let this = f.sel("i32", &nf, &nonfinite.to_string(), &this);
+                let this = f.sel(&empty, &i32c(masked), &i32c(ok));
+                let this = f.sel(&nf, &i32c(nonfinite), &this);
                 let cur = f.get(&status);
-                let hi = f.v(format!("icmp ugt i32 {this}, {cur}"));
-                let st = f.sel("i32", &hi, &this, &cur);
+                let hi = f.icmp(Icmp::Ugt, &this, &cur);
+                let st = f.sel(&hi, &this, &cur);
                 f.set(&status, &st);
             });
             // The next sample rewrites the scratch just read.
@@ -161,91 +144,97 @@ pub(crate) fn emit() -> String {
 
         f.if_then(&tid0, |f| {
             let st = f.get(&status);
-            let r64 = f.zext64(&row);
-            let a = f.gaddr("%out_status", &r64, 4);
-            f.s(format!("store i32 {st}, ptr addrspace(1) {a}, align 4"));
+            let r64 = f.zext(&row);
+            let a = f.gaddr(&arg::OUT_STATUS, &r64, 4);
+            f.store(&st, &a, 4);
         });
 
         // The processed row logsumexp; the targets take the raw one when there is one.
-        let raw_in = f.v("icmp ne ptr addrspace(1) %raw_lse, null");
-        let proc_targets = f.v(format!("xor i1 {raw_in}, true"));
-        row_logsumexp(f, &row, &tid, &warp, &lane0, &tid0, &status, ("%lse", "%out_lse"), &proc_targets);
+        let raw_in = f.non_null(&arg::RAW_LSE);
+        let proc_targets = f.not(&raw_in);
+        let th = RowThreads { row: &row, tid: &tid, warp: &warp, lane0: &lane0, tid0: &tid0 };
+        row_logsumexp(f, &th, &status, (&arg::LSE, &arg::OUT_LSE), &proc_targets);
         // DESIGN.md step 10: the raw row logsumexp, from the raw logits' partials.
-        row_logsumexp(f, &row, &tid, &warp, &lane0, &tid0, &status, ("%raw_lse", "%out_raw_lse"), "true");
+        row_logsumexp(f, &th, &status, (&arg::RAW_LSE, &arg::OUT_RAW_LSE), &I1::TRUE);
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&STAGE2.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{STAGE2_THREADS}\"")))
+}
+
+/// The CTA's row and the thread's place in it.
+struct RowThreads<'a> {
+    row: &'a I32,
+    tid: &'a I32,
+    warp: &'a I32,
+    lane0: &'a I1,
+    tid0: &'a I1,
 }
 
 /// The row's logsumexp from the `(partials, out)` pair (both non-null, else nothing), and,
 /// when `targets` (an i1) holds, the target's logit turned into its logprob with it (step 7b).
 /// Uniform over the CTA (its barrier is safe).
-#[allow(clippy::too_many_arguments)]
-fn row_logsumexp(f: &mut Func, row: &str, tid: &str, warp: &str, lane0: &str, tid0: &str, status: &Var, (partials, out): (&str, &str), targets: &str) {
-    let lse_in = f.v(format!("icmp ne ptr addrspace(1) {partials}, null"));
-    let lse_out = f.v(format!("icmp ne ptr addrspace(1) {out}, null"));
-    let both = f.and1(&lse_in, &lse_out);
+fn row_logsumexp(f: &mut Func, th: &RowThreads<'_>, status: &Var<I32>, (partials, out): (&Ptr<Global>, &Ptr<Global>), targets: &I1) {
+    let lse_in = f.non_null(partials);
+    let lse_out = f.non_null(out);
+    let both = f.and(&lse_in, &lse_out);
     // Uniform over the CTA, so the barrier inside is safe.
     f.if_then(&both, |f| {
         // abi::LseSum: each thread sums its tiles' partials in u128, then the lanes, then the
         // warps; the sum is exact, so its order does not matter.
-        let w = f.var("i32", &EMPTY_WINDOW.to_string());
-        let sums: [Var; KEPT_WINDOWS] = std::array::from_fn(|_| f.var("i128", "0"));
-        let base = f.mul(row, "%tiles");
-        f.for_loop(tid, "%tiles", &STAGE2_THREADS.to_string(), |f, tile| {
+        let w = f.var(&i32c(EMPTY_WINDOW));
+        let sums: [Var<I128>; KEPT_WINDOWS] = std::array::from_fn(|_| f.var(&I128::c(0)));
+        let base = f.mul(th.row, &arg::TILES);
+        f.for_loop(th.tid, &arg::TILES, &i32c(STAGE2_THREADS), |f, tile| {
             let i = f.add(&base, tile);
-            let i64v = f.zext64(&i);
+            let i64v = f.zext(&i);
             let part = lse::load_partial_wide(f, partials, &i64v);
-            let cur = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
-            let (nw, ns) = lse::merge_call(f, true, &cur, &part);
-            f.set(&w, &nw);
-            for (v, x) in sums.iter().zip(&ns) {
+            let cur = Partial { window: f.get(&w), sums: sums.each_ref().map(|v| f.get(v)) };
+            let merged = lse::merge_call(f, &cur, &part);
+            f.set(&w, &merged.window);
+            for (v, x) in sums.iter().zip(&merged.sums) {
                 f.set(v, x);
             }
         });
-        let mine = (f.get(&w), sums.each_ref().map(|v| f.get(v)));
-        let warp_sum = lse::warp_merge(f, true, mine, &[16, 8, 4, 2, 1]);
-        f.if_then(lane0, |f| {
-            let a = lse_scratch(f, warp, 0);
-            let wide = f.v(format!("sext i32 {} to i128", warp_sum.0));
-            f.s(format!("store i128 {wide}, ptr addrspace(3) {a}, align 16"));
-            for (k, v) in warp_sum.1.iter().enumerate() {
-                let a = lse_scratch(f, warp, k as u32 + 1);
-                f.s(format!("store i128 {v}, ptr addrspace(3) {a}, align 16"));
+        let mine = Partial { window: f.get(&w), sums: sums.each_ref().map(|v| f.get(v)) };
+        let warp_sum = lse::warp_merge(f, mine, &[16, 8, 4, 2, 1]);
+        f.if_then(th.lane0, |f| {
+            let a = lse_scratch(f, th.warp, 0);
+            let wide: I128 = f.sext(&warp_sum.window);
+            f.store(&wide, &a, 16);
+            for (k, v) in warp_sum.sums.iter().enumerate() {
+                let a = lse_scratch(f, th.warp, k as u32 + 1);
+                f.store(v, &a, 16);
             }
         });
         f.barrier();
-        f.if_then(tid0, |f| {
-            let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn(|_| "0".to_string()));
+        f.if_then(th.tid0, |f| {
+            let mut acc = Partial::<I128>::empty();
             for wi in 0..WARPS {
-                let wi = wi.to_string();
+                let wi = i32c(wi);
                 let a = lse_scratch(f, &wi, 0);
-                let ww = f.v(format!("load i128, ptr addrspace(3) {a}, align 16"));
-                let ww = f.v(format!("trunc i128 {ww} to i32"));
-                let ws = std::array::from_fn(|k| {
+                let ww: I128 = f.load(&a, 16);
+                let window = f.trunc(&ww);
+                let sums = std::array::from_fn(|k| {
                     let a = lse_scratch(f, &wi, k as u32 + 1);
-                    f.v(format!("load i128, ptr addrspace(3) {a}, align 16"))
+                    f.load(&a, 16)
                 });
-                acc = lse::merge_call(f, true, &acc, &(ww, ws));
+                acc = lse::merge_call(f, &acc, &Partial { window, sums });
             }
-            let l = f.v(format!(
-                "call float @fs_lse_finish(i32 {}, i128 {}, i128 {}, i128 {})",
-                acc.0, acc.1[0], acc.1[1], acc.1[2]
-            ));
-            let r64 = f.zext64(row);
+            let l = lse::finish_call(f, &acc);
+            let r64 = f.zext(th.row);
             let a = f.gaddr(out, &r64, 4);
-            f.s(format!("store float {l}, ptr addrspace(1) {a}, align 4"));
+            f.store(&l, &a, 4);
             // Step 7b: the target's logit becomes its logprob (NaN for a failed row).
-            let has_targets = f.v("icmp ne ptr addrspace(1) %target_logprobs, null");
-            let has_targets = f.and1(&has_targets, targets);
+            let has_targets = f.non_null(&arg::TARGET_LOGPROBS);
+            let has_targets = f.and(&has_targets, targets);
             f.if_then(&has_targets, |f| {
-                let a = f.gaddr("%target_logprobs", &r64, 4);
-                let x = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
+                let a = f.gaddr(&arg::TARGET_LOGPROBS, &r64, 4);
+                let x = f.load(&a, 4);
                 let lp = f.fsub(&x, &l);
                 let st = f.get(status);
-                let ok = f.v(format!("icmp eq i32 {st}, {}", RowStatus::Ok.code()));
-                let lp = f.sel("float", &ok, &lp, "0x7FF8000000000000");
-                f.s(format!("store float {lp}, ptr addrspace(1) {a}, align 4"));
+                let ok = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::Ok.code()));
+                let lp = f.sel(&ok, &lp, &F32::NAN);
+                f.store(&lp, &a, 4);
             });
         });
         // A second call rewrites the scratch thread 0 just read.

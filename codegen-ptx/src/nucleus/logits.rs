@@ -13,8 +13,8 @@
 
 use super::{pick_count, picked_row, row_elem};
 use crate::config::GpuConfig;
-use crate::ir::{Func, Value, F32, I32, NEG_INF};
-use crate::params::NUCLEUS_LOGITS;
+use crate::ir::{i32c, Func, Global, Icmp, Int, Ptr, F32, I1, I16, I32, I64};
+use crate::params::{arg, NUCLEUS_LOGITS};
 use crate::ptx;
 use crate::stage1::{load_elem, model_logit, transform_token, RowTransform, TokenBits};
 use flashsample_ir::{DType, Pipeline};
@@ -25,17 +25,17 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
     let count = pick_count(&mut f);
-    let any = f.v(format!("icmp ne i32 {count}, 0"));
+    let any = f.icmp(Icmp::Ne, &count, &i32c(0));
     f.if_then(&any, |f| {
         let cta = f.sreg("ctaid.x");
-        let v0 = f.mul(&cta, &super::NUCLEUS_LOGITS_TOKENS.to_string());
+        let v0 = f.mul(&cta, &i32c(super::NUCLEUS_LOGITS_TOKENS));
         if c.is_tensor() {
             tensor(f, p, c.k_step(), &tid, &v0, &count);
         } else {
             simt(f, p, &tid, &v0, &count);
         }
     });
-    f.s("ret void");
+    f.ret_void();
     f.finish(&NUCLEUS_LOGITS.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{}\"", super::NUCLEUS_THREADS)))
 }
 
@@ -45,21 +45,21 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
 /// in slices of stage one's `k_step` (every 16-wide step's loads of a slice issued before its
 /// MMAs), zero-padded to a whole slice as stage one's ring pads it: the same MMA steps, so even
 /// an exact zero sum keeps its sign.
-fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &str) {
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let g = f.v(format!("lshr i32 {lane}, 2"));
-    let t = f.v(format!("and i32 {lane}, 3"));
-    let w16 = f.v(format!("shl i32 {warp}, 4"));
+fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, v0: &I32, count: &I32) {
+    let warp = f.lshr(tid, &i32c(5));
+    let lane = f.and(tid, &i32c(31));
+    let g = f.lshr(&lane, &i32c(2));
+    let t = f.and(&lane, &i32c(3));
+    let w16 = f.shl(&warp, &i32c(4));
     let m0 = f.add(v0, &w16);
     let va = f.add(&m0, &g);
-    let vb = f.add(&va, "8");
-    let dim64 = f.zext64("%dim");
-    let row_start = |f: &mut Func, v: &str| {
-        let ok = f.ult(v, "%vocab");
-        let vs = f.sel("i32", &ok, v, "0");
-        let v64 = f.zext64(&vs);
-        f.v(format!("mul i64 {v64}, {dim64}"))
+    let vb = f.add(&va, &i32c(8));
+    let dim64: I64 = f.zext(&arg::DIM);
+    let row_start = |f: &mut Func, v: &I32| {
+        let ok = f.icmp(Icmp::Ult, v, &arg::VOCAB);
+        let vs = f.sel(&ok, v, &i32c(0));
+        let v64 = f.zext(&vs);
+        f.mul(&v64, &dim64)
     };
     let wa = row_start(f, &va);
     let wb = row_start(f, &vb);
@@ -68,53 +68,53 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
         _ => "bf16",
     };
     // 32-bit pair loads need an even D and 4-byte aligned operands; else two 16-bit loads.
-    let odd = f.v("and i32 %dim, 1");
-    let wp = f.v("ptrtoint ptr addrspace(1) %weights to i64");
-    let hp = f.v("ptrtoint ptr addrspace(1) %hidden to i64");
-    let ptrs = f.v(format!("or i64 {wp}, {hp}"));
-    let ptrs = f.v(format!("and i64 {ptrs}, 3"));
-    let ptrs = f.v(format!("trunc i64 {ptrs} to i32"));
-    let mis = f.v(format!("or i32 {odd}, {ptrs}"));
-    let aligned = f.v(format!("icmp eq i32 {mis}, 0"));
-    let t2 = f.v(format!("shl i32 {t}, 1"));
+    let odd = f.and(&arg::DIM, &i32c(1));
+    let wp: I64 = f.ptrtoint(&arg::WEIGHTS);
+    let hp: I64 = f.ptrtoint(&arg::HIDDEN);
+    let ptrs = f.or(&wp, &hp);
+    let ptrs = f.and(&ptrs, &I64::c(3));
+    let ptrs: I32 = f.trunc(&ptrs);
+    let mis = f.or(&odd, &ptrs);
+    let aligned = f.icmp(Icmp::Eq, &mis, &i32c(0));
+    let t2 = f.shl(&t, &i32c(1));
     // Up to 8 picked rows per pass (the MMA's n): column g multiplies picked row `first + g`;
     // columns past the count repeat row 0 (unused).
-    f.for_loop("0", count, "8", |f, first| {
+    f.for_loop(&i32c(0), count, &i32c(8), |f, first| {
         let jg = f.add(first, &g);
-        let has_col = f.ult(&jg, count);
-        let jcol = f.sel("i32", &has_col, &jg, "0");
+        let has_col = f.icmp(Icmp::Ult, &jg, count);
+        let jcol = f.sel(&has_col, &jg, &i32c(0));
         let hrow = picked_row(f, &jcol);
-        let h64 = f.zext64(&hrow);
-        let hb = f.v(format!("mul i64 {h64}, {dim64}"));
-        let acc: Vec<_> = (0..4).map(|_| f.var("float", "0.0")).collect();
+        let h64 = f.zext(&hrow);
+        let hb = f.mul(&h64, &dim64);
+        let acc: Vec<_> = (0..4).map(|_| f.var(&F32::ZERO)).collect();
         let kloop = |f: &mut Func, aligned: bool| {
-            f.for_loop("0", "%dim", &k_step.to_string(), |f, k| {
+            f.for_loop(&i32c(0), &arg::DIM, &i32c(k_step), |f, k| {
                 let mut steps = Vec::new();
                 for step in 0..k_step / 16 {
-                    let k0 = f.add(k, &(16 * step).to_string());
+                    let k0 = f.add(k, &i32c(16 * step));
                     let ka = f.add(&k0, &t2);
-                    let kb = f.add(&ka, "8");
+                    let kb = f.add(&ka, &i32c(8));
                     let a = [
-                        pair(f, aligned, "%weights", &wa, &ka),
-                        pair(f, aligned, "%weights", &wb, &ka),
-                        pair(f, aligned, "%weights", &wa, &kb),
-                        pair(f, aligned, "%weights", &wb, &kb),
+                        pair(f, aligned, &arg::WEIGHTS, &wa, &ka),
+                        pair(f, aligned, &arg::WEIGHTS, &wb, &ka),
+                        pair(f, aligned, &arg::WEIGHTS, &wa, &kb),
+                        pair(f, aligned, &arg::WEIGHTS, &wb, &kb),
                     ];
-                    let b = [pair(f, aligned, "%hidden", &hb, &ka), pair(f, aligned, "%hidden", &hb, &kb)];
+                    let b = [pair(f, aligned, &arg::HIDDEN, &hb, &ka), pair(f, aligned, &arg::HIDDEN, &hb, &kb)];
                     steps.push((a, b));
                 }
                 for (a, b) in steps {
-                    let cur: Vec<F32> = acc.iter().map(|v| F32::raw(f.get(v))).collect();
+                    let cur: Vec<F32> = acc.iter().map(|v| f.get(v)).collect();
                     let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
                     for (slot, v) in acc.iter().zip(out.iter()) {
-                        f.set(slot, v.text());
+                        f.set(slot, v);
                     }
                 }
             });
         };
         f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
         let j0 = f.add(first, &t2);
-        let j1 = f.add(&j0, "1");
+        let j1 = f.add(&j0, &i32c(1));
         for (i, (v, j)) in [(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)].into_iter().enumerate() {
             let raw = f.get(&acc[i]);
             store_logit(f, p, v, j, count, &raw);
@@ -124,61 +124,61 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &str, v0: &str, count: &
 
 /// Elements `k, k + 1` of the 16-bit matrix `ptr` from element `base` (i64) as one 32-bit
 /// MMA operand register (element `k` in the low half), zero past D.
-fn pair(f: &mut Func, aligned: bool, ptr: &str, base: &str, k: &str) -> I32 {
-    let elem = |f: &mut Func, k: &str| {
-        let ok = f.ult(k, "%dim");
-        let ks = f.sel("i32", &ok, k, "0");
-        let k64 = f.zext64(&ks);
-        let i = f.v(format!("add i64 {base}, {k64}"));
+fn pair(f: &mut Func, aligned: bool, ptr: &Ptr<Global>, base: &I64, k: &I32) -> I32 {
+    let elem = |f: &mut Func, k: &I32| {
+        let ok = f.icmp(Icmp::Ult, k, &arg::DIM);
+        let ks = f.sel(&ok, k, &i32c(0));
+        let k64 = f.zext(&ks);
+        let i = f.add(base, &k64);
         (ok, i)
     };
     if aligned {
         // D is even and k is even: k < D covers k + 1.
         let (ok, i) = elem(f, k);
         let a = f.gaddr(ptr, &i, 2);
-        let v = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-        I32::raw(f.sel("i32", &ok, &v, "0"))
+        let v = f.load(&a, 4);
+        f.sel(&ok, &v, &i32c(0))
     } else {
         let mut halves = Vec::new();
         for o in 0..2 {
-            let kk = f.add(k, &o.to_string());
+            let kk = f.add(k, &i32c(o));
             let (ok, i) = elem(f, &kk);
             let a = f.gaddr(ptr, &i, 2);
-            let h = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
-            let h = f.v(format!("zext i16 {h} to i32"));
-            halves.push(f.sel("i32", &ok, &h, "0"));
+            let h: I16 = f.load(&a, 2);
+            let h = f.zext(&h);
+            halves.push(f.sel(&ok, &h, &i32c(0)));
         }
-        let hi = f.v(format!("shl i32 {}, 16", halves[1]));
-        I32::raw(f.v(format!("or i32 {hi}, {}", halves[0])))
+        let hi = f.shl(&halves[1], &i32c(16));
+        f.or(&hi, &halves[0])
     }
 }
 
 /// The SIMT schedule's multiply: thread `tid` owns token `v0 + tid % 128` of picked rows
 /// `tid / 128, + 2, ..`, one `fma` per k in ascending order as `simt.rs`.
-fn simt(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
-    let lo = f.v(format!("and i32 {tid}, {}", super::NUCLEUS_LOGITS_TOKENS - 1));
-    let half = f.v(format!("lshr i32 {tid}, {}", super::NUCLEUS_LOGITS_TOKENS.trailing_zeros()));
+fn simt(f: &mut Func, p: &Pipeline, tid: &I32, v0: &I32, count: &I32) {
+    let lo = f.and(tid, &i32c(super::NUCLEUS_LOGITS_TOKENS - 1));
+    let half = f.lshr(tid, &i32c(super::NUCLEUS_LOGITS_TOKENS.trailing_zeros()));
     let v = f.add(v0, &lo);
-    let ok = f.ult(&v, "%vocab");
-    let vs = f.sel("i32", &ok, &v, "0");
-    let dim64 = f.zext64("%dim");
-    let v64 = f.zext64(&vs);
-    let wrow = f.v(format!("mul i64 {v64}, {dim64}"));
-    let step = (super::NUCLEUS_THREADS / super::NUCLEUS_LOGITS_TOKENS).to_string();
+    let ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
+    let vs = f.sel(&ok, &v, &i32c(0));
+    let dim64: I64 = f.zext(&arg::DIM);
+    let v64 = f.zext(&vs);
+    let wrow = f.mul(&v64, &dim64);
+    let step = i32c(super::NUCLEUS_THREADS / super::NUCLEUS_LOGITS_TOKENS);
     let (wd, hd) = (p.weights.dtype, p.hidden.dtype);
     f.for_loop(&half, count, &step, |f, j| {
         let r = picked_row(f, j);
-        let r64 = f.zext64(&r);
-        let hrow = f.v(format!("mul i64 {r64}, {dim64}"));
-        let acc = f.var("float", "0.0");
-        f.for_loop("0", "%dim", "1", |f, k| {
-            let k64 = f.zext64(k);
-            let wi = f.v(format!("add i64 {wrow}, {k64}"));
-            let w = load_elem(f, "%weights", &wi, wd);
-            let hi = f.v(format!("add i64 {hrow}, {k64}"));
-            let h = load_elem(f, "%hidden", &hi, hd);
+        let r64 = f.zext(&r);
+        let hrow = f.mul(&r64, &dim64);
+        let acc = f.var(&F32::ZERO);
+        f.for_loop(&i32c(0), &arg::DIM, &i32c(1), |f, k| {
+            let k64 = f.zext(k);
+            let wi = f.add(&wrow, &k64);
+            let w = load_elem(f, &arg::WEIGHTS, &wi, wd);
+            let hi = f.add(&hrow, &k64);
+            let h = load_elem(f, &arg::HIDDEN, &hi, hd);
             let cur = f.get(&acc);
-            let nv = f.v(format!("call float @llvm.fma.f32(float {w}, float {h}, float {cur})"));
+            let nv = f.call("@llvm.fma.f32", &[&w, &h, &cur]);
             f.set(&acc, &nv);
         });
         let raw = f.get(&acc);
@@ -189,60 +189,56 @@ fn simt(f: &mut Func, p: &Pipeline, tid: &str, v0: &str, count: &str) {
 /// Token `v` of picked row `j` (when both exist): DESIGN.md steps 3–4 on its matmul value
 /// `raw` with the row's parameters, then `x`, its sort key and its index into the pick's
 /// buffers, and with `%raw` its raw logit (step 10).
-fn store_logit(f: &mut Func, p: &Pipeline, v: &str, j: &str, count: &str, raw: &str) {
-    let v_ok = f.ult(v, "%vocab");
-    let j_ok = f.ult(j, count);
-    let ok = f.and1(&v_ok, &j_ok);
+fn store_logit(f: &mut Func, p: &Pipeline, v: &I32, j: &I32, count: &I32, raw: &F32) {
+    let v_ok = f.icmp(Icmp::Ult, v, &arg::VOCAB);
+    let j_ok = f.icmp(Icmp::Ult, j, count);
+    let ok = f.and(&v_ok, &j_ok);
     f.if_then(&ok, |f| {
         let r = picked_row(f, j);
-        let (inv_t, t_zero) = RowTransform::temperature(f, p, &r);
-        let (pen, lb) = RowTransform::tables(f, p, &r);
-        let row = RowTransform { inv_t, t_zero, pen, lb };
-        let words = f.add("%vocab", "31");
-        let words = f.v(format!("lshr i32 {words}, 5"));
+        let row = RowTransform::load(f, p, &r);
+        let words = f.add(&arg::VOCAB, &i32c(31));
+        let words = f.lshr(&words, &i32c(5));
         let wi = f.mul(&r, &words);
-        let wcol = f.v(format!("lshr i32 {v}, 5"));
+        let wcol = f.lshr(v, &i32c(5));
         let wi = f.add(&wi, &wcol);
-        let wi64 = f.zext64(&wi);
-        let word = |f: &mut Func, table: &str| {
+        let wi64 = f.zext(&wi);
+        let word = |f: &mut Func, table: &Ptr<Global>| -> I32 {
             let a = f.gaddr(table, &wi64, 4);
-            f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+            f.load(&a, 4)
         };
-        let pen_word = p.has_penalties().then(|| word(f, "%pen_bits"));
-        let lb_word = p.has_logit_bias().then(|| word(f, "%lb_bits"));
-        let mask_word = p.has_mask().then(|| word(f, "%allowed"));
-        let v64 = f.zext64(v);
-        let bias = if p.has_bias() {
-            let a = f.gaddr("%bias", &v64, 4);
-            f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
-        } else {
-            String::new()
-        };
-        let bit = f.v(format!("and i32 {v}, 31"));
-        let bits = TokenBits { v, bit: &bit, v_ok: "true", pen_word: pen_word.as_deref(), lb_word: lb_word.as_deref() };
-        let xv = transform_token(f, &p.transforms, &row, raw, &bias, &bits);
+        let pen_word = p.has_penalties().then(|| word(f, &arg::PEN_BITS));
+        let lb_word = p.has_logit_bias().then(|| word(f, &arg::LB_BITS));
+        let mask_word = p.has_mask().then(|| word(f, &arg::ALLOWED));
+        let v64 = f.zext(v);
+        let bias = p.has_bias().then(|| {
+            let a = f.gaddr(&arg::BIAS, &v64, 4);
+            f.load(&a, 4)
+        });
+        let bit = f.and(v, &i32c(31));
+        let bits = TokenBits { v, bit: &bit, v_ok: &I1::TRUE, pen_word: pen_word.as_ref(), lb_word: lb_word.as_ref() };
+        let xv = transform_token(f, &p.transforms, &row, raw, bias.as_ref(), &bits);
         let x = match &mask_word {
             Some(w) => {
-                let sh = f.v(format!("lshr i32 {w}, {bit}"));
-                let allowed = f.v(format!("trunc i32 {sh} to i1"));
-                f.sel("float", &allowed, &xv, NEG_INF)
+                let sh = f.lshr(w, &bit);
+                let allowed = f.trunc(&sh);
+                f.sel(&allowed, &xv, &F32::NEG_INF)
             }
             None => xv,
         };
         let e = row_elem(f, j, &v64);
-        let a = f.gaddr("%x", &e, 4);
-        f.s(format!("store float {x}, ptr addrspace(1) {a}, align 4"));
+        let a = f.gaddr(&arg::X, &e, 4);
+        f.store(&x, &a, 4);
         let key = f.order_key(&x);
-        let key = f.v(format!("xor i32 {key}, -1"));
-        let a = f.gaddr("%keys", &e, 4);
-        f.s(format!("store i32 {key}, ptr addrspace(1) {a}, align 4"));
-        let a = f.gaddr("%vals", &e, 4);
-        f.s(format!("store i32 {v}, ptr addrspace(1) {a}, align 4"));
-        let has_raw = f.v("icmp ne ptr addrspace(1) %raw, null");
+        let key = f.not(&key);
+        let a = f.gaddr(&arg::KEYS, &e, 4);
+        f.store(&key, &a, 4);
+        let a = f.gaddr(&arg::VALS, &e, 4);
+        f.store(v, &a, 4);
+        let has_raw = f.non_null(&arg::RAW);
         f.if_then(&has_raw, |f| {
-            let rv = model_logit(f, &p.transforms, raw, &bias, "true");
-            let a = f.gaddr("%raw", &e, 4);
-            f.s(format!("store float {rv}, ptr addrspace(1) {a}, align 4"));
+            let rv = model_logit(f, &p.transforms, raw, bias.as_ref(), &I1::TRUE);
+            let a = f.gaddr(&arg::RAW, &e, 4);
+            f.store(&rv, &a, 4);
         });
     });
 }

@@ -22,7 +22,8 @@ mod pick;
 mod sort;
 
 use crate::config::GpuConfig;
-use crate::ir::Func;
+use crate::ir::{Func, F32, I32, I64};
+use crate::params::arg;
 use flashsample_abi::filter::SUM_BLOCK;
 use flashsample_ir::Pipeline;
 
@@ -159,43 +160,41 @@ const DECLS: &str = "declare i32 @llvm.ctpop.i32(i32)\n\
                      declare void @llvm.nvvm.bar.warp.sync(i32)\n";
 
 /// `picks[rows]`: how many rows were picked.
-fn pick_count(f: &mut Func) -> String {
-    let r64 = f.zext64("%rows");
-    let a = f.gaddr("%picks", &r64, 4);
-    f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+fn pick_count(f: &mut Func) -> I32 {
+    let r64 = f.zext(&arg::ROWS);
+    let a = f.gaddr(&arg::PICKS, &r64, 4);
+    f.load(&a, 4)
 }
 
 /// `picks[j]`: picked row `j`'s launch row (of this chunk).
-fn picked_row(f: &mut Func, j: &str) -> String {
-    let j64 = f.zext64(j);
-    let a = f.gaddr("%picks", &j64, 4);
-    f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+fn picked_row(f: &mut Func, j: &I32) -> I32 {
+    let j64 = f.zext(j);
+    let a = f.gaddr(&arg::PICKS, &j64, 4);
+    f.load(&a, 4)
 }
 
-/// Element `i` (i64) of pick `j`'s `[rows, vocab]` buffer: `j · vocab + i` as i64.
-fn row_elem(f: &mut Func, j: &str, i64: &str) -> String {
-    let j64 = f.zext64(j);
-    let v64 = f.zext64("%vocab");
-    let base = f.v(format!("mul i64 {j64}, {v64}"));
-    f.v(format!("add i64 {base}, {i64}"))
+/// Element `i` of pick `j`'s `[rows, vocab]` buffer: `j · vocab + i` as i64.
+fn row_elem(f: &mut Func, j: &I32, i: &I64) -> I64 {
+    let j64: I64 = f.zext(j);
+    let v64 = f.zext(&arg::VOCAB);
+    let base = f.mul(&j64, &v64);
+    f.add(&base, i)
 }
 
 /// The logit an ascending sort key stands for: `!key` is `Func::order_key`'s key, whose top
 /// bit marks a non-negative float (`-0` reads as `+0`, which ties with it everywhere).
-fn decode_key(f: &mut Func, key: &str) -> String {
-    let k = f.v(format!("xor i32 {key}, -1"));
-    let negative = f.v(format!("icmp sge i32 {k}, 0"));
-    let inverted = f.v(format!("xor i32 {k}, -1"));
-    let cleared = f.v(format!("and i32 {k}, 2147483647"));
-    let bits = f.sel("i32", &negative, &inverted, &cleared);
-    f.v(format!("bitcast i32 {bits} to float"))
+fn decode_key(f: &mut Func, key: &I32) -> F32 {
+    let k = f.not(key);
+    f.key_value(&k)
 }
 
-fn popc(f: &mut Func, v: &str) -> String {
-    f.v(format!("call i32 @llvm.ctpop.i32(i32 {v})"))
+/// The number of set bits of `v`.
+fn popc(f: &mut Func, v: &I32) -> I32 {
+    f.call("@llvm.ctpop.i32", &[v])
 }
 
 /// Every thread's global writes so far are visible device-wide before its later ones.
 fn fence_gpu(f: &mut Func) {
     f.s("call void asm sideeffect \"membar.gl;\", \"~{memory}\"() #1");
 }
+

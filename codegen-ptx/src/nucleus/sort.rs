@@ -11,8 +11,9 @@
 //! below it with the same digit (`match.any`), so the scatter is stable.
 
 use super::{pick_count, popc, row_elem, NUCLEUS_SORT_TILE, NUCLEUS_THREADS};
-use crate::ir::Func;
-use crate::params::{NUCLEUS_HIST, NUCLEUS_SCATTER};
+use crate::ir::{i32c, Atomic, Func, Icmp, Ptr, Shared, I1, I32, I64};
+use crate::params::{arg, NUCLEUS_HIST, NUCLEUS_SCATTER};
+use crate::ptx;
 
 pub(crate) const HIST: &str = "flashsample_nucleus_hist";
 pub(crate) const SCATTER: &str = "flashsample_nucleus_scatter";
@@ -23,24 +24,34 @@ const _: () = assert!(NUCLEUS_THREADS == 256, "one thread per digit");
 /// Tiles' counts a scatter thread loads per iteration.
 const TILE_UNROLL: u32 = 8;
 
+/// The shared arrays the kernels declare: the histogram, the digits' scan, the per-warp counts.
+const HIST_COUNTS: Ptr<Shared> = Ptr::named("@fs_nucleus_hist");
+const SCAN: Ptr<Shared> = Ptr::named("@fs_nucleus_scan");
+const WARP_COUNTS: Ptr<Shared> = Ptr::named("@fs_nucleus_warp");
+
 /// The CTA's pick (`ctaid.y`), its tile's first entry, and whether the pick exists (uniform).
-fn tile(f: &mut Func) -> (String, String, String) {
+fn tile(f: &mut Func) -> (I32, I32, I1) {
     let count = pick_count(f);
     let j = f.sreg("ctaid.y");
     let tile = f.sreg("ctaid.x");
-    let first = f.mul(&tile, &NUCLEUS_SORT_TILE.to_string());
-    let live = f.ult(&j, &count);
+    let first = f.mul(&tile, &i32c(NUCLEUS_SORT_TILE));
+    let live = f.icmp(Icmp::Ult, &j, &count);
     (j, first, live)
 }
 
 /// Digit of `key` in this pass.
-fn digit(f: &mut Func, key: &str) -> String {
-    let d = f.v(format!("lshr i32 {key}, %shift"));
-    f.v(format!("and i32 {d}, 255"))
+fn digit(f: &mut Func, key: &I32) -> I32 {
+    let d = f.lshr(key, &arg::SHIFT);
+    f.and(&d, &i32c(255))
 }
 
-fn shared(f: &mut Func, array: &str, i: &str) -> String {
-    f.v(format!("getelementptr i32, ptr addrspace(3) {array}, i32 {i}"))
+fn shared(f: &mut Func, array: &Ptr<Shared>, i: &I32) -> Ptr<Shared> {
+    f.element::<_, I32>(array, i)
+}
+
+/// All lanes of the warp wait here (their shared-memory accesses before it are done).
+fn warp_sync(f: &mut Func) {
+    f.call_void("@llvm.nvvm.bar.warp.sync", &[&i32c(-1)]);
 }
 
 pub(super) fn emit_hist() -> String {
@@ -48,42 +59,42 @@ pub(super) fn emit_hist() -> String {
     let tid = f.sreg("tid.x");
     let (j, first, live) = tile(&mut f);
     f.if_then(&live, |f| {
-        let h = shared(f, "@fs_nucleus_hist", &tid);
-        f.s(format!("store i32 0, ptr addrspace(3) {h}, align 4"));
+        let h = shared(f, &HIST_COUNTS, &tid);
+        f.store(&i32c(0), &h, 4);
         f.barrier();
         // Every load of the tile first (independent, in flight together), then the counts.
-        let digits: Vec<(String, String)> = (0..NUCLEUS_SORT_TILE / NUCLEUS_THREADS)
+        let digits: Vec<(I1, I32)> = (0..NUCLEUS_SORT_TILE / NUCLEUS_THREADS)
             .map(|step| {
-                let e = f.add(&first, &(step * NUCLEUS_THREADS).to_string());
+                let e = f.add(&first, &i32c(step * NUCLEUS_THREADS));
                 let e = f.add(&e, &tid);
-                let valid = f.ult(&e, "%vocab");
-                let es = f.sel("i32", &valid, &e, "0");
-                let e64 = f.zext64(&es);
+                let valid = f.icmp(Icmp::Ult, &e, &arg::VOCAB);
+                let es = f.sel(&valid, &e, &i32c(0));
+                let e64: I64 = f.zext(&es);
                 let at = row_elem(f, &j, &e64);
-                let a = f.gaddr("%keys", &at, 4);
-                let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                let a = f.gaddr(&arg::KEYS, &at, 4);
+                let key = f.load(&a, 4);
                 (valid, digit(f, &key))
             })
             .collect();
         for (valid, d) in digits {
             f.if_then(&valid, |f| {
-                let s = shared(f, "@fs_nucleus_hist", &d);
-                f.s(format!("atomicrmw add ptr addrspace(3) {s}, i32 1 monotonic, align 4"));
+                let s = shared(f, &HIST_COUNTS, &d);
+                f.atomic_update(Atomic::Add, &s, &i32c(1), Some(4));
             });
         }
         f.barrier();
-        let n = f.v(format!("load i32, ptr addrspace(3) {h}, align 4"));
+        let n: I32 = f.load(&h, 4);
         let tiles = f.sreg("nctaid.x");
         let tile = f.sreg("ctaid.x");
         let slot = f.mul(&j, &tiles);
         let slot = f.add(&slot, &tile);
-        let slot = f.v(format!("shl i32 {slot}, 8"));
+        let slot = f.shl(&slot, &i32c(8));
         let slot = f.add(&slot, &tid);
-        let s64 = f.zext64(&slot);
-        let a = f.gaddr("%hist", &s64, 4);
-        f.s(format!("store i32 {n}, ptr addrspace(1) {a}, align 4"));
+        let s64 = f.zext(&slot);
+        let a = f.gaddr(&arg::HIST, &s64, 4);
+        f.store(&n, &a, 4);
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = String::from("@fs_nucleus_hist = internal addrspace(3) global [256 x i32] undef, align 4\n");
     out.push_str(&f.finish(&NUCLEUS_HIST.llvm_header(HIST, &format!("\"nvvm.maxntid\"=\"{NUCLEUS_THREADS}\""))));
     out
@@ -92,40 +103,40 @@ pub(super) fn emit_hist() -> String {
 pub(super) fn emit_scatter() -> String {
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let lt = f.v(format!("shl i32 1, {lane}"));
-    let lt = f.v(format!("sub i32 {lt}, 1"));
+    let warp = f.lshr(&tid, &i32c(5));
+    let lane = f.and(&tid, &i32c(31));
+    let lt = f.shl(&i32c(1), &lane);
+    let lt = f.sub(&lt, &i32c(1));
     let (j, first, live) = tile(&mut f);
     f.if_then(&live, |f| {
         // Thread d: digit d's count over the row and over the tiles before this one.
         let tiles = f.sreg("nctaid.x");
         let tile = f.sreg("ctaid.x");
-        let total = f.var("i32", "0");
-        let before = f.var("i32", "0");
+        let total = f.var(&i32c(0));
+        let before = f.var(&i32c(0));
         let row_hist = f.mul(&j, &tiles);
         // Eight tiles' counts per iteration, loaded together (independent loads in flight).
-        f.for_loop("0", &tiles, &TILE_UNROLL.to_string(), |f, t0| {
-            let counts: Vec<(String, String)> = (0..TILE_UNROLL)
+        f.for_loop(&i32c(0), &tiles, &i32c(TILE_UNROLL), |f, t0| {
+            let counts: Vec<(I32, I32)> = (0..TILE_UNROLL)
                 .map(|u| {
-                    let t = f.add(t0, &u.to_string());
-                    let inside = f.ult(&t, &tiles);
-                    let ts = f.sel("i32", &inside, &t, "0");
+                    let t = f.add(t0, &i32c(u));
+                    let inside = f.icmp(Icmp::Ult, &t, &tiles);
+                    let ts = f.sel(&inside, &t, &i32c(0));
                     let slot = f.add(&row_hist, &ts);
-                    let slot = f.v(format!("shl i32 {slot}, 8"));
+                    let slot = f.shl(&slot, &i32c(8));
                     let slot = f.add(&slot, &tid);
-                    let s64 = f.zext64(&slot);
-                    let a = f.gaddr("%hist", &s64, 4);
-                    let n = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                    (t, f.sel("i32", &inside, &n, "0"))
+                    let s64 = f.zext(&slot);
+                    let a = f.gaddr(&arg::HIST, &s64, 4);
+                    let n = f.load(&a, 4);
+                    (t, f.sel(&inside, &n, &i32c(0)))
                 })
                 .collect();
             for (t, n) in counts {
                 let tv = f.get(&total);
                 let tv = f.add(&tv, &n);
                 f.set(&total, &tv);
-                let earlier = f.ult(&t, &tile);
-                let add = f.sel("i32", &earlier, &n, "0");
+                let earlier = f.icmp(Icmp::Ult, &t, &tile);
+                let add = f.sel(&earlier, &n, &i32c(0));
                 let bv = f.get(&before);
                 let bv = f.add(&bv, &add);
                 f.set(&before, &bv);
@@ -133,56 +144,56 @@ pub(super) fn emit_scatter() -> String {
         });
         // Exclusive scan of the totals over the digits (Hillis–Steele in shared memory).
         let total = f.get(&total);
-        let scan = shared(f, "@fs_nucleus_scan", &tid);
-        f.s(format!("store i32 {total}, ptr addrspace(3) {scan}, align 4"));
+        let scan = shared(f, &SCAN, &tid);
+        f.store(&total, &scan, 4);
         f.barrier();
         let mut off = 1;
         while off < NUCLEUS_THREADS {
-            let has = f.v(format!("icmp uge i32 {tid}, {off}"));
-            let other = f.v(format!("sub i32 {tid}, {off}"));
-            let other = f.sel("i32", &has, &other, "0");
-            let oa = shared(f, "@fs_nucleus_scan", &other);
-            let ov = f.v(format!("load i32, ptr addrspace(3) {oa}, align 4"));
-            let ov = f.sel("i32", &has, &ov, "0");
+            let has = f.icmp(Icmp::Uge, &tid, &i32c(off));
+            let other = f.sub(&tid, &i32c(off));
+            let other = f.sel(&has, &other, &i32c(0));
+            let oa = shared(f, &SCAN, &other);
+            let ov = f.load(&oa, 4);
+            let ov = f.sel(&has, &ov, &i32c(0));
             f.barrier();
-            let mine = f.v(format!("load i32, ptr addrspace(3) {scan}, align 4"));
+            let mine = f.load(&scan, 4);
             let sum = f.add(&mine, &ov);
-            f.s(format!("store i32 {sum}, ptr addrspace(3) {scan}, align 4"));
+            f.store(&sum, &scan, 4);
             f.barrier();
             off *= 2;
         }
-        let inclusive = f.v(format!("load i32, ptr addrspace(3) {scan}, align 4"));
-        let below = f.v(format!("sub i32 {inclusive}, {total}"));
+        let inclusive = f.load(&scan, 4);
+        let below = f.sub(&inclusive, &total);
         let bv = f.get(&before);
         let start = f.add(&below, &bv);
         // Per (warp, digit) counts of this tile, then each warp's first slot per digit.
         for w in 0..WARPS {
-            let i = f.add(&tid, &(w * 256).to_string());
-            let a = shared(f, "@fs_nucleus_warp", &i);
-            f.s(format!("store i32 0, ptr addrspace(3) {a}, align 4"));
+            let i = f.add(&tid, &i32c(w * 256));
+            let a = shared(f, &WARP_COUNTS, &i);
+            f.store(&i32c(0), &a, 4);
         }
         f.barrier();
-        let wfirst = f.mul(&warp, &WARP_ENTRIES.to_string());
+        let wfirst = f.mul(&warp, &i32c(WARP_ENTRIES));
         let wfirst = f.add(&first, &wfirst);
-        let wslot = f.v(format!("shl i32 {warp}, 8"));
+        let wslot = f.shl(&warp, &i32c(8));
         let entry = |f: &mut Func, step: u32| {
-            let e = f.add(&wfirst, &(step * 32).to_string());
+            let e = f.add(&wfirst, &i32c(step * 32));
             let e = f.add(&e, &lane);
-            let valid = f.ult(&e, "%vocab");
-            let es = f.sel("i32", &valid, &e, "0");
-            let e64 = f.zext64(&es);
+            let valid = f.icmp(Icmp::Ult, &e, &arg::VOCAB);
+            let es = f.sel(&valid, &e, &i32c(0));
+            let e64 = f.zext(&es);
             let at = row_elem(f, &j, &e64);
             (valid, at)
         };
         // The warp's keys and tokens, all loaded up front (they stay in registers for the
         // scatter below): the count, then the stable scatter, 32 entries at a time.
-        let entries: Vec<(String, String, String)> = (0..WARP_ENTRIES / 32)
+        let entries: Vec<(I1, I32, I32)> = (0..WARP_ENTRIES / 32)
             .map(|step| {
                 let (valid, at) = entry(f, step);
-                let a = f.gaddr("%keys", &at, 4);
-                let key = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                let a = f.gaddr("%vals", &at, 4);
-                let val = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
+                let a = f.gaddr(&arg::KEYS, &at, 4);
+                let key = f.load(&a, 4);
+                let a = f.gaddr(&arg::VALS, &at, 4);
+                let val = f.load(&a, 4);
                 (valid, key, val)
             })
             .collect();
@@ -190,18 +201,18 @@ pub(super) fn emit_scatter() -> String {
             f.if_then(valid, |f| {
                 let d = digit(f, key);
                 let i = f.add(&wslot, &d);
-                let s = shared(f, "@fs_nucleus_warp", &i);
-                f.s(format!("atomicrmw add ptr addrspace(3) {s}, i32 1 monotonic, align 4"));
+                let s = shared(f, &WARP_COUNTS, &i);
+                f.atomic_update(Atomic::Add, &s, &i32c(1), Some(4));
             });
         }
         f.barrier();
-        let run = f.var("i32", &start);
+        let run = f.var(&start);
         for w in 0..WARPS {
-            let i = f.add(&tid, &(w * 256).to_string());
-            let a = shared(f, "@fs_nucleus_warp", &i);
-            let n = f.v(format!("load i32, ptr addrspace(3) {a}, align 4"));
+            let i = f.add(&tid, &i32c(w * 256));
+            let a = shared(f, &WARP_COUNTS, &i);
+            let n = f.load(&a, 4);
             let r = f.get(&run);
-            f.s(format!("store i32 {r}, ptr addrspace(3) {a}, align 4"));
+            f.store(&r, &a, 4);
             let r1 = f.add(&r, &n);
             f.set(&run, &r1);
         }
@@ -210,35 +221,35 @@ pub(super) fn emit_scatter() -> String {
         for (valid, key, val) in entries {
             let d = digit(f, &key);
             // Lanes past the vocabulary (a suffix of the warp) share a digit no entry has.
-            let d_or_none = f.sel("i32", &valid, &d, "256");
-            let peers = f.v(format!("call i32 asm sideeffect \"match.any.sync.b32 $0, $1, -1;\", \"=r,r\"(i32 {d_or_none}) #1"));
-            let below = f.v(format!("and i32 {peers}, {lt}"));
+            let d_or_none = f.sel(&valid, &d, &i32c(256));
+            let peers = ptx::match_any(f, &d_or_none);
+            let below = f.and(&peers, &lt);
             let rank = popc(f, &below);
             let i = f.add(&wslot, &d);
-            let s = shared(f, "@fs_nucleus_warp", &i);
-            let base = f.v(format!("load i32, ptr addrspace(3) {s}, align 4"));
+            let s = shared(f, &WARP_COUNTS, &i);
+            let base = f.load(&s, 4);
             f.if_then(&valid, |f| {
                 let pos = f.add(&base, &rank);
-                let p64 = f.zext64(&pos);
+                let p64 = f.zext(&pos);
                 let out = row_elem(f, &j, &p64);
-                let a = f.gaddr("%keys_out", &out, 4);
-                f.s(format!("store i32 {key}, ptr addrspace(1) {a}, align 4"));
-                let a = f.gaddr("%vals_out", &out, 4);
-                f.s(format!("store i32 {val}, ptr addrspace(1) {a}, align 4"));
+                let a = f.gaddr(&arg::KEYS_OUT, &out, 4);
+                f.store(&key, &a, 4);
+                let a = f.gaddr(&arg::VALS_OUT, &out, 4);
+                f.store(&val, &a, 4);
             });
             // Every peer has read the running slot before its leader advances it.
-            f.s("call void @llvm.nvvm.bar.warp.sync(i32 -1)");
-            let leader = f.v(format!("icmp eq i32 {rank}, 0"));
-            let lead = f.and1(&leader, &valid);
+            warp_sync(f);
+            let leader = f.icmp(Icmp::Eq, &rank, &i32c(0));
+            let lead = f.and(&leader, &valid);
             f.if_then(&lead, |f| {
                 let n = popc(f, &peers);
                 let next = f.add(&base, &n);
-                f.s(format!("store i32 {next}, ptr addrspace(3) {s}, align 4"));
+                f.store(&next, &s, 4);
             });
-            f.s("call void @llvm.nvvm.bar.warp.sync(i32 -1)");
+            warp_sync(f);
         }
     });
-    f.s("ret void");
+    f.ret_void();
     let mut out = format!(
         "@fs_nucleus_scan = internal addrspace(3) global [256 x i32] undef, align 4\n\
          @fs_nucleus_warp = internal addrspace(3) global [{} x i32] undef, align 4\n",

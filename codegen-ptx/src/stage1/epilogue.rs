@@ -14,12 +14,15 @@
 //!
 //! [`ScratchLayout`]: crate::ScratchLayout
 
-use super::{Gen, Item, Thread};
-use crate::{lse, math};
-use crate::ir::{f32c, Func, Value, Var, F32, I32, NEG_INF, POS_INF};
-use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use super::{Gen, Item, Thread, SMEM};
+use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
+use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Value, Var, F32, I1, I32, I64};
+use crate::lse::{self, Partial};
+use crate::math::{self, RowStream};
+use crate::params::arg;
+use crate::stage1::residual::is_draft_row;
 use flashsample_abi::rng::gumbel_f32_upper_bound;
-use flashsample_abi::{INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::INDEX_NONFINITE;
 use flashsample_ir::{Pipeline, Transform};
 
 /// A batch column `(n, j)` the thread owns and the row parameters its transforms read.
@@ -27,9 +30,9 @@ use flashsample_ir::{Pipeline, Transform};
 /// them: holding every column's for the whole epilogue cost registers the accumulators need
 /// (ptxas spilled at batch tiles of 64 and 128).
 struct Col {
-    col: String,
-    row: String,
-    row_safe: String,
+    col: I32,
+    row: I32,
+    row_safe: I32,
     /// The row's inputs of the transform chain (temperature, penalty and logit-bias ranges).
     tr: RowTransform,
 }
@@ -38,57 +41,66 @@ struct Col {
 struct ColNoise {
     /// Whether the column takes its argmax: temperature 0, or a draft row of a verifying
     /// pipeline (it reads its noise only through the residual lists).
-    greedy: String,
-    /// Philox key halves and counter row (`SamplingParams::row_stream`).
-    key_lo: String,
-    key_hi: String,
-    ctr_row: String,
+    greedy: I1,
+    /// Philox key and counter row (`SamplingParams::row_stream`).
+    stream: RowStream,
     /// Philox counter word 3: the row's decode step and the token stream.
-    word3: String,
+    word3: I32,
+}
+
+/// A row's temperature as the transform chain reads it.
+pub(crate) struct RowTemperature {
+    /// `1 / T`.
+    pub(crate) inv_t: F32,
+    /// Whether `T == 0` (then the temperature leaves `x` alone).
+    pub(crate) zero: I1,
+}
+
+/// A row's entries `[lo, hi)` of a per-row token table (CSR offsets).
+pub(crate) struct TokenRange {
+    pub(crate) lo: I32,
+    pub(crate) hi: I32,
 }
 
 /// One row's inputs of DESIGN.md step 3's transform chain, loaded once per row and read by
 /// [`transform_token`] for each of its tokens (stage one's columns, the exact nucleus's rows).
 pub(crate) struct RowTransform {
-    /// `1 / T` and whether `T == 0` (then the temperature leaves `x` alone).
-    pub(crate) inv_t: String,
-    pub(crate) t_zero: String,
+    /// The row's temperature, where the pipeline has one.
+    pub(crate) temperature: Option<RowTemperature>,
     /// Penalty CSR range and repetition of the row.
-    pub(crate) pen: Option<(String, String, String)>,
+    pub(crate) pen: Option<(TokenRange, F32)>,
     /// Logit-bias CSR range of the row.
-    pub(crate) lb: Option<(String, String)>,
+    pub(crate) lb: Option<TokenRange>,
 }
 
 impl RowTransform {
-    /// Row `row_safe`'s `1 / T` and `T == 0` from `%temperatures` (`("", false)` without a
-    /// temperature transform).
-    pub(crate) fn temperature(f: &mut Func, p: &Pipeline, row_safe: &str) -> (String, String) {
-        if p.temperature().is_none() {
-            return (String::new(), "false".to_string());
-        }
-        let r64 = f.zext64(row_safe);
-        let a = f.gaddr("%temperatures", &r64, 4);
-        let tv: F32 = f.load(&a, 4);
-        let z = f.v(format!("fcmp oeq float {tv}, 0.0"));
-        (f.fdiv(&f32c(1.0), tv.text()), z)
-    }
-
-    /// Row `row_safe`'s penalty range and repetition (`%pen_offsets`, `%pen_repetition`) and
-    /// logit-bias range (`%lb_offsets`), where the pipeline has them.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn tables(f: &mut Func, p: &Pipeline, row_safe: &str) -> (Option<(String, String, String)>, Option<(String, String)>) {
+    /// Row `row_safe`'s inputs of the chain: [`RowTransform::temperature`], then its penalty
+    /// range and repetition (`%pen_offsets`, `%pen_repetition`) and logit-bias range
+    /// (`%lb_offsets`), where the pipeline has them.
+    pub(crate) fn load(f: &mut Func, p: &Pipeline, row_safe: &I32) -> RowTransform {
+        let temperature = RowTransform::temperature(f, p, row_safe);
         let pen = p.has_penalties().then(|| {
-            let r64 = f.zext64(row_safe);
-            let (lo, hi) = csr_range(f, "%pen_offsets", &r64);
-            let a = f.gaddr("%pen_repetition", &r64, 4);
-            let rep = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-            (lo, hi, rep)
+            let r64 = f.zext(row_safe);
+            let range = csr_range(f, &arg::PEN_OFFSETS, &r64);
+            let a = f.gaddr(&arg::PEN_REPETITION, &r64, 4);
+            (range, f.load(&a, 4))
         });
         let lb = p.has_logit_bias().then(|| {
-            let r64 = f.zext64(row_safe);
-            csr_range(f, "%lb_offsets", &r64)
+            let r64 = f.zext(row_safe);
+            csr_range(f, &arg::LB_OFFSETS, &r64)
         });
-        (pen, lb)
+        RowTransform { temperature, pen, lb }
+    }
+
+    /// Row `row_safe`'s `1 / T` and `T == 0` from `%temperatures` (none without a
+    /// temperature transform).
+    pub(crate) fn temperature(f: &mut Func, p: &Pipeline, row_safe: &I32) -> Option<RowTemperature> {
+        p.temperature()?;
+        let r64 = f.zext(row_safe);
+        let a = f.gaddr(&arg::TEMPERATURES, &r64, 4);
+        let tv: F32 = f.load(&a, 4);
+        let zero = f.fcmp(Fcmp::Oeq, &tv, &F32::ZERO);
+        Some(RowTemperature { inv_t: f.fdiv(&f32c(1.0), &tv), zero })
     }
 }
 
@@ -96,46 +108,42 @@ impl RowTransform {
 /// row's words of the penalized- and biased-token bitsets that hold `v` (where the pipeline
 /// has those tables).
 pub(crate) struct TokenBits<'a> {
-    pub(crate) v: &'a str,
-    pub(crate) bit: &'a str,
-    pub(crate) v_ok: &'a str,
-    pub(crate) pen_word: Option<&'a str>,
-    pub(crate) lb_word: Option<&'a str>,
+    pub(crate) v: &'a I32,
+    pub(crate) bit: &'a I32,
+    pub(crate) v_ok: &'a I1,
+    pub(crate) pen_word: Option<&'a I32>,
+    pub(crate) lb_word: Option<&'a I32>,
 }
 
 /// DESIGN.md step 3: the transform chain on one token's matmul value `raw` for a row, in
 /// pipeline order and in f32 (`bias`: the token's global bias, loaded when the pipeline has
 /// one). Masks are not applied here (step 4). The one emitter of the chain: stage one's
 /// epilogue and the exact nucleus's logits kernel both call it, so their `x` are the same bits.
-pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowTransform, raw: &str, bias: &str, t: &TokenBits<'_>) -> String {
-    let v = t.v;
-    let mut xv = raw.to_string();
+pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowTransform, raw: &F32, bias: Option<&F32>, t: &TokenBits<'_>) -> F32 {
+    let mut xv = raw.clone();
     for tr in transforms {
         match tr {
             Transform::Temperature(_) => {
-                let scaled = f.fmul(&xv, &row.inv_t);
-                xv = f.sel("float", &row.t_zero, &xv, &scaled);
+                let Some(temp) = &row.temperature else { continue };
+                let scaled = f.fmul(&xv, &temp.inv_t);
+                xv = f.sel(&temp.zero, &xv, &scaled);
             }
-            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
-            Transform::Softcap { cap } => {
-                xv = f.v(format!(
-                    "call float @fs_softcap_f32(float {xv}, float {})",
-                    f32c(cap.get())
-                ))
+            Transform::Bias { .. } => {
+                let Some(bias) = bias else { continue };
+                xv = f.fadd(&xv, bias);
             }
+            Transform::Softcap { cap } => xv = math::softcap(f, &xv, cap.get()),
             Transform::Penalties { .. } => {
-                let (Some((lo, hi, rep)), Some(word)) = (&row.pen, t.pen_word) else { continue };
-                xv = listed_call(f, word, t.bit, t.v_ok, &xv, &format!(
-                    "call float @fs_penalize_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
-                     ptr addrspace(1) %pen_tokens, ptr addrspace(1) %pen_subtract, float {rep})"
-                ));
+                let (Some((range, rep)), Some(word)) = (&row.pen, t.pen_word) else { continue };
+                xv = listed_call(f, word, t, &xv, |f, x| {
+                    f.call("@fs_penalize_token", &[x, t.v, &range.lo, &range.hi, &arg::PEN_TOKENS, &arg::PEN_SUBTRACT, rep])
+                });
             }
             Transform::LogitBias { .. } => {
-                let (Some((lo, hi)), Some(word)) = (&row.lb, t.lb_word) else { continue };
-                xv = listed_call(f, word, t.bit, t.v_ok, &xv, &format!(
-                    "call float @fs_logit_bias_token(float {xv}, i32 {v}, i32 {lo}, i32 {hi}, \
-                     ptr addrspace(1) %lb_tokens, ptr addrspace(1) %lb_values)"
-                ));
+                let (Some(range), Some(word)) = (&row.lb, t.lb_word) else { continue };
+                xv = listed_call(f, word, t, &xv, |f, x| {
+                    f.call("@fs_logit_bias_token", &[x, t.v, &range.lo, &range.hi, &arg::LB_TOKENS, &arg::LB_VALUES])
+                });
             }
             // Exclusion is the caller's `ok` test (step 4); the filter acts on the lists
             // (step 6b) and in stage three.
@@ -148,27 +156,27 @@ pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowT
 /// The transformed logits of the thread's accumulators (same indices), the non-finite flag
 /// per column and the first token of each of its quads.
 struct Transformed {
-    x: Vec<String>,
+    x: Vec<F32>,
     /// The raw logits (DESIGN.md step 10: the model's transforms only, `-inf` past the
     /// vocabulary), same indices; only in the raw logprob mode.
-    raw: Option<Vec<String>>,
-    nonfinite: Vec<String>,
-    quad_base: Vec<String>,
+    raw: Option<Vec<F32>>,
+    nonfinite: Vec<I1>,
+    quad_base: Vec<I32>,
 }
 
 /// Predicates the reduction phases share: the lanes that hold a column's warp result, and
 /// the threads that combine one column over the warps.
 struct Reducers {
-    lane_lt4: String,
-    tid_lt_bt: String,
+    lane_lt4: I1,
+    tid_lt_bt: I1,
 }
 
 impl Gen<'_> {
     /// Steps 2–7 on the thread's accumulators (`acc`, by [`Gen::acc_index`]).
-    pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[String]) {
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
-        let g4 = f.v(format!("shl i32 {}, 2", th.g));
-        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+    pub(super) fn epilogue(&self, f: &mut Func, th: &Thread, it: &Item, acc: &[F32]) {
+        let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
+        let g4 = f.shl(&th.g, &i32c(2));
+        let t2 = f.shl(&th.t, &i32c(1));
         let cols = self.columns(f, it, &t2);
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
         // What the targets and the candidates carry: the raw logits in the raw mode.
@@ -181,7 +189,7 @@ impl Gen<'_> {
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
         if processed_lists {
-            self.list_epilogue(f, th, it, &t.x, "%lists");
+            self.list_epilogue(f, th, it, &t.x, &arg::LISTS);
             if self.p.lists_carry_raw() {
                 self.list_raws_epilogue(f, th, it, carried);
             }
@@ -189,7 +197,7 @@ impl Gen<'_> {
         if self.c.list_per_tile > 0 && self.p.raw_list_capacity() > 0 {
             // Every warp is done reading the tile of the lists before.
             f.barrier();
-            self.list_epilogue(f, th, it, carried, "%raw_lists");
+            self.list_epilogue(f, th, it, carried, &arg::RAW_LISTS);
         }
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);
@@ -204,27 +212,25 @@ impl Gen<'_> {
             && self.c.residual_per_tile == 0;
         let t = if reread { Transformed { x: self.load_list_tile(f, th), ..t } } else { t };
         let carried = t.raw.as_ref().unwrap_or(&t.x);
-        let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, "%lse");
+        let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, &arg::LSE);
         if let Some(raw) = &t.raw {
             // Step 10: every token of the vocabulary counts, allowed or not.
-            self.reduce_lse(f, th, it, &cols, raw, None, true, "%raw_lse");
+            self.reduce_lse(f, th, it, &cols, raw, None, true, &arg::RAW_LSE);
         }
         self.select(f, th, it, &cols, &t, carried, &reducers);
     }
 
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
-    fn columns(&self, f: &mut Func, it: &Item, t2: &str) -> Vec<Col> {
-        let p = self.p;
+    fn columns(&self, f: &mut Func, it: &Item, t2: &I32) -> Vec<Col> {
         let mut cols = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
-                let col = f.add(t2, &(n * 8 + j).to_string());
+                let col = f.add(t2, &i32c(n * 8 + j));
                 let row = f.add(&it.b0, &col);
-                let ok = f.ult(&row, "%batch");
-                let row_safe = f.sel("i32", &ok, &row, "0");
-                let (inv_t, t_zero) = RowTransform::temperature(f, p, &row_safe);
-                let (pen, lb) = RowTransform::tables(f, p, &row_safe);
-                cols.push(Col { col, row, row_safe, tr: RowTransform { inv_t, t_zero, pen, lb } });
+                let ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+                let row_safe = f.sel(&ok, &row, &i32c(0));
+                let tr = RowTransform::load(f, self.p, &row_safe);
+                cols.push(Col { col, row, row_safe, tr });
             }
         }
         cols
@@ -233,98 +239,88 @@ impl Gen<'_> {
     /// Column `cl`'s noise parameters, loaded where a column pair's selection starts.
     fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
         // Only `T == 0` is read: LLVM drops the unused `1 / T`.
-        let (_, t_zero) = RowTransform::temperature(f, self.p, &cl.row_safe);
+        let t_zero = RowTransform::temperature(f, self.p, &cl.row_safe).map_or(I1::FALSE, |t| t.zero);
         let greedy = if self.c.residual_per_tile > 0 {
             // A draft row's candidate is its argmax: verification reads its noise only
             // through the residual lists.
-            let draft = self.is_draft_row(f, &cl.row);
-            f.v(format!("or i1 {t_zero}, {draft}"))
+            let draft = is_draft_row(f, &cl.row);
+            f.or(&t_zero, &draft)
         } else {
             t_zero
         };
-        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-        let r64 = f.zext64(&cl.row_safe);
-        let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &cl.row, &r64);
+        let has_rs = f.non_null(&arg::ROW_SEEDS);
+        let r64 = f.zext(&cl.row_safe);
+        let stream = math::row_stream(f, &has_rs, &cl.row, &r64);
         let word3 = math::token_word3(f, &r64);
-        ColNoise { greedy, key_lo, key_hi, ctr_row, word3 }
+        ColNoise { greedy, stream, word3 }
     }
 
     /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
-    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[String], warp_base: &str, g4: &str) -> Transformed {
+    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[F32], warp_base: &I32, g4: &I32) -> Transformed {
         let p = self.p;
-        let has_bias = p.has_bias();
         let has_mask = p.has_mask();
-        let has_pen = p.has_penalties();
-        let has_lb = p.has_logit_bias();
-        let words = f.add("%vocab", "31");
-        let words = f.v(format!("lshr i32 {words}, 5"));
+        let words = f.add(&arg::VOCAB, &i32c(31));
+        let words = f.lshr(&words, &i32c(5));
 
-        // Transformed logits x (−inf when excluded) and the non-finite flag per column.
-        let mut x = vec![String::new(); self.acc_count()];
-        let mut raw_x = p.needs_raw_logsumexp().then(|| vec![String::new(); self.acc_count()]);
-        let mut nonfinite = vec!["false".to_string(); cols.len()];
+        // Transformed logits x (−inf when excluded) and the non-finite flag per column; every
+        // entry of `x` (and `raw_x`) is written below.
+        let mut x = vec![F32::NEG_INF; self.acc_count()];
+        let mut raw_x = p.needs_raw_logsumexp().then(|| vec![F32::NEG_INF; self.acc_count()]);
+        let mut nonfinite = vec![I1::FALSE; cols.len()];
         let mut quad_base = Vec::new();
         for q in 0..self.quads {
             let qb = f.add(&it.v0, warp_base);
-            let qb = f.add(&qb, &(q * 32).to_string());
+            let qb = f.add(&qb, &i32c(q * 32));
             let qb = f.add(&qb, g4);
             // A quad never straddles a bitset word, so one word per column (row) serves it:
             // of the allowed-token bitset and of the penalized- and biased-token bitsets.
-            let quad_words = |f: &mut Func, table: &str| -> Vec<String> {
-                let qok = f.ult(&qb, "%vocab");
-                let qs = f.sel("i32", &qok, &qb, "0");
-                let wcol = f.v(format!("lshr i32 {qs}, 5"));
+            let quad_words = |f: &mut Func, table: &Ptr<Global>| -> Vec<I32> {
+                let qok = f.icmp(Icmp::Ult, &qb, &arg::VOCAB);
+                let qs = f.sel(&qok, &qb, &i32c(0));
+                let wcol = f.lshr(&qs, &i32c(5));
                 cols.iter()
                     .map(|cl| {
                         let wi = f.mul(&cl.row_safe, &words);
                         let wi = f.add(&wi, &wcol);
-                        let wi = f.zext64(&wi);
+                        let wi = f.zext(&wi);
                         let a = f.gaddr(table, &wi, 4);
-                        f.v(format!("load i32, ptr addrspace(1) {a}, align 4"))
+                        f.load(&a, 4)
                     })
                     .collect()
             };
-            let mask_words = if has_mask { quad_words(f, "%allowed") } else { Vec::new() };
-            let pen_words = if has_pen { quad_words(f, "%pen_bits") } else { Vec::new() };
-            let lb_words = if has_lb { quad_words(f, "%lb_bits") } else { Vec::new() };
+            let mask_words = if has_mask { quad_words(f, &arg::ALLOWED) } else { Vec::new() };
+            let pen_words = if p.has_penalties() { quad_words(f, &arg::PEN_BITS) } else { Vec::new() };
+            let lb_words = if p.has_logit_bias() { quad_words(f, &arg::LB_BITS) } else { Vec::new() };
             for o in 0..4 {
-                let v = f.add(&qb, &o.to_string());
-                let v_ok = f.ult(&v, "%vocab");
-                let bias = if has_bias {
-                    let vs = f.sel("i32", &v_ok, &v, "0");
-                    let v64 = f.zext64(&vs);
-                    let a = f.gaddr("%bias", &v64, 4);
-                    f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
-                } else {
-                    String::new()
-                };
-                let bit = f.v(format!("and i32 {v}, 31"));
+                let v = f.add(&qb, &i32c(o));
+                let v_ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
+                let bias = p.has_bias().then(|| {
+                    let vs = f.sel(&v_ok, &v, &i32c(0));
+                    let v64 = f.zext(&vs);
+                    let a = f.gaddr(&arg::BIAS, &v64, 4);
+                    f.load(&a, 4)
+                });
+                let bit = f.and(&v, &i32c(31));
                 for (ci, cl) in cols.iter().enumerate() {
                     let (n, j) = (ci as u32 / 2, ci as u32 % 2);
                     let idx = self.acc_index(q, o, n, j);
-                    let raw = acc[idx].clone();
-                    let abs = f.v(format!("call float @llvm.fabs.f32(float {raw})"));
-                    let bad = f.v(format!("fcmp ueq float {abs}, 0x7FF0000000000000"));
-                    let bad = f.and1(&bad, &v_ok);
-                    nonfinite[ci] = f.v(format!("or i1 {}, {bad}", nonfinite[ci]));
+                    let raw = &acc[idx];
+                    let abs = f.fabs(raw);
+                    let bad = f.fcmp(Fcmp::Ueq, &abs, &F32::POS_INF);
+                    let bad = f.and(&bad, &v_ok);
+                    nonfinite[ci] = f.or(&nonfinite[ci], &bad);
                     if let Some(rx) = &mut raw_x {
-                        rx[idx] = model_logit(f, &p.transforms, &raw, &bias, &v_ok);
+                        rx[idx] = model_logit(f, &p.transforms, raw, bias.as_ref(), &v_ok);
                     }
-                    let bits = TokenBits {
-                        v: &v,
-                        bit: &bit,
-                        v_ok: &v_ok,
-                        pen_word: pen_words.get(ci).map(String::as_str),
-                        lb_word: lb_words.get(ci).map(String::as_str),
-                    };
-                    let xv = transform_token(f, &p.transforms, &cl.tr, &raw, &bias, &bits);
+                    let bits = TokenBits { v: &v, bit: &bit, v_ok: &v_ok, pen_word: pen_words.get(ci), lb_word: lb_words.get(ci) };
+                    let xv = transform_token(f, &p.transforms, &cl.tr, raw, bias.as_ref(), &bits);
                     let mut ok = v_ok.clone();
                     if has_mask {
-                        let sh = f.v(format!("lshr i32 {}, {bit}", mask_words[ci]));
-                        let b = f.v(format!("trunc i32 {sh} to i1"));
-                        ok = f.and1(&ok, &b);
+                        let sh = f.lshr(&mask_words[ci], &bit);
+                        let b = f.trunc(&sh);
+                        ok = f.and(&ok, &b);
                     }
-                    x[idx] = f.sel("float", &ok, &xv, NEG_INF);
+                    x[idx] = f.sel(&ok, &xv, &F32::NEG_INF);
                 }
             }
             quad_base.push(qb);
@@ -336,58 +332,61 @@ impl Gen<'_> {
     /// Step 7b: the thread holding a row's target token stores its logit `x` (transformed, or
     /// raw in the raw mode; `-inf` when excluded) at `target_logprobs[row]`; one thread of the
     /// launch holds each.
-    fn store_targets(&self, f: &mut Func, it: &Item, cols: &[Col], quad_base: &[String], x: &[String]) {
-        let has = f.v("icmp ne ptr addrspace(1) %targets, null");
+    fn store_targets(&self, f: &mut Func, it: &Item, cols: &[Col], quad_base: &[I32], x: &[F32]) {
+        let has = f.non_null(&arg::TARGETS);
         for (ci, cl) in cols.iter().enumerate() {
             let (n, j) = (ci as u32 / 2, ci as u32 % 2);
             let row = f.add(&it.b0, &cl.col);
-            let row_ok = f.ult(&row, "%batch");
-            let ok = f.and1(&row_ok, &has);
+            let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+            let ok = f.and(&row_ok, &has);
             f.if_then(&ok, |f| {
-                let r64 = f.zext64(&row);
-                let a = f.gaddr("%targets", &r64, 4);
-                let target = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-                let mut found = "false".to_string();
-                let mut value = NEG_INF.to_string();
+                let r64 = f.zext(&row);
+                let a = f.gaddr(&arg::TARGETS, &r64, 4);
+                let target: I32 = f.load(&a, 4);
+                let mut found = I1::FALSE;
+                let mut value = F32::NEG_INF;
                 for q in 0..self.quads {
                     for o in 0..4 {
-                        let v = f.add(&quad_base[q as usize], &o.to_string());
-                        let hit = f.v(format!("icmp eq i32 {v}, {target}"));
-                        value = f.sel("float", &hit, &x[self.acc_index(q, o, n, j)], &value);
-                        found = f.v(format!("or i1 {found}, {hit}"));
+                        let v = f.add(&quad_base[q as usize], &i32c(o));
+                        let hit = f.icmp(Icmp::Eq, &v, &target);
+                        value = f.sel(&hit, &x[self.acc_index(q, o, n, j)], &value);
+                        found = f.or(&found, &hit);
                     }
                 }
                 f.if_then(&found, |f| {
-                    let live = f.v(format!("fcmp ogt float {value}, {NEG_INF}"));
-                    let value = f.sel("float", &live, &value, NEG_INF);
-                    let a = f.gaddr("%target_logprobs", &r64, 4);
-                    f.s(format!("store float {value}, ptr addrspace(1) {a}, align 4"));
+                    let live = f.fcmp(Fcmp::Ogt, &value, &F32::NEG_INF);
+                    let value = f.sel(&live, &value, &F32::NEG_INF);
+                    let a = f.gaddr(&arg::TARGET_LOGPROBS, &r64, 4);
+                    f.store(&value, &a, 4);
                 });
             });
         }
     }
 
     /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.
-    fn scratch_slot(&self, f: &mut Func, warp: &str, col: &str) -> String {
-        let s = f.mul(warp, &self.c.batch_tile.to_string());
+    fn scratch_slot(&self, f: &mut Func, warp: &I32, col: &I32) -> I32 {
+        let s = f.mul(warp, &i32c(self.c.batch_tile));
         let s = f.add(&s, col);
-        f.v(format!("shl i32 {s}, 2"))
+        f.shl(&s, &i32c(2))
     }
 
-    /// Stores `v` (`ty`) at `slot4` of the scratch field at `field` of this thread's area.
-    fn st_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str, v: &str) {
-        let off = f.add(slot4, &field.to_string());
+    /// The address of `slot4` of the scratch field at `field` of this thread's area.
+    fn scratch_addr(&self, f: &mut Func, th: &Thread, field: u32, slot4: &I32) -> Ptr<crate::ir::Shared> {
+        let off = f.add(slot4, &i32c(field));
         let off = f.add(&off, &th.scratch);
-        let a = f.saddr("@fs_smem", &off);
-        f.s(format!("store {ty} {v}, ptr addrspace(3) {a}, align 4"));
+        f.saddr(&SMEM, &off)
     }
 
-    /// Loads the `ty` at `slot4` of the scratch field at `field` of this thread's area.
-    fn ld_scratch(&self, f: &mut Func, th: &Thread, ty: &str, field: u32, slot4: &str) -> String {
-        let off = f.add(slot4, &field.to_string());
-        let off = f.add(&off, &th.scratch);
-        let a = f.saddr("@fs_smem", &off);
-        f.v(format!("load {ty}, ptr addrspace(3) {a}, align 4"))
+    /// Stores `v` at `slot4` of the scratch field at `field` of this thread's area.
+    fn st_scratch<T: Value>(&self, f: &mut Func, th: &Thread, field: u32, slot4: &I32, v: &T) {
+        let a = self.scratch_addr(f, th, field, slot4);
+        f.store(v, &a, 4);
+    }
+
+    /// Loads the value at `slot4` of the scratch field at `field` of this thread's area.
+    fn ld_scratch<T: Value>(&self, f: &mut Func, th: &Thread, field: u32, slot4: &I32) -> T {
+        let a = self.scratch_addr(f, th, field, slot4);
+        f.load(&a, 4)
     }
 
     /// Phase 4 (step 7): non-finite flags (when `nonfinite` is given) and logsumexp partials
@@ -401,45 +400,45 @@ impl Gen<'_> {
         th: &Thread,
         it: &Item,
         cols: &[Col],
-        x: &[String],
-        nonfinite: Option<&[String]>,
+        x: &[F32],
+        nonfinite: Option<&[I1]>,
         lse: bool,
-        dest: &str,
+        dest: &Ptr<Global>,
     ) -> Reducers {
         let c = self.c;
         let bt = c.batch_tile;
         let sc = c.smem_layout().scratch;
-        let lane_lt4 = f.ult(&th.lane, "4");
+        let lane_lt4 = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
         // Each column's flag and partial (window and its three sums) go to the scratch as soon
         // as they are known, so no column's partial stays live past its own merge.
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
             let flag = nonfinite.map(|nf| {
-                let mut flag = f.v(format!("zext i1 {} to i32", nf[ci]));
+                let mut flag: I32 = f.zext(&nf[ci]);
                 for sh in [4, 8, 16] {
-                    let o = f.shfl_xor_i32(&flag, sh);
-                    flag = f.v(format!("or i32 {flag}, {o}"));
+                    let o = f.shfl_xor(&flag, sh);
+                    flag = f.or(&flag, &o);
                 }
                 flag
             });
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let xs: Vec<&String> =
+                let xs: Vec<&F32> =
                     (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
                 let own = lse::sum_logits(f, &xs);
-                part = Some(lse::warp_merge(f, false, own, &[4, 8, 16]));
+                part = Some(lse::warp_merge(f, own, &[4, 8, 16]));
             }
-            if let Some((w, sums)) = &part {
+            if let Some(part) = &part {
                 f.if_then(&lane_lt4, |f| {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
                     if let Some(flag) = &flag {
-                        self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
+                        self.st_scratch(f, th, sc.nonfinite, &slot, flag);
                     }
-                    self.st_scratch(f, th, "i32", sc.lse_window, &slot, w);
-                    let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                    for (field, v) in sc.lse_sums.iter().zip(sums) {
-                        self.st_scratch(f, th, "i64", *field, &slot8, v);
+                    self.st_scratch(f, th, sc.lse_window, &slot, &part.window);
+                    let slot8 = f.shl(&slot, &i32c(1));
+                    for (field, v) in sc.lse_sums.iter().zip(&part.sums) {
+                        self.st_scratch(f, th, *field, &slot8, v);
                     }
                 });
             }
@@ -450,32 +449,32 @@ impl Gen<'_> {
             f.if_then(&lane_lt4, |f| {
                 for (cl, flag) in cols.iter().zip(&flags) {
                     let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                    self.st_scratch(f, th, "i32", sc.nonfinite, &slot, flag);
+                    self.st_scratch(f, th, sc.nonfinite, &slot, flag);
                 }
             });
         }
         f.barrier();
-        let tid_lt_bt = f.ult(&th.tid, &bt.to_string());
+        let tid_lt_bt = f.icmp(Icmp::Ult, &th.tid, &i32c(bt));
         if lse {
             // The column's sum over the warps (exact: the merge order does not matter).
             f.if_then(&tid_lt_bt, |f| {
-                let mut acc = (EMPTY_WINDOW.to_string(), std::array::from_fn::<String, KEPT_WINDOWS, _>(|_| "0".to_string()));
+                let mut acc = Partial::<I64>::empty();
                 for w in 0..c.warps {
-                    let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
-                    let ww = self.ld_scratch(f, th, "i32", sc.lse_window, &slot);
-                    let slot8 = f.v(format!("shl i32 {slot}, 1"));
-                    let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, "i64", field, &slot8));
-                    acc = lse::merge_call(f, false, &acc, &(ww, sums));
+                    let slot = self.scratch_slot(f, &i32c(w), &th.tid);
+                    let window = self.ld_scratch(f, th, sc.lse_window, &slot);
+                    let slot8 = f.shl(&slot, &i32c(1));
+                    let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, field, &slot8));
+                    acc = lse::merge_call(f, &acc, &Partial { window, sums });
                 }
                 let row = f.add(&it.b0, &th.tid);
-                let row_ok = f.ult(&row, "%batch");
-                let lse_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
-                let ok = f.and1(&row_ok, &lse_ok);
+                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+                let lse_ok = f.non_null(dest);
+                let ok = f.and(&row_ok, &lse_ok);
                 f.if_then(&ok, |f| {
                     let i = f.mul(&row, &it.vtiles);
                     let i = f.add(&i, &it.vtile);
-                    let i64v = f.zext64(&i);
-                    lse::store_partial(f, dest, &i64v, &acc.0, &acc.1);
+                    let i64v = f.zext(&i);
+                    lse::store_partial(f, dest, &i64v, &acc);
                 });
             });
             // The selection phase writes the score, index and logit fields the sums alias.
@@ -491,113 +490,100 @@ impl Gen<'_> {
     /// Each candidate carries `carried` of its token as its logit (the raw logit in the raw
     /// mode, DESIGN.md step 10); the winner is chosen by the transformed score either way.
     #[allow(clippy::too_many_arguments)]
-    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, carried: &[String], r: &Reducers) {
+    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, carried: &[F32], r: &Reducers) {
         let c = self.c;
         let p = self.p;
         let samples = p.samples_per_row();
         let sc = c.smem_layout().scratch;
         let (x, quad_base) = (&t.x, &t.quad_base);
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
-        let none = INDEX_NONE as i32;
-        f.for_loop("0", &samples.to_string(), "1", |f, s| {
+        f.for_loop(&i32c(0), &i32c(samples), &i32c(1), |f, s| {
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
                 // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
                 // whole: the test is uniform over the CTA, and the noise is most of the
                 // epilogue's work. Its columns report NONE, which no live row reads.
-                let outs: Vec<[Var; 3]> = pair
-                    .iter()
-                    .map(|_| [f.var("float", NEG_INF), f.var("i32", &none.to_string()), f.var("float", NEG_INF)])
-                    .collect();
-                let first_row = f.add(&it.b0, &(n as u32 * 8).to_string());
-                let live = f.ult(&first_row, "%batch");
+                let outs: Vec<CandidateVar> = pair.iter().map(|_| CandidateVar::new(f, &Candidate::none())).collect();
+                let first_row = f.add(&it.b0, &i32c(n as u32 * 8));
+                let live = f.icmp(Icmp::Ult, &first_row, &arg::BATCH);
                 f.if_then(&live, |f| {
-                    let mut acc_best: Vec<(String, String, String)> =
-                        vec![(NEG_INF.to_string(), none.to_string(), NEG_INF.to_string()); pair.len()];
+                    let mut acc_best: Vec<Candidate> = vec![Candidate::none(); pair.len()];
                     // A score each row's winner reaches (other tiles' candidates so far), or NaN.
-                    let bounds: Vec<String> = if p.is_greedy() {
+                    let bounds: Vec<F32> = if p.is_greedy() {
                         Vec::new()
                     } else {
                         pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect()
                     };
                     let pair_noise: Vec<ColNoise> = if p.is_greedy() { Vec::new() } else { pair.iter().map(|cl| self.col_noise(f, cl)).collect() };
                     for q in 0..self.quads {
-                        let noise: Vec<String> = if p.is_greedy() {
+                        let noise: Vec<F32> = if p.is_greedy() {
                             Vec::new()
                         } else {
                             self.quad_noise(f, q, n as u32, &pair_noise, &acc_best, &bounds, &quad_base[q as usize], s, x)
                         };
                         for pj in 0..pair.len() {
                             let (n, j) = (n as u32, pj as u32);
-                            let (bs, bi, bl) = &mut acc_best[pj];
+                            let best = &mut acc_best[pj];
                             for o in 0..4 {
                                 let xv = &x[self.acc_index(q, o, n, j)];
                                 let score = if p.is_greedy() {
                                     xv.clone()
                                 } else {
                                     let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
-                                    f.sel("float", &pair_noise[pj].greedy, xv, &noisy)
+                                    f.sel(&pair_noise[pj].greedy, xv, &noisy)
                                 };
-                                let v = f.add(&quad_base[q as usize], &o.to_string());
-                                let better = f.v(format!("fcmp ogt float {score}, {bs}"));
-                                *bs = f.sel("float", &better, &score, bs);
-                                *bi = f.sel("i32", &better, &v, bi);
-                                *bl = f.sel("float", &better, &carried[self.acc_index(q, o, n, j)], bl);
+                                let v = f.add(&quad_base[q as usize], &i32c(o));
+                                let better = f.fcmp(Fcmp::Ogt, &score, &best.score);
+                                best.score = f.sel(&better, &score, &best.score);
+                                best.index = f.sel(&better, &v, &best.index);
+                                best.logit = f.sel(&better, &carried[self.acc_index(q, o, n, j)], &best.logit);
                             }
                         }
                     }
                     for (best, out) in acc_best.into_iter().zip(&outs) {
-                        let (bs, bi, bl) = f.shfl_best(best, &[4, 8, 16]);
-                        for (slot, v) in out.iter().zip([bs, bi, bl]) {
-                            f.set(slot, &v);
-                        }
+                        let best = best.shfl_best(f, &[4, 8, 16]);
+                        out.set(f, &best);
                     }
                 });
                 // The pair's warp results go to the scratch at once, so no column's best
                 // stays live while the next pairs are selected.
-                let best: Vec<(String, String, String)> = outs.iter().map(|[bs, bi, bl]| (f.get(bs), f.get(bi), f.get(bl))).collect();
+                let best: Vec<Candidate> = outs.iter().map(|out| out.get(f)).collect();
                 f.if_then(lane_lt4, |f| {
-                    for (cl, (bs, bi, bl)) in pair.iter().zip(&best) {
+                    for (cl, b) in pair.iter().zip(&best) {
                         let slot = self.scratch_slot(f, &th.warp, &cl.col);
-                        self.st_scratch(f, th, "float", sc.score, &slot, bs);
-                        self.st_scratch(f, th, "i32", sc.index, &slot, bi);
-                        self.st_scratch(f, th, "float", sc.logit, &slot, bl);
+                        self.st_scratch(f, th, sc.score, &slot, &b.score);
+                        self.st_scratch(f, th, sc.index, &slot, &b.index);
+                        self.st_scratch(f, th, sc.logit, &slot, &b.logit);
                     }
                 });
             }
             f.barrier();
             f.if_then(tid_lt_bt, |f| {
-                let mut best = (NEG_INF.to_string(), none.to_string(), NEG_INF.to_string());
-                let mut flag = "0".to_string();
+                let mut best = Candidate::none();
+                let mut flag = i32c(0);
                 for w in 0..c.warps {
-                    let slot = self.scratch_slot(f, &w.to_string(), &th.tid);
-                    let ws = self.ld_scratch(f, th, "float", sc.score, &slot);
-                    let wi = self.ld_scratch(f, th, "i32", sc.index, &slot);
-                    let wl = self.ld_scratch(f, th, "float", sc.logit, &slot);
-                    let wf = self.ld_scratch(f, th, "i32", sc.nonfinite, &slot);
-                    flag = f.v(format!("or i32 {flag}, {wf}"));
-                    best = f.keep_best(best, (&ws, &wi, &wl));
+                    let slot = self.scratch_slot(f, &i32c(w), &th.tid);
+                    let score = self.ld_scratch(f, th, sc.score, &slot);
+                    let index = self.ld_scratch(f, th, sc.index, &slot);
+                    let logit = self.ld_scratch(f, th, sc.logit, &slot);
+                    let wf = self.ld_scratch(f, th, sc.nonfinite, &slot);
+                    flag = f.or(&flag, &wf);
+                    best = best.keep_best(f, &Candidate { score, index, logit });
                 }
-                let (bs, bi, bl) = best;
-                let nf = f.v(format!("icmp ne i32 {flag}, 0"));
-                let index = f.sel("i32", &nf, &(INDEX_NONFINITE as i32).to_string(), &bi);
+                let nf = f.icmp(Icmp::Ne, &flag, &i32c(0));
+                let index = f.sel(&nf, &i32c(INDEX_NONFINITE as i32), &best.index);
                 let row = f.add(&it.b0, &th.tid);
-                let row_ok = f.ult(&row, "%batch");
+                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 f.if_then(&row_ok, |f| {
-                    let slot = f.mul(&row, &samples.to_string());
+                    let slot = f.mul(&row, &i32c(samples));
                     let slot = f.add(&slot, s);
                     let slot = f.mul(&slot, &it.vtiles);
                     let slot = f.add(&slot, &it.vtile);
-                    let s64 = f.zext64(&slot);
-                    let a = f.gaddr("%candidates", &s64, 12);
-                    // abi::Candidate { score, index, logit }.
-                    f.store(&F32::raw(bs.clone()), &a, 4);
-                    let a1 = f.offset(&a, 4);
-                    f.store(&I32::raw(index), &a1, 4);
-                    let a2 = f.offset(&a, 8);
-                    f.store(&F32::raw(bl), &a2, 4);
+                    let s64 = f.zext(&slot);
+                    let a = f.gaddr(&arg::CANDIDATES, &s64, CANDIDATE_BYTES);
+                    Candidate { index, ..best.clone() }.store(f, &a);
                     if !p.is_greedy() {
-                        self.publish_row_bound(f, &row, s, &bs);
+                        self.publish_row_bound(f, &row, s, &best.score);
                     }
                 });
             });
@@ -610,42 +596,38 @@ impl Gen<'_> {
 impl Gen<'_> {
     /// `row_bounds[row · S + s]` decoded: the best score another tile of this launch has
     /// published for (row, sample), a score the row's winner reaches; NaN when none has (the
-    /// buffer starts at 0 each launch) or the kernel has no `row_bounds`. Decodes
-    /// [`Func::order_key`]: keys with the top bit set are non-negative floats, the rest inverted.
-    fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &str) -> String {
-        let key = f.var("i32", "0");
-        let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
+    /// buffer starts at 0 each launch) or the kernel has no `row_bounds` ([`Func::key_value`]
+    /// of the published key).
+    fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &I32) -> F32 {
+        let key = f.var(&i32c(0));
+        let has = f.non_null(&arg::ROW_BOUNDS);
         f.if_then(&has, |f| {
             let a = self.row_bound_addr(f, &cl.row_safe, s);
-            let k = f.v(format!("load volatile i32, ptr addrspace(1) {a}, align 4"));
+            let k = f.load_volatile(&a, 4);
             f.set(&key, &k);
         });
         let k = f.get(&key);
-        let negative = f.v(format!("icmp sge i32 {k}, 0"));
-        let inverted = f.v(format!("xor i32 {k}, -1"));
-        let cleared = f.v(format!("and i32 {k}, 2147483647"));
-        let bits = f.sel("i32", &negative, &inverted, &cleared);
-        f.v(format!("bitcast i32 {bits} to float"))
+        f.key_value(&k)
     }
 
     /// Publishes a tile's best score of (row, sample) with an atomic max on its order key, so
     /// later tiles of the row skip noise that cannot beat it. Any published value is the score
     /// of a token of this launch, so it never exceeds the winner's: the skips stay exact
     /// whatever order the tiles run in.
-    fn publish_row_bound(&self, f: &mut Func, row: &str, s: &str, score: &str) {
-        let has = f.v("icmp ne ptr addrspace(1) %row_bounds, null");
+    fn publish_row_bound(&self, f: &mut Func, row: &I32, s: &I32, score: &F32) {
+        let has = f.non_null(&arg::ROW_BOUNDS);
         f.if_then(&has, |f| {
             let a = self.row_bound_addr(f, row, s);
             let k = f.order_key(score);
-            f.s(format!("atomicrmw umax ptr addrspace(1) {a}, i32 {k} monotonic, align 4"));
+            f.atomic_update(Atomic::Umax, &a, &k, Some(4));
         });
     }
 
-    fn row_bound_addr(&self, f: &mut Func, row: &str, s: &str) -> String {
-        let slot = f.mul(row, &self.p.samples_per_row().to_string());
+    fn row_bound_addr(&self, f: &mut Func, row: &I32, s: &I32) -> Ptr<Global> {
+        let slot = f.mul(row, &i32c(self.p.samples_per_row()));
         let slot = f.add(&slot, s);
-        let s64 = f.zext64(&slot);
-        f.gaddr("%row_bounds", &s64, 4).to_string()
+        let s64 = f.zext(&slot);
+        f.gaddr(&arg::ROW_BOUNDS, &s64, 4)
     }
 
     /// Quad `q`'s Gumbel noise for the column pair `pair` of n tile `n` (`-inf` where skipped),
@@ -662,49 +644,50 @@ impl Gen<'_> {
         q: u32,
         n: u32,
         pair: &[ColNoise],
-        acc_best: &[(String, String, String)],
-        bounds: &[String],
-        quad_base: &str,
-        s: &str,
-        x: &[String],
-    ) -> Vec<String> {
+        acc_best: &[Candidate],
+        bounds: &[F32],
+        quad_base: &I32,
+        s: &I32,
+        x: &[F32],
+    ) -> Vec<F32> {
         let up = f32c(gumbel_f32_upper_bound());
         let mut xmax = Vec::new();
         let mut thr = Vec::new();
-        let mut need = "false".to_string();
+        let mut need = I1::FALSE;
         for (pj, cl) in pair.iter().enumerate() {
             let mut m = x[self.acc_index(q, 0, n, pj as u32)].clone();
             for o in 1..4 {
-                let xo = &x[self.acc_index(q, o, n, pj as u32)];
-                m = f.v(format!("call float @llvm.maxnum.f32(float {m}, float {xo})"));
+                m = f.maxnum(&m, &x[self.acc_index(q, o, n, pj as u32)]);
             }
-            let bs = &acc_best[pj].0;
-            let bound_higher = f.v(format!("fcmp ogt float {}, {bs}", bounds[pj]));
-            let t = f.sel("float", &bound_higher, &bounds[pj], bs);
+            let bs = &acc_best[pj].score;
+            let bound_higher = f.fcmp(Fcmp::Ogt, &bounds[pj], bs);
+            let t = f.sel(&bound_higher, &bounds[pj], bs);
             // A greedy column reads no noise: a threshold of +inf skips its transform.
-            let t = f.sel("float", &cl.greedy, POS_INF, &t);
+            let t = f.sel(&cl.greedy, &F32::POS_INF, &t);
             let reach = f.fadd(&m, &up);
-            let beaten = f.v(format!("fcmp olt float {reach}, {t}"));
-            let needed = f.v(format!("xor i1 {beaten}, true"));
-            need = f.v(format!("or i1 {need}, {needed}"));
+            let beaten = f.fcmp(Fcmp::Olt, &reach, &t);
+            let needed = f.not(&beaten);
+            need = f.or(&need, &needed);
             xmax.push(m);
             thr.push(t);
         }
-        let noise: Vec<Var> = (0..pair.len() * 4).map(|_| f.var("float", NEG_INF)).collect();
+        let noise: Vec<Var<F32>> = (0..pair.len() * 4).map(|_| f.var(&F32::NEG_INF)).collect();
         f.if_then(&need, |f| {
             // Global index g = v + vocab_offset (a multiple of 4: same quads).
-            let g = f.add(quad_base, "%vocab_offset");
-            let ctr = f.v(format!("lshr i32 {g}, 2"));
+            let g = f.add(quad_base, &arg::VOCAB_OFFSET);
+            let ctr = f.lshr(&g, &i32c(2));
             let (a, b) = (&pair[0], &pair[pair.len() - 1]);
             let (ia, ib) = (0, pair.len() - 1);
-            let ty = crate::math::NOISE_PAIR_TY;
-            let r = f.v(format!(
-                "call {ty} @fs_noise_pair(i32 {ctr}, i32 {s}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, i32 {}, \
-                 float {}, float {}, float {}, float {})",
-                a.ctr_row, a.key_lo, a.key_hi, a.word3, b.ctr_row, b.key_lo, b.key_hi, b.word3, xmax[ia], thr[ia], xmax[ib], thr[ib]
-            ));
+            let r = f.call_agg(
+                math::NOISE_PAIR_TY,
+                "@fs_noise_pair",
+                &[
+                    &ctr, s, &a.stream.ctr_row, &a.stream.key.lo, &a.stream.key.hi, &a.word3, &b.stream.ctr_row, &b.stream.key.lo, &b.stream.key.hi,
+                    &b.word3, &xmax[ia], &thr[ia], &xmax[ib], &thr[ib],
+                ],
+            );
             for (w, slot) in noise.iter().enumerate() {
-                let v = f.v(format!("extractvalue {ty} {r}, {w}"));
+                let v = f.extract(&r, w);
                 f.set(slot, &v);
             }
         });
@@ -716,79 +699,89 @@ impl Gen<'_> {
 /// transforms (`Transform::is_model`) in pipeline order, in the same f32 ops as
 /// [`Gen::transform`]; `-inf` past the vocabulary (`v_ok` false). `bias` is the token's global
 /// bias (loaded when the pipeline has one).
-pub(crate) fn model_logit(f: &mut Func, transforms: &[Transform], raw: &str, bias: &str, v_ok: &str) -> String {
-    let mut xv = raw.to_string();
+pub(crate) fn model_logit(f: &mut Func, transforms: &[Transform], raw: &F32, bias: Option<&F32>, v_ok: &I1) -> F32 {
+    let mut xv = raw.clone();
     for tr in transforms.iter().filter(|t| t.is_model()) {
         match tr {
-            Transform::Bias { .. } => xv = f.fadd(&xv, bias),
-            Transform::Softcap { cap } => {
-                xv = f.v(format!("call float @fs_softcap_f32(float {xv}, float {})", f32c(cap.get())))
+            Transform::Bias { .. } => {
+                if let Some(bias) = bias {
+                    xv = f.fadd(&xv, bias);
+                }
             }
+            Transform::Softcap { cap } => xv = math::softcap(f, &xv, cap.get()),
             _ => {}
         }
     }
-    f.sel("float", v_ok, &xv, NEG_INF)
+    f.sel(v_ok, &xv, &F32::NEG_INF)
 }
 
 /// The CSR range `[offsets[row], offsets[row + 1])` of a per-row token table (`r64`: the row, as i64).
-fn csr_range(f: &mut Func, offsets: &str, r64: &str) -> (String, String) {
+fn csr_range(f: &mut Func, offsets: &Ptr<Global>, r64: &I64) -> TokenRange {
     let a = f.gaddr(offsets, r64, 4);
-    let lo = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-    let hi = f.v(format!("load i32, ptr addrspace(1) {a1}, align 4"));
-    (lo, hi)
+    let lo = f.load(&a, 4);
+    let a1 = f.offset(&a, 4);
+    let hi = f.load(&a1, 4);
+    TokenRange { lo, hi }
 }
 
-/// `x` after a per-row token table's out-of-line `call` (which yields the new float), taken
-/// only when the token's bit is set in the quad's bitset word `word` (and the token exists).
-fn listed_call(f: &mut Func, word: &str, bit: &str, v_ok: &str, x: &str, call: &str) -> String {
-    let sh = f.v(format!("lshr i32 {word}, {bit}"));
-    let b = f.v(format!("trunc i32 {sh} to i1"));
-    let b = f.and1(&b, v_ok);
-    let out = f.var("float", x);
+/// `x` after a per-row token table's out-of-line `call` (which yields the new float from
+/// `x`), taken only when the token's bit is set in the quad's bitset word `word` (and the
+/// token exists).
+fn listed_call(f: &mut Func, word: &I32, t: &TokenBits<'_>, x: &F32, call: impl FnOnce(&mut Func, &F32) -> F32) -> F32 {
+    let sh = f.lshr(word, t.bit);
+    let b: I1 = f.trunc(&sh);
+    let b = f.and(&b, t.v_ok);
+    let out = f.var(x);
     f.if_then(&b, |f| {
-        let r = f.v(call);
+        let r = call(f, x);
         f.set(&out, &r);
     });
     f.get(&out)
 }
 
+/// The parameters of the out-of-line per-row token-table helpers.
+const X: F32 = F32::named("%x");
+const V: I32 = I32::named("%v");
+const LO: I32 = I32::named("%lo");
+const HI: I32 = I32::named("%hi");
+const TOKENS: Ptr<Global> = Ptr::named("%tokens");
+
 /// `abi::RowTokens::find` inside a helper whose parameters include `%v`, `%lo`, `%hi` and
 /// `%tokens`: binary search of `v` in the row's sorted `tokens[lo..hi]`. Returns whether it
 /// was found and its entry index (an index inside the row's range either way, so loads at it
 /// are safe).
-fn find_token(f: &mut Func) -> (String, String) {
-    let lo = f.var("i32", "%lo");
-    let hi = f.var("i32", "%hi");
+fn find_token(f: &mut Func) -> (I1, I64) {
+    let lo = f.var(&LO);
+    let hi = f.var(&HI);
     f.while_loop(
         |f| {
             let (l, h) = (f.get(&lo), f.get(&hi));
-            f.ult(&l, &h)
+            f.icmp(Icmp::Ult, &l, &h)
         },
         |f| {
             let (l, h) = (f.get(&lo), f.get(&hi));
             let sum = f.add(&l, &h);
-            let mid = f.v(format!("lshr i32 {sum}, 1"));
-            let m64 = f.zext64(&mid);
-            let a = f.gaddr("%tokens", &m64, 4);
-            let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-            let less = f.ult(&t, "%v");
-            let up = f.add(&mid, "1");
-            let nl = f.sel("i32", &less, &up, &l);
-            let nh = f.sel("i32", &less, &h, &mid);
+            let mid = f.lshr(&sum, &i32c(1));
+            let m64 = f.zext(&mid);
+            let a = f.gaddr(&TOKENS, &m64, 4);
+            let t: I32 = f.load(&a, 4);
+            let less = f.icmp(Icmp::Ult, &t, &V);
+            let up = f.add(&mid, &i32c(1));
+            let nl = f.sel(&less, &up, &l);
+            let nh = f.sel(&less, &h, &mid);
             f.set(&lo, &nl);
             f.set(&hi, &nh);
         },
     );
     let at = f.get(&lo);
-    let inside = f.ult(&at, "%hi");
+    let inside = f.icmp(Icmp::Ult, &at, &HI);
     // Never read past the row's entries (the bitset says `v` is listed, but stay safe).
-    let safe = f.sel("i32", &inside, &at, "%lo");
-    let s64 = f.zext64(&safe);
-    let a = f.gaddr("%tokens", &s64, 4);
-    let t = f.v(format!("load i32, ptr addrspace(1) {a}, align 4"));
-    let hit = f.v(format!("icmp eq i32 {t}, %v"));
-    (f.and1(&inside, &hit), s64)
+    let safe = f.sel(&inside, &at, &LO);
+    let s64 = f.zext(&safe);
+    let a = f.gaddr(&TOKENS, &s64, 4);
+    let t: I32 = f.load(&a, 4);
+    let hit = f.icmp(Icmp::Eq, &t, &V);
+    (f.and(&inside, &hit), s64)
 }
 
 /// DESIGN.md step 3, penalties, for a token whose bit is set: [`find_token`], then
@@ -797,15 +790,16 @@ fn find_token(f: &mut Func) -> (String, String) {
 pub(super) fn penalize_token() -> String {
     let mut f = Func::new();
     let (found, entry) = find_token(&mut f);
-    let a = f.gaddr("%subtract", &entry, 4);
-    let sub = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let pos = f.v("fcmp ogt float %x, 0.0");
-    let q = f.fdiv("%x", "%rep");
-    let m = f.fmul("%x", "%rep");
-    let y = f.sel("float", &pos, &q, &m);
+    let a = f.gaddr(&Ptr::named("%subtract"), &entry, 4);
+    let sub = f.load(&a, 4);
+    let pos = f.fcmp(Fcmp::Ogt, &X, &F32::ZERO);
+    let rep = F32::named("%rep");
+    let q = f.fdiv(&X, &rep);
+    let m = f.fmul(&X, &rep);
+    let y = f.sel(&pos, &q, &m);
     let y = f.fsub(&y, &sub);
-    let r = f.sel("float", &found, &y, "%x");
-    f.s(format!("ret float {r}"));
+    let r = f.sel(&found, &y, &X);
+    f.ret(&r);
     f.finish(
         "define internal float @fs_penalize_token(float %x, i32 %v, i32 %lo, i32 %hi, \
          ptr addrspace(1) %tokens, ptr addrspace(1) %subtract, float %rep) #2",
@@ -817,11 +811,11 @@ pub(super) fn penalize_token() -> String {
 pub(super) fn logit_bias_token() -> String {
     let mut f = Func::new();
     let (found, entry) = find_token(&mut f);
-    let a = f.gaddr("%values", &entry, 4);
-    let bias = f.v(format!("load float, ptr addrspace(1) {a}, align 4"));
-    let y = f.fadd("%x", &bias);
-    let r = f.sel("float", &found, &y, "%x");
-    f.s(format!("ret float {r}"));
+    let a = f.gaddr(&Ptr::named("%values"), &entry, 4);
+    let bias = f.load(&a, 4);
+    let y = f.fadd(&X, &bias);
+    let r = f.sel(&found, &y, &X);
+    f.ret(&r);
     f.finish(
         "define internal float @fs_logit_bias_token(float %x, i32 %v, i32 %lo, i32 %hi, \
          ptr addrspace(1) %tokens, ptr addrspace(1) %values) #2",

@@ -1,8 +1,10 @@
 //! DESIGN.md step 6b: each (row, vocab tile)'s `list_per_tile` best tokens by transformed
 //! logit, selected in registers by warp-wide rounds, written as `abi::Scored` lists.
 
-use super::{Gen, Item, Thread};
-use crate::ir::{Func, Var, NEG_INF};
+use super::{Gen, Item, Thread, SMEM};
+use crate::entries::{Scored, SCORED_BYTES, SCORED_INDEX};
+use crate::ir::{i32c, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, X4};
+use crate::params::arg;
 use flashsample_abi::INDEX_NONE;
 
 impl Gen<'_> {
@@ -20,95 +22,91 @@ impl Gen<'_> {
     ///
     /// `dest` names the lists parameter written (`%lists`, or `%raw_lists`, keyed by raw
     /// logit, in the raw mode: DESIGN.md step 10).
-    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String], dest: &str) {
+    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32], dest: &Ptr<Global>) {
         let c = self.c;
         let vt = c.vocab_tile;
         let base = self.store_list_tile(f, th, x);
-        let none = INDEX_NONE as i32;
+        let none = i32c(INDEX_NONE as i32);
         let per_tile = c.list_per_tile;
         let bt = c.batch_tile;
         let per_lane = vt / 32;
         // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
         // that `rows · per_lane` keys and logits stay in registers.
         let rows = (16 / per_lane).clamp(1, 4).min(bt.div_ceil(c.warps));
-        let lists_ok = f.v(format!("icmp ne ptr addrspace(1) {dest}, null"));
-        let lane_first = f.mul(&th.lane, &per_lane.to_string());
-        let warp_first = f.mul(&th.warp, &rows.to_string());
-        let group_step = (c.warps * rows).to_string();
-        f.for_loop(&warp_first, &bt.to_string(), &group_step, |f, col0| {
+        let lists_ok = f.non_null(dest);
+        let lane_first = f.mul(&th.lane, &i32c(per_lane));
+        let warp_first = f.mul(&th.warp, &i32c(rows));
+        let group_step = i32c(c.warps * rows);
+        f.for_loop(&warp_first, &i32c(bt), &group_step, |f, col0| {
             // Per row of the group: keys and logits (registers), the list slot, store guard.
-            let mut keys: Vec<Vec<Var>> = Vec::new();
-            let mut xs: Vec<Vec<String>> = Vec::new();
+            let mut keys: Vec<Vec<Var<I32>>> = Vec::new();
+            let mut xs: Vec<Vec<F32>> = Vec::new();
             let mut slot0s = Vec::new();
             let mut oks = Vec::new();
             for r in 0..rows {
-                let col = f.add(col0, &r.to_string());
-                let col_in = f.ult(&col, &bt.to_string());
+                let col = f.add(col0, &i32c(r));
+                let col_in = f.icmp(Icmp::Ult, &col, &i32c(bt));
                 // A column past the tile reads the last column (stays inside the list area)
                 // and stores nothing.
-                let col_rd = f.sel("i32", &col_in, &col, &(bt - 1).to_string());
+                let col_rd = f.sel(&col_in, &col, &i32c(bt - 1));
                 let row = f.add(&it.b0, &col);
-                let row_ok = f.ult(&row, "%batch");
-                let ok = f.and1(&row_ok, &col_in);
-                let ok = f.and1(&ok, &lists_ok);
+                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+                let ok = f.and(&row_ok, &col_in);
+                let ok = f.and(&ok, &lists_ok);
                 oks.push(ok);
-                let e = f.mul(&col_rd, &vt.to_string());
+                let e = f.mul(&col_rd, &i32c(vt));
                 let e = f.add(&e, &lane_first);
-                let off = f.v(format!("shl i32 {e}, 2"));
-                let off = f.add(&off, &base.to_string());
+                let off = f.shl(&e, &i32c(2));
+                let off = f.add(&off, &base);
                 let mut vals = Vec::new();
                 if per_lane.is_multiple_of(4) {
                     for v4 in 0..per_lane / 4 {
-                        let o = f.add(&off, &(v4 * 16).to_string());
-                        let a = f.saddr("@fs_smem", &o);
-                        let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+                        let o = f.add(&off, &i32c(v4 * 16));
+                        let a = f.saddr(&SMEM, &o);
+                        let vec: X4<F32> = f.load(&a, 16);
                         for o in 0..4 {
-                            vals.push(f.v(format!("extractelement <4 x float> {vec}, i32 {o}")));
+                            vals.push(f.extract_lane(&vec, o));
                         }
                     }
                 } else {
                     for o in 0..per_lane {
-                        let oo = f.add(&off, &(o * 4).to_string());
-                        let a = f.saddr("@fs_smem", &oo);
-                        vals.push(f.v(format!("load float, ptr addrspace(3) {a}, align 4")));
+                        let oo = f.add(&off, &i32c(o * 4));
+                        let a = f.saddr(&SMEM, &oo);
+                        vals.push(f.load(&a, 4));
                     }
                 }
-                let kv: Vec<Var> = vals
+                let kv: Vec<Var<I32>> = vals
                     .iter()
                     .map(|v| {
                         let k = f.order_key(v);
-                        f.var("i32", &k)
+                        f.var(&k)
                     })
                     .collect();
                 keys.push(kv);
                 xs.push(vals);
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
-                slot0s.push(f.mul(&slot0, &per_tile.to_string()));
+                slot0s.push(f.mul(&slot0, &i32c(per_tile)));
             }
-            f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
+            f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
                 // All rows' reductions first (straight-line, so they interleave), then the
                 // stores (each a branch).
                 let mut writes = Vec::new();
                 for r in 0..rows as usize {
-                    let xr: Vec<&str> = xs[r].iter().map(String::as_str).collect();
-                    let Taken { real, me, pos: wo, values } = take_max(f, &th.lane, &keys[r], &[&xr]);
-                    let wx = &values[0];
+                    let Taken { real, me, pos: wo, values } = take_max(f, &th.lane, &keys[r], &[&xs[r]]);
                     let idx = f.add(&lane_first, &wo);
                     let idx = f.add(&it.v0, &idx);
-                    let idx = f.sel("i32", &real, &idx, &none.to_string());
-                    let lx = f.sel("float", &real, wx, NEG_INF);
-                    let w = f.and1(&me, &oks[r]);
-                    writes.push((w, lx, idx));
+                    let index = f.sel(&real, &idx, &none);
+                    let logit = f.sel(&real, &values[0], &F32::NEG_INF);
+                    let w = f.and(&me, &oks[r]);
+                    writes.push((w, Scored { logit, index }));
                 }
-                for (r, (w, lx, idx)) in writes.iter().enumerate() {
+                for (r, (w, entry)) in writes.iter().enumerate() {
                     f.if_then(w, |f| {
                         let slot = f.add(&slot0s[r], k);
-                        let s64 = f.zext64(&slot);
-                        let a = f.gaddr(dest, &s64, 8);
-                        f.s(format!("store float {lx}, ptr addrspace(1) {a}, align 4"));
-                        let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
-                        f.s(format!("store i32 {idx}, ptr addrspace(1) {a1}, align 4"));
+                        let s64 = f.zext(&slot);
+                        let a = f.gaddr(dest, &s64, SCORED_BYTES);
+                        entry.store(f, &a);
                     });
                 }
             });
@@ -120,24 +118,24 @@ impl Gen<'_> {
     /// consecutive tokens of one column, one 16-byte access) and its `(q, n, j)`; returns the
     /// tile's offset in `@fs_smem`. The one layout [`Gen::store_list_tile`] and
     /// [`Gen::load_list_tile`] share.
-    fn list_tile_quads(&self, f: &mut Func, th: &Thread, mut quad: impl FnMut(&mut Func, (u32, u32, u32), &str)) -> String {
+    fn list_tile_quads(&self, f: &mut Func, th: &Thread, mut quad: impl FnMut(&mut Func, (u32, u32, u32), &Ptr<Shared>)) -> I32 {
         let vt = self.c.vocab_tile;
-        let base = f.add(&th.scratch, &self.c.smem_layout().list_tile.to_string());
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
-        let g4 = f.v(format!("shl i32 {}, 2", th.g));
-        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        let base = f.add(&th.scratch, &i32c(self.c.smem_layout().list_tile));
+        let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
+        let g4 = f.shl(&th.g, &i32c(2));
+        let t2 = f.shl(&th.t, &i32c(1));
         for q in 0..self.quads {
-            let local = f.add(&warp_base, &(q * 32).to_string());
+            let local = f.add(&warp_base, &i32c(q * 32));
             let local = f.add(&local, &g4);
             for n in 0..self.ntiles {
                 for j in 0..2 {
-                    let col = f.add(&t2, &(n * 8 + j).to_string());
-                    let e = f.mul(&col, &vt.to_string());
+                    let col = f.add(&t2, &i32c(n * 8 + j));
+                    let e = f.mul(&col, &i32c(vt));
                     let e = f.add(&e, &local);
-                    let off = f.v(format!("shl i32 {e}, 2"));
+                    let off = f.shl(&e, &i32c(2));
                     let off = f.add(&off, &base);
-                    let a = f.saddr("@fs_smem", &off);
-                    quad(f, (q, n, j), a.as_ref());
+                    let a = f.saddr(&SMEM, &off);
+                    quad(f, (q, n, j), &a);
                 }
             }
         }
@@ -147,14 +145,13 @@ impl Gen<'_> {
     /// The tile's transformed logits into shared memory ([`Gen::list_tile_quads`]' layout),
     /// for the warps that select lists from it; returns the tile's offset in `@fs_smem`. Ends
     /// with a barrier.
-    pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[String]) -> String {
+    pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[F32]) -> I32 {
         let base = self.list_tile_quads(f, th, |f, (q, n, j), a| {
-            let mut vec = "undef".to_string();
+            let mut vec = X4::UNDEF;
             for o in 0..4 {
-                let xv = &x[self.acc_index(q, o, n, j)];
-                vec = f.v(format!("insertelement <4 x float> {vec}, float {xv}, i32 {o}"));
+                vec = f.insert_lane(&vec, &x[self.acc_index(q, o, n, j)], o);
             }
-            f.s(format!("store <4 x float> {vec}, ptr addrspace(3) {a}, align 16"));
+            f.store(&vec, a, 16);
         });
         f.barrier();
         base
@@ -162,12 +159,12 @@ impl Gen<'_> {
 
     /// The thread's own logits back from the list tile [`Gen::store_list_tile`] wrote (same
     /// addresses, same indices as `x`; the thread reads only what it stored, so no barrier).
-    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<String> {
-        let mut x = vec![String::new(); self.acc_count()];
+    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<F32> {
+        let mut x = vec![F32::NEG_INF; self.acc_count()];
         self.list_tile_quads(f, th, |f, (q, n, j), a| {
-            let vec = f.v(format!("load <4 x float>, ptr addrspace(3) {a}, align 16"));
+            let vec: X4<F32> = f.load(a, 16);
             for o in 0..4 {
-                x[self.acc_index(q, o, n, j)] = f.v(format!("extractelement <4 x float> {vec}, i32 {o}"));
+                x[self.acc_index(q, o, n, j)] = f.extract_lane(&vec, o);
             }
         });
         x
@@ -177,43 +174,43 @@ impl Gen<'_> {
     /// after a barrier) its raw logit at `list_raws[slot]`, read from the tile of `raw` logits
     /// stored in the list area; empty entries are left alone (`abi::raw::raw_logit_of` skips
     /// them). Starts with a barrier: the selection may still read the tile this rewrites.
-    pub(super) fn list_raws_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, raw: &[String]) {
+    pub(super) fn list_raws_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, raw: &[F32]) {
         let c = self.c;
         let (vt, bt, per_tile) = (c.vocab_tile, c.batch_tile, c.list_per_tile);
         f.barrier();
         let base = self.store_list_tile(f, th, raw);
-        let has = f.v("icmp ne ptr addrspace(1) %list_raws, null");
-        let lists_ok = f.v("icmp ne ptr addrspace(1) %lists, null");
-        let has = f.and1(&has, &lists_ok);
+        let has = f.non_null(&arg::LIST_RAWS);
+        let lists_ok = f.non_null(&arg::LISTS);
+        let has = f.and(&has, &lists_ok);
         f.if_then(&has, |f| {
-            let threads = (c.warps * 32).to_string();
-            f.for_loop(&th.tid, &(bt * per_tile).to_string(), &threads, |f, e| {
-                let col = f.v(format!("udiv i32 {e}, {per_tile}"));
-                let k = f.v(format!("urem i32 {e}, {per_tile}"));
+            let threads = i32c(c.warps * 32);
+            f.for_loop(&th.tid, &i32c(bt * per_tile), &threads, |f, e| {
+                let col = f.udiv(e, &i32c(per_tile));
+                let k = f.urem(e, &i32c(per_tile));
                 let row = f.add(&it.b0, &col);
-                let row_ok = f.ult(&row, "%batch");
+                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 f.if_then(&row_ok, |f| {
                     let slot = f.mul(&row, &it.vtiles);
                     let slot = f.add(&slot, &it.vtile);
-                    let slot = f.mul(&slot, &per_tile.to_string());
+                    let slot = f.mul(&slot, &i32c(per_tile));
                     let slot = f.add(&slot, &k);
-                    let s64 = f.zext64(&slot);
-                    let a = f.gaddr("%lists", &s64, 8);
-                    let a1 = f.v(format!("getelementptr i8, ptr addrspace(1) {a}, i64 4"));
+                    let s64 = f.zext(&slot);
+                    let a = f.gaddr(&arg::LISTS, &s64, SCORED_BYTES);
+                    let a1 = f.offset(&a, SCORED_INDEX);
                     // Volatile: other threads wrote the entry before the barrier, and `%lists` is
                     // `noalias`, so nothing else would keep the load after the barrier.
-                    let idx = f.v(format!("load volatile i32, ptr addrspace(1) {a1}, align 4"));
-                    let real = f.v(format!("icmp ne i32 {idx}, {}", INDEX_NONE as i32));
+                    let idx: I32 = f.load_volatile(&a1, 4);
+                    let real = f.icmp(Icmp::Ne, &idx, &i32c(INDEX_NONE as i32));
                     f.if_then(&real, |f| {
-                        let local = f.v(format!("sub i32 {idx}, {}", it.v0));
-                        let e = f.mul(&col, &vt.to_string());
+                        let local = f.sub(&idx, &it.v0);
+                        let e = f.mul(&col, &i32c(vt));
                         let e = f.add(&e, &local);
-                        let off = f.v(format!("shl i32 {e}, 2"));
+                        let off = f.shl(&e, &i32c(2));
                         let off = f.add(&off, &base);
-                        let sa = f.saddr("@fs_smem", &off);
-                        let r = f.v(format!("load float, ptr addrspace(3) {sa}, align 4"));
-                        let ra = f.gaddr("%list_raws", &s64, 4);
-                        f.s(format!("store float {r}, ptr addrspace(1) {ra}, align 4"));
+                        let sa = f.saddr(&SMEM, &off);
+                        let r: F32 = f.load(&sa, 4);
+                        let ra = f.gaddr(&arg::LIST_RAWS, &s64, 4);
+                        f.store(&r, &ra, 4);
                     });
                 });
             });
@@ -226,48 +223,48 @@ impl Gen<'_> {
 /// and that lane's lowest position with it, whose key becomes 0 (taken).
 pub(super) struct Taken {
     /// Whether a key was left (the max is not 0): otherwise the round writes an empty entry.
-    pub real: String,
+    pub real: I1,
     /// Whether this lane holds the taken position (exactly one lane; lane 0 when none is left).
-    pub me: String,
+    pub me: I1,
     /// The taken position within this lane's keys.
-    pub pos: String,
+    pub pos: I32,
     /// Each payload's value at the taken position (`-inf` on the other lanes).
-    pub values: Vec<String>,
+    pub values: Vec<F32>,
 }
 
 /// Runs one [`Taken`] round over this lane's `keys`; `payloads` are per-position floats
 /// (parallel to `keys`) to read at the taken position.
-pub(super) fn take_max(f: &mut Func, lane: &str, keys: &[Var], payloads: &[&[&str]]) -> Taken {
-    let cur: Vec<String> = keys.iter().map(|v| f.get(v)).collect();
+pub(super) fn take_max(f: &mut Func, lane: &I32, keys: &[Var<I32>], payloads: &[&[F32]]) -> Taken {
+    let cur: Vec<I32> = keys.iter().map(|v| f.get(v)).collect();
     let mut best = cur[0].clone();
     for kk in &cur[1..] {
         best = f.umax(&best, kk);
     }
     let m = f.redux_umax(&best);
-    let mine = f.v(format!("icmp eq i32 {best}, {m}"));
+    let mine = f.icmp(Icmp::Eq, &best, &m);
     let ball = f.ballot(&mine);
     // Never 0: the lane holding the max votes.
-    let low = f.v(format!("call i32 @llvm.cttz.i32(i32 {ball}, i1 true)"));
-    let me = f.v(format!("icmp eq i32 {lane}, {low}"));
-    let found = f.var("i1", "false");
-    let mut values = vec![NEG_INF.to_string(); payloads.len()];
-    let mut pos = "0".to_string();
+    let low: I32 = f.call("@llvm.cttz.i32", &[&ball, &I1::TRUE]);
+    let me = f.icmp(Icmp::Eq, lane, &low);
+    let found = f.var(&I1::FALSE);
+    let mut values = vec![F32::NEG_INF; payloads.len()];
+    let mut pos = i32c(0);
     for (o, kk) in cur.iter().enumerate() {
         let fv = f.get(&found);
-        let nf = f.v(format!("xor i1 {fv}, true"));
-        let hit = f.v(format!("icmp eq i32 {kk}, {m}"));
-        let hit = f.and1(&hit, &nf);
-        let hit = f.and1(&hit, &me);
-        let nk = f.sel("i32", &hit, "0", kk);
+        let nf = f.not(&fv);
+        let hit = f.icmp(Icmp::Eq, kk, &m);
+        let hit = f.and(&hit, &nf);
+        let hit = f.and(&hit, &me);
+        let nk = f.sel(&hit, &i32c(0), kk);
         f.set(&keys[o], &nk);
         for (value, payload) in values.iter_mut().zip(payloads) {
-            *value = f.sel("float", &hit, payload[o], value);
+            *value = f.sel(&hit, &payload[o], value);
         }
-        pos = f.sel("i32", &hit, &o.to_string(), &pos);
-        let nfv = f.v(format!("or i1 {fv}, {hit}"));
+        pos = f.sel(&hit, &i32c(o as u32), &pos);
+        let nfv = f.or(&fv, &hit);
         f.set(&found, &nfv);
     }
     // m == 0: every lane's best is 0, the ballot is full and lane 0 writes the empty entry.
-    let real = f.v(format!("icmp ne i32 {m}, 0"));
+    let real = f.icmp(Icmp::Ne, &m, &i32c(0));
     Taken { real, me, pos, values }
 }

@@ -3,15 +3,15 @@
 //! `mma.sync.m16n8k16` into f32 accumulators (the layout the epilogue reads directly).
 
 use super::ring::Ring;
-use super::{i32v, Gen, Item, Thread};
-use crate::ir::{i32c, Func, Value, Var, F32, I32};
+use super::{Gen, Item, Thread};
+use crate::ir::{i32c, Func, F32, I32};
 use crate::ptx;
 use flashsample_ir::DType;
 
 impl Gen<'_> {
     /// `own_prologue`: issue this item's prologue here (false when the previous item's
     /// epilogue already did, [`GpuConfig::overlaps_epilogue`]).
-    pub(super) fn mma_sync_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
+    pub(super) fn mma_sync_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<F32> {
         let c = self.c;
         let ks = c.k_step();
         let row_bytes = ks * 2;
@@ -20,9 +20,7 @@ impl Gen<'_> {
         let mtiles = self.quads * 2;
         let smem = &ring.smem;
 
-        let acc: Vec<Var> = (0..mtiles * self.ntiles * 4)
-            .map(|_| f.var("float", "0.0"))
-            .collect();
+        let acc: Vec<_> = (0..mtiles * self.ntiles * 4).map(|_| f.var(&F32::ZERO)).collect();
         if own_prologue {
             self.prologue(f, th, it, ring, None);
         }
@@ -30,63 +28,63 @@ impl Gen<'_> {
             DType::F16 => "f16",
             _ => "bf16",
         };
-        let m = f.v(format!("and i32 {}, 15", th.lane));
-        let m7 = f.v(format!("and i32 {m}, 7"));
-        let mhi = f.v(format!("lshr i32 {m}, 3"));
-        let khalf_a = f.v(format!("lshr i32 {}, 4", th.lane));
-        let l7 = f.v(format!("and i32 {}, 7", th.lane));
-        let khalf_b = f.v(format!("lshr i32 {}, 3", th.lane));
-        let khalf_b = f.v(format!("and i32 {khalf_b}, 1"));
-        let nsel = f.v(format!("lshr i32 {}, 4", th.lane));
-        let warp_row = f.mul(&th.warp, &self.warp_rows().to_string());
-        let m7x4 = f.v(format!("shl i32 {m7}, 2"));
+        let m = f.and(&th.lane, &i32c(15));
+        let m7 = f.and(&m, &i32c(7));
+        let mhi = f.lshr(&m, &i32c(3));
+        let khalf_a = f.lshr(&th.lane, &i32c(4));
+        let l7 = f.and(&th.lane, &i32c(7));
+        let khalf_b = f.lshr(&th.lane, &i32c(3));
+        let khalf_b = f.and(&khalf_b, &i32c(1));
+        let nsel = f.lshr(&th.lane, &i32c(4));
+        let warp_row = f.mul(&th.warp, &i32c(self.warp_rows()));
+        let m7x4 = f.shl(&m7, &i32c(2));
         let a_row_base = f.add(&warp_row, &m7x4);
         let a_row_base = f.add(&a_row_base, &mhi);
 
         let item = self.begin_item(f, th, it, ring);
-        f.for_loop("0", ring.ktiles.text(), "1", |f, kt| {
+        f.for_loop(&i32c(0), &ring.ktiles, &i32c(1), |f, kt| {
             // Slice kt has landed for every thread, and everyone is done reading the slot
             // the refill below overwrites (consumed at iteration kt − 1).
             let full = self.wait_full(f, ring, &item, kt);
             self.refill(f, th, it, ring, &item, kt);
             let slot = self.slot(f, full, kt);
-            let slot_off = f.mul32(&slot, &i32c(stage_bytes));
+            let slot_off = f.mul(&slot, &i32c(stage_bytes));
             let slot_addr = f.shared_offset(smem, &slot_off);
-            let ldm = |f: &mut Func, x: u32, byte_off: &str| -> Vec<I32> {
-                let a = f.shared_offset(&slot_addr, &i32v(byte_off));
+            let ldm = |f: &mut Func, x: u32, byte_off: &I32| -> Vec<I32> {
+                let a = f.shared_offset(&slot_addr, byte_off);
                 ptx::ldmatrix(f, x, &a)
             };
             // Fragments of k16 step kk (A per m tile, B per n tile).
             let frags = |f: &mut Func, kk: u32| -> (Vec<Vec<I32>>, Vec<Vec<I32>>) {
                 // A fragments: lane l gives MMA row l & 15 of k half l >> 4.
                 let mut a_frag = Vec::new();
-                let ca = f.add(&khalf_a, &(kk * 2).to_string());
-                let swa = f.v(format!("xor i32 {ca}, {m7}"));
-                let swa = f.v(format!("shl i32 {swa}, 4"));
+                let ca = f.add(&khalf_a, &i32c(kk * 2));
+                let swa = f.xor(&ca, &m7);
+                let swa = f.shl(&swa, &i32c(4));
                 for mt in 0..mtiles {
-                    let row = f.add(&a_row_base, &((mt >> 1) * 32 + 2 * (mt & 1)).to_string());
-                    let ro = f.mul(&row, &row_bytes.to_string());
+                    let row = f.add(&a_row_base, &i32c((mt >> 1) * 32 + 2 * (mt & 1)));
+                    let ro = f.mul(&row, &i32c(row_bytes));
                     let off = f.add(&ro, &swa);
                     a_frag.push(ldm(f, 4, &off));
                 }
                 // B fragments: H rows n (batch), k contiguous = mma's col-major B.
-                let cb = f.add(&khalf_b, &(kk * 2).to_string());
-                let swb = f.v(format!("xor i32 {cb}, {l7}"));
-                let swb = f.v(format!("shl i32 {swb}, 4"));
+                let cb = f.add(&khalf_b, &i32c(kk * 2));
+                let swb = f.xor(&cb, &l7);
+                let swb = f.shl(&swb, &i32c(4));
                 let mut b_frag: Vec<Vec<I32>> = Vec::new();
                 let mut n = 0;
                 while n < self.ntiles {
                     let pair = n + 1 < self.ntiles;
                     let nrow = if pair {
-                        let sel = f.add(&nsel, &n.to_string());
-                        let s8 = f.v(format!("shl i32 {sel}, 3"));
+                        let sel = f.add(&nsel, &i32c(n));
+                        let s8 = f.shl(&sel, &i32c(3));
                         f.add(&s8, &l7)
                     } else {
-                        f.add(&l7, &(n * 8).to_string())
+                        f.add(&l7, &i32c(n * 8))
                     };
-                    let ro = f.mul(&nrow, &row_bytes.to_string());
+                    let ro = f.mul(&nrow, &i32c(row_bytes));
                     let off = f.add(&ro, &swb);
-                    let off = f.add(&off, &w_tile_bytes.to_string());
+                    let off = f.add(&off, &i32c(w_tile_bytes));
                     let r = ldm(f, if pair { 4 } else { 2 }, &off);
                     b_frag.push(r[0..2].to_vec());
                     if pair {
@@ -107,10 +105,10 @@ impl Gen<'_> {
                 for mt in 0..mtiles {
                     for n in 0..self.ntiles {
                         let base = ((mt * self.ntiles + n) * 4) as usize;
-                        let cur: Vec<F32> = (0..4).map(|i| F32::raw(f.get(&acc[base + i]))).collect();
+                        let cur: Vec<F32> = (0..4).map(|i| f.get(&acc[base + i])).collect();
                         let out = ptx::mma_m16n8k16(f, dtype, &a_frag[mt as usize], &b_frag[n as usize], &cur);
                         for (i, v) in out.iter().enumerate() {
-                            f.set(&acc[base + i], v.text());
+                            f.set(&acc[base + i], v);
                         }
                     }
                 }

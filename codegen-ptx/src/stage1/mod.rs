@@ -31,7 +31,8 @@ mod simt;
 mod wgmma;
 
 use crate::config::{GpuConfig, GridKind, Schedule};
-use crate::ir::{Func, I32, Value};
+use crate::ir::{i32c, Func, Icmp, Ptr, Shared, I32};
+use crate::params::arg;
 use crate::params::STAGE1;
 use crate::ptx;
 use flashsample_ir::Pipeline;
@@ -43,50 +44,54 @@ pub(crate) use simt::load_elem;
 
 pub(crate) const NAME: &str = "flashsample_stage1";
 
+/// The kernel's dynamic shared memory (`lib.rs` declares it): the ring, the mbarriers, the
+/// epilogue areas.
+const SMEM: Ptr<Shared> = Ptr::named("@fs_smem");
+
 /// Per-thread values every part of the kernel uses.
 struct Thread {
     /// Thread and warp index within the threads working on one item (the CTA, or with
     /// ping-pong this thread's consumer set).
-    tid: String,
-    warp: String,
-    lane: String,
-    g: String,
-    t: String,
+    tid: I32,
+    warp: I32,
+    lane: I32,
+    g: I32,
+    t: I32,
     /// Byte offset in `@fs_smem` of this thread's epilogue area (scratch, then list tile).
-    scratch: String,
+    scratch: I32,
 }
 
 /// One work item: its vocab tile index, first vocab row and first batch row.
 struct Item {
-    vtile: String,
-    vtiles: String,
-    v0: String,
-    b0: String,
+    vtile: I32,
+    vtiles: I32,
+    v0: I32,
+    b0: I32,
     /// This CTA's count of items before this one (0, 1, ...): the TMA ring numbers slices
     /// across items, `seq · ktiles + kt`, for its mbarrier phases.
-    seq: String,
+    seq: I32,
 }
 
 /// The kernel-wide values of the grid: work items, this CTA's first, and the stride.
 struct Items {
-    vtiles: String,
-    btiles: String,
-    count: String,
-    first: String,
-    stride: String,
+    vtiles: I32,
+    btiles: I32,
+    count: I32,
+    first: I32,
+    stride: I32,
 }
 
 impl Items {
     /// Item `item`'s tiles. Batch tiles vary fastest, so the CTAs sharing a W tile run
     /// together and W is read from HBM about once (the others hit L2).
-    fn item(&self, g: &Gen<'_>, f: &mut Func, item: &str) -> Item {
+    fn item(&self, g: &Gen<'_>, f: &mut Func, item: &I32) -> Item {
         let (vt, bt) = (g.c.vocab_tile, g.c.batch_tile);
-        let btile = f.v(format!("urem i32 {item}, {}", self.btiles));
-        let vtile = f.v(format!("udiv i32 {item}, {}", self.btiles));
-        let v0 = f.mul(&vtile, &vt.to_string());
-        let b0 = f.mul(&btile, &bt.to_string());
-        let done = f.v(format!("sub i32 {item}, {}", self.first));
-        let seq = f.v(format!("udiv i32 {done}, {}", self.stride));
+        let btile = f.urem(item, &self.btiles);
+        let vtile = f.udiv(item, &self.btiles);
+        let v0 = f.mul(&vtile, &i32c(vt));
+        let b0 = f.mul(&btile, &i32c(bt));
+        let done = f.sub(item, &self.first);
+        let seq = f.udiv(&done, &self.stride);
         Item { vtile, vtiles: self.vtiles.clone(), v0, b0, seq }
     }
 }
@@ -131,18 +136,18 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8, lse };
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
-    let warp = f.v(format!("lshr i32 {tid}, 5"));
-    let lane = f.v(format!("and i32 {tid}, 31"));
-    let lg = f.v(format!("lshr i32 {lane}, 2"));
-    let lt = f.v(format!("and i32 {lane}, 3"));
-    let th = Thread { tid, warp, lane, g: lg, t: lt, scratch: c.smem_layout().epilogue.to_string() };
+    let warp = f.lshr(&tid, &i32c(5));
+    let lane = f.and(&tid, &i32c(31));
+    let lg = f.lshr(&lane, &i32c(2));
+    let lt = f.and(&lane, &i32c(3));
+    let th = Thread { tid, warp, lane, g: lg, t: lt, scratch: i32c(c.smem_layout().epilogue) };
 
     let vt = c.vocab_tile;
     let bt = c.batch_tile;
-    let vt_up = f.add("%vocab", &(vt - 1).to_string());
-    let vtiles = f.v(format!("udiv i32 {vt_up}, {vt}"));
-    let bt_up = f.add("%batch", &(bt - 1).to_string());
-    let btiles = f.v(format!("udiv i32 {bt_up}, {bt}"));
+    let vt_up = f.add(&arg::VOCAB, &i32c(vt - 1));
+    let vtiles = f.udiv(&vt_up, &i32c(vt));
+    let bt_up = f.add(&arg::BATCH, &i32c(bt - 1));
+    let btiles = f.udiv(&bt_up, &i32c(bt));
     let count = f.mul(&vtiles, &btiles);
     // Non-persistent grids are (tiles, batch tiles): one item per CTA, numbered linearly.
     // Persistent grids are (n, 1): CTA i takes items i, i + n, ...
@@ -179,7 +184,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
             g.item_loop(&mut f, &th, &items, Some((&ring, Mma::Wgmma)));
         }
     }
-    f.s("ret void");
+    f.ret_void();
     g.finish(f)
 }
 
@@ -190,7 +195,7 @@ impl Gen<'_> {
     fn item_loop(&self, f: &mut Func, th: &Thread, items: &Items, ring: Option<(&Ring, Mma)>) {
         let overlap = self.c.overlaps_epilogue();
         if let (Some((ring, _)), true) = (ring, overlap) {
-            let valid = f.ult(&items.first, &items.count);
+            let valid = f.icmp(Icmp::Ult, &items.first, &items.count);
             let first = items.item(self, f, &items.first);
             self.prologue(f, th, &first, ring, Some(&valid));
         }
@@ -203,7 +208,7 @@ impl Gen<'_> {
             };
             if let (Some((ring, _)), true) = (ring, overlap) {
                 let next = f.add(item, &items.stride);
-                let valid = f.ult(&next, &items.count);
+                let valid = f.icmp(Icmp::Ult, &next, &items.count);
                 let next_it = items.item(self, f, &next);
                 self.prologue(f, th, &next_it, ring, Some(&valid));
             }
@@ -238,18 +243,13 @@ impl Gen<'_> {
     /// each SM, as the block scheduler fills every SM once before doubling up) sleep that
     /// long before their first item. The delay persists: each later CTA takes the slot its
     /// predecessor frees, so co-resident CTAs stay out of phase.
-    fn stagger(&self, f: &mut Func, item0: &str) {
+    fn stagger(&self, f: &mut Func, item0: &I32) {
         let nsm = f.sreg("nsmid");
-        let second = f.v(format!("icmp uge i32 {item0}, {nsm}"));
-        let nsm2 = f.v(format!("shl i32 {nsm}, 1"));
-        let first_wave = f.ult(item0, &nsm2);
-        let go = f.and1(&second, &first_wave);
+        let second = f.icmp(Icmp::Uge, item0, &nsm);
+        let nsm2 = f.shl(&nsm, &i32c(1));
+        let first_wave = f.icmp(Icmp::Ult, item0, &nsm2);
+        let go = f.and(&second, &first_wave);
         let ns = u64::from(self.c.stagger_us) * 1000;
         f.if_then(&go, |f| ptx::sleep_ns(f, ns));
     }
-}
-
-/// `i` as a typed i32 (an SSA name or constant of the untyped emitters).
-fn i32v(i: &str) -> I32 {
-    I32::raw(i)
 }

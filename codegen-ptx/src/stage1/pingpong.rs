@@ -9,8 +9,8 @@
 //! full throughout.
 
 use super::ring::{PipelineState, Ring};
-use super::{i32v, Gen, Items, Thread};
-use crate::ir::Func;
+use super::{Gen, Items, Thread};
+use crate::ir::{i32c, Func, Icmp};
 use crate::ptx;
 
 impl Gen<'_> {
@@ -18,44 +18,44 @@ impl Gen<'_> {
     pub(super) fn pingpong(&self, f: &mut Func, th: &Thread, ring: &Ring, items: &Items) {
         let c = self.c;
         let (_, producer_regs, consumer_regs) = c.pingpong_registers();
-        let set = f.v(format!("udiv i32 {}, {}", th.warp, c.warps));
-        let producer = f.v(format!("icmp eq i32 {set}, 2"));
+        let set = f.udiv(&th.warp, &i32c(c.warps));
+        let producer = f.icmp(Icmp::Eq, &set, &i32c(2));
         f.if_else(
             &producer,
             |f| {
                 ptx::setmaxnreg(f, false, producer_regs);
-                let first_warp = f.v(format!("icmp eq i32 {}, {}", th.warp, 2 * c.warps));
-                let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
-                let issuer = f.and1(&first_warp, &lane0);
+                let first_warp = f.icmp(Icmp::Eq, &th.warp, &i32c(2 * c.warps));
+                let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
+                let issuer = f.and(&first_warp, &lane0);
                 f.if_then(&issuer, |f| {
                     f.for_loop(&items.first, &items.count, &items.stride, |f, item| {
                         let it = items.item(self, f, item);
-                        f.for_loop("0", ring.ktiles.as_ref(), "1", |f, kt| self.tma_issue(f, &it, ring, kt));
+                        f.for_loop(&i32c(0), &ring.ktiles, &i32c(1), |f, kt| self.tma_issue(f, &it, ring, kt));
                     });
                 });
             },
             |f| {
                 ptx::setmaxnreg(f, true, consumer_regs);
                 let threads = c.consumer_threads();
-                let tid0 = f.mul(&set, &threads.to_string());
-                let warp0 = f.mul(&set, &c.warps.to_string());
-                let area = f.mul(&set, &c.smem_layout().epilogue_bytes.to_string());
+                let tid0 = f.mul(&set, &i32c(threads));
+                let warp0 = f.mul(&set, &i32c(c.warps));
+                let area = f.mul(&set, &i32c(c.smem_layout().epilogue_bytes));
                 let local = Thread {
-                    tid: f.v(format!("sub i32 {}, {tid0}", th.tid)),
-                    warp: f.v(format!("sub i32 {}, {warp0}", th.warp)),
+                    tid: f.sub(&th.tid, &tid0),
+                    warp: f.sub(&th.warp, &warp0),
                     lane: th.lane.clone(),
                     g: th.g.clone(),
                     t: th.t.clone(),
                     scratch: f.add(&th.scratch, &area),
                 };
-                let id = f.add(&set, "1");
+                let id = f.add(&set, &i32c(1));
                 let first = f.mul(&set, &items.stride);
                 let first = f.add(&items.first, &first);
-                let step = f.v(format!("shl i32 {}, 1", items.stride));
-                let other = f.v(format!("xor i32 {set}, 1"));
+                let step = f.shl(&items.stride, &i32c(1));
+                let other = f.xor(&set, &i32c(1));
                 let other_done = self.mainloop_done(f, ring, &other);
                 let my_done = self.mainloop_done(f, ring, &set);
-                let lane0 = f.v(format!("icmp eq i32 {}, 0", th.lane));
+                let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
                 f.with_barrier_scope(&id, threads, |f| {
                     f.for_loop(&first, &items.count, &step, |f, item| {
                         let it = items.item(self, f, item);
@@ -63,11 +63,11 @@ impl Gen<'_> {
                         // q − 1's (the other set's mainloop number (q − 1) / 2). A slot's full
                         // barrier then has completed every earlier round, so its parity names
                         // this item's round and not one `stages` slices back.
-                        let started = f.v(format!("icmp ugt i32 {}, 0", it.seq));
+                        let started = f.icmp(Icmp::Ugt, &it.seq, &i32c(0));
                         f.if_then(&started, |f| {
-                            let prev = f.v(format!("add i32 {}, -1", it.seq));
-                            let mainloop = f.v(format!("lshr i32 {prev}, 1"));
-                            let phase = PipelineState::full_phase(f, &i32v(&mainloop));
+                            let prev = f.add(&it.seq, &i32c(-1));
+                            let mainloop = f.lshr(&prev, &i32c(1));
+                            let phase = PipelineState::full_phase(f, &mainloop);
                             ptx::mbarrier_wait(f, &other_done, &phase);
                         });
                         let acc = self.wgmma_mainloop(f, &local, &it, ring, false);

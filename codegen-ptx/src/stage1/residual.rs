@@ -4,32 +4,28 @@
 //! `abi::Candidate`s sorted by score (ties to the lower index, as `abi::speculative::insert_residual`).
 
 use super::lists::{take_max, Taken};
-use super::{Gen, Item, Thread};
-use crate::ir::{Func, Value, Var, F32, I32, NEG_INF};
+use super::{Gen, Item, Thread, SMEM};
+use crate::entries::{Candidate, CANDIDATE_BYTES};
+use crate::ir::{i32c, Func, Icmp, Var, F32, I1, I32};
 use crate::math;
+use crate::params::arg;
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::INDEX_NONE;
 
 /// Whether kernel row `row` (launch row `%row_base + row`) of a verifying launch is a draft
-/// row, by the kernel's `%row_base` and `%spec_period` (see [`Gen::is_draft_row`]).
-pub(crate) fn is_draft_row(f: &mut Func, row: &str) -> String {
-    let launch_row = f.add(row, "%row_base");
-    let every = f.v("icmp eq i32 %spec_period, 0");
-    let period = f.sel("i32", &every, "1", "%spec_period");
-    let pos = f.v(format!("urem i32 {launch_row}, {period}"));
-    let last = f.v(format!("sub i32 {period}, 1"));
-    let draft = f.v(format!("icmp ne i32 {pos}, {last}"));
-    f.v(format!("or i1 {every}, {draft}"))
+/// row: `(row_base + row) mod spec_period ≠ spec_period − 1` (each sequence's last row is its
+/// bonus); every row when `%spec_period` is 0.
+pub(crate) fn is_draft_row(f: &mut Func, row: &I32) -> I1 {
+    let launch_row = f.add(row, &arg::ROW_BASE);
+    let every = f.icmp(Icmp::Eq, &arg::SPEC_PERIOD, &i32c(0));
+    let period = f.sel(&every, &i32c(1), &arg::SPEC_PERIOD);
+    let pos = f.urem(&launch_row, &period);
+    let last = f.sub(&period, &i32c(1));
+    let draft = f.icmp(Icmp::Ne, &pos, &last);
+    f.or(&every, &draft)
 }
 
 impl Gen<'_> {
-    /// Whether launch row `b0 + col = row` is a draft row: `(row_base + row) mod spec_period ≠
-    /// spec_period − 1` (each sequence's last row is its bonus); every row when
-    /// `%spec_period` is 0.
-    pub(super) fn is_draft_row(&self, f: &mut Func, row: &str) -> String {
-        is_draft_row(f, row)
-    }
-
     /// The residual lists of the item's draft rows. One warp per row (uniform branches, so the
     /// warp-wide rounds see every lane): lane `l` reads the `E = vocab_tile / 32` consecutive
     /// transformed logits `l·E ..` of the row's column from the list tile (stored here unless
@@ -38,93 +34,82 @@ impl Gen<'_> {
     /// tokens) and keys `order_key(x + G)` (0 for an excluded token, which never enters a
     /// list); `residual_per_tile` [`take_max`] rounds then write the list. Every token of the
     /// tile draws its noise: the list is exact without any noise skip.
-    pub(super) fn residual_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[String]) {
+    pub(super) fn residual_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32]) {
         let c = self.c;
         let vt = c.vocab_tile;
         let base = if c.list_per_tile > 0 {
-            f.add(&th.scratch, &c.smem_layout().list_tile.to_string())
+            f.add(&th.scratch, &i32c(c.smem_layout().list_tile))
         } else {
             self.store_list_tile(f, th, x)
         };
         let per_tile = c.residual_per_tile;
         let per_lane = vt / 32;
-        let none = INDEX_NONE as i32;
-        let has_out = f.v("icmp ne ptr addrspace(1) %residual_lists, null");
-        let has_rs = f.v("icmp ne ptr addrspace(1) %row_seeds, null");
-        let lane_first = f.mul(&th.lane, &per_lane.to_string());
+        let none = i32c(INDEX_NONE as i32);
+        let has_out = f.non_null(&arg::RESIDUAL_LISTS);
+        let has_rs = f.non_null(&arg::ROW_SEEDS);
+        let lane_first = f.mul(&th.lane, &i32c(per_lane));
         // Global index of the lane's first token (the noise counter's token).
         let first = f.add(&it.v0, &lane_first);
-        let first_g = f.add(&first, "%vocab_offset");
-        f.for_loop(&th.warp, &c.batch_tile.to_string(), &c.warps.to_string(), |f, col| {
+        let first_g = f.add(&first, &arg::VOCAB_OFFSET);
+        f.for_loop(&th.warp, &i32c(c.batch_tile), &i32c(c.warps), |f, col| {
             let row = f.add(&it.b0, col);
-            let row_ok = f.ult(&row, "%batch");
-            let draft = self.is_draft_row(f, &row);
-            let ok = f.and1(&row_ok, &draft);
-            let ok = f.and1(&ok, &has_out);
+            let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+            let draft = is_draft_row(f, &row);
+            let ok = f.and(&row_ok, &draft);
+            let ok = f.and(&ok, &has_out);
             f.if_then(&ok, |f| {
-                let r64 = f.zext64(&row);
-                let (key_lo, key_hi, ctr_row) = math::row_stream(f, &has_rs, &row, &r64);
+                let r64 = f.zext(&row);
+                let stream = math::row_stream(f, &has_rs, &row, &r64);
                 let word3 = math::stream_word3(f, &r64, NoiseStream::SpecResidual);
-                let e = f.mul(col, &vt.to_string());
+                let e = f.mul(col, &i32c(vt));
                 let e = f.add(&e, &lane_first);
-                let off = f.v(format!("shl i32 {e}, 2"));
+                let off = f.shl(&e, &i32c(2));
                 let off = f.add(&off, &base);
-                let xs: Vec<String> = (0..per_lane)
+                let xs: Vec<F32> = (0..per_lane)
                     .map(|o| {
-                        let oo = f.add(&off, &(o * 4).to_string());
-                        let a = f.saddr("@fs_smem", &oo);
-                        f.v(format!("load float, ptr addrspace(3) {a}, align 4"))
+                        let oo = f.add(&off, &i32c(o * 4));
+                        let a = f.saddr(&SMEM, &oo);
+                        f.load(&a, 4)
                     })
                     .collect();
-                let ty = "{ i32, i32, i32, i32 }";
-                let philox = |f: &mut Func, g: &str| {
-                    let ctr = f.v(format!("lshr i32 {g}, 2"));
-                    f.v(format!("call {ty} @fs_philox(i32 {ctr}, i32 {ctr_row}, i32 0, i32 {word3}, i32 {key_lo}, i32 {key_hi})"))
-                };
                 let mut scores = Vec::new();
-                let mut block = String::new();
+                let mut block = None;
                 for (o, xv) in xs.iter().enumerate() {
-                    let g = f.add(&first_g, &o.to_string());
+                    let g = f.add(&first_g, &i32c(o as u32));
                     let bits = if per_lane.is_multiple_of(4) {
                         // The lane's first token is a multiple of 4: token o is word o mod 4.
                         if o % 4 == 0 {
-                            block = philox(f, &g);
+                            let ctr = f.lshr(&g, &i32c(2));
+                            block = Some(math::philox_block(f, [&ctr, &stream.ctr_row, &i32c(0), &word3], &stream.key));
                         }
-                        f.v(format!("extractvalue {ty} {block}, {}", o % 4))
+                        f.extract(block.as_ref().expect("a block per 4 tokens"), o % 4)
                     } else {
-                        math::token_bits(f, &g, &ctr_row, "0", &word3, (&key_lo, &key_hi))
+                        math::token_bits(f, &g, &stream, &i32c(0), &word3)
                     };
-                    let noise = f.v(format!("call float @fs_gumbel_f32(i32 {bits})"));
+                    let noise = math::gumbel(f, &bits);
                     scores.push(f.fadd(xv, &noise));
                 }
-                let keys: Vec<Var> = scores
+                let keys: Vec<Var<I32>> = scores
                     .iter()
                     .map(|s| {
                         let k = f.order_key(s);
-                        f.var("i32", &k)
+                        f.var(&k)
                     })
                     .collect();
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
-                let slot0 = f.mul(&slot0, &per_tile.to_string());
-                let score_refs: Vec<&str> = scores.iter().map(String::as_str).collect();
-                let x_refs: Vec<&str> = xs.iter().map(String::as_str).collect();
-                f.for_loop("0", &per_tile.to_string(), "1", |f, k| {
-                    let Taken { real, me, pos, values } = take_max(f, &th.lane, &keys, &[&score_refs, &x_refs]);
+                let slot0 = f.mul(&slot0, &i32c(per_tile));
+                f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
+                    let Taken { real, me, pos, values } = take_max(f, &th.lane, &keys, &[&scores, &xs]);
                     let idx = f.add(&first, &pos);
-                    let idx = f.sel("i32", &real, &idx, &none.to_string());
-                    let score = f.sel("float", &real, &values[0], NEG_INF);
-                    let logit = f.sel("float", &real, &values[1], NEG_INF);
+                    let index = f.sel(&real, &idx, &none);
+                    let score = f.sel(&real, &values[0], &F32::NEG_INF);
+                    let logit = f.sel(&real, &values[1], &F32::NEG_INF);
                     f.if_then(&me, |f| {
                         let slot = f.add(&slot0, k);
-                        let s64 = f.zext64(&slot);
-                        // abi::Candidate { score, index, logit }.
-                        let a = f.gaddr("%residual_lists", &s64, 12);
-                        f.store(&F32::raw(score.clone()), &a, 4);
-                        let a1 = f.offset(&a, 4);
-                        f.store(&I32::raw(idx.clone()), &a1, 4);
-                        let a2 = f.offset(&a, 8);
-                        f.store(&F32::raw(logit.clone()), &a2, 4);
+                        let s64 = f.zext(&slot);
+                        let a = f.gaddr(&arg::RESIDUAL_LISTS, &s64, CANDIDATE_BYTES);
+                        Candidate { score, index, logit }.store(f, &a);
                     });
                 });
             });

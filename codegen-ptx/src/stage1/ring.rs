@@ -16,8 +16,9 @@
 //!
 //! [`GpuConfig::prefetch_depth`]: crate::GpuConfig::prefetch_depth
 
-use super::{i32v, Gen, Item, Thread};
-use crate::ir::{Func, Ptr, SharedAddr, Value, I1, I32};
+use super::{Gen, Item, Thread, SMEM};
+use crate::ir::{i32c, Func, Generic, Icmp, Int, SharedAddr, I1, I16, I32, I64, X4};
+use crate::params::arg;
 use crate::ptx;
 
 /// How the ring is filled.
@@ -65,23 +66,23 @@ pub(super) struct PipelineState {
 
 impl PipelineState {
     pub(super) fn slot(&self, f: &mut Func, stages: u32) -> I32 {
-        f.typed(format!("urem i32 {}, {stages}", self.j))
+        f.urem(&self.j, &i32c(stages))
     }
 
     pub(super) fn round(&self, f: &mut Func, stages: u32) -> I32 {
-        f.typed(format!("udiv i32 {}, {stages}", self.j))
+        f.udiv(&self.j, &i32c(stages))
     }
 
     /// The phase parity the slot's full barrier completes when this slice has landed.
     pub(super) fn full_phase(f: &mut Func, round: &I32) -> I32 {
-        f.typed(format!("and i32 {round}, 1"))
+        f.and(round, &i32c(1))
     }
 
     /// The phase parity of the slot's empty barrier that the previous round's consumers
     /// complete (the slot is free to refill).
     pub(super) fn empty_phase(f: &mut Func, round: &I32) -> I32 {
-        let next = f.typed::<I32>(format!("add i32 {round}, 1"));
-        f.typed(format!("and i32 {next}, 1"))
+        let next = f.add(round, &i32c(1));
+        f.and(&next, &i32c(1))
     }
 }
 
@@ -89,21 +90,21 @@ impl Gen<'_> {
     /// The ring's kernel-wide values for `feed`.
     pub(super) fn ring(&self, f: &mut Func, feed: Feed) -> Ring {
         let ks = self.c.k_step();
-        let smem = f.typed("ptrtoint ptr addrspace(3) @fs_smem to i32");
-        let ks_up = f.add("%dim", &(ks - 1).to_string());
-        let ktiles = f.typed(format!("udiv i32 {ks_up}, {ks}"));
+        let smem = f.shared_addr(&SMEM);
+        let ks_up = f.add(&arg::DIM, &i32c(ks - 1));
+        let ktiles = f.udiv(&ks_up, &i32c(ks));
         let aligned = matches!(feed, Feed::CpAsync { .. }).then(|| {
             // cp.async needs 16-byte aligned global chunks: rows of D·2 bytes with D % 8 == 0
             // and 16-byte aligned bases. Otherwise the same ring is filled by predicated
             // 2-byte loads.
-            let d7 = f.v("and i32 %dim, 7");
-            let d_ok = f.v(format!("icmp eq i32 {d7}, 0"));
-            let hi = f.v("ptrtoint ptr addrspace(1) %hidden to i64");
-            let wi = f.v("ptrtoint ptr addrspace(1) %weights to i64");
-            let hw = f.v(format!("or i64 {hi}, {wi}"));
-            let hw = f.v(format!("and i64 {hw}, 15"));
-            let p_ok = f.v(format!("icmp eq i64 {hw}, 0"));
-            I1::raw(f.and1(&d_ok, &p_ok))
+            let d7 = f.and(&arg::DIM, &i32c(7));
+            let d_ok = f.icmp(Icmp::Eq, &d7, &i32c(0));
+            let hi: I64 = f.ptrtoint(&arg::HIDDEN);
+            let wi: I64 = f.ptrtoint(&arg::WEIGHTS);
+            let hw = f.or(&hi, &wi);
+            let hw = f.and(&hw, &I64::c(15));
+            let p_ok = f.icmp(Icmp::Eq, &hw, &I64::c(0));
+            f.and(&d_ok, &p_ok)
         });
         Ring { feed, smem, ktiles, aligned }
     }
@@ -111,30 +112,30 @@ impl Gen<'_> {
     /// The first [`GpuConfig::prefetch_depth`](crate::GpuConfig::prefetch_depth) slices of
     /// item `it` (only where `valid`, if given). The `cp.async` feed always commits that many
     /// groups, so the group counting stays static.
-    pub(super) fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&str>) {
+    pub(super) fn prologue(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, valid: Option<&I1>) {
         let depth = self.c.prefetch_depth();
         match ring.feed {
             Feed::Tma { .. } => {
-                let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
+                let t0 = f.icmp(Icmp::Eq, &th.tid, &i32c(0));
                 let go = match valid {
-                    Some(v) => f.and1(&t0, v),
+                    Some(v) => f.and(&t0, v),
                     None => t0,
                 };
                 f.if_then(&go, |f| {
                     for s in 0..depth {
-                        let in_range = f.ult(&s.to_string(), ring.ktiles.text());
-                        f.if_then(&in_range, |f| self.tma_issue(f, it, ring, &s.to_string()));
+                        let in_range = f.icmp(Icmp::Ult, &i32c(s), &ring.ktiles);
+                        f.if_then(&in_range, |f| self.tma_issue(f, it, ring, &i32c(s)));
                     }
                 });
             }
             Feed::CpAsync { .. } => {
                 for s in 0..depth {
-                    let in_range = f.ult(&s.to_string(), ring.ktiles.text());
+                    let in_range = f.icmp(Icmp::Ult, &i32c(s), &ring.ktiles);
                     let go = match valid {
-                        Some(v) => f.and1(&in_range, v),
+                        Some(v) => f.and(&in_range, v),
                         None => in_range,
                     };
-                    f.if_then(&go, |f| self.load_stage(f, th, it, ring, &s.to_string(), &s.to_string()));
+                    f.if_then(&go, |f| self.load_stage(f, th, it, ring, &i32c(s), &i32c(s)));
                     ptx::cp_async_commit(f);
                 }
             }
@@ -146,9 +147,9 @@ impl Gen<'_> {
         match ring.feed {
             Feed::CpAsync { .. } => ItemRing { j0: None, lane0: None, tid0: None },
             Feed::Tma { producer_warp } => {
-                let j0 = f.mul32(&i32v(&it.seq), &ring.ktiles);
-                let lane0 = f.typed(format!("icmp eq i32 {}, 0", th.lane));
-                let tid0 = (!producer_warp).then(|| f.typed(format!("icmp eq i32 {}, 0", th.tid)));
+                let j0 = f.mul(&it.seq, &ring.ktiles);
+                let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
+                let tid0 = (!producer_warp).then(|| f.icmp(Icmp::Eq, &th.tid, &i32c(0)));
                 ItemRing { j0: Some(j0), lane0: Some(lane0), tid0 }
             }
         }
@@ -158,7 +159,7 @@ impl Gen<'_> {
     /// slot. `cp.async`: this thread's groups up to slice `kt`, then a CTA barrier (which also
     /// proves that every warp is done reading the slot the next refill overwrites); TMA: the
     /// slot's full mbarrier, no CTA barrier.
-    pub(super) fn wait_full(&self, f: &mut Func, ring: &Ring, item: &ItemRing, kt: &str) -> Full {
+    pub(super) fn wait_full(&self, f: &mut Func, ring: &Ring, item: &ItemRing, kt: &I32) -> Full {
         let stages = self.c.stages();
         match ring.feed {
             Feed::CpAsync { wgmma } => {
@@ -171,7 +172,7 @@ impl Gen<'_> {
                 Full { slot: None }
             }
             Feed::Tma { .. } => {
-                let state = PipelineState { j: f.add32(item.j0.as_ref().expect("TMA item"), &i32v(kt)) };
+                let state = PipelineState { j: f.add(item.j0.as_ref().expect("TMA item"), kt) };
                 let slot = state.slot(f, stages);
                 let round = state.round(f, stages);
                 let phase = PipelineState::full_phase(f, &round);
@@ -183,23 +184,23 @@ impl Gen<'_> {
     }
 
     /// The slot of slice `kt`, which [`Gen::wait_full`] waited for.
-    pub(super) fn slot(&self, f: &mut Func, full: Full, kt: &str) -> I32 {
+    pub(super) fn slot(&self, f: &mut Func, full: Full, kt: &I32) -> I32 {
         match full.slot {
             Some(slot) => slot,
-            None => PipelineState { j: i32v(kt) }.slot(f, self.c.stages()),
+            None => PipelineState { j: kt.clone() }.slot(f, self.c.stages()),
         }
     }
 
     /// After this warpgroup's MMAs of slice `kt − 1` completed: TMA: each warp releases that
     /// slice's slot (one arrival on its empty barrier). `cp.async`: nothing, the next
     /// [`Gen::wait_full`]'s barrier releases it.
-    pub(super) fn release(&self, f: &mut Func, ring: &Ring, item: &ItemRing, kt: &str) {
+    pub(super) fn release(&self, f: &mut Func, ring: &Ring, item: &ItemRing, kt: &I32) {
         if let Feed::Tma { .. } = ring.feed {
-            let started = f.v(format!("icmp ugt i32 {kt}, 0"));
-            let release = f.and1(&started, item.lane0.as_ref().expect("TMA item").text());
+            let started = f.icmp(Icmp::Ugt, kt, &i32c(0));
+            let release = f.and(&started, item.lane0.as_ref().expect("TMA item"));
             f.if_then(&release, |f| {
-                let j = f.add(item.j0.as_ref().expect("TMA item").text(), kt);
-                let prev = f.v(format!("add i32 {j}, -1"));
+                let j = f.add(item.j0.as_ref().expect("TMA item"), kt);
+                let prev = f.add(&j, &i32c(-1));
                 self.release_slot(f, ring, &prev);
             });
         }
@@ -209,23 +210,23 @@ impl Gen<'_> {
     /// `kt + prefetch_depth` (every thread, and a commit either way so the group counting
     /// stays static); TMA: thread 0 issues slice `kt + stages − 1` once every warp released
     /// its slot; with a producer warp, nothing (it refills on its own).
-    pub(super) fn refill(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, item: &ItemRing, kt: &str) {
+    pub(super) fn refill(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, item: &ItemRing, kt: &I32) {
         let c = self.c;
         match ring.feed {
             Feed::CpAsync { .. } => {
-                let pf = f.add(kt, &c.prefetch_depth().to_string());
-                let pf_ok = f.ult32(&i32v(&pf), &ring.ktiles);
-                f.if_then(pf_ok.text(), |f| {
-                    let slot = f.v(format!("urem i32 {pf}, {}", c.stages()));
+                let pf = f.add(kt, &i32c(c.prefetch_depth()));
+                let pf_ok = f.icmp(Icmp::Ult, &pf, &ring.ktiles);
+                f.if_then(&pf_ok, |f| {
+                    let slot = f.urem(&pf, &i32c(c.stages()));
                     self.load_stage(f, th, it, ring, &pf, &slot);
                 });
                 ptx::cp_async_commit(f);
             }
             Feed::Tma { producer_warp: true } => {}
             Feed::Tma { producer_warp: false } => {
-                let next = f.add(kt, &(c.stages() - 1).to_string());
-                let more = f.ult(&next, ring.ktiles.text());
-                let go = f.and1(&more, item.tid0.as_ref().expect("TMA item").text());
+                let next = f.add(kt, &i32c(c.stages() - 1));
+                let more = f.icmp(Icmp::Ult, &next, &ring.ktiles);
+                let go = f.and(&more, item.tid0.as_ref().expect("TMA item"));
                 f.if_then(&go, |f| self.tma_issue(f, it, ring, &next));
             }
         }
@@ -237,9 +238,9 @@ impl Gen<'_> {
         match ring.feed {
             Feed::CpAsync { .. } => ptx::cp_async_wait(f, 0),
             Feed::Tma { .. } => {
-                f.if_then(item.lane0.as_ref().expect("TMA item").text(), |f| {
-                    let j = f.add32(item.j0.as_ref().expect("TMA item"), &ring.ktiles);
-                    let last = f.v(format!("add i32 {j}, -1"));
+                f.if_then(item.lane0.as_ref().expect("TMA item"), |f| {
+                    let j = f.add(item.j0.as_ref().expect("TMA item"), &ring.ktiles);
+                    let last = f.add(&j, &i32c(-1));
                     self.release_slot(f, ring, &last);
                 });
             }
@@ -249,24 +250,24 @@ impl Gen<'_> {
     /// Shared addresses of ring slot `slot`'s full and empty mbarriers.
     fn mbarriers(&self, f: &mut Func, ring: &Ring, slot: &I32) -> (SharedAddr, SharedAddr) {
         let layout = self.c.smem_layout();
-        let base = f.shared_offset(&ring.smem, &i32v(&layout.mbarriers.to_string()));
-        let s8 = f.typed::<I32>(format!("shl i32 {slot}, 3"));
+        let base = f.shared_offset(&ring.smem, &i32c(layout.mbarriers));
+        let s8 = f.shl(slot, &i32c(3));
         let full = f.shared_offset(&base, &s8);
-        let empty = f.shared_offset(&full, &i32v(&(layout.empty_barriers() - layout.mbarriers).to_string()));
+        let empty = f.shared_offset(&full, &i32c(layout.empty_barriers() - layout.mbarriers));
         (full, empty)
     }
 
     /// This warp is done reading (global) slice `j`'s slot: one arrival on its empty barrier.
-    fn release_slot(&self, f: &mut Func, ring: &Ring, j: &str) {
-        let slot = PipelineState { j: i32v(j) }.slot(f, self.c.stages());
+    fn release_slot(&self, f: &mut Func, ring: &Ring, j: &I32) {
+        let slot = PipelineState { j: j.clone() }.slot(f, self.c.stages());
         let (_, empty) = self.mbarriers(f, ring, &slot);
         ptx::mbarrier_arrive(f, &empty);
     }
 
     /// With ping-pong: the mainloop-done mbarrier of consumer set `set` (after the slots').
-    pub(super) fn mainloop_done(&self, f: &mut Func, ring: &Ring, set: &str) -> SharedAddr {
-        let base = f.shared_offset(&ring.smem, &i32v(&self.c.smem_layout().mainloop_done_barriers().to_string()));
-        let s8 = f.typed::<I32>(format!("shl i32 {set}, 3"));
+    pub(super) fn mainloop_done(&self, f: &mut Func, ring: &Ring, set: &I32) -> SharedAddr {
+        let base = f.shared_offset(&ring.smem, &i32c(self.c.smem_layout().mainloop_done_barriers()));
+        let s8 = f.shl(set, &i32c(3));
         f.shared_offset(&base, &s8)
     }
 
@@ -274,16 +275,16 @@ impl Gen<'_> {
     /// (plus the stage's transaction bytes), empty one arrival per warp; with ping-pong each
     /// set's mainloop-done barrier one arrival per warp of the set.
     pub(super) fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
-        let t0 = f.v(format!("icmp eq i32 {}, 0", th.tid));
+        let t0 = f.icmp(Icmp::Eq, &th.tid, &i32c(0));
         f.if_then(&t0, |f| {
             let mut bars = Vec::new();
             for s in 0..self.c.stages() {
-                let (full, empty) = self.mbarriers(f, ring, &i32v(&s.to_string()));
+                let (full, empty) = self.mbarriers(f, ring, &i32c(s));
                 bars.extend([(full, 1), (empty, self.c.warps)]);
             }
             if self.c.is_pingpong() {
-                for set in ["0", "1"] {
-                    bars.push((self.mainloop_done(f, ring, set), self.c.warps));
+                for set in 0..2 {
+                    bars.push((self.mainloop_done(f, ring, &i32c(set)), self.c.warps));
                 }
             }
             for (bar, count) in bars {
@@ -306,35 +307,35 @@ impl Gen<'_> {
     /// W row `v0 + 32(4G + k) + 4g + 2h + e`. So a slice is one 16 KB box per warpgroup. The H map (2-d, at
     /// `%tmaps + 128`) gives one `{64, batch_tile}` box. Rows past V or B and k past D are
     /// zero-filled by the TMA and still count towards the stage's bytes.
-    pub(super) fn tma_issue(&self, f: &mut Func, it: &Item, ring: &Ring, kt: &str) {
+    pub(super) fn tma_issue(&self, f: &mut Func, it: &Item, ring: &Ring, kt: &I32) {
         let c = self.c;
         let layout = c.smem_layout();
         let stages = c.stages();
-        let j0 = f.mul32(&i32v(&it.seq), &ring.ktiles);
-        let state = PipelineState { j: f.add32(&j0, &i32v(kt)) };
+        let j0 = f.mul(&it.seq, &ring.ktiles);
+        let state = PipelineState { j: f.add(&j0, kt) };
         let slot = state.slot(f, stages);
         let (full, empty) = self.mbarriers(f, ring, &slot);
-        let reuse = f.v(format!("icmp uge i32 {}, {stages}", state.j));
+        let reuse = f.icmp(Icmp::Uge, &state.j, &i32c(stages));
         f.if_then(&reuse, |f| {
             let round = state.round(f, stages);
             let phase = PipelineState::empty_phase(f, &round);
             ptx::mbarrier_wait(f, &empty, &phase);
         });
         ptx::mbarrier_arrive_expect_tx(f, &full, layout.slot_bytes);
-        let slot_off = f.mul32(&slot, &i32v(&layout.slot_bytes.to_string()));
+        let slot_off = f.mul(&slot, &i32c(layout.slot_bytes));
         let dst0 = f.shared_offset(&ring.smem, &slot_off);
-        let k0 = f.typed::<I32>(format!("mul i32 {kt}, {}", c.k_step()));
-        let maps = f.v("addrspacecast ptr addrspace(1) %tmaps to ptr");
-        let w_map = f.typed(format!("ptrtoint ptr {maps} to i64"));
-        let h_map = f.typed(format!("add i64 {w_map}, 128"));
-        let blk0 = f.typed::<I32>(format!("lshr i32 {}, 5", it.v0));
+        let k0 = f.mul(kt, &i32c(c.k_step()));
+        let maps = f.generic_ptr(&arg::TMAPS);
+        let w_map: I64 = f.ptrtoint::<Generic, _>(&maps);
+        let h_map = f.add(&w_map, &I64::c(128));
+        let blk0 = f.lshr(&it.v0, &i32c(5));
         for grp in 0..c.warps / 4 {
-            let blk = f.add32(&blk0, &i32v(&(4 * grp).to_string()));
-            let dst = f.shared_offset(&dst0, &i32v(&(grp * 128 * 128).to_string()));
+            let blk = f.add(&blk0, &i32c(4 * grp));
+            let dst = f.shared_offset(&dst0, &i32c(grp * 128 * 128));
             ptx::tma_load_5d(f, &dst, &w_map, &k0, &blk, &full);
         }
-        let dst = f.shared_offset(&dst0, &i32v(&layout.h_tile.to_string()));
-        ptx::tma_load_2d(f, &dst, &h_map, &k0, &i32v(&it.b0), &full);
+        let dst = f.shared_offset(&dst0, &i32c(layout.h_tile));
+        ptx::tma_load_2d(f, &dst, &h_map, &k0, &it.b0, &full);
     }
 
     /// Issues slice `kt` of item `it` into ring slot `slot` (no commit).
@@ -344,7 +345,7 @@ impl Gen<'_> {
     /// stored at chunk `c ^ s(r)` with `s(r) = (r >> 2) & 7` for W and `r & 7` for H, so the 8
     /// row addresses of every ldmatrix phase (W rows 4g + const, H rows n..n+7) fall in 8
     /// distinct bank groups.
-    fn load_stage(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, kt: &str, slot: &str) {
+    fn load_stage(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, kt: &I32, slot: &I32) {
         let c = self.c;
         let ks = c.k_step();
         let cpr = ks / 8; // 16-byte chunks per row
@@ -352,96 +353,81 @@ impl Gen<'_> {
         let w_tile_bytes = c.vocab_tile * row_bytes;
         let stage_bytes = c.smem_layout().slot_bytes;
         let smem = &ring.smem;
-        let kbase = f.mul(kt, &ks.to_string());
-        let slot_off = f.mul(slot, &stage_bytes.to_string());
+        let kbase = f.mul(kt, &i32c(ks));
+        let slot_off = f.mul(slot, &i32c(stage_bytes));
         let chunks = |f: &mut Func, asynchronous: bool| {
             for (is_w, rows, tile_off, base_row, limit, ptr) in [
-                (true, c.vocab_tile, 0, &it.v0, "%vocab", "%weights"),
-                (
-                    false,
-                    c.batch_tile,
-                    w_tile_bytes,
-                    &it.b0,
-                    "%batch",
-                    "%hidden",
-                ),
+                (true, c.vocab_tile, 0, &it.v0, &arg::VOCAB, &arg::WEIGHTS),
+                (false, c.batch_tile, w_tile_bytes, &it.b0, &arg::BATCH, &arg::HIDDEN),
             ] {
                 let n_chunks = rows * cpr;
                 let nthr = c.block_threads();
                 for u in 0..n_chunks.div_ceil(nthr) {
-                    let i = f.add(&th.tid, &(u * nthr).to_string());
+                    let i = f.add(&th.tid, &i32c(u * nthr));
                     let body = |f: &mut Func| {
-                        let row = f.v(format!("lshr i32 {i}, {}", cpr.trailing_zeros()));
-                        let cc = f.v(format!("and i32 {i}, {}", cpr - 1));
+                        let row = f.lshr(&i, &i32c(cpr.trailing_zeros()));
+                        let cc = f.and(&i, &i32c(cpr - 1));
                         // wgmma: W row `row` sits at shared row `at` of the warpgroup's
                         // m64 operands, swizzled by the 128-byte mode (`at & 7`).
                         let at = if is_w && c.uses_wgmma() { self.wgmma_smem_row(f, &row) } else { row.clone() };
-                        let s = if is_w && !c.uses_wgmma() {
-                            f.v(format!("lshr i32 {row}, 2"))
-                        } else {
-                            at.clone()
-                        };
-                        let s = f.v(format!("and i32 {s}, 7"));
-                        let sw = f.v(format!("xor i32 {cc}, {s}"));
-                        let ro = f.mul(&at, &row_bytes.to_string());
-                        let so = f.v(format!("shl i32 {sw}, 4"));
+                        let s = if is_w && !c.uses_wgmma() { f.lshr(&row, &i32c(2)) } else { at.clone() };
+                        let s = f.and(&s, &i32c(7));
+                        let sw = f.xor(&cc, &s);
+                        let ro = f.mul(&at, &i32c(row_bytes));
+                        let so = f.shl(&sw, &i32c(4));
                         let dst = f.add(&slot_off, &ro);
                         let dst = f.add(&dst, &so);
-                        let dst = f.add(&dst, &tile_off.to_string());
+                        let dst = f.add(&dst, &i32c(tile_off));
                         let gr = f.add(base_row, &row);
-                        let row_ok = f.ult(&gr, limit);
-                        let c8 = f.v(format!("shl i32 {cc}, 3"));
+                        let row_ok = f.icmp(Icmp::Ult, &gr, limit);
+                        let c8 = f.shl(&cc, &i32c(3));
                         let k = f.add(&kbase, &c8);
-                        let gr64 = f.zext64(&gr);
-                        let d64 = f.zext64("%dim");
-                        let row_elem = f.v(format!("mul i64 {gr64}, {d64}"));
+                        let gr64: I64 = f.zext(&gr);
+                        let d64: I64 = f.zext(&arg::DIM);
+                        let row_elem = f.mul(&gr64, &d64);
                         if asynchronous {
-                            let k_ok = f.ult(&k, "%dim");
-                            let ok = f.and1(&row_ok, &k_ok);
+                            let k_ok = f.icmp(Icmp::Ult, &k, &arg::DIM);
+                            let ok = f.and(&row_ok, &k_ok);
                             // The chunk's row pointer does not depend on the slice, so LLVM
                             // hoists it out of the k loop; a slice adds its byte offset (one
                             // 64-bit add per chunk) and only the final pointer is selected.
-                            let c64 = f.zext64(&c8);
-                            let e = f.v(format!("add i64 {row_elem}, {c64}"));
+                            let c64 = f.zext(&c8);
+                            let e = f.add(&row_elem, &c64);
                             let row_ptr = f.gaddr(ptr, &e, 2);
-                            let kb = f.zext64(&kbase);
-                            let kb = f.v(format!("shl i64 {kb}, 1"));
-                            let src = f.v(format!("getelementptr i8, ptr addrspace(1) {row_ptr}, i64 {kb}"));
-                            let src = f.sel("ptr addrspace(1)", &ok, &src, ptr);
-                            let d32 = f.shared_offset(smem, &i32v(&dst));
+                            let kb: I64 = f.zext(&kbase);
+                            let kb = f.shl(&kb, &I64::c(1));
+                            let src = f.byte_offset(&row_ptr, &kb);
+                            let src = f.sel(&ok, &src, ptr);
+                            let d32 = f.shared_offset(smem, &dst);
                             // src-size 0 zero-fills the chunk: rows past V or B, k past D.
-                            let size = f.sel("i32", &ok, "16", "0");
-                            ptx::cp_async_16(f, &d32, &Ptr::raw(src), &i32v(&size));
+                            let size = f.sel(&ok, &i32c(16), &i32c(0));
+                            ptx::cp_async_16(f, &d32, &src, &size);
                         } else {
                             let mut halves = Vec::new();
                             for e in 0..8 {
-                                let ke = f.add(&k, &e.to_string());
-                                let k_ok = f.ult(&ke, "%dim");
-                                let ok = f.and1(&row_ok, &k_ok);
-                                let k64 = f.zext64(&ke);
-                                let ix = f.v(format!("add i64 {row_elem}, {k64}"));
-                                let ix = f.sel("i64", &ok, &ix, "0");
+                                let ke = f.add(&k, &i32c(e));
+                                let k_ok = f.icmp(Icmp::Ult, &ke, &arg::DIM);
+                                let ok = f.and(&row_ok, &k_ok);
+                                let k64 = f.zext(&ke);
+                                let ix = f.add(&row_elem, &k64);
+                                let ix = f.sel(&ok, &ix, &I64::c(0));
                                 let a = f.gaddr(ptr, &ix, 2);
-                                let v = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
-                                let v = f.sel("i16", &ok, &v, "0");
-                                halves.push(f.v(format!("zext i16 {v} to i32")));
+                                let v: I16 = f.load(&a, 2);
+                                let v = f.sel(&ok, &v, &I16::c(0));
+                                halves.push(f.zext::<I16, I32>(&v));
                             }
-                            let mut vec = "undef".to_string();
+                            let mut vec = X4::<I32>::UNDEF;
                             for w in 0..4 {
-                                let hi = f.v(format!("shl i32 {}, 16", halves[2 * w + 1]));
-                                let word = f.v(format!("or i32 {}, {hi}", halves[2 * w]));
-                                vec = f.v(format!(
-                                    "insertelement <4 x i32> {vec}, i32 {word}, i32 {w}"
-                                ));
+                                let hi = f.shl(&halves[2 * w + 1], &i32c(16));
+                                let word = f.or(&halves[2 * w], &hi);
+                                vec = f.insert_lane(&vec, &word, w as u32);
                             }
-                            let sa = f.saddr("@fs_smem", &dst);
-                            f.s(format!(
-                                "store <4 x i32> {vec}, ptr addrspace(3) {sa}, align 16"
-                            ));
+                            let sa = f.saddr(&SMEM, &dst);
+                            f.store(&vec, &sa, 16);
                         }
                     };
                     if (u + 1) * nthr > n_chunks {
-                        let inr = f.ult(&i, &n_chunks.to_string());
+                        let inr = f.icmp(Icmp::Ult, &i, &i32c(n_chunks));
                         f.if_then(&inr, body);
                     } else {
                         body(f);
@@ -450,6 +436,6 @@ impl Gen<'_> {
             }
         };
         let aligned = ring.aligned.as_ref().expect("the cp.async ring checks alignment");
-        f.if_else(aligned.text(), |f| chunks(f, true), |f| chunks(f, false));
+        f.if_else(aligned, |f| chunks(f, true), |f| chunks(f, false));
     }
 }

@@ -2,27 +2,28 @@
 //! pairs with FMAs straight from global memory (L1-cached), any dtypes, any D. No ring.
 
 use super::{Gen, Item, Thread};
-use crate::ir::{Func, Var};
+use crate::ir::{i32c, Func, Global, Icmp, Ptr, F16, F32, I16, I32, I64};
+use crate::params::arg;
 use flashsample_ir::DType;
 
 /// Loads one element of a `dtype` matrix at element index `index64` and widens it to f32.
-pub(crate) fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -> String {
+pub(crate) fn load_elem(f: &mut Func, base: &Ptr<Global>, index64: &I64, dtype: DType) -> F32 {
     match dtype {
         DType::F32 => {
             let a = f.gaddr(base, index64, 4);
-            f.v(format!("load float, ptr addrspace(1) {a}, align 4"))
+            f.load(&a, 4)
         }
         DType::BF16 => {
             let a = f.gaddr(base, index64, 2);
-            let h = f.v(format!("load i16, ptr addrspace(1) {a}, align 2"));
-            let w = f.v(format!("zext i16 {h} to i32"));
-            let s = f.v(format!("shl i32 {w}, 16"));
-            f.v(format!("bitcast i32 {s} to float"))
+            let h: I16 = f.load(&a, 2);
+            let w: I32 = f.zext(&h);
+            let s = f.shl(&w, &i32c(16));
+            f.bitcast(&s)
         }
         DType::F16 => {
             let a = f.gaddr(base, index64, 2);
-            let h = f.v(format!("load half, ptr addrspace(1) {a}, align 2"));
-            f.v(format!("fpext half {h} to float"))
+            let h: F16 = f.load(&a, 2);
+            f.fpext(&h)
         }
     }
 }
@@ -30,53 +31,51 @@ pub(crate) fn load_elem(f: &mut Func, base: &str, index64: &str, dtype: DType) -
 impl Gen<'_> {
     /// SIMT: each thread accumulates its own (token, column) pairs straight from global
     /// memory (L1-cached), any dtypes, any D.
-    pub(super) fn simt_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<String> {
-        let acc: Vec<Var> = (0..self.acc_count())
-            .map(|_| f.var("float", "0.0"))
-            .collect();
-        let dim64 = f.zext64("%dim");
-        let warp_base = f.mul(&th.warp, &self.warp_rows().to_string());
-        let g4 = f.v(format!("shl i32 {}, 2", th.g));
+    pub(super) fn simt_mainloop(&self, f: &mut Func, th: &Thread, it: &Item) -> Vec<F32> {
+        let acc: Vec<_> = (0..self.acc_count()).map(|_| f.var(&F32::ZERO)).collect();
+        let dim64: I64 = f.zext(&arg::DIM);
+        let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
+        let g4 = f.shl(&th.g, &i32c(2));
         let mut w_rows = Vec::new();
         for p in 0..self.quads {
             for o in 0..4 {
                 let v = f.add(&it.v0, &warp_base);
-                let v = f.add(&v, &(p * 32 + o).to_string());
+                let v = f.add(&v, &i32c(p * 32 + o));
                 let v = f.add(&v, &g4);
-                let ok = f.ult(&v, "%vocab");
+                let ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
                 // Out-of-range rows read row 0; their logits are excluded in the epilogue.
-                let ve = f.sel("i32", &ok, &v, "0");
-                let ve = f.zext64(&ve);
-                w_rows.push(f.v(format!("mul i64 {ve}, {dim64}")));
+                let ve = f.sel(&ok, &v, &i32c(0));
+                let ve: I64 = f.zext(&ve);
+                w_rows.push(f.mul(&ve, &dim64));
             }
         }
-        let t2 = f.v(format!("shl i32 {}, 1", th.t));
+        let t2 = f.shl(&th.t, &i32c(1));
         let mut h_rows = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
-                let r = f.add(&it.b0, &(n * 8 + j).to_string());
+                let r = f.add(&it.b0, &i32c(n * 8 + j));
                 let r = f.add(&r, &t2);
-                let ok = f.ult(&r, "%batch");
-                let re = f.sel("i32", &ok, &r, "0");
-                let re = f.zext64(&re);
-                h_rows.push(f.v(format!("mul i64 {re}, {dim64}")));
+                let ok = f.icmp(Icmp::Ult, &r, &arg::BATCH);
+                let re = f.sel(&ok, &r, &i32c(0));
+                let re: I64 = f.zext(&re);
+                h_rows.push(f.mul(&re, &dim64));
             }
         }
         let (wd, hd) = (self.p.weights.dtype, self.p.hidden.dtype);
-        f.for_loop("0", "%dim", "1", |f, k| {
-            let k64 = f.zext64(k);
-            let w: Vec<String> = w_rows
+        f.for_loop(&i32c(0), &arg::DIM, &i32c(1), |f, k| {
+            let k64: I64 = f.zext(k);
+            let w: Vec<F32> = w_rows
                 .iter()
                 .map(|row| {
-                    let i = f.v(format!("add i64 {row}, {k64}"));
-                    load_elem(f, "%weights", &i, wd)
+                    let i = f.add(row, &k64);
+                    load_elem(f, &arg::WEIGHTS, &i, wd)
                 })
                 .collect();
-            let h: Vec<String> = h_rows
+            let h: Vec<F32> = h_rows
                 .iter()
                 .map(|row| {
-                    let i = f.v(format!("add i64 {row}, {k64}"));
-                    load_elem(f, "%hidden", &i, hd)
+                    let i = f.add(row, &k64);
+                    load_elem(f, &arg::HIDDEN, &i, hd)
                 })
                 .collect();
             for p in 0..self.quads {
@@ -87,9 +86,7 @@ impl Gen<'_> {
                             let cur = f.get(a);
                             let wv = &w[(p * 4 + o) as usize];
                             let hv = &h[(n * 2 + j) as usize];
-                            let nv = f.v(format!(
-                                "call float @llvm.fma.f32(float {wv}, float {hv}, float {cur})"
-                            ));
+                            let nv = f.call("@llvm.fma.f32", &[wv, hv, &cur]);
                             f.set(a, &nv);
                         }
                     }

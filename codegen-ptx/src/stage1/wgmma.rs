@@ -7,7 +7,7 @@
 use super::ring::Ring;
 use super::{Gen, Item, Thread};
 use crate::config::Schedule;
-use crate::ir::{i32c, Func, Value, Var, F32, I64};
+use crate::ir::{i32c, Func, Int, Var, F32, I32, I64};
 use crate::ptx;
 use flashsample_ir::DType;
 
@@ -27,7 +27,7 @@ impl Gen<'_> {
     /// `own_prologue`: issue this item's prologue here (false when the previous item's
     /// epilogue already did, [`GpuConfig::overlaps_epilogue`](crate::GpuConfig::overlaps_epilogue),
     /// or a producer warp does).
-    pub(super) fn wgmma_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<String> {
+    pub(super) fn wgmma_mainloop(&self, f: &mut Func, th: &Thread, it: &Item, ring: &Ring, own_prologue: bool) -> Vec<F32> {
         let c = self.c;
         let n = c.batch_tile;
         let per = n / 2; // f32 accumulators of one m64nN operand per thread
@@ -37,46 +37,46 @@ impl Gen<'_> {
             DType::F16 => "f16",
             _ => "bf16",
         };
-        let acc: Vec<Var> = (0..mtiles * per).map(|_| f.var("float", "0.0")).collect();
+        let acc: Vec<_> = (0..mtiles * per).map(|_| f.var(&F32::ZERO)).collect();
         if own_prologue {
             self.prologue(f, th, it, ring, None);
         }
-        let grp = f.v(format!("lshr i32 {}, 2", th.warp));
+        let grp = f.lshr(&th.warp, &i32c(2));
         // The warpgroup's first m64 operand, in descriptor units (16 bytes).
-        let a_grp = f.mul(&grp, &(mtiles * 64 * 128 / 16).to_string());
-        let a_grp = f.zext64(&a_grp);
+        let a_grp = f.mul(&grp, &i32c(mtiles * 64 * 128 / 16));
+        let a_grp: I64 = f.zext(&a_grp);
         // Descriptor: start address >> 4 (bits 0-13), leading byte offset 1 (unused by
         // swizzled K-major), stride byte offset 1024 >> 4 (8-row atoms, bits 32-45),
         // 128-byte swizzle (bits 62-63).
         const DESC: u64 = (1 << 16) | (64 << 32) | (1 << 62);
         // Every accumulator through one asm, so LLVM cannot move their uses across it.
         let through_all = |f: &mut Func, op: &dyn Fn(&mut Func, &[F32]) -> Vec<F32>| {
-            let vals: Vec<F32> = acc.iter().map(|a| F32::raw(f.get(a))).collect();
+            let vals: Vec<F32> = acc.iter().map(|a| f.get(a)).collect();
             for (a, v) in acc.iter().zip(op(f, &vals)) {
-                f.set(a, v.text());
+                f.set(a, &v);
             }
         };
         let item = self.begin_item(f, th, it, ring);
         let drain = matches!(c.schedule, Schedule::Wgmma { drain: true, .. });
-        f.for_loop("0", ring.ktiles.text(), "1", |f, kt| {
+        f.for_loop(&i32c(0), &ring.ktiles, &i32c(1), |f, kt| {
             let full = self.wait_full(f, ring, &item, kt);
             let slot = self.slot(f, full, kt);
-            let slot_off = f.mul32(&slot, &i32c(layout.slot_bytes));
+            let slot_off = f.mul(&slot, &i32c(layout.slot_bytes));
             let slot_addr = f.shared_offset(&ring.smem, &slot_off);
-            let s4 = f.v(format!("lshr i32 {slot_addr}, 4"));
-            let s4 = f.zext64(&s4);
-            let desc0 = f.v(format!("or i64 {s4}, {DESC}"));
-            let a_desc0 = f.v(format!("add i64 {desc0}, {a_grp}"));
+            let s4 = f.lshr(&slot_addr.bits(), &i32c(4));
+            let s4: I64 = f.zext(&s4);
+            let desc0 = f.or(&s4, &I64::c(DESC));
+            let a_desc0 = f.add(&desc0, &a_grp);
             through_all(f, &|f, acc| ptx::wgmma_fence(f, acc));
             for kk in 0..c.k_step() / 16 {
-                let db = f.typed::<I64>(format!("add i64 {desc0}, {}", (layout.h_tile + kk * 32) >> 4));
+                let db = f.add(&desc0, &I64::c((layout.h_tile + kk * 32) >> 4));
                 for mt in 0..mtiles {
-                    let da = f.typed::<I64>(format!("add i64 {a_desc0}, {}", (mt * 64 * 128 + kk * 32) >> 4));
+                    let da = f.add(&a_desc0, &I64::c((mt * 64 * 128 + kk * 32) >> 4));
                     let range = (mt * per) as usize..((mt + 1) * per) as usize;
-                    let vals: Vec<F32> = acc[range.clone()].iter().map(|a| F32::raw(f.get(a))).collect();
+                    let vals: Vec<F32> = acc[range.clone()].iter().map(|a| f.get(a)).collect();
                     let out = ptx::wgmma_m64k16(f, n, dtype, &da, &db, &vals);
                     for (a, v) in acc[range].iter().zip(out) {
-                        f.set(a, v.text());
+                        f.set(a, &v);
                     }
                 }
             }
@@ -99,26 +99,26 @@ impl Gen<'_> {
     /// the `mt`-th at shared rows `(G·2·quads + mt)·64`; in one, warp `k` of the group gets
     /// accumulator rows `16k + g` and `16k + g + 8`, which must hold the W rows the mma.sync
     /// path gives m tile `mt` of warp `4G + k`: `4g + 2(mt & 1)` (+1) of 32-row block `mt >> 1`.
-    pub(super) fn wgmma_smem_row(&self, f: &mut Func, r: &str) -> String {
-        let wr = self.warp_rows();
+    pub(super) fn wgmma_smem_row(&self, f: &mut Func, r: &I32) -> I32 {
+        let wr = i32c(self.warp_rows());
         let mtiles = self.quads * 2;
-        let w = f.v(format!("udiv i32 {r}, {wr}"));
-        let rem = f.v(format!("urem i32 {r}, {wr}"));
-        let k = f.v(format!("and i32 {w}, 3"));
-        let grp = f.v(format!("lshr i32 {w}, 2"));
-        let blk = f.v(format!("lshr i32 {rem}, 5"));
-        let q = f.v(format!("and i32 {rem}, 31"));
-        let g = f.v(format!("lshr i32 {q}, 2"));
-        let h = f.v(format!("lshr i32 {q}, 1"));
-        let h = f.v(format!("and i32 {h}, 1"));
-        let e = f.v(format!("and i32 {q}, 1"));
-        let mt = f.v(format!("shl i32 {blk}, 1"));
-        let mt = f.v(format!("or i32 {mt}, {h}"));
-        let op = f.mul(&grp, &mtiles.to_string());
+        let w = f.udiv(r, &wr);
+        let rem = f.urem(r, &wr);
+        let k = f.and(&w, &i32c(3));
+        let grp = f.lshr(&w, &i32c(2));
+        let blk = f.lshr(&rem, &i32c(5));
+        let q = f.and(&rem, &i32c(31));
+        let g = f.lshr(&q, &i32c(2));
+        let h = f.lshr(&q, &i32c(1));
+        let h = f.and(&h, &i32c(1));
+        let e = f.and(&q, &i32c(1));
+        let mt = f.shl(&blk, &i32c(1));
+        let mt = f.or(&mt, &h);
+        let op = f.mul(&grp, &i32c(mtiles));
         let op = f.add(&op, &mt);
-        let base = f.v(format!("shl i32 {op}, 6"));
-        let k16 = f.v(format!("shl i32 {k}, 4"));
-        let e8 = f.v(format!("shl i32 {e}, 3"));
+        let base = f.shl(&op, &i32c(6));
+        let k16 = f.shl(&k, &i32c(4));
+        let e8 = f.shl(&e, &i32c(3));
         let at = f.add(&base, &k16);
         let at = f.add(&at, &g);
         f.add(&at, &e8)
@@ -126,8 +126,8 @@ impl Gen<'_> {
 
     /// Fragment (m tile mt, n tile n, element i) → (quad, token, n tile, column); the same
     /// for mma.sync's m16n8 tiles and wgmma's m64nN operands (warp slices of 16 rows).
-    pub(super) fn fragments_to_accumulators(&self, f: &mut Func, acc: &[Var]) -> Vec<String> {
-        let mut out = vec![String::new(); self.acc_count()];
+    pub(super) fn fragments_to_accumulators(&self, f: &mut Func, acc: &[Var<F32>]) -> Vec<F32> {
+        let mut out = vec![F32::ZERO; self.acc_count()];
         for mt in 0..self.quads * 2 {
             for n in 0..self.ntiles {
                 for i in 0..4u32 {
