@@ -14,6 +14,7 @@ impl GpuConfig {
     /// | when | tile (vocab × batch, warps) | schedule | why |
     /// |---|---|---|---|
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
+    /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
     /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
     /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
     /// | B ≤ 16 | 128 × 16, 4 | mma.sync, 4 stages | |
@@ -78,8 +79,18 @@ impl GpuConfig {
             }
             c.validate(pipeline, limits).is_ok().then_some(c)
         };
+        // From B = 192 a list-free pipeline takes the 256 × 128 tile on the TMA ring: it
+        // streams W through L2 B/128 times and H V/256 times (the ping-pong 128-row tiles
+        // carry ~1.35× the L2 bytes, and stage one is L2-bound there). Lists would leave
+        // this tile too few stages; they keep the ping-pong rows below.
+        let wide = || {
+            let c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent });
+            (wgmma && pipeline.list_capacity() == 0 && GpuConfig::tma_fits(dim, vocab) && c.validate(pipeline, limits).is_ok())
+                .then_some(c)
+        };
         if let Some(c) = match batch {
             33..=191 => pingpong(64, 8),
+            192.. if wide().is_some() => wide(),
             // A pipeline's lists leave no room for three 128-column slots next to two
             // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
             192.. => pingpong(128, 6).or_else(|| pingpong(64, 8)),

@@ -862,13 +862,16 @@ fn heuristic_pairs_ctas_only_where_two_fit() {
 }
 
 #[test]
-fn heuristic_takes_pingpong_above_batch_32_where_the_maps_fit() {
+fn heuristic_takes_the_tma_ring_above_batch_32_where_the_maps_fit() {
     let h200 = GpuLimits::H200;
     for p in [greedy(DType::BF16), full(DType::BF16), filtered(DType::BF16)] {
         for (batch, batch_tile) in [(33, 64), (64, 64), (128, 64), (191, 64), (192, 128), (256, 128)] {
             let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
             c.validate(&p, &h200).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-            if p.list_capacity() == 0 {
+            if p.list_capacity() == 0 && batch >= 192 {
+                // List-free throughput batches: the 256 × 128 tile on the TMA ring.
+                assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent }, 256, 128), "B={batch}");
+            } else if p.list_capacity() == 0 {
                 let stages = if batch_tile == 64 { 8 } else { 6 };
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages, grid: GridKind::PingPong }, 128, batch_tile), "B={batch}");
             } else {
