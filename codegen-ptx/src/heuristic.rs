@@ -90,10 +90,9 @@ impl GpuConfig {
         };
         if let Some(c) = match batch {
             33..=191 => pingpong(64, 8),
-            192.. if wide().is_some() => wide(),
             // A pipeline's lists leave no room for three 128-column slots next to two
             // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
-            192.. => pingpong(128, 6).or_else(|| pingpong(64, 8)),
+            192.. => wide().or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
             _ => None,
         } {
             return c;
