@@ -6,13 +6,12 @@
 //!   tensor maps, encoded on the host per launch: they hold the operands' addresses).
 //! - `flashsample_greedy_flags`: `out[r] = all_greedy | (temperatures[r] == 0)`, what stage
 //!   three reads, from the caller's device temperatures.
-//! - `flashsample_finalize`: a sample of a row whose status is not ok becomes
-//!   `abi::INDEX_NONE` (a sample is never a token the kernels could not vouch for), and, when
-//!   asked, `logprob = logit − logsumexp[row]` (NaN for such rows).
+//! - `flashsample_finalize`: [`finish_sample`] for every sample, after stage three, the exact
+//!   nucleus or the decision (a launch whose last stage is stage two has stage two finish it).
 //!
 //! One module of sm_80 PTX serves every device (the driver JIT-compiles it).
 
-use crate::ir::{self, f32c, i32c, Fcmp, Func, Icmp, Value, F32, I1, I32, I64};
+use crate::ir::{self, f32c, i32c, Fcmp, Func, Global, Icmp, Ptr, Value, F32, I1, I32, I64};
 use crate::params::arg;
 use crate::params::{StoreWordsArgs, FINALIZE, GREEDY_FLAGS, STORE_WORDS};
 use crate::{ir_to_ptx, PtxError};
@@ -68,6 +67,46 @@ fn greedy_flags() -> String {
     f.finish(&GREEDY_FLAGS.llvm_header(GREEDY_FLAGS.kernel, &attrs()))
 }
 
+/// Where a launch's finishing step writes and reads: `flashsample_finalize`'s parameters, or
+/// stage two's own outputs when it is the launch's last stage (`Stage2Args::finish`).
+pub(crate) struct FinishOutputs<'a> {
+    /// `u32 [n]` the samples.
+    pub tokens: &'a Ptr<Global>,
+    /// `f32 [n]` the samples' logits.
+    pub logits: &'a Ptr<Global>,
+    /// `f32 [n]` the logprobs, or null for none.
+    pub logprobs: &'a Ptr<Global>,
+}
+
+/// The finishing rule for sample `i` of a row, written once for both places that apply it:
+/// a sample of a failed row becomes `abi::INDEX_NONE` (a sample is never a token the kernels
+/// could not vouch for) with a NaN logprob, and otherwise, with logprobs, `logit − lse` in f32.
+/// `row_lse` loads the row's logsumexp; it is called only when logprobs are written.
+pub(crate) fn finish_sample(f: &mut Func, i: &I64, failed: &I1, out: &FinishOutputs<'_>, row_lse: impl FnOnce(&mut Func) -> F32) {
+    let want_lp = f.non_null(out.logprobs);
+    f.if_else(
+        failed,
+        |f| {
+            let ta = f.gaddr(out.tokens, i, 4);
+            f.store(&i32c(INDEX_NONE as i32), &ta, 4);
+            f.if_then(&want_lp, |f| {
+                let la = f.gaddr(out.logprobs, i, 4);
+                f.store(&F32::NAN, &la, 4);
+            });
+        },
+        |f| {
+            f.if_then(&want_lp, |f| {
+                let xa = f.gaddr(out.logits, i, 4);
+                let x: F32 = f.load(&xa, 4);
+                let l = row_lse(f);
+                let lp = f.fsub(&x, &l);
+                let oa = f.gaddr(out.logprobs, i, 4);
+                f.store(&lp, &oa, 4);
+            });
+        },
+    );
+}
+
 fn finalize() -> String {
     let mut f = Func::new();
     let (i, live) = element(&mut f);
@@ -77,30 +116,12 @@ fn finalize() -> String {
         let i64 = f.zext(&i);
         let sa = f.gaddr(&arg::STATUS, &r64, 4);
         let st: I32 = f.load(&sa, 4);
-        let bad = f.icmp(Icmp::Ne, &st, &i32c(0));
-        let want_lp = f.non_null(&arg::LOGPROBS);
-        f.if_else(
-            &bad,
-            |f| {
-                let ta = f.gaddr(&arg::TOKENS, &i64, 4);
-                f.store(&i32c(INDEX_NONE as i32), &ta, 4);
-                f.if_then(&want_lp, |f| {
-                    let la = f.gaddr(&arg::LOGPROBS, &i64, 4);
-                    f.store(&F32::NAN, &la, 4);
-                });
-            },
-            |f| {
-                f.if_then(&want_lp, |f| {
-                    let xa = f.gaddr(&arg::LOGITS, &i64, 4);
-                    let x: F32 = f.load(&xa, 4);
-                    let la = f.gaddr(&arg::LSE, &r64, 4);
-                    let l = f.load(&la, 4);
-                    let lp = f.fsub(&x, &l);
-                    let oa = f.gaddr(&arg::LOGPROBS, &i64, 4);
-                    f.store(&lp, &oa, 4);
-                });
-            },
-        );
+        let failed = f.icmp(Icmp::Ne, &st, &i32c(0));
+        let out = FinishOutputs { tokens: &arg::TOKENS, logits: &arg::LOGITS, logprobs: &arg::LOGPROBS };
+        finish_sample(f, &i64, &failed, &out, |f| {
+            let la = f.gaddr(&arg::LSE, &r64, 4);
+            f.load(&la, 4)
+        });
     });
     f.ret_void();
     f.finish(&FINALIZE.llvm_header(FINALIZE.kernel, &attrs()))

@@ -8,6 +8,19 @@ use flashsample_ir::Pipeline;
 /// both LM-head shapes, BENCHMARKS.md).
 pub const HEURISTIC_STAGGER_US: u32 = 30;
 
+/// Whether a launch (or row chunk) of `batch` rows gives stage one the cross-tile row bounds
+/// of the noise skip (`Stage1Args::row_bounds`; exact either way). They save epilogue work,
+/// which pays only where the epilogue is on the critical path; a memory-bound launch gains
+/// nothing and pays the bounds' zeroing, one more operation per decode step:
+///
+/// | batch | row bounds | why |
+/// |---|---|---|
+/// | ≤ 64 | no | memory-bound: the skip took nothing off B = 64 |
+/// | > 64 | yes | compute-bound: 8–15 % off B = 256 / 512 |
+pub fn uses_row_bounds(batch: usize) -> bool {
+    batch > 64
+}
+
 impl GpuConfig {
     /// The fallback when no tuned config exists. First match wins:
     ///

@@ -227,6 +227,14 @@ kernel_params! {
         raw_lse: ConstPtr,
         /// `f32 [B]` the raw row logsumexp, or 0.
         out_raw_lse: MutPtr,
+        /// 1 when stage two is the launch's last stage (no stage three, exact nucleus or
+        /// decision): it then finishes the samples itself (`glue::finish_sample`: a failed
+        /// row's samples become `INDEX_NONE`, logprobs `logit − lse`), one kernel fewer than
+        /// `flashsample_finalize`; 0 leaves that to the finishing kernel.
+        finish: U32,
+        /// With `finish`: `f32 [B·S]` logprobs against the reported logsumexp (the raw one
+        /// when `raw_lse` is given), or 0 for none.
+        out_logprobs: MutPtr,
     }
 }
 
@@ -582,6 +590,7 @@ pub(crate) mod arg {
     DRAFTS: Ptr<Global> = "%drafts",
     DST: Ptr<Global> = "%dst",
     FILTERS: Ptr<Global> = "%filters",
+    FINISH: I32 = "%finish",
     GREEDY: Ptr<Global> = "%greedy",
     HIDDEN: Ptr<Global> = "%hidden",
     HIST: Ptr<Global> = "%hist",
@@ -604,8 +613,8 @@ pub(crate) mod arg {
     OUT: Ptr<Global> = "%out",
     OUT_ACCEPTED: Ptr<Global> = "%out_accepted",
     OUT_LOGITS: Ptr<Global> = "%out_logits",
-    OUT_LOGPROBS: Ptr<Global> = "%out_logprobs",
     OUT_LSE: Ptr<Global> = "%out_lse",
+    OUT_LOGPROBS: Ptr<Global> = "%out_logprobs",
     OUT_RAW_LSE: Ptr<Global> = "%out_raw_lse",
     OUT_SCORES: Ptr<Global> = "%out_scores",
     OUT_STATUS: Ptr<Global> = "%out_status",

@@ -2,10 +2,12 @@
 //! reduces the row's candidates over tiles (max score, ties to the lower index; any
 //! `INDEX_NONFINITE` tile → `RowStatus::NonFinite`; no candidate → `RowStatus::AllMasked`)
 //! and sums the logsumexp partials exactly (`abi::LseSum`): the processed ones and, in the raw
-//! logprob mode (DESIGN.md step 10), the raw logits' ones.
+//! logprob mode (DESIGN.md step 10), the raw logits' ones. As a launch's last stage it also
+//! finishes the samples (`glue::finish_sample`), in place of `flashsample_finalize`.
 
 use crate::config::STAGE2_THREADS;
 use crate::entries::{beats, Candidate, CandidateVar, CANDIDATE_BYTES};
+use crate::glue::{finish_sample, FinishOutputs};
 use crate::ir::{i32c, Fcmp, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I128, I32};
 use crate::lse::{self, Partial};
 use crate::params::{arg, STAGE2};
@@ -156,6 +158,27 @@ pub(crate) fn emit() -> String {
         row_logsumexp(f, &th, &status, (&arg::LSE, &arg::OUT_LSE), &proc_targets);
         // DESIGN.md step 10: the raw row logsumexp, from the raw logits' partials.
         row_logsumexp(f, &th, &status, (&arg::RAW_LSE, &arg::OUT_RAW_LSE), &I1::TRUE);
+
+        // The launch's last stage finishes its samples (`Stage2Args::finish`); thread 0 wrote
+        // the status and the logsumexp it reads, so program order makes them visible.
+        let finish = f.icmp(Icmp::Ne, &arg::FINISH, &i32c(0));
+        let finish = f.and(&finish, &tid0);
+        f.if_then(&finish, |f| {
+            let st = f.get(&status);
+            let failed = f.icmp(Icmp::Ne, &st, &i32c(RowStatus::Ok.code()));
+            let reported = f.sel(&raw_in, &arg::OUT_RAW_LSE, &arg::OUT_LSE);
+            let out = FinishOutputs { tokens: &arg::OUT_TOKENS, logits: &arg::OUT_LOGITS, logprobs: &arg::OUT_LOGPROBS };
+            let first = f.mul(&row, &arg::SAMPLES);
+            f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
+                let i = f.add(&first, s);
+                let i64 = f.zext(&i);
+                finish_sample(f, &i64, &failed, &out, |f| {
+                    let r64 = f.zext(&row);
+                    let a = f.gaddr(&reported, &r64, 4);
+                    f.load(&a, 4)
+                });
+            });
+        });
     });
     f.ret_void();
     f.finish(&STAGE2.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{STAGE2_THREADS}\"")))

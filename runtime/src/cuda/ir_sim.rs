@@ -18,6 +18,8 @@ enum Ty {
     F64,
     Ptr,
     Agg,
+    /// `i128` (stage two's exact logsumexp sums): parsed, not modelled.
+    Wide,
 }
 
 fn ty_of(s: &str) -> Ty {
@@ -26,6 +28,7 @@ fn ty_of(s: &str) -> Ty {
         "i8" | "i16" => Ty::I32,
         "i32" => Ty::I32,
         "i64" => Ty::I64,
+        "i128" => Ty::Wide,
         "float" => Ty::F32,
         "double" => Ty::F64,
         "void" => Ty::Agg,
@@ -43,6 +46,7 @@ fn size_of(s: &str) -> u64 {
         "i1" => 1,
         "i32" | "float" => 4,
         "i64" | "double" => 8,
+        "i128" => 16,
         other => panic!("size of {other}"),
     }
 }

@@ -29,6 +29,8 @@ mod ir_sim;
 mod nucleus_sim;
 #[cfg(test)]
 mod stage1_sim;
+#[cfg(test)]
+mod stage2_sim;
 mod device;
 mod plan;
 mod ptx;

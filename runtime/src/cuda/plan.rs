@@ -612,7 +612,7 @@ impl SamplingPlan {
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
         let row_bounds = match &sc.row_bounds {
-            Some(buf) => {
+            Some(buf) if flashsample_codegen_ptx::uses_row_bounds(a.shape.batch) => {
                 let dst = self.addr(buf, stream);
                 let bytes = a.shape.batch * self.pipeline.samples_per_row() as usize * 4;
                 // SAFETY: `dst` is the plan's row-bound buffer, sized for max_batch · S words,
@@ -621,7 +621,7 @@ impl SamplingPlan {
                     .map_err(drv("cuMemsetD8Async(row bounds)"))?;
                 dst
             }
-            None => 0,
+            _ => 0,
         };
 
         // Stage one (DESIGN.md's parameter table).
@@ -685,6 +685,14 @@ impl SamplingPlan {
             (buf, Some(r), _) => (opt(buf), self.addr(&r.row_lse, stream)),
         };
         let reported_lse = if sc.raw.is_some() { raw_row_lse } else { row_lse };
+        let logprobs = if reported_lse != 0 { a.logprobs } else { 0 };
+        let nucleus = match (a.nucleus_pass, &self.nucleus, &k.kernel.nucleus) {
+            (true, Some(ns), Some(kn)) => Some((ns, kn)),
+            _ => None,
+        };
+        // Stage two finishes the samples itself when nothing runs after it (one kernel fewer);
+        // otherwise `flashsample_finalize` does, after the last stage that writes samples.
+        let stage_two_finishes = k.kernel.filter.is_none() && nucleus.is_none() && a.decide.is_none();
         let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
         let args = Stage2Args {
@@ -703,6 +711,8 @@ impl SamplingPlan {
             target_logprobs: if self.pipeline.verify.is_some() { 0 } else { a.target_logprobs },
             raw_lse: raw_partials,
             out_raw_lse: raw_row_lse,
+            finish: u32::from(stage_two_finishes),
+            out_logprobs: if stage_two_finishes { logprobs } else { 0 },
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);
@@ -756,11 +766,12 @@ impl SamplingPlan {
         } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
-        if let (true, Some(ns), Some(kn)) = (a.nucleus_pass, &self.nucleus, &k.kernel.nucleus) {
+        if let Some((ns, kn)) = nucleus {
             self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits])?;
         }
-        let n = batch * samples;
-        self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, if reported_lse != 0 { a.logprobs } else { 0 }, n, samples)?;
+        if !stage_two_finishes {
+            self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, logprobs, batch * samples, samples)?;
+        }
         if let Some(d) = &a.decide {
             let kernels = k.kernel.decide.as_ref().ok_or_else(|| Error::Cuda("a verifying pipeline's module has no flashsample_decide".into()))?;
             let sequences = batch / (d.k + 1);
