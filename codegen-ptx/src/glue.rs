@@ -2,8 +2,6 @@
 //! `params.rs`, LLVM IR through NVPTX): they keep a launch on the device (no host copy, so it
 //! can be captured into a CUDA graph) where it would otherwise need a host round trip.
 //!
-//! - `flashsample_store_words`: copies 32 words passed by value to a device buffer (the TMA
-//!   tensor maps, encoded on the host per launch: they hold the operands' addresses).
 //! - `flashsample_greedy_flags`: `out[r] = all_greedy | (temperatures[r] == 0)`, what stage
 //!   three reads, from the caller's device temperatures.
 //! - `flashsample_finalize`: [`finish_sample`] for every sample, after stage three, the exact
@@ -11,30 +9,14 @@
 //!
 //! One module of sm_80 PTX serves every device (the driver JIT-compiles it).
 
-use crate::ir::{self, f32c, i32c, Fcmp, Func, Global, Icmp, Ptr, Value, F32, I1, I32, I64};
+use crate::ir::{self, f32c, i32c, Fcmp, Func, Global, Icmp, Ptr, F32, I1, I32, I64};
 use crate::params::arg;
-use crate::params::{StoreWordsArgs, FINALIZE, GREEDY_FLAGS, STORE_WORDS};
+use crate::params::{FINALIZE, GREEDY_FLAGS};
 use crate::{ir_to_ptx, PtxError};
 use flashsample_abi::INDEX_NONE;
 
 /// Threads per block of the elementwise glue kernels (one thread per element).
 pub const GLUE_THREADS: u32 = 256;
-
-/// Words `flashsample_store_words` copies.
-pub const STORE_WORDS_COUNT: usize = 32;
-
-impl StoreWordsArgs {
-    /// The arguments that copy `words` to `dst`.
-    pub fn from_words(dst: u64, w: &[u64; STORE_WORDS_COUNT]) -> StoreWordsArgs {
-        StoreWordsArgs {
-            dst,
-            w0: w[0], w1: w[1], w2: w[2], w3: w[3], w4: w[4], w5: w[5], w6: w[6], w7: w[7],
-            w8: w[8], w9: w[9], w10: w[10], w11: w[11], w12: w[12], w13: w[13], w14: w[14], w15: w[15],
-            w16: w[16], w17: w[17], w18: w[18], w19: w[19], w20: w[20], w21: w[21], w22: w[22], w23: w[23],
-            w24: w[24], w25: w[25], w26: w[26], w27: w[27], w28: w[28], w29: w[29], w30: w[30], w31: w[31],
-        }
-    }
-}
 
 /// The thread's element (`ctaid.x · GLUE_THREADS + tid.x`) and whether it is below `%n`.
 fn element(f: &mut Func) -> (I32, I1) {
@@ -127,20 +109,10 @@ fn finalize() -> String {
     f.finish(&FINALIZE.llvm_header(FINALIZE.kernel, &attrs()))
 }
 
-fn store_words() -> String {
-    let mut f = Func::new();
-    for w in 0..STORE_WORDS_COUNT {
-        let a = f.offset(&arg::DST, 8 * w as u32);
-        f.store(&I64::raw(format!("%w{w}")), &a, 8);
-    }
-    f.ret_void();
-    f.finish(&STORE_WORDS.llvm_header(STORE_WORDS.kernel, "\"nvvm.maxntid\"=\"1\""))
-}
-
 /// The glue module's LLVM IR text, before optimisation.
 pub fn glue_llvm_ir() -> String {
     let mut m = String::from(ir::PRELUDE);
-    for kernel in [store_words(), greedy_flags(), finalize()] {
+    for kernel in [greedy_flags(), finalize()] {
         m.push('\n');
         m.push_str(&kernel);
     }

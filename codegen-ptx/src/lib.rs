@@ -33,7 +33,7 @@ pub use config::{
 pub use heuristic::{uses_row_bounds, HEURISTIC_STAGGER_US};
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
-pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS, STORE_WORDS_COUNT};
+pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
 pub use nucleus::{
     has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
     NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
@@ -41,7 +41,7 @@ pub use nucleus::{
 pub use params::{
     DecideArgs, FilterArgs, FinalizeArgs, GreedyFlagsArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
     NucleusScatterArgs, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST,
-    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2, FINALIZE, GREEDY_FLAGS, STORE_WORDS, StoreWordsArgs,
+    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2, FINALIZE, GREEDY_FLAGS, TensorMapWords,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};

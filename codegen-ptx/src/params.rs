@@ -17,7 +17,15 @@ pub enum ParamKind {
     U64,
     /// A 32-bit integer (`i32`).
     U32,
+    /// Two 128-byte `CUtensorMap`s passed by value as one kernel-constant parameter
+    /// (`ptr byval([256 x i8]) align 64 "nvvm.grid_constant"`, PTX `.param .align 64 .b8
+    /// [256]`), addressed in place through a generic pointer as CUTLASS's `__grid_constant__
+    /// const CUtensorMap`: no device copy, and a captured graph node holds them.
+    TensorMaps,
 }
+
+/// The words of a [`ParamKind::TensorMaps`] argument: the W map, then the H map.
+pub type TensorMapWords = [u64; 32];
 
 impl ParamKind {
     fn llvm(self) -> &'static str {
@@ -26,6 +34,7 @@ impl ParamKind {
             ParamKind::MutPtr => "ptr addrspace(1) noalias",
             ParamKind::U64 => "i64",
             ParamKind::U32 => "i32",
+            ParamKind::TensorMaps => "ptr byval([256 x i8]) align 64 \"nvvm.grid_constant\"",
         }
     }
 }
@@ -63,12 +72,14 @@ impl KernelParams {
 }
 
 /// One launch argument, as the runtime pushes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KernelArg {
     /// A pointer or `u64` parameter.
     U64(u64),
     /// A `u32` parameter.
     U32(u32),
+    /// A [`ParamKind::TensorMaps`] parameter (boxed: 256 bytes beside 8-byte words).
+    TensorMaps(Box<TensorMapWords>),
 }
 
 macro_rules! param_ty {
@@ -76,11 +87,15 @@ macro_rules! param_ty {
     (MutPtr) => { u64 };
     (U64) => { u64 };
     (U32) => { u32 };
+    (TensorMaps) => { TensorMapWords };
 }
 
 macro_rules! param_arg {
     (U32, $v:expr) => {
         KernelArg::U32($v)
+    };
+    (TensorMaps, $v:expr) => {
+        KernelArg::TensorMaps(Box::new($v))
     };
     ($kind:ident, $v:expr) => {
         KernelArg::U64($v)
@@ -156,8 +171,8 @@ kernel_params! {
         pen_repetition: ConstPtr,
         /// `Scored [B, tiles, list_per_tile]` or 0.
         lists: MutPtr,
-        /// `CUtensorMap [2]` (W map, H map; 64-byte aligned) for the TMA schedules, else 0.
-        tmaps: ConstPtr,
+        /// The TMA schedules' tensor maps (W, then H), by value; unread by the others.
+        tmaps: TensorMaps,
         /// `u32 [B]` per-row decode steps (noise counter word 3 = step · 4 + stream,
         /// `abi::rng::counter_word3`) or 0 (every step 0).
         row_steps: ConstPtr,
@@ -517,54 +532,12 @@ kernel_params! {
     }
 }
 
-kernel_params! {
-    /// The arguments of `flashsample_store_words`: 32 words passed by value copied to `dst`
-    /// (two 128-byte TMA tensor maps: as kernel parameters they are captured into a graph
-    /// node, with no host memory a later launch could overwrite before the copy ran).
-    STORE_WORDS, StoreWordsArgs, "flashsample_store_words" {
-        /// At least 256 bytes, 8-byte aligned.
-        dst: MutPtr,
-        w0: U64,
-        w1: U64,
-        w2: U64,
-        w3: U64,
-        w4: U64,
-        w5: U64,
-        w6: U64,
-        w7: U64,
-        w8: U64,
-        w9: U64,
-        w10: U64,
-        w11: U64,
-        w12: U64,
-        w13: U64,
-        w14: U64,
-        w15: U64,
-        w16: U64,
-        w17: U64,
-        w18: U64,
-        w19: U64,
-        w20: U64,
-        w21: U64,
-        w22: U64,
-        w23: U64,
-        w24: U64,
-        w25: U64,
-        w26: U64,
-        w27: U64,
-        w28: U64,
-        w29: U64,
-        w30: U64,
-        w31: U64,
-    }
-}
-
 /// The kernels' parameters as typed IR values (`%name`), for the code that reads them: the
 /// type follows the parameter's [`ParamKind`] (pointers `Ptr<Global>`, `U32` `I32`, `U64`
-/// `I64`), and a test checks every one against the tables. (`flashsample_store_words`' 32
-/// words are named in its loop.)
+/// `I64`, the by-value tensor maps a generic `Ptr` to the parameter itself), and a test checks
+/// every one against the tables.
 pub(crate) mod arg {
-    use crate::ir::{Global, Ptr, I32, I64};
+    use crate::ir::{Generic, Global, Ptr, I32, I64};
 
     macro_rules! args {
         ($($name:ident: $ty:ty = $text:literal,)*) => {
@@ -588,7 +561,6 @@ pub(crate) mod arg {
     DRAFT_LOGITS: Ptr<Global> = "%draft_logits",
     DRAFT_PROBS: Ptr<Global> = "%draft_probs",
     DRAFTS: Ptr<Global> = "%drafts",
-    DST: Ptr<Global> = "%dst",
     FILTERS: Ptr<Global> = "%filters",
     FINISH: I32 = "%finish",
     GREEDY: Ptr<Global> = "%greedy",
@@ -648,7 +620,7 @@ pub(crate) mod arg {
     TARGETS: Ptr<Global> = "%targets",
     TEMPERATURES: Ptr<Global> = "%temperatures",
     TILES: I32 = "%tiles",
-    TMAPS: Ptr<Global> = "%tmaps",
+    TMAPS: Ptr<Generic> = "%tmaps",
     TOKENS: Ptr<Global> = "%tokens",
     TOP_N: I32 = "%top_n",
     VALS: Ptr<Global> = "%vals",
@@ -668,7 +640,7 @@ mod tests {
     fn every_typed_argument_is_a_parameter_of_its_kind() {
         let tables = [
             STAGE1, STAGE2, FILTER, DECIDE, SPEC_TARGETS, NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW,
-            GREEDY_FLAGS, FINALIZE, STORE_WORDS,
+            GREEDY_FLAGS, FINALIZE,
         ];
         for (text, llvm) in arg::ALL {
             let name = text.strip_prefix('%').expect("a parameter value is %name");

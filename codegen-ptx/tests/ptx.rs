@@ -162,7 +162,7 @@ fn stage1_has_the_design_parameter_list() {
         types,
         [
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
-            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64",
+            ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".align", ".u64", ".u64",
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u64", ".u32"
         ]
     );
@@ -481,6 +481,28 @@ fn logit_bias_compiles_on_every_schedule() {
     let plain = flashsample_codegen_ptx::llvm_ir(&full(DType::BF16), &tensor_small()).unwrap();
     assert!(!ir_function(&plain, "flashsample_stage1").contains("addrspace(1) %lb_bits, i64"), "no logit bias, no reads");
     assert!(!plain.contains("fs_logit_bias_token"));
+}
+
+/// The TMA schedules take their two tensor maps by value, as one 256-byte kernel-constant
+/// parameter (`__grid_constant__`), and hand `cp.async.bulk.tensor` its generic address; the
+/// other schedules have the parameter and never read it.
+#[test]
+fn tma_schedules_read_their_maps_from_the_kernel_parameter() {
+    let p = full(DType::BF16);
+    for grid in [GridKind::PerItem, GridKind::PingPong] {
+        let c = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid });
+        let k = ptx(&p, &c, Arch::Sm90);
+        let index = flashsample_codegen_ptx::STAGE1.index("tmaps").unwrap();
+        let param = format!("flashsample_stage1_param_{index}");
+        assert!(k.ptx.contains(&format!(".param .align 64 .b8 {param}[256]")), "{grid:?}: a 256-byte by-value parameter");
+        let mov = k.ptx.lines().find(|l| l.contains("mov.b64") && l.ends_with(&format!(", {param};"))).expect("the parameter's address");
+        let reg = mov.split_whitespace().nth(1).unwrap().trim_end_matches(',');
+        assert!(k.ptx.lines().any(|l| l.contains("cvta.param.u64") && l.ends_with(&format!(", {reg};"))), "{grid:?}: made generic");
+        assert!(k.ptx.contains("cp.async.bulk.tensor"), "{grid:?}");
+        assert!(!k.ptx.contains(&format!("[{param}]")), "{grid:?}: the maps are read in place, not loaded as a pointer");
+    }
+    let plain = ptx(&p, &tensor_small(), Arch::Sm90);
+    assert!(!plain.ptx.contains("cvta.param"), "no TMA, no use of the maps");
 }
 
 /// Token noise reads the row's decode step (`row_steps`, counter word 3 = step · 4 + the
@@ -1156,18 +1178,17 @@ fn nucleus_layout_is_aligned_and_disjoint() {
 }
 
 /// The runtime's glue kernels come from the same emitter and parameter tables: one sm_80
-/// module with the three entries, their signatures from `params.rs`.
+/// module with the two entries, their signatures from `params.rs`.
 #[test]
-fn the_glue_module_has_its_three_kernels() {
-    use flashsample_codegen_ptx::{compile_glue, glue_llvm_ir, FINALIZE, GREEDY_FLAGS, STORE_WORDS, STORE_WORDS_COUNT};
+fn the_glue_module_has_its_two_kernels() {
+    use flashsample_codegen_ptx::{compile_glue, glue_llvm_ir, FINALIZE, GREEDY_FLAGS};
     let ptx = compile_glue().unwrap();
     assert!(ptx.contains(".target sm_80"));
-    for k in [STORE_WORDS, GREEDY_FLAGS, FINALIZE] {
+    for k in [GREEDY_FLAGS, FINALIZE] {
         assert_eq!(entry_param_types(&ptx, k.kernel).len(), k.params.len(), "{}", k.kernel);
     }
-    assert_eq!(STORE_WORDS.params.len(), 1 + STORE_WORDS_COUNT);
+    assert_eq!(ptx.matches(".entry").count(), 2);
     let ir = glue_llvm_ir();
-    assert_eq!(ir_function(&ir, "flashsample_store_words").matches("store i64").count(), STORE_WORDS_COUNT);
     assert!(ir_function(&ir, "flashsample_finalize").contains(&format!("store i32 {}", flashsample_abi::INDEX_NONE as i32)));
     if let Ok(ptxas) = std::env::var("PTXAS") {
         let path = std::env::temp_dir().join(format!("flashsample-glue-{}.ptx", std::process::id()));

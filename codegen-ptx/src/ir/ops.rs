@@ -3,7 +3,7 @@
 //! loads, stores, atomics, addresses, calls, aggregates and vector lanes. Each emits exactly
 //! one instruction (`fsub`: two) and returns its result typed.
 
-use super::value::{Agg, AnyFloat, Bits, Float, Generic, Global, Int, Lane, Operand, Ptr, Shared, SharedAddr, Space, Value, F32, I1, I32, I64, X4};
+use super::value::{Agg, AnyFloat, Bits, Float, Global, Int, Lane, Operand, Ptr, Shared, SharedAddr, Space, Value, F32, I1, I32, I64, X4};
 use super::Func;
 
 /// An integer comparison's predicate (`icmp`).
@@ -259,11 +259,6 @@ impl Func {
     pub(crate) fn shared_addr(&mut self, p: &Ptr<Shared>) -> SharedAddr {
         self.cast("ptrtoint", p)
     }
-    /// Global pointer `p` as a generic one.
-    pub(crate) fn generic_ptr(&mut self, p: &Ptr<Global>) -> Ptr<Generic> {
-        self.cast("addrspacecast", p)
-    }
-
     /// `c ? a : b`.
     pub(crate) fn sel<T: Value>(&mut self, c: &I1, a: &T, b: &T) -> T {
         self.typed(format!("select i1 {c}, {ty} {a}, {ty} {b}", ty = T::LLVM))

@@ -325,8 +325,8 @@ impl Gen<'_> {
         let slot_off = f.mul(&slot, &i32c(layout.slot_bytes));
         let dst0 = f.shared_offset(&ring.smem, &slot_off);
         let k0 = f.mul(kt, &i32c(c.k_step()));
-        let maps = f.generic_ptr(&arg::TMAPS);
-        let w_map: I64 = f.ptrtoint::<Generic, _>(&maps);
+        // The maps are a by-value kernel parameter (grid constant): its generic address.
+        let w_map: I64 = f.ptrtoint::<Generic, _>(&arg::TMAPS);
         let h_map = f.add(&w_map, &I64::c(128));
         let blk0 = f.lshr(&it.v0, &i32c(5));
         for grp in 0..c.warps / 4 {

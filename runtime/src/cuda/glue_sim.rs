@@ -1,14 +1,14 @@
 //! Tests of the glue kernels without a GPU, on their LLVM IR interpreted on the host
 //! ([`super::ir_sim`]): the greedy flags, the finishing kernel (a failed row's samples become
-//! `INDEX_NONE` with NaN logprobs, the others `logit − lse` in f32) and the tensor-map copy.
+//! `INDEX_NONE` with NaN logprobs, the others `logit − lse` in f32).
 
-use super::ir_sim::{arg_words, Cta, Memory, Module};
+use super::ir_sim::{arg_words, Memory, Module};
 use flashsample_abi::INDEX_NONE;
-use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, StoreWordsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS, STORE_WORDS};
+use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS};
 use std::collections::HashMap;
 
 fn module() -> Module {
-    Module::with_callees(&glue_llvm_ir(), &[STORE_WORDS, GREEDY_FLAGS, FINALIZE].map(|k| k.kernel), &HashMap::new())
+    Module::with_callees(&glue_llvm_ir(), &[GREEDY_FLAGS, FINALIZE].map(|k| k.kernel), &HashMap::new())
 }
 
 /// Every CTA of an elementwise launch over `n` elements.
@@ -66,15 +66,4 @@ fn finalize_voids_failed_rows_and_writes_logprobs() {
             }
         }
     }
-}
-
-#[test]
-fn store_words_copies_its_parameters() {
-    let m = module();
-    let mut mem = Memory { bufs: Vec::new() };
-    let dst = mem.add(vec![0; 256]);
-    let w: Vec<u64> = (0..32u64).map(|i| 0x0123_4567_89ab_cdef ^ (i << 40) ^ i).collect();
-    let args = StoreWordsArgs::from_words(dst, &w.clone().try_into().unwrap()).args();
-    m.run_cta_of(&m.funcs[STORE_WORDS.kernel], &arg_words(&args), Cta::default(), 32, &mut mem);
-    assert_eq!(read::<u64>(&mem, dst), w);
 }

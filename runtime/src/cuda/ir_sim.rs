@@ -518,9 +518,11 @@ fn ff(b: u64) -> f32 {
 pub(super) fn arg_words(args: &[flashsample_codegen_ptx::KernelArg]) -> Vec<u64> {
     use flashsample_codegen_ptx::KernelArg;
     args.iter()
-        .map(|a| match *a {
-            KernelArg::U64(v) => v,
-            KernelArg::U32(v) => u64::from(v),
+        .map(|a| match a {
+            KernelArg::U64(v) => *v,
+            KernelArg::U32(v) => u64::from(*v),
+            // Only the TMA schedules read them, which the interpreter does not run.
+            KernelArg::TensorMaps(_) => 0,
         })
         .collect()
 }

@@ -16,7 +16,7 @@
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].
 
-use super::runtime_kernels::{AuxKernels, STORE_WORDS_COUNT};
+use super::runtime_kernels::AuxKernels;
 use super::cache::{self, LoadedKernel, NucleusKernels};
 use super::device::drv;
 use super::ptx::{self, Geometry};
@@ -26,7 +26,7 @@ use crate::launch::{check_shape, row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
-use flashsample_codegen_ptx::{
+use flashsample_codegen_ptx::{TensorMapWords, 
     DecideArgs, FilterArgs, GpuConfig, KernelArg, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs,
     NucleusPickArgs, NucleusScatterArgs, Stage1Args, Stage2Args, DECIDE_THREADS, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES,
     NUCLEUS_THREADS,
@@ -47,6 +47,7 @@ pub(super) fn push_args<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, args: &'a [K
         match a {
             KernelArg::U64(v) => b.arg(v),
             KernelArg::U32(v) => b.arg(v),
+            KernelArg::TensorMaps(m) => b.arg(m.as_ref()),
         };
     }
 }
@@ -65,8 +66,6 @@ struct Scratch {
     lse_partials: Option<CudaSlice<u8>>,
     /// Stage one's per-tile lists (pipelines with lists).
     lists: Option<CudaSlice<u8>>,
-    /// The TMA configs' two tensor maps (written on the device per launch).
-    tmaps: CudaSlice<u8>,
     /// Scores and logits of launches whose caller does not ask for them.
     scores: CudaSlice<u8>,
     logits: CudaSlice<u8>,
@@ -281,7 +280,6 @@ impl SamplingPlan {
             candidates: alloc(chunk * samples * tiles * std::mem::size_of::<Candidate>())?,
             lse_partials: if lse { Some(alloc(chunk * tiles * std::mem::size_of::<LsePartial>())?) } else { None },
             lists: if has_lists { Some(alloc(chunk * tiles * per_tile * std::mem::size_of::<Scored>())?) } else { None },
-            tmaps: alloc(2 * tma::MAP_BYTES)?,
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
@@ -349,7 +347,7 @@ impl SamplingPlan {
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
         });
-        [&sc.candidates, &sc.tmaps, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
+        [&sc.candidates, &sc.scores, &sc.logits, &sc.temperatures].iter().map(|b| b.len()).sum::<usize>()
             + optional.iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
             + raw
             + spec
@@ -590,17 +588,11 @@ impl SamplingPlan {
         let g = self.geometry(k, a.shape.batch);
         let sc = &self.scratch;
         at(Boundary::Start)?;
+        // Encoded per launch on the host (they hold the operands' addresses) and passed by value.
         let tmaps = if k.config.uses_tma() {
-            let maps = tma::encode_operands(a.weights, a.hidden, self.vocab, self.dim, a.shape.batch, k.config.batch_tile)?;
-            let mut words = [0u64; STORE_WORDS_COUNT];
-            for (w, chunk) in words.iter_mut().zip(maps.chunks_exact(8)) {
-                *w = u64::from_le_bytes(chunk.try_into().map_err(|_| Error::Cuda("tensor map size".into()))?);
-            }
-            let dst = self.addr(&sc.tmaps, stream);
-            self.aux.store_words(stream, dst, &words)?;
-            dst
+            tma::encode_operands(a.weights, a.hidden, self.vocab, self.dim, a.shape.batch, k.config.batch_tile)?
         } else {
-            0
+            TensorMapWords::default()
         };
         let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&sc.temperatures, stream) };
         let lse_partials = sc.lse_partials.as_ref().map_or(0, |b| self.addr(b, stream));

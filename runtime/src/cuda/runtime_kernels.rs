@@ -1,5 +1,4 @@
-//! The runtime's glue kernels (`codegen_ptx` `glue.rs`: the tensor-map copy, the greedy flags,
-//! the finishing kernel), loaded once per device and launched with their typed arguments.
+//! The runtime's glue kernels (`codegen_ptx` `glue.rs`: the greedy flags, the finishing kernel), loaded once per device and launched with their typed arguments.
 
 use super::device::drv;
 use super::plan::push_args;
@@ -7,15 +6,11 @@ use super::CudaDevice;
 use crate::{Error, Result};
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use flashsample_codegen_ptx::{FinalizeArgs, GreedyFlagsArgs, StoreWordsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS, STORE_WORDS};
+use flashsample_codegen_ptx::{FinalizeArgs, GreedyFlagsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS};
 use std::sync::Arc;
-
-/// Words `flashsample_store_words` copies (two 128-byte tensor maps).
-pub(crate) const STORE_WORDS_COUNT: usize = flashsample_codegen_ptx::STORE_WORDS_COUNT;
 
 /// The runtime's small kernels, loaded once per device.
 pub(crate) struct AuxKernels {
-    store_words: CudaFunction,
     greedy_flags: CudaFunction,
     finalize: CudaFunction,
     _module: Arc<CudaModule>,
@@ -32,22 +27,10 @@ impl AuxKernels {
         let module = device.context().load_module(Ptx::from_src(text)).map_err(drv("cuModuleLoadData(glue kernels)"))?;
         let get = |name: &'static str| module.load_function(name).map_err(drv("cuModuleGetFunction(glue kernel)"));
         Ok(AuxKernels {
-            store_words: get(STORE_WORDS.kernel)?,
             greedy_flags: get(GREEDY_FLAGS.kernel)?,
             finalize: get(FINALIZE.kernel)?,
             _module: module.clone(),
         })
-    }
-
-    /// Queues a copy of `words` to `dst` (at least `8 * STORE_WORDS_COUNT` bytes, 8-byte aligned).
-    pub(crate) fn store_words(&self, stream: &CudaStream, dst: u64, words: &[u64; STORE_WORDS_COUNT]) -> Result<()> {
-        let args = StoreWordsArgs::from_words(dst, words).args();
-        let mut b = stream.launch_builder(&self.store_words);
-        push_args(&mut b, &args);
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the arguments follow `STORE_WORDS`; `dst` holds 256 bytes (the caller's contract).
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_store_words)"))?;
-        Ok(())
     }
 
     /// Queues `out[r] = all_greedy | (temperatures[r] == 0)` for `n` rows.

@@ -1,12 +1,10 @@
 //! Tensor maps for the TMA stage one (`Schedule::WgmmaTma`): the driver-encoded descriptors that
-//! `cp.async.bulk.tensor` reads, one W map and one H map per weight buffer, uploaded next to
-//! each other (`%tmaps`: W at +0, H at +128).
+//! `cp.async.bulk.tensor` reads, one W map and one H map per launch, passed by value as stage
+//! one's kernel-constant parameter `%tmaps` (W at +0, H at +128; `ParamKind::TensorMaps`).
 use super::device::drv;
 use crate::{Error, Result};
 use cudarc::driver::sys;
-
-/// Bytes of one encoded tensor map (`CUtensorMap`, 64-byte aligned in device memory).
-pub(crate) const MAP_BYTES: usize = 128;
+use flashsample_codegen_ptx::TensorMapWords;
 
 /// W and H maps for one launch, as the kernel reads them at `%tmaps`.
 ///
@@ -15,7 +13,7 @@ pub(crate) const MAP_BYTES: usize = 128;
 /// shared memory), so that one `{64, 8, 2, 4, 2}` box is a warpgroup's 128 rows in wgmma's
 /// accumulator order (codegen-ptx `tma_issue`); H (`batch × dim`) is 2-d with
 /// `{64, batch_tile}` boxes. Both use the 128-byte swizzle and zero fill outside the tensor.
-pub(crate) fn encode_operands(weights: u64, hidden: u64, vocab: usize, dim: usize, batch: usize, batch_tile: u32) -> Result<[u8; 2 * MAP_BYTES]> {
+pub(crate) fn encode_operands(weights: u64, hidden: u64, vocab: usize, dim: usize, batch: usize, batch_tile: u32) -> Result<TensorMapWords> {
     if !flashsample_codegen_ptx::GpuConfig::tma_fits(dim, vocab) || !weights.is_multiple_of(16) || !hidden.is_multiple_of(16) {
         return Err(Error::Unsupported(format!(
             "TMA stage one for dim {dim}, vocab {vocab} (needs dim % 8 == 0, vocab % 32 == 0 and 16-byte aligned operands)"
@@ -24,9 +22,10 @@ pub(crate) fn encode_operands(weights: u64, hidden: u64, vocab: usize, dim: usiz
     let row = 2 * dim as u64;
     let w = encode(weights, &[dim as u64, 8, 2, vocab as u64 / 32, 2], &[4 * row, row, 32 * row, 2 * row], &[64, 8, 2, 4, 2])?;
     let h = encode(hidden, &[dim as u64, batch as u64], &[row], &[64, batch_tile])?;
-    let mut out = [0u8; 2 * MAP_BYTES];
-    out[..MAP_BYTES].copy_from_slice(bytemuck::cast_slice(&w.opaque));
-    out[MAP_BYTES..].copy_from_slice(bytemuck::cast_slice(&h.opaque));
+    let mut out = TensorMapWords::default();
+    let (w_words, h_words) = out.split_at_mut(w.opaque.len());
+    w_words.copy_from_slice(&w.opaque);
+    h_words.copy_from_slice(&h.opaque);
     Ok(out)
 }
 
