@@ -20,7 +20,7 @@
 
 use super::cache;
 use super::device::drv;
-use super::plan::{from_bytes, Args, Boundary, DecideLaunch, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
+use super::plan::{from_bytes, Args, Boundary, DecideLaunch, NucleusPass, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
 use crate::stage_three;
@@ -398,7 +398,7 @@ impl CudaSampler {
             top: if top_n > 0 { bufs.top.ensure(dev, shape.batch * top_n * std::mem::size_of::<Scored>())? } else { 0 },
             spec_period: 0,
             // Only a row with a top-p / min-p and no top-k can be status 4.
-            nucleus_pass: params.filter.is_some_and(|f| f.iter().any(RowFilter::may_outgrow_lists)),
+            nucleus_pass: if params.filter.is_some_and(|f| f.iter().any(RowFilter::may_outgrow_lists)) { NucleusPass::Inline } else { NucleusPass::Skip },
             decide: None,
         };
         Ok(Uploaded { args, weights: weight_ptrs, _host: host, _operands: operands })
@@ -523,19 +523,40 @@ impl CudaSampler {
             }
             _ => None,
         };
+        if spec.is_none() && !lists {
+            up.args.nucleus_pass = plan.host_nucleus_pass(&up.args);
+        }
         plan.enqueue(dev.stream(), &up.args, &mut |_| Ok(()))?;
+        let spec_lists = matches!(spec, Some(SpecRun::Lists { .. }));
+        let r = self.read_back(bufs, plan, &up.args, lists, spec_lists, seqs)?;
+        if up.args.nucleus_pass != NucleusPass::Deferred || !r.status.contains(&RowStatus::NucleusTooLarge) {
+            return Ok(r);
+        }
+        // A row outgrew the lists: its exact nucleus on the device, then the outputs again.
+        if !plan.enqueue_deferred_nucleus(dev.stream(), &up.args)? {
+            return Ok(r);
+        }
+        self.read_back(bufs, plan, &up.args, lists, spec_lists, seqs)
+    }
+
+    /// Queues the copies of a launch's outputs (with stage one's lists when `lists`, its
+    /// residual lists when `spec_lists`, the decision of `seqs` sequences of `k` drafts),
+    /// waits for them, and reads them.
+    fn read_back(&self, bufs: &mut HostBufs, plan: &SamplingPlan, args: &Args, lists: bool, spec_lists: bool, seqs: Option<(usize, usize)>) -> Result<Readback> {
+        let dev = &*self.device;
+        let shape = args.shape;
         let n = shape.batch * self.pipeline.samples_per_row() as usize;
         let status: Vec<u32> = from_bytes(&bufs.status.download(dev, shape.batch * 4)?);
         let tokens: Vec<u32> = from_bytes(&bufs.tokens.download(dev, n * 4)?);
         let scores: Vec<f32> = from_bytes(&bufs.scores.download(dev, n * 4)?);
         let logits: Vec<f32> = from_bytes(&bufs.logits.download(dev, n * 4)?);
-        let logsumexp = if up.args.logsumexp != 0 { Some(from_bytes::<f32>(&bufs.logsumexp.download(dev, shape.batch * 4)?)) } else { None };
+        let logsumexp = if args.logsumexp != 0 { Some(from_bytes::<f32>(&bufs.logsumexp.download(dev, shape.batch * 4)?)) } else { None };
         let top_n = self.pipeline.outputs.top_logprobs as usize;
-        let top = if up.args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
+        let top = if args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
         let target_logprobs =
-            if up.args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
+            if args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
         let (lists, list_raws) = if lists { (plan.download_lists(shape.batch)?, plan.download_list_raws(shape.batch)?) } else { (None, None) };
-        let residual = if matches!(spec, Some(SpecRun::Lists { .. })) { plan.download_residual_lists(shape.batch)? } else { None };
+        let residual = if spec_lists { plan.download_residual_lists(shape.batch)? } else { None };
         let decision = match seqs {
             Some((seqs, k)) => {
                 let b = &bufs.spec;
@@ -555,7 +576,6 @@ impl CudaSampler {
             logprobs: logprobs.map(|l| from_bytes(&l)),
             status: from_bytes(&status),
         });
-        drop(up);
         let status = status
             .iter()
             .enumerate()
@@ -608,7 +628,9 @@ impl CudaSampler {
         let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: flashsample_codegen_ptx::list_capacity(&self.pipeline), lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
         let up = self.upload(bufs, &hidden, weights, params, shape, lse)?;
-        let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, ..up.args }).collect();
+        // What the host API enqueues for a batch without a row of status 4 (nearly every one).
+        let nucleus_pass = plan.host_nucleus_pass(&up.args);
+        let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, nucleus_pass, ..up.args }).collect();
         let stream = self.device.stream().clone();
         for i in 0..warmup {
             plan.enqueue(&stream, &launches[i % launches.len()], &mut |_| Ok(()))?;
@@ -622,6 +644,8 @@ impl CudaSampler {
     /// Device time (seconds) of each of `reps` complete launches (every stage, CUDA events)
     /// after `warmup`, cycling through `weights` (all of one shape) so no launch finds the
     /// previous one's weights in L2. `config` defaults to what `Sampler::sample` would use.
+    /// The launches are what `Sampler::sample` enqueues when no row's nucleus outgrows the
+    /// lists (the exact nucleus kernels deferred, so not run).
     pub fn time_fused(
         &self,
         hidden: Tensor<'_>,

@@ -108,6 +108,20 @@ struct RawScratch {
     row_lse: CudaSlice<u8>,
 }
 
+/// Where one launch's row outputs go (device addresses, 0 = none).
+struct RowOutputs {
+    scores: u64,
+    logits: u64,
+    /// The processed row logsumexp (0 when the plan keeps none).
+    row_lse: u64,
+    /// The raw row logsumexp (raw logprob mode), else 0.
+    raw_row_lse: u64,
+    /// The one the outputs report: `raw_row_lse` in the raw mode, else `row_lse`.
+    reported_lse: u64,
+    /// The caller's logprobs, when there is a logsumexp to report them against.
+    logprobs: u64,
+}
+
 /// A launch resolved to device addresses (0 = absent), what [`SamplingPlan::enqueue`] runs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Args {
@@ -143,13 +157,27 @@ pub(crate) struct Args {
     /// Stage one's `spec_period` (`k + 1` of a verifying launch; 0: every row keeps residual
     /// lists), unread without `verify`.
     pub spec_period: u32,
-    /// Whether the exact nucleus kernels are enqueued (when the plan has them). The device API
-    /// always enqueues them: its filters are device memory. The host API knows its rows'
-    /// filters and enqueues them only when some row can outgrow the lists
-    /// (`RowFilter::may_outgrow_lists`), so a batch that cannot pays none of their idle launches.
-    pub nucleus_pass: bool,
+    /// Whether and where the exact nucleus kernels run (when the plan has them).
+    pub nucleus_pass: NucleusPass,
     /// The decision on the device, enqueued after stage three (a verifying launch).
     pub decide: Option<DecideLaunch>,
+}
+
+/// Whether and where a launch runs the exact nucleus kernels (DESIGN.md "Exact nucleus on the
+/// device"; plans that have them). With no row of status 4 every one of them exits at once,
+/// but each is still a launch: a few µs of a memory-bound step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NucleusPass {
+    /// Not at all: no row can outgrow the lists (the host API knows its rows' filters,
+    /// `RowFilter::may_outgrow_lists`).
+    Skip,
+    /// After stage three, in the launch: the device API (its filters are device memory) and
+    /// the host launches a plan runs in chunks (a chunk's scratch is gone after the next one).
+    Inline,
+    /// Left to the caller, which reads the statuses back and, only if a row has status 4,
+    /// enqueues [`SamplingPlan::enqueue_deferred_nucleus`]: a one-chunk host launch, so a batch
+    /// without such a row (nearly every one) pays none of the idle launches.
+    Deferred,
 }
 
 /// A verifying launch's decision kernel (`flashsample_decide`): the drafts and where each
@@ -507,7 +535,7 @@ impl SamplingPlan {
             logprobs,
             top,
             spec_period: 0,
-            nucleus_pass: true,
+            nucleus_pass: NucleusPass::Inline,
             decide: None,
         })
     }
@@ -665,21 +693,9 @@ impl SamplingPlan {
         at(Boundary::AfterStageOne)?;
 
         // Stage two.
-        let scores = if a.scores != 0 { a.scores } else { self.addr(&sc.scores, stream) };
-        let logits = if a.logits != 0 { a.logits } else { self.addr(&sc.logits, stream) };
-        // The logsumexp the outputs report: the processed one, or the raw one in the raw mode
-        // (DESIGN.md step 10), whose processed one then stays in the scratch for the filter.
-        let (row_lse, raw_row_lse) = match (&sc.row_lse, &sc.raw, a.logsumexp) {
-            (None, None, _) => (0, 0),
-            (Some(_), None, l) if l != 0 => (l, 0),
-            (Some(buf), None, _) => (self.addr(buf, stream), 0),
-            (buf, Some(_), l) if l != 0 => (opt(buf), l),
-            (buf, Some(r), _) => (opt(buf), self.addr(&r.row_lse, stream)),
-        };
-        let reported_lse = if sc.raw.is_some() { raw_row_lse } else { row_lse };
-        let logprobs = if reported_lse != 0 { a.logprobs } else { 0 };
+        let RowOutputs { scores, logits, row_lse, raw_row_lse, reported_lse, logprobs } = self.row_outputs(a, stream);
         let nucleus = match (a.nucleus_pass, &self.nucleus, &k.kernel.nucleus) {
-            (true, Some(ns), Some(kn)) => Some((ns, kn)),
+            (NucleusPass::Inline, Some(ns), Some(kn)) => Some((ns, kn)),
             _ => None,
         };
         // Stage two finishes the samples itself when nothing runs after it (one kernel fewer);
@@ -806,6 +822,54 @@ impl SamplingPlan {
             }
         }
         at(Boundary::End)
+    }
+
+    /// The host API's choice for a launch whose rows may outgrow the lists: [`NucleusPass::Deferred`]
+    /// where the plan runs it as one chunk without a decision, else what `a` asks.
+    pub(crate) fn host_nucleus_pass(&self, a: &Args) -> NucleusPass {
+        match a.nucleus_pass {
+            NucleusPass::Inline if a.shape.batch <= self.chunk_rows && a.decide.is_none() => NucleusPass::Deferred,
+            other => other,
+        }
+    }
+
+    /// Where a launch's row outputs go: the caller's buffers, else the plan's scratch.
+    fn row_outputs(&self, a: &Args, stream: &CudaStream) -> RowOutputs {
+        let sc = &self.scratch;
+        let opt = |b: &Option<CudaSlice<u8>>| b.as_ref().map_or(0, |b| self.addr(b, stream));
+        let scores = if a.scores != 0 { a.scores } else { self.addr(&sc.scores, stream) };
+        let logits = if a.logits != 0 { a.logits } else { self.addr(&sc.logits, stream) };
+        // The logsumexp the outputs report: the processed one, or the raw one in the raw mode
+        // (DESIGN.md step 10), whose processed one then stays in the scratch for the filter.
+        let (row_lse, raw_row_lse) = match (&sc.row_lse, &sc.raw, a.logsumexp) {
+            (None, None, _) => (0, 0),
+            (Some(_), None, l) if l != 0 => (l, 0),
+            (Some(buf), None, _) => (self.addr(buf, stream), 0),
+            (buf, Some(_), l) if l != 0 => (opt(buf), l),
+            (buf, Some(r), _) => (opt(buf), self.addr(&r.row_lse, stream)),
+        };
+        let reported_lse = if sc.raw.is_some() { raw_row_lse } else { row_lse };
+        let logprobs = if reported_lse != 0 { a.logprobs } else { 0 };
+        RowOutputs { scores, logits, row_lse, raw_row_lse, reported_lse, logprobs }
+    }
+
+    /// The exact nucleus of launch `a`, enqueued with [`NucleusPass::Deferred`] and complete on
+    /// `stream`, after its caller read back a row of status 4: the nucleus kernels over the
+    /// scratch the launch left, then the finishing kernel again (on the rows the nucleus does
+    /// not touch it rewrites what it wrote). The outputs are those of the same launch with
+    /// [`NucleusPass::Inline`]. `Ok(false)`: the plan has no nucleus kernels.
+    pub(crate) fn enqueue_deferred_nucleus(&self, stream: &CudaStream, a: &Args) -> Result<bool> {
+        if a.nucleus_pass != NucleusPass::Deferred || a.shape.batch > self.chunk_rows || a.decide.is_some() {
+            return Err(Error::Cuda(format!("a deferred nucleus needs a one-chunk launch without a decision enqueued as deferred ({:?}, {} rows)", a.nucleus_pass, a.shape.batch)));
+        }
+        let k = self.kernel_for(a.shape.batch)?;
+        let (Some(ns), Some(kn)) = (&self.nucleus, &k.kernel.nucleus) else { return Ok(false) };
+        let o = self.row_outputs(a, stream);
+        let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&self.scratch.temperatures, stream) };
+        self.enqueue_nucleus(stream, ns, kn, a, a.row_offset, [temperatures, o.scores, o.logits])?;
+        let samples = self.pipeline.samples_per_row();
+        self.aux.finalize(stream, a.tokens, a.status, o.logits, o.reported_lse, o.logprobs, a.shape.batch as u32 * samples, samples)?;
+        Ok(true)
     }
 
     /// The exact nucleus after stage three (DESIGN.md "Exact nucleus on the device"): the
@@ -1079,7 +1143,7 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{chunk_args, chunk_rows, Args, CHUNK_MIN_ROWS};
+    use super::{chunk_args, chunk_rows, Args, NucleusPass, CHUNK_MIN_ROWS};
     use crate::launch::row_scratch_bytes;
     use crate::launch::Shape;
     use flashsample_abi::{params::mask_words_per_row, RowFilter, Scored};
@@ -1161,7 +1225,7 @@ mod tests {
             logprobs: base(24),
             top: base(25),
             spec_period: 4,
-            nucleus_pass: true,
+            nucleus_pass: NucleusPass::Inline,
             decide: None,
         };
         let c = chunk_args(&p, dim, vocab, &a, first, 1000);
