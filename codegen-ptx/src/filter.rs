@@ -5,6 +5,8 @@
 //! (`RowStatus::NucleusTooLarge` when the nucleus does not fit), draws each sample by Gumbel-max over the survivors with stage one's noise, and writes
 //! the top-n logprobs. In the raw logprob mode (DESIGN.md step 10) the top logprobs come from
 //! the raw lists, merged first, and a drawn token reports the raw logit stored beside its entry.
+//! As a launch's last stage it also finishes every row's samples (`glue::finish_sample`), in
+//! place of `flashsample_finalize`.
 //!
 //! Merge: the top `need` of `tiles · per_tile` sorted entries. Selecting them by `need`
 //! rounds of block argmax over all entries costs `need · tiles · per_tile` reads, so first a
@@ -25,6 +27,7 @@
 
 use crate::config::{GpuConfig, FILTER_THREADS};
 use crate::entries::{beats, Candidate, CandidateVar, Scored, SCORED_BYTES, SCORED_INDEX};
+use crate::glue::{finish_sample, FinishOutputs};
 use crate::ir::{i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64};
 use crate::math;
 use crate::params::{arg, FILTER};
@@ -703,12 +706,16 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
         let ok = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::Ok.code()));
         // Rows stage two failed keep their status; everything below is uniform over the CTA.
         f.if_then(&ok, |f| {
-            let greedy = f.var(&I1::FALSE);
-            let has_greedy = f.non_null(&arg::GREEDY);
-            f.if_then(&has_greedy, |f| {
-                let a = f.gaddr(&arg::GREEDY, &r64, 4);
-                let g: I32 = f.load(&a, 4);
-                let g = f.icmp(Icmp::Ne, &g, &i32c(0));
+            // A greedy row (temperature 0, or a greedy pipeline) takes its lists' best.
+            let all_greedy = f.icmp(Icmp::Ne, &arg::ALL_GREEDY, &i32c(0));
+            let greedy = f.var(&all_greedy);
+            let has_temps = f.non_null(&arg::TEMPERATURES);
+            f.if_then(&has_temps, |f| {
+                let a = f.gaddr(&arg::TEMPERATURES, &r64, 4);
+                let t: F32 = f.load(&a, 4);
+                let zero = f.fcmp(Fcmp::Oeq, &t, &F32::ZERO);
+                let g = f.get(&greedy);
+                let g = f.or(&g, &zero);
                 f.set(&greedy, &g);
             });
             let top_k = f.var(&i32c(0));
@@ -754,6 +761,30 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                         f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, &filt, &lse));
                     },
                 );
+            });
+        });
+
+        // The launch's last stage finishes the row (`FilterArgs::finish`), once every thread's
+        // writes of its samples and status are visible to thread 0 (the barrier is uniform:
+        // the whole CTA has one row).
+        let finish = f.icmp(Icmp::Ne, &arg::FINISH, &i32c(0));
+        f.if_then(&finish, |f| {
+            f.barrier();
+            f.if_then(&k.tid0, |f| {
+                let st: I32 = f.load(&sa, 4);
+                let failed = f.icmp(Icmp::Ne, &st, &i32c(RowStatus::Ok.code()));
+                let has_raw = f.non_null(&arg::RAW_LSE);
+                let reported = f.sel(&has_raw, &arg::RAW_LSE, &arg::LSE);
+                let out = FinishOutputs { tokens: &arg::OUT_TOKENS, logits: &arg::OUT_LOGITS, logprobs: &arg::OUT_LOGPROBS };
+                let first = f.mul(&row, &arg::SAMPLES);
+                f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
+                    let i = f.add(&first, s);
+                    let i64 = f.zext(&i);
+                    finish_sample(f, &i64, &failed, &out, |f| {
+                        let a = f.gaddr(&reported, &r64, 4);
+                        f.load(&a, 4)
+                    });
+                });
             });
         });
     });

@@ -1,17 +1,14 @@
-//! The runtime's glue kernels, emitted like the sampling kernels (typed parameter tables in
-//! `params.rs`, LLVM IR through NVPTX): they keep a launch on the device (no host copy, so it
-//! can be captured into a CUDA graph) where it would otherwise need a host round trip.
-//!
-//! - `flashsample_greedy_flags`: `out[r] = all_greedy | (temperatures[r] == 0)`, what stage
-//!   three reads, from the caller's device temperatures.
-//! - `flashsample_finalize`: [`finish_sample`] for every sample, after stage three, the exact
-//!   nucleus or the decision (a launch whose last stage is stage two has stage two finish it).
+//! The finishing step of a launch, written once: [`finish_sample`] (a failed row's samples
+//! become `INDEX_NONE`, logprobs `logit − lse`), which stage two or stage three applies when it
+//! is the launch's last stage, and the glue kernel `flashsample_finalize` applies after the
+//! exact nucleus or before the decision, emitted like the sampling kernels (typed parameter
+//! table in `params.rs`, LLVM IR through NVPTX) so the launch stays on the device.
 //!
 //! One module of sm_80 PTX serves every device (the driver JIT-compiles it).
 
-use crate::ir::{self, f32c, i32c, Fcmp, Func, Global, Icmp, Ptr, F32, I1, I32, I64};
+use crate::ir::{self, i32c, Func, Global, Icmp, Ptr, F32, I1, I32, I64};
 use crate::params::arg;
-use crate::params::{FINALIZE, GREEDY_FLAGS};
+use crate::params::FINALIZE;
 use crate::{ir_to_ptx, PtxError};
 use flashsample_abi::INDEX_NONE;
 
@@ -30,23 +27,6 @@ fn element(f: &mut Func) -> (I32, I1) {
 
 fn attrs() -> String {
     format!("\"nvvm.maxntid\"=\"{GLUE_THREADS}\"")
-}
-
-fn greedy_flags() -> String {
-    let mut f = Func::new();
-    let (i, live) = element(&mut f);
-    f.if_then(&live, |f| {
-        let i64 = f.zext(&i);
-        let a = f.gaddr(&arg::TEMPERATURES, &i64, 4);
-        let t = f.load(&a, 4);
-        let zero = f.fcmp(Fcmp::Oeq, &t, &f32c(0.0));
-        let zero: I32 = f.zext(&zero);
-        let flag = f.or(&zero, &arg::ALL_GREEDY);
-        let o = f.gaddr(&arg::OUT, &i64, 4);
-        f.store(&flag, &o, 4);
-    });
-    f.ret_void();
-    f.finish(&GREEDY_FLAGS.llvm_header(GREEDY_FLAGS.kernel, &attrs()))
 }
 
 /// Where a launch's finishing step writes and reads: `flashsample_finalize`'s parameters, or
@@ -111,12 +91,7 @@ fn finalize() -> String {
 
 /// The glue module's LLVM IR text, before optimisation.
 pub fn glue_llvm_ir() -> String {
-    let mut m = String::from(ir::PRELUDE);
-    for kernel in [greedy_flags(), finalize()] {
-        m.push('\n');
-        m.push_str(&kernel);
-    }
-    m
+    format!("{}\n{}", ir::PRELUDE, finalize())
 }
 
 /// The glue module as sm_80 PTX.

@@ -39,9 +39,9 @@ pub use nucleus::{
     NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
 };
 pub use params::{
-    DecideArgs, FilterArgs, FinalizeArgs, GreedyFlagsArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
+    DecideArgs, FilterArgs, FinalizeArgs, KernelArg, KernelParams, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLogitsArgs, NucleusPickArgs,
     NucleusScatterArgs, Param, ParamKind, SpecTargetsArgs, Stage1Args, Stage2Args, DECIDE, FILTER, NUCLEUS_CUT, NUCLEUS_DRAW, NUCLEUS_HIST,
-    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2, FINALIZE, GREEDY_FLAGS, TensorMapWords,
+    NUCLEUS_LOGITS, NUCLEUS_PICK, NUCLEUS_SCATTER, SPEC_TARGETS, STAGE1, STAGE2, FINALIZE, TensorMapWords,
 };
 
 use flashsample_ir::{DType, IrError, Pipeline};

@@ -268,8 +268,10 @@ kernel_params! {
         filters: ConstPtr,
         /// `f32 [B]` stage two's row logsumexp, or 0 (read as NaN).
         lse: ConstPtr,
-        /// `u32 [B]`, 1 = the row is greedy, or 0.
-        greedy: ConstPtr,
+        /// `f32 [B]` the launch's temperatures: a row at 0 is greedy (its lists' best wins).
+        temperatures: ConstPtr,
+        /// 1 when the pipeline is greedy (every row).
+        all_greedy: U32,
         seed: U64,
         /// `u64 [B]` or 0.
         row_seeds: ConstPtr,
@@ -294,6 +296,13 @@ kernel_params! {
         /// Stage one's `f32` raw logit beside each entry of `lists`, or 0: a drawn token
         /// then reports its raw logit.
         list_raws: ConstPtr,
+        /// 1 when stage three is the launch's last stage (no exact nucleus or decision after
+        /// it): it then finishes every row's samples (`glue::finish_sample`), in place of
+        /// `flashsample_finalize`.
+        finish: U32,
+        /// With `finish`: `f32 [B·S]` logprobs against the reported logsumexp (`raw_lse`
+        /// when given, else `lse`), or 0 for none.
+        out_logprobs: MutPtr,
     }
 }
 
@@ -502,19 +511,6 @@ kernel_params! {
 // The runtime's glue kernels (`glue.rs`): one thread per element, [`crate::GLUE_THREADS`] a block.
 
 kernel_params! {
-    /// The arguments of `flashsample_greedy_flags`: `out[r] = all_greedy | (temperatures[r] == 0)`.
-    GREEDY_FLAGS, GreedyFlagsArgs, "flashsample_greedy_flags" {
-        /// `f32 [n]`.
-        temperatures: ConstPtr,
-        /// `u32 [n]`, what stage three reads.
-        out: MutPtr,
-        n: U32,
-        /// 1 when the pipeline is greedy (every row).
-        all_greedy: U32,
-    }
-}
-
-kernel_params! {
     /// The arguments of `flashsample_finalize` over `n = batch · samples` samples.
     FINALIZE, FinalizeArgs, "flashsample_finalize" {
         /// `u32 [n]`: a sample of a row whose status is not ok becomes `abi::INDEX_NONE`.
@@ -563,7 +559,6 @@ pub(crate) mod arg {
     DRAFTS: Ptr<Global> = "%drafts",
     FILTERS: Ptr<Global> = "%filters",
     FINISH: I32 = "%finish",
-    GREEDY: Ptr<Global> = "%greedy",
     HIDDEN: Ptr<Global> = "%hidden",
     HIST: Ptr<Global> = "%hist",
     K: I32 = "%k",
@@ -582,7 +577,6 @@ pub(crate) mod arg {
     MASSES: Ptr<Global> = "%masses",
     N: I32 = "%n",
     NEED: I32 = "%need",
-    OUT: Ptr<Global> = "%out",
     OUT_ACCEPTED: Ptr<Global> = "%out_accepted",
     OUT_LOGITS: Ptr<Global> = "%out_logits",
     OUT_LSE: Ptr<Global> = "%out_lse",
@@ -640,7 +634,7 @@ mod tests {
     fn every_typed_argument_is_a_parameter_of_its_kind() {
         let tables = [
             STAGE1, STAGE2, FILTER, DECIDE, SPEC_TARGETS, NUCLEUS_PICK, NUCLEUS_LOGITS, NUCLEUS_HIST, NUCLEUS_SCATTER, NUCLEUS_CUT, NUCLEUS_DRAW,
-            GREEDY_FLAGS, FINALIZE,
+            FINALIZE,
         ];
         for (text, llvm) in arg::ALL {
             let name = text.strip_prefix('%').expect("a parameter value is %name");

@@ -270,11 +270,11 @@ fn list_pipelines_get_the_filter_kernel() {
     assert_eq!(
         entry_param_types(&k.ptx, "flashsample_filter"),
         [
-            ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64",
-            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64"
+            ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64",
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u32", ".u64"
         ]
     );
-    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 23);
+    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 26);
     assert!(!k.ptx.contains(".local"), "no local memory");
     // The penalty lookup is out of line, the survivors use the abi's ln / exp.
     assert!(k.ptx.contains("fs_penalize_token"));
@@ -1177,17 +1177,15 @@ fn nucleus_layout_is_aligned_and_disjoint() {
     }
 }
 
-/// The runtime's glue kernels come from the same emitter and parameter tables: one sm_80
-/// module with the two entries, their signatures from `params.rs`.
+/// The runtime's glue kernel comes from the same emitter and parameter tables: one sm_80
+/// module with the finishing kernel, its signature from `params.rs`.
 #[test]
-fn the_glue_module_has_its_two_kernels() {
-    use flashsample_codegen_ptx::{compile_glue, glue_llvm_ir, FINALIZE, GREEDY_FLAGS};
+fn the_glue_module_has_the_finishing_kernel() {
+    use flashsample_codegen_ptx::{compile_glue, glue_llvm_ir, FINALIZE};
     let ptx = compile_glue().unwrap();
     assert!(ptx.contains(".target sm_80"));
-    for k in [GREEDY_FLAGS, FINALIZE] {
-        assert_eq!(entry_param_types(&ptx, k.kernel).len(), k.params.len(), "{}", k.kernel);
-    }
-    assert_eq!(ptx.matches(".entry").count(), 2);
+    assert_eq!(entry_param_types(&ptx, FINALIZE.kernel).len(), FINALIZE.params.len());
+    assert_eq!(ptx.matches(".entry").count(), 1);
     let ir = glue_llvm_ir();
     assert!(ir_function(&ir, "flashsample_finalize").contains(&format!("store i32 {}", flashsample_abi::INDEX_NONE as i32)));
     if let Ok(ptxas) = std::env::var("PTXAS") {

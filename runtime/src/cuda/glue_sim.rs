@@ -1,14 +1,14 @@
 //! Tests of the glue kernels without a GPU, on their LLVM IR interpreted on the host
-//! ([`super::ir_sim`]): the greedy flags, the finishing kernel (a failed row's samples become
+//! ([`super::ir_sim`]): the finishing kernel (a failed row's samples become
 //! `INDEX_NONE` with NaN logprobs, the others `logit − lse` in f32).
 
 use super::ir_sim::{arg_words, Memory, Module};
 use flashsample_abi::INDEX_NONE;
-use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GreedyFlagsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS};
+use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, FINALIZE, GLUE_THREADS};
 use std::collections::HashMap;
 
 fn module() -> Module {
-    Module::with_callees(&glue_llvm_ir(), &[GREEDY_FLAGS, FINALIZE].map(|k| k.kernel), &HashMap::new())
+    Module::with_callees(&glue_llvm_ir(), &[FINALIZE.kernel], &HashMap::new())
 }
 
 /// Every CTA of an elementwise launch over `n` elements.
@@ -18,22 +18,6 @@ fn launch(m: &Module, kernel: &str, params: &[u64], n: u32, mem: &mut Memory) {
 
 fn read<T: bytemuck::Pod>(mem: &Memory, addr: u64) -> Vec<T> {
     bytemuck::pod_collect_to_vec(&mem.bufs[(addr >> 40) as usize - 1])
-}
-
-#[test]
-fn greedy_flags_mark_zero_temperatures_and_greedy_pipelines() {
-    let m = module();
-    let temps = [0.7f32, 0.0, -0.0, 1.0, 0.0];
-    for all_greedy in [0u32, 1] {
-        let mut mem = Memory { bufs: Vec::new() };
-        let t = mem.add(bytemuck::cast_slice(&temps).to_vec());
-        let out = mem.add(vec![0xab; (temps.len() + 3) * 4]);
-        let args = GreedyFlagsArgs { temperatures: t, out, n: temps.len() as u32, all_greedy }.args();
-        launch(&m, GREEDY_FLAGS.kernel, &arg_words(&args), temps.len() as u32, &mut mem);
-        let got: Vec<u32> = read(&mem, out);
-        let want: Vec<u32> = temps.iter().map(|&t| u32::from(t == 0.0) | all_greedy).chain([0xabab_abab; 3]).collect();
-        assert_eq!(got, want, "all_greedy {all_greedy}: flags, and nothing past n");
-    }
 }
 
 #[test]

@@ -71,8 +71,6 @@ struct Scratch {
     logits: CudaSlice<u8>,
     /// Row logsumexps of launches whose caller does not ask for them (plans with the logsumexp).
     row_lse: Option<CudaSlice<u8>>,
-    /// Stage three's greedy flags (pipelines with lists).
-    greedy: Option<CudaSlice<u8>>,
     /// `[max_batch]` temperatures of pipelines without a run-time temperature (the constant, or 1).
     temperatures: CudaSlice<u8>,
     /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
@@ -106,6 +104,17 @@ struct RawScratch {
     list_raws: Option<CudaSlice<u8>>,
     /// `[max_batch]` raw row logsumexps of launches whose caller does not take the logsumexp.
     row_lse: CudaSlice<u8>,
+}
+
+/// Which step of a launch finishes its samples (`glue::finish_sample`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LastStage {
+    /// Stage two: no lists, no nucleus, no decision.
+    StageTwo,
+    /// Stage three: lists, and no nucleus or decision in the launch.
+    Filter,
+    /// The finishing kernel, after the exact nucleus or before the decision.
+    Finalize,
 }
 
 /// Where one launch's row outputs go (device addresses, 0 = none).
@@ -311,7 +320,6 @@ impl SamplingPlan {
             scores: alloc(n * 4)?,
             logits: alloc(n * 4)?,
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
-            greedy: if flashsample_codegen_ptx::list_capacity(&pipeline) > 0 { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
             row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(chunk * samples * 4)?) },
             raw: if raw {
@@ -370,7 +378,7 @@ impl SamplingPlan {
     /// bounds of one chunk; the per-row defaults of outputs the caller does not ask for).
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
-        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.greedy, &sc.row_bounds, &sc.residual_lists];
+        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.row_bounds, &sc.residual_lists];
         let spec = sc.spec.as_ref().map_or(0, |s| s.targets.len() + s.draft_logits.len() + s.row_tokens.len());
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
@@ -698,9 +706,14 @@ impl SamplingPlan {
             (NucleusPass::Inline, Some(ns), Some(kn)) => Some((ns, kn)),
             _ => None,
         };
-        // Stage two finishes the samples itself when nothing runs after it (one kernel fewer);
-        // otherwise `flashsample_finalize` does, after the last stage that writes samples.
-        let stage_two_finishes = k.kernel.filter.is_none() && nucleus.is_none() && a.decide.is_none();
+        // The last stage that writes samples finishes them (one kernel fewer); after the exact
+        // nucleus, or before the decision (which reads the finished rows), the finishing
+        // kernel does.
+        let last_stage = match (&k.kernel.filter, nucleus.is_some() || a.decide.is_some()) {
+            (_, true) => LastStage::Finalize,
+            (Some(_), false) => LastStage::Filter,
+            (None, false) => LastStage::StageTwo,
+        };
         let (samples, tiles) = (self.pipeline.samples_per_row(), g.tiles as u32);
         let cfg = LaunchConfig { grid_dim: g.stage2_grid, block_dim: (g.stage2_block, 1, 1), shared_mem_bytes: 0 };
         let args = Stage2Args {
@@ -719,8 +732,8 @@ impl SamplingPlan {
             target_logprobs: if self.pipeline.verify.is_some() { 0 } else { a.target_logprobs },
             raw_lse: raw_partials,
             out_raw_lse: raw_row_lse,
-            finish: u32::from(stage_two_finishes),
-            out_logprobs: if stage_two_finishes { logprobs } else { 0 },
+            finish: u32::from(last_stage == LastStage::StageTwo),
+            out_logprobs: if last_stage == LastStage::StageTwo { logprobs } else { 0 },
         }
         .args();
         let mut b = stream.launch_builder(&k.kernel.stage2);
@@ -731,14 +744,6 @@ impl SamplingPlan {
 
         // Stage three, for pipelines with lists.
         if let Some(filter) = &k.kernel.filter {
-            let greedy = match &sc.greedy {
-                Some(buf) => {
-                    let dst = self.addr(buf, stream);
-                    self.aux.greedy_flags(stream, temperatures, dst, batch, self.pipeline.is_greedy())?;
-                    dst
-                }
-                None => 0,
-            };
             let (per_tile, top_n) = (k.config.list_per_tile, self.pipeline.outputs.top_logprobs);
             let cfg = LaunchConfig { grid_dim: g.filter_grid, block_dim: (g.filter_block, 1, 1), shared_mem_bytes: 0 };
             let args = FilterArgs {
@@ -750,7 +755,8 @@ impl SamplingPlan {
                 samples,
                 filters: a.filters,
                 lse: row_lse,
-                greedy,
+                temperatures,
+                all_greedy: u32::from(self.pipeline.is_greedy()),
                 seed: a.seed,
                 row_seeds: a.row_seeds,
                 vocab_offset: a.vocab_offset,
@@ -765,6 +771,8 @@ impl SamplingPlan {
                 raw_lists,
                 raw_lse: raw_row_lse,
                 list_raws,
+                finish: u32::from(last_stage == LastStage::Filter),
+                out_logprobs: if last_stage == LastStage::Filter { logprobs } else { 0 },
             }
             .args();
             let mut b = stream.launch_builder(filter);
@@ -777,7 +785,7 @@ impl SamplingPlan {
         if let Some((ns, kn)) = nucleus {
             self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits])?;
         }
-        if !stage_two_finishes {
+        if last_stage == LastStage::Finalize {
             self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, logprobs, batch * samples, samples)?;
         }
         if let Some(d) = &a.decide {

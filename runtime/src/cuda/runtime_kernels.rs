@@ -1,4 +1,4 @@
-//! The runtime's glue kernels (`codegen_ptx` `glue.rs`: the greedy flags, the finishing kernel), loaded once per device and launched with their typed arguments.
+//! The runtime's glue kernel (`codegen_ptx` `glue.rs`: the finishing kernel), loaded once per device and launched with their typed arguments.
 
 use super::device::drv;
 use super::plan::push_args;
@@ -6,12 +6,11 @@ use super::CudaDevice;
 use crate::{Error, Result};
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
-use flashsample_codegen_ptx::{FinalizeArgs, GreedyFlagsArgs, FINALIZE, GLUE_THREADS, GREEDY_FLAGS};
+use flashsample_codegen_ptx::{FinalizeArgs, FINALIZE, GLUE_THREADS};
 use std::sync::Arc;
 
 /// The runtime's small kernels, loaded once per device.
 pub(crate) struct AuxKernels {
-    greedy_flags: CudaFunction,
     finalize: CudaFunction,
     _module: Arc<CudaModule>,
 }
@@ -27,21 +26,9 @@ impl AuxKernels {
         let module = device.context().load_module(Ptx::from_src(text)).map_err(drv("cuModuleLoadData(glue kernels)"))?;
         let get = |name: &'static str| module.load_function(name).map_err(drv("cuModuleGetFunction(glue kernel)"));
         Ok(AuxKernels {
-            greedy_flags: get(GREEDY_FLAGS.kernel)?,
             finalize: get(FINALIZE.kernel)?,
             _module: module.clone(),
         })
-    }
-
-    /// Queues `out[r] = all_greedy | (temperatures[r] == 0)` for `n` rows.
-    pub(crate) fn greedy_flags(&self, stream: &CudaStream, temperatures: u64, out: u64, n: u32, all_greedy: bool) -> Result<()> {
-        let args = GreedyFlagsArgs { temperatures, out, n, all_greedy: u32::from(all_greedy) }.args();
-        let mut b = stream.launch_builder(&self.greedy_flags);
-        push_args(&mut b, &args);
-        // SAFETY: the arguments follow `GREEDY_FLAGS`; both buffers hold `n` elements (the
-        // caller's contract).
-        unsafe { b.launch(elementwise(n)) }.map_err(drv("cuLaunchKernel(flashsample_greedy_flags)"))?;
-        Ok(())
     }
 
     /// Queues the finalization of `n = batch * samples` samples (`codegen_ptx` `glue.rs`);
