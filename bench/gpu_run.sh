@@ -28,22 +28,24 @@ if has tests; then
   # the slowest known first, each timed; a deadline keeps the call inside its limit (tests it
   # never started are listed as NOTRUN). Most tests spend their time in the float64 reference
   # and in LLVM, so one process per test keeps the lent machine's 16 cores busy: the whole
-  # suite took 292 s on an H200 (BENCHMARKS.md, 2026-12-05 fourth session). MEMCHECK names
-  # tests to run under compute-sanitizer memcheck in the same pool.
+  # suite took 292 s on an H200 (BENCHMARKS.md, 2026-12-05 fourth session). SANITIZE names
+  # `tool:test` pairs (tool: memcheck, racecheck, synccheck, initcheck) to run under
+  # compute-sanitizer in the same pool; TEST_FILTER / TEST_SKIP are regexes of tests to keep / drop.
   start=$SECONDS
   deadline=$(( $(date +%s) + ${TEST_TIMEOUT:-540} ))
   slow="invariance::requests_get_the_same_bits_at_every_batch_and_schedule logprob_modes::raw_logprobs_match_the_reference_on_every_schedule scoring::target_logprobs_match_the_reference_on_every_schedule persistent_overlapped_epilogue_equals_one_cta_per_item wgmma_mainloop_pathwise"
-  { printf '%s\n' $slow ${MEMCHECK:+$(printf 'memcheck:%s ' $MEMCHECK)}; "$GPU_TEST" --list --include-ignored | sed -n 's/: test$//p'; } \
-    | awk '!seen[$0]++' | grep -E "${TEST_FILTER:-.}" >"$OUT/test-list.txt"
+  { printf '%s\n' ${SANITIZE:-} $slow; "$GPU_TEST" --list --include-ignored | sed -n 's/: test$//p'; } \
+    | awk '!seen[$0]++' | grep -E "${TEST_FILTER:-.}" | grep -Ev "${TEST_SKIP:-^$}" >"$OUT/test-list.txt"
   mkdir -p "$OUT/tests"
   one_test() {
     local t=$1 log="$OUT/tests/${1//:/_}.log" s=$SECONDS left=$(( deadline - $(date +%s) ))
     [ $left -gt 5 ] || { echo "$t NOTRUN"; return; }
     case $t in
-      memcheck:*) timeout $left compute-sanitizer --tool memcheck --error-exitcode 9 "$GPU_TEST" "${t#memcheck:}" --exact --include-ignored >"$log" 2>&1 ;;
+      memcheck:* | racecheck:* | synccheck:* | initcheck:*)
+        timeout $left compute-sanitizer --tool "${t%%:*}" --error-exitcode 9 "$GPU_TEST" "${t#*:}" --exact --include-ignored >"$log" 2>&1 ;;
       *) timeout $left "$GPU_TEST" "$t" --exact --include-ignored >"$log" 2>&1 ;;
     esac
-    echo "$t rc=$? $((SECONDS - s))s $(grep -hE 'ERROR SUMMARY' "$log")"
+    echo "$t rc=$? $((SECONDS - s))s $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr '\n' ' ')"
   }
   export -f one_test; export GPU_TEST OUT deadline
   xargs -P "${TEST_JOBS:-12}" -I{} bash -c 'one_test {}' <"$OUT/test-list.txt" >"$OUT/tests.txt"
