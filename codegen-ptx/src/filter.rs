@@ -27,7 +27,7 @@
 
 use crate::config::{GpuConfig, FILTER_THREADS};
 use crate::entries::{beats, Candidate, CandidateVar, Scored, SCORED_BYTES, SCORED_INDEX};
-use crate::glue::{finish_sample, FinishOutputs};
+use crate::glue::finish_row;
 use crate::ir::{i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64};
 use crate::math;
 use crate::params::{arg, FILTER};
@@ -775,16 +775,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                 let failed = f.icmp(Icmp::Ne, &st, &i32c(RowStatus::Ok.code()));
                 let has_raw = f.non_null(&arg::RAW_LSE);
                 let reported = f.sel(&has_raw, &arg::RAW_LSE, &arg::LSE);
-                let out = FinishOutputs { tokens: &arg::OUT_TOKENS, logits: &arg::OUT_LOGITS, logprobs: &arg::OUT_LOGPROBS };
-                let first = f.mul(&row, &arg::SAMPLES);
-                f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
-                    let i = f.add(&first, s);
-                    let i64 = f.zext(&i);
-                    finish_sample(f, &i64, &failed, &out, |f| {
-                        let a = f.gaddr(&reported, &r64, 4);
-                        f.load(&a, 4)
-                    });
-                });
+                finish_row(f, &row, &failed, &reported);
             });
         });
     });

@@ -30,21 +30,21 @@ fn attrs() -> String {
 }
 
 /// Where a launch's finishing step writes and reads: `flashsample_finalize`'s parameters, or
-/// stage two's own outputs when it is the launch's last stage (`Stage2Args::finish`).
-pub(crate) struct FinishOutputs<'a> {
+/// the outputs of the row kernel that is the launch's last stage ([`finish_row`]).
+struct FinishOutputs<'a> {
     /// `u32 [n]` the samples.
-    pub tokens: &'a Ptr<Global>,
+    tokens: &'a Ptr<Global>,
     /// `f32 [n]` the samples' logits.
-    pub logits: &'a Ptr<Global>,
+    logits: &'a Ptr<Global>,
     /// `f32 [n]` the logprobs, or null for none.
-    pub logprobs: &'a Ptr<Global>,
+    logprobs: &'a Ptr<Global>,
 }
 
-/// The finishing rule for sample `i` of a row, written once for both places that apply it:
+/// The finishing rule for sample `i` of a row, written once for every place that applies it:
 /// a sample of a failed row becomes `abi::INDEX_NONE` (a sample is never a token the kernels
 /// could not vouch for) with a NaN logprob, and otherwise, with logprobs, `logit − lse` in f32.
 /// `row_lse` loads the row's logsumexp; it is called only when logprobs are written.
-pub(crate) fn finish_sample(f: &mut Func, i: &I64, failed: &I1, out: &FinishOutputs<'_>, row_lse: impl FnOnce(&mut Func) -> F32) {
+fn finish_sample(f: &mut Func, i: &I64, failed: &I1, out: &FinishOutputs<'_>, row_lse: impl FnOnce(&mut Func) -> F32) {
     let want_lp = f.non_null(out.logprobs);
     f.if_else(
         failed,
@@ -67,6 +67,23 @@ pub(crate) fn finish_sample(f: &mut Func, i: &I64, failed: &I1, out: &FinishOutp
             });
         },
     );
+}
+
+/// [`finish_sample`] for each of the row's `%samples` samples in a row kernel (stage two,
+/// stage three) that is the launch's last stage: its `%out_tokens`, `%out_logits` and
+/// `%out_logprobs`, the row's logsumexp read from `reported_lse`.
+pub(crate) fn finish_row(f: &mut Func, row: &I32, failed: &I1, reported_lse: &Ptr<Global>) {
+    let out = FinishOutputs { tokens: &arg::OUT_TOKENS, logits: &arg::OUT_LOGITS, logprobs: &arg::OUT_LOGPROBS };
+    let first = f.mul(row, &arg::SAMPLES);
+    f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
+        let i = f.add(&first, s);
+        let i64 = f.zext(&i);
+        finish_sample(f, &i64, failed, &out, |f| {
+            let r64 = f.zext(row);
+            let a = f.gaddr(reported_lse, &r64, 4);
+            f.load(&a, 4)
+        });
+    });
 }
 
 fn finalize() -> String {

@@ -7,7 +7,7 @@
 
 use crate::config::STAGE2_THREADS;
 use crate::entries::{beats, Candidate, CandidateVar, CANDIDATE_BYTES};
-use crate::glue::{finish_sample, FinishOutputs};
+use crate::glue::finish_row;
 use crate::ir::{i32c, Fcmp, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I128, I32};
 use crate::lse::{self, Partial};
 use crate::params::{arg, STAGE2};
@@ -167,17 +167,7 @@ pub(crate) fn emit() -> String {
             let st = f.get(&status);
             let failed = f.icmp(Icmp::Ne, &st, &i32c(RowStatus::Ok.code()));
             let reported = f.sel(&raw_in, &arg::OUT_RAW_LSE, &arg::OUT_LSE);
-            let out = FinishOutputs { tokens: &arg::OUT_TOKENS, logits: &arg::OUT_LOGITS, logprobs: &arg::OUT_LOGPROBS };
-            let first = f.mul(&row, &arg::SAMPLES);
-            f.for_loop(&i32c(0), &arg::SAMPLES, &i32c(1), |f, s| {
-                let i = f.add(&first, s);
-                let i64 = f.zext(&i);
-                finish_sample(f, &i64, &failed, &out, |f| {
-                    let r64 = f.zext(&row);
-                    let a = f.gaddr(&reported, &r64, 4);
-                    f.load(&a, 4)
-                });
-            });
+            finish_row(f, &row, &failed, &reported);
         });
     });
     f.ret_void();
