@@ -1,5 +1,8 @@
-"""Timing shared by the peers scripts: medians of repeated calls and their peak extra memory."""
+"""What the peers scripts share: their common arguments, the weights they time against, the
+medians of repeated calls and their peak extra memory."""
 
+import argparse
+import json
 import statistics
 import sys
 import time
@@ -53,3 +56,32 @@ def measure(record, name, timed_call, what, torch, cuda):
         print(f"{what}: {name} failed: {e}", file=sys.stderr)
         if cuda:
             torch.cuda.empty_cache()
+
+
+def parse_args(own):
+    """The arguments every peers script takes (--dim, --vocab, --reps, --warmup, --device), plus
+    the script's own, which `own(parser)` adds."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dim", type=int, required=True)
+    ap.add_argument("--vocab", type=int, default=151936)
+    own(ap)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    return ap.parse_args()
+
+
+def torch_and_head(args, out):
+    """PyTorch (its version into `out["torch"]`), the device, whether it is CUDA, a CPU
+    generator seeded at 1 and the bf16 weights [V, D] ~ U(-0.05, 0.05) on the device; or None,
+    once `out` is printed as it is, when PyTorch does not import."""
+    try:
+        import torch
+    except ImportError:
+        print(json.dumps(out))
+        return None
+    out["torch"] = torch.__version__
+    dev = torch.device(args.device)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    w = (torch.rand(args.vocab, args.dim, generator=g) * 0.1 - 0.05).to(torch.bfloat16).to(dev)
+    return torch, dev, dev.type == "cuda", g, w

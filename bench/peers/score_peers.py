@@ -16,33 +16,21 @@ before it, in MB. Prints one JSON object: {"torch", "liger", "device", "rows": [
 a missing package or failing peer gives nulls (with the reason on stderr).
 """
 
-import argparse
 import json
 import sys
 
-from peer_timing import measure, median_ms, peak_mb
+from peer_timing import measure, median_ms, parse_args, peak_mb, torch_and_head
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dim", type=int, required=True)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--rows", default="256,2048,8192")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--device", default="cuda")
-    args = ap.parse_args()
+    args = parse_args(lambda ap: ap.add_argument("--rows", default="256,2048,8192"))
     rows_list = [int(r) for r in args.rows.split(",") if r]
     V, D = args.vocab, args.dim
     out = {"torch": None, "liger": None, "device": args.device, "rows": []}
-    try:
-        import torch
-    except ImportError:
-        print(json.dumps(out))
+    head = torch_and_head(args, out)
+    if head is None:
         return
-    out["torch"] = torch.__version__
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
+    torch, dev, cuda, g, w = head
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
         from importlib.metadata import version
@@ -53,8 +41,6 @@ def main():
         liger_loss = None
         print(f"score_peers: no Liger-Kernel ({e})", file=sys.stderr)
 
-    g = torch.Generator(device="cpu").manual_seed(1)
-    w = (torch.rand(V, D, generator=g) * 0.1 - 0.05).to(torch.bfloat16).to(dev)
 
     def score(h, w, t):
         logits = (h @ w.T).float()

@@ -19,36 +19,25 @@ Prints one JSON object: {"torch", "device", "cases": [{"batch", "k", "torch_comp
 gives nulls (with the reason on stderr).
 """
 
-import argparse
 import json
 
-from peer_timing import measure, median_ms, peak_mb
+from peer_timing import measure, median_ms, parse_args, peak_mb, torch_and_head
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dim", type=int, required=True)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--batches", default="1,16,64")
-    ap.add_argument("--ks", default="3,7")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--device", default="cuda")
-    args = ap.parse_args()
+    def own(ap):
+        ap.add_argument("--batches", default="1,16,64")
+        ap.add_argument("--ks", default="3,7")
+
+    args = parse_args(own)
     batches = [int(b) for b in args.batches.split(",") if b]
     ks = [int(k) for k in args.ks.split(",") if k]
     V, D = args.vocab, args.dim
     out = {"torch": None, "device": args.device, "cases": []}
-    try:
-        import torch
-    except ImportError:
-        print(json.dumps(out))
+    head = torch_and_head(args, out)
+    if head is None:
         return
-    out["torch"] = torch.__version__
-    dev = torch.device(args.device)
-    cuda = dev.type == "cuda"
-    g = torch.Generator(device="cpu").manual_seed(1)
-    w = (torch.rand(V, D, generator=g) * 0.1 - 0.05).to(torch.bfloat16).to(dev)
+    torch, dev, cuda, g, w = head
 
     def verify(h, w, drafts, q, temperature, uniforms):
         # h [B·(k+1), D]; drafts [B, k]; q [B, k, V]; temperature [B·(k+1)]; uniforms [B, k].

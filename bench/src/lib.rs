@@ -1,4 +1,5 @@
-//! Benchmark helpers shared by the bench binaries: timing and table printing.
+//! Benchmark helpers shared by the bench binaries: the common arguments of the peer-comparing
+//! benches, timing, the peers' subprocess and table printing.
 
 use flashsample::{bf16, Device, DeviceTensor, Tensor};
 use rand::{rngs::StdRng, Rng};
@@ -17,6 +18,57 @@ pub fn median_secs<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<
     }
     t.sort_by(f64::total_cmp);
     Ok(t[t.len() / 2])
+}
+
+/// The arguments every peer-comparing bench (`score_bench`, `spec_bench`) takes, flattened
+/// into its own: the device, the LM-head shapes, the repetitions, and the Python that runs its
+/// peers script.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// `D:V` pairs.
+    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
+    pub shapes: Vec<String>,
+    #[arg(long, default_value_t = 10)]
+    pub reps: usize,
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Python with PyTorch (and what the peers script uses) for the peers; `none` skips them.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+}
+
+impl BenchArgs {
+    /// The device `--device` names.
+    pub fn device(&self) -> Result<Device, Box<dyn std::error::Error>> {
+        match self.device.as_str() {
+            "cpu" => Ok(Device::cpu()),
+            "cuda" => Ok(Device::cuda(0)?),
+            other => Err(format!("--device {other}: expected cpu or cuda").into()),
+        }
+    }
+
+    /// The JSON the peers script `script` prints for one head (`--dim`, `--vocab`, then
+    /// `cases`, then the repetitions and the device), or `None` with `--python none` or when
+    /// the peers cannot run (the reason on stderr, prefixed with `bench`).
+    pub fn peers(&self, bench: &str, script: &str, dim: usize, vocab: usize, cases: &[(&str, String)]) -> Option<serde_json::Value> {
+        if self.python == "none" {
+            return None;
+        }
+        let mut args = vec!["--dim".to_string(), dim.to_string(), "--vocab".into(), vocab.to_string()];
+        for (flag, value) in cases {
+            args.extend([flag.to_string(), value.clone()]);
+        }
+        args.extend(["--reps".into(), self.reps.to_string(), "--warmup".into(), self.warmup.to_string(), "--device".into(), self.device.clone()]);
+        peers_json(&self.python, script, &args).map_err(|e| eprintln!("{bench}: peers skipped: {e}")).ok()
+    }
+}
+
+/// `xs` as a comma-separated list (a peers script's argument).
+pub fn comma_list(xs: &[usize]) -> String {
+    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// Runs a peers script (`python script args…`, its stderr passed through) and parses the one

@@ -10,28 +10,19 @@
 //! (wall time per launch).
 
 use clap::Parser;
-use flashsample::{ir::PipelineBuilder, Device, KernelConfig, Sampler, SamplingParams, Tensor};
+use flashsample::{ir::PipelineBuilder, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_bench::{LmHead, fmt_opt, peers_json, print_table};
+use flashsample_bench::{comma_list, fmt_opt, print_table, BenchArgs, LmHead};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+/// Fused scoring (`target_logprob`) against torch.compile, eager PyTorch and Liger-Kernel.
 #[derive(Parser)]
 struct Args {
-    /// `cpu` or `cuda`.
-    #[arg(long, default_value = "cuda")]
-    device: String,
-    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
-    shapes: Vec<String>,
+    #[command(flatten)]
+    bench: BenchArgs,
     #[arg(long, value_delimiter = ',', default_value = "256,2048,8192")]
     rows: Vec<usize>,
-    #[arg(long, default_value_t = 10)]
-    reps: usize,
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Python with PyTorch (and optionally liger-kernel) for the peers; `none` skips them.
-    #[arg(long, default_value = "python3")]
-    python: String,
     /// The peers script, relative to the working directory (the repository root).
     #[arg(long, default_value = "bench/peers/score_peers.py")]
     peers_script: String,
@@ -47,25 +38,20 @@ struct Peers {
     mem_liger: Option<f64>,
 }
 
-fn peers(args: &Args, dim: usize, vocab: usize) -> Result<Vec<(usize, Peers)>, String> {
-    if args.python == "none" {
-        return Ok(Vec::new());
-    }
-    let script = &args.peers_script;
-    let rows: Vec<String> = args.rows.iter().map(|r| r.to_string()).collect();
-    let peer_args = ["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--rows", &rows.join(",")];
-    let run = ["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device];
-    let json = peers_json(&args.python, script, &peer_args.iter().chain(&run).map(|s| s.to_string()).collect::<Vec<_>>())?;
+/// The peers per row count (none when they did not run).
+fn peers(args: &Args, dim: usize, vocab: usize) -> Vec<(usize, Peers)> {
+    let Some(json) = args.bench.peers("score_bench", &args.peers_script, dim, vocab, &[("--rows", comma_list(&args.rows))]) else {
+        return Vec::new();
+    };
     eprintln!("score_bench: torch {}, liger {}", json["torch"], json["liger"]);
-    let list = json["rows"].as_array().ok_or("score_peers.py: no rows")?;
-    Ok(list
-        .iter()
+    let list = json["rows"].as_array().map_or(&[][..], Vec::as_slice);
+    list.iter()
         .map(|r| {
             let f = |k: &str| r[k].as_f64();
             let n = r["rows"].as_u64().unwrap_or(0) as usize;
             (n, Peers { compile: f("torch_compile"), eager: f("torch_eager"), liger: f("liger"), mem_compile: f("mem_torch_compile"), mem_liger: f("mem_liger") })
         })
-        .collect())
+        .collect()
 }
 
 /// Bytes of the scratch a scoring launch of `rows` uses with `config`: per (row, tile) a
@@ -81,29 +67,23 @@ fn scratch_bytes(config: &KernelConfig, rows: usize, vocab: usize) -> usize {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let device = match args.device.as_str() {
-        "cpu" => Device::cpu(),
-        "cuda" => Device::cuda(0)?,
-        other => return Err(format!("--device {other}: expected cpu or cuda").into()),
-    };
+    let device = args.bench.device()?;
     let pipeline = PipelineBuilder::new("Score", DType::BF16, DType::BF16).argmax().target_logprob("targets").build()?;
     let sampler = Sampler::new(pipeline, &device)?;
-    println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {} after {}", device.describe(), args.reps, args.warmup);
+    let (reps, warmup) = (args.bench.reps, args.bench.warmup);
+    println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {reps} after {warmup}", device.describe());
     let mut rng = StdRng::seed_from_u64(3);
-    for shape in &args.shapes {
+    for shape in &args.bench.shapes {
         let head = LmHead::random(&mut rng, &device, shape)?;
         let (dim, vocab) = (head.dim, head.vocab);
-        let peer_rows = peers(&args, dim, vocab).unwrap_or_else(|e| {
-            eprintln!("score_bench: peers skipped: {e}");
-            Vec::new()
-        });
+        let peer_rows = peers(&args, dim, vocab);
         let mut table = Vec::new();
         for &rows in &args.rows {
             let h = head.random_hidden(&mut rng, rows);
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);
-            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, args.warmup, args.reps)?;
+            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, warmup, reps)?;
             t.sort_by(f64::total_cmp);
             let ours = t[t.len() / 2] * 1e3;
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);

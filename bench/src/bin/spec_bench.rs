@@ -17,31 +17,22 @@
 //! `--shapes` there).
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, Device, Sampler, SamplingParams, Tensor};
-use flashsample_bench::{LmHead, fmt_opt, median_secs, peers_json, print_table};
+use flashsample::{bf16, ir::PipelineBuilder, Sampler, SamplingParams, Tensor};
+use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+/// Fused speculative verification against a torch.compile'd rejection sampler and plain sampling.
 #[derive(Parser)]
 struct Args {
-    /// `cpu` or `cuda`.
-    #[arg(long, default_value = "cuda")]
-    device: String,
-    #[arg(long, value_delimiter = ',', default_value = "4096:151936,8192:128256")]
-    shapes: Vec<String>,
+    #[command(flatten)]
+    bench: BenchArgs,
     /// Sequences per launch.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     batches: Vec<usize>,
     /// Drafts per sequence.
     #[arg(long, value_delimiter = ',', default_value = "3,7")]
     ks: Vec<usize>,
-    #[arg(long, default_value_t = 10)]
-    reps: usize,
-    #[arg(long, default_value_t = 3)]
-    warmup: usize,
-    /// Python with PyTorch for the peers; `none` skips them.
-    #[arg(long, default_value = "python3")]
-    python: String,
     /// The peers script, relative to the working directory (the repository root).
     #[arg(long, default_value = "bench/peers/spec_peers.py")]
     peers_script: String,
@@ -58,25 +49,21 @@ struct Peer {
 /// The peers' results per (B, k).
 type PeerCases = Vec<((usize, usize), Peer)>;
 
-fn peers(args: &Args, dim: usize, vocab: usize) -> Result<PeerCases, String> {
-    if args.python == "none" {
-        return Ok(Vec::new());
-    }
-    let script = &args.peers_script;
-    let list = |xs: &[usize]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
-    let peer_args = ["--dim", &dim.to_string(), "--vocab", &vocab.to_string(), "--batches", &list(&args.batches), "--ks", &list(&args.ks)];
-    let run = ["--reps", &args.reps.to_string(), "--warmup", &args.warmup.to_string(), "--device", &args.device];
-    let json = peers_json(&args.python, script, &peer_args.iter().chain(&run).map(|s| s.to_string()).collect::<Vec<_>>())?;
+/// The peers per (B, k) (none when they did not run).
+fn peers(args: &Args, dim: usize, vocab: usize) -> PeerCases {
+    let cases = [("--batches", comma_list(&args.batches)), ("--ks", comma_list(&args.ks))];
+    let Some(json) = args.bench.peers("spec_bench", &args.peers_script, dim, vocab, &cases) else {
+        return Vec::new();
+    };
     eprintln!("spec_bench: torch {}", json["torch"]);
-    let cases = json["cases"].as_array().ok_or("spec_peers.py: no cases")?;
-    Ok(cases
-        .iter()
+    let list = json["cases"].as_array().map_or(&[][..], Vec::as_slice);
+    list.iter()
         .map(|c| {
             let f = |key: &str| c[key].as_f64();
             let n = |key: &str| c[key].as_u64().unwrap_or(0) as usize;
             ((n("batch"), n("k")), Peer { compile: f("torch_compile"), eager: f("torch_eager"), mem_compile: f("mem_torch_compile") })
         })
-        .collect())
+        .collect()
 }
 
 /// The verifying pipeline (per-row temperature, sampled drafts) and the same without `verify`.
@@ -131,7 +118,7 @@ fn device_verify_ms(
     let (mut accepted, mut tokens, mut status) = (stream.alloc_zeros::<u32>(seqs)?, stream.alloc_zeros::<u32>(rows)?, stream.alloc_zeros::<u32>(seqs)?);
     let mut row_status = stream.alloc_zeros::<u32>(rows)?;
     let ms = 1e3
-        * median_secs(args.warmup, args.reps, || -> flashsample::Result<()> {
+        * median_secs(args.bench.warmup, args.bench.reps, || -> flashsample::Result<()> {
             let mut inputs = DeviceInputs::new(DeviceMatrix::from_tensor(&hidden), DeviceMatrix::from_tensor(weights), seed);
             inputs.temperatures = Some(DeviceIn::new(&temperatures, &stream)?);
             let d = DeviceDrafts { tokens: DeviceIn::new(&drafts, &stream)?, probs: Some(DeviceIn::new(&q, &stream)?) };
@@ -150,28 +137,21 @@ fn device_verify_ms(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let device = match args.device.as_str() {
-        "cpu" => Device::cpu(),
-        "cuda" => Device::cuda(0)?,
-        other => return Err(format!("--device {other}: expected cpu or cuda").into()),
-    };
+    let device = args.bench.device()?;
     let (verifying, plain) = pipelines()?;
     let verifier = Sampler::new(verifying, &device)?;
     let sampler = Sampler::new(plain, &device)?;
     println!(
         "spec_bench: {}, bf16, sampled drafts, temperature 1, medians of {} host-API calls after {} (wall ms)",
         device.describe(),
-        args.reps,
-        args.warmup
+        args.bench.reps,
+        args.bench.warmup
     );
     let mut rng = StdRng::seed_from_u64(3);
-    for shape in &args.shapes {
+    for shape in &args.bench.shapes {
         let head = LmHead::random(&mut rng, &device, shape)?;
         let (dim, vocab) = (head.dim, head.vocab);
-        let peer_cases = peers(&args, dim, vocab).unwrap_or_else(|e| {
-            eprintln!("spec_bench: peers skipped: {e}");
-            Vec::new()
-        });
+        let peer_cases = peers(&args, dim, vocab);
         let mut table = Vec::new();
         for &batch in &args.batches {
             for &k in &args.ks {
@@ -183,11 +163,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let verify_params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..sample_params };
                 let mut verified = None;
                 let ours = 1e3
-                    * median_secs(args.warmup, args.reps, || -> flashsample::Result<()> {
+                    * median_secs(args.bench.warmup, args.bench.reps, || -> flashsample::Result<()> {
                         verified = Some(verifier.verify(Tensor::host(&h, rows, dim)?, head.tensor()?, &verify_params)?);
                         Ok(())
                     })?;
-                let plain_ms = 1e3 * median_secs(args.warmup, args.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
+                let plain_ms = 1e3 * median_secs(args.bench.warmup, args.bench.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
                 let device_ms = device_verify_ms(&verifier, &head, &h, &temperatures, &drafts, &q, 7, &args)?;
                 let verified = verified.ok_or("no verify call ran")?;
                 let accepted = verified.accepted.iter().sum::<usize>() as f64 / batch as f64;
