@@ -22,6 +22,8 @@ mod cache;
 #[cfg(test)]
 mod decide_sim;
 #[cfg(test)]
+mod filter_sim;
+#[cfg(test)]
 mod glue_sim;
 #[cfg(test)]
 mod ir_sim;
