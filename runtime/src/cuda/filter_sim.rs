@@ -65,7 +65,7 @@ fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
     ];
     // Row 1 is greedy (temperature 0), row 3 failed in stage two (non-finite).
     let temperatures = [0.7f32, 0.0, 1.0, 0.7, 0.9];
-    let status = [0u32, 0, 0, RowStatus::NonFinite.code() as u32, 0];
+    let status = [0u32, 0, 0, RowStatus::NonFinite.code(), 0];
     let stage_two_tokens: Vec<u32> = (0..ROWS as u32).map(|r| r * 11 + 3).collect();
     let stage_two_logits: Vec<f32> = (0..ROWS).map(|r| 1.5 - r as f32 * 0.25).collect();
     let lists = mem.add(bytes(&entries));
@@ -118,7 +118,7 @@ fn a_finishing_stage_three_equals_stage_three_then_the_finishing_kernel() {
         assert_eq!(tokens[3], INDEX_NONE, "a row stage two failed has no sample");
         assert_eq!(tokens[1], 14, "a greedy row keeps stage two's argmax");
         for r in [0, 2, 4] {
-            let listed = tokens[r] != INDEX_NONE && (tokens[r] as usize % VOCAB_TILE) % 7 == 0;
+            let listed = tokens[r] != INDEX_NONE && (tokens[r] as usize % VOCAB_TILE).is_multiple_of(7);
             assert!(listed || status[r] != 0, "row {r}: stage three drew token {} from the lists", tokens[r]);
         }
         assert!(status.iter().filter(|&&s| s == 0).count() >= 3, "most rows are ok: {status:?}");
