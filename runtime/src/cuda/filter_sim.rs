@@ -5,7 +5,8 @@
 
 use super::ir_sim::{arg_words, Memory, Module};
 use flashsample_abi::{RowFilter, RowStatus, Scored, INDEX_NONE};
-use flashsample_codegen_ptx::{glue_llvm_ir, FilterArgs, FinalizeArgs, GpuConfig, Grid, Schedule, FILTER, FILTER_THREADS, FINALIZE, GLUE_THREADS};
+use super::glue_sim::finalize;
+use flashsample_codegen_ptx::{FilterArgs, FinalizeArgs, GpuConfig, Grid, Schedule, FILTER, FILTER_THREADS};
 use flashsample_ir::{DType, PipelineBuilder};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -102,9 +103,7 @@ fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
     .args();
     filter.run_grid(FILTER.kernel, &arg_words(&args), (ROWS as u32, 1, 1), FILTER_THREADS as usize, &mut mem);
     if !finish {
-        let glue = Module::with_callees(&glue_llvm_ir(), &[FINALIZE.kernel], &HashMap::new());
-        let args = FinalizeArgs { tokens, status: out_status, logits, lse, logprobs, n: ROWS as u32, samples: 1 }.args();
-        glue.run_grid(FINALIZE.kernel, &arg_words(&args), (1, 1, 1), GLUE_THREADS as usize, &mut mem);
+        finalize(&FinalizeArgs { tokens, status: out_status, logits, lse, logprobs, n: ROWS as u32, samples: 1 }, &mut mem);
     }
     [read(&mem, tokens), read(&mem, scores), read(&mem, logits), read(&mem, out_status), read(&mem, logprobs)]
 }

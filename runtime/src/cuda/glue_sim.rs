@@ -7,13 +7,10 @@ use flashsample_abi::INDEX_NONE;
 use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, FINALIZE, GLUE_THREADS};
 use std::collections::HashMap;
 
-fn module() -> Module {
-    Module::with_callees(&glue_llvm_ir(), &[FINALIZE.kernel], &HashMap::new())
-}
-
-/// Every CTA of an elementwise launch over `n` elements.
-fn launch(m: &Module, kernel: &str, params: &[u64], n: u32, mem: &mut Memory) {
-    m.run_grid(kernel, params, (n.div_ceil(GLUE_THREADS).max(1), 1, 1), GLUE_THREADS as usize, mem);
+/// One interpreted launch of the finishing kernel over `args.n` samples.
+pub(super) fn finalize(args: &FinalizeArgs, mem: &mut Memory) {
+    let m = Module::with_callees(&glue_llvm_ir(), &[FINALIZE.kernel], &HashMap::new());
+    m.run_grid(FINALIZE.kernel, &arg_words(&args.args()), (args.n.div_ceil(GLUE_THREADS).max(1), 1, 1), GLUE_THREADS as usize, mem);
 }
 
 fn read<T: bytemuck::Pod>(mem: &Memory, addr: u64) -> Vec<T> {
@@ -22,7 +19,6 @@ fn read<T: bytemuck::Pod>(mem: &Memory, addr: u64) -> Vec<T> {
 
 #[test]
 fn finalize_voids_failed_rows_and_writes_logprobs() {
-    let m = module();
     let (rows, samples) = (300usize, 2usize);
     let n = rows * samples;
     let status: Vec<u32> = (0..rows as u32).map(|r| if r % 7 == 3 { 1 + r % 4 } else { 0 }).collect();
@@ -35,8 +31,7 @@ fn finalize_voids_failed_rows_and_writes_logprobs() {
         let lg = mem.add(bytemuck::cast_slice(&logits).to_vec());
         let ls = mem.add(bytemuck::cast_slice(&lse).to_vec());
         let lp = if with_logprobs { mem.add(vec![0xab; n * 4]) } else { 0 };
-        let args = FinalizeArgs { tokens, status: st, logits: lg, lse: ls, logprobs: lp, n: n as u32, samples: samples as u32 }.args();
-        launch(&m, FINALIZE.kernel, &arg_words(&args), n as u32, &mut mem);
+        finalize(&FinalizeArgs { tokens, status: st, logits: lg, lse: ls, logprobs: lp, n: n as u32, samples: samples as u32 }, &mut mem);
         let got: Vec<u32> = read(&mem, tokens);
         for i in 0..n {
             let failed = status[i / samples] != 0;

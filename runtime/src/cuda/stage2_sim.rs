@@ -7,7 +7,8 @@
 
 use super::ir_sim::{arg_words, Memory, Module};
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
-use flashsample_codegen_ptx::{glue_llvm_ir, FinalizeArgs, GpuConfig, Grid, Schedule, Stage2Args, FINALIZE, GLUE_THREADS, STAGE2, STAGE2_THREADS};
+use super::glue_sim::finalize;
+use flashsample_codegen_ptx::{FinalizeArgs, GpuConfig, Grid, Schedule, Stage2Args, STAGE2, STAGE2_THREADS};
 use flashsample_ir::{DType, PipelineBuilder};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -82,9 +83,7 @@ fn run(finish: bool, seed: u64) -> Outputs {
     .args();
     stage2.run_grid(STAGE2.kernel, &arg_words(&args), (ROWS as u32, 1, 1), STAGE2_THREADS as usize, &mut mem);
     if !finish {
-        let glue = Module::with_callees(&glue_llvm_ir(), &[FINALIZE.kernel], &HashMap::new());
-        let args = FinalizeArgs { tokens, status: out_status, logits, lse: out_lse, logprobs, n: n as u32, samples: SAMPLES as u32 }.args();
-        glue.run_grid(FINALIZE.kernel, &arg_words(&args), ((n as u32).div_ceil(GLUE_THREADS), 1, 1), GLUE_THREADS as usize, &mut mem);
+        finalize(&FinalizeArgs { tokens, status: out_status, logits, lse: out_lse, logprobs, n: n as u32, samples: SAMPLES as u32 }, &mut mem);
     }
     (read(&mem, tokens), read(&mem, scores), read(&mem, logits), read(&mem, out_status), read(&mem, out_lse), read(&mem, logprobs))
 }
