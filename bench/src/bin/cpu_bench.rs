@@ -20,7 +20,7 @@
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
-use flashsample_bench::{median_secs, print_table};
+use flashsample_bench::{comma_list, median_secs, print_table};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rayon::prelude::*;
@@ -244,11 +244,10 @@ impl Peers {
 /// Runs `bench/peers/cpu_peers.py` for one hidden size; per batch its timings, or why not.
 fn python_peers(args: &Args, dim: usize, threads: usize) -> Result<Vec<(usize, Peers)>, String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/cpu_peers.py");
-    let batches: Vec<String> = args.batches.iter().map(|b| b.to_string()).collect();
     let mut cmd = std::process::Command::new(&args.python);
     cmd.arg(script)
         .args(["--dim", &dim.to_string(), "--vocab", &args.vocab.to_string()])
-        .args(["--batches", &batches.join(","), "--reps", &args.reps.to_string()])
+        .args(["--batches", &comma_list(&args.batches), "--reps", &args.reps.to_string()])
         .args(["--threads", &threads.to_string()])
         .stderr(std::process::Stdio::inherit());
     if args.no_compile {

@@ -19,7 +19,7 @@
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
 use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, Grid, KernelConfig, RowFilter, Sampler, SamplingParams, Schedule, TemperatureArg, Tensor};
-use flashsample_bench::print_table;
+use flashsample_bench::{comma_list, print_table};
 use flashsample_ir::{DType, LogprobMode};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -766,16 +766,15 @@ fn run_peers(args: &Args) -> Option<Peers> {
     if args.python == "none" {
         return None;
     }
-    let batches: Vec<String> = args.batches.iter().map(|b| b.to_string()).collect();
     let out = Command::new(&args.python)
         .arg(&args.peers_script)
         .arg("--json")
         .arg("--shapes")
         .arg(args.shapes.join(","))
         .arg("--batches")
-        .arg(batches.join(","))
+        .arg(comma_list(&args.batches))
         .arg("--filter-batches")
-        .arg(args.filter_batches.0.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(","))
+        .arg(comma_list(&args.filter_batches.0))
         .arg("--reps")
         .arg(args.reps.max(50).to_string())
         .arg("--warmup")

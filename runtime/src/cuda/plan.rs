@@ -26,9 +26,9 @@ use crate::launch::{check_shape, row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES};
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusError, Scored, StageTwo, TopLists};
-use flashsample_codegen_ptx::{TensorMapWords, 
+use flashsample_codegen_ptx::{
     DecideArgs, FilterArgs, GpuConfig, KernelArg, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs,
-    NucleusPickArgs, NucleusScatterArgs, Stage1Args, Stage2Args, DECIDE_THREADS, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES,
+    NucleusPickArgs, NucleusScatterArgs, Stage1Args, Stage2Args, TensorMapWords, DECIDE_THREADS, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES,
     NUCLEUS_THREADS,
 };
 use flashsample_ir::{Pipeline, Temperature, Transform};
@@ -630,7 +630,7 @@ impl SamplingPlan {
         } else {
             TensorMapWords::default()
         };
-        let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&sc.temperatures, stream) };
+        let temperatures = self.temperatures(a, stream);
         let lse_partials = sc.lse_partials.as_ref().map_or(0, |b| self.addr(b, stream));
         let lists = sc.lists.as_ref().map_or(0, |b| self.addr(b, stream));
         let opt = |b: &Option<CudaSlice<u8>>| b.as_ref().map_or(0, |b| self.addr(b, stream));
@@ -836,8 +836,24 @@ impl SamplingPlan {
     /// where the plan runs it as one chunk without a decision, else what `a` asks.
     pub(crate) fn host_nucleus_pass(&self, a: &Args) -> NucleusPass {
         match a.nucleus_pass {
-            NucleusPass::Inline if a.shape.batch <= self.chunk_rows && a.decide.is_none() => NucleusPass::Deferred,
+            NucleusPass::Inline if self.can_defer_nucleus(a) => NucleusPass::Deferred,
             other => other,
+        }
+    }
+
+    /// Whether launch `a` may leave its exact nucleus to a later enqueue: it runs as one chunk
+    /// (the scratch the nucleus reads is still the launch's) and has no decision (which reads
+    /// the nucleus rows' samples).
+    fn can_defer_nucleus(&self, a: &Args) -> bool {
+        a.shape.batch <= self.chunk_rows && a.decide.is_none()
+    }
+
+    /// The temperatures a launch's kernels read: the caller's, else the plan's constant ones.
+    fn temperatures(&self, a: &Args, stream: &CudaStream) -> u64 {
+        if a.temperatures != 0 {
+            a.temperatures
+        } else {
+            self.addr(&self.scratch.temperatures, stream)
         }
     }
 
@@ -867,14 +883,13 @@ impl SamplingPlan {
     /// not touch it rewrites what it wrote). The outputs are those of the same launch with
     /// [`NucleusPass::Inline`]. `Ok(false)`: the plan has no nucleus kernels.
     pub(crate) fn enqueue_deferred_nucleus(&self, stream: &CudaStream, a: &Args) -> Result<bool> {
-        if a.nucleus_pass != NucleusPass::Deferred || a.shape.batch > self.chunk_rows || a.decide.is_some() {
+        if a.nucleus_pass != NucleusPass::Deferred || !self.can_defer_nucleus(a) {
             return Err(Error::Cuda(format!("a deferred nucleus needs a one-chunk launch without a decision enqueued as deferred ({:?}, {} rows)", a.nucleus_pass, a.shape.batch)));
         }
         let k = self.kernel_for(a.shape.batch)?;
         let (Some(ns), Some(kn)) = (&self.nucleus, &k.kernel.nucleus) else { return Ok(false) };
         let o = self.row_outputs(a, stream);
-        let temperatures = if a.temperatures != 0 { a.temperatures } else { self.addr(&self.scratch.temperatures, stream) };
-        self.enqueue_nucleus(stream, ns, kn, a, a.row_offset, [temperatures, o.scores, o.logits])?;
+        self.enqueue_nucleus(stream, ns, kn, a, a.row_offset, [self.temperatures(a, stream), o.scores, o.logits])?;
         let samples = self.pipeline.samples_per_row();
         self.aux.finalize(stream, a.tokens, a.status, o.logits, o.reported_lse, o.logprobs, a.shape.batch as u32 * samples, samples)?;
         Ok(true)

@@ -1,4 +1,5 @@
-//! The runtime's glue kernel (`codegen_ptx` `glue.rs`: the finishing kernel), loaded once per device and launched with their typed arguments.
+//! The runtime's glue kernel (`codegen_ptx` `glue.rs`: the finishing kernel), loaded once per
+//! device and launched with its typed arguments.
 
 use super::device::drv;
 use super::plan::push_args;
@@ -9,7 +10,7 @@ use cudarc::nvrtc::Ptx;
 use flashsample_codegen_ptx::{FinalizeArgs, FINALIZE, GLUE_THREADS};
 use std::sync::Arc;
 
-/// The runtime's small kernels, loaded once per device.
+/// The runtime's glue kernel, loaded once per device.
 pub(crate) struct AuxKernels {
     finalize: CudaFunction,
     _module: Arc<CudaModule>,
