@@ -22,6 +22,7 @@ use flashsample_autotune::{
     gpu_space,
     tune::{tune_shape, Effort, HeadInputs, Outcome, ShapeInputs},
 };
+use flashsample_codegen_ptx::NoiseSkip;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -208,6 +209,14 @@ fn search_space(sampler: &Sampler, device: &Device, pipeline: &Pipeline, shape: 
     space.retain(|c| *c != heuristic);
     if let Some(k) = top_heuristic {
         space.truncate(k);
+    }
+    // The heuristic tile with the other noise skips right after it: whether the skips pay is
+    // a property of the shape more than of the tile.
+    if let KernelConfig::Cuda(h) = &heuristic {
+        let others = [NoiseSkip::Never, NoiseSkip::InTile, NoiseSkip::CrossTile].into_iter().filter(|&s| s != h.noise_skip);
+        for (i, skip) in others.enumerate() {
+            space.insert(i, KernelConfig::Cuda(h.clone().with_noise_skip(skip)));
+        }
     }
     space.insert(0, heuristic);
     space

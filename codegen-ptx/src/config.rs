@@ -211,6 +211,37 @@ impl Schedule {
 /// The k slice of the wgmma schedules: one 128-byte swizzle atom per row.
 pub const WGMMA_K_STEP: u32 = 64;
 
+/// Which Gumbel noise stage one's epilogue skips (DESIGN.md "Noise skips"). Every choice
+/// samples the same tokens bit for bit (a skipped token's score could not have won); they
+/// differ in code and work: the tests cost compare-and-branch code on every quad and save
+/// Philox calls and logarithms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoiseSkip {
+    /// Every token of a sampled row draws its noise: the shortest epilogue.
+    Never,
+    /// A quad (or, once its uniforms are known, a row's four tokens) whose best logit plus
+    /// the Gumbel bound is below the column's running best of the tile draws no noise.
+    InTile,
+    /// [`NoiseSkip::InTile`] against the larger of the running best and the row bound: the
+    /// best score other tiles of the launch have published for the row (`row_bounds`, which
+    /// every launch zeroes first, one more operation per step).
+    #[default]
+    CrossTile,
+}
+
+impl NoiseSkip {
+    /// Whether kernels of this choice read and publish the launch's row bounds.
+    pub fn uses_row_bounds(self) -> bool {
+        self == NoiseSkip::CrossTile
+    }
+
+    /// Whether kernels of this choice test noise against a bound at all.
+    pub fn tests_bounds(self) -> bool {
+        self != NoiseSkip::Never
+    }
+}
+
 /// One stage-one tile configuration. A CTA (with [`GridKind::PingPong`]: a consumer set)
 /// computes a `vocab_tile × batch_tile` block of logits and the candidates of that vocab tile
 /// for `batch_tile` rows, on the [`Schedule`] `schedule`.
@@ -259,6 +290,9 @@ pub struct GpuConfig {
     /// Residual-list entries per (draft row, tile) of a verifying pipeline; 0 otherwise.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub residual_per_tile: u32,
+    /// The epilogue's noise skips (absent in older tuning files: [`NoiseSkip::default`]).
+    #[serde(default)]
+    pub noise_skip: NoiseSkip,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -304,7 +338,21 @@ impl GpuConfig {
     /// A `vocab_tile × batch_tile` tile of `warps` warps on `schedule`, without lists or
     /// stagger ([`GpuConfig::fit_lists`], [`GpuConfig::with_stagger`]).
     pub fn new(vocab_tile: u32, batch_tile: u32, warps: u32, schedule: Schedule) -> GpuConfig {
-        GpuConfig { vocab_tile, batch_tile, warps, schedule, list_per_tile: 0, stagger_us: 0, residual_per_tile: 0 }
+        GpuConfig {
+            vocab_tile,
+            batch_tile,
+            warps,
+            schedule,
+            list_per_tile: 0,
+            stagger_us: 0,
+            residual_per_tile: 0,
+            noise_skip: NoiseSkip::default(),
+        }
+    }
+
+    /// This config with the epilogue's noise skips `noise_skip`.
+    pub fn with_noise_skip(self, noise_skip: NoiseSkip) -> GpuConfig {
+        GpuConfig { noise_skip, ..self }
     }
 
     /// This config with a first-wave stagger of `stagger_us`.
@@ -746,7 +794,7 @@ impl GpuConfig {
 /// The serde forms of [`GpuConfig`]: the current one, and the flat flags of tuning files
 /// written before [`Schedule`] existed.
 mod legacy {
-    use super::{GpuConfig, Grid, GridKind, Schedule};
+    use super::{GpuConfig, Grid, GridKind, NoiseSkip, Schedule};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
@@ -768,6 +816,8 @@ mod legacy {
         stagger_us: u32,
         #[serde(default)]
         residual_per_tile: u32,
+        #[serde(default)]
+        noise_skip: NoiseSkip,
     }
 
     /// The flat form: `stages == 1` meant SIMT; fields added later default to off.
@@ -791,6 +841,8 @@ mod legacy {
         stagger_us: u32,
         #[serde(default)]
         pingpong: bool,
+        #[serde(default)]
+        noise_skip: NoiseSkip,
     }
 
     impl TryFrom<ConfigRepr> for GpuConfig {
@@ -807,6 +859,7 @@ mod legacy {
                         list_per_tile: c.list_per_tile,
                         stagger_us: c.stagger_us,
                         residual_per_tile: c.residual_per_tile,
+                        noise_skip: c.noise_skip,
                     })
                 }
                 ConfigRepr::Flags(f) => f,
@@ -840,6 +893,7 @@ mod legacy {
                 list_per_tile: f.list_per_tile,
                 stagger_us: f.stagger_us,
                 residual_per_tile: 0,
+                noise_skip: f.noise_skip,
             })
         }
     }

@@ -2,24 +2,13 @@
 //! Measurements behind each row are in BENCHMARKS.md; this module keeps only the policy.
 
 use crate::config::{uses_tensor_cores, GpuConfig, GpuLimits, Grid, GridKind, Schedule};
+#[cfg(doc)]
+use crate::config::NoiseSkip;
 use flashsample_ir::Pipeline;
 
 /// The heuristic's stagger for its two-CTA-per-SM tiles (the best of 0–80 µs measured at
 /// both LM-head shapes, BENCHMARKS.md).
 pub const HEURISTIC_STAGGER_US: u32 = 30;
-
-/// Whether a launch (or row chunk) of `batch` rows gives stage one the cross-tile row bounds
-/// of the noise skip (`Stage1Args::row_bounds`; exact either way). They save epilogue work,
-/// which pays only where the epilogue is on the critical path; a memory-bound launch gains
-/// nothing and pays the bounds' zeroing, one more operation per decode step:
-///
-/// | batch | row bounds | why |
-/// |---|---|---|
-/// | ≤ 64 | no | memory-bound: the skip took nothing off B = 64 |
-/// | > 64 | yes | compute-bound: 8–15 % off B = 256 / 512 |
-pub fn uses_row_bounds(batch: usize) -> bool {
-    batch > 64
-}
 
 impl GpuConfig {
     /// The fallback when no tuned config exists. First match wins:
@@ -40,13 +29,12 @@ impl GpuConfig {
     /// fits `limits` (wgmma down to 3, then mma.sync down to 2); a ping-pong tile that does not
     /// fit with 3 stages falls through to the rows below (from B = 192 first to 128 × 64). The
     /// stagger is [`HEURISTIC_STAGGER_US`], only on 128-row tiles of batch ≥ 32 of which two fit.
-    pub fn heuristic(
-        pipeline: &Pipeline,
-        batch: usize,
-        dim: usize,
-        vocab: usize,
-        limits: &GpuLimits,
-    ) -> GpuConfig {
+    ///
+    /// Every tile keeps [`NoiseSkip::CrossTile`] (the default): the cross-tile skip takes
+    /// 8–15 % off B = 256 / 512, and at the memory-bound batches it was the fastest of the
+    /// three, row bounds' zeroing included (BENCHMARKS.md, 2026-12-05 fifth session: H100,
+    /// B = 16: 449 µs against 452 without skips and 453 with the in-tile skip alone).
+    pub fn heuristic(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, limits: &GpuLimits) -> GpuConfig {
         if !uses_tensor_cores(pipeline) {
             let mut c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
             c.fit_lists(pipeline);

@@ -27,10 +27,10 @@ mod stage1;
 mod stage2;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, DEFAULT_LIST_PER_TILE,
     FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
-pub use heuristic::{uses_row_bounds, HEURISTIC_STAGGER_US};
+pub use heuristic::HEURISTIC_STAGGER_US;
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};

@@ -3,6 +3,7 @@
 //! explicit `.rn` instruction, constants come from the abi crate. CPU and GPU noise are
 //! therefore bit-identical.
 
+use crate::config::NoiseSkip;
 use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, F32, I1, I32, I64};
 use crate::params::arg;
 use flashsample_abi::math::{
@@ -266,14 +267,15 @@ pub(crate) fn stream_word3(f: &mut Func, row64: &I64, stream: NoiseStream) -> I3
 /// rows at once: `fs_philox(ctr, row, s, word3, key)` per row, then `fs_gumbel_f32` of each
 /// word; rows a then b. Both are inlined here, so out of line the call still carries eight
 /// independent noise chains (the epilogue's latency is these chains, not their op count).
+/// `@fs_noise_pair_all` draws every noise ([`NoiseSkip::Never`]).
 ///
-/// The second noise skip (DESIGN.md): `%xmax_*` is the row's largest transformed logit of the
-/// quad and `%thr_*` a score the row's winner is known to reach. Once the Philox words are
-/// known, a row whose `xmax + abi::rng::gumbel_bucket_bound(L)` (L: the leading ones of its
-/// largest uniform) is below `thr` cannot place a token of this quad above the winner: its
-/// four noises are `-inf` and the Gumbel transform (two logarithms, a division) is not run.
-/// `thr` NaN (no bound yet) never skips.
-fn noise_pair(attr: &str) -> String {
+/// `@fs_noise_pair` adds the second noise skip (DESIGN.md): `%xmax_*` is the row's largest
+/// transformed logit of the quad and `%thr_*` a score the row's winner is known to reach.
+/// Once the Philox words are known, a row whose `xmax + abi::rng::gumbel_bucket_bound(L)` (L:
+/// the leading ones of its largest uniform) is below `thr` cannot place a token of this quad
+/// above the winner: its four noises are `-inf` and the Gumbel transform (two logarithms, a
+/// division) is not run. `thr` NaN (no bound yet) never skips.
+fn noise_pair(attr: &str, skip: NoiseSkip) -> String {
     let mut f = Func::new();
     let mut gumbels = Vec::new();
     let (ctr, s) = (I32::named("%ctr"), I32::named("%s"));
@@ -284,6 +286,10 @@ fn noise_pair(attr: &str) -> String {
         let key = PhiloxKey { lo: I32::named(k0), hi: I32::named(k1) };
         let r = philox_block(&mut f, [&ctr, &I32::named(row), &s, &I32::named(w3)], &key);
         let bits: Vec<I32> = (0..4).map(|w| f.extract(&r, w)).collect();
+        if !skip.tests_bounds() {
+            gumbels.extend(bits.iter().map(|b| gumbel(&mut f, b)));
+            continue;
+        }
         let hi01 = f.umax(&bits[0], &bits[1]);
         let hi23 = f.umax(&bits[2], &bits[3]);
         let bits_max = f.umax(&hi01, &hi23);
@@ -305,11 +311,15 @@ fn noise_pair(attr: &str) -> String {
         agg = f.insert(&agg, g, i);
     }
     f.ret_agg(&agg);
-    f.finish(&format!(
-        "define internal {NOISE_PAIR_TY} @fs_noise_pair(i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, \
-         i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b, float %xmax_a, float %thr_a, \
-         float %xmax_b, float %thr_b) {attr}"
-    ))
+    let rows = "i32 %ctr, i32 %s, i32 %row_a, i32 %ka0, i32 %ka1, i32 %w3_a, i32 %row_b, i32 %kb0, i32 %kb1, i32 %w3_b";
+    f.finish(&if skip.tests_bounds() {
+        format!(
+            "define internal {NOISE_PAIR_TY} @fs_noise_pair({rows}, float %xmax_a, float %thr_a, \
+             float %xmax_b, float %thr_b) {attr}"
+        )
+    } else {
+        format!("define internal {NOISE_PAIR_TY} @fs_noise_pair_all({rows}) {attr}")
+    })
 }
 
 /// `abi::rng::gumbel_bucket_bound(abi::rng::uniform_leading_ones(bits))`, op for op.
@@ -339,7 +349,8 @@ pub(crate) fn helpers(outline: bool) -> String {
         softcap_f32(attr),
         gumbel_f32("#0"),
         philox("#0"),
-        noise_pair(attr),
+        noise_pair(attr, NoiseSkip::InTile),
+        noise_pair(attr, NoiseSkip::Never),
     ] {
         out.push_str(&f);
         out.push('\n');

@@ -1,7 +1,7 @@
 //! Structural checks and snapshots of the generated PTX, and config validation against the
 //! recorded H200 limits. Nothing here needs a GPU.
 
-use flashsample_codegen_ptx::{compile, Arch, CompiledPtx, GpuConfig, GpuLimits, Grid, GridKind, PtxError, Schedule};
+use flashsample_codegen_ptx::{compile, Arch, CompiledPtx, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, PtxError, Schedule};
 use flashsample_ir::{DType, LogprobMode, Outputs, Pipeline, PipelineBuilder};
 
 fn full(dtype: DType) -> Pipeline {
@@ -252,6 +252,31 @@ fn greedy_pipelines_skip_the_noise() {
             .contains(&format!("{}", flashsample_abi::rng::PHILOX_M0))
             || k.ptx.contains(&format!("{m0}"))
     );
+}
+
+/// Each `NoiseSkip` emits what it says in the stage-one IR: `Never` calls the noise helper
+/// without thresholds, `InTile` tests thresholds but neither reads nor publishes row bounds,
+/// `CrossTile` does both (an atomic max per tile and sample).
+#[test]
+fn noise_skips_emit_what_they_say() {
+    let p = full(DType::BF16);
+    for skip in [NoiseSkip::Never, NoiseSkip::InTile, NoiseSkip::CrossTile] {
+        let c = tensor_small().with_noise_skip(skip);
+        let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
+        let stage1 = ir_function(&ir, "flashsample_stage1");
+        let calls_all = stage1.contains("@fs_noise_pair_all(");
+        let calls_tested = stage1.contains("@fs_noise_pair(");
+        let publishes = stage1.contains("atomicrmw umax");
+        let reads_bounds = stage1.contains("load volatile");
+        let want = match skip {
+            NoiseSkip::Never => (true, false, false, false),
+            NoiseSkip::InTile => (false, true, false, false),
+            NoiseSkip::CrossTile => (false, true, true, true),
+        };
+        assert_eq!((calls_all, calls_tested, publishes, reads_bounds), want, "{skip:?}: (untested call, tested call, publishes, reads bounds)");
+        // ptxas-free check that the module assembles through LLVM for every kind.
+        ptx(&p, &c, Arch::Sm90);
+    }
 }
 
 fn entry_param_types<'a>(ptx: &'a str, name: &str) -> Vec<&'a str> {

@@ -47,7 +47,7 @@ pub use verify::Verified;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaDevice, DeviceTensor};
 #[cfg(feature = "cuda")]
-pub use flashsample_codegen_ptx::{GpuConfig, Grid, GridKind, Schedule};
+pub use flashsample_codegen_ptx::{GpuConfig, Grid, GridKind, NoiseSkip, Schedule};
 #[cfg(feature = "cuda")]
 pub use tp::{TensorParallelSampler, TpError};
 

@@ -16,7 +16,8 @@
 
 use super::{Gen, Item, Thread, SMEM};
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
-use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Value, Var, F32, I1, I32, I64};
+use crate::config::NoiseSkip;
+use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64};
 use crate::lse::{self, Partial};
 use crate::math::{self, RowStream};
 use crate::params::arg;
@@ -28,7 +29,9 @@ use flashsample_ir::{Pipeline, Transform};
 /// A batch column `(n, j)` the thread owns and the row parameters its transforms read.
 /// The noise parameters are [`ColNoise`], loaded per column pair where the selection needs
 /// them: holding every column's for the whole epilogue cost registers the accumulators need
-/// (ptxas spilled at batch tiles of 64 and 128).
+/// (ptxas spilled at batch tiles of 64 and 128; loading each pair's one pair ahead, or the
+/// first pair's before the transforms, spilled more there and gained under 1 % at B = 16:
+/// BENCHMARKS.md, 2026-12-05 fifth session).
 struct Col {
     col: I32,
     row: I32,
@@ -236,7 +239,16 @@ impl Gen<'_> {
         cols
     }
 
-    /// Column `cl`'s noise parameters, loaded where a column pair's selection starts.
+    /// A column pair's noise parameters, loaded where its selection starts (none for greedy
+    /// pipelines).
+    fn pair_noise(&self, f: &mut Func, pair: &[Col]) -> Vec<ColNoise> {
+        if self.p.is_greedy() {
+            return Vec::new();
+        }
+        pair.iter().map(|cl| self.col_noise(f, cl)).collect()
+    }
+
+    /// Column `cl`'s noise parameters.
     fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
         // Only `T == 0` is read: LLVM drops the unused `1 / T`.
         let t_zero = RowTransform::temperature(f, self.p, &cl.row_safe).map_or(I1::FALSE, |t| t.zero);
@@ -509,12 +521,12 @@ impl Gen<'_> {
                 f.if_then(&live, |f| {
                     let mut acc_best: Vec<Candidate> = vec![Candidate::none(); pair.len()];
                     // A score each row's winner reaches (other tiles' candidates so far), or NaN.
-                    let bounds: Vec<F32> = if p.is_greedy() {
-                        Vec::new()
-                    } else {
-                        pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect()
+                    let bounds: Vec<F32> = match c.noise_skip {
+                        _ if p.is_greedy() => Vec::new(),
+                        NoiseSkip::CrossTile => pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect(),
+                        NoiseSkip::InTile | NoiseSkip::Never => vec![F32::NAN; pair.len()],
                     };
-                    let pair_noise: Vec<ColNoise> = if p.is_greedy() { Vec::new() } else { pair.iter().map(|cl| self.col_noise(f, cl)).collect() };
+                    let pair_noise = self.pair_noise(f, pair);
                     for q in 0..self.quads {
                         let noise: Vec<F32> = if p.is_greedy() {
                             Vec::new()
@@ -582,7 +594,7 @@ impl Gen<'_> {
                     let s64 = f.zext(&slot);
                     let a = f.gaddr(&arg::CANDIDATES, &s64, CANDIDATE_BYTES);
                     Candidate { index, ..best.clone() }.store(f, &a);
-                    if !p.is_greedy() {
+                    if !p.is_greedy() && c.noise_skip.uses_row_bounds() {
                         self.publish_row_bound(f, &row, s, &best.score);
                     }
                 });
@@ -630,8 +642,9 @@ impl Gen<'_> {
         f.gaddr(&arg::ROW_BOUNDS, &s64, 4)
     }
 
-    /// Quad `q`'s Gumbel noise for the column pair `pair` of n tile `n` (`-inf` where skipped),
-    /// with both noise skips of DESIGN.md: a column whose best transformed logit of the quad
+    /// Quad `q`'s Gumbel noise for the column pair `pair` of n tile `n`: every token's with
+    /// [`NoiseSkip::Never`]; otherwise (`-inf` where skipped) with both noise skips of
+    /// DESIGN.md: a column whose best transformed logit of the quad
     /// plus `abi::rng::gumbel_f32_upper_bound()` is below `thr` (the larger of its running best
     /// and its row bound) cannot win, and a greedy column reads no noise; when neither column
     /// needs noise the Philox call is skipped. Otherwise `@fs_noise_pair` applies the second
@@ -650,6 +663,16 @@ impl Gen<'_> {
         s: &I32,
         x: &[F32],
     ) -> Vec<F32> {
+        // Global index g = v + vocab_offset (a multiple of 4: same quads).
+        let g = f.add(quad_base, &arg::VOCAB_OFFSET);
+        let ctr = f.lshr(&g, &i32c(2));
+        let (a, b) = (&pair[0], &pair[pair.len() - 1]);
+        let (ia, ib) = (0, pair.len() - 1);
+        let rows: Vec<&dyn Operand> = vec![&ctr, s, &a.stream.ctr_row, &a.stream.key.lo, &a.stream.key.hi, &a.word3, &b.stream.ctr_row, &b.stream.key.lo, &b.stream.key.hi, &b.word3];
+        if !self.c.noise_skip.tests_bounds() {
+            let r = f.call_agg(math::NOISE_PAIR_TY, "@fs_noise_pair_all", &rows);
+            return (0..pair.len() * 4).map(|w| f.extract(&r, w)).collect();
+        }
         let up = f32c(gumbel_f32_upper_bound());
         let mut xmax = Vec::new();
         let mut thr = Vec::new();
@@ -673,19 +696,9 @@ impl Gen<'_> {
         }
         let noise: Vec<Var<F32>> = (0..pair.len() * 4).map(|_| f.var(&F32::NEG_INF)).collect();
         f.if_then(&need, |f| {
-            // Global index g = v + vocab_offset (a multiple of 4: same quads).
-            let g = f.add(quad_base, &arg::VOCAB_OFFSET);
-            let ctr = f.lshr(&g, &i32c(2));
-            let (a, b) = (&pair[0], &pair[pair.len() - 1]);
-            let (ia, ib) = (0, pair.len() - 1);
-            let r = f.call_agg(
-                math::NOISE_PAIR_TY,
-                "@fs_noise_pair",
-                &[
-                    &ctr, s, &a.stream.ctr_row, &a.stream.key.lo, &a.stream.key.hi, &a.word3, &b.stream.ctr_row, &b.stream.key.lo, &b.stream.key.hi,
-                    &b.word3, &xmax[ia], &thr[ia], &xmax[ib], &thr[ib],
-                ],
-            );
+            let mut args = rows.clone();
+            args.extend([&xmax[ia] as &dyn Operand, &thr[ia], &xmax[ib], &thr[ib]]);
+            let r = f.call_agg(math::NOISE_PAIR_TY, "@fs_noise_pair", &args);
             for (w, slot) in noise.iter().enumerate() {
                 let v = f.extract(&r, w);
                 f.set(slot, &v);

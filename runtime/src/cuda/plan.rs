@@ -640,7 +640,7 @@ impl SamplingPlan {
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
         let row_bounds = match &sc.row_bounds {
-            Some(buf) if flashsample_codegen_ptx::uses_row_bounds(a.shape.batch) => {
+            Some(buf) if k.config.noise_skip.uses_row_bounds() => {
                 let dst = self.addr(buf, stream);
                 let bytes = a.shape.batch * self.pipeline.samples_per_row() as usize * 4;
                 // SAFETY: `dst` is the plan's row-bound buffer, sized for max_batch · S words,

@@ -12,7 +12,7 @@ use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE};
-use flashsample_codegen_ptx::{GpuConfig, Grid, ParamKind, Schedule, STAGE1};
+use flashsample_codegen_ptx::{GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder, Transform};
 use std::collections::HashMap;
 
@@ -42,8 +42,10 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    fn run(&self, row_bounds: bool) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
-        let (p, c, params, batch, vocab) = (self.p, &self.c, self.params, self.batch, self.vocab);
+    /// With `skip`'s noise skips (and, where it reads them, zeroed row bounds).
+    fn run(&self, skip: NoiseSkip) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
+        let (p, params, batch, vocab) = (self.p, self.params, self.batch, self.vocab);
+        let c = &self.c.clone().with_noise_skip(skip);
         let mut mem = Memory { bufs: Vec::new() };
         let m = stage_one_module(p, c, &mut mem);
         let tiles = c.tiles(vocab);
@@ -71,7 +73,7 @@ impl Launch<'_> {
         bufs.insert("candidates", mem.add(vec![0xab; batch * samples * tiles * 12]));
         bufs.insert("lse", mem.add(vec![0xab; batch * tiles * 32]));
         bufs.insert("lists", mem.add(vec![0xab; batch * tiles * per_tile * 8]));
-        if row_bounds {
+        if skip.uses_row_bounds() {
             bufs.insert("row_bounds", mem.add(vec![0; batch * samples * 4]));
         }
         let args: Vec<u64> = STAGE1
@@ -125,12 +127,33 @@ impl Launch<'_> {
         (0..batch).map(row).collect()
     }
 
-    /// Runs the launch and checks it against the host model.
+    /// Runs the launch and checks it against the host model: every noise skip within a tile
+    /// keeps each tile's candidate, the cross-tile one each row's winner.
     fn check(&self) {
+        let (cands, partials, lists) = self.run(NoiseSkip::Never);
+        self.check_tiles(&cands, &partials, &lists);
+        let (in_tile, partials, lists) = self.run(NoiseSkip::InTile);
+        self.check_tiles(&in_tile, &partials, &lists);
+        // With the cross-tile bounds the skips may change a losing tile's candidate, never a
+        // row's winner.
+        let (bounded, _, _) = self.run(NoiseSkip::CrossTile);
+        let (samples, tiles) = (self.p.samples_per_row() as usize, self.c.tiles(self.vocab));
+        let winner = |c: &[Candidate], r: usize| {
+            c[r * samples * tiles..][..tiles].iter().filter(|c| c.index != INDEX_NONE).fold(None::<Candidate>, |b, c| match b {
+                Some(b) if b.score > c.score || (b.score == c.score && b.index < c.index) => Some(b),
+                _ => Some(*c),
+            })
+        };
+        for r in 0..self.batch {
+            assert_eq!(winner(&bounded, r).map(|c| c.index), winner(&cands, r).map(|c| c.index), "row {r}: the winner with row bounds");
+        }
+    }
+
+    /// Each tile's candidate, logsumexp partial and list against the host model.
+    fn check_tiles(&self, cands: &[Candidate], partials: &[LsePartial], lists: &[Scored]) {
         let (p, c, params, batch, vocab) = (self.p, &self.c, self.params, self.batch, self.vocab);
         let tiles = c.tiles(vocab);
         let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
-        let (cands, partials, lists) = self.run(false);
         let x = self.logits();
         let mut third_windows = 0;
         for r in 0..batch {
@@ -161,18 +184,6 @@ impl Launch<'_> {
             }
         }
         assert!(third_windows * 2 > batch * tiles, "most partials fill all three windows: {third_windows}");
-        // With the cross-tile bounds the skips may change a losing tile's candidate, never a
-        // row's winner.
-        let (bounded, _, _) = self.run(true);
-        let winner = |c: &[Candidate], r: usize| {
-            c[r * samples * tiles..][..tiles].iter().filter(|c| c.index != INDEX_NONE).fold(None::<Candidate>, |b, c| match b {
-                Some(b) if b.score > c.score || (b.score == c.score && b.index < c.index) => Some(b),
-                _ => Some(*c),
-            })
-        };
-        for r in 0..batch {
-            assert_eq!(winner(&bounded, r).map(|c| c.index), winner(&cands, r).map(|c| c.index), "row {r}: the winner with row bounds");
-        }
     }
 }
 

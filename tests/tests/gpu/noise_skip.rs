@@ -5,9 +5,11 @@
 //! output bit although the tiles publish their bounds in a different order each time.
 
 use super::{fit_to_device, hopper_gpu, ALL_OUTPUTS};
-use flashsample::{GpuConfig, Grid, GridKind, KernelConfig, Sampler, Schedule};
+use flashsample::{GpuConfig, Grid, GridKind, KernelConfig, NoiseSkip, Sampler, Schedule};
 use flashsample_ir::{DType, PipelineBuilder};
 use flashsample_tests::Case;
+
+const SKIPS: [NoiseSkip; 3] = [NoiseSkip::Never, NoiseSkip::InTile, NoiseSkip::CrossTile];
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -29,9 +31,10 @@ fn skipped_noise_changes_no_sample_on_peaked_or_flat_rows() {
     ];
     for (logit_std, what) in [(40.0, "peaked"), (0.3, "flat"), (4.0, "moderate")] {
         // 2600 rows at V = 151936 run in chunks (DESIGN.md "Chunks"): the rows of the later
-        // chunks must draw the noise of their launch rows. B = 3 runs without the row bounds
-        // (`uses_row_bounds`), the others with them.
-        for (batch, dim, vocab) in [(3, 256, 151_936), (96, 512, 128_256), (256, 256, 32_768), (2600, 128, 151_936)] {
+        // chunks must draw the noise of their launch rows. The heuristic runs every batch
+        // with the row bounds; each schedule takes every `NoiseSkip` over the four batches.
+        let shapes = [(3, 256, 151_936), (96, 512, 128_256), (256, 256, 32_768), (2600, 128, 151_936)];
+        for (bi, (batch, dim, vocab)) in shapes.into_iter().enumerate() {
             let case = Case::random(&p, batch, dim, vocab, 91, logit_std);
             let rows: Vec<usize> = (0..batch).step_by((batch / 32).max(1)).collect();
             let first = case.run(&sampler).unwrap();
@@ -42,8 +45,8 @@ fn skipped_noise_changes_no_sample_on_peaked_or_flat_rows() {
                 let bits = |v: &Option<Vec<f32>>| v.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
                 assert_eq!(bits(a), bits(b), "{what} B={batch}: an output differs between two launches");
             }
-            for c in &schedules {
-                let mut c = c.clone();
+            for (ci, c) in schedules.iter().enumerate() {
+                let mut c = c.clone().with_noise_skip(SKIPS[(ci + bi) % SKIPS.len()]);
                 let Some(at) = fit_to_device(&mut c, &p, &dev, 3, format!("{what} B={batch} D={dim} V={vocab}")) else { continue };
                 let got = case.run_with(&sampler, &KernelConfig::Cuda(c)).unwrap();
                 case.check(&p, &got, &rows).unwrap_or_else(|e| panic!("{at}: {e}"));
