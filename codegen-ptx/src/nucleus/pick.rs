@@ -1,7 +1,10 @@
-//! `flashsample_nucleus_pick` (one warp): the first `rows` rows of the chunk whose status is
-//! `NucleusTooLarge`, in row order, and their count; zeroes the draw's counters. Later rows of
-//! status 4 keep it (DESIGN.md: the host API serves them, the device API reports them), and so
-//! do a verifying launch's draft rows (the decision reads their lists, not a sample).
+//! `flashsample_nucleus_pick` (one warp): the first `rows` rows of the chunk whose lists could
+//! not serve them (status `ListOverflow` or `NucleusTooLarge`), in row order, and their count;
+//! zeroes the draw's counters. The chain's cut applies the row's whole filter (top-k, min-p,
+//! top-p) to its sorted row, so it serves a row whose top-k overflowed its tile lists exactly
+//! as longer lists would. Later such rows keep their status (DESIGN.md: the host API serves
+//! them, the device API reports them), and so do a verifying launch's draft rows (the decision
+//! reads their lists, not a sample).
 
 use super::popc;
 use crate::ir::{i32c, Func, Icmp, Int, I32, I64};
@@ -25,7 +28,9 @@ pub(super) fn emit(verify: bool) -> String {
         let a = f.gaddr(&arg::STATUS, &r64, 4);
         let st: I32 = f.load(&a, 4);
         let too_large = f.icmp(Icmp::Eq, &st, &I32::c(RowStatus::NucleusTooLarge.code()));
-        let hit = f.and(&inside, &too_large);
+        let overflow = f.icmp(Icmp::Eq, &st, &I32::c(RowStatus::ListOverflow.code()));
+        let unserved = f.or(&too_large, &overflow);
+        let hit = f.and(&inside, &unserved);
         let hit = if verify {
             let draft = crate::stage1::is_draft_row(f, &r);
             let bonus = f.not(&draft);

@@ -8,7 +8,8 @@
 //! while a retry can still give the exact answer:
 //! - Overflow (3): some tile's `list_per_tile` entries may have dropped a top token; rerun
 //!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
-//!   whole tile cannot have dropped anything, so this rerun cannot overflow).
+//!   whole tile cannot have dropped anything, so this rerun cannot overflow). Where the
+//!   launch ran the exact nucleus kernels, they served the first `R` such rows already.
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; those rows alone run stage one again with whole-tile lists, which are
 //!   read back and cut exactly on the host (`stage_three::finish_exact`, DESIGN.md step 9
@@ -33,6 +34,13 @@ use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// Whether the exact nucleus kernels serve `pipeline`'s rows whose lists overflowed (status 3)
+/// as exactly as longer lists: they sample and report the logprobs of a row, but keep no top-n
+/// logprob lists, and a verifying pipeline's decision reads its draft rows' lists itself.
+pub(crate) fn serves_overflow(pipeline: &Pipeline) -> bool {
+    flashsample_codegen_ptx::has_nucleus_kernels(pipeline) && pipeline.outputs.top_logprobs == 0 && pipeline.verify.is_none()
+}
 
 /// Host-path plans kept per sampler (each owns its scratch); the oldest is dropped beyond this.
 const HOST_PLANS: usize = 4;
@@ -239,15 +247,23 @@ impl CudaSampler {
         self.plan_with_nucleus_rows(max_batch, dim, vocab, DEFAULT_NUCLEUS_ROWS)
     }
 
-    /// [`CudaSampler::plan`] whose exact nucleus kernels serve `nucleus_rows` rows of status 4
-    /// per chunk (`R`; 0: none, such rows keep status 4), with `R × V × 20` bytes of scratch.
+    /// [`CudaSampler::plan`] whose exact nucleus kernels serve `nucleus_rows` rows of status 3
+    /// or 4 per chunk (`R`; 0: none, such rows keep their status), with `R × V × 20` bytes of
+    /// scratch.
+    ///
+    /// A device launch cannot rerun, so its lists must serve every row: where the nucleus
+    /// kernels serve a row whose top-k overflowed its tile lists ([`serves_overflow`]), the
+    /// plan keeps the tuned short lists (8 entries a tile), and a chunk with more than `R`
+    /// such rows reports the rest as status 3 (with 8 of a row's top-k tokens needed in one
+    /// tile, rare); otherwise it takes [`GpuConfig::exact_lists`], which never overflow.
     pub fn plan_with_nucleus_rows(&self, max_batch: usize, dim: usize, vocab: usize, nucleus_rows: usize) -> Result<SamplingPlan> {
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
+        let short_lists = nucleus_rows > 0 && serves_overflow(&self.pipeline);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
         for batch in 1..=max_batch {
             let mut c = self.config_for(Shape { batch, ..shape }).for_shape(dim, vocab);
-            if capacity > 0 {
+            if capacity > 0 && !short_lists {
                 c = c.exact_lists(capacity);
             }
             match configs.last_mut() {

@@ -81,17 +81,17 @@ fn pick(verify: bool, status: &[RowStatus], rows: usize, spec_period: u32) -> (V
 }
 
 #[test]
-fn the_pick_takes_the_first_r_rows_of_status_4_in_row_order() {
+fn the_pick_takes_the_first_r_rows_of_status_3_or_4_in_row_order() {
     let mut status = vec![RowStatus::Ok; 70];
     for r in [3, 40, 41, 69] {
         status[r] = RowStatus::NucleusTooLarge;
     }
+    status[7] = RowStatus::ListOverflow;
     // Other failures are never picked.
     status[5] = RowStatus::AllMasked;
     status[6] = RowStatus::NonFinite;
-    status[7] = RowStatus::ListOverflow;
-    assert_eq!(pick(false, &status, 2, 0), (vec![3, 40], 2));
-    assert_eq!(pick(false, &status, 10, 0), (vec![3, 40, 41, 69], 4));
+    assert_eq!(pick(false, &status, 2, 0), (vec![3, 7], 2));
+    assert_eq!(pick(false, &status, 10, 0), (vec![3, 7, 40, 41, 69], 5));
     assert_eq!(pick(false, &status, 0, 0), (vec![], 0));
     assert_eq!(pick(false, &[RowStatus::Ok; 33], 2, 0), (vec![], 0));
     // A verifying launch of sequences of k + 1 = 3 rows: only bonus rows (row % 3 == 2) are
@@ -148,11 +148,12 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 }
 
 /// The whole chain on an f32 pipeline (the SIMT multiply: one fma per k, ascending): a row
-/// of status 4 with a top-p at T = 2 among rows that are not, served by pick, logits, four
-/// radix passes, cut and draw, gives the token, logit and status the host gets from the
-/// row's logits in that order, `whole_row`, `survivors` and `draw`.
+/// of status 3 (its top-k overflowed the tile lists) and one of status 4 with a top-p at T = 2,
+/// beside a row that is neither, served by pick, logits, four radix passes, cut and draw, give
+/// the tokens, logits and status the host gets from each row's logits in that order,
+/// `whole_row`, `survivors` and `draw`.
 #[test]
-fn the_kernels_serve_a_picked_row_as_the_host_cut_does() {
+fn the_kernels_serve_picked_rows_as_the_host_cut_does() {
     let (batch, dim, vocab) = (3usize, 8usize, 1500usize);
     let p = PipelineBuilder::new("Nucleus", DType::F32, DType::F32).temperature_per_row("t").filter("filter", 8).gumbel("seed", 1).build().unwrap();
     let mut mem = Memory { bufs: Vec::new() };
@@ -168,8 +169,12 @@ fn the_kernels_serve_a_picked_row_as_the_host_cut_does() {
     let weights: Vec<f32> = (0..vocab * dim).map(|_| 2.0 * unit()).collect();
     let temperatures = [0.7f32, 2.0, 1.0];
     let filters = [RowFilter::top_k(8), RowFilter::top_p(0.95), RowFilter::OFF];
-    let (row, seed) = (1usize, 0x5eed_u64);
-    let status: Vec<u32> = (0..batch as u32).map(|r| if r as usize == row { RowStatus::NucleusTooLarge.code() } else { 0 }).collect();
+    let seed = 0x5eed_u64;
+    let served = [(0usize, RowStatus::ListOverflow), (1, RowStatus::NucleusTooLarge)];
+    let mut status = vec![RowStatus::Ok.code(); batch];
+    for (r, st) in served {
+        status[r] = st.code();
+    }
     let layout = NucleusLayout { rows: 2, vocab, samples: 1, raw: false };
     let o = layout.offsets();
     let base = mem.add(vec![0; o.bytes]);
@@ -233,30 +238,36 @@ fn the_kernels_serve_a_picked_row_as_the_host_cut_does() {
     };
     launch(&m, &mut mem, &NUCLEUS_DRAW, draw_args.args(), layout.draw_grid(), NUCLEUS_THREADS);
 
-    // The host: the row's logits in the SIMT order, then the exact cut and draw.
-    let inv_t = 1.0f32 / temperatures[row];
-    let x: Vec<f32> = (0..vocab)
-        .map(|v| (0..dim).fold(0.0f32, |acc, k| hidden[row * dim + k].mul_add(weights[v * dim + k], acc)) * inv_t)
-        .collect();
+    // The host: each served row's logits in the SIMT order, then the exact cut and draw.
     let word = |mem: &mut Memory, addr: u64, i: usize| mem.load(addr + 4 * i as u64, 4) as u32;
-    let kernel_x: Vec<f32> = (0..vocab).map(|v| f32::from_bits(word(&mut mem, at(o.x), v))).collect();
-    assert_eq!(kernel_x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "the picked row's logits");
-    let scored: Vec<Scored> = x.iter().enumerate().map(|(v, &logit)| Scored { logit, index: v as u32 }).collect();
-    let top = whole_row(&scored);
-    let sorted: Vec<u32> = (0..vocab).map(|i| word(&mut mem, at(o.vals[0]), i)).collect();
-    assert_eq!(sorted, top.iter().map(|s| s.index).collect::<Vec<_>>(), "the radix sort's order is whole_row's");
-    let lse = {
-        let m = top[0].logit;
-        m + scored.iter().map(|s| f64::from(s.logit - m).exp()).sum::<f64>().ln() as f32
-    };
-    let n = survivors(&top, &filters[row], lse, true, row).unwrap();
-    assert_eq!(word(&mut mem, at(o.kept), 0) as usize, n, "the cut keeps survivors' count");
-    assert!(n > 8 && n < vocab, "a nucleus past the lists and short of the vocabulary: {n}");
-    let (want, _) = draw(&top[..n], seed, row as u32, 0, 0, 0).unwrap();
-    assert_eq!(word(&mut mem, tokens, row), want.index, "the sample");
-    assert_eq!(f32::from_bits(word(&mut mem, logits, row)).to_bits(), want.logit.to_bits(), "its logit");
-    assert_eq!(word(&mut mem, status_buf, row), 0, "served: status 0");
-    for r in (0..batch).filter(|&r| r != row) {
+    for (slot, (row, _)) in served.into_iter().enumerate() {
+        let inv_t = 1.0f32 / temperatures[row];
+        let x: Vec<f32> = (0..vocab)
+            .map(|v| (0..dim).fold(0.0f32, |acc, k| hidden[row * dim + k].mul_add(weights[v * dim + k], acc)) * inv_t)
+            .collect();
+        let row_x = at(o.x) + (slot * vocab * 4) as u64;
+        let kernel_x: Vec<f32> = (0..vocab).map(|v| f32::from_bits(word(&mut mem, row_x, v))).collect();
+        assert_eq!(kernel_x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "row {row}'s logits");
+        let scored: Vec<Scored> = x.iter().enumerate().map(|(v, &logit)| Scored { logit, index: v as u32 }).collect();
+        let top = whole_row(&scored);
+        let sorted: Vec<u32> = (0..vocab).map(|i| word(&mut mem, at(o.vals[0]) + (slot * vocab * 4) as u64, i)).collect();
+        assert_eq!(sorted, top.iter().map(|s| s.index).collect::<Vec<_>>(), "row {row}: the radix sort's order is whole_row's");
+        let lse = {
+            let m = top[0].logit;
+            m + scored.iter().map(|s| f64::from(s.logit - m).exp()).sum::<f64>().ln() as f32
+        };
+        let n = survivors(&top, &filters[row], lse, true, row).unwrap();
+        assert_eq!(word(&mut mem, at(o.kept), slot) as usize, n, "row {row}: the cut keeps survivors' count");
+        match filters[row].top_k {
+            0 => assert!(n > 8 && n < vocab, "a nucleus past the lists and short of the vocabulary: {n}"),
+            k => assert_eq!(n, k as usize, "the overflowed row keeps its top-k"),
+        }
+        let (want, _) = draw(&top[..n], seed, row as u32, 0, 0, 0).unwrap();
+        assert_eq!(word(&mut mem, tokens, row), want.index, "row {row}: the sample");
+        assert_eq!(f32::from_bits(word(&mut mem, logits, row)).to_bits(), want.logit.to_bits(), "row {row}: its logit");
+        assert_eq!(word(&mut mem, status_buf, row), 0, "row {row} served: status 0");
+    }
+    for r in (0..batch).filter(|&r| served.iter().all(|&(s, _)| s != r)) {
         assert_eq!(word(&mut mem, tokens, r), 0xabab_abab, "row {r} was not picked");
         assert_ne!(word(&mut mem, tokens, r), INDEX_NONE);
     }

@@ -5,13 +5,13 @@
 //! never allocates, never copies from the host and never synchronizes, so it can be captured
 //! into a CUDA graph.
 //!
-//! Exactness without a host round trip: the plan's kernels keep tile lists long enough that
-//! they cannot overflow (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)`
-//! entries), so stage three never needs the host's rerun. A row whose top-p / min-p nucleus
-//! outgrows the lists is sampled over its whole vocabulary by the plan's nucleus kernels after
-//! stage three (DESIGN.md "Exact nucleus on the device"), up to the plan's `R` rows per chunk;
-//! a row past them keeps status `NucleusTooLarge` (the host API then serves it exactly from
-//! whole-tile lists of it alone, DESIGN.md step 9; the device API reports it).
+//! Exactness without a host round trip: a row whose top-p / min-p nucleus outgrows the tile
+//! lists, or whose top-k overflowed them, is sampled over its whole vocabulary by the plan's
+//! nucleus kernels after stage three (DESIGN.md "Exact nucleus on the device"), up to the
+//! plan's `R` rows per chunk; a row past them keeps its status (the host API then serves it
+//! exactly, DESIGN.md step 9; the device API reports it). Plans whose nucleus kernels cannot
+//! serve an overflow (`backend::serves_overflow`) keep lists that cannot overflow instead
+//! (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)` entries).
 //!
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
 //! The host [`crate::Sampler::sample`] runs through the same [`SamplingPlan::enqueue`].

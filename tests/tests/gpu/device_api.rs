@@ -178,6 +178,58 @@ fn a_nucleus_past_the_lists_is_served_on_both_apis() {
     assert_eq!(&got.tokens[..63 * 2], &host.tokens[..63 * 2]);
 }
 
+/// A device plan of a top-k 32 pipeline keeps the short tile lists: rows whose top-k overflows
+/// them (three rows preferring 40 tokens of one tile) are served by the exact nucleus kernels,
+/// the plan's first `R` per chunk, equal to the host API (which reruns with longer lists) and
+/// the reference; a row past `R` reports the overflow, and a plan with `R` = 3 serves it too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rows_overflowing_short_lists_are_served_on_the_device() {
+    let (device, _dev) = gpu();
+    let p = PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
+        .temperature_per_row("t")
+        .filter("f", 32)
+        .gumbel("seed", 4)
+        .outputs(ALL_OUTPUTS)
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let (batch, dim, vocab) = (12usize, 128usize, 20_000usize);
+    let hot = super::hot_tile_case(&p, batch, dim, vocab, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    // Rows 0, 1 and 5 prefer the hot tokens; the others are random.
+    let mut case = Case::random(&p, batch, dim, vocab, 31, 2.0).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    let mut rows = case.hidden.exact.clone();
+    for r in [0, 1, 5] {
+        rows[r * dim..][..dim].copy_from_slice(&hot.hidden.exact[r * dim..][..dim]);
+    }
+    case.hidden = MatrixData::from_f32(DType::BF16, batch, dim, &rows);
+    case.weights = hot.weights;
+    let host = case.run_rows(&sampler).unwrap();
+    assert!(host.is_complete(), "{:?}", host.row_errors);
+    case.check(&p, &host, &(0..batch).collect::<Vec<_>>()).unwrap();
+    let (plan, got) = device_launch(&sampler, &case, &case.params(&p), batch);
+    assert!(plan.configs().all(|(_, c)| c.list_per_tile < 32), "the plan keeps short lists");
+    let errors = row_errors(&plan, &got.status);
+    assert_eq!(errors[5], Some(RowStatusError::List(ListError::Overflow { row: 5 })), "{:?}", got.status);
+    for r in (0..batch).filter(|&r| r != 5) {
+        assert_eq!(errors[r], None, "row {r}");
+        assert_eq!(got.tokens[r], host.tokens[r], "row {r}: token");
+        assert_eq!(got.scores[r].to_bits(), host.scores.as_ref().unwrap()[r].to_bits(), "row {r}: score");
+        assert_eq!(got.logprobs.as_ref().unwrap()[r].to_bits(), host.logprobs.as_ref().unwrap()[r].to_bits(), "row {r}: logprob");
+    }
+    let cuda = sampler.cuda().unwrap();
+    let dev = cuda.device().clone();
+    let plan = cuda.plan_with_nucleus_rows(batch, dim, vocab, 3).unwrap();
+    let inputs = DeviceCase::upload(&dev, &p, &case, &case.params(&p));
+    let mut outputs = DeviceResults::alloc(&dev, &p, batch);
+    let stream = dev.context().new_stream().unwrap();
+    plan.launch(&stream, inputs.inputs(&stream), outputs.outputs(&stream)).unwrap();
+    let got = outputs.read(&stream);
+    assert!(row_errors(&plan, &got.status).iter().all(Option::is_none), "{:?}", got.status);
+    assert_eq!(got.tokens, host.tokens);
+    assert_eq!(got.logprobs.as_ref(), host.logprobs.as_ref());
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn launch_checks_name_the_culprit() {
