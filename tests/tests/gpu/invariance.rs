@@ -42,6 +42,8 @@ fn requests_get_the_same_bits_at_every_batch_and_schedule() {
         for (vt, bt, warps, schedule) in [
             (128, 64, 4, Schedule::MmaSync { stages: 3, k_step: 64, grid: item }),
             (128, 64, 4, Schedule::MmaSync { stages: 3, k_step: 64, grid: Grid::Persistent }),
+            // A 128-element k slice (the small-batch sweep's best at B <= 8).
+            (256, 8, 8, Schedule::MmaSync { stages: 3, k_step: 128, grid: item }),
             (256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }),
             (128, 64, 4, Schedule::Wgmma { stages: 4, drain: true, grid: item }),
             (256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }),

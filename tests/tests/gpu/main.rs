@@ -249,6 +249,8 @@ fn stage_one_writes_every_candidate_slot() {
     for (p, batch, dim, vocab) in [
         (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize),
         (qwen(DType::BF16, 4), 17, 256, 151_936),
+        // The heuristic's TMA tile of B = 9..16 (on a compute capability 9.0 GPU).
+        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 12, 256, 151_936),
         (qwen(DType::F16, 1), 64, 128, 50_257),
         (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 256, 128, 32_001),
         (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 1, 64, 7),
@@ -937,7 +939,8 @@ fn tma_ring_equals_cp_async_ring() {
     let shapes = tma_shapes();
     let tiles = |vocab| {
         if vocab > 100_000 {
-            vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 5, true), tile(256, 128, 8, 4, false)]
+            // 256 × 16: the heuristic's tile for B = 9..16.
+            vec![tile(256, 64, 8, 5, false), tile(256, 64, 8, 5, true), tile(256, 128, 8, 4, false), tile(256, 16, 8, 4, false)]
         } else {
             vec![
                 tile(256, 64, 8, 5, false),
