@@ -21,7 +21,7 @@
 
 use super::cache;
 use super::device::drv;
-use super::plan::{from_bytes, Args, Boundary, DecideLaunch, NucleusPass, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
+use super::plan::{from_bytes, runs_nucleus, Args, Boundary, DecideLaunch, NucleusPass, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
 use crate::stage_three;
@@ -35,11 +35,27 @@ use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Whether the exact nucleus kernels serve `pipeline`'s rows whose lists overflowed (status 3)
-/// as exactly as longer lists: they sample and report the logprobs of a row, but keep no top-n
-/// logprob lists, and a verifying pipeline's decision reads its draft rows' lists itself.
-pub(crate) fn serves_overflow(pipeline: &Pipeline) -> bool {
-    flashsample_codegen_ptx::has_nucleus_kernels(pipeline) && pipeline.outputs.top_logprobs == 0 && pipeline.verify.is_none()
+/// The tile lists of a device-API plan, which cannot rerun a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeviceLists {
+    /// The tuned short lists: the plan's nucleus kernels serve a row whose top-k overflows
+    /// them as exactly as longer lists would (its first `R` per chunk).
+    Short,
+    /// Lists that cannot overflow ([`GpuConfig::exact_lists`]).
+    Exact,
+}
+
+impl DeviceLists {
+    /// Short where the plan runs the nucleus kernels ([`runs_nucleus`]) and they serve an
+    /// overflowed row whole: they sample it and report its logprobs, but keep no top-n logprob
+    /// lists, and a verifying pipeline's decision reads its draft rows' lists itself.
+    pub(crate) fn of(pipeline: &Pipeline, vocab: usize, nucleus_rows: usize) -> DeviceLists {
+        if runs_nucleus(pipeline, vocab, nucleus_rows) && pipeline.outputs.top_logprobs == 0 && pipeline.verify.is_none() {
+            DeviceLists::Short
+        } else {
+            DeviceLists::Exact
+        }
+    }
 }
 
 /// Host-path plans kept per sampler (each owns its scratch); the oldest is dropped beyond this.
@@ -252,18 +268,18 @@ impl CudaSampler {
     /// scratch.
     ///
     /// A device launch cannot rerun, so its lists must serve every row: where the nucleus
-    /// kernels serve a row whose top-k overflowed its tile lists ([`serves_overflow`]), the
-    /// plan keeps the tuned short lists (8 entries a tile), and a chunk with more than `R`
-    /// such rows reports the rest as status 3 (with 8 of a row's top-k tokens needed in one
-    /// tile, rare); otherwise it takes [`GpuConfig::exact_lists`], which never overflow.
+    /// kernels serve a row whose top-k overflowed its tile lists, the plan keeps the tuned
+    /// short lists (8 entries a tile; [`DeviceLists`]), and a chunk with more than `R` such
+    /// rows reports the rest as status 3 (with 8 of a row's top-k tokens needed in one tile,
+    /// rare); otherwise it takes [`GpuConfig::exact_lists`], which never overflow.
     pub fn plan_with_nucleus_rows(&self, max_batch: usize, dim: usize, vocab: usize, nucleus_rows: usize) -> Result<SamplingPlan> {
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
-        let short_lists = nucleus_rows > 0 && serves_overflow(&self.pipeline);
+        let lists = DeviceLists::of(&self.pipeline, vocab, nucleus_rows);
         let mut configs: Vec<(usize, GpuConfig)> = Vec::new();
         for batch in 1..=max_batch {
             let mut c = self.config_for(Shape { batch, ..shape }).for_shape(dim, vocab);
-            if capacity > 0 && !short_lists {
+            if capacity > 0 && lists == DeviceLists::Exact {
                 c = c.exact_lists(capacity);
             }
             match configs.last_mut() {
@@ -828,5 +844,31 @@ fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
         bytemuck::cast_slice(&[T::zeroed()]).to_vec()
     } else {
         bytemuck::cast_slice(v).to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceLists;
+    use flashsample_codegen_ptx::NUCLEUS_MAX_VOCAB;
+    use flashsample_ir::{DType, Outputs, PipelineBuilder};
+
+    /// Short lists only where the nucleus kernels run and can serve an overflowed row whole.
+    #[test]
+    fn device_plans_keep_short_lists_only_where_the_nucleus_kernels_serve_an_overflow() {
+        let topk = |top_logprobs| {
+            PipelineBuilder::new("K", DType::BF16, DType::BF16)
+                .temperature_per_row("t")
+                .filter("f", 50)
+                .gumbel("seed", 1)
+                .outputs(Outputs { logprob: true, top_logprobs, ..Default::default() })
+                .build()
+                .unwrap()
+        };
+        let v = 151_936;
+        assert_eq!(DeviceLists::of(&topk(0), v, 2), DeviceLists::Short);
+        assert_eq!(DeviceLists::of(&topk(0), v, 0), DeviceLists::Exact, "no nucleus kernels");
+        assert_eq!(DeviceLists::of(&topk(0), NUCLEUS_MAX_VOCAB + 32, 2), DeviceLists::Exact, "a vocabulary past the cut");
+        assert_eq!(DeviceLists::of(&topk(5), v, 2), DeviceLists::Exact, "top-n logprob lists");
     }
 }

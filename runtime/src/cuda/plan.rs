@@ -10,7 +10,7 @@
 //! nucleus kernels after stage three (DESIGN.md "Exact nucleus on the device"), up to the
 //! plan's `R` rows per chunk; a row past them keeps its status (the host API then serves it
 //! exactly, DESIGN.md step 9; the device API reports it). Plans whose nucleus kernels cannot
-//! serve an overflow (`backend::serves_overflow`) keep lists that cannot overflow instead
+//! serve an overflow (`backend::DeviceLists`) keep lists that cannot overflow instead
 //! (`GpuConfig::exact_lists`: each list holds `min(capacity, vocab_tile)` entries).
 //!
 //! Launches of one plan share its scratch: order them on one stream (or order the streams).
@@ -339,8 +339,7 @@ impl SamplingPlan {
                 None
             },
         };
-        // Vocabularies past the cut's shared block sums keep status 4 (NUCLEUS_MAX_VOCAB).
-        let nucleus = if nucleus_rows > 0 && flashsample_codegen_ptx::has_nucleus_kernels(&pipeline) && vocab <= NUCLEUS_MAX_VOCAB {
+        let nucleus = if runs_nucleus(&pipeline, vocab, nucleus_rows) {
             let layout = NucleusLayout { rows: nucleus_rows.min(chunk), vocab, samples, raw: pipeline.lists_carry_raw() };
             Some(NucleusScratch { layout, buffer: alloc(layout.offsets().bytes)? })
         } else {
@@ -1134,6 +1133,13 @@ fn chunk_rows(max_batch: usize, row_scratch: usize) -> usize {
 }
 
 /// Host copies of device buffers arrive as bytes; reinterpret them (alignment-agnostic).
+/// Whether a plan of `nucleus_rows` nucleus rows for `pipeline` at `vocab` runs the exact
+/// nucleus kernels: a sampling pipeline with a filter, `R > 0`, and a vocabulary the cut's
+/// shared block sums hold (`NUCLEUS_MAX_VOCAB`; past it rows keep status 3 or 4).
+pub(crate) fn runs_nucleus(pipeline: &Pipeline, vocab: usize, nucleus_rows: usize) -> bool {
+    nucleus_rows > 0 && flashsample_codegen_ptx::has_nucleus_kernels(pipeline) && vocab <= NUCLEUS_MAX_VOCAB
+}
+
 pub(crate) fn from_bytes<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
     bytes.chunks_exact(std::mem::size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
 }
