@@ -18,7 +18,7 @@ impl GpuConfig {
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
     /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
     /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
-    /// | B ≤ 8, cc 9.0, no lists | 256 × 8, 8 | mma.sync, k 128, 3 stages | fewer barriers per byte |
+    /// | B ≤ 8, cc 9.0, D ≥ 1024, no lists | 256 × 8, 8 | mma.sync, k 128, 3 stages | fewer barriers per byte |
     /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
     /// | B ≤ 16, cc 9.0, maps fit, no lists | 256 × 16, 8 | wgmma + TMA, 4 stages | no CTA barrier per slice |
     /// | B ≤ 16 | 128 × 16, 4 | mma.sync, 4 stages | |
@@ -103,12 +103,14 @@ impl GpuConfig {
                 && c.validate(pipeline, limits).is_ok())
             .then_some(c)
         };
-        // B ≤ 8 without lists on sm_90: 128-element k slices, 3 stages (half the barriers per
-        // byte; H100: 1.9 % / 3.4 % under the 64-element 4-stage ring at D 4096 / 8192). Lists
-        // would leave it two stages; other devices' shared memory does not hold it.
+        // B ≤ 8 without lists on sm_90 at LM-head widths: 128-element k slices, 3 stages (half
+        // the barriers per byte; H100: 1.9 % / 3.4 % under the 64-element 4-stage ring at
+        // D 4096 / 8192). Lists would leave it two stages, other devices' shared memory does not
+        // hold it, and below D = 1024 a slice is mostly padding.
         let wide_k_gemv = || {
             let c = GpuConfig::new(256, 8, 8, Schedule::MmaSync { stages: 3, k_step: 128, grid: Grid::PerItem });
-            (limits.compute_capability == (9, 0) && pipeline.list_capacity() == 0 && c.validate(pipeline, limits).is_ok()).then_some(c)
+            (limits.compute_capability == (9, 0) && dim >= 1024 && pipeline.list_capacity() == 0 && c.validate(pipeline, limits).is_ok())
+                .then_some(c)
         };
         if let Some(c) = match batch {
             0..=8 => wide_k_gemv(),
