@@ -269,7 +269,7 @@ impl CudaSampler {
     ///
     /// A device launch cannot rerun, so its lists must serve every row: where the nucleus
     /// kernels serve a row whose top-k overflowed its tile lists, the plan keeps the tuned
-    /// short lists (8 entries a tile; [`DeviceLists`]), and a chunk with more than `R` such
+    /// short lists (8 entries a tile; `backend::DeviceLists`), and a chunk with more than `R` such
     /// rows reports the rest as status 3 (with 8 of a row's top-k tokens needed in one tile,
     /// rare); otherwise it takes [`GpuConfig::exact_lists`], which never overflow.
     pub fn plan_with_nucleus_rows(&self, max_batch: usize, dim: usize, vocab: usize, nucleus_rows: usize) -> Result<SamplingPlan> {
