@@ -56,12 +56,12 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  NEW_TESTS=${NEW_TESTS:-"nucleus:: device_api:: logprob_modes:: speculative:: pingpong_equals_tma_ring filtered_gpu_tokens_match_cpu_tokens a_range_with_its_row_offset_samples_what_the_whole_launch_does stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly"}
+  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/new-tests.log" | head -20)")
-  for t in nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit speculative::the_device_api_decides_as_the_host_api; do
+  for t in nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit stage_one_writes_every_candidate_slot; do
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/memcheck-${t//:/_}.log" 2>&1
     summary+=("memcheck $t rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-${t//:/_}.log" | tr '\n' ' ')")
   done
