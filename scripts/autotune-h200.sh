@@ -7,9 +7,9 @@
 #   scripts/autotune-h200.sh /tmp/out/tuning-h200.json
 #
 # Binary: $AUTOTUNE_BIN, else .carry/flashsample-autotune(.xz, decompressed here), else
-# target/release/flashsample-autotune. Knobs: BUDGET_S (default 270: the search's own wall
-# clock, head generation and references included), TOP_K (12 configs per shape besides the
-# heuristic), QUICK_REPS (3), FINALISTS (3), REPS (20).
+# target/release/flashsample-autotune. Knobs: BATCHES (default 1,2,4,...,512), BUDGET_S
+# (default 270: the search's own wall clock, head generation and references included), TOP_K
+# (12 configs per shape besides the heuristic), QUICK_REPS (3), FINALISTS (3), REPS (20).
 set -euo pipefail
 out=${1:?usage: $0 OUTPUT.json}
 mkdir -p "$(dirname "$out")"
@@ -26,7 +26,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.carry/lib
 export FLASHSAMPLE_CACHE_DIR=${FLASHSAMPLE_CACHE_DIR:-/tmp/flashsample-cache}
 start=$SECONDS
 "$AUTOTUNE_BIN" --device cuda:0 \
-  --shapes 4096:151936,8192:128256 --batch 1,2,4,8,16,32,64,128,256,512 \
+  --shapes 4096:151936,8192:128256 --batch "${BATCHES:-1,2,4,8,16,32,64,128,256,512}" \
   --budget-s "${BUDGET_S:-270}" --top-heuristic "${TOP_K:-12}" \
   --quick-reps "${QUICK_REPS:-3}" --finalists "${FINALISTS:-3}" --warmup 3 --reps "${REPS:-20}" \
   --out "$out"
