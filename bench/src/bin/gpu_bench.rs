@@ -684,6 +684,20 @@ fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler,
         device_plain * 1e3,
         device_with * 1e3
     );
+    // Where the nucleus row's time goes: per-kernel-group event times with the nucleus kernels
+    // inside the launch (as the device API runs them), medians.
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 99, filter: Some(&filters), ..Default::default() };
+    let split = cuda.time_nucleus_stages(ht, &[wt], &params, 2, reps.max(10)).unwrap_or_else(|e| fail(&e));
+    let part = |k: usize| median(split.iter().map(|s| s[k]).collect()) * 1e6;
+    eprintln!(
+        "nucleus split D={dim} V={vocab} B={batch} (us): stage one {:.1}, two {:.1}, three {:.1}, pick + logits {:.1}, sort {:.1}, cut + draw + finish {:.1}",
+        part(0),
+        part(1),
+        part(2),
+        part(3),
+        part(4),
+        part(5)
+    );
     let ms = |s: f64| format!("{:.3}", s * 1e3);
     vec![
         dim.to_string(),

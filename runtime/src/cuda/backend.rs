@@ -652,6 +652,22 @@ impl CudaSampler {
         warmup: usize,
         run: impl FnOnce(&SamplingPlan, &CudaStream, &[Args]) -> Result<T>,
     ) -> Result<T> {
+        self.timed_with(hidden, weights, params, config, warmup, false, run)
+    }
+
+    /// [`CudaSampler::timed`]; `inline`: the exact nucleus kernels run inside each launch (as
+    /// the device API runs them) instead of the host API's deferred pass.
+    #[allow(clippy::too_many_arguments)]
+    fn timed_with<T>(
+        &self,
+        hidden: Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+        warmup: usize,
+        inline: bool,
+        run: impl FnOnce(&SamplingPlan, &CudaStream, &[Args]) -> Result<T>,
+    ) -> Result<T> {
         let (shape, config) = self.check(&hidden, weights, params, config)?;
         let lse = self.launch_lse(params, shape.batch);
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -660,8 +676,9 @@ impl CudaSampler {
         let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: flashsample_codegen_ptx::list_capacity(&self.pipeline), lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
         let up = self.upload(bufs, &hidden, weights, params, shape, lse)?;
-        // What the host API enqueues for a batch without a row of status 4 (nearly every one).
-        let nucleus_pass = plan.host_nucleus_pass(&up.args);
+        // What the host API enqueues for a batch without a row of status 4 (nearly every one),
+        // or the nucleus kernels inside the launch.
+        let nucleus_pass = if inline { up.args.nucleus_pass } else { plan.host_nucleus_pass(&up.args) };
         let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, nucleus_pass, ..up.args }).collect();
         let stream = self.device.stream().clone();
         for i in 0..warmup {
@@ -720,33 +737,69 @@ impl CudaSampler {
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<[f64; 3]>> {
-        self.timed(hidden, weights, params, config, warmup, |plan, stream, launches| {
+        const MARKS: [Boundary; 4] = [Boundary::Start, Boundary::AfterStageOne, Boundary::AfterStageTwo, Boundary::End];
+        self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, false)
+            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2]]).collect())
+    }
+
+    /// Per-stage device time of `reps` launches that run the exact nucleus kernels inside the
+    /// launch (as the device API does): stage one, stage two, stage three, the nucleus pick and
+    /// logits, its radix sort, and the cut, draw and finishing kernel (seconds).
+    pub fn time_nucleus_stages(
+        &self,
+        hidden: Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<[f64; 6]>> {
+        use Boundary::*;
+        const MARKS: [Boundary; 7] = [Start, AfterStageOne, AfterStageTwo, AfterStageThree, AfterNucleusLogits, AfterNucleusSort, End];
+        self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, true)
+            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3], t[4], t[5]]).collect())
+    }
+
+    /// Device time between consecutive `marks` of each of `reps` launches (CUDA events at the
+    /// boundaries; a mark a launch skips reads as the next one it reaches). `inline`:
+    /// the exact nucleus kernels run inside the launch instead of deferred.
+    #[allow(clippy::too_many_arguments)]
+    fn time_between(
+        &self,
+        hidden: Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+        warmup: usize,
+        reps: usize,
+        marks: &[Boundary],
+        inline: bool,
+    ) -> Result<Vec<Vec<f64>>> {
+        self.timed_with(hidden, weights, params, config, warmup, inline, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps);
             for i in 0..reps {
-                let e: Vec<_> = (0..4).map(|_| new_event()).collect::<Result<_>>()?;
+                let e: Vec<_> = marks.iter().map(|_| new_event()).collect::<Result<_>>()?;
+                // Marks a launch skips (no nucleus kernels) are recorded with the next one it
+                // reaches: their intervals read 0.
+                let mut next = 0;
                 plan.enqueue(stream, &launches[i % launches.len()], &mut |at| {
-                    let k = match at {
-                        Boundary::Start => 0,
-                        Boundary::AfterStageOne => 1,
-                        Boundary::AfterStageTwo => 2,
-                        Boundary::End => 3,
-                    };
-                    e[k].record(stream).map_err(drv("cuEventRecord"))
+                    let Some(k) = marks.iter().position(|&m| m == at) else { return Ok(()) };
+                    for ev in &e[next.min(k)..=k] {
+                        ev.record(stream).map_err(drv("cuEventRecord"))?;
+                    }
+                    next = k + 1;
+                    Ok(())
                 })?;
+                for ev in &e[next.min(marks.len())..] {
+                    ev.record(stream).map_err(drv("cuEventRecord"))?;
+                }
                 events.push(e);
             }
             self.sync("timed launches")?;
             events
                 .iter()
-                .map(|e| {
-                    let mut out = [0.0; 3];
-                    for (k, o) in out.iter_mut().enumerate() {
-                        *o = f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3;
-                    }
-                    Ok(out)
-                })
+                .map(|e| (0..marks.len() - 1).map(|k| Ok(f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3)).collect())
                 .collect()
         })
     }

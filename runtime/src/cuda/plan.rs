@@ -216,6 +216,12 @@ pub(crate) enum Boundary {
     Start,
     AfterStageOne,
     AfterStageTwo,
+    /// After stage three, before the exact nucleus kernels.
+    AfterStageThree,
+    /// After the nucleus pick and logits kernels.
+    AfterNucleusLogits,
+    /// After the nucleus radix sort.
+    AfterNucleusSort,
     End,
 }
 
@@ -781,8 +787,9 @@ impl SamplingPlan {
         } else if flashsample_codegen_ptx::list_capacity(&self.pipeline) > 0 {
             return Err(Error::Cuda("the module of a pipeline with lists has no flashsample_filter".into()));
         }
+        at(Boundary::AfterStageThree)?;
         if let Some((ns, kn)) = nucleus {
-            self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits])?;
+            self.enqueue_nucleus(stream, ns, kn, a, row_base, [temperatures, scores, logits], at)?;
         }
         if last_stage == LastStage::Finalize {
             self.aux.finalize(stream, a.tokens, a.status, logits, reported_lse, logprobs, batch * samples, samples)?;
@@ -888,7 +895,7 @@ impl SamplingPlan {
         let k = self.kernel_for(a.shape.batch)?;
         let (Some(ns), Some(kn)) = (&self.nucleus, &k.kernel.nucleus) else { return Ok(false) };
         let o = self.row_outputs(a, stream);
-        self.enqueue_nucleus(stream, ns, kn, a, a.row_offset, [self.temperatures(a, stream), o.scores, o.logits])?;
+        self.enqueue_nucleus(stream, ns, kn, a, a.row_offset, [self.temperatures(a, stream), o.scores, o.logits], &mut |_| Ok(()))?;
         let samples = self.pipeline.samples_per_row();
         self.aux.finalize(stream, a.tokens, a.status, o.logits, o.reported_lse, o.logprobs, a.shape.batch as u32 * samples, samples)?;
         Ok(true)
@@ -898,8 +905,19 @@ impl SamplingPlan {
     /// chunk's first `R` rows of status 4 sampled over their whole vocabulary on the device
     /// (pick, logits, four radix passes, cut, draw), before the finishing kernel turns their
     /// logits into logprobs. Every kernel exits at once when no row was picked.
-    /// `[temperatures, scores, logits]`: the addresses stage one and three used.
-    fn enqueue_nucleus(&self, stream: &CudaStream, ns: &NucleusScratch, kn: &NucleusKernels, a: &Args, row_base: u32, [temperatures, scores, logits]: [u64; 3]) -> Result<()> {
+    /// `[temperatures, scores, logits]`: the addresses stage one and three used; `mark` runs
+    /// after the logits and after the sort.
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue_nucleus(
+        &self,
+        stream: &CudaStream,
+        ns: &NucleusScratch,
+        kn: &NucleusKernels,
+        a: &Args,
+        row_base: u32,
+        [temperatures, scores, logits]: [u64; 3],
+        mark: &mut dyn FnMut(Boundary) -> Result<()>,
+    ) -> Result<()> {
         let l = ns.layout;
         let o = l.offsets();
         let base = self.addr(&ns.buffer, stream);
@@ -945,6 +963,7 @@ impl SamplingPlan {
             vals: at(o.vals[0]),
         };
         launch(&kn.logits, l.logits_grid(), NUCLEUS_THREADS, logits_args.args(), "cuLaunchKernel(flashsample_nucleus_logits)")?;
+        mark(Boundary::AfterNucleusLogits)?;
         for pass in 0..NUCLEUS_RADIX_PASSES as usize {
             let (src, dst) = (pass % 2, 1 - pass % 2);
             let shift = 8 * pass as u32;
@@ -963,6 +982,7 @@ impl SamplingPlan {
             };
             launch(&kn.scatter, l.sort_grid(), NUCLEUS_THREADS, scatter.args(), "cuLaunchKernel(flashsample_nucleus_scatter)")?;
         }
+        mark(Boundary::AfterNucleusSort)?;
         // An even number of passes: the sorted keys and tokens are back in buffer 0, and
         // buffer 1's keys hold the cut's masses.
         let cut = NucleusCutArgs { picks, rows, keys: at(o.keys[0]), filters: a.filters, vocab, masses: at(o.keys[1]), kept: at(o.kept) };
