@@ -104,11 +104,15 @@ if has decode; then
 fi
 if has before_after; then
   # The same gpu_bench arguments through the previous commit's binary (.carry-before/) and this
-  # one, back to back in one call: the regression check of a refactor.
-  for side in before after; do
-    bin=$BIN/gpu_bench; [ $side = before ] && bin=.carry-before/gpu_bench
-    "$bin" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side.txt" 2>"$OUT/bench-$side.log"
-    summary+=("bench $side rc=$?")
+  # one, alternating for AB_ROUNDS rounds in one call (drift shows as a spread between rounds):
+  # the regression check of a refactor. The fused and nucleus lines go to the summary.
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for side in before after; do
+      bin=$BIN/gpu_bench; [ $side = before ] && bin=.carry-before/gpu_bench
+      "$bin" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side-$round.txt" 2>"$OUT/bench-$side-$round.log"
+      summary+=("bench $side $round rc=$?")
+      summary+=("$(grep -hE '^(fused|exact nucleus|nucleus split)' "$OUT/bench-$side-$round.log" | sed 's/ (GpuConfig.*//')")
+    done
   done
 fi
 if has bench; then
