@@ -82,35 +82,36 @@ impl GpuConfig {
             }
             c.validate(pipeline, limits).is_ok().then_some(c)
         };
+        // A fixed tile for list-free pipelines on sm_90, where the TMA maps describe the shape
+        // (TMA tiles) and it fits `limits`; None sends the batch to the tiles below.
+        let list_free_sm90 = |c: GpuConfig| {
+            (limits.compute_capability == (9, 0)
+                && pipeline.list_capacity() == 0
+                && (!c.uses_tma() || GpuConfig::tma_fits(dim, vocab))
+                && c.validate(pipeline, limits).is_ok())
+            .then_some(c)
+        };
         // From B = 192 a list-free pipeline takes the 256 × 128 tile on the TMA ring: it
         // streams W through L2 B/128 times and H V/256 times (the ping-pong 128-row tiles
         // carry ~1.35× the L2 bytes, and stage one is L2-bound there). Lists would leave
         // this tile too few stages; they keep the ping-pong rows below.
-        let wide = || {
-            let c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent });
-            (wgmma && pipeline.list_capacity() == 0 && GpuConfig::tma_fits(dim, vocab) && c.validate(pipeline, limits).is_ok())
-                .then_some(c)
-        };
+        let wide = || list_free_sm90(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent }));
         // B = 9..=16 on the TMA ring: one thread issues a slice's boxes and the mbarriers
         // replace the CTA barrier per slice, which the memory-bound 16-column tile gains most
         // from (H100: 4.9 % / 5.3 % under mma.sync's 128 × 16 at D 4096 / 8192). Lists keep
         // the mma.sync tile (not measured with them).
-        let tma_gemv = || {
-            let c = GpuConfig::new(256, 16, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem });
-            (limits.compute_capability == (9, 0)
-                && pipeline.list_capacity() == 0
-                && GpuConfig::tma_fits(dim, vocab)
-                && c.validate(pipeline, limits).is_ok())
-            .then_some(c)
-        };
+        let tma_gemv = || list_free_sm90(GpuConfig::new(256, 16, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem }));
         // B ≤ 8 without lists on sm_90 at LM-head widths: 128-element k slices, 3 stages (half
         // the barriers per byte; H100: 1.9 % / 3.4 % under the 64-element 4-stage ring at
         // D 4096 / 8192). Lists would leave it two stages, other devices' shared memory does not
         // hold it, and below D = 1024 a slice is mostly padding.
         let wide_k_gemv = || {
             let c = GpuConfig::new(256, 8, 8, Schedule::MmaSync { stages: 3, k_step: 128, grid: Grid::PerItem });
-            (limits.compute_capability == (9, 0) && dim >= 1024 && pipeline.list_capacity() == 0 && c.validate(pipeline, limits).is_ok())
-                .then_some(c)
+            if dim >= 1024 {
+                list_free_sm90(c)
+            } else {
+                None
+            }
         };
         if let Some(c) = match batch {
             0..=8 => wide_k_gemv(),

@@ -643,22 +643,10 @@ impl CudaSampler {
     /// Uploads a launch once per weight buffer, runs `warmup` launches cycling through them
     /// (rotating buffers keep the L2 cache from holding the weights between launches), then
     /// hands the plan and the launches to `run`.
-    fn timed<T>(
-        &self,
-        hidden: Tensor<'_>,
-        weights: &[Tensor<'_>],
-        params: &SamplingParams<'_>,
-        config: Option<&KernelConfig>,
-        warmup: usize,
-        run: impl FnOnce(&SamplingPlan, &CudaStream, &[Args]) -> Result<T>,
-    ) -> Result<T> {
-        self.timed_with(hidden, weights, params, config, warmup, false, run)
-    }
-
-    /// [`CudaSampler::timed`]; `inline`: the exact nucleus kernels run inside each launch (as
-    /// the device API runs them) instead of the host API's deferred pass.
+    /// `inline`: the exact nucleus kernels run inside each launch (as the device API runs them)
+    /// instead of the host API's deferred pass.
     #[allow(clippy::too_many_arguments)]
-    fn timed_with<T>(
+    fn timed<T>(
         &self,
         hidden: Tensor<'_>,
         weights: &[Tensor<'_>],
@@ -704,7 +692,7 @@ impl CudaSampler {
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<f64>> {
-        self.timed(hidden, weights, params, config, warmup, |plan, stream, launches| {
+        self.timed(hidden, weights, params, config, warmup, false, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps + 1);
@@ -774,7 +762,7 @@ impl CudaSampler {
         marks: &[Boundary],
         inline: bool,
     ) -> Result<Vec<Vec<f64>>> {
-        self.timed_with(hidden, weights, params, config, warmup, inline, |plan, stream, launches| {
+        self.timed(hidden, weights, params, config, warmup, inline, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps);
