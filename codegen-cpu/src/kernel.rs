@@ -59,6 +59,10 @@ pub(crate) struct KernelArgs {
     /// holding it (`-inf` when excluded); null without `target_logprob`.
     pub targets: *const u32,
     pub target_logits: *mut f32,
+    /// The rank pass (DESIGN.md step 7c): `[B * tiles]` per (row, tile) counts of the tokens
+    /// whose logit is at least `target_logits[row]`, which the pass then only reads; null
+    /// outside it (and without `target_logprob(.., rank)`).
+    pub rank_counts: *mut u32,
     /// `[B, tiles, residual_per_tile]` residual lists sorted by score; null unless verifying.
     pub residual_lists: *mut Candidate,
     pub residual_per_tile: u64,
@@ -251,6 +255,11 @@ pub struct CpuLaunch<'a> {
     /// `[batch]` tokens to score (each `< vocab`) and `[batch]` where their transformed logits
     /// go (`-inf` for an excluded target), iff the pipeline has `target_logprob`.
     pub targets: Option<(&'a [u32], &'a mut [f32])>,
+    /// The rank pass (DESIGN.md step 7c), only for a pipeline that ranks its targets:
+    /// `[batch * tiles]` zeroed counts; `targets`' logits then hold the first pass's values,
+    /// which this pass reads as each row's threshold and leaves alone. Every other output of
+    /// the pass is written as in the first (give it scratch buffers).
+    pub rank_counts: Option<&'a mut [u32]>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
     /// `per_tile >= list_capacity()` (the runtime's exact nucleus path lists whole tiles, for a
     /// nucleus that outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
@@ -506,6 +515,14 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("targets")),
             (false, None) => (std::ptr::null(), std::ptr::null_mut()),
         };
+        let rank_counts = match (p.ranks_targets(), a.rank_counts) {
+            (true, Some(c)) => {
+                expect_len("rank counts", c.len(), checked(a.batch, tiles, "rank counts")?)?;
+                c.as_mut_ptr()
+            }
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("rank counts")),
+            (_, None) => std::ptr::null_mut(),
+        };
         let (residual_lists, residual_per_tile, streams) = match (p.verify.is_some(), a.residual) {
             (true, Some(r)) => {
                 expect_len("residual streams", r.streams.len(), a.batch)?;
@@ -636,6 +653,7 @@ impl CpuKernel {
             add_logit_bias: apply_quad::<LogitBiasTable>,
             targets,
             target_logits,
+            rank_counts,
             lists,
             per_tile: per_tile as u64,
             insert: insert_quad,

@@ -63,6 +63,8 @@ pub(crate) struct Plan {
     pub needs_lse: bool,
     /// `target_logprob`: the tile holding a row's target writes its transformed logit.
     pub targets: bool,
+    /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` is the rank pass.
+    pub ranks: bool,
     /// Entries of each (row, tile) top list; 0 = no lists.
     pub list_capacity: u32,
     /// Speculative verification: each (row, tile) also keeps its best tokens by the row's
@@ -115,6 +117,7 @@ impl Plan {
             needs_lse: pipeline.needs_logsumexp(),
             // Verification reads each draft row's transformed logit at its draft token.
             targets: pipeline.targets.is_some() || pipeline.verify.is_some(),
+            ranks: pipeline.ranks_targets(),
             list_capacity: pipeline.list_capacity(),
             residual_lists: pipeline.verify.is_some(),
             logits: LogitSource::Fused,
@@ -193,6 +196,8 @@ struct Launch {
     logit_bias: Option<[Value; 3]>,
     /// `[targets, target_logits]`, loaded iff the plan scores targets.
     targets: Option<[Value; 2]>,
+    /// `rank_counts` (null outside the rank pass), loaded iff the plan ranks targets.
+    rank_counts: Option<Value>,
     lists: Value,
     per_tile: Value,
     insert: Value,
@@ -366,6 +371,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             .plan
             .targets
             .then(|| [self.arg(offset_of!(KernelArgs, targets)), self.arg(offset_of!(KernelArgs, target_logits))]);
+        let rank_counts = self.plan.ranks.then(|| self.arg(offset_of!(KernelArgs, rank_counts)));
         let raw = self.plan.raw.is_some().then(|| RawLaunch {
             lse: self.arg(offset_of!(KernelArgs, raw_lse)),
             lists: self.arg(offset_of!(KernelArgs, raw_lists)),
@@ -401,6 +407,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             penalize,
             logit_bias,
             targets,
+            rank_counts,
             lists,
             residual,
             per_tile,
@@ -995,7 +1002,21 @@ impl<'a, 'p> Lowering<'a, 'p> {
         if let Some(targets) = l.targets {
             // The reported logit: raw in the raw mode.
             let (tx, tallowed) = raw_lanes.as_ref().map_or((x, allowed), |r| (r.0, r.1));
-            self.emit_target(q, row, tx, tallowed, targets);
+            match l.rank_counts {
+                Some(counts) => {
+                    // The rank pass counts; the first pass stores.
+                    let (count, store, done) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+                    self.b.ins().brif(counts, count, &[], store, &[]);
+                    self.b.switch_to_block(count);
+                    self.emit_rank_count(l, q, row, tx, tallowed, targets[1], counts);
+                    self.b.ins().jump(done, &[]);
+                    self.b.switch_to_block(store);
+                    self.emit_target(q, row, tx, tallowed, targets);
+                    self.b.ins().jump(done, &[]);
+                    self.b.switch_to_block(done);
+                }
+                None => self.emit_target(q, row, tx, tallowed, targets),
+            }
         }
         if self.plan.list_capacity > 0 {
             let spec = ListSpec { lists: l.lists, per_tile: l.per_tile };
@@ -1403,6 +1424,31 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().store(output(), value, dst, 0);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
+    }
+
+    /// Step 7c, the rank pass: adds the quad's tokens whose eligible logit (`-inf` when
+    /// excluded) is at least the row's target logit `target_logits[row]` (the first pass's)
+    /// to the (row, tile) count; only this tile's task touches that count.
+    #[allow(clippy::too_many_arguments)]
+    fn emit_rank_count(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value, target_logits: Value, counts: Value) {
+        let tile = self.b.use_var(self.tile);
+        let b = &mut self.b;
+        let row4 = b.ins().ishl_imm_u(row, 2);
+        let at = b.ins().iadd(target_logits, row4);
+        let threshold = b.ins().load(F32, input(), at, 0);
+        let threshold = b.ins().splat(F32X4, threshold);
+        let xs = eligible(b, x, allowed);
+        let at_least = b.ins().fcmp(FloatCC::GreaterThanOrEqual, xs, threshold);
+        let lanes = b.ins().vhigh_bits(I32, at_least);
+        let lanes = b.ins().band(lanes, q.valid_bits);
+        let n = b.ins().popcnt(lanes);
+        let slot = b.ins().imul(row, l.tiles);
+        let slot = b.ins().iadd(slot, tile);
+        let off = b.ins().ishl_imm_u(slot, 2);
+        let at = b.ins().iadd(counts, off);
+        let c = b.ins().load(I32, output(), at, 0);
+        let c = b.ins().iadd(c, n);
+        b.ins().store(output(), c, at, 0);
     }
 
     /// Step 7: adds the quad's counted tokens (allowed, finite `x`) to the (row, tile)

@@ -66,7 +66,7 @@ fn launch_rejects_mismatched_buffers() {
     let mut lse = vec![LsePartial::EMPTY; batch * tiles];
     let launch = |hidden: &[f32], weights: &[u8], temps: &[f32], bias: Option<&[f32]>, allowed: Option<&[u32]>,
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
-        kernel.launch(CpuLaunch { targets: None, residual: None, raw: None,
+        kernel.launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None,
             hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
             row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None, lists: None,
         })
@@ -97,7 +97,7 @@ fn empty_launches_write_nothing() {
     let mut none: [Candidate; 0] = [];
     for (batch, vocab) in [(0, 10), (2, 0)] {
         kernel
-            .launch(CpuLaunch { targets: None, residual: None, raw: None,
+            .launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None,
                 hidden: &vec![0.0; batch * 3],
                 weights: &vec![0; vocab * 3 * 4],
                 batch,

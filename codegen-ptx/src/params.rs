@@ -211,6 +211,11 @@ kernel_params! {
         /// `r mod spec_period ≠ k` (the last row of each sequence is its bonus); 0 makes every
         /// row a draft row (the recompute of single rows). Unread without `verify`.
         spec_period: U32,
+        /// `u32 [B]`, zeroed: set only on the rank pass of a pipeline that ranks its targets
+        /// (DESIGN.md step 7c), which adds per (warp, row) the count of the tile's tokens whose
+        /// logit is at least `target_logprobs[row]` (the first pass's target logit, read, not
+        /// written, on this pass). 0 on every other launch.
+        target_ranks: MutPtr,
     }
 }
 
@@ -237,6 +242,9 @@ kernel_params! {
         /// Stage one's `f32 [B]` target logits, turned in place into `x − lse` (NaN for a
         /// failed row), or 0.
         target_logprobs: MutPtr,
+        /// The rank pass's `u32 [B]` target ranks (DESIGN.md step 7c), set to 0 for a failed
+        /// row, or 0.
+        target_ranks: MutPtr,
         /// Stage one's raw logsumexp partials (DESIGN.md step 10) or 0. When given, the
         /// target logprobs take the raw row logsumexp instead of the processed one.
         raw_lse: ConstPtr,
@@ -611,6 +619,7 @@ pub(crate) mod arg {
     SPEC_PERIOD: I32 = "%spec_period",
     STATUS: Ptr<Global> = "%status",
     TARGET_LOGPROBS: Ptr<Global> = "%target_logprobs",
+    TARGET_RANKS: Ptr<Global> = "%target_ranks",
     TARGETS: Ptr<Global> = "%targets",
     TEMPERATURES: Ptr<Global> = "%temperatures",
     TILES: I32 = "%tiles",

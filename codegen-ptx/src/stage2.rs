@@ -248,6 +248,14 @@ fn row_logsumexp(f: &mut Func, th: &RowThreads<'_>, status: &Var<I32>, (partials
                 let ok = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::Ok.code()));
                 let lp = f.sel(&ok, &lp, &F32::NAN);
                 f.store(&lp, &a, 4);
+                // Step 7c: a failed row's rank is 0.
+                let has_ranks = f.non_null(&arg::TARGET_RANKS);
+                let failed = f.not(&ok);
+                let clear = f.and(&has_ranks, &failed);
+                f.if_then(&clear, |f| {
+                    let a = f.gaddr(&arg::TARGET_RANKS, &r64, 4);
+                    f.store(&i32c(0), &a, 4);
+                });
             });
         });
         // A second call rewrites the scratch thread 0 just read.

@@ -258,6 +258,30 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
         Ok((want, b + logsumexp_tolerance(lse_bound, self.vocab) + 2.0 * U * want.abs()))
     }
 
+    /// The ranks an f32 backend may report for row `row`'s scored token (DESIGN.md step 7c):
+    /// `rank = #{v < V : y_v ≥ y_t}` over the logits the logprob outputs describe
+    /// ([`Self::reported_logits`]), as an inclusive range `(lo, hi)`. A token counts surely
+    /// when its f64 logit is at least the target's after both move by their bounds against
+    /// each other, possibly when their intervals meet; the target itself always counts, and an
+    /// excluded target (`-inf`) has rank `V` exactly.
+    pub fn target_rank(&self, row: usize) -> Result<(u32, u32), ReferenceError> {
+        let rl = self.reported_logits(row)?;
+        let t = self.params.targets.map_or(0, |t| t[row]) as usize;
+        let (yt, bt) = (rl.logits[t], rl.bounds[t]);
+        if yt == f64::NEG_INFINITY {
+            return Ok((self.vocab as u32, self.vocab as u32));
+        }
+        let (mut lo, mut hi) = (1u32, 1u32);
+        for (v, (&y, &b)) in rl.logits.iter().zip(&rl.bounds).enumerate() {
+            if v == t || y == f64::NEG_INFINITY {
+                continue;
+            }
+            lo += u32::from(y - b >= yt + bt);
+            hi += u32::from(y + b >= yt - bt);
+        }
+        Ok((lo, hi))
+    }
+
     /// [`Self::row_logits`] or [`Self::raw_row_logits`].
     fn logits_in(&self, row: usize, mode: LogprobMode) -> Result<RowLogits, ReferenceError> {
         let raw_mode = mode == LogprobMode::Raw;

@@ -129,11 +129,11 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<StageOne> {
-        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize, None)
+        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize, Pass::Sample)
     }
 
     /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's
-    /// capacity; whole tiles for the exact nucleus path).
+    /// capacity; whole tiles for the exact nucleus path), as `pass` asks.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn stage_one_with_lists(
         &self,
@@ -144,8 +144,13 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
         per_tile: usize,
-        residual: Option<ResidualPlan<'_>>,
+        pass: Pass<'_>,
     ) -> Result<StageOne> {
+        let (residual, rank_thresholds) = match pass {
+            Pass::Sample => (None, None),
+            Pass::Verify(r) => (Some(r), None),
+            Pass::Rank(t) => (None, Some(t)),
+        };
         let weight_bytes =
             weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
         config.validate()?;
@@ -174,8 +179,13 @@ impl CpuBackend {
         let token_streams = vec![NoiseStream::Token; shape.batch];
         let residual = verifying.then(|| residual.unwrap_or(ResidualPlan { streams: &token_streams, per_tile: 1 }));
         let mut residual_lists = residual.map(|r| vec![RESIDUAL_EMPTY; shape.batch * layout.tiles * r.per_tile]);
-        // Poisoned, like the candidates: every row's target lies in exactly one tile.
-        let mut target_logits = targets.map(|_| vec![f32::NAN; shape.batch]);
+        // Poisoned, like the candidates: every row's target lies in exactly one tile. The rank
+        // pass reads them (the first pass's) as its thresholds.
+        let mut target_logits = match rank_thresholds {
+            Some(t) => Some(t.to_vec()),
+            None => targets.map(|_| vec![f32::NAN; shape.batch]),
+        };
+        let mut rank_counts = rank_thresholds.map(|_| vec![0u32; shape.batch * layout.tiles]);
         let mut raw = p.needs_raw_logsumexp().then(|| RawStageOne::buffers(p, lists_layout));
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
@@ -194,6 +204,7 @@ impl CpuBackend {
             penalties: penalties.as_ref(),
             logit_bias: logit_bias.as_ref(),
             targets: targets.zip(target_logits.as_deref_mut()),
+            rank_counts: rank_counts.as_deref_mut(),
             residual: residual.zip(residual_lists.as_deref_mut()).map(|(r, lists)| ResidualLists { streams: r.streams, lists }),
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
@@ -205,7 +216,7 @@ impl CpuBackend {
             }),
         })?;
         let residual_lists = residual.zip(residual_lists).map(|(r, l)| (TopLists { per_tile: r.per_tile, ..lists_layout }, l));
-        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, residual_lists, raw })
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, rank_counts, residual_lists, raw })
     }
 
     /// Samples every row; a row that cannot be sampled gets its error in
@@ -245,7 +256,7 @@ impl CpuBackend {
             out.ok_or(Error::EmptyBatch)?
         };
         let capacity = p.list_capacity() as usize;
-        let mut samples = Samples::from_reduced(p, shape.batch, out.reduced, &out.status, capacity, out.target_logprobs);
+        let mut samples = Samples::from_reduced(p, shape.batch, out.reduced, &out.status, capacity, out.target_logprobs, out.target_ranks);
         samples.top_logprobs = out.top_logprobs;
         Ok(samples)
     }
@@ -261,7 +272,7 @@ impl CpuBackend {
     ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
-        let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, None)?;
+        let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, Pass::Sample)?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
         let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
         let mut top_logprobs = match &one.lists {
@@ -287,7 +298,17 @@ impl CpuBackend {
             (Some(t), Some(lse)) => Some(t.iter().zip(lse).map(|(x, l)| x - l).collect()),
             _ => None,
         };
-        Ok(RowsOut { reduced, status, top_logprobs, target_logprobs })
+        // Step 7c: a second pass over the same tiles counts each row's tokens at least as
+        // likely as its target, against the first pass's target logit (the same bits).
+        let target_ranks = match (&one.target_logits, self.pipeline.ranks_targets()) {
+            (Some(t), true) => {
+                let rank = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, Pass::Rank(t))?;
+                let counts = rank.rank_counts.ok_or_else(|| Error::Unsupported("the rank pass keeps counts".into()))?;
+                Some(counts.chunks(one.layout.tiles.max(1)).map(|c| c.iter().sum()).collect())
+            }
+            _ => None,
+        };
+        Ok(RowsOut { reduced, status, top_logprobs, target_logprobs, target_ranks })
     }
 
     /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly: stage one again
@@ -311,7 +332,7 @@ impl CpuBackend {
         let config = self.whole_tile_config(sub_shape);
         let allowed = sub.allowed_bitset(sub_shape.batch, shape.vocab);
         let per_tile = config.vocab_tile as usize;
-        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, None)?;
+        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, Pass::Sample)?;
         // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
         if let Some((layout, lists)) = &one.lists {
             let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
@@ -337,6 +358,7 @@ struct RowsOut {
     status: Vec<RowStatus>,
     top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
     target_logprobs: Option<Vec<f32>>,
+    target_ranks: Option<Vec<u32>>,
 }
 
 impl RowsOut {
@@ -354,6 +376,9 @@ impl RowsOut {
             a.extend(b);
         }
         if let (Some(a), Some(b)) = (&mut self.target_logprobs, next.target_logprobs) {
+            a.extend(b);
+        }
+        if let (Some(a), Some(b)) = (&mut self.target_ranks, next.target_ranks) {
             a.extend(b);
         }
     }
@@ -385,10 +410,24 @@ pub(crate) struct StageOne {
     /// `[B]` the scored targets' transformed logits (raw in the raw mode), iff the pipeline
     /// has `target_logprob` (or verifies drafts: the draft tokens' logits).
     pub target_logits: Option<Vec<f32>>,
+    /// `[B * tiles]` the rank pass's counts (DESIGN.md step 7c), iff this was one.
+    pub rank_counts: Option<Vec<u32>>,
     /// The residual lists (`Candidate`s in the `TopLists` layout), iff the pipeline verifies.
     pub residual_lists: Option<(TopLists, Vec<Candidate>)>,
     /// The raw logprob mode's partials and lists, iff `pipeline.needs_raw_logsumexp()`.
     pub raw: Option<RawStageOne>,
+}
+
+/// What a stage-one launch is for.
+#[derive(Clone, Copy)]
+pub(crate) enum Pass<'a> {
+    /// Sampling (and scoring): the pipeline's outputs.
+    Sample,
+    /// Verifying drafts: also the residual lists.
+    Verify(ResidualPlan<'a>),
+    /// The rank pass of a pipeline that ranks its targets (DESIGN.md step 7c): `[B]` the first
+    /// pass's target logits as thresholds; the counts are its result.
+    Rank(&'a [f32]),
 }
 
 /// What a verifying launch asks of stage one: each row's noise stream and the entries of its

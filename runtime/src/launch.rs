@@ -68,6 +68,11 @@ pub struct Samples {
     /// transformed, unfiltered distribution, if the pipeline declares `target_logprob`: `-inf`
     /// for a target the pipeline excludes, NaN for a failed row.
     pub target_logprobs: Option<Vec<f32>>,
+    /// Per row, the rank of its scored token (DESIGN.md step 7c), if the pipeline declares
+    /// `target_logprob(logits, targets, rank)`: the number of tokens at least as likely as it
+    /// under the distribution `target_logprobs` describes (1 = the most likely, ties share the
+    /// larger rank; `V` for an excluded target), 0 for a failed row.
+    pub target_ranks: Option<Vec<u32>>,
     /// Per row: `None` when the row was sampled, else why it was not.
     pub row_errors: Vec<Option<RowStatusError>>,
 }
@@ -103,7 +108,8 @@ impl Samples {
     /// Samples from a reduced launch whose rows have the given statuses (`RowStatus::Ok` for a
     /// sampled row); `capacity` is the list capacity a `NucleusTooLarge` row outgrew;
     /// `target_logprobs` the rows' target logprobs (DESIGN.md step 7b), if the pipeline scores
-    /// targets. Every output of a failed row becomes `INDEX_NONE` / NaN here.
+    /// targets, and `target_ranks` their ranks (step 7c), if it ranks them. Every output of a
+    /// failed row becomes `INDEX_NONE` / NaN (rank 0) here.
     pub(crate) fn from_reduced(
         pipeline: &Pipeline,
         batch: usize,
@@ -111,6 +117,7 @@ impl Samples {
         status: &[RowStatus],
         capacity: usize,
         mut target_logprobs: Option<Vec<f32>>,
+        mut target_ranks: Option<Vec<u32>>,
     ) -> Samples {
         let s = pipeline.samples_per_row() as usize;
         let row_errors: Vec<Option<RowStatusError>> =
@@ -125,6 +132,9 @@ impl Samples {
                 }
                 if let Some(t) = target_logprobs.as_mut() {
                     t[row] = f32::NAN;
+                }
+                if let Some(t) = target_ranks.as_mut() {
+                    t[row] = 0;
                 }
             }
         }
@@ -141,6 +151,7 @@ impl Samples {
             logprobs,
             top_logprobs: None,
             target_logprobs,
+            target_ranks,
             row_errors,
         }
     }

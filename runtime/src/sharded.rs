@@ -98,6 +98,7 @@ impl ShardedSampler {
 
         let mut out = Samples {
             target_logprobs: None,
+            target_ranks: None,
             batch,
             samples_per_row: samples,
             tokens: Vec::with_capacity(batch * samples),

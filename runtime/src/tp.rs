@@ -199,6 +199,7 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
     let logprobs = outputs.logprob.then(|| logits.iter().enumerate().map(|(i, l)| l - lse[i / samples]).collect());
     Ok(Samples {
         target_logprobs: None,
+        target_ranks: None,
         batch,
         samples_per_row: samples,
         tokens,

@@ -5,7 +5,7 @@
 //! row is recomputed over its whole vocabulary only when its residual bound fails or its
 //! nucleus outgrew the lists; the `[S·(k+1), V]` logits are never written.
 
-use crate::cpu::{host_f32, CpuBackend, ResidualPlan};
+use crate::cpu::{host_f32, CpuBackend, Pass, ResidualPlan};
 use crate::{launch::Shape, stage_three, Error, Result, Tensor};
 use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
 use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
@@ -341,7 +341,7 @@ impl CpuBackend {
         let allowed = inner.allowed_bitset(shape.batch, shape.vocab);
         let capacity = pipeline.list_capacity() as usize;
         let plan = ResidualPlan { streams: &streams, per_tile: RESIDUAL_PER_TILE };
-        let one = self.stage_one_with_lists(&hidden_f32, weights, &inner, allowed.as_deref(), shape, config, capacity, Some(plan))?;
+        let one = self.stage_one_with_lists(&hidden_f32, weights, &inner, allowed.as_deref(), shape, config, capacity, Pass::Verify(plan))?;
         let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
         if let Some((layout, lists)) = &one.lists {
             stage_three::finish(pipeline, &inner, *layout, lists, None, &mut reduced, &mut status);
@@ -370,7 +370,7 @@ impl CpuBackend {
             let plan = ResidualPlan { streams: &token, per_tile: config.vocab_tile as usize };
             let sub_allowed = sub.allowed_bitset(1, shape.vocab);
             let h = &hidden_f32[row * shape.dim..][..shape.dim];
-            let one = self.stage_one_with_lists(h, weights, &sub, sub_allowed.as_deref(), sub_shape, &config, capacity, Some(plan))?;
+            let one = self.stage_one_with_lists(h, weights, &sub, sub_allowed.as_deref(), sub_shape, &config, capacity, Pass::Verify(plan))?;
             let (_, lists) = one.residual_lists.ok_or_else(|| Error::Unsupported("a verifying launch keeps residual lists".into()))?;
             Ok(whole_row_entries(&lists))
         };

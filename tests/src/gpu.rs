@@ -66,6 +66,8 @@ pub struct DeviceCase {
     pub filters: Option<CudaSlice<u32>>,
     pub penalties: Option<PenaltyBuffers>,
     pub logit_bias: Option<LogitBiasBuffers>,
+    /// The tokens each row scores (`target_logprob`).
+    pub targets: Option<CudaSlice<u32>>,
 }
 
 /// `abi::RowTokens` in device buffers.
@@ -130,6 +132,7 @@ impl DeviceCase {
             logit_bias: params
                 .logit_bias_table(b, v)
                 .map(|t| LogitBiasBuffers { listed: RowTokenBuffers::upload(s, &t.listed), values: up(s, &t.values) }),
+            targets: params.targets.map(|t| up(s, t)),
         };
         dev.synchronize().expect("uploads");
         d
@@ -155,6 +158,7 @@ impl DeviceCase {
             listed: t.listed.inputs(stream),
             values: DeviceIn::new(&t.values, stream).expect("values"),
         });
+        inputs.targets = self.targets.as_ref().map(|b| DeviceIn::new(b, stream).expect("targets"));
         inputs
     }
 }
@@ -168,6 +172,8 @@ pub struct DeviceResults {
     pub logprobs: Option<CudaSlice<f32>>,
     /// `Scored` as two words each.
     pub top: Option<CudaSlice<u32>>,
+    pub target_logprobs: Option<CudaSlice<f32>>,
+    pub target_ranks: Option<CudaSlice<u32>>,
 }
 
 /// What a device launch wrote, copied back.
@@ -179,6 +185,8 @@ pub struct HostResults {
     pub logsumexp: Option<Vec<f32>>,
     pub logprobs: Option<Vec<f32>>,
     pub top: Option<Vec<Scored>>,
+    pub target_logprobs: Option<Vec<f32>>,
+    pub target_ranks: Option<Vec<u32>>,
 }
 
 impl DeviceResults {
@@ -196,6 +204,8 @@ impl DeviceResults {
             logsumexp: lse.then(|| s.alloc_zeros(batch).expect("alloc")),
             logprobs: lse.then(|| s.alloc_zeros(n).expect("alloc")),
             top: (top_n > 0).then(|| s.alloc_zeros(batch * top_n * 2).expect("alloc")),
+            target_logprobs: p.targets.is_some().then(|| s.alloc_zeros(batch).expect("alloc")),
+            target_ranks: p.ranks_targets().then(|| s.alloc_zeros(batch).expect("alloc")),
         }
     }
 
@@ -206,6 +216,8 @@ impl DeviceResults {
         o.logsumexp = self.logsumexp.as_mut().map(|b| DeviceOut::new(b, stream).expect("lse"));
         o.logprobs = self.logprobs.as_mut().map(|b| DeviceOut::new(b, stream).expect("logprobs"));
         o.top_logprobs = self.top.as_mut().map(|b| DeviceOut::new(b, stream).expect("top"));
+        o.target_logprobs = self.target_logprobs.as_mut().map(|b| DeviceOut::new(b, stream).expect("target logprobs"));
+        o.target_ranks = self.target_ranks.as_mut().map(|b| DeviceOut::new(b, stream).expect("target ranks"));
         o
     }
 
@@ -220,6 +232,8 @@ impl DeviceResults {
             logsumexp: self.logsumexp.as_ref().map(get_f),
             logprobs: self.logprobs.as_ref().map(get_f),
             top: self.top.as_ref().map(|b| bytemuck::cast_slice(&get_u(b)).to_vec()),
+            target_logprobs: self.target_logprobs.as_ref().map(get_f),
+            target_ranks: self.target_ranks.as_ref().map(get_u),
         };
         stream.synchronize().expect("sync");
         out

@@ -297,6 +297,12 @@ impl Case {
                     return Err(format!("row {row}: target {} logprob {} vs reference {want} (tolerance {tol})", self.targets[row], got[row]));
                 }
             }
+            if let Some(got) = &samples.target_ranks {
+                let (lo, hi) = problem.target_rank(row).map_err(|e| e.to_string())?;
+                if !(lo..=hi).contains(&got[row]) {
+                    return Err(format!("row {row}: target {} rank {} outside the reference's [{lo}, {hi}]", self.targets[row], got[row]));
+                }
+            }
             if let Some(got) = &samples.logsumexp {
                 let tol = logsumexp_tolerance(lse_bound, self.vocab);
                 if (f64::from(got[row]) - lse).abs() > tol {

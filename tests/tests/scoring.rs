@@ -142,3 +142,74 @@ fn many_rows_score_in_chunks_with_the_bits_of_small_launches() {
     }
     case.check(&p, &all, &[0, 401, 999]).unwrap();
 }
+
+/// The ranking scorer of DESIGN.md step 7c in `mode`: a logit bias, temperature, mask and
+/// softcap, so ranks are counted on the transformed logits (or the raw ones).
+fn ranking_scorer(mode: flashsample_ir::LogprobMode) -> Pipeline {
+    PipelineBuilder::new("Ranker", DType::BF16, DType::BF16)
+        .logit_bias("logit_bias")
+        .penalties("pen")
+        .temperature_per_row("t")
+        .mask("allowed")
+        .softcap(25.0)
+        .argmax()
+        .target_logprob_and_rank("targets")
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 3 })
+        .logprob_mode(mode)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn target_ranks_match_the_reference_in_both_logprob_modes() {
+    use flashsample_ir::LogprobMode;
+    for mode in [LogprobMode::Processed, LogprobMode::Raw] {
+        let p = ranking_scorer(mode);
+        let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+        // 300 rows run as several row chunks of the CPU backend.
+        for (batch, vocab) in [(1, 1001), (37, 2999), (300, 4093)] {
+            let mut case = Case::random(&p, batch, 64, vocab, 43, 5.0);
+            // Each row's own greedy token (rank 1 unless tied) on every fourth row.
+            let greedy = case.run(&sampler).unwrap().tokens;
+            for r in (0..batch).step_by(4) {
+                case.targets[r] = greedy[r];
+            }
+            let got = case.run(&sampler).unwrap();
+            let ranks = got.target_ranks.as_ref().expect("target ranks");
+            assert_eq!(ranks.len(), batch);
+            case.check(&p, &got, &(0..batch).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{mode:?} B={batch} V={vocab}: {e}"));
+            assert!(ranks.iter().all(|&k| (1..=vocab as u32).contains(&k)), "{ranks:?}");
+            if mode == LogprobMode::Processed {
+                for r in (0..batch).step_by(4) {
+                    assert_eq!(ranks[r], 1, "{mode:?} B={batch}: row {r} scores its own argmax");
+                }
+            }
+        }
+    }
+}
+
+/// Ties share the larger rank, an excluded target ranks `V`, and the most likely token ranks 1.
+#[test]
+fn tied_tokens_share_the_larger_rank_and_an_excluded_target_ranks_last() {
+    let p = PipelineBuilder::new("Ties", DType::F32, DType::F32).mask("allowed").argmax().target_logprob_and_rank("targets").build().unwrap();
+    let sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
+    let (dim, vocab) = (16, 2000);
+    let mut case = Case::random(&p, 3, dim, vocab, 7, 1.0);
+    // Tokens 100..110 share one weight row far above every other: ten tied logits on top.
+    let mut w = case.weights.exact.clone();
+    let top: Vec<f32> = case.hidden.exact[..dim].iter().map(|h| 4.0 * h.signum()).collect();
+    for v in 100..110 {
+        w[v * dim..][..dim].copy_from_slice(&top);
+    }
+    case.weights = flashsample_tests::MatrixData::from_f32(DType::F32, vocab, dim, &w);
+    let words = vocab.div_ceil(32);
+    case.mask = vec![u32::MAX; 3 * words];
+    case.mask[2 * words + 1500 / 32] &= !(1 << (1500 % 32));
+    case.targets = vec![105, 100, 1500];
+    let got = case.run(&sampler).unwrap();
+    let ranks = got.target_ranks.as_ref().unwrap();
+    assert_eq!(ranks[0], 10, "row 0: one of ten tied top tokens");
+    assert_eq!(ranks[2], vocab as u32, "row 2: its target is masked");
+    assert_eq!(got.target_logprobs.as_ref().unwrap()[2], f32::NEG_INFINITY);
+    case.check(&p, &got, &[0, 1, 2]).unwrap();
+}

@@ -70,6 +70,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = args.bench.device()?;
     let pipeline = PipelineBuilder::new("Score", DType::BF16, DType::BF16).argmax().target_logprob("targets").build()?;
     let sampler = Sampler::new(pipeline, &device)?;
+    // The same scorer reporting each target's rank too (DESIGN.md step 7c: a second pass).
+    let ranker = Sampler::new(PipelineBuilder::new("Rank", DType::BF16, DType::BF16).argmax().target_logprob_and_rank("targets").build()?, &device)?;
     let (reps, warmup) = (args.bench.reps, args.bench.warmup);
     println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {reps} after {warmup}", device.describe());
     let mut rng = StdRng::seed_from_u64(3);
@@ -83,9 +85,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);
-            let mut t = sampler.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, warmup, reps)?;
-            t.sort_by(f64::total_cmp);
-            let ours = t[t.len() / 2] * 1e3;
+            let median_ms = |s: &Sampler| -> Result<f64, Box<dyn std::error::Error>> {
+                let mut t = s.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, warmup, reps)?;
+                t.sort_by(f64::total_cmp);
+                Ok(t[t.len() / 2] * 1e3)
+            };
+            let ours = median_ms(&sampler)?;
+            let ranked = median_ms(&ranker)?;
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
             let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
             // CUDA: what the launch's plan allocates (a batch past its chunk runs in chunks);
@@ -100,6 +106,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 vocab.to_string(),
                 rows.to_string(),
                 format!("{ours:.3}"),
+                format!("{ranked:.3}"),
+                format!("{:.2}", ranked / ours),
                 fmt_opt(p.and_then(|p| p.compile), 3),
                 ratio(p.and_then(|p| p.compile)),
                 fmt_opt(p.and_then(|p| p.eager), 3),
@@ -111,7 +119,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ]);
         }
         print_table(
-            &["D", "V", "rows", "fused ms", "compile ms", "compile / fused", "eager ms", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
+            &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
             &table,
         );
     }

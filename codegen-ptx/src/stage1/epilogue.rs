@@ -186,7 +186,12 @@ impl Gen<'_> {
         let carried = t.raw.as_ref().unwrap_or(&t.x);
         // A verifying pipeline's targets are the draft tokens (each draft row's logit at its
         // draft); it is never in the raw mode (IrError::VerifyWithRawLogprobs).
-        if self.p.targets.is_some() || self.p.verify.is_some() {
+        if self.p.ranks_targets() {
+            // Step 7c: the rank pass counts against the first pass's target logits, which it
+            // leaves alone; the rest of the epilogue writes what the first pass wrote.
+            let rank_pass = f.non_null(&arg::TARGET_RANKS);
+            f.if_else(&rank_pass, |f| self.count_ranks(f, th, it, &cols, &t.quad_base, carried), |f| self.store_targets(f, it, &cols, &t.quad_base, carried));
+        } else if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, &cols, &t.quad_base, carried);
         }
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
@@ -371,6 +376,49 @@ impl Gen<'_> {
                     let a = f.gaddr(&arg::TARGET_LOGPROBS, &r64, 4);
                     f.store(&value, &a, 4);
                 });
+            });
+        }
+    }
+
+    /// Step 7c, the rank pass: per column, the thread's tokens (`< V`) whose logit (`-inf`
+    /// when excluded or NaN, as the target's is stored) is at least the row's target logit
+    /// `target_logprobs[row]`, summed over the 8 lanes sharing the column (xor 4, 8, 16) and
+    /// added to `target_ranks[row]` by one lane per warp. Integer adds: any order gives the
+    /// same count.
+    fn count_ranks(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], quad_base: &[I32], x: &[F32]) {
+        let first_of_column = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
+        for (ci, cl) in cols.iter().enumerate() {
+            let (n, j) = (ci as u32 / 2, ci as u32 % 2);
+            let row = f.add(&it.b0, &cl.col);
+            let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+            let r64 = f.zext(&cl.row_safe);
+            let a = f.gaddr(&arg::TARGET_LOGPROBS, &r64, 4);
+            let threshold: F32 = f.load(&a, 4);
+            let mut count = i32c(0);
+            for q in 0..self.quads {
+                for o in 0..4 {
+                    let v = f.add(&quad_base[q as usize], &i32c(o));
+                    let v_ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
+                    let y = &x[self.acc_index(q, o, n, j)];
+                    let live = f.fcmp(Fcmp::Ogt, y, &F32::NEG_INF);
+                    let y = f.sel(&live, y, &F32::NEG_INF);
+                    let at_least = f.fcmp(Fcmp::Oge, &y, &threshold);
+                    let hit = f.and(&at_least, &v_ok);
+                    let one: I32 = f.zext(&hit);
+                    count = f.add(&count, &one);
+                }
+            }
+            for mask in [4, 8, 16] {
+                let other = f.shfl_xor(&count, mask);
+                count = f.add(&count, &other);
+            }
+            let nonzero = f.icmp(Icmp::Ne, &count, &i32c(0));
+            let add = f.and(&first_of_column, &row_ok);
+            let add = f.and(&add, &nonzero);
+            f.if_then(&add, |f| {
+                let r64 = f.zext(&row);
+                let a = f.gaddr(&arg::TARGET_RANKS, &r64, 4);
+                f.atomic_update(Atomic::Add, &a, &count, Some(4));
             });
         }
     }

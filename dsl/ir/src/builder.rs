@@ -110,7 +110,14 @@ impl PipelineBuilder {
     /// Scores the given tokens: each row reports the log-probability of `targets[r]`
     /// (`Samples::target_logprobs`). Pair it with `argmax()` to score without sampling.
     pub fn target_logprob(mut self, targets: &str) -> Self {
-        self.pipeline.targets = Some(targets.into());
+        self.pipeline.targets = Some(crate::Targets { operand: targets.into(), rank: false });
+        self
+    }
+
+    /// Scores the given tokens as [`Self::target_logprob`] does and also reports each
+    /// target's rank (`Samples::target_ranks`, DESIGN.md step 7c).
+    pub fn target_logprob_and_rank(mut self, targets: &str) -> Self {
+        self.pipeline.targets = Some(crate::Targets { operand: targets.into(), rank: true });
         self
     }
 

@@ -15,7 +15,7 @@ mod text;
 mod validate;
 
 pub use builder::PipelineBuilder;
-pub use pipeline::{DType, DraftKind, LogprobMode, Operand, Outputs, Pipeline, Sampler, Temperature, Transform, Verify, F32};
+pub use pipeline::{DType, DraftKind, LogprobMode, Operand, Outputs, Pipeline, Sampler, Targets, Temperature, Transform, Verify, F32};
 pub use text::ParseError;
 pub use validate::{IrError, Location};
 

@@ -222,11 +222,11 @@ pub struct Pipeline {
     pub sampler: Sampler,
     /// Extra outputs.
     pub outputs: Outputs,
-    /// Scoring given tokens (`target_logprob(logits, NAME)`): the `[B]` u32 operand naming
-    /// one token per row, whose log-probability under the transformed distribution each row
-    /// reports (prompt logprobs, reward scoring, a speculative target's probabilities).
+    /// Scoring given tokens (`target_logprob(logits, NAME[, rank])`): each row reports the
+    /// log-probability of its given token under the transformed distribution (prompt
+    /// logprobs, reward scoring, a speculative target's probabilities), and its rank if asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub targets: Option<String>,
+    pub targets: Option<Targets>,
     /// What the logprob outputs describe. A field of the pipeline rather than of [`Outputs`]
     /// so that `Outputs` literals keep their meaning; written inside `outputs(...)`.
     #[serde(default, skip_serializing_if = "LogprobMode::is_processed")]
@@ -236,6 +236,18 @@ pub struct Pipeline {
     /// sequence's `k` draft tokens (DESIGN.md "Speculative verification").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<Verify>,
+}
+
+/// The scoring op's operand and what each row reports about its token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Targets {
+    /// The `[B]` u32 operand naming one token per row.
+    pub operand: String,
+    /// Whether each row also reports its token's rank (DESIGN.md step 7c): the number of
+    /// tokens at least as likely as it, vLLM's rank (1 = the most likely). It costs a second
+    /// pass of stage one over the weights.
+    #[serde(default)]
+    pub rank: bool,
 }
 
 /// Where the draft tokens came from.
@@ -322,6 +334,11 @@ impl Pipeline {
     /// ([`LogprobMode::Raw`]): every raw-mode pipeline reports some logprob output.
     pub fn needs_raw_logsumexp(&self) -> bool {
         self.logprob_mode == LogprobMode::Raw && self.reports_logprobs()
+    }
+
+    /// Whether each row reports its target's rank (`target_logprob(logits, NAME, rank)`).
+    pub fn ranks_targets(&self) -> bool {
+        self.targets.as_ref().is_some_and(|t| t.rank)
     }
 
     /// Whether the pipeline has per-request logit biases.

@@ -10,7 +10,7 @@
 //!   logits = mask(logits, allowed)
 //!   logits = softcap(logits, 30)
 //!   sample = gumbel_max(logits, seed, samples=1)
-//!   score = target_logprob(logits, targets)     // optional: score given tokens
+//!   score = target_logprob(logits, targets)     // optional: score given tokens (`, rank`: and rank them)
 //!   accept = verify(logits, drafts, draft_probs) // optional: speculative verification
 //!   outputs(score, logsumexp)                  // `raw` among them: the raw logprob mode
 //! ```
@@ -69,8 +69,9 @@ impl fmt::Display for Pipeline {
             }
             Sampler::Argmax => writeln!(f, "  sample = argmax(logits)")?,
         }
-        if let Some(targets) = &self.targets {
-            writeln!(f, "  score = target_logprob(logits, {targets})")?;
+        if let Some(t) = &self.targets {
+            let rank = if t.rank { ", rank" } else { "" };
+            writeln!(f, "  score = target_logprob(logits, {}{rank})", t.operand)?;
         }
         if let Some(v) = &self.verify {
             match &v.draft_probs {
@@ -225,7 +226,7 @@ impl Pipeline {
         let mut transforms = Vec::new();
         let mut sampler = None;
         let mut outputs = Outputs::default();
-        let mut targets: Option<String> = None;
+        let mut targets: Option<crate::Targets> = None;
         let mut verify: Option<crate::Verify> = None;
         let mut logprob_mode: Option<LogprobMode> = None;
         for line in lines {
@@ -292,10 +293,11 @@ impl Pipeline {
                     return line.err("a pipeline scores one operand of targets");
                 }
                 let args = line.call(rhs, "target_logprob")?;
-                let ["logits", operand] = args.as_slice() else {
-                    return line.err("expected `target_logprob(logits, TARGETS)`");
-                };
-                targets = Some(operand.to_string());
+                targets = Some(match args.as_slice() {
+                    ["logits", operand] => crate::Targets { operand: operand.to_string(), rank: false },
+                    ["logits", operand, "rank"] => crate::Targets { operand: operand.to_string(), rank: true },
+                    _ => return line.err("expected `target_logprob(logits, TARGETS)` or `target_logprob(logits, TARGETS, rank)`"),
+                });
             } else if let Some(rhs) = t.strip_prefix("accept = ") {
                 if verify.is_some() {
                     return line.err("a pipeline verifies one set of drafts");
@@ -369,6 +371,7 @@ mod tests {
             qwen(),
             PipelineBuilder::new("G", DType::F16, DType::F32).temperature_const(0.7).argmax().build().unwrap(),
             PipelineBuilder::new("Score", DType::BF16, DType::BF16).temperature_const(0.7).argmax().target_logprob("targets").build().unwrap(),
+            PipelineBuilder::new("Rank", DType::BF16, DType::BF16).argmax().target_logprob_and_rank("targets").build().unwrap(),
             PipelineBuilder::new("Spec", DType::BF16, DType::BF16).temperature_per_row("t").verify_sampled("drafts", "q").build().unwrap(),
             PipelineBuilder::new("SpecGreedy", DType::BF16, DType::BF16).filter("f", 8).verify_greedy("drafts").build().unwrap(),
             PipelineBuilder::new("S", DType::F32, DType::BF16).temperature_scalar("t").build().unwrap(),

@@ -271,8 +271,8 @@ impl Pipeline {
             }
         }
         if let Some(targets) = &self.targets {
-            name_ok(targets, Location::Targets)?;
-            claim(targets, Location::Targets)?;
+            name_ok(&targets.operand, Location::Targets)?;
+            claim(&targets.operand, Location::Targets)?;
         }
         if self.outputs.top_logprobs > MAX_LIST_CAPACITY {
             return Err(IrError::InvalidTopLogprobs { n: self.outputs.top_logprobs });

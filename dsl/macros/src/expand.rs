@@ -179,8 +179,11 @@ fn generate(l: &Lowered) -> syn::Result<TokenStream> {
     if o.top_logprobs > 0 {
         returned.push(format!("`top_logprobs` (the {} most likely tokens of each row)", o.top_logprobs));
     }
-    if p.targets.is_some() {
+    if let Some(t) = &p.targets {
         returned.push("`target_logprobs`".to_string());
+        if t.rank {
+            returned.push("`target_ranks`".to_string());
+        }
     }
     let mode = match p.logprob_mode {
         LogprobMode::Processed => "",

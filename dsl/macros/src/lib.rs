@@ -34,7 +34,8 @@ mod tests;
 ///         logits = top_k_top_p(logits, filter[B], max_k = 64);  // per-row top-k / top-p / min-p; last
 ///         sample = gumbel_argmax(logits, seed, samples = 1);    // or `sample = argmax(logits);`
 ///         // Optional, after the sampler: `score = target_logprob(logits, targets[B]);` also
-///         // returns each row's logprob of `targets[r]` (`Samples::target_logprobs`).
+///         // returns each row's logprob of `targets[r]` (`Samples::target_logprobs`);
+///         // `target_logprob(logits, targets[B], rank)` its rank too (`Samples::target_ranks`).
 ///         outputs(score, logsumexp, logprob, top_logprobs = 5); // optional, any subset; add `raw`
 ///                                                // for the model's logprobs (before penalties, logit bias,
 ///                                                // temperature and masks) instead of the processed ones

@@ -87,6 +87,8 @@ pub struct VerifySrc {
 pub struct TargetsSrc {
     /// The operand's name as written.
     pub operand: Ident,
+    /// Whether `rank` was written as the third argument.
+    pub rank: bool,
 }
 
 /// Where `outputs(...)` was written.
@@ -311,7 +313,7 @@ pub fn lower(def: &PipelineDef) -> syn::Result<Lowered<'_>> {
             transforms,
             sampler,
             outputs,
-            targets: targets.as_ref().map(|t| t.operand.to_string()),
+            targets: targets.as_ref().map(|t| flashsample_ir::Targets { operand: t.operand.to_string(), rank: t.rank }),
             verify: verify.as_ref().map(|v| flashsample_ir::Verify {
                 drafts: v.drafts.to_string(),
                 draft_probs: v.draft_probs.as_ref().map(Ident::to_string),
@@ -418,9 +420,10 @@ fn lower_verify(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<Verify
 }
 
 /// Checks `name[dims]` against the expected symbolic shape.
-/// `target_logprob(logits, targets[B])`: the scored tokens, one per row.
+/// `target_logprob(logits, targets[B][, rank])`: the scored tokens, one per row, and whether
+/// their ranks are reported.
 fn lower_targets(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<TargetsSrc> {
-    const USAGE: &str = "`score = target_logprob(logits, targets[B]);`";
+    const USAGE: &str = "`score = target_logprob(logits, targets[B]);` or `score = target_logprob(logits, targets[B], rank);`";
     let Expr::Call(c) = expr else {
         return Err(stmt.error(format!("`score = ...` takes {USAGE}")));
     };
@@ -428,12 +431,19 @@ fn lower_targets(expr: &Expr, stmt: SpanRange, dims: &Dims) -> syn::Result<Targe
         return Err(syn::Error::new_spanned(&c.func, format!("unknown scoring op `{}`: {USAGE}", c.func)));
     }
     let args: Vec<&Arg> = c.args.iter().collect();
-    let [first, arg] = args.as_slice() else {
-        return Err(c.range().error(format!("`target_logprob` takes two arguments: {USAGE}")));
+    let (first, arg, rank) = match args.as_slice() {
+        [first, arg] => (first, arg, None),
+        [first, arg, rank] => (first, arg, Some(rank)),
+        _ => return Err(c.range().error(format!("`target_logprob` takes two or three arguments: {USAGE}"))),
     };
     expect_logits(first, "target_logprob")?;
     let operand = check_shape(arg, "the token to score in each row (one u32 per row)", "targets[B]", &[&dims.batch])?;
-    Ok(TargetsSrc { operand })
+    if let Some(r) = rank {
+        if !matches!(r, Arg::Ident(i) if i == "rank") {
+            return Err(r.range().error(format!("the third argument of `target_logprob` is `rank`: {USAGE}")));
+        }
+    }
+    Ok(TargetsSrc { operand, rank: rank.is_some() })
 }
 
 fn check_shape(arg: &Arg, what: &str, example: &str, expected: &[&Option<String>]) -> syn::Result<Ident> {

@@ -881,6 +881,16 @@ fn target_logprob_matches_the_builder_and_takes_the_targets() {
 }
 
 #[test]
+fn target_logprob_with_rank_matches_the_builder_and_names_a_wrong_third_argument() {
+    let src = CHAT.replace("outputs(logprob, top_logprobs = 5);", "score = target_logprob(logits, targets[B], rank);\n        outputs(logprob, top_logprobs = 5);");
+    assert_eq!(ir(&src), chat_builder().target_logprob_and_rank("targets").build().unwrap());
+    let out = pretty(expand(tokens(&src)).unwrap());
+    assert!(out.contains("`target_ranks`"), "{out}");
+    let bad = CHAT.replace("outputs(logprob, top_logprobs = 5);", "score = target_logprob(logits, targets[B], ranks);\n        outputs(logprob, top_logprobs = 5);");
+    assert_error(&bad, "the third argument of `target_logprob` is `rank`", ("ranks", 0), Some(("ranks", 0)));
+}
+
+#[test]
 fn verify_matches_the_builder_and_generates_verify_methods() {
     let src = CHAT.replace(
         "outputs(logprob, top_logprobs = 5);",

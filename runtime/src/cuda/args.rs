@@ -285,11 +285,15 @@ pub struct DeviceOutputs<'a> {
     /// fails, unspecified for a row whose status is not ok); required iff the pipeline has
     /// `target_logprob`.
     pub target_logprobs: Option<DeviceOut<'a, f32>>,
+    /// `[B]` each row's target rank (DESIGN.md step 7c; 0 for a row stage two fails,
+    /// unspecified for a row whose status is not ok); required iff the pipeline ranks its
+    /// targets (`target_logprob(logits, targets, rank)`).
+    pub target_ranks: Option<DeviceOut<'a, u32>>,
 }
 
 impl<'a> DeviceOutputs<'a> {
     /// Tokens and status only.
     pub fn new(tokens: DeviceOut<'a, u32>, status: DeviceOut<'a, u32>) -> Self {
-        DeviceOutputs { tokens, status, scores: None, logits: None, logsumexp: None, logprobs: None, top_logprobs: None, target_logprobs: None }
+        DeviceOutputs { tokens, status, scores: None, logits: None, logsumexp: None, logprobs: None, top_logprobs: None, target_logprobs: None, target_ranks: None }
     }
 }

@@ -129,6 +129,7 @@ struct HostBufs {
     logit_bias: [Buf; 4],
     targets: Buf,
     target_logprobs: Buf,
+    target_ranks: Buf,
     tokens: Buf,
     status: Buf,
     scores: Buf,
@@ -183,6 +184,8 @@ pub(super) struct Readback {
     top: Option<Vec<Scored>>,
     /// Stage two's target logprobs (a verifying launch: stage one's draft logits).
     pub(super) target_logprobs: Option<Vec<f32>>,
+    /// The targets' ranks (DESIGN.md step 7c), for a pipeline that ranks them.
+    pub(super) target_ranks: Option<Vec<u32>>,
     /// Stage one's lists, when asked for (the exact nucleus path, verification).
     pub(super) lists: Option<(TopLists, Vec<Scored>)>,
     /// Stage one's residual lists, for a verifying launch.
@@ -401,6 +404,7 @@ impl CudaSampler {
             None => 0,
         };
         let target_logprobs = if targets != 0 { bufs.target_logprobs.ensure(dev, shape.batch * 4)? } else { 0 };
+        let target_ranks = if targets != 0 && p.ranks_targets() { bufs.target_ranks.ensure(dev, shape.batch * 4)? } else { 0 };
         let n = shape.batch * p.samples_per_row() as usize;
         let top_n = p.outputs.top_logprobs as usize;
         let args = Args {
@@ -420,6 +424,7 @@ impl CudaSampler {
             logit_bias,
             targets,
             target_logprobs,
+            target_ranks,
             tokens: bufs.tokens.ensure(dev, n * 4)?,
             status: bufs.status.ensure(dev, shape.batch * 4)?,
             scores: bufs.scores.ensure(dev, n * 4)?,
@@ -457,7 +462,7 @@ impl CudaSampler {
         }
         let top_n = self.pipeline.outputs.top_logprobs as usize;
         // Stage two turned the targets' logits into logprobs.
-        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize, r.target_logprobs);
+        let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize, r.target_logprobs, r.target_ranks);
         samples.top_logprobs = r.top.map(|top| {
             top.chunks(top_n.max(1))
                 .take(shape.batch)
@@ -587,6 +592,7 @@ impl CudaSampler {
         let top = if args.top != 0 { Some(from_bytes(&bufs.top.download(dev, shape.batch * top_n * std::mem::size_of::<Scored>())?)) } else { None };
         let target_logprobs =
             if args.target_logprobs != 0 { Some(from_bytes::<f32>(&bufs.target_logprobs.download(dev, shape.batch * 4)?)) } else { None };
+        let target_ranks = if args.target_ranks != 0 { Some(from_bytes::<u32>(&bufs.target_ranks.download(dev, shape.batch * 4)?)) } else { None };
         let (lists, list_raws) = if lists { (plan.download_lists(shape.batch)?, plan.download_list_raws(shape.batch)?) } else { (None, None) };
         let residual = if spec_lists { plan.download_residual_lists(shape.batch)? } else { None };
         let decision = match seqs {
@@ -613,7 +619,7 @@ impl CudaSampler {
             .enumerate()
             .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, lists, list_raws, residual, decision })
+        Ok(Readback { status, reduced: RowResult { tokens, scores, logits, logsumexp }, top, target_logprobs, target_ranks, lists, list_raws, residual, decision })
     }
 
     /// Waits for the stream, naming what was queued if it faulted.

@@ -156,6 +156,8 @@ pub(crate) struct Args {
     /// two turns them into logprobs), 0 without `target_logprob`.
     pub targets: u64,
     pub target_logprobs: u64,
+    /// `[B]` the targets' ranks (DESIGN.md step 7c), 0 unless the pipeline ranks them.
+    pub target_ranks: u64,
     pub tokens: u64,
     pub status: u64,
     pub scores: u64,
@@ -523,6 +525,11 @@ impl SamplingPlan {
             (false, Some(_)) => return Err(ParamError::Unexpected("target_logprobs output (the pipeline scores no targets)").into()),
             (_, buf) => out("target logprobs", buf, b)?,
         };
+        let target_ranks = match (p.ranks_targets(), o.target_ranks.as_ref().map(|t| (t.address(), t.len()))) {
+            (true, None) => return Err(ParamError::Missing("target_ranks output").into()),
+            (false, Some(_)) => return Err(ParamError::Unexpected("target_ranks output (the pipeline ranks no targets)").into()),
+            (_, buf) => out("target ranks", buf, b)?,
+        };
         Ok(Args {
             shape,
             hidden: i.hidden.ptr,
@@ -540,6 +547,7 @@ impl SamplingPlan {
             logit_bias,
             targets,
             target_logprobs,
+            target_ranks,
             tokens,
             status,
             scores,
@@ -659,7 +667,7 @@ impl SamplingPlan {
 
         // Stage one (DESIGN.md's parameter table).
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
-        let args = Stage1Args {
+        let stage1 = Stage1Args {
             hidden: a.hidden,
             weights: a.weights,
             temperatures,
@@ -694,15 +702,29 @@ impl SamplingPlan {
             list_raws,
             residual_lists: sc.residual_lists.as_ref().map_or(0, |b| self.addr(b, stream)),
             spec_period: a.spec_period,
+            target_ranks: 0,
+        };
+        let launch_stage1 = |args: &Stage1Args| -> Result<()> {
+            let args = args.args();
+            let mut b = stream.launch_builder(&k.kernel.stage1);
+            push_args(&mut b, &args);
+            // SAFETY: the arguments are codegen's stage-one parameter table in its order
+            // (`Stage1Args`); every buffer is sized for the plan's max batch and the largest
+            // tiles of its configs (build), and the caller's were checked against this
+            // launch's shape (resolve).
+            unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
+            Ok(())
+        };
+        launch_stage1(&stage1)?;
+        if a.target_ranks != 0 {
+            // Step 7c: the rank pass, the same kernel over the same tiles, counts against the
+            // first pass's target logits into the zeroed ranks.
+            // SAFETY: `target_ranks` holds `batch` words (resolve), and the memset is ordered
+            // on `stream` between the two passes.
+            unsafe { cudarc::driver::result::memset_d8_async(a.target_ranks, 0, a.shape.batch * 4, stream.cu_stream()) }
+                .map_err(drv("cuMemsetD8Async(target ranks)"))?;
+            launch_stage1(&Stage1Args { target_ranks: a.target_ranks, ..stage1 })?;
         }
-        .args();
-        let mut b = stream.launch_builder(&k.kernel.stage1);
-        push_args(&mut b, &args);
-        // SAFETY: the arguments are codegen's stage-one parameter table in its order
-        // (`Stage1Args`); every buffer is sized for the plan's max batch and the largest tiles
-        // of its configs (build), and the caller's were checked against this launch's shape
-        // (resolve).
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
         at(Boundary::AfterStageOne)?;
 
         // Stage two.
@@ -735,6 +757,7 @@ impl SamplingPlan {
             // A verifying launch's decision reads each draft row's logit itself (`x_d`, not
             // `x_d − L`), so stage two leaves it as stage one wrote it.
             target_logprobs: if self.pipeline.verify.is_some() { 0 } else { a.target_logprobs },
+            target_ranks: a.target_ranks,
             raw_lse: raw_partials,
             out_raw_lse: raw_row_lse,
             finish: u32::from(last_stage == LastStage::StageTwo),
@@ -1124,6 +1147,7 @@ fn chunk_args(p: &Pipeline, dim: usize, vocab: usize, a: &Args, first: usize, ro
         logit_bias: [at(lb_bits, words * 4), at(lb_offsets, 4), lb_tokens, lb_values],
         targets: at(a.targets, 4),
         target_logprobs: at(a.target_logprobs, 4),
+        target_ranks: at(a.target_ranks, 4),
         tokens: at(a.tokens, samples * 4),
         status: at(a.status, 4),
         scores: at(a.scores, samples * 4),
@@ -1266,6 +1290,7 @@ mod tests {
             logit_bias: [base(14), base(15), base(16), base(17)],
             targets: base(18),
             target_logprobs: base(19),
+            target_ranks: base(26),
             tokens: base(20),
             status: base(21),
             scores: base(22),
@@ -1290,7 +1315,7 @@ mod tests {
         // CSR offsets are absolute into the token and value arrays, which stay whole.
         assert_eq!(c.penalties, [off(a.penalties[0], words * 4), off(a.penalties[1], 4), a.penalties[2], a.penalties[3], off(a.penalties[4], 4)]);
         assert_eq!(c.logit_bias, [off(a.logit_bias[0], words * 4), off(a.logit_bias[1], 4), a.logit_bias[2], a.logit_bias[3]]);
-        assert_eq!((c.targets, c.target_logprobs), (off(a.targets, 4), off(a.target_logprobs, 4)));
+        assert_eq!((c.targets, c.target_logprobs, c.target_ranks), (off(a.targets, 4), off(a.target_logprobs, 4), off(a.target_ranks, 4)));
         assert_eq!((c.tokens, c.scores, c.logprobs), (off(a.tokens, 8), off(a.scores, 8), off(a.logprobs, 8)), "two samples per row");
         assert_eq!(c.logits, 0, "an absent buffer stays absent");
         assert_eq!((c.status, c.logsumexp), (off(a.status, 4), off(a.logsumexp, 4)));

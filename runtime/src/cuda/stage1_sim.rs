@@ -44,6 +44,30 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// With `skip`'s noise skips (and, where it reads them, zeroed row bounds).
     fn run(&self, skip: NoiseSkip) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
+        let (mem, bufs, _) = self.launch(skip, &[]);
+        let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
+        (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
+    }
+
+    /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
+    /// then the rank pass over the same memory; the target logits and the ranks.
+    fn run_ranks(&self, targets: &[u32]) -> (Vec<f32>, Vec<u32>) {
+        let extra = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch])), ("target_ranks", bytes(&vec![0u32; self.batch]))];
+        let (mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra);
+        let m = stage_one_module(self.p, &self.c, &mut mem);
+        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
+        let ranks = STAGE1.index("target_ranks").expect("stage one takes the ranks");
+        let mut args = args;
+        args[ranks] = bufs["target_ranks"];
+        m.run_grid(STAGE1.kernel, &args, self.c.grid(self.batch, self.vocab, 132), self.c.block_threads() as usize, &mut mem);
+        let after: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
+        assert_eq!(bytemuck::cast_slice::<f32, u32>(&after), bytemuck::cast_slice::<f32, u32>(&logits), "the rank pass leaves the target logits");
+        (logits, bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_ranks"] >> 40) as usize - 1]))
+    }
+
+    /// One launch with `skip`, `extra` named buffers (the first pass: without `target_ranks`):
+    /// its memory, the buffers' addresses and the arguments.
+    fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)]) -> (Memory, HashMap<&'n str, u64>, Vec<u64>) {
         let (p, params, batch, vocab) = (self.p, self.params, self.batch, self.vocab);
         let c = &self.c.clone().with_noise_skip(skip);
         let mut mem = Memory { bufs: Vec::new() };
@@ -76,10 +100,14 @@ impl Launch<'_> {
         if skip.uses_row_bounds() {
             bufs.insert("row_bounds", mem.add(vec![0; batch * samples * 4]));
         }
+        for (name, b) in extra {
+            bufs.insert(name, mem.add(b.clone()));
+        }
         let args: Vec<u64> = STAGE1
             .params
             .iter()
             .map(|q| match (q.name, q.kind) {
+                ("target_ranks", _) => 0,
                 (name, ParamKind::ConstPtr | ParamKind::MutPtr) => bufs.get(name).copied().unwrap_or(0),
                 ("seed", _) => params.seed,
                 ("batch", _) => batch as u64,
@@ -90,8 +118,7 @@ impl Launch<'_> {
             })
             .collect();
         m.run_grid(STAGE1.kernel, &args, c.grid(batch, vocab, 132), c.block_threads() as usize, &mut mem);
-        let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
-        (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
+        (mem, bufs, args)
     }
 
     /// Every row's transformed logits on the host (`[B][V]`): the SIMT multiply order, then
@@ -264,4 +291,48 @@ fn simt_stage_one_applies_every_transform_as_the_abi_does() {
     };
     params.validate(&p, batch, vocab).unwrap();
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check();
+}
+
+/// DESIGN.md step 7c on the SIMT tile: the first pass stores each target's logit, the rank
+/// pass counts every row's tokens at least as likely (ties included, `-inf` only for an
+/// excluded target) against the host model's logits, and leaves the logits alone.
+#[test]
+fn simt_rank_pass_counts_the_tokens_at_least_as_likely_as_the_target() {
+    let (batch, dim, vocab) = (9usize, 8usize, 600usize);
+    let p = PipelineBuilder::new("Rank", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .mask("allowed")
+        .argmax()
+        .target_logprob_and_rank("targets")
+        .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let (hidden, mut weights) = inputs(batch, dim, vocab);
+    // Tokens 200..205 share a weight row: tied logits in every row.
+    let tied = weights[200 * dim..][..dim].to_vec();
+    for v in 201..205 {
+        weights[v * dim..][..dim].copy_from_slice(&tied);
+    }
+    let temperatures: Vec<f32> = (0..batch).map(|r| 0.5 + 0.1 * r as f32).collect();
+    let words = vocab.div_ceil(32);
+    let mut mask = vec![u32::MAX; batch * words];
+    mask[words * 4 + 333 / 32] &= !(1 << (333 % 32));
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), mask: Some(&mask), ..Default::default() };
+    let launch = Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 };
+    let x = launch.logits();
+    // Row 4 scores a masked token; rows 2 and 6 one of the tied ones; the rest spread out.
+    let targets: Vec<u32> = (0..batch as u32).map(|r| match r {
+        4 => 333,
+        2 | 6 => 202,
+        r => (r * 67 + 5) % vocab as u32,
+    }).collect();
+    let (logits, ranks) = launch.run_ranks(&targets);
+    for r in 0..batch {
+        let t = targets[r] as usize;
+        assert_eq!(logits[r].to_bits(), x[r][t].to_bits(), "row {r}: the target's logit");
+        let want = x[r].iter().filter(|&&y| y >= x[r][t]).count() as u32;
+        assert_eq!(ranks[r], want, "row {r}: rank of token {t}");
+    }
+    assert_eq!(ranks[4], vocab as u32, "an excluded target ranks V");
+    assert!(ranks[2] >= 5, "the five tied tokens count together: {}", ranks[2]);
 }

@@ -75,6 +75,7 @@ fn run(finish: bool, seed: u64) -> Outputs {
         out_lse,
         out_status,
         target_logprobs: 0,
+        target_ranks: 0,
         raw_lse: 0,
         out_raw_lse: 0,
         finish: u32::from(finish),
