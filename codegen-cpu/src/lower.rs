@@ -987,6 +987,21 @@ impl<'a, 'p> Lowering<'a, 'p> {
         };
         let allowed = lane_mask(b, allowed_bits);
 
+        if let (Some(counts), Some([_, target_logits])) = (l.rank_counts, l.targets) {
+            // Step 7c, the rank pass: count against the row's target logit (raw in the raw
+            // mode) and nothing else; the first pass goes on below.
+            let (count, rest) = (self.b.create_block(), self.b.create_block());
+            self.b.ins().brif(counts, count, &[], rest, &[]);
+            self.b.switch_to_block(count);
+            let (tx, tallowed) = match raw_x {
+                Some(rx) => (rx, lane_mask(&mut self.b, q.valid_bits)),
+                None => (x, allowed),
+            };
+            self.emit_rank_count(l, q, row, tx, tallowed, target_logits, counts);
+            self.b.ins().jump(next, &[]);
+            self.b.switch_to_block(rest);
+        }
+
         if self.plan.needs_lse {
             self.emit_lse(l, l.lse, row, x, allowed);
         }
@@ -1002,21 +1017,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         if let Some(targets) = l.targets {
             // The reported logit: raw in the raw mode.
             let (tx, tallowed) = raw_lanes.as_ref().map_or((x, allowed), |r| (r.0, r.1));
-            match l.rank_counts {
-                Some(counts) => {
-                    // The rank pass counts; the first pass stores.
-                    let (count, store, done) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
-                    self.b.ins().brif(counts, count, &[], store, &[]);
-                    self.b.switch_to_block(count);
-                    self.emit_rank_count(l, q, row, tx, tallowed, targets[1], counts);
-                    self.b.ins().jump(done, &[]);
-                    self.b.switch_to_block(store);
-                    self.emit_target(q, row, tx, tallowed, targets);
-                    self.b.ins().jump(done, &[]);
-                    self.b.switch_to_block(done);
-                }
-                None => self.emit_target(q, row, tx, tallowed, targets),
-            }
+            self.emit_target(q, row, tx, tallowed, targets);
         }
         if self.plan.list_capacity > 0 {
             let spec = ListSpec { lists: l.lists, per_tile: l.per_tile };

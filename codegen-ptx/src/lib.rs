@@ -31,6 +31,7 @@ pub use config::{
     FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
 pub use heuristic::HEURISTIC_STAGGER_US;
+pub use stage1::RANK_NAME as STAGE1_RANK_KERNEL;
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
@@ -124,6 +125,9 @@ pub struct CompiledPtx {
     pub ptx: String,
     /// Entry name of the stage-one kernel (`flashsample_stage1`).
     pub stage1: &'static str,
+    /// Entry name of the stage-one rank pass (`flashsample_stage1_rank`, [`STAGE1`]'s
+    /// parameters), present only when the pipeline ranks its targets (DESIGN.md step 7c).
+    pub stage1_rank: Option<&'static str>,
     /// Entry name of the stage-two kernel (`flashsample_stage2`).
     pub stage2: &'static str,
     /// Entry name of the stage-three kernel (`flashsample_filter`), present only when the
@@ -198,7 +202,11 @@ pub fn llvm_ir_with(
     m.push_str(&lse::helpers(if options.outline_math { "#2" } else { "#0" }));
     m.push('\n');
     let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;
-    m.push_str(&stage1::emit(pipeline, config, lse));
+    m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Sample { lse }));
+    if pipeline.ranks_targets() {
+        m.push('\n');
+        m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Rank));
+    }
     m.push('\n');
     m.push_str(&stage2::emit());
     if list_capacity(pipeline) > 0 {
@@ -249,6 +257,7 @@ pub fn compile_with(
     Ok(CompiledPtx {
         ptx,
         stage1: stage1::NAME,
+        stage1_rank: pipeline.ranks_targets().then_some(stage1::RANK_NAME),
         stage2: stage2::NAME,
         filter: (list_capacity(pipeline) > 0).then_some(filter::NAME),
         decide: pipeline.verify.is_some().then_some((decide::NAME, decide::TARGETS_NAME)),

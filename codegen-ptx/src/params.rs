@@ -60,7 +60,8 @@ pub struct KernelParams {
 impl KernelParams {
     /// `define ptx_kernel void @kernel(<params>) <attrs>`.
     pub(crate) fn llvm_header(&self, name: &str, attrs: &str) -> String {
-        debug_assert_eq!(name, self.kernel);
+        // A variant of the kernel (the stage-one rank pass) shares its table.
+        debug_assert!(name.starts_with(self.kernel));
         let params: Vec<String> = self.params.iter().map(|p| format!("{} %{}", p.kind.llvm(), p.name)).collect();
         format!("define ptx_kernel void @{name}({}) {attrs}", params.join(", "))
     }
@@ -211,10 +212,10 @@ kernel_params! {
         /// `r mod spec_period ≠ k` (the last row of each sequence is its bonus); 0 makes every
         /// row a draft row (the recompute of single rows). Unread without `verify`.
         spec_period: U32,
-        /// `u32 [B]`, zeroed: set only on the rank pass of a pipeline that ranks its targets
-        /// (DESIGN.md step 7c), which adds per (warp, row) the count of the tile's tokens whose
+        /// `u32 [B]`, zeroed: read only by the rank pass (`flashsample_stage1_rank`, DESIGN.md
+        /// step 7c), which adds per (warp, row) the count of the tile's tokens whose
         /// logit is at least `target_logprobs[row]` (the first pass's target logit, read, not
-        /// written, on this pass). 0 on every other launch.
+        /// written, on this pass) and writes nothing else. 0 on every other launch.
         target_ranks: MutPtr,
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! [`ScratchLayout`]: crate::ScratchLayout
 
-use super::{Gen, Item, Thread, SMEM};
+use super::{Gen, Item, Pass, Thread, SMEM};
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
 use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64};
@@ -182,17 +182,23 @@ impl Gen<'_> {
         let t2 = f.shl(&th.t, &i32c(1));
         let cols = self.columns(f, it, &t2);
         let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
-        // What the targets and the candidates carry: the raw logits in the raw mode.
+        match self.pass {
+            // Step 7c: the rank pass counts against the first pass's target logits (left
+            // alone) and writes nothing else. It counts what the target logprob describes:
+            // the raw logits in the raw mode.
+            Pass::Rank => self.count_ranks(f, th, it, &cols, &t.quad_base, t.raw.as_ref().unwrap_or(&t.x)),
+            Pass::Sample { .. } => self.finish_epilogue(f, th, it, &cols, t),
+        }
+    }
+
+    /// Steps 6b–7 after the transforms: the targets' logits, the lists, the logsumexp
+    /// partials and the selection.
+    fn finish_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: Transformed) {
         let carried = t.raw.as_ref().unwrap_or(&t.x);
         // A verifying pipeline's targets are the draft tokens (each draft row's logit at its
         // draft); it is never in the raw mode (IrError::VerifyWithRawLogprobs).
-        if self.p.ranks_targets() {
-            // Step 7c: the rank pass counts against the first pass's target logits, which it
-            // leaves alone; the rest of the epilogue writes what the first pass wrote.
-            let rank_pass = f.non_null(&arg::TARGET_RANKS);
-            f.if_else(&rank_pass, |f| self.count_ranks(f, th, it, &cols, &t.quad_base, carried), |f| self.store_targets(f, it, &cols, &t.quad_base, carried));
-        } else if self.p.targets.is_some() || self.p.verify.is_some() {
-            self.store_targets(f, it, &cols, &t.quad_base, carried);
+        if self.p.targets.is_some() || self.p.verify.is_some() {
+            self.store_targets(f, it, cols, &t.quad_base, carried);
         }
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
@@ -220,12 +226,12 @@ impl Gen<'_> {
             && self.c.residual_per_tile == 0;
         let t = if reread { Transformed { x: self.load_list_tile(f, th), ..t } } else { t };
         let carried = t.raw.as_ref().unwrap_or(&t.x);
-        let reducers = self.reduce_lse(f, th, it, &cols, &t.x, Some(&t.nonfinite), self.lse, &arg::LSE);
+        let reducers = self.reduce_lse(f, th, it, cols, &t.x, Some(&t.nonfinite), self.lse, &arg::LSE);
         if let Some(raw) = &t.raw {
             // Step 10: every token of the vocabulary counts, allowed or not.
-            self.reduce_lse(f, th, it, &cols, raw, None, true, &arg::RAW_LSE);
+            self.reduce_lse(f, th, it, cols, raw, None, true, &arg::RAW_LSE);
         }
-        self.select(f, th, it, &cols, &t, carried, &reducers);
+        self.select(f, th, it, cols, &t, carried, &reducers);
     }
 
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.

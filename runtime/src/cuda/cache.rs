@@ -32,6 +32,8 @@ const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 /// A pipeline's kernels, loaded into one device's context.
 pub(crate) struct LoadedKernel {
     pub stage1: CudaFunction,
+    /// Stage one's rank pass (DESIGN.md step 7c), for pipelines that rank their targets.
+    pub stage1_rank: Option<CudaFunction>,
     pub stage2: CudaFunction,
     /// Stage three, for pipelines with lists.
     pub filter: Option<CudaFunction>,
@@ -194,7 +196,7 @@ fn trusted_dir(dir: &Path) -> Option<&Path> {
 /// then passes lse = 0 to every stage).
 pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfig, skip_lse: bool) -> Result<Arc<LoadedKernel>> {
     let skip_lse = skip_lse && pipeline.needs_logsumexp();
-    let nucleus = flashsample_codegen_ptx::has_nucleus_kernels(pipeline);
+    let entries = Entries::of(pipeline);
     let key = Key {
         ordinal: device.ordinal(),
         fingerprint: pipeline.fingerprint(),
@@ -212,7 +214,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
     if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
-        match load(device, &text, true, flashsample_codegen_ptx::list_capacity(pipeline) > 0, pipeline.verify.is_some(), nucleus, config) {
+        match load(device, &text, true, entries, config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }
@@ -223,7 +225,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false, compiled.filter.is_some(), compiled.decide.is_some(), nucleus, config)?;
+            let k = load(device, text, false, entries, config)?;
             if let Some(d) = dir {
                 write_cached(d, &key, text);
             }
@@ -285,7 +287,32 @@ fn write_cached(dir: &Path, key: &Key, text: &str) {
 /// the decision kernels iff `decide`, the exact nucleus's iff `nucleus`).
 /// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
 /// its occupancy read with it.
-fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: bool, nucleus: bool, config: &GpuConfig) -> Result<LoadedKernel> {
+/// Which kernels beside stages one and two a pipeline's module holds (`codegen_ptx::compile`).
+#[derive(Clone, Copy)]
+struct Entries {
+    /// Stage three: the pipeline keeps lists.
+    filter: bool,
+    /// The decision and the drafts' spreading: the pipeline verifies.
+    decide: bool,
+    /// The exact nucleus's kernels.
+    nucleus: bool,
+    /// Stage one's rank pass: the pipeline ranks its targets.
+    rank: bool,
+}
+
+impl Entries {
+    fn of(p: &Pipeline) -> Entries {
+        Entries {
+            filter: flashsample_codegen_ptx::list_capacity(p) > 0,
+            decide: p.verify.is_some(),
+            nucleus: flashsample_codegen_ptx::has_nucleus_kernels(p),
+            rank: p.ranks_targets(),
+        }
+    }
+}
+
+fn load(device: &CudaDevice, text: &str, from_disk: bool, entries: Entries, config: &GpuConfig) -> Result<LoadedKernel> {
+    let Entries { filter, decide, nucleus, rank } = entries;
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
@@ -297,6 +324,11 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: 
         }
     };
     let stage1 = module.load_function(ptx::STAGE1).map_err(drv("cuModuleGetFunction(flashsample_stage1)"))?;
+    let stage1_rank = if rank {
+        Some(module.load_function(ptx::STAGE1_RANK).map_err(drv("cuModuleGetFunction(flashsample_stage1_rank)"))?)
+    } else {
+        None
+    };
     let stage2 = module.load_function(ptx::STAGE2).map_err(drv("cuModuleGetFunction(flashsample_stage2)"))?;
     let filter = if filter {
         Some(module.load_function(ptx::FILTER).map_err(drv("cuModuleGetFunction(flashsample_filter)"))?)
@@ -327,9 +359,10 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: 
     };
     let smem = config.smem_bytes();
     if smem > DEFAULT_SMEM_LIMIT {
-        stage1
-            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+        for f in std::iter::once(&stage1).chain(&stage1_rank) {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+        }
     }
     let stage1_per_sm = stage1
         .occupancy_max_active_blocks_per_multiprocessor(config.block_threads(), smem as usize, None)
@@ -340,7 +373,7 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, filter: bool, decide: 
             config.block_threads()
         )));
     }
-    Ok(LoadedKernel { stage1, stage2, filter, decide, nucleus, _module: module, from_disk, stage1_per_sm })
+    Ok(LoadedKernel { stage1, stage1_rank, stage2, filter, decide, nucleus, _module: module, from_disk, stage1_per_sm })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

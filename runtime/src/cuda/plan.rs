@@ -704,9 +704,9 @@ impl SamplingPlan {
             spec_period: a.spec_period,
             target_ranks: 0,
         };
-        let launch_stage1 = |args: &Stage1Args| -> Result<()> {
+        let launch_stage1 = |kernel: &CudaFunction, args: &Stage1Args| -> Result<()> {
             let args = args.args();
-            let mut b = stream.launch_builder(&k.kernel.stage1);
+            let mut b = stream.launch_builder(kernel);
             push_args(&mut b, &args);
             // SAFETY: the arguments are codegen's stage-one parameter table in its order
             // (`Stage1Args`); every buffer is sized for the plan's max batch and the largest
@@ -715,15 +715,15 @@ impl SamplingPlan {
             unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
             Ok(())
         };
-        launch_stage1(&stage1)?;
-        if a.target_ranks != 0 {
-            // Step 7c: the rank pass, the same kernel over the same tiles, counts against the
-            // first pass's target logits into the zeroed ranks.
+        launch_stage1(&k.kernel.stage1, &stage1)?;
+        if let (Some(rank), true) = (&k.kernel.stage1_rank, a.target_ranks != 0) {
+            // Step 7c: the rank pass, the same tiles and multiply, counts against the first
+            // pass's target logits into the zeroed ranks.
             // SAFETY: `target_ranks` holds `batch` words (resolve), and the memset is ordered
             // on `stream` between the two passes.
             unsafe { cudarc::driver::result::memset_d8_async(a.target_ranks, 0, a.shape.batch * 4, stream.cu_stream()) }
                 .map_err(drv("cuMemsetD8Async(target ranks)"))?;
-            launch_stage1(&Stage1Args { target_ranks: a.target_ranks, ..stage1 })?;
+            launch_stage1(rank, &Stage1Args { target_ranks: a.target_ranks, ..stage1 })?;
         }
         at(Boundary::AfterStageOne)?;
 

@@ -12,7 +12,7 @@ use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE};
-use flashsample_codegen_ptx::{GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1};
+use flashsample_codegen_ptx::{GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder, Transform};
 use std::collections::HashMap;
 
@@ -25,7 +25,8 @@ fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
 fn stage_one_module(p: &Pipeline, c: &GpuConfig, mem: &mut Memory) -> Module {
     let ir = flashsample_codegen_ptx::llvm_ir(p, c).unwrap();
     let globals: HashMap<String, u64> = [("@fs_smem".to_string(), mem.add(vec![0; c.smem_bytes() as usize]))].into();
-    Module::with_callees(&ir, &[STAGE1.kernel], &globals)
+    let kernels: &[&str] = if p.ranks_targets() { &[STAGE1.kernel, STAGE1_RANK_KERNEL] } else { &[STAGE1.kernel] };
+    Module::with_callees(&ir, kernels, &globals)
 }
 
 /// One interpreted stage-one launch: its candidates, logsumexp partials and lists.
@@ -50,7 +51,8 @@ impl Launch<'_> {
     }
 
     /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
-    /// then the rank pass over the same memory; the target logits and the ranks.
+    /// then the rank pass over the same memory, which must leave every other output alone;
+    /// the target logits and the ranks.
     fn run_ranks(&self, targets: &[u32]) -> (Vec<f32>, Vec<u32>) {
         let extra = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch])), ("target_ranks", bytes(&vec![0u32; self.batch]))];
         let (mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra);
@@ -59,7 +61,10 @@ impl Launch<'_> {
         let ranks = STAGE1.index("target_ranks").expect("stage one takes the ranks");
         let mut args = args;
         args[ranks] = bufs["target_ranks"];
-        m.run_grid(STAGE1.kernel, &args, self.c.grid(self.batch, self.vocab, 132), self.c.block_threads() as usize, &mut mem);
+        let written = |mem: &Memory| ["candidates", "lse", "lists"].map(|b| mem.bufs[(bufs[b] >> 40) as usize - 1].clone());
+        let first = written(&mem);
+        m.run_grid(STAGE1_RANK_KERNEL, &args, self.c.grid(self.batch, self.vocab, 132), self.c.block_threads() as usize, &mut mem);
+        assert!(written(&mem) == first, "the rank pass writes only the ranks");
         let after: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
         assert_eq!(bytemuck::cast_slice::<f32, u32>(&after), bytemuck::cast_slice::<f32, u32>(&logits), "the rank pass leaves the target logits");
         (logits, bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_ranks"] >> 40) as usize - 1]))
