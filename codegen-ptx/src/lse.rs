@@ -280,30 +280,42 @@ pub(crate) fn merge_call<S: SumWord>(f: &mut Func, a: &Partial<S>, b: &Partial<S
     Partial { window, sums }
 }
 
-/// The partial `p` exchanged with lane `lane ^ mask`, one 32-bit shuffle per word.
-pub(crate) fn shfl_xor<S: SumWord>(f: &mut Func, p: &Partial<S>, mask: u32) -> Partial<S> {
-    let window = f.shfl_xor(&p.window, mask);
-    let sums = std::array::from_fn(|i| {
-        let mut out = S::c(0);
-        for word in 0..S::WORDS {
-            let part = f.lshr(&p.sums[i], &S::c(32 * word));
-            let part: I32 = f.trunc(&part);
-            let got = f.shfl_xor(&part, mask);
-            let got: S = f.zext(&got);
-            let got = f.shl(&got, &S::c(32 * word));
-            out = f.or(&out, &got);
-        }
-        out
-    });
-    Partial { window, sums }
+/// Sum `v` exchanged with lane `lane ^ mask`, one 32-bit shuffle per word.
+fn shfl_sum<S: SumWord>(f: &mut Func, v: &S, mask: u32) -> S {
+    let mut out = S::c(0);
+    for word in 0..S::WORDS {
+        let part = f.lshr(v, &S::c(32 * word));
+        let part: I32 = f.trunc(&part);
+        let got = f.shfl_xor(&part, mask);
+        let got: S = f.zext(&got);
+        let got = f.shl(&got, &S::c(32 * word));
+        out = f.or(&out, &got);
+    }
+    out
 }
 
-/// Merges the partials of the 32 lanes of a warp (every lane gets the warp's sum).
-pub(crate) fn warp_merge<S: SumWord>(f: &mut Func, mut p: Partial<S>, masks: &[u32]) -> Partial<S> {
+/// Merges the partials of the lanes that `masks` (butterfly steps) join; every lane gets
+/// their sum. Equal to merging them pairwise (`merge_call` at each step) but cheaper: the top
+/// window first (a max over the lanes), then each lane realigns its sums to it once, and the
+/// realigned sums add up with no further realignment. Exact: a window kept at the joint top
+/// (`top − 2 ≤ w ≤ top`) was kept by every lane's own partial (its top is at most the joint
+/// one), so each lane contributes exactly its sum of that window, as the pairwise merges do.
+pub(crate) fn warp_merge<S: SumWord>(f: &mut Func, p: Partial<S>, masks: &[u32]) -> Partial<S> {
+    let mut top = p.window.clone();
     for &m in masks {
-        let o = shfl_xor(f, &p, m);
-        p = merge_call(f, &p, &o);
+        let o = f.shfl_xor(&top, m);
+        let higher = f.icmp(Icmp::Sgt, &o, &top);
+        top = f.sel(&higher, &o, &top);
     }
-    p
+    // `EMPTY_WINDOW` is far below every window (|w| ≤ WINDOW_LIMIT): no overflow.
+    let shift = f.sub(&top, &p.window);
+    let mut sums: [S; KEPT_WINDOWS] = std::array::from_fn(|i| realigned(f, &p.sums, &shift, i));
+    for &m in masks {
+        for s in sums.iter_mut() {
+            let o = shfl_sum(f, s, m);
+            *s = f.add(s, &o);
+        }
+    }
+    Partial { window: top, sums }
 }
 
