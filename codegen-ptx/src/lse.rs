@@ -294,6 +294,25 @@ fn shfl_sum<S: SumWord>(f: &mut Func, v: &S, mask: u32) -> S {
     out
 }
 
+/// The merge of `parts`, as [`warp_merge`] does it for lanes: the top window (their max),
+/// each partial's sums realigned to it once, then added. Equal to merging them pairwise.
+pub(crate) fn merge_all<S: SumWord>(f: &mut Func, parts: &[Partial<S>]) -> Partial<S> {
+    let mut top = i32c(EMPTY_WINDOW);
+    for p in parts {
+        let higher = f.icmp(Icmp::Sgt, &p.window, &top);
+        top = f.sel(&higher, &p.window, &top);
+    }
+    let mut sums: [S; KEPT_WINDOWS] = std::array::from_fn(|_| S::c(0));
+    for p in parts {
+        let shift = f.sub(&top, &p.window);
+        for (i, s) in sums.iter_mut().enumerate() {
+            let r = realigned(f, &p.sums, &shift, i);
+            *s = f.add(s, &r);
+        }
+    }
+    Partial { window: top, sums }
+}
+
 /// Merges the partials of the lanes that `masks` (butterfly steps) join; every lane gets
 /// their sum. Equal to merging them pairwise (`merge_call` at each step) but cheaper: the top
 /// window first (a max over the lanes), then each lane realigns its sums to it once, and the

@@ -524,14 +524,16 @@ impl Gen<'_> {
         if lse {
             // The column's sum over the warps (exact: the merge order does not matter).
             f.if_then(&tid_lt_bt, |f| {
-                let mut acc = Partial::<I64>::empty();
-                for w in 0..c.warps {
-                    let slot = self.scratch_slot(f, &i32c(w), &th.tid);
-                    let window = self.ld_scratch(f, th, sc.lse_window, &slot);
-                    let slot8 = f.shl(&slot, &i32c(1));
-                    let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, field, &slot8));
-                    acc = lse::merge_call(f, &acc, &Partial { window, sums });
-                }
+                let parts: Vec<Partial<I64>> = (0..c.warps)
+                    .map(|w| {
+                        let slot = self.scratch_slot(f, &i32c(w), &th.tid);
+                        let window = self.ld_scratch(f, th, sc.lse_window, &slot);
+                        let slot8 = f.shl(&slot, &i32c(1));
+                        let sums = sc.lse_sums.map(|field| self.ld_scratch(f, th, field, &slot8));
+                        Partial { window, sums }
+                    })
+                    .collect();
+                let acc = lse::merge_all(f, &parts);
                 let row = f.add(&it.b0, &th.tid);
                 let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let lse_ok = f.non_null(dest);
