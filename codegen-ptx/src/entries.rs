@@ -57,6 +57,24 @@ impl<S: Float + Shuffle> Candidate<S> {
         }
         best
     }
+
+    /// [`Candidate::shfl_best`] that moves only the score and index: the lanes the masks span
+    /// agree on their best (score, index), each keeps its own logit, and `held` says whether
+    /// this lane's own candidate is that best (exactly one lane's, as indices differ, unless
+    /// the best is `none`, which every lane without a candidate holds alike). The holder
+    /// reports the logit.
+    pub(crate) fn shfl_best_held(self, f: &mut Func, masks: &[u32]) -> (Self, I1) {
+        let own = self.index.clone();
+        let mut best = self;
+        for &sh in masks {
+            let (score, index) = (f.shfl_xor(&best.score, sh), f.shfl_xor(&best.index, sh));
+            let take = beats(f, &score, &index, &best.score, &best.index);
+            best.score = f.sel(&take, &score, &best.score);
+            best.index = f.sel(&take, &index, &best.index);
+        }
+        let held = f.icmp(Icmp::Eq, &own, &best.index);
+        (best, held)
+    }
 }
 
 /// `abi::Candidate`'s size in global memory and its fields' offsets.

@@ -572,6 +572,9 @@ impl Gen<'_> {
                 // whole: the test is uniform over the CTA, and the noise is most of the
                 // epilogue's work. Its columns report NONE, which no live row reads.
                 let outs: Vec<CandidateVar> = pair.iter().map(|_| CandidateVar::new(f, &Candidate::none())).collect();
+                // Which lane of a column writes its warp result: the one holding the winner
+                // (the lanes reduce score and index only); `none` from the first lane.
+                let holds: Vec<Var<I1>> = pair.iter().map(|_| f.var(lane_lt4)).collect();
                 let first_row = f.add(&it.b0, &i32c(n as u32 * 8));
                 let live = f.icmp(Icmp::Ult, &first_row, &arg::BATCH);
                 f.if_then(&live, |f| {
@@ -608,22 +611,24 @@ impl Gen<'_> {
                             }
                         }
                     }
-                    for (best, out) in acc_best.into_iter().zip(&outs) {
-                        let best = best.shfl_best(f, &[4, 8, 16]);
+                    for ((best, out), hold) in acc_best.into_iter().zip(&outs).zip(&holds) {
+                        let (best, held) = best.shfl_best_held(f, &[4, 8, 16]);
                         out.set(f, &best);
+                        f.set(hold, &held);
                     }
                 });
                 // The pair's warp results go to the scratch at once, so no column's best
                 // stays live while the next pairs are selected.
-                let best: Vec<Candidate> = outs.iter().map(|out| out.get(f)).collect();
-                f.if_then(lane_lt4, |f| {
-                    for (cl, b) in pair.iter().zip(&best) {
+                for ((cl, out), hold) in pair.iter().zip(&outs).zip(&holds) {
+                    let b = out.get(f);
+                    let held = f.get(hold);
+                    f.if_then(&held, |f| {
                         let slot = self.scratch_slot(f, &th.warp, &cl.col);
                         self.st_scratch(f, th, sc.score, &slot, &b.score);
                         self.st_scratch(f, th, sc.index, &slot, &b.index);
                         self.st_scratch(f, th, sc.logit, &slot, &b.logit);
-                    }
-                });
+                    });
+                }
             }
             f.barrier();
             f.if_then(tid_lt_bt, |f| {
