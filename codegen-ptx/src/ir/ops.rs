@@ -243,6 +243,10 @@ impl Func {
     pub(crate) fn fptoui<A: AnyFloat, B: Int>(&mut self, a: &A) -> B {
         self.cast("fptoui", a)
     }
+    /// Truncates toward zero; the value must be in `B`'s range (else poison).
+    pub(crate) fn fptosi<A: AnyFloat, B: Int>(&mut self, a: &A) -> B {
+        self.cast("fptosi", a)
+    }
     /// Widens exactly to the wider float `B`.
     pub(crate) fn fpext<A: AnyFloat, B: AnyFloat>(&mut self, a: &A) -> B {
         self.cast("fpext", a)
