@@ -17,7 +17,7 @@
 use super::{Gen, Item, Pass, Thread, SMEM};
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
-use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64};
+use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64, X4};
 use crate::lse::{self, Partial};
 use crate::math::{self, RowStream};
 use crate::params::arg;
@@ -167,6 +167,18 @@ struct Transformed {
     quad_base: Vec<I32>,
 }
 
+/// Where the phases after the lists read the thread's logits.
+enum Logits<'a> {
+    /// In registers, same indices as the accumulators: `x`, and what the candidates carry
+    /// (the raw logits in the raw mode).
+    Regs { x: &'a [F32], carried: &'a [F32] },
+    /// In the list tile ([`Gen::store_list_tile`]), which nothing rewrote since: each column's
+    /// are loaded where it is used ([`Gen::column`]), so no more than a pair's stay live
+    /// through the logsumexp and the selection (whole tiles of them spilled at 128 × 128).
+    /// The candidates carry `x`.
+    ListTile,
+}
+
 /// Predicates the reduction phases share: the lanes that hold a column's warp result, and
 /// the threads that combine one column over the warps.
 struct Reducers {
@@ -224,14 +236,34 @@ impl Gen<'_> {
             && !self.p.lists_carry_raw()
             && self.p.raw_list_capacity() == 0
             && self.c.residual_per_tile == 0;
-        let t = if reread { Transformed { x: self.load_list_tile(f, th), ..t } } else { t };
-        let carried = t.raw.as_ref().unwrap_or(&t.x);
-        let reducers = self.reduce_lse(f, th, it, cols, &t.x, Some(&t.nonfinite), self.lse, &arg::LSE);
+        let src = if reread { Logits::ListTile } else { Logits::Regs { x: &t.x, carried: t.raw.as_ref().unwrap_or(&t.x) } };
+        let reducers = self.reduce_lse(f, th, it, cols, &src, Some(&t.nonfinite), self.lse, &arg::LSE);
         if let Some(raw) = &t.raw {
             // Step 10: every token of the vocabulary counts, allowed or not.
-            self.reduce_lse(f, th, it, cols, raw, None, true, &arg::RAW_LSE);
+            self.reduce_lse(f, th, it, cols, &Logits::Regs { x: raw, carried: raw }, None, true, &arg::RAW_LSE);
         }
-        self.select(f, th, it, cols, &t, carried, &reducers);
+        self.select(f, th, it, cols, &src, &t.quad_base, &reducers);
+    }
+
+    /// Column `(n, j)`'s logits `x` and what its candidates carry, by `q · 4 + o`: copies of
+    /// the registers, or loaded from the list tile here, where the column is used.
+    fn column(&self, f: &mut Func, th: &Thread, src: &Logits<'_>, n: u32, j: u32) -> (Vec<F32>, Vec<F32>) {
+        match src {
+            Logits::Regs { x, carried } => {
+                let pick = |v: &[F32]| (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| v[self.acc_index(q, o, n, j)].clone()).collect();
+                (pick(x), pick(carried))
+            }
+            Logits::ListTile => {
+                let x: Vec<F32> = (0..self.quads)
+                    .flat_map(|q| {
+                        let a = self.list_tile_quad(f, th, (q, n, j));
+                        let vec: X4<F32> = f.load(&a, 16);
+                        (0..4).map(|o| f.extract_lane(&vec, o)).collect::<Vec<_>>()
+                    })
+                    .collect();
+                (x.clone(), x)
+            }
+        }
     }
 
     /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
@@ -466,7 +498,7 @@ impl Gen<'_> {
         th: &Thread,
         it: &Item,
         cols: &[Col],
-        x: &[F32],
+        src: &Logits<'_>,
         nonfinite: Option<&[I1]>,
         lse: bool,
         dest: &Ptr<Global>,
@@ -490,8 +522,8 @@ impl Gen<'_> {
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
-                let xs: Vec<&F32> =
-                    (0..self.quads).flat_map(|q| (0..4).map(move |o| (q, o))).map(|(q, o)| &x[self.acc_index(q, o, n, j)]).collect();
+                let (column, _) = self.column(f, th, src, n, j);
+                let xs: Vec<&F32> = column.iter().collect();
                 let own = lse::sum_logits(f, &xs);
                 part = Some(lse::warp_merge(f, own, &[4, 8, 16]));
             }
@@ -558,12 +590,11 @@ impl Gen<'_> {
     /// Each candidate carries `carried` of its token as its logit (the raw logit in the raw
     /// mode, DESIGN.md step 10); the winner is chosen by the transformed score either way.
     #[allow(clippy::too_many_arguments)]
-    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: &Transformed, carried: &[F32], r: &Reducers) {
+    fn select(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], src: &Logits<'_>, quad_base: &[I32], r: &Reducers) {
         let c = self.c;
         let p = self.p;
         let samples = p.samples_per_row();
         let sc = c.smem_layout().scratch;
-        let (x, quad_base) = (&t.x, &t.quad_base);
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
         f.for_loop(&i32c(0), &i32c(samples), &i32c(1), |f, s| {
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
@@ -586,17 +617,18 @@ impl Gen<'_> {
                         NoiseSkip::InTile | NoiseSkip::Never => vec![F32::NAN; pair.len()],
                     };
                     let pair_noise = self.pair_noise(f, pair);
+                    let (xs, carried): (Vec<Vec<F32>>, Vec<Vec<F32>>) = (0..pair.len() as u32).map(|j| self.column(f, th, src, n as u32, j)).unzip();
                     for q in 0..self.quads {
                         let noise: Vec<F32> = if p.is_greedy() {
                             Vec::new()
                         } else {
-                            self.quad_noise(f, q, n as u32, &pair_noise, &acc_best, &bounds, &quad_base[q as usize], s, x)
+                            self.quad_noise(f, q, &pair_noise, &acc_best, &bounds, &quad_base[q as usize], s, &xs)
                         };
                         for pj in 0..pair.len() {
-                            let (n, j) = (n as u32, pj as u32);
                             let best = &mut acc_best[pj];
                             for o in 0..4 {
-                                let xv = &x[self.acc_index(q, o, n, j)];
+                                let k = (q * 4 + o) as usize;
+                                let xv = &xs[pj][k];
                                 let score = if p.is_greedy() {
                                     xv.clone()
                                 } else {
@@ -607,7 +639,7 @@ impl Gen<'_> {
                                 let better = f.fcmp(Fcmp::Ogt, &score, &best.score);
                                 best.score = f.sel(&better, &score, &best.score);
                                 best.index = f.sel(&better, &v, &best.index);
-                                best.logit = f.sel(&better, &carried[self.acc_index(q, o, n, j)], &best.logit);
+                                best.logit = f.sel(&better, &carried[pj][k], &best.logit);
                             }
                         }
                     }
@@ -716,13 +748,12 @@ impl Gen<'_> {
         &self,
         f: &mut Func,
         q: u32,
-        n: u32,
         pair: &[ColNoise],
         acc_best: &[Candidate],
         bounds: &[F32],
         quad_base: &I32,
         s: &I32,
-        x: &[F32],
+        xs: &[Vec<F32>],
     ) -> Vec<F32> {
         // Global index g = v + vocab_offset (a multiple of 4: same quads).
         let g = f.add(quad_base, &arg::VOCAB_OFFSET);
@@ -739,9 +770,10 @@ impl Gen<'_> {
         let mut thr = Vec::new();
         let mut need = I1::FALSE;
         for (pj, cl) in pair.iter().enumerate() {
-            let mut m = x[self.acc_index(q, 0, n, pj as u32)].clone();
+            let k = (q * 4) as usize;
+            let mut m = xs[pj][k].clone();
             for o in 1..4 {
-                m = f.maxnum(&m, &x[self.acc_index(q, o, n, pj as u32)]);
+                m = f.maxnum(&m, &xs[pj][k + o]);
             }
             let bs = &acc_best[pj].score;
             let bound_higher = f.fcmp(Fcmp::Ogt, &bounds[pj], bs);

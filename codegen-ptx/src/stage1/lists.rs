@@ -119,27 +119,32 @@ impl Gen<'_> {
     /// tile's offset in `@fs_smem`. The one layout [`Gen::store_list_tile`] and
     /// [`Gen::load_list_tile`] share.
     fn list_tile_quads(&self, f: &mut Func, th: &Thread, mut quad: impl FnMut(&mut Func, (u32, u32, u32), &Ptr<Shared>)) -> I32 {
-        let vt = self.c.vocab_tile;
         let base = f.add(&th.scratch, &i32c(self.c.smem_layout().list_tile));
-        let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
-        let g4 = f.shl(&th.g, &i32c(2));
-        let t2 = f.shl(&th.t, &i32c(1));
         for q in 0..self.quads {
-            let local = f.add(&warp_base, &i32c(q * 32));
-            let local = f.add(&local, &g4);
             for n in 0..self.ntiles {
                 for j in 0..2 {
-                    let col = f.add(&t2, &i32c(n * 8 + j));
-                    let e = f.mul(&col, &i32c(vt));
-                    let e = f.add(&e, &local);
-                    let off = f.shl(&e, &i32c(2));
-                    let off = f.add(&off, &base);
-                    let a = f.saddr(&SMEM, &off);
+                    let a = self.list_tile_addr(f, th, &base, (q, n, j));
                     quad(f, (q, n, j), &a);
                 }
             }
         }
         base
+    }
+
+    /// Quad `(q, n, j)`'s address in the list tile at `base`: column `8n + 2t + j`, tokens
+    /// `warp · warp_rows + 32q + 4g ..`, column-major with `vocab_tile` floats per column.
+    fn list_tile_addr(&self, f: &mut Func, th: &Thread, base: &I32, (q, n, j): (u32, u32, u32)) -> Ptr<Shared> {
+        let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
+        let g4 = f.shl(&th.g, &i32c(2));
+        let local = f.add(&warp_base, &i32c(q * 32));
+        let local = f.add(&local, &g4);
+        let t2 = f.shl(&th.t, &i32c(1));
+        let col = f.add(&t2, &i32c(n * 8 + j));
+        let e = f.mul(&col, &i32c(self.c.vocab_tile));
+        let e = f.add(&e, &local);
+        let off = f.shl(&e, &i32c(2));
+        let off = f.add(&off, base);
+        f.saddr(&SMEM, &off)
     }
 
     /// The tile's transformed logits into shared memory ([`Gen::list_tile_quads`]' layout),
@@ -157,17 +162,12 @@ impl Gen<'_> {
         base
     }
 
-    /// The thread's own logits back from the list tile [`Gen::store_list_tile`] wrote (same
-    /// addresses, same indices as `x`; the thread reads only what it stored, so no barrier).
-    pub(super) fn load_list_tile(&self, f: &mut Func, th: &Thread) -> Vec<F32> {
-        let mut x = vec![F32::NEG_INF; self.acc_count()];
-        self.list_tile_quads(f, th, |f, (q, n, j), a| {
-            let vec: X4<F32> = f.load(a, 16);
-            for o in 0..4 {
-                x[self.acc_index(q, o, n, j)] = f.extract_lane(&vec, o);
-            }
-        });
-        x
+    /// The shared address of the thread's quad `(q, n, j)` in the list tile
+    /// [`Gen::store_list_tile`] wrote (the thread reads back only what it stored, so no
+    /// barrier): [`Gen::list_tile_quads`]' layout.
+    pub(super) fn list_tile_quad(&self, f: &mut Func, th: &Thread, (q, n, j): (u32, u32, u32)) -> Ptr<Shared> {
+        let base = f.add(&th.scratch, &i32c(self.c.smem_layout().list_tile));
+        self.list_tile_addr(f, th, &base, (q, n, j))
     }
 
     /// Step 10: beside each entry of this tile's processed lists (just written, read back
