@@ -56,7 +56,7 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens scoring::"}
+  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens scoring:: logprob_modes:: speculative::"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
