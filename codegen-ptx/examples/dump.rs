@@ -1,5 +1,5 @@
 //! Prints the PTX (or with `ir`, the LLVM IR) of a pipeline: `cargo run --example dump [ir]
-//! [simt] [greedy | bench [filter] [lse] | score [rank]]`. `bench` is gpu_bench's pipeline (per-row
+//! [simt] [greedy | bench [filter] [lse] | score [rank] | spec [filter]]`. `bench` is gpu_bench's pipeline (per-row
 //! temperature + Gumbel), `filter` adds its top-k/top-p filter, `lse` a logprob output (the
 //! exact logsumexp partials), `greedy` is a bare argmax (`simt`: f32 operands); with ptxas -v
 //! it shows each schedule's registers and spills. The tile config comes from the
@@ -28,6 +28,11 @@ fn main() {
         let b = if has("filter") { b.filter("filter", 50) } else { b };
         let b = if has("lse") { b.outputs(Outputs { score: false, logsumexp: false, logprob: true, top_logprobs: 0 }) } else { b };
         b.gumbel("seed", 1).build().unwrap()
+    } else if has("spec") {
+        // spec_bench's verifier of sampled drafts (top-k/top-p filtered with `filter`).
+        let b = PipelineBuilder::new("Spec", dt, dt).temperature_per_row("t");
+        let b = if has("filter") { b.filter("filter", 50) } else { b };
+        b.verify_sampled("drafts", "draft_probs").build().unwrap()
     } else if has("score") {
         // score_bench's scorer; `rank` adds the target ranks (DESIGN.md step 7c).
         let b = PipelineBuilder::new("Score", dt, dt).temperature_per_row("t").argmax();
