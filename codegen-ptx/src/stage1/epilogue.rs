@@ -228,14 +228,14 @@ impl Gen<'_> {
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);
         }
-        // Where nothing after the list epilogue rewrote its tile, the later phases read the
-        // thread's logits back from it: the selection rounds then run without them live
-        // (ptxas spilled there at batch tiles of 64 and more).
-        let reread = processed_lists
+        // Where the list tile holds the logits (the list epilogue, or the residual lists,
+        // stored them; nothing rewrote them since), the later phases read the thread's
+        // logits back from it: the selection rounds then run without them live (ptxas
+        // spilled there at batch tiles of 64 and more).
+        let reread = (processed_lists || self.c.residual_per_tile > 0)
             && t.raw.is_none()
             && !self.p.lists_carry_raw()
-            && self.p.raw_list_capacity() == 0
-            && self.c.residual_per_tile == 0;
+            && self.p.raw_list_capacity() == 0;
         let src = if reread { Logits::ListTile } else { Logits::Regs { x: &t.x, carried: t.raw.as_ref().unwrap_or(&t.x) } };
         let reducers = self.reduce_lse(f, th, it, cols, &src, Some(&t.nonfinite), self.lse, &arg::LSE);
         if let Some(raw) = &t.raw {

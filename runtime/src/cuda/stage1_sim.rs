@@ -189,7 +189,9 @@ impl Launch<'_> {
         let x = self.logits();
         let mut third_windows = 0;
         for r in 0..batch {
-            let greedy = params.row_temperature(p, r) == 0.0;
+            // A verifying launch with `spec_period` 0: every row is a draft row, whose
+            // candidate is its argmax.
+            let greedy = p.verify.is_some() || params.row_temperature(p, r) == 0.0;
             let (key, ctr) = (params.seed, self.row_base + r as u32);
             for t in 0..tiles {
                 let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
@@ -340,4 +342,27 @@ fn simt_rank_pass_counts_the_tokens_at_least_as_likely_as_the_target() {
     }
     assert_eq!(ranks[4], vocab as u32, "an excluded target ranks V");
     assert!(ranks[2] >= 5, "the five tied tokens count together: {}", ranks[2]);
+}
+
+/// A verifying pipeline's stage one (sampled drafts, with a filter, so it keeps both the lists
+/// and the residual lists, and the epilogue reads its logits back from their tile): every row
+/// a draft row (`spec_period` 0), so each tile's candidate is its argmax; partials and lists
+/// as for any pipeline.
+#[test]
+fn simt_stage_one_of_a_verifying_pipeline_writes_the_host_models_candidates_partials_and_lists() {
+    let (batch, dim, vocab) = (8usize, 8usize, 600usize);
+    let p = PipelineBuilder::new("S1V", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .filter("filter", 8)
+        .verify_sampled("drafts", "draft_probs")
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    let temperatures: Vec<f32> = (0..batch).map(|r| 0.5 + 0.1 * r as f32).collect();
+    let filters = vec![RowFilter::top_k(8); batch];
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x5eed, ..Default::default() };
+    let c = simt(&p);
+    assert!(c.residual_per_tile > 0 && c.list_per_tile > 0);
+    Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check();
 }
