@@ -10,6 +10,9 @@
 //! 5. [`Gen::select`]: per sample, the best token of each column by score (`x` + Gumbel noise),
 //!    over the lanes and warps, stored as the tile's candidate (steps 5–6).
 //!
+//! Where lists or residual lists put the tile's `x` in shared memory, phases 4 and 5 read each
+//! column back from there where they use it ([`Logits`]). The rank pass's kernel
+//! (`flashsample_stage1_rank`, step 7c) runs phases 1–2, then [`Gen::count_ranks`] alone.
 //! Cross-warp values pass through the epilogue area's scratch ([`ScratchLayout`]).
 //!
 //! [`ScratchLayout`]: crate::ScratchLayout
