@@ -116,8 +116,8 @@ impl Gen<'_> {
     /// Calls `quad` with the shared address of each of the thread's quads in the list tile
     /// (column-major, `vocab_tile` floats per batch column, after the scratch: a quad is 4
     /// consecutive tokens of one column, one 16-byte access) and its `(q, n, j)`; returns the
-    /// tile's offset in `@fs_smem`. The one layout [`Gen::store_list_tile`] and
-    /// [`Gen::load_list_tile`] share.
+    /// tile's offset in `@fs_smem`. The one layout ([`Gen::list_tile_addr`]) that
+    /// [`Gen::store_list_tile`] writes and [`Gen::list_tile_quad`] reads back.
     fn list_tile_quads(&self, f: &mut Func, th: &Thread, mut quad: impl FnMut(&mut Func, (u32, u32, u32), &Ptr<Shared>)) -> I32 {
         let base = f.add(&th.scratch, &i32c(self.c.smem_layout().list_tile));
         for q in 0..self.quads {
