@@ -109,6 +109,12 @@ pub struct SampledTensors {
     /// Per row, its `top_logprobs` most likely tokens and their log-probabilities (most likely
     /// first; shorter for a row with fewer eligible tokens), if declared.
     pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// `F32 [B]`: each row's log-probability of its scored token (`SamplingParams::targets`),
+    /// if the pipeline scores them (`score = target_logprob(logits, targets[B]);`).
+    pub target_logprobs: Option<Tensor>,
+    /// `U32 [B]`: each scored token's rank, if the pipeline ranks them
+    /// (`target_logprob(logits, targets[B], rank)`).
+    pub target_ranks: Option<Tensor>,
 }
 
 impl SampledTensors {
@@ -122,6 +128,8 @@ impl SampledTensors {
             logprobs: per_sample(samples.logprobs)?,
             logsumexp: samples.logsumexp.map(|v| Tensor::from_vec(v, samples.batch, device)).transpose()?,
             top_logprobs: samples.top_logprobs,
+            target_logprobs: samples.target_logprobs.map(|v| Tensor::from_vec(v, samples.batch, device)).transpose()?,
+            target_ranks: samples.target_ranks.map(|v| Tensor::from_vec(v, samples.batch, device)).transpose()?,
         })
     }
 }

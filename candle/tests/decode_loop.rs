@@ -159,3 +159,34 @@ fn decode_loop_equals_the_direct_api_and_the_reference() {
         assert!(distinct.len() > STEPS as usize / 2, "row {row} decodes only {distinct:?}");
     }
 }
+
+/// Prompt scoring through the adapter: a scorer (argmax, target logprobs and ranks) over a
+/// candle model's hidden states returns the direct API's target logprobs and ranks as tensors.
+#[test]
+fn scoring_returns_the_direct_apis_target_logprobs_and_ranks() {
+    let model = TinyModel::random(22);
+    let pipeline = PipelineBuilder::new("CandleScorer", IrDType::BF16, IrDType::BF16)
+        .temperature_per_row("temperature")
+        .argmax()
+        .target_logprob_and_rank("targets")
+        .build()
+        .unwrap();
+    let adapter = LmHeadSampler::new(pipeline.clone(), &Device::Cpu).unwrap();
+    let direct = Sampler::new(pipeline, &flashsample::Device::cpu()).unwrap();
+    let tokens = Tensor::new(&[[1u32], [17], [256], [3000]], &Device::Cpu).unwrap();
+    let hidden = model.forward(&tokens).unwrap();
+    let temperatures = [1.0f32; BATCH];
+    let targets = [5u32, 17, 256, 1];
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), targets: Some(&targets), ..SamplingParams::default() };
+    let out = adapter.sample(&hidden, &model.lm_head, &params).unwrap();
+    let h = to_bf16_rows(&hidden);
+    let weights = to_bf16_rows(&model.lm_head);
+    let want = direct
+        .sample(flashsample::Tensor::host(&h, BATCH, DIM).unwrap(), flashsample::Tensor::host(&weights, VOCAB, DIM).unwrap(), &params)
+        .unwrap();
+    let logprobs = out.target_logprobs.as_ref().expect("target logprobs").to_vec1::<f32>().unwrap();
+    let ranks = out.target_ranks.as_ref().expect("target ranks").to_vec1::<u32>().unwrap();
+    assert_eq!(Some(logprobs), want.target_logprobs);
+    assert_eq!(Some(ranks.clone()), want.target_ranks);
+    assert!(ranks.iter().all(|&r| (1..=VOCAB as u32).contains(&r)), "{ranks:?}");
+}
