@@ -21,6 +21,7 @@ pub struct RequestOutputs {
     pub logsumexp: Option<u32>,
     pub top_logprobs: Option<Vec<(u32, u32)>>,
     pub target_logprob: Option<u32>,
+    pub target_rank: Option<u32>,
 }
 
 impl Pool {
@@ -82,6 +83,7 @@ pub fn outputs_of(out: &Samples, pos: usize) -> RequestOutputs {
         logsumexp: out.logsumexp.as_ref().map(|v| v[pos].to_bits()),
         top_logprobs: out.top_logprobs.as_ref().map(|t| t[pos].iter().map(|&(i, l)| (i, l.to_bits())).collect()),
         target_logprob: out.target_logprobs.as_ref().map(|t| t[pos].to_bits()),
+        target_rank: out.target_ranks.as_ref().map(|t| t[pos]),
     }
 }
 

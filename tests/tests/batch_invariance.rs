@@ -24,7 +24,7 @@ fn pipelines() -> Vec<Pipeline> {
             .build()
             .unwrap(),
         b("Greedy").mask("allowed").softcap(20.0).argmax().outputs(ALL).build().unwrap(),
-        b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob("targets").outputs(ALL).build().unwrap(),
+        b("Scorer").logit_bias("logit_bias").temperature_per_row("t").mask("allowed").argmax().target_logprob_and_rank("targets").outputs(ALL).build().unwrap(),
         // Raw logprobs (DESIGN.md step 10): the second, raw logsumexp, the raw lists and the
         // drawn tokens' raw logits beside the filter's lists.
         b("Raw")
