@@ -4,9 +4,10 @@
 //!
 //! - `@fs_lse_term(float x) -> {i32 window, i64 value}`: `LseTerm::of` (non-finite `x`:
 //!   `EMPTY_WINDOW`, 0).
-//! - `@fs_lse_merge` (u64 sums, `LsePartial::merge`) and `@fs_lse_merge128` (u128 sums,
-//!   `LseSum::merge`): `(w, s0, s1, s2) ⊕ (w', s0', s1', s2')`.
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
+//!
+//! Merges (`LsePartial::merge`, `LseSum::merge`) are emitted inline by [`merge_all`] and
+//! [`warp_merge`]: the joint top window first, then each partial realigned once and added.
 
 use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, F32, F64, I1, I128, I32, I64};
 use crate::math;
@@ -16,10 +17,6 @@ use flashsample_abi::lse::{
     EMPTY_WINDOW, INV_WINDOW, KEPT_WINDOWS, TERM_SCALE, TERM_SCALE_LOG2, WINDOW, WINDOW_LIMIT, WINDOW_WEIGHTS,
 };
 
-/// The struct `@fs_lse_merge` returns: top window, then the three u64 sums.
-pub(crate) const PARTIAL_TY: &str = "{ i32, i64, i64, i64 }";
-/// The struct `@fs_lse_merge128` returns.
-pub(crate) const SUM_TY: &str = "{ i32, i128, i128, i128 }";
 /// The struct `@fs_lse_term` returns: the term's window and value.
 const TERM_TY: &str = "{ i32, i64 }";
 
@@ -30,25 +27,17 @@ declare double @llvm.nvvm.mul.rn.d(double, double)
 ";
 
 /// The word of a partial's sums: `i64` (`abi::LsePartial`, one thread's or one tile's) or
-/// `i128` (`abi::LseSum`, a row's), each with its merge function.
+/// `i128` (`abi::LseSum`, a row's).
 pub(crate) trait SumWord: Int {
-    /// The merge function's name (without `@`).
-    const MERGE: &'static str;
-    /// The partial as the merge function returns it.
-    const PARTIAL: &'static str;
     /// 32-bit words per sum (one shuffle each).
     const WORDS: u32;
 }
 
 impl SumWord for I64 {
-    const MERGE: &'static str = "fs_lse_merge";
-    const PARTIAL: &'static str = PARTIAL_TY;
     const WORDS: u32 = 2;
 }
 
 impl SumWord for I128 {
-    const MERGE: &'static str = "fs_lse_merge128";
-    const PARTIAL: &'static str = SUM_TY;
     const WORDS: u32 = 4;
 }
 
@@ -163,29 +152,6 @@ fn realigned<S: SumWord>(f: &mut Func, sums: &[S], shift: &I32, i: usize) -> S {
     r
 }
 
-/// `(wa, a) ⊕ (wb, b)` with sums of type `S` (`LsePartial::merge` / `LseSum::merge`).
-fn merge<S: SumWord>(attr: &str) -> String {
-    let mut f = Func::new();
-    let a: Vec<S> = (0..KEPT_WINDOWS).map(|i| S::raw(format!("%a{i}"))).collect();
-    let b: Vec<S> = (0..KEPT_WINDOWS).map(|i| S::raw(format!("%b{i}"))).collect();
-    let (wa, wb) = (I32::named("%wa"), I32::named("%wb"));
-    let a_higher = f.icmp(Icmp::Sgt, &wa, &wb);
-    let top = f.sel(&a_higher, &wa, &wb);
-    let da = f.sub(&top, &wa);
-    let db = f.sub(&top, &wb);
-    let mut r = f.insert(&Agg::undef(S::PARTIAL), &top, 0);
-    for i in 0..KEPT_WINDOWS {
-        let x = realigned(&mut f, &a, &da, i);
-        let y = realigned(&mut f, &b, &db, i);
-        let s = f.add(&x, &y);
-        r = f.insert(&r, &s, i + 1);
-    }
-    f.ret_agg(&r);
-    let (ty, ret, name) = (S::LLVM, S::PARTIAL, S::MERGE);
-    let params = |p: &str| (0..KEPT_WINDOWS).map(|i| format!("{ty} %{p}{i}")).collect::<Vec<_>>().join(", ");
-    f.finish(&format!("define internal {ret} @{name}(i32 %wa, {}, i32 %wb, {}) {attr}", params("a"), params("b")))
-}
-
 /// `abi::lse::u128_to_f64`.
 fn u128_to_f64(f: &mut Func, v: &I128) -> F64 {
     let hi = f.lshr(v, &I128::c(64));
@@ -243,7 +209,7 @@ pub(crate) fn finish_call(f: &mut Func, sum: &Partial<I128>) -> F32 {
 
 /// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2` outlined).
 pub(crate) fn helpers(attr: &str) -> String {
-    [term(attr), window("#0"), merge::<I64>("#0"), merge::<I128>("#0"), finish()].join("\n")
+    [term(attr), window("#0"), finish()].join("\n")
 }
 
 /// A thread's logits of one column summed: the top window is the window of the largest
@@ -272,15 +238,6 @@ pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
         }
     }
     Partial { window: top, sums }
-}
-
-/// `a ⊕ b` by a call of the merge function, unpacked.
-pub(crate) fn merge_call<S: SumWord>(f: &mut Func, a: &Partial<S>, b: &Partial<S>) -> Partial<S> {
-    let args = [a.operands(), b.operands()].concat();
-    let r = f.call_agg(S::PARTIAL, &format!("@{}", S::MERGE), &args);
-    let window = f.extract(&r, 0);
-    let sums = std::array::from_fn(|i| f.extract(&r, i + 1));
-    Partial { window, sums }
 }
 
 /// Sum `v` exchanged with lane `lane ^ mask`, one 32-bit shuffle per word.

@@ -202,7 +202,7 @@ fn row_logsumexp(f: &mut Func, th: &RowThreads<'_>, status: &Var<I32>, (partials
             let i64v = f.zext(&i);
             let part = lse::load_partial_wide(f, partials, &i64v);
             let cur = Partial { window: f.get(&w), sums: sums.each_ref().map(|v| f.get(v)) };
-            let merged = lse::merge_call(f, &cur, &part);
+            let merged = lse::merge_all(f, &[cur, part]);
             f.set(&w, &merged.window);
             for (v, x) in sums.iter().zip(&merged.sums) {
                 f.set(v, x);
@@ -231,7 +231,7 @@ fn row_logsumexp(f: &mut Func, th: &RowThreads<'_>, status: &Var<I32>, (partials
                     let a = lse_scratch(f, &wi, k as u32 + 1);
                     f.load(&a, 16)
                 });
-                acc = lse::merge_call(f, &acc, &Partial { window, sums });
+                acc = lse::merge_all(f, &[acc, Partial { window, sums }]);
             }
             let l = lse::finish_call(f, &acc);
             let r64 = f.zext(th.row);

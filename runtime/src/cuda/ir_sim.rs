@@ -18,7 +18,8 @@ enum Ty {
     F64,
     Ptr,
     Agg,
-    /// `i128` (stage two's exact logsumexp sums): parsed, not modelled.
+    /// `i128` (stage two's exact logsumexp sums): the low word in a register's word 0, the
+    /// high one in word 1 ([`Module::get_wide`]).
     Wide,
 }
 
@@ -551,7 +552,7 @@ struct Thread {
     block: usize,
     pc: usize,
     regs: Vec<Word>,
-    locals: HashMap<u64, u64>,
+    locals: HashMap<u64, u128>,
     next_local: u64,
     tid: u64,
     stop: Option<Stop>,
@@ -585,10 +586,84 @@ impl Module {
         }
     }
 
+    /// An `i128` operand (immediates are small and non-negative in the kernels).
+    fn get_wide(regs: &[Word], v: Val) -> u128 {
+        match v {
+            Val::Reg(r) => (u128::from(regs[r][1]) << 64) | u128::from(regs[r][0]),
+            Val::Imm(b) => u128::from(b),
+        }
+    }
+
+    fn set_wide(w: &mut Word, v: u128) {
+        w[0] = v as u64;
+        w[1] = (v >> 64) as u64;
+    }
+
     /// Executes one non-control instruction (shared by the kernel and the helpers).
-    fn exec(&self, inst: &Inst, regs: &mut [Word], locals: &mut HashMap<u64, u64>, next_local: &mut u64, mem: &mut Memory, ids: (u64, Cta)) {
+    fn exec(&self, inst: &Inst, regs: &mut [Word], locals: &mut HashMap<u64, u128>, next_local: &mut u64, mem: &mut Memory, ids: (u64, Cta)) {
         let g = |regs: &[Word], v: Val| Self::get(regs, v);
+        let gw = |regs: &[Word], v: Val| Self::get_wide(regs, v);
         match inst {
+            Inst::Bin { d, op, ty: Ty::Wide, a, b } => {
+                let (a, b) = (gw(regs, *a), gw(regs, *b));
+                let r = match op.as_str() {
+                    "add" => a.wrapping_add(b),
+                    "sub" => a.wrapping_sub(b),
+                    "mul" => a.wrapping_mul(b),
+                    "and" => a & b,
+                    "or" => a | b,
+                    "xor" => a ^ b,
+                    "shl" => a << b,
+                    "lshr" => a >> b,
+                    "ashr" => ((a as i128) >> b) as u128,
+                    other => panic!("i128 {other}"),
+                };
+                Self::set_wide(&mut regs[*d], r);
+            }
+            Inst::Cast { d, op, from, to: Ty::Wide, a } => {
+                let a = g(regs, *a);
+                let r = match op.as_str() {
+                    "zext" => u128::from(a),
+                    "sext" => sext(a, *from) as i128 as u128,
+                    other => panic!("cast {other} to i128"),
+                };
+                Self::set_wide(&mut regs[*d], r);
+            }
+            Inst::Cmp { d, pred, ty: Ty::Wide, a, b } => {
+                let (a, b) = (gw(regs, *a), gw(regs, *b));
+                let (x, y) = (a as i128, b as i128);
+                regs[*d][0] = u64::from(match pred.as_str() {
+                    "eq" => a == b,
+                    "ne" => a != b,
+                    "ult" => a < b,
+                    "ugt" => a > b,
+                    "ule" => a <= b,
+                    "uge" => a >= b,
+                    "sgt" => x > y,
+                    "sge" => x >= y,
+                    "slt" => x < y,
+                    "sle" => x <= y,
+                    other => panic!("i128 predicate {other}"),
+                });
+            }
+            Inst::Load { d, bytes: 16, p } => {
+                let p = g(regs, *p);
+                let v = if p & LOCAL != 0 {
+                    locals.get(&p).copied().unwrap_or(0)
+                } else {
+                    (u128::from(mem.load(p + 8, 8)) << 64) | u128::from(mem.load(p, 8))
+                };
+                Self::set_wide(&mut regs[*d], v);
+            }
+            Inst::Store { bytes: 16, v, p } => {
+                let (v, p) = (gw(regs, *v), g(regs, *p));
+                if p & LOCAL != 0 {
+                    locals.insert(p, v);
+                } else {
+                    mem.store(p, 8, v as u64);
+                    mem.store(p + 8, 8, (v >> 64) as u64);
+                }
+            }
             Inst::Bin { d, op, ty, a, b } => {
                 let (a, b) = (g(regs, *a), g(regs, *b));
                 let r = match op.as_str() {
@@ -678,12 +753,12 @@ impl Module {
             }
             Inst::Load { d, bytes, p } => {
                 let p = g(regs, *p);
-                regs[*d][0] = if p & LOCAL != 0 { locals.get(&p).copied().unwrap_or(0) } else { mem.load(p, *bytes) };
+                regs[*d][0] = if p & LOCAL != 0 { locals.get(&p).copied().unwrap_or(0) as u64 } else { mem.load(p, *bytes) };
             }
             Inst::Store { bytes, v, p } => {
                 let (v, p) = (g(regs, *v), g(regs, *p));
                 if p & LOCAL != 0 {
-                    locals.insert(p, v);
+                    locals.insert(p, u128::from(v));
                 } else {
                     mem.store(p, *bytes, v);
                 }
