@@ -274,9 +274,9 @@ pub(crate) fn merge_all<S: SumWord>(f: &mut Func, parts: &[Partial<S>]) -> Parti
 }
 
 /// Merges the partials of the lanes that `masks` (butterfly steps) join; every lane gets
-/// their sum. Equal to merging them pairwise (`merge_call` at each step) but cheaper: the top
-/// window first (a max over the lanes), then each lane realigns its sums to it once, and the
-/// realigned sums add up with no further realignment. Exact: a window kept at the joint top
+/// their sum. Equal to merging them pairwise (`LsePartial::merge` at each butterfly step), but
+/// the top window comes first (a max over the lanes), then each lane realigns its sums to it
+/// once, and the realigned sums add up with no further realignment. Exact: a window kept at the joint top
 /// (`top − 2 ≤ w ≤ top`) was kept by every lane's own partial (its top is at most the joint
 /// one), so each lane contributes exactly its sum of that window, as the pairwise merges do.
 pub(crate) fn warp_merge<S: SumWord>(f: &mut Func, p: Partial<S>, masks: &[u32]) -> Partial<S> {
