@@ -133,17 +133,21 @@ impl Gen<'_> {
 
     /// Quad `(q, n, j)`'s address in the list tile at `base`: column `8n + 2t + j`, tokens
     /// `warp · warp_rows + 32q + 4g ..`, column-major with `vocab_tile` floats per column.
+    /// Written as the thread's own offset plus a constant per `(q, n, j)`, so that every quad's
+    /// access is one register and an immediate (a per-quad address computed from `8n + 2t + j`
+    /// was hoisted out of the persistent item loop, every one of them held across the
+    /// mainloop, and spilled).
     fn list_tile_addr(&self, f: &mut Func, th: &Thread, base: &I32, (q, n, j): (u32, u32, u32)) -> Ptr<Shared> {
+        let vt = self.c.vocab_tile;
         let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
         let g4 = f.shl(&th.g, &i32c(2));
-        let local = f.add(&warp_base, &i32c(q * 32));
-        let local = f.add(&local, &g4);
         let t2 = f.shl(&th.t, &i32c(1));
-        let col = f.add(&t2, &i32c(n * 8 + j));
-        let e = f.mul(&col, &i32c(self.c.vocab_tile));
-        let e = f.add(&e, &local);
-        let off = f.shl(&e, &i32c(2));
-        let off = f.add(&off, base);
+        let own = f.mul(&t2, &i32c(vt));
+        let own = f.add(&own, &warp_base);
+        let own = f.add(&own, &g4);
+        let own = f.shl(&own, &i32c(2));
+        let own = f.add(&own, base);
+        let off = f.add(&own, &i32c(((n * 8 + j) * vt + q * 32) * 4));
         f.saddr(&SMEM, &off)
     }
 
