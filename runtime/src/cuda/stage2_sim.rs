@@ -46,17 +46,22 @@ fn inputs(seed: u64) -> (Vec<Candidate>, Vec<f32>) {
     (cands, (0..ROWS).map(|_| rng.random_range(5.0..15.0)).collect())
 }
 
+/// Stage two of `p` (SIMT config) parsed, with its shared arrays in fresh memory.
+fn stage_two(p: &flashsample_ir::Pipeline) -> (Module, Memory) {
+    let c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+    let ir = flashsample_codegen_ptx::llvm_ir(p, &c).unwrap();
+    let mut mem = Memory { bufs: Vec::new() };
+    let globals: HashMap<String, u64> =
+        [("@fs_stage2_scratch".to_string(), mem.add(vec![0; 32 * 4])), ("@fs_stage2_lse".to_string(), mem.add(vec![0; 32 * 16]))].into();
+    (Module::with_callees(&ir, &[STAGE2.kernel], &globals), mem)
+}
+
 /// What one launch leaves: tokens, scores, logits, status, logsumexp, logprobs.
 type Outputs = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
 
 fn run(finish: bool, seed: u64) -> Outputs {
     let p = PipelineBuilder::new("Finish", DType::BF16, DType::BF16).temperature_per_row("t").gumbel("seed", 1).build().unwrap();
-    let c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
-    let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
-    let mut mem = Memory { bufs: Vec::new() };
-    let globals: HashMap<String, u64> =
-        [("@fs_stage2_scratch".to_string(), mem.add(vec![0; 32 * 4])), ("@fs_stage2_lse".to_string(), mem.add(vec![0; 32 * 16]))].into();
-    let stage2 = Module::with_callees(&ir, &[STAGE2.kernel], &globals);
+    let (stage2, mut mem) = stage_two(&p);
     let (cands, row_lse) = inputs(seed);
     let n = ROWS * SAMPLES;
     let out = |mem: &mut Memory, words: usize| mem.add(vec![0xcd; words * 4]);
@@ -112,12 +117,7 @@ fn a_finishing_stage_two_equals_stage_two_then_the_finishing_kernel() {
 #[test]
 fn stage_two_sums_the_partials_and_scores_the_targets_as_the_abi_does() {
     let p = PipelineBuilder::new("Lse", DType::BF16, DType::BF16).argmax().target_logprob_and_rank("targets").build().unwrap();
-    let c = GpuConfig::new(128, 8, 4, Schedule::Simt { grid: Grid::PerItem });
-    let ir = flashsample_codegen_ptx::llvm_ir(&p, &c).unwrap();
-    let mut mem = Memory { bufs: Vec::new() };
-    let globals: HashMap<String, u64> =
-        [("@fs_stage2_scratch".to_string(), mem.add(vec![0; 32 * 4])), ("@fs_stage2_lse".to_string(), mem.add(vec![0; 32 * 16]))].into();
-    let stage2 = Module::with_callees(&ir, &[STAGE2.kernel], &globals);
+    let (stage2, mut mem) = stage_two(&p);
     let (cands, _) = inputs(29);
     let cands: Vec<Candidate> = cands.chunks(TILES).step_by(SAMPLES).flatten().copied().collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
@@ -156,10 +156,7 @@ fn stage_two_sums_the_partials_and_scores_the_targets_as_the_abi_does() {
         out_status,
         target_logprobs: targets,
         target_ranks: ranks,
-        raw_lse: 0,
-        out_raw_lse: 0,
-        finish: 0,
-        out_logprobs: 0,
+        ..Stage2Args::default()
     }
     .args();
     stage2.run_grid(STAGE2.kernel, &arg_words(&args), (ROWS as u32, 1, 1), STAGE2_THREADS as usize, &mut mem);
