@@ -37,6 +37,8 @@ use flashsample_ir::{Pipeline, Transform};
 /// BENCHMARKS.md, 2026-12-05 fifth session).
 struct Col {
     col: I32,
+    /// `8n + j`: the column is `2t +` this.
+    offset: u32,
     row: I32,
     row_safe: I32,
     /// The row's inputs of the transform chain (temperature, penalty and logit-bias ranges).
@@ -279,7 +281,7 @@ impl Gen<'_> {
                 let ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let row_safe = f.sel(&ok, &row, &i32c(0));
                 let tr = RowTransform::load(f, self.p, &row_safe);
-                cols.push(Col { col, row, row_safe, tr });
+                cols.push(Col { col, offset: n * 8 + j, row, row_safe, tr });
             }
         }
         cols
@@ -464,6 +466,16 @@ impl Gen<'_> {
         }
     }
 
+    /// Byte offset of this warp's scratch entry of column `cl` within a scratch field: the
+    /// thread's own offset plus a constant per column, so every column's access is one
+    /// register and an immediate (per-column offsets computed from `2t + 8n + j` were hoisted
+    /// out of the persistent item loop, held across the mainloop, and spilled).
+    fn column_slot(&self, f: &mut Func, th: &Thread, cl: &Col) -> I32 {
+        let t2 = f.shl(&th.t, &i32c(1));
+        let own = self.scratch_slot(f, &th.warp, &t2);
+        f.add(&own, &i32c(cl.offset * 4))
+    }
+
     /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.
     fn scratch_slot(&self, f: &mut Func, warp: &I32, col: &I32) -> I32 {
         let s = f.mul(warp, &i32c(self.c.batch_tile));
@@ -532,7 +544,7 @@ impl Gen<'_> {
             }
             if let Some(part) = &part {
                 f.if_then(&lane_lt4, |f| {
-                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                    let slot = self.column_slot(f, th, cl);
                     if let Some(flag) = &flag {
                         self.st_scratch(f, th, sc.nonfinite, &slot, flag);
                     }
@@ -549,7 +561,7 @@ impl Gen<'_> {
             // Without a logsumexp only the flags cross warps: one block stores them all.
             f.if_then(&lane_lt4, |f| {
                 for (cl, flag) in cols.iter().zip(&flags) {
-                    let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                    let slot = self.column_slot(f, th, cl);
                     self.st_scratch(f, th, sc.nonfinite, &slot, flag);
                 }
             });
@@ -658,7 +670,7 @@ impl Gen<'_> {
                     let b = out.get(f);
                     let held = f.get(hold);
                     f.if_then(&held, |f| {
-                        let slot = self.scratch_slot(f, &th.warp, &cl.col);
+                        let slot = self.column_slot(f, th, cl);
                         self.st_scratch(f, th, sc.score, &slot, &b.score);
                         self.st_scratch(f, th, sc.index, &slot, &b.index);
                         self.st_scratch(f, th, sc.logit, &slot, &b.logit);
