@@ -197,6 +197,14 @@ pub(crate) fn match_any(f: &mut Func, v: &I32) -> I32 {
 
 // ---- registers, barriers, timers ----
 
+/// `v` through a `mov.b32` LLVM cannot see into: a per-thread base address whose known zero
+/// bits would otherwise let InstCombine turn `base + constant` into `or`, which the backend
+/// cannot fold into a load's or store's immediate offset (every such sum then takes a register
+/// of its own, and the loop-invariant ones were hoisted and spilled).
+pub(crate) fn opaque(f: &mut Func, v: &I32) -> I32 {
+    f.typed(format!("call i32 asm \"mov.b32 $0, $1;\", \"=r,r\"(i32 {v})"))
+}
+
 /// `setmaxnreg.{inc|dec}.sync.aligned.u32`: the warpgroup's registers per thread become `regs`.
 pub(crate) fn setmaxnreg(f: &mut Func, increase: bool, regs: u32) {
     let op = if increase { "inc" } else { "dec" };

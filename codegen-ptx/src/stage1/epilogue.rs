@@ -473,6 +473,10 @@ impl Gen<'_> {
     fn column_slot(&self, f: &mut Func, th: &Thread, cl: &Col) -> I32 {
         let t2 = f.shl(&th.t, &i32c(1));
         let own = self.scratch_slot(f, &th.warp, &t2);
+        // With a list tile the per-column sums still became `or`s and spilled (filtered
+        // 128 × 128 ping-pong: 468 B, 4 B with the opaque base); without one the base alone
+        // costs instructions and saves no spill.
+        let own = if self.c.list_per_tile > 0 || self.c.residual_per_tile > 0 { crate::ptx::opaque(f, &own) } else { own };
         f.add(&own, &i32c(cl.offset * 4))
     }
 

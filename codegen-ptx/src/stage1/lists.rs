@@ -147,6 +147,7 @@ impl Gen<'_> {
         let own = f.add(&own, &g4);
         let own = f.shl(&own, &i32c(2));
         let own = f.add(&own, base);
+        let own = crate::ptx::opaque(f, &own);
         let off = f.add(&own, &i32c(((n * 8 + j) * vt + q * 32) * 4));
         f.saddr(&SMEM, &off)
     }

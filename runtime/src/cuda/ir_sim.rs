@@ -240,6 +240,15 @@ impl Parser<'_> {
             let v = self.val(rest.split_whitespace().next().unwrap(), ty_of(ty));
             return Inst::Atomic { d, op: op.to_string(), bytes: size_of(ty), p, v };
         }
+        if line.contains("call i32 asm \"mov.b32 $0, $1;\"") {
+            // `ptx::opaque`: the identity, hidden from LLVM.
+            let (dst, rhs) = line.split_once(" = ").unwrap();
+            let d = self.reg(dst);
+            let arg = rhs.rsplit_once('(').unwrap().1;
+            let arg = &arg[..arg.find(')').unwrap()];
+            let x = self.typed(arg);
+            return Inst::Bin { d, op: "or".to_string(), ty: Ty::I32, a: x, b: Val::Imm(0) };
+        }
         if line.contains("asm sideeffect \"match.any.sync.b32") {
             let (dst, rhs) = line.split_once(" = ").unwrap();
             let d = self.reg(dst);
