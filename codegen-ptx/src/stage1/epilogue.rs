@@ -476,7 +476,7 @@ impl Gen<'_> {
         // With a list tile the per-column sums still became `or`s and spilled (filtered
         // 128 × 128 ping-pong: 468 B, 4 B with the opaque base); without one the base alone
         // costs instructions and saves no spill.
-        let own = if self.c.list_per_tile > 0 || self.c.residual_per_tile > 0 { crate::ptx::opaque(f, &own) } else { own };
+        let own = if self.c.smem_layout().list_tile_bytes > 0 { crate::ptx::opaque(f, &own) } else { own };
         f.add(&own, &i32c(cl.offset * 4))
     }
 

@@ -45,7 +45,7 @@ struct Launch<'a> {
 impl Launch<'_> {
     /// With `skip`'s noise skips (and, where it reads them, zeroed row bounds).
     fn run(&self, skip: NoiseSkip) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
-        let (mem, bufs, _) = self.launch(skip, &[]);
+        let (_, mem, bufs, _) = self.launch(skip, &[]);
         let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
         (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
     }
@@ -55,8 +55,7 @@ impl Launch<'_> {
     /// the target logits and the ranks.
     fn run_ranks(&self, targets: &[u32]) -> (Vec<f32>, Vec<u32>) {
         let extra = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch])), ("target_ranks", bytes(&vec![0u32; self.batch]))];
-        let (mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra);
-        let m = stage_one_module(self.p, &self.c, &mut mem);
+        let (m, mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra);
         let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
         let ranks = STAGE1.index("target_ranks").expect("stage one takes the ranks");
         let mut args = args;
@@ -71,8 +70,8 @@ impl Launch<'_> {
     }
 
     /// One launch with `skip`, `extra` named buffers (the first pass: without `target_ranks`):
-    /// its memory, the buffers' addresses and the arguments.
-    fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)]) -> (Memory, HashMap<&'n str, u64>, Vec<u64>) {
+    /// its module, memory, the buffers' addresses and the arguments.
+    fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)]) -> (Module, Memory, HashMap<&'n str, u64>, Vec<u64>) {
         let (p, params, batch, vocab) = (self.p, self.params, self.batch, self.vocab);
         let c = &self.c.clone().with_noise_skip(skip);
         let mut mem = Memory { bufs: Vec::new() };
@@ -123,7 +122,7 @@ impl Launch<'_> {
             })
             .collect();
         m.run_grid(STAGE1.kernel, &args, c.grid(batch, vocab, 132), c.block_threads() as usize, &mut mem);
-        (mem, bufs, args)
+        (m, mem, bufs, args)
     }
 
     /// Every row's transformed logits on the host (`[B][V]`): the SIMT multiply order, then
