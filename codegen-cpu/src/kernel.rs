@@ -76,6 +76,13 @@ pub(crate) struct KernelArgs {
     /// Parallel to `lists`: each entry's raw logit; null unless `Pipeline::lists_carry_raw`.
     pub list_raws: *mut f32,
     pub insert_paired: InsertPairedFn,
+    /// The exact nucleus's capture (`CpuLaunch::capture`): `[B]` each row's slot
+    /// (`CAPTURE_NONE` for none), `[slots, capture_stride]` the captured rows' eligible
+    /// logits and, in the raw mode, their raw logits; null without a capture.
+    pub capture_slots: *const u32,
+    pub capture_logits: *mut f32,
+    pub capture_raws: *mut f32,
+    pub capture_stride: u64,
 }
 
 /// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
@@ -274,6 +281,30 @@ pub struct CpuLaunch<'a> {
     /// The raw logprob mode's outputs, iff `pipeline.needs_raw_logsumexp()`. In that mode the
     /// candidates carry the raw logit and `targets` receive the raw logits.
     pub raw: Option<CpuRawOutputs<'a>>,
+    /// Rows whose whole row of logits the launch keeps (only for a pipeline with lists).
+    pub capture: Option<Capture<'a>>,
+}
+
+/// A row slot of [`Capture::slots`] that captures nothing.
+pub const CAPTURE_NONE: u32 = u32::MAX;
+
+/// The exact nucleus's capture (DESIGN.md step 9): a row whose top-p / min-p nucleus may
+/// outgrow the lists keeps every token's eligible logit (`-inf` when excluded), so that serving
+/// it exactly needs no second pass over the weights. The logits are the ones the launch's
+/// lists, logsumexp and argmax read, so the cut sees the same bits.
+pub struct Capture<'a> {
+    /// `[batch]`: row `r`'s slot in `logits`, or [`CAPTURE_NONE`].
+    pub slots: &'a [u32],
+    /// `[slots, capture_stride(vocab)]`: each captured row's eligible logits.
+    pub logits: &'a mut [f32],
+    /// Parallel to `logits`: the raw logits, iff `pipeline.lists_carry_raw()` (the drawn
+    /// token's raw logit is reported).
+    pub raws: Option<&'a mut [f32]>,
+}
+
+/// Floats per captured row: the vocabulary rounded up to whole quads (the kernel stores quads).
+pub fn capture_stride(vocab: usize) -> usize {
+    vocab.next_multiple_of(4)
 }
 
 /// What stage one writes for the raw logprob mode (DESIGN.md step 10, `abi::raw`).
@@ -594,6 +625,34 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("raw outputs")),
             (false, None) => (std::ptr::null_mut(), std::ptr::null_mut(), 0, std::ptr::null_mut()),
         };
+        let stride = capture_stride(a.vocab);
+        let (capture_slots, capture_logits, capture_raws) = match (p.list_capacity() > 0, a.capture) {
+            (true, Some(c)) => {
+                expect_len("capture slots", c.slots.len(), a.batch)?;
+                let rows = c.logits.len() / stride.max(1);
+                if c.logits.len() != rows * stride {
+                    return Err(CpuCodegenError::BadArgument(format!(
+                        "captured logits of {} floats are not [rows, {stride}]",
+                        c.logits.len()
+                    )));
+                }
+                if let Some((row, &slot)) = c.slots.iter().enumerate().find(|(_, &s)| s != CAPTURE_NONE && s as usize >= rows) {
+                    return Err(CpuCodegenError::BadArgument(format!("capture slot {slot} of row {row} is past the {rows} captured rows")));
+                }
+                let raws = match (p.lists_carry_raw(), c.raws) {
+                    (true, Some(r)) => {
+                        expect_len("captured raw logits", r.len(), c.logits.len())?;
+                        r.as_mut_ptr()
+                    }
+                    (true, None) => return Err(CpuCodegenError::Missing("captured raw logits")),
+                    (false, Some(_)) => return Err(CpuCodegenError::Unexpected("captured raw logits")),
+                    (false, None) => std::ptr::null_mut(),
+                };
+                (c.slots.as_ptr(), c.logits.as_mut_ptr(), raws)
+            }
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("capture (the pipeline keeps no lists)")),
+            (_, None) => (std::ptr::null(), std::ptr::null_mut(), std::ptr::null_mut()),
+        };
         if a.batch == 0 || a.vocab == 0 {
             return Ok(());
         }
@@ -665,6 +724,10 @@ impl CpuKernel {
             raw_per_tile: raw_per_tile as u64,
             list_raws,
             insert_paired: insert_quad_paired,
+            capture_slots,
+            capture_logits,
+            capture_raws,
+            capture_stride: stride as u64,
         };
         let shared = SharedArgs(&args);
         // One task per tile: when one worker falls behind (another process takes its core),

@@ -15,5 +15,5 @@ mod tiles;
 
 pub use config::{CpuConfig, CpuEngine, MAX_THREADS};
 pub use error::CpuCodegenError;
-pub use kernel::{CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
+pub use kernel::{capture_stride, Capture, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists, CAPTURE_NONE};
 pub use pool::thread_pool;

@@ -206,6 +206,10 @@ struct Launch {
     /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
     /// iff the plan has a [`RawPlan`].
     raw: Option<RawLaunch>,
+    /// Whether the epilogue may capture rows (`KernelArgs::capture_slots`): iff the plan
+    /// keeps lists, the only pipelines whose nucleus can outgrow them. The capture's fields are
+    /// loaded where they are used, so they hold no register through the main loop.
+    capture: bool,
     batch: Value,
     vocab: Value,
     tiles: Value,
@@ -379,6 +383,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             list_raws: self.arg(offset_of!(KernelArgs, list_raws)),
             insert_paired: self.arg(offset_of!(KernelArgs, insert_paired)),
         });
+        let capture = self.plan.list_capacity > 0;
         let b = &mut self.b;
         let hidden_row = b.ins().ishl_imm_u(dim, 2);
         let esize = self.plan.dtype.size_bytes() as i64;
@@ -413,6 +418,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             per_tile,
             insert,
             raw,
+            capture,
             batch,
             vocab,
             tiles,
@@ -1029,6 +1035,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 _ => self.emit_list_update(l, q, row, spec, x, allowed, None),
             }
         }
+        if l.capture {
+            self.emit_capture(q, row, x, allowed, raw_lanes.as_ref().map(|r| r.0));
+        }
         if let Some((rx, valid, rl)) = &raw_lanes {
             if self.plan.raw.as_ref().is_some_and(|r| r.list_capacity > 0) {
                 let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile };
@@ -1425,6 +1434,50 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().store(output(), value, dst, 0);
         b.ins().jump(done, &[]);
         b.switch_to_block(done);
+    }
+
+    /// The exact nucleus's capture (`kernel::Capture`): a row with a slot stores the quad's
+    /// eligible logits (and raw ones) at `slot · stride + v`; a launch without a capture (null
+    /// slots) or a row without a slot skips it.
+    fn emit_capture(&mut self, q: &Quad, row: Value, x: Value, allowed: Value, raw_x: Option<Value>) {
+        let slots = self.arg(offset_of!(KernelArgs, capture_slots));
+        let b = &mut self.b;
+        let (lookup, store, done) = (b.create_block(), b.create_block(), b.create_block());
+        b.ins().brif(slots, lookup, &[], done, &[]);
+
+        b.switch_to_block(lookup);
+        let row4 = b.ins().ishl_imm_u(row, 2);
+        let at = b.ins().iadd(slots, row4);
+        let slot = b.ins().load(I32, input(), at, 0);
+        let none = b.ins().icmp_imm_u(IntCC::Equal, slot, i64::from(crate::kernel::CAPTURE_NONE));
+        b.ins().brif(none, done, &[], store, &[]);
+
+        b.switch_to_block(store);
+        let [logits, raws, stride] = [
+            self.arg(offset_of!(KernelArgs, capture_logits)),
+            self.arg(offset_of!(KernelArgs, capture_raws)),
+            self.arg(offset_of!(KernelArgs, capture_stride)),
+        ];
+        let b = &mut self.b;
+        let slot = b.ins().uextend(I64, slot);
+        let first = b.ins().imul(slot, stride);
+        let token = b.ins().iadd(first, q.v);
+        let off = b.ins().ishl_imm_u(token, 2);
+        let xs = eligible(b, x, allowed);
+        let dst = b.ins().iadd(logits, off);
+        b.ins().store(output(), xs, dst, 0);
+        if let Some(rx) = raw_x {
+            // Non-null exactly when the pipeline's lists carry raw logits (checked at launch).
+            let dst = b.ins().iadd(raws, off);
+            let (put, skip) = (b.create_block(), b.create_block());
+            b.ins().brif(raws, put, &[], skip, &[]);
+            b.switch_to_block(put);
+            b.ins().store(output(), rx, dst, 0);
+            b.ins().jump(skip, &[]);
+            b.switch_to_block(skip);
+        }
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
     }
 
     /// Step 7c, the rank pass: adds the quad's tokens whose eligible logit (`-inf` when

@@ -2,7 +2,7 @@
 
 use crate::{
     launch::{row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES},
-    stage_three,
+    stage_three::{self, Captured, WholeRows},
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
@@ -147,7 +147,7 @@ impl CpuBackend {
         pass: Pass<'_>,
     ) -> Result<StageOne> {
         let (residual, rank_thresholds) = match pass {
-            Pass::Sample => (None, None),
+            Pass::Sample | Pass::Exact => (None, None),
             Pass::Verify(r) => (Some(r), None),
             Pass::Rank(t) => (None, Some(t)),
         };
@@ -187,6 +187,10 @@ impl CpuBackend {
         };
         let mut rank_counts = rank_thresholds.map(|_| vec![0u32; shape.batch * layout.tiles]);
         let mut raw = p.needs_raw_logsumexp().then(|| RawStageOne::buffers(p, lists_layout));
+        let mut captured = match pass {
+            Pass::Sample if p.list_capacity() > 0 => Captured::buffers(p, params, shape.batch, shape.vocab),
+            _ => None,
+        };
         kernel.launch(CpuLaunch {
             hidden: hidden_f32,
             weights: weight_bytes,
@@ -214,9 +218,10 @@ impl CpuBackend {
                 lists: r.lists.as_mut().map(|(_, l)| &mut l[..]),
                 list_raws: r.list_raws.as_deref_mut(),
             }),
+            capture: captured.as_mut().map(Captured::launch),
         })?;
         let residual_lists = residual.zip(residual_lists).map(|(r, l)| (TopLists { per_tile: r.per_tile, ..lists_layout }, l));
-        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, rank_counts, residual_lists, raw })
+        Ok(StageOne { layout, candidates, lse, lists: lists.map(|l| (lists_layout, l)), target_logits, rank_counts, residual_lists, raw, captured })
     }
 
     /// Samples every row; a row that cannot be sampled gets its error in
@@ -281,7 +286,7 @@ impl CpuBackend {
         };
         let rows = stage_three::nucleus_rows(&status);
         if !rows.is_empty() {
-            self.serve_exact(hidden_f32, weights, params, shape, &rows, &mut reduced, &mut status)?;
+            self.serve_exact(hidden_f32, weights, params, shape, &rows, one.captured.as_ref(), &mut reduced, &mut status)?;
         }
         if let Some(raw) = &one.raw {
             // Step 10: the filter is done with the processed logsumexp; every output now
@@ -311,9 +316,10 @@ impl CpuBackend {
         Ok(RowsOut { reduced, status, top_logprobs, target_logprobs, target_ranks })
     }
 
-    /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly: stage one again
-    /// for those rows alone, with lists that hold whole tiles, then
-    /// [`stage_three::finish_exact`]. Costs one pass over the weights at `rows.len()` rows.
+    /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly
+    /// ([`stage_three::finish_exact`]): from the launch's capture of their logits where it holds
+    /// them, else by stage one again for those rows alone with lists that hold whole tiles (one
+    /// more pass over the weights at that many rows).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn serve_exact(
         &self,
@@ -322,23 +328,31 @@ impl CpuBackend {
         params: &SamplingParams<'_>,
         shape: Shape,
         rows: &[usize],
+        captured: Option<&Captured>,
         reduced: &mut RowResult,
         status: &mut [RowStatus],
     ) -> Result<()> {
-        let subset = params.select_rows(rows, shape.vocab);
+        // On the kernels' pool: the sort and the draw over a large nucleus run in parallel.
+        let pool = flashsample_codegen_cpu::thread_pool(self.heuristic(shape).threads)?;
+        let (held, rows): (Vec<usize>, Vec<usize>) = rows.iter().partition(|&&r| captured.is_some_and(|c| c.holds(r)));
+        if let (Some(c), false) = (captured, held.is_empty()) {
+            pool.install(|| stage_three::finish_exact(&self.pipeline, params, &held, WholeRows::Captured(c), reduced, status));
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let subset = params.select_rows(&rows, shape.vocab);
         let sub = subset.params();
         let hidden: Vec<f32> = rows.iter().flat_map(|&r| hidden_f32[r * shape.dim..][..shape.dim].iter().copied()).collect();
         let sub_shape = Shape { batch: rows.len(), ..shape };
         let config = self.whole_tile_config(sub_shape);
         let allowed = sub.allowed_bitset(sub_shape.batch, shape.vocab);
         let per_tile = config.vocab_tile as usize;
-        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, Pass::Sample)?;
+        let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, Pass::Exact)?;
         // Only pipelines with lists reach NucleusTooLarge; without lists the rows keep it.
         if let Some((layout, lists)) = &one.lists {
-            let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
-            // On the kernels' pool: the draw over a large nucleus runs in parallel.
-            let pool = flashsample_codegen_cpu::thread_pool(config.threads)?;
-            pool.install(|| stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, raws, reduced, status));
+            let whole = WholeRows::Lists { layout: *layout, lists, raws: one.raw.as_ref().and_then(RawStageOne::list_raws) };
+            pool.install(|| stage_three::finish_exact(&self.pipeline, params, &rows, whole, reduced, status));
         }
         Ok(())
     }
@@ -416,13 +430,20 @@ pub(crate) struct StageOne {
     pub residual_lists: Option<(TopLists, Vec<Candidate>)>,
     /// The raw logprob mode's partials and lists, iff `pipeline.needs_raw_logsumexp()`.
     pub raw: Option<RawStageOne>,
+    /// The exact nucleus's capture, iff a sampling pass had rows whose nucleus may outgrow
+    /// the lists.
+    pub captured: Option<Captured>,
 }
 
 /// What a stage-one launch is for.
 #[derive(Clone, Copy)]
 pub(crate) enum Pass<'a> {
-    /// Sampling (and scoring): the pipeline's outputs.
+    /// Sampling (and scoring): the pipeline's outputs, and the capture of the rows whose
+    /// nucleus may outgrow the lists ([`Captured`]).
     Sample,
+    /// Sampling rows again with lists of whole tiles (the exact nucleus of rows the first
+    /// pass did not capture): the outputs alone.
+    Exact,
     /// Verifying drafts: also the residual lists.
     Verify(ResidualPlan<'a>),
     /// The rank pass of a pipeline that ranks its targets (DESIGN.md step 7c): `[B]` the first

@@ -1,8 +1,8 @@
 //! Stage three on the host: top-k / min-p / top-p and top-n logprobs from stage one's per-tile
 //! lists (`abi::filter`), after stage two's unfiltered reduction. The CPU backend runs it; the
 //! CUDA backend runs the same steps in its `flashsample_filter` kernel. Rows whose nucleus
-//! outgrew the lists are then served exactly from whole-tile lists of those rows alone
-//! ([`finish_exact`], both backends' host API).
+//! outgrew the lists are then served exactly from the launch's capture of their logits (CPU)
+//! or from whole-tile lists of those rows alone ([`finish_exact`], both backends' host API).
 
 use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::raw::raw_logit_of;
@@ -151,34 +151,121 @@ pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
     (0..status.len()).filter(|&r| status[r] == RowStatus::NucleusTooLarge).collect()
 }
 
-/// Serves `rows` of the launch exactly (DESIGN.md step 9 "Exact nucleus"). `lists` comes from a
-/// stage one of those rows alone (`layout.batch == rows.len()`, entry `i` is `rows[i]`) with
-/// lists of whole tiles, so each row's entries are its whole eligible vocabulary: sorted (in
-/// parallel, on the current rayon pool) they are the `top` of [`survivors`] with `complete =
-/// true`, and [`draw`]'s winner over the cut is drawn with the launch's own noise. `params`, `reduced` and `status` are the full launch's; the row's
-/// logsumexp is stage two's. `raws` as for [`finish`].
-#[allow(clippy::too_many_arguments)]
+/// The whole rows of logits a CPU launch kept (`codegen_cpu::Capture`): the first
+/// [`CAPTURE_ROWS`] rows whose top-p / min-p nucleus may outgrow the lists, so that the exact
+/// nucleus of such a row needs no second pass over the weights.
+pub(crate) struct Captured {
+    /// `[B]` each row's slot, or `codegen_cpu::CAPTURE_NONE`.
+    pub slots: Vec<u32>,
+    /// `[slots, stride]` eligible logits (`-inf` where excluded).
+    pub logits: Vec<f32>,
+    /// Parallel to `logits`, the raw logits, iff `Pipeline::lists_carry_raw`.
+    pub raws: Option<Vec<f32>>,
+    pub stride: usize,
+}
+
+/// Rows a CPU launch captures at most (600 KB each at V = 151936, twice in the raw mode);
+/// later such rows are recomputed.
+pub(crate) const CAPTURE_ROWS: usize = 8;
+
+impl Captured {
+    /// Buffers for the first [`CAPTURE_ROWS`] rows of `params` whose nucleus may outgrow the
+    /// lists, or `None` when no row's may.
+    pub fn buffers(pipeline: &Pipeline, params: &SamplingParams<'_>, batch: usize, vocab: usize) -> Option<Captured> {
+        let filters = params.filter?;
+        let mut slots = vec![flashsample_codegen_cpu::CAPTURE_NONE; batch];
+        let mut n = 0;
+        for (slot, f) in slots.iter_mut().zip(filters) {
+            if n < CAPTURE_ROWS && f.may_outgrow_lists() {
+                *slot = n as u32;
+                n += 1;
+            }
+        }
+        let stride = flashsample_codegen_cpu::capture_stride(vocab);
+        (n > 0).then(|| Captured {
+            slots,
+            logits: vec![f32::NAN; n * stride],
+            raws: pipeline.lists_carry_raw().then(|| vec![f32::NAN; n * stride]),
+            stride,
+        })
+    }
+
+    fn slot(&self, row: usize) -> Option<usize> {
+        self.slots.get(row).filter(|&&s| s != flashsample_codegen_cpu::CAPTURE_NONE).map(|&s| s as usize)
+    }
+
+    /// Whether `row`'s logits were captured.
+    pub fn holds(&self, row: usize) -> bool {
+        self.slot(row).is_some()
+    }
+
+    /// The kernel's view of the buffers.
+    pub fn launch(&mut self) -> flashsample_codegen_cpu::Capture<'_> {
+        flashsample_codegen_cpu::Capture { slots: &self.slots, logits: &mut self.logits, raws: self.raws.as_deref_mut() }
+    }
+}
+
+/// Where [`finish_exact`] finds each row's whole eligible vocabulary.
+pub(crate) enum WholeRows<'a> {
+    /// A stage one of the rows alone (`layout.batch == rows.len()`, entry `i` is `rows[i]`)
+    /// with lists of whole tiles; `raws` as for [`finish`].
+    Lists { layout: TopLists, lists: &'a [Scored], raws: Option<ListRaws<'a>> },
+    /// The launch's own capture of every one of the rows.
+    Captured(&'a Captured),
+}
+
+/// A drawn token's carried logit (its raw one in the raw mode).
+type Carried<'a> = Box<dyn Fn(&Scored) -> f32 + 'a>;
+
+impl WholeRows<'_> {
+    /// Row `rows[i]`'s eligible tokens, unsorted, and its [`Carried`] logits; `None` for a row
+    /// the capture does not hold (it keeps its status).
+    fn row(&self, i: usize, row: usize) -> Option<(Vec<Scored>, Carried<'_>)> {
+        match self {
+            WholeRows::Lists { layout, lists, raws } => {
+                let (layout, raws) = (*layout, *raws);
+                let carried = move |w: &Scored| raws.map_or(w.logit, |r| r.carried(layout, lists, i, w));
+                Some((layout.row(lists, i).to_vec(), Box::new(carried)))
+            }
+            WholeRows::Captured(c) => {
+                let at = c.slot(row)? * c.stride;
+                let entries = c.logits[at..][..c.stride]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| **x > f32::NEG_INFINITY)
+                    .map(|(v, &logit)| Scored { index: v as u32, logit })
+                    .collect();
+                let raws = c.raws.as_deref();
+                Some((entries, Box::new(move |w: &Scored| raws.map_or(w.logit, |r| r[at + w.index as usize]))))
+            }
+        }
+    }
+}
+
+/// Serves `rows` of the launch exactly (DESIGN.md step 9 "Exact nucleus"). Each row's whole
+/// eligible vocabulary comes from `whole`: sorted (in parallel, on the current rayon pool) it
+/// is the `top` of [`survivors`] with `complete = true`, and [`draw`]'s winner over the cut is
+/// drawn with the launch's own noise. `params`, `reduced` and `status` are the full launch's;
+/// the row's logsumexp is stage two's.
 pub(crate) fn finish_exact(
     pipeline: &Pipeline,
     params: &SamplingParams<'_>,
     rows: &[usize],
-    layout: TopLists,
-    lists: &[Scored],
-    raws: Option<ListRaws<'_>>,
+    whole: WholeRows<'_>,
     reduced: &mut RowResult,
     status: &mut [RowStatus],
 ) {
     let samples = pipeline.samples_per_row() as usize;
     for (i, &row) in rows.iter().enumerate() {
-        let top = whole_row_with(layout.row(lists, i), |keyed| keyed.par_sort_unstable_by_key(|e| e.0));
+        let Some((entries, carried)) = whole.row(i, row) else { continue };
+        let top = whole_row_with(&entries, |keyed| keyed.par_sort_unstable_by_key(|e| e.0));
         let lse = reduced.logsumexp.as_ref().map_or(f32::NAN, |l| l[row]);
         // A complete list bounds every filter, so this cannot fail; if it did, the row keeps
         // its list status rather than a sample.
         match survivors(&top, &params.row_filter(row), lse, true, row) {
             Ok(kept) => {
                 status[row] = RowStatus::Ok;
-                let carried = |w: &Scored| raws.map_or(w.logit, |r| r.carried(layout, lists, i, w));
-                draw_samples(params, row, &top[..kept], samples, carried, reduced, status);
+                draw_samples(params, row, &top[..kept], samples, &carried, reduced, status);
             }
             Err(e) => status[row] = list_status(e),
         }

@@ -349,7 +349,7 @@ impl CpuBackend {
         // Bonus rows are ordinary samples: a nucleus past the lists is served as `sample` does.
         let bonus_nuclei: Vec<usize> = stage_three::nucleus_rows(&status).into_iter().filter(|&r| draft_of_row(r, k).is_none()).collect();
         if !bonus_nuclei.is_empty() {
-            self.serve_exact(&hidden_f32, weights, &inner, shape, &bonus_nuclei, &mut reduced, &mut status)?;
+            self.serve_exact(&hidden_f32, weights, &inner, shape, &bonus_nuclei, None, &mut reduced, &mut status)?;
         }
         let (res_layout, res_lists) = one.residual_lists.as_ref().ok_or_else(|| Error::Unsupported("a verifying launch keeps residual lists".into()))?;
         let run = VerifyRun {

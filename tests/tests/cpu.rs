@@ -374,6 +374,34 @@ fn nuclei_larger_than_the_lists_are_served_exactly() {
 }
 
 #[test]
+fn more_nuclei_than_the_capture_holds_are_served_exactly() {
+    // Twelve rows whose nucleus outgrows the lists: the launch's capture holds the first
+    // eight (served from their captured logits), the rest run stage one again with whole-tile
+    // lists; a top-k row and an unfiltered row between them, an odd vocabulary (the capture's
+    // last quad is partial) and a mask (excluded tokens are not in the cut).
+    let p = serving();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let mut case = Case::random(&p, 14, 32, 6001, 37, 3.0);
+    case.temperatures.fill(2.0);
+    case.filters = (0..14)
+        .map(|r| match r {
+            3 => RowFilter::top_k(8),
+            9 => RowFilter::OFF,
+            _ if r % 2 == 0 => RowFilter::top_p(0.95),
+            _ => RowFilter { min_p: 0.002, ..RowFilter::OFF },
+        })
+        .collect();
+    let nuclei: Vec<usize> = (0..14).filter(|&r| r != 3 && r != 9).collect();
+    for &row in &nuclei {
+        let kept = case.kept_by_filter(&p, row);
+        assert!(kept > flashsample_ir::MAX_LIST_CAPACITY as usize, "row {row}: a nucleus of {kept} fits the lists");
+    }
+    let samples = case.run_rows(&sampler).unwrap();
+    assert!(samples.is_complete(), "{:?}", samples.row_errors);
+    case.check(&p, &samples, &(0..14).collect::<Vec<_>>()).unwrap();
+}
+
+#[test]
 fn chi_square_detects_a_wrong_distribution() {
     // Power check: samples at temperature 0.7 must be rejected as samples of temperature 1.
     let pipeline = PipelineBuilder::new("Temp", DType::BF16, DType::BF16).temperature_per_row("t").build().unwrap();

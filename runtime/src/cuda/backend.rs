@@ -504,7 +504,8 @@ impl CudaSampler {
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
             let raws = one.list_raws.as_deref().map(stage_three::ListRaws);
-            stage_three::finish_exact(&self.pipeline, params, rows, *layout, lists, raws, &mut r.reduced, &mut r.status);
+            let whole = stage_three::WholeRows::Lists { layout: *layout, lists, raws };
+            stage_three::finish_exact(&self.pipeline, params, rows, whole, &mut r.reduced, &mut r.status);
         }
         Ok(())
     }
