@@ -28,7 +28,7 @@
 use crate::config::{GpuConfig, FILTER_THREADS};
 use crate::entries::{beats, Candidate, CandidateVar, Scored, SCORED_BYTES, SCORED_INDEX};
 use crate::glue::finish_row;
-use crate::ir::{i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64};
+use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64};
 use crate::math;
 use crate::params::{arg, FILTER};
 use flashsample_abi::{RowStatus, INDEX_NONE};
@@ -538,6 +538,15 @@ pub(crate) fn load_row_filter(f: &mut Func, r64: &I64) -> RowFilter {
     let a2 = f.offset(&a, ROW_FILTER_MIN_P);
     let min_p = f.load(&a2, 4);
     RowFilter { top_k, top_p, min_p }
+}
+
+/// `abi::RowFilter::may_outgrow_lists`: no top-k, and a top-p below 1 or a min-p above 0.
+pub(crate) fn may_outgrow_lists(f: &mut Func, rf: &RowFilter) -> I1 {
+    let no_k = f.icmp(Icmp::Eq, &rf.top_k, &i32c(0));
+    let p_on = f.fcmp(Fcmp::Olt, &rf.top_p, &f32c(1.0));
+    let mp_on = f.fcmp(Fcmp::Ogt, &rf.min_p, &F32::ZERO);
+    let cut = f.or(&p_on, &mp_on);
+    f.and(&no_k, &cut)
 }
 
 /// `ptr[row]` of an optional `f32 [B]` parameter (a row logsumexp), NaN when `ptr` is 0.

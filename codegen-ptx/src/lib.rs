@@ -36,7 +36,7 @@ pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
 pub use nucleus::{
-    has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
+    captures_logits, has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
     NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,
 };
 pub use params::{

@@ -217,6 +217,14 @@ kernel_params! {
         /// logit is at least `target_logprobs[row]` (the first pass's target logit, read, not
         /// written, on this pass) and writes nothing else. 0 on every other launch.
         target_ranks: MutPtr,
+        /// `RowFilter [B]` the launch's filters, read for the nucleus capture (0: none).
+        filters: ConstPtr,
+        /// Capture slots (`R`): the first `capture_rows` rows whose filter may outgrow the
+        /// lists keep their logits in `capture` (`nucleus::capture_slot`); 0 for none.
+        capture_rows: U32,
+        /// `f32 [R, V]`: a captured row's transformed logits `x` (`-inf` where excluded) at its
+        /// slot, which the nucleus kernels read instead of multiplying again; 0 for none.
+        capture: MutPtr,
     }
 }
 
@@ -438,6 +446,11 @@ kernel_params! {
         /// `u32 [rows, V]` each token's ascending sort key (`!order_key(x)`), and the token.
         keys: MutPtr,
         vals: MutPtr,
+        /// Stage one's capture (`filters`, `capture_rows`, `capture`), or 0: when every picked
+        /// row was captured, its `x` is read from there and W is not read again.
+        filters: ConstPtr,
+        capture_rows: U32,
+        capture: ConstPtr,
     }
 }
 
@@ -561,6 +574,8 @@ pub(crate) mod arg {
     BEST: Ptr<Global> = "%best",
     BIAS: Ptr<Global> = "%bias",
     CANDIDATES: Ptr<Global> = "%candidates",
+    CAPTURE: Ptr<Global> = "%capture",
+    CAPTURE_ROWS: I32 = "%capture_rows",
     DIM: I32 = "%dim",
     DONE: Ptr<Global> = "%done",
     DRAFT_LOGITS: Ptr<Global> = "%draft_logits",

@@ -29,14 +29,61 @@ pub(super) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
     f.if_then(&any, |f| {
         let cta = f.sreg("ctaid.x");
         let v0 = f.mul(&cta, &i32c(super::NUCLEUS_LOGITS_TOKENS));
-        if c.is_tensor() {
-            tensor(f, p, c.k_step(), &tid, &v0, &count);
-        } else {
-            simt(f, p, &tid, &v0, &count);
-        }
+        let lane = f.and(&tid, &i32c(31));
+        let captured = all_captured(f, &lane, &count);
+        f.if_else(
+            &captured,
+            |f| copy_captured(f, &tid, &lane, &v0, &count),
+            |f| {
+                if c.is_tensor() {
+                    tensor(f, p, c.k_step(), &tid, &v0, &count);
+                } else {
+                    simt(f, p, &tid, &v0, &count);
+                }
+            },
+        );
     });
     f.ret_void();
     f.finish(&NUCLEUS_LOGITS.llvm_header(NAME, &format!("\"nvvm.maxntid\"=\"{}\"", super::NUCLEUS_THREADS)))
+}
+
+/// Whether stage one captured every picked row's logits ([`super::capture_slot`]); uniform
+/// over the grid. Then W is not read again.
+fn all_captured(f: &mut Func, lane: &I32, count: &I32) -> I1 {
+    let all = f.var(&I1::TRUE);
+    f.for_loop(&i32c(0), count, &i32c(1), |f, j| {
+        let r = picked_row(f, j);
+        let (kept, _) = super::capture_slot(f, lane, &r);
+        let a = f.get(&all);
+        let a = f.and(&a, &kept);
+        f.set(&all, &a);
+    });
+    f.get(&all)
+}
+
+/// Every picked row's `x` from stage one's capture, in the SIMT layout (thread `tid` owns token
+/// `v0 + tid % 128` of picked rows `tid / 128, + 2, ..`).
+fn copy_captured(f: &mut Func, tid: &I32, lane: &I32, v0: &I32, count: &I32) {
+    let lo = f.and(tid, &i32c(super::NUCLEUS_LOGITS_TOKENS - 1));
+    let half = f.lshr(tid, &i32c(super::NUCLEUS_LOGITS_TOKENS.trailing_zeros()));
+    let v = f.add(v0, &lo);
+    let v_ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
+    let step = i32c(super::NUCLEUS_THREADS / super::NUCLEUS_LOGITS_TOKENS);
+    let v64: I64 = f.zext(&v);
+    let vocab64: I64 = f.zext(&arg::VOCAB);
+    // The slot search is a warp ballot: every lane runs it, whichever tokens it owns.
+    f.for_loop(&half, count, &step, |f, j| {
+        let r = picked_row(f, j);
+        let (_, slot) = super::capture_slot(f, lane, &r);
+        f.if_then(&v_ok, |f| {
+            let s64: I64 = f.zext(&slot);
+            let e = f.mul(&s64, &vocab64);
+            let e = f.add(&e, &v64);
+            let a = f.gaddr(&arg::CAPTURE, &e, 4);
+            let x: F32 = f.load(&a, 4);
+            store_x(f, &v, &v64, j, &x);
+        });
+    });
 }
 
 /// The tensor-core multiply: warp `w` owns tokens `v0 + 16w ..`, lane `4g + t` the
@@ -225,15 +272,7 @@ fn store_logit(f: &mut Func, p: &Pipeline, v: &I32, j: &I32, count: &I32, raw: &
             }
             None => xv,
         };
-        let e = row_elem(f, j, &v64);
-        let a = f.gaddr(&arg::X, &e, 4);
-        f.store(&x, &a, 4);
-        let key = f.order_key(&x);
-        let key = f.not(&key);
-        let a = f.gaddr(&arg::KEYS, &e, 4);
-        f.store(&key, &a, 4);
-        let a = f.gaddr(&arg::VALS, &e, 4);
-        f.store(v, &a, 4);
+        let e = store_x(f, v, &v64, j, &x);
         let has_raw = f.non_null(&arg::RAW);
         f.if_then(&has_raw, |f| {
             let rv = model_logit(f, &p.transforms, raw, bias.as_ref(), &I1::TRUE);
@@ -241,4 +280,19 @@ fn store_logit(f: &mut Func, p: &Pipeline, v: &I32, j: &I32, count: &I32, raw: &
             f.store(&rv, &a, 4);
         });
     });
+}
+
+/// Token `v`'s `x` of picked row `j` into the pick's buffers with its ascending sort key and
+/// index; returns the element index.
+fn store_x(f: &mut Func, v: &I32, v64: &I64, j: &I32, x: &F32) -> I64 {
+    let e = row_elem(f, j, v64);
+    let a = f.gaddr(&arg::X, &e, 4);
+    f.store(x, &a, 4);
+    let key = f.order_key(x);
+    let key = f.not(&key);
+    let a = f.gaddr(&arg::KEYS, &e, 4);
+    f.store(&key, &a, 4);
+    let a = f.gaddr(&arg::VALS, &e, 4);
+    f.store(v, &a, 4);
+    e
 }

@@ -6,7 +6,7 @@
 //!
 //! | kernel | file | what |
 //! |---|---|---|
-//! | `flashsample_nucleus_pick` | `pick.rs` | the first `R` rows of status 4 |
+//! | `flashsample_nucleus_pick` | `pick.rs` | the first `R` rows of status 3 or 4 |
 //! | `flashsample_nucleus_logits` | `logits.rs` | their logits `x` over the whole vocabulary: stage one's multiply order and transform chain |
 //! | `flashsample_nucleus_hist`, `_scatter` | `sort.rs` | a stable LSD radix sort of order keys, 4 passes of 8 bits |
 //! | `flashsample_nucleus_cut` | `cut.rs` | `abi::filter::survivors` over the sorted row (`complete = true`) |
@@ -22,7 +22,7 @@ mod pick;
 mod sort;
 
 use crate::config::GpuConfig;
-use crate::ir::{Func, F32, I32, I64};
+use crate::ir::{i32c, Func, Icmp, F32, I1, I32, I64};
 use crate::params::arg;
 use flashsample_abi::filter::SUM_BLOCK;
 use flashsample_ir::Pipeline;
@@ -53,6 +53,67 @@ const _: () = assert!(NUCLEUS_SORT_TILE == (NUCLEUS_THREADS / 32) * 16 * 32);
 /// (only its rows can get status 4).
 pub fn has_nucleus_kernels(p: &Pipeline) -> bool {
     p.filter_max_k().is_some() && !p.is_greedy()
+}
+
+/// Whether stage one keeps the logits of the rows [`capture_slot`] gives a slot (the nucleus
+/// kernels then read them instead of multiplying again): pipelines with the nucleus kernels
+/// whose lists do not carry raw logits (those rows are recomputed, raw logits and all).
+pub fn captures_logits(p: &Pipeline) -> bool {
+    has_nucleus_kernels(p) && !p.lists_carry_raw()
+}
+
+/// The nucleus capture slot of launch row `row` (uniform over the calling warp), the one rule
+/// stage one and the logits kernel share: the rows whose filter may outgrow the lists
+/// (`RowFilter::may_outgrow_lists`: no top-k, a top-p or min-p) get slots in row order, the
+/// first `%capture_rows` of them; `(captured, slot)`. Nothing is captured when `%capture` or
+/// `%filters` is 0. A row that may outgrow counts its predecessors with warp ballots (one
+/// filter load per 32 rows, stopping once the slots are taken); any other row costs one
+/// filter load.
+pub(crate) fn capture_slot(f: &mut Func, lane: &I32, row: &I32) -> (I1, I32) {
+    let has = f.non_null(&arg::CAPTURE);
+    let filters = f.non_null(&arg::FILTERS);
+    let has = f.and(&has, &filters);
+    let captured = f.var(&I1::FALSE);
+    let slot = f.var(&i32c(0));
+    f.if_then(&has, |f| {
+        let r64 = f.zext(row);
+        let own = crate::filter::load_row_filter(f, &r64);
+        let may = crate::filter::may_outgrow_lists(f, &own);
+        f.if_then(&may, |f| {
+            // Rows before `row` in warp-sized groups, until the slots are all taken.
+            let count = f.var(&i32c(0));
+            let base = f.var(&i32c(0));
+            let all = i32c(u32::MAX);
+            f.while_loop(
+                |f| {
+                    let b = f.get(&base);
+                    let more = f.icmp(Icmp::Ult, &b, row);
+                    let c = f.get(&count);
+                    let free = f.icmp(Icmp::Ult, &c, &arg::CAPTURE_ROWS);
+                    f.and(&more, &free)
+                },
+                |f| {
+                    let b = f.get(&base);
+                    let r = f.add(&b, lane);
+                    let before = f.icmp(Icmp::Ult, &r, row);
+                    let rs = f.sel(&before, &r, &i32c(0));
+                    let rs64 = f.zext(&rs);
+                    let rf = crate::filter::load_row_filter(f, &rs64);
+                    let m = crate::filter::may_outgrow_lists(f, &rf);
+                    let hit = f.and(&before, &m);
+                    // Only the count matters here: the lanes' slots are not used.
+                    let _ = pick::next_slot(f, &all, &count, &hit);
+                    let next = f.add(&b, &i32c(32));
+                    f.set(&base, &next);
+                },
+            );
+            let n = f.get(&count);
+            let fits = f.icmp(Icmp::Ult, &n, &arg::CAPTURE_ROWS);
+            f.set(&captured, &fits);
+            f.set(&slot, &n);
+        });
+    });
+    (f.get(&captured), f.get(&slot))
 }
 
 /// The byte layout of a plan's nucleus scratch for `rows` picked rows (`R`) of `vocab`

@@ -7,7 +7,7 @@
 //! reads their lists, not a sample).
 
 use super::popc;
-use crate::ir::{i32c, Func, Icmp, Int, I32, I64};
+use crate::ir::{i32c, Func, Icmp, Int, Var, I1, I32, I64};
 use crate::params::{arg, NUCLEUS_PICK};
 use flashsample_abi::RowStatus;
 
@@ -38,11 +38,7 @@ pub(super) fn emit(verify: bool) -> String {
         } else {
             hit
         };
-        let ballot = f.ballot(&hit);
-        let before = f.and(&ballot, &lt);
-        let before = popc(f, &before);
-        let c = f.get(&count);
-        let slot = f.add(&c, &before);
+        let slot = next_slot(f, &lt, &count, &hit);
         let fits = f.icmp(Icmp::Ult, &slot, &arg::ROWS);
         let store = f.and(&hit, &fits);
         f.if_then(&store, |f| {
@@ -50,9 +46,6 @@ pub(super) fn emit(verify: bool) -> String {
             let a = f.gaddr(&arg::PICKS, &s64, 4);
             f.store(&r, &a, 4);
         });
-        let all = popc(f, &ballot);
-        let c1 = f.add(&c, &all);
-        f.set(&count, &c1);
     });
     let c = f.get(&count);
     let over = f.icmp(Icmp::Ugt, &c, &arg::ROWS);
@@ -76,4 +69,19 @@ pub(super) fn emit(verify: bool) -> String {
     });
     f.ret_void();
     f.finish(&NUCLEUS_PICK.llvm_header(NAME, "\"nvvm.maxntid\"=\"32\""))
+}
+
+/// Ballot compaction over one warp's rows: this lane's slot among the rows hit so far
+/// (`count` plus the hits of the lanes below it, `lt` their mask); advances `count` past the
+/// warp's hits.
+pub(super) fn next_slot(f: &mut Func, lt: &I32, count: &Var<I32>, hit: &I1) -> I32 {
+    let ballot = f.ballot(hit);
+    let before = f.and(&ballot, lt);
+    let before = popc(f, &before);
+    let c = f.get(count);
+    let slot = f.add(&c, &before);
+    let all = popc(f, &ballot);
+    let c1 = f.add(&c, &all);
+    f.set(count, &c1);
+    slot
 }

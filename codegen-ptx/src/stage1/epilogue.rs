@@ -220,7 +220,7 @@ impl Gen<'_> {
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
         if processed_lists {
-            self.list_epilogue(f, th, it, &t.x, &arg::LISTS);
+            self.list_epilogue(f, th, it, &t.x, &arg::LISTS, crate::nucleus::captures_logits(self.p));
             if self.p.lists_carry_raw() {
                 self.list_raws_epilogue(f, th, it, carried);
             }
@@ -228,7 +228,7 @@ impl Gen<'_> {
         if self.c.list_per_tile > 0 && self.p.raw_list_capacity() > 0 {
             // Every warp is done reading the tile of the lists before.
             f.barrier();
-            self.list_epilogue(f, th, it, carried, &arg::RAW_LISTS);
+            self.list_epilogue(f, th, it, carried, &arg::RAW_LISTS, false);
         }
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);

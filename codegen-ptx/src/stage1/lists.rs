@@ -3,7 +3,7 @@
 
 use super::{Gen, Item, Thread, SMEM};
 use crate::entries::{Scored, SCORED_BYTES, SCORED_INDEX};
-use crate::ir::{i32c, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, X4};
+use crate::ir::{i32c, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64, X4};
 use crate::params::arg;
 use flashsample_abi::INDEX_NONE;
 
@@ -22,7 +22,7 @@ impl Gen<'_> {
     ///
     /// `dest` names the lists parameter written (`%lists`, or `%raw_lists`, keyed by raw
     /// logit, in the raw mode: DESIGN.md step 10).
-    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32], dest: &Ptr<Global>) {
+    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32], dest: &Ptr<Global>, capture: bool) {
         let c = self.c;
         let vt = c.vocab_tile;
         let base = self.store_list_tile(f, th, x);
@@ -82,6 +82,10 @@ impl Gen<'_> {
                         f.var(&k)
                     })
                     .collect();
+                if capture {
+                    let live = f.and(&row_ok, &col_in);
+                    self.capture_column(f, it, &th.lane, &row, &live, &lane_first, &vals);
+                }
                 keys.push(kv);
                 xs.push(vals);
                 let slot0 = f.mul(&row, &it.vtiles);
@@ -107,6 +111,35 @@ impl Gen<'_> {
                         let s64 = f.zext(&slot);
                         let a = f.gaddr(dest, &s64, SCORED_BYTES);
                         entry.store(f, &a);
+                    });
+                }
+            });
+        });
+    }
+
+    /// The nucleus capture (DESIGN.md "Exact nucleus on the device", step 0): where `row` has a
+    /// capture slot (`nucleus::capture_slot`), the warp holding its column stores the column's
+    /// `x` at `capture[slot · V + v]`, lane by lane `vals` from token `lane_first`: the bits the
+    /// nucleus logits kernel would compute, so the row needs no second read of W. The warp's
+    /// stores are consecutive (coalesced); a row whose filter cannot outgrow the lists costs
+    /// one filter load.
+    #[allow(clippy::too_many_arguments)]
+    fn capture_column(&self, f: &mut Func, it: &Item, lane: &I32, row: &I32, live: &I1, lane_first: &I32, vals: &[F32]) {
+        f.if_then(live, |f| {
+            let (kept, slot) = crate::nucleus::capture_slot(f, lane, row);
+            f.if_then(&kept, |f| {
+                let s64: I64 = f.zext(&slot);
+                let v64: I64 = f.zext(&arg::VOCAB);
+                let base = f.mul(&s64, &v64);
+                let first = f.add(&it.v0, lane_first);
+                for (i, x) in vals.iter().enumerate() {
+                    let v = f.add(&first, &i32c(i as u32));
+                    let v_ok = f.icmp(Icmp::Ult, &v, &arg::VOCAB);
+                    f.if_then(&v_ok, |f| {
+                        let vv: I64 = f.zext(&v);
+                        let e = f.add(&base, &vv);
+                        let a = f.gaddr(&arg::CAPTURE, &e, 4);
+                        f.store(x, &a, 4);
                     });
                 }
             });

@@ -154,6 +154,18 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 /// `whole_row`, `survivors` and `draw`.
 #[test]
 fn the_kernels_serve_picked_rows_as_the_host_cut_does() {
+    serve_picked_rows(false);
+}
+
+/// With the top-p row's logits in the capture (as stage one stores them, `stage1_sim`), the
+/// chain serves it as above without reading the weights or hidden states (their addresses are
+/// null, which the interpreter cannot load).
+#[test]
+fn a_captured_row_is_served_from_stage_ones_logits() {
+    serve_picked_rows(true);
+}
+
+fn serve_picked_rows(captured: bool) {
     let (batch, dim, vocab) = (3usize, 8usize, 1500usize);
     let p = PipelineBuilder::new("Nucleus", DType::F32, DType::F32).temperature_per_row("t").filter("filter", 8).gumbel("seed", 1).build().unwrap();
     let mut mem = Memory { bufs: Vec::new() };
@@ -170,11 +182,18 @@ fn the_kernels_serve_picked_rows_as_the_host_cut_does() {
     let temperatures = [0.7f32, 2.0, 1.0];
     let filters = [RowFilter::top_k(8), RowFilter::top_p(0.95), RowFilter::OFF];
     let seed = 0x5eed_u64;
-    let served = [(0usize, RowStatus::ListOverflow), (1, RowStatus::NucleusTooLarge)];
+    // Captured: only the top-p row (the capture's only row) is picked, so every picked row was
+    // captured and W is not read.
+    let served: Vec<(usize, RowStatus)> =
+        if captured { vec![(1, RowStatus::NucleusTooLarge)] } else { vec![(0, RowStatus::ListOverflow), (1, RowStatus::NucleusTooLarge)] };
     let mut status = vec![RowStatus::Ok.code(); batch];
-    for (r, st) in served {
+    for &(r, st) in &served {
         status[r] = st.code();
     }
+    let host_x = |row: usize| -> Vec<f32> {
+        let inv_t = 1.0f32 / temperatures[row];
+        (0..vocab).map(|v| (0..dim).fold(0.0f32, |acc, k| hidden[row * dim + k].mul_add(weights[v * dim + k], acc)) * inv_t).collect()
+    };
     let layout = NucleusLayout { rows: 2, vocab, samples: 1, raw: false };
     let o = layout.offsets();
     let base = mem.add(vec![0; o.bytes]);
@@ -184,19 +203,31 @@ fn the_kernels_serve_picked_rows_as_the_host_cut_does() {
     let (tokens, scores, logits) = (mem.add(vec![0xab; batch * 4]), mem.add(vec![0xab; batch * 4]), mem.add(vec![0xab; batch * 4]));
     let filters_buf = mem.add(bytemuck::cast_slice(&filters).to_vec());
     let temps = mem.add(f32s(&temperatures));
+    // Captured: slot 0 holds row 1's logits as stage one keeps them (row 1 is the first row
+    // whose filter may outgrow the lists); slot 1 stays poisoned.
+    let (capture_filters, capture_rows, capture) = if captured {
+        let mut buf = f32s(&host_x(1));
+        buf.extend(vec![0xab; vocab * 4]);
+        (filters_buf, 2, mem.add(buf))
+    } else {
+        (0, 0, 0)
+    };
     let pick = NucleusPickArgs { status: status_buf, batch: batch as u32, rows, samples: 1, picks: at(o.picks), best: at(o.best), done: at(o.done), row_base: 0, spec_period: 0 };
     launch(&m, &mut mem, &NUCLEUS_PICK, pick.args(), (1, 1, 1), 32);
     let logits_args = NucleusLogitsArgs {
         picks: at(o.picks),
         rows,
-        hidden: mem.add(f32s(&hidden)),
-        weights: mem.add(f32s(&weights)),
+        hidden: if captured { 0 } else { mem.add(f32s(&hidden)) },
+        weights: if captured { 0 } else { mem.add(f32s(&weights)) },
         temperatures: temps,
         dim: dim as u32,
         vocab: vocab32,
         x: at(o.x),
         keys: at(o.keys[0]),
         vals: at(o.vals[0]),
+        filters: capture_filters,
+        capture_rows,
+        capture,
         ..Default::default()
     };
     launch(&m, &mut mem, &NUCLEUS_LOGITS, logits_args.args(), layout.logits_grid(), NUCLEUS_THREADS);
@@ -240,11 +271,8 @@ fn the_kernels_serve_picked_rows_as_the_host_cut_does() {
 
     // The host: each served row's logits in the SIMT order, then the exact cut and draw.
     let word = |mem: &mut Memory, addr: u64, i: usize| mem.load(addr + 4 * i as u64, 4) as u32;
-    for (slot, (row, _)) in served.into_iter().enumerate() {
-        let inv_t = 1.0f32 / temperatures[row];
-        let x: Vec<f32> = (0..vocab)
-            .map(|v| (0..dim).fold(0.0f32, |acc, k| hidden[row * dim + k].mul_add(weights[v * dim + k], acc)) * inv_t)
-            .collect();
+    for (slot, &(row, _)) in served.iter().enumerate() {
+        let x = host_x(row);
         let row_x = at(o.x) + (slot * vocab * 4) as u64;
         let kernel_x: Vec<f32> = (0..vocab).map(|v| f32::from_bits(word(&mut mem, row_x, v))).collect();
         assert_eq!(kernel_x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "row {row}'s logits");

@@ -254,9 +254,20 @@ pub struct SamplingPlan {
 pub const DEFAULT_NUCLEUS_ROWS: usize = 2;
 
 /// A plan's exact nucleus scratch: its layout and the one buffer it describes.
+/// The stage-one capture arguments of a launch: its filters, the slots `R`, the buffer.
+#[derive(Clone, Copy)]
+struct Capture {
+    filters: u64,
+    rows: u32,
+    logits: u64,
+}
+
 struct NucleusScratch {
     layout: NucleusLayout,
     buffer: CudaSlice<u8>,
+    /// Stage one's capture of the rows `nucleus::capture_slot` picks
+    /// (`codegen_ptx::captures_logits`): their logits, `f32 [R, V]`.
+    capture: Option<CudaSlice<u8>>,
 }
 
 impl std::fmt::Debug for SamplingPlan {
@@ -349,7 +360,12 @@ impl SamplingPlan {
         };
         let nucleus = if runs_nucleus(&pipeline, vocab, nucleus_rows) {
             let layout = NucleusLayout { rows: nucleus_rows.min(chunk), vocab, samples, raw: pipeline.lists_carry_raw() };
-            Some(NucleusScratch { layout, buffer: alloc(layout.offsets().bytes)? })
+            let capture = if flashsample_codegen_ptx::captures_logits(&pipeline) {
+                Some(alloc(layout.rows * vocab * 4)?)
+            } else {
+                None
+            };
+            Some(NucleusScratch { layout, buffer: alloc(layout.offsets().bytes)?, capture })
         } else {
             None
         };
@@ -652,6 +668,9 @@ impl SamplingPlan {
         let list_raws = sc.raw.as_ref().map_or(0, |r| opt(&r.list_raws));
         let candidates = self.addr(&sc.candidates, stream);
         let (batch, dim, vocab) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32);
+        // The first rows whose nucleus may outgrow the lists keep their logits for the nucleus
+        // kernels (DESIGN.md "Exact nucleus on the device", step 0).
+        let capture = self.capture(a, stream);
         let row_bounds = match &sc.row_bounds {
             Some(buf) if k.config.noise_skip.uses_row_bounds() => {
                 let dst = self.addr(buf, stream);
@@ -702,6 +721,9 @@ impl SamplingPlan {
             list_raws,
             residual_lists: sc.residual_lists.as_ref().map_or(0, |b| self.addr(b, stream)),
             spec_period: a.spec_period,
+            filters: capture.map_or(0, |c| c.filters),
+            capture_rows: capture.map_or(0, |c| c.rows),
+            capture: capture.map_or(0, |c| c.logits),
             target_ranks: 0,
         };
         let launch_stage1 = |kernel: &CudaFunction, args: &Stage1Args| -> Result<()> {
@@ -861,6 +883,15 @@ impl SamplingPlan {
         at(Boundary::End)
     }
 
+    /// The capture a launch's stage one and nucleus logits kernel use: where the plan has one,
+    /// the launch may run its nucleus kernels (not [`NucleusPass::Skip`]) and carries filters.
+    fn capture(&self, a: &Args, stream: &CudaStream) -> Option<Capture> {
+        let ns = self.nucleus.as_ref()?;
+        let logits = ns.capture.as_ref()?;
+        (a.nucleus_pass != NucleusPass::Skip && a.filters != 0 && a.decide.is_none())
+            .then(|| Capture { filters: a.filters, rows: ns.layout.rows as u32, logits: self.addr(logits, stream) })
+    }
+
     /// The host API's choice for a launch whose rows may outgrow the lists: [`NucleusPass::Deferred`]
     /// where the plan runs it as one chunk without a decision, else what `a` asks.
     pub(crate) fn host_nucleus_pass(&self, a: &Args) -> NucleusPass {
@@ -948,6 +979,7 @@ impl SamplingPlan {
         let (batch, dim, vocab, rows) = (a.shape.batch as u32, self.dim as u32, self.vocab as u32, l.rows as u32);
         let samples = self.pipeline.samples_per_row();
         let picks = at(o.picks);
+        let capture = self.capture(a, stream);
         let launch = |f: &CudaFunction, grid: (u32, u32, u32), block: u32, args: Vec<KernelArg>, what: &'static str| -> Result<()> {
             let mut b = stream.launch_builder(f);
             push_args(&mut b, &args);
@@ -984,6 +1016,9 @@ impl SamplingPlan {
             raw: o.raw.map_or(0, at),
             keys: at(o.keys[0]),
             vals: at(o.vals[0]),
+            filters: capture.map_or(0, |c| c.filters),
+            capture_rows: capture.map_or(0, |c| c.rows),
+            capture: capture.map_or(0, |c| c.logits),
         };
         launch(&kn.logits, l.logits_grid(), NUCLEUS_THREADS, logits_args.args(), "cuLaunchKernel(flashsample_nucleus_logits)")?;
         mark(Boundary::AfterNucleusLogits)?;

@@ -12,7 +12,10 @@ use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE};
-use flashsample_codegen_ptx::{GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
+use flashsample_codegen_ptx::{captures_logits, GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
+
+/// Capture slots of the simulated plan (`R`).
+const CAPTURE_ROWS: usize = 2;
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder, Transform};
 use std::collections::HashMap;
 
@@ -29,6 +32,10 @@ fn stage_one_module(p: &Pipeline, c: &GpuConfig, mem: &mut Memory) -> Module {
     Module::with_callees(&ir, kernels, &globals)
 }
 
+/// What one interpreted stage-one launch wrote: candidates, logsumexp partials, lists, and the
+/// captured rows' logits (row, `x`).
+type Run = (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>, Vec<(usize, Vec<f32>)>);
+
 /// One interpreted stage-one launch: its candidates, logsumexp partials and lists.
 struct Launch<'a> {
     p: &'a Pipeline,
@@ -43,11 +50,24 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
-    /// With `skip`'s noise skips (and, where it reads them, zeroed row bounds).
-    fn run(&self, skip: NoiseSkip) -> (Vec<Candidate>, Vec<LsePartial>, Vec<Scored>) {
+    /// With `skip`'s noise skips (and, where it reads them, zeroed row bounds). A pipeline
+    /// whose stage one captures logits for the nucleus kernels gets a capture of
+    /// [`CAPTURE_ROWS`] slots, which its first rows whose filter may outgrow the lists take in
+    /// row order (`nucleus::capture_slot`); their logits come back last.
+    fn run(&self, skip: NoiseSkip) -> Run {
         let (_, mem, bufs, _) = self.launch(skip, &[]);
         let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
-        (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")))
+        let captured: Vec<usize> = match self.params.filter {
+            Some(filters) if captures_logits(self.p) => (0..self.batch).filter(|&r| filters[r].may_outgrow_lists()).take(CAPTURE_ROWS).collect(),
+            _ => Vec::new(),
+        };
+        let vocab = self.vocab;
+        let capture: Vec<(usize, Vec<f32>)> = captured
+            .iter()
+            .enumerate()
+            .map(|(slot, &r)| (r, bytemuck::pod_collect_to_vec(&read("capture")[slot * vocab * 4..][..vocab * 4])))
+            .collect();
+        (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")), capture)
     }
 
     /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
@@ -98,6 +118,18 @@ impl Launch<'_> {
             }
             bufs.insert("lb_values", mem.add(bytes(&t.values)));
         }
+        let captured: Vec<usize> = match params.filter {
+            Some(filters) if captures_logits(p) => (0..batch).filter(|&r| filters[r].may_outgrow_lists()).take(CAPTURE_ROWS).collect(),
+            _ => Vec::new(),
+        };
+        if let (Some(filters), true) = (params.filter, captures_logits(p)) {
+            bufs.insert("filters", mem.add(bytemuck::cast_slice(filters).to_vec()));
+            bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
+        }
+        if let (Some(filters), true) = (params.filter, captures_logits(p)) {
+            bufs.insert("filters", mem.add(bytemuck::cast_slice(filters).to_vec()));
+            bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
+        }
         bufs.insert("candidates", mem.add(vec![0xab; batch * samples * tiles * 12]));
         bufs.insert("lse", mem.add(vec![0xab; batch * tiles * 32]));
         bufs.insert("lists", mem.add(vec![0xab; batch * tiles * per_tile * 8]));
@@ -118,6 +150,7 @@ impl Launch<'_> {
                 ("dim", _) => self.dim as u64,
                 ("vocab", _) => vocab as u64,
                 ("row_base", _) => u64::from(self.row_base),
+                ("capture_rows", _) => CAPTURE_ROWS as u64,
                 _ => 0,
             })
             .collect();
@@ -161,13 +194,22 @@ impl Launch<'_> {
     /// Runs the launch and checks it against the host model: every noise skip within a tile
     /// keeps each tile's candidate, the cross-tile one each row's winner.
     fn check(&self) {
-        let (cands, partials, lists) = self.run(NoiseSkip::Never);
+        let (cands, partials, lists, capture) = self.run(NoiseSkip::Never);
         self.check_tiles(&cands, &partials, &lists);
-        let (in_tile, partials, lists) = self.run(NoiseSkip::InTile);
+        let x = self.logits();
+        for (r, got) in &capture {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(&x[*r]), "row {r}: the captured logits are stage one's x");
+        }
+        if let Some(filters) = self.params.filter {
+            let want = filters.iter().filter(|f| f.may_outgrow_lists()).count().min(CAPTURE_ROWS);
+            assert_eq!(capture.len(), want, "captured rows");
+        }
+        let (in_tile, partials, lists, _) = self.run(NoiseSkip::InTile);
         self.check_tiles(&in_tile, &partials, &lists);
         // With the cross-tile bounds the skips may change a losing tile's candidate, never a
         // row's winner.
-        let (bounded, _, _) = self.run(NoiseSkip::CrossTile);
+        let (bounded, _, _, _) = self.run(NoiseSkip::CrossTile);
         let (samples, tiles) = (self.p.samples_per_row() as usize, self.c.tiles(self.vocab));
         let winner = |c: &[Candidate], r: usize| {
             c[r * samples * tiles..][..tiles].iter().filter(|c| c.index != INDEX_NONE).fold(None::<Candidate>, |b, c| match b {
@@ -253,7 +295,8 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
     let (hidden, weights) = inputs(batch, dim, vocab);
     // A greedy row (T = 0) among sampled ones.
     let temperatures: Vec<f32> = (0..batch).map(|r| if r == 3 { 0.0 } else { 0.5 + 0.1 * r as f32 }).collect();
-    let filters = vec![RowFilter::top_k(8); batch];
+    // Rows 2, 6 and 7 on a lone top-p: stage one captures the first two rows' logits.
+    let filters: Vec<RowFilter> = (0..batch).map(|r| if [2, 6, 7].contains(&r) { RowFilter::top_p(0.9) } else { RowFilter::top_k(8) }).collect();
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x1234_5678_9abc_def0, ..Default::default() };
     // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
