@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
+use flashsample_abi::Scored;
+use flashsample_codegen_cpu::{capture_stride, Capture, CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CAPTURE_NONE};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 
 #[test]
@@ -66,7 +67,7 @@ fn launch_rejects_mismatched_buffers() {
     let mut lse = vec![LsePartial::EMPTY; batch * tiles];
     let launch = |hidden: &[f32], weights: &[u8], temps: &[f32], bias: Option<&[f32]>, allowed: Option<&[u32]>,
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
-        kernel.launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None,
+        kernel.launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
             hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
             row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None, lists: None,
         })
@@ -91,13 +92,51 @@ fn launch_rejects_mismatched_buffers() {
 }
 
 #[test]
+fn launch_checks_the_capture() {
+    // A capture needs lists (the only pipelines whose nucleus can outgrow them), one slot per
+    // row, whole rows of `capture_stride(vocab)` floats and slots inside them.
+    let filtered = PipelineBuilder::new("F", DType::F32, DType::F32).filter("f", 4).gumbel("seed", 1).build().unwrap();
+    let plain = PipelineBuilder::new("P", DType::F32, DType::F32).gumbel("seed", 1).build().unwrap();
+    let (batch, dim, vocab) = (2usize, 3usize, 10usize);
+    let stride = capture_stride(vocab);
+    assert_eq!(stride, 12);
+    let run = |p: &flashsample_ir::Pipeline, slots: &[u32], floats: usize| {
+        let kernel = compile(p, 8, 1, 1);
+        let tiles = kernel.tiles(vocab);
+        let mut cands = vec![Candidate { score: 0.0, index: 0, logit: 0.0 }; batch * tiles];
+        let has_lists = p.list_capacity() > 0;
+        let mut lists = vec![Scored::EMPTY; batch * tiles * 4];
+        let mut logits = vec![0.0f32; floats];
+        let mut lse = vec![LsePartial::EMPTY; batch * tiles];
+        kernel.launch(CpuLaunch {
+            targets: None, rank_counts: None, residual: None, raw: None,
+            capture: Some(Capture { slots, logits: &mut logits, raws: None }),
+            hidden: &vec![0.5; batch * dim], weights: &vec![0; vocab * dim * 4], batch, dim, vocab,
+            temperatures: &vec![1.0; batch], bias: None, allowed: None, seed: 1, candidates: &mut cands,
+            lse: kernel.logsumexp().then_some(&mut lse[..]),
+            row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None,
+            lists: has_lists.then_some(&mut lists[..]),
+        })?;
+        Ok::<Vec<f32>, CpuCodegenError>(logits)
+    };
+    // Row 1 captured in slot 0: its zero logits (zero weights), `-inf` past the vocabulary.
+    let row = run(&filtered, &[CAPTURE_NONE, 0], stride).unwrap();
+    assert_eq!(&row[..vocab], &[0.0; 10]);
+    assert_eq!(&row[vocab..], &[f32::NEG_INFINITY; 2]);
+    assert!(matches!(run(&filtered, &[0], stride), Err(CpuCodegenError::Length { what: "capture slots", .. })));
+    assert!(matches!(run(&filtered, &[0, 1], stride), Err(CpuCodegenError::BadArgument(m)) if m.contains("slot 1 of row 1")));
+    assert!(matches!(run(&filtered, &[0, 0], stride + 1), Err(CpuCodegenError::BadArgument(_))));
+    assert!(matches!(run(&plain, &[0, 0], stride), Err(CpuCodegenError::Unexpected(_))));
+}
+
+#[test]
 fn empty_launches_write_nothing() {
     let p = PipelineBuilder::new("P", DType::F32, DType::F32).argmax().build().unwrap();
     let kernel = compile(&p, 8, 2, 2);
     let mut none: [Candidate; 0] = [];
     for (batch, vocab) in [(0, 10), (2, 0)] {
         kernel
-            .launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None,
+            .launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
                 hidden: &vec![0.0; batch * 3],
                 weights: &vec![0; vocab * 3 * 4],
                 batch,
