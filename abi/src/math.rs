@@ -22,6 +22,7 @@ pub const LN_C7: f32 = 1.0 / 7.0;
 pub const LN_C9: f32 = 1.0 / 9.0;
 
 /// Natural log of a positive, normal, finite `x`.
+#[inline]
 pub fn ln_f32(x: f32) -> f32 {
     let t = (x.to_bits() as i32).wrapping_sub(LN_REDUCE_BITS);
     let e = (t >> 23) as f32;
@@ -45,6 +46,7 @@ pub const EXP_MIN_INPUT: f32 = -87.0;
 pub const EXP_C: [f32; 6] = [1.0 / 2.0, 1.0 / 6.0, 1.0 / 24.0, 1.0 / 120.0, 1.0 / 720.0, 1.0 / 5040.0];
 
 /// `exp(x)` for `x ≤ 88`; `-inf` and anything below [`EXP_MIN_INPUT`] give 0.
+#[inline]
 pub fn exp_f32(x: f32) -> f32 {
     let xc = x.max(EXP_MIN_INPUT);
     let n = (xc * LOG2_E).round_ties_even();

@@ -32,6 +32,7 @@ pub const PHILOX_ROUNDS: usize = 10;
 pub const GUMBEL_F32_ABS_ERROR: f64 = 4.0e-6;
 
 /// Philox-4x32 with 10 rounds, as specified by Salmon et al. (Random123).
+#[inline]
 pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     let mut c = ctr;
     let mut k = key;
@@ -103,6 +104,7 @@ pub fn gumbel_f64(bits: u32) -> f64 {
 }
 
 /// Gumbel noise in f32, the algorithm every backend emits op for op.
+#[inline]
 pub fn gumbel_f32(bits: u32) -> f32 {
     let n = ((bits >> 8) << 1) | 1; // 2k + 1 < 2^25
     let nf = n as f32; // round to nearest even: n or n ± 1
