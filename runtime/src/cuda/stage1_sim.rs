@@ -118,14 +118,6 @@ impl Launch<'_> {
             }
             bufs.insert("lb_values", mem.add(bytes(&t.values)));
         }
-        let captured: Vec<usize> = match params.filter {
-            Some(filters) if captures_logits(p) => (0..batch).filter(|&r| filters[r].may_outgrow_lists()).take(CAPTURE_ROWS).collect(),
-            _ => Vec::new(),
-        };
-        if let (Some(filters), true) = (params.filter, captures_logits(p)) {
-            bufs.insert("filters", mem.add(bytemuck::cast_slice(filters).to_vec()));
-            bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
-        }
         if let (Some(filters), true) = (params.filter, captures_logits(p)) {
             bufs.insert("filters", mem.add(bytemuck::cast_slice(filters).to_vec()));
             bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
