@@ -56,14 +56,15 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens scoring:: logprob_modes:: speculative::"}
+  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: scoring::target_ranks_of_a_small_launch stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens logprob_modes::raw_logprobs_of_nuclei_served_exactly"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/new-tests.log" | head -20)")
-  for t in nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit stage_one_writes_every_candidate_slot; do
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/memcheck-${t//:/_}.log" 2>&1
-    summary+=("memcheck $t rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-${t//:/_}.log" | tr '\n' ' ')")
+  for tt in memcheck:scoring::target_ranks_of_a_small_launch racecheck:scoring::target_ranks_of_a_small_launch memcheck:nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit; do
+    tool=${tt%%:*} t=${tt#*:}
+    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/$tool-${t//:/_}.log" 2>&1
+    summary+=("$tool $t rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-${t//:/_}.log" | tr '\n' ' ')")
   done
 fi
 if has cache; then

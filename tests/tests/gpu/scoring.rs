@@ -124,3 +124,40 @@ fn target_ranks_match_the_reference_on_every_schedule_and_both_apis() {
     let got = case.run(&sampler).unwrap();
     assert_eq!(got.target_ranks.as_deref(), Some(&[10, vocab as u32][..]));
 }
+
+/// The rank kernel on one small launch per logprob mode and schedule kind (SIMT, mma.sync,
+/// wgmma), sized for compute-sanitizer (the sweep above outlasts memcheck's slowdown): ranks
+/// and logprobs within the float64 reference's range, an odd vocabulary (a partial last tile).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn target_ranks_of_a_small_launch() {
+    use flashsample_ir::LogprobMode;
+    let (device, dev) = hopper_gpu("the wgmma tile");
+    for mode in [LogprobMode::Processed, LogprobMode::Raw] {
+        let p = PipelineBuilder::new("SmallRanker", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .argmax()
+            .target_logprob_and_rank("targets")
+            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
+            .logprob_mode(mode)
+            .build()
+            .unwrap();
+        let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let (batch, dim, vocab) = (5, 256, 4099);
+        let case = Case::random(&p, batch, dim, vocab, 83, 4.0);
+        let rows: Vec<usize> = (0..batch).collect();
+        let got = case.run(&sampler).unwrap();
+        case.check(&p, &got, &rows).unwrap_or_else(|e| panic!("{mode:?} heuristic: {e}"));
+        let item = Grid::PerItem;
+        for (vt, bt, warps, schedule) in [
+            (128, 8, 4, Schedule::Simt { grid: item }),
+            (128, 8, 4, Schedule::MmaSync { stages: 3, k_step: 64, grid: item }),
+            (256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }),
+        ] {
+            let mut c = GpuConfig::new(vt, bt, warps, schedule);
+            let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("{mode:?} small")) else { continue };
+            let sched = case.run_with(&sampler, &KernelConfig::Cuda(c)).unwrap();
+            case.check(&p, &sched, &rows).unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    }
+}
