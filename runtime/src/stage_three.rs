@@ -152,7 +152,7 @@ pub(crate) fn nucleus_rows(status: &[RowStatus]) -> Vec<usize> {
 }
 
 /// The whole rows of logits a CPU launch kept (`codegen_cpu::Capture`): the first
-/// [`CAPTURE_ROWS`] rows whose top-p / min-p nucleus may outgrow the lists, so that the exact
+/// [`CPU_CAPTURE_ROWS`] rows whose top-p / min-p nucleus may outgrow the lists, so that the exact
 /// nucleus of such a row needs no second pass over the weights.
 pub(crate) struct Captured {
     /// `[B]` each row's slot, or `codegen_cpu::CAPTURE_NONE`.
@@ -166,17 +166,17 @@ pub(crate) struct Captured {
 
 /// Rows a CPU launch captures at most (600 KB each at V = 151936, twice in the raw mode);
 /// later such rows are recomputed.
-pub(crate) const CAPTURE_ROWS: usize = 8;
+pub(crate) const CPU_CAPTURE_ROWS: usize = 8;
 
 impl Captured {
-    /// Buffers for the first [`CAPTURE_ROWS`] rows of `params` whose nucleus may outgrow the
+    /// Buffers for the first [`CPU_CAPTURE_ROWS`] rows of `params` whose nucleus may outgrow the
     /// lists, or `None` when no row's may.
     pub fn buffers(pipeline: &Pipeline, params: &SamplingParams<'_>, batch: usize, vocab: usize) -> Option<Captured> {
         let filters = params.filter?;
         let mut slots = vec![flashsample_codegen_cpu::CAPTURE_NONE; batch];
         let mut n = 0;
         for (slot, f) in slots.iter_mut().zip(filters) {
-            if n < CAPTURE_ROWS && f.may_outgrow_lists() {
+            if n < CPU_CAPTURE_ROWS && f.may_outgrow_lists() {
                 *slot = n as u32;
                 n += 1;
             }
