@@ -65,11 +65,13 @@ fn raw_pipelines_are_refused_where_not_served() {
 
 #[test]
 fn raw_logprobs_of_nuclei_served_exactly() {
-    // Flat logits and top-p 0.99: every row's nucleus outgrows the 8-entry lists, so each is
-    // recomputed with whole-tile lists and its drawn token reads its raw logit beside them.
+    // Flat logits and top-p 0.99: every row's nucleus outgrows the 8-entry lists. The launch
+    // captures the first 8 rows' processed and raw logits and cuts them from the capture; the
+    // other 3 are recomputed with whole-tile lists, their drawn token reading its raw logit
+    // beside its list entry. Either way the reported logprob is the raw one.
     let p = serving(LogprobMode::Raw);
     let sampler = Sampler::new(p.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
-    let mut case = Case::random(&p, 6, 64, 700, 13, 0.5).with_filter(flashsample::RowFilter::top_p(0.99));
+    let mut case = Case::random(&p, 11, 64, 700, 13, 0.5).with_filter(flashsample::RowFilter::top_p(0.99));
     // T = 0.5: the processed logit of a drawn token differs from its raw one.
     case.temperatures.iter_mut().for_each(|t| *t = 0.5);
     for row in 0..case.batch {
