@@ -1036,7 +1036,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
             }
         }
         if l.capture {
-            self.emit_capture(q, row, x, allowed, raw_lanes.as_ref().map(|r| r.0));
+            // The raw logits are captured where the lists carry them (`kernel::Capture::raws`).
+            let paired = self.plan.raw.as_ref().is_some_and(|r| r.paired_lists);
+            let rx = raw_lanes.as_ref().filter(|_| paired).map(|r| r.0);
+            self.emit_capture(q, row, x, allowed, rx);
         }
         if let Some((rx, valid, rl)) = &raw_lanes {
             if self.plan.raw.as_ref().is_some_and(|r| r.list_capacity > 0) {
@@ -1437,8 +1440,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
     }
 
     /// The exact nucleus's capture (`kernel::Capture`): a row with a slot stores the quad's
-    /// eligible logits (and raw ones) at `slot · stride + v`; a launch without a capture (null
-    /// slots) or a row without a slot skips it.
+    /// eligible logits (and `raw_x`, the raw ones, where the lists carry them) at
+    /// `slot · stride + v`; a launch without a capture (null slots) or a row without a slot
+    /// skips it.
     fn emit_capture(&mut self, q: &Quad, row: Value, x: Value, allowed: Value, raw_x: Option<Value>) {
         let slots = self.arg(offset_of!(KernelArgs, capture_slots));
         let b = &mut self.b;
@@ -1453,11 +1457,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.ins().brif(none, done, &[], store, &[]);
 
         b.switch_to_block(store);
-        let [logits, raws, stride] = [
-            self.arg(offset_of!(KernelArgs, capture_logits)),
-            self.arg(offset_of!(KernelArgs, capture_raws)),
-            self.arg(offset_of!(KernelArgs, capture_stride)),
-        ];
+        let logits = self.arg(offset_of!(KernelArgs, capture_logits));
+        let stride = self.arg(offset_of!(KernelArgs, capture_stride));
+        // Not null where `raw_x` is given: a capture of a pipeline whose lists carry raw logits
+        // has them (checked at launch).
+        let raws = raw_x.map(|rx| (rx, self.arg(offset_of!(KernelArgs, capture_raws))));
         let b = &mut self.b;
         let slot = b.ins().uextend(I64, slot);
         let first = b.ins().imul(slot, stride);
@@ -1466,18 +1470,12 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let xs = eligible(b, x, allowed);
         let dst = b.ins().iadd(logits, off);
         b.ins().store(output(), xs, dst, 0);
-        if let Some(rx) = raw_x {
-            // Non-null exactly when the pipeline's lists carry raw logits (checked at launch).
+        if let Some((rx, raws)) = raws {
             let dst = b.ins().iadd(raws, off);
-            let (put, skip) = (b.create_block(), b.create_block());
-            b.ins().brif(raws, put, &[], skip, &[]);
-            b.switch_to_block(put);
             b.ins().store(output(), rx, dst, 0);
-            b.ins().jump(skip, &[]);
-            b.switch_to_block(skip);
         }
-        self.b.ins().jump(done, &[]);
-        self.b.switch_to_block(done);
+        b.ins().jump(done, &[]);
+        b.switch_to_block(done);
     }
 
     /// Step 7c, the rank pass: adds the quad's tokens whose eligible logit (`-inf` when

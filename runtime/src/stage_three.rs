@@ -9,6 +9,7 @@ use flashsample_abi::raw::raw_logit_of;
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
@@ -218,25 +219,25 @@ pub(crate) enum WholeRows<'a> {
 type Carried<'a> = Box<dyn Fn(&Scored) -> f32 + 'a>;
 
 impl WholeRows<'_> {
-    /// Row `rows[i]`'s eligible tokens, unsorted, and its [`Carried`] logits; `None` for a row
-    /// the capture does not hold (it keeps its status).
-    fn row(&self, i: usize, row: usize) -> Option<(Vec<Scored>, Carried<'_>)> {
+    /// Row `rows[i]`'s eligible tokens, unsorted (the lists' own entries, borrowed), and its
+    /// [`Carried`] logits; `None` for a row the capture does not hold (it keeps its status).
+    fn row(&self, i: usize, row: usize) -> Option<(Cow<'_, [Scored]>, Carried<'_>)> {
         match self {
             WholeRows::Lists { layout, lists, raws } => {
                 let (layout, raws) = (*layout, *raws);
                 let carried = move |w: &Scored| raws.map_or(w.logit, |r| r.carried(layout, lists, i, w));
-                Some((layout.row(lists, i).to_vec(), Box::new(carried)))
+                Some((Cow::Borrowed(layout.row(lists, i)), Box::new(carried)))
             }
             WholeRows::Captured(c) => {
                 let at = c.slot(row)? * c.stride;
-                let entries = c.logits[at..][..c.stride]
+                let entries: Vec<Scored> = c.logits[at..][..c.stride]
                     .iter()
                     .enumerate()
                     .filter(|(_, x)| **x > f32::NEG_INFINITY)
                     .map(|(v, &logit)| Scored { index: v as u32, logit })
                     .collect();
                 let raws = c.raws.as_deref();
-                Some((entries, Box::new(move |w: &Scored| raws.map_or(w.logit, |r| r[at + w.index as usize]))))
+                Some((Cow::Owned(entries), Box::new(move |w: &Scored| raws.map_or(w.logit, |r| r[at + w.index as usize]))))
             }
         }
     }

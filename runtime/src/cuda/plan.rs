@@ -253,7 +253,6 @@ pub struct SamplingPlan {
 /// the device"): scratch `R × V × 20` bytes (6 MB at V = 151936).
 pub const DEFAULT_NUCLEUS_ROWS: usize = 2;
 
-/// A plan's exact nucleus scratch: its layout and the one buffer it describes.
 /// The stage-one capture arguments of a launch: its filters, the slots `R`, the buffer.
 #[derive(Clone, Copy)]
 struct Capture {
@@ -262,6 +261,7 @@ struct Capture {
     logits: u64,
 }
 
+/// A plan's exact nucleus scratch: its layout and the one buffer it describes.
 struct NucleusScratch {
     layout: NucleusLayout,
     buffer: CudaSlice<u8>,
