@@ -177,6 +177,32 @@ pub fn list_capacity(pipeline: &Pipeline) -> u32 {
     pipeline.list_capacity().max(pipeline.raw_list_capacity())
 }
 
+/// Which kernels beside stage one and stage two a pipeline's module holds: the one rule that
+/// [`llvm_ir_with`] emits by, [`CompiledPtx`] names and the runtime loads by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleKernels {
+    /// Stage three (`flashsample_filter`): the pipeline keeps lists ([`list_capacity`]).
+    pub filter: bool,
+    /// The decision and the drafts' spreading: the pipeline verifies drafts.
+    pub decide: bool,
+    /// The exact nucleus's kernels ([`has_nucleus_kernels`]).
+    pub nucleus: bool,
+    /// Stage one's rank pass (`flashsample_stage1_rank`): the pipeline ranks its targets.
+    pub rank: bool,
+}
+
+impl ModuleKernels {
+    /// The kernels `pipeline`'s module holds.
+    pub fn of(pipeline: &Pipeline) -> ModuleKernels {
+        ModuleKernels {
+            filter: list_capacity(pipeline) > 0,
+            decide: pipeline.verify.is_some(),
+            nucleus: has_nucleus_kernels(pipeline),
+            rank: pipeline.ranks_targets(),
+        }
+    }
+}
+
 /// The LLVM IR text of the module (both kernels), before optimisation. For inspection.
 pub fn llvm_ir(pipeline: &Pipeline, config: &GpuConfig) -> Result<String, PtxError> {
     llvm_ir_with(pipeline, config, CodegenOptions::for_config(config))
@@ -201,20 +227,21 @@ pub fn llvm_ir_with(
     m.push_str(lse::DECLS);
     m.push_str(&lse::helpers(if options.outline_math { "#2" } else { "#0" }));
     m.push('\n');
+    let kernels = ModuleKernels::of(pipeline);
     let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;
     m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Sample { lse }));
-    if pipeline.ranks_targets() {
+    if kernels.rank {
         m.push('\n');
         m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Rank));
     }
     m.push('\n');
     m.push_str(&stage2::emit());
-    if list_capacity(pipeline) > 0 {
+    if kernels.filter {
         m.push('\n');
         m.push_str(&filter::shared_decls());
         m.push_str(&filter::emit(config));
     }
-    if pipeline.verify.is_some() {
+    if kernels.decide {
         m.push('\n');
         m.push_str(&decide::shared_decls());
         m.push_str(&math64::helpers());
@@ -223,7 +250,7 @@ pub fn llvm_ir_with(
         m.push('\n');
         m.push_str(&decide::emit_targets());
     }
-    if has_nucleus_kernels(pipeline) {
+    if kernels.nucleus {
         m.push('\n');
         m.push_str(&nucleus::emit(pipeline, config));
     }
@@ -254,13 +281,14 @@ pub fn compile_with(
         (true, Arch::Sm80) => return Err(PtxError::WgmmaNeedsSm90a { compute_capability: (8, 0) }),
     };
     let ptx = ir_to_ptx(&text, cpu)?;
+    let kernels = ModuleKernels::of(pipeline);
     Ok(CompiledPtx {
         ptx,
         stage1: stage1::NAME,
-        stage1_rank: pipeline.ranks_targets().then_some(stage1::RANK_NAME),
+        stage1_rank: kernels.rank.then_some(stage1::RANK_NAME),
         stage2: stage2::NAME,
-        filter: (list_capacity(pipeline) > 0).then_some(filter::NAME),
-        decide: pipeline.verify.is_some().then_some((decide::NAME, decide::TARGETS_NAME)),
+        filter: kernels.filter.then_some(filter::NAME),
+        decide: kernels.decide.then_some((decide::NAME, decide::TARGETS_NAME)),
         config: config.clone(),
         arch,
     })

@@ -55,7 +55,7 @@ pub fn has_nucleus_kernels(p: &Pipeline) -> bool {
     p.filter_max_k().is_some() && !p.is_greedy()
 }
 
-/// Whether stage one keeps the logits of the rows [`capture_slot`] gives a slot (the nucleus
+/// Whether stage one keeps the logits of the rows `capture_slot` gives a slot (the nucleus
 /// kernels then read them instead of multiplying again): pipelines with the nucleus kernels
 /// whose lists do not carry raw logits (those rows are recomputed, raw logits and all).
 pub fn captures_logits(p: &Pipeline) -> bool {

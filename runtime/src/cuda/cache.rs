@@ -19,7 +19,7 @@ use super::{
 use crate::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
-use flashsample_codegen_ptx::{CodegenOptions, GpuConfig};
+use flashsample_codegen_ptx::{CodegenOptions, GpuConfig, ModuleKernels};
 use flashsample_ir::Pipeline;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -196,7 +196,7 @@ fn trusted_dir(dir: &Path) -> Option<&Path> {
 /// then passes lse = 0 to every stage).
 pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfig, skip_lse: bool) -> Result<Arc<LoadedKernel>> {
     let skip_lse = skip_lse && pipeline.needs_logsumexp();
-    let entries = Entries::of(pipeline);
+    let kernels = ModuleKernels::of(pipeline);
     let key = Key {
         ordinal: device.ordinal(),
         fingerprint: pipeline.fingerprint(),
@@ -214,7 +214,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
     let dir = dir.as_deref().and_then(trusted_dir);
     let mut kernel = None;
     if let Some(text) = dir.and_then(|d| read_cached(d, &key)) {
-        match load(device, &text, true, entries, config) {
+        match load(device, &text, true, kernels, config) {
             Ok(k) => kernel = Some(k),
             Err(e) => warn(format!("ignoring cached PTX {}: {e}", key.file_name())),
         }
@@ -225,7 +225,7 @@ pub(crate) fn kernel(device: &CudaDevice, pipeline: &Pipeline, config: &GpuConfi
             let options = CodegenOptions { skip_logsumexp: skip_lse, ..CodegenOptions::for_config(config) };
             let compiled = flashsample_codegen_ptx::compile_with(pipeline, config, device.arch(), options)?;
             let text = ptx::ptx_text(&compiled);
-            let k = load(device, text, false, entries, config)?;
+            let k = load(device, text, false, kernels, config)?;
             if let Some(d) = dir {
                 write_cached(d, &key, text);
             }
@@ -283,36 +283,12 @@ fn write_cached(dir: &Path, key: &Key, text: &str) {
     }
 }
 
-/// Loads PTX into the device's context and looks up its kernels (stage three iff `filter`,
-/// the decision kernels iff `decide`, the exact nucleus's iff `nucleus`).
+/// Loads PTX into the device's context and looks up its kernels (stage three, the decision
+/// kernels, the exact nucleus's and the rank pass as `kernels` says the module holds them).
 /// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
 /// its occupancy read with it.
-/// Which kernels beside stages one and two a pipeline's module holds (`codegen_ptx::compile`).
-#[derive(Clone, Copy)]
-struct Entries {
-    /// Stage three: the pipeline keeps lists.
-    filter: bool,
-    /// The decision and the drafts' spreading: the pipeline verifies.
-    decide: bool,
-    /// The exact nucleus's kernels.
-    nucleus: bool,
-    /// Stage one's rank pass: the pipeline ranks its targets.
-    rank: bool,
-}
-
-impl Entries {
-    fn of(p: &Pipeline) -> Entries {
-        Entries {
-            filter: flashsample_codegen_ptx::list_capacity(p) > 0,
-            decide: p.verify.is_some(),
-            nucleus: flashsample_codegen_ptx::has_nucleus_kernels(p),
-            rank: p.ranks_targets(),
-        }
-    }
-}
-
-fn load(device: &CudaDevice, text: &str, from_disk: bool, entries: Entries, config: &GpuConfig) -> Result<LoadedKernel> {
-    let Entries { filter, decide, nucleus, rank } = entries;
+fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels, config: &GpuConfig) -> Result<LoadedKernel> {
+    let ModuleKernels { filter, decide, nucleus, rank } = kernels;
     if text.contains('\0') {
         return Err(Error::Cuda("PTX text contains a NUL byte".into()));
     }
