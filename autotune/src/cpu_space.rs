@@ -76,7 +76,7 @@ fn keep(c: &CpuConfig, batch: usize, dim: usize, vocab: usize, elem_bytes: usize
     }
     let tile_bytes = match c.engine {
         CpuEngine::Cranelift => c.vocab_tile as usize * dim * elem_bytes,
-        CpuEngine::Avx512Bf16 => c.vocab_tile as usize * batch * 4,
+        CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => c.vocab_tile as usize * batch * 4,
     };
     let tiles = vocab.div_ceil(c.vocab_tile as usize);
     let smallest_tile = c.vocab_tile == VOCAB_TILES[0];

@@ -36,11 +36,16 @@ pub enum CpuEngine {
     /// then reads. Needs bf16 hidden states and weights and a CPU with `avx512bf16`
     /// (DESIGN.md, "CPU matrix engine", states its f32 contract).
     Avx512Bf16,
+    /// AMX-BF16 tiles (`tdpbf16ps`: a 16 × 16 × 32 block product per instruction, 16× the
+    /// bf16 products per cycle of `vdpbf16ps`) into the same scratch. Needs bf16 hidden states
+    /// and weights, a CPU with AMX-TILE, AMX-BF16 and AVX-512F, and the OS's permission to use
+    /// the tile registers (requested once per process).
+    AmxBf16,
 }
 
 impl CpuEngine {
     /// Every engine, fallback first.
-    pub const ALL: [CpuEngine; 2] = [CpuEngine::Cranelift, CpuEngine::Avx512Bf16];
+    pub const ALL: [CpuEngine; 3] = [CpuEngine::Cranelift, CpuEngine::Avx512Bf16, CpuEngine::AmxBf16];
 
     /// The CPU feature the engine needs that this host lacks, if any (detected at run time).
     pub fn missing_host_feature(self) -> Option<&'static str> {
@@ -64,6 +69,7 @@ impl CpuEngine {
                 #[cfg(not(target_arch = "x86_64"))]
                 Some("avx512bf16")
             }
+            CpuEngine::AmxBf16 => crate::amx::missing_host_feature(),
         }
     }
 
@@ -71,7 +77,7 @@ impl CpuEngine {
     pub fn supports(self, hidden: DType, weights: DType) -> bool {
         match self {
             CpuEngine::Cranelift => true,
-            CpuEngine::Avx512Bf16 => hidden == DType::BF16 && weights == DType::BF16,
+            CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => hidden == DType::BF16 && weights == DType::BF16,
         }
     }
 
@@ -101,6 +107,7 @@ impl std::fmt::Display for CpuEngine {
         f.write_str(match self {
             CpuEngine::Cranelift => "cranelift",
             CpuEngine::Avx512Bf16 => "avx512bf16",
+            CpuEngine::AmxBf16 => "amx",
         })
     }
 }
@@ -110,7 +117,7 @@ impl std::str::FromStr for CpuEngine {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::ALL.into_iter().find(|e| e.to_string() == s).ok_or_else(|| CpuCodegenError::InvalidConfig {
             field: "engine",
-            reason: format!("is `{s}`; it must be one of cranelift, avx512bf16"),
+            reason: format!("is `{s}`; it must be one of cranelift, avx512bf16, amx"),
         })
     }
 }
@@ -145,13 +152,15 @@ impl CpuConfig {
         let vocab_tile = match engine {
             CpuEngine::Cranelift => per_tile.clamp(64, 2048) as u32,
             // The scratch (`batch × vocab_tile` f32) stays in L2.
-            CpuEngine::Avx512Bf16 => {
+            CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => {
                 let fits = SCRATCH_TARGET_BYTES / (4 * batch.max(1)) / 4 * 4;
                 // Hidden states past L2 are split into row chunks that each re-read the tile's
                 // weights: keep those in L3.
                 let chunked = batch * dim * 2 > crate::tiles::HIDDEN_CHUNK_BYTES;
                 let rereads = if chunked { CHUNKED_TILE_BYTES / (2 * dim.max(1)) / 4 * 4 } else { usize::MAX };
-                per_tile.min(fits).min(rereads).clamp(32, 2048) as u32
+                let tile = per_tile.min(fits).min(rereads).clamp(32, 2048);
+                // AMX blocks are 64 (up to 16 rows) or 32 tokens (above): whole blocks only.
+                (if engine == CpuEngine::AmxBf16 { tile.max(64) / 64 * 64 } else { tile }) as u32
             }
         };
         // Cranelift: 4 rows × 4 tokens = 16 accumulators: a few spill, but it measured fastest at B = 16.

@@ -195,7 +195,7 @@ type ScratchFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, 
 #[derive(Clone, Copy)]
 enum Entry {
     Fused(FusedFn),
-    Scratch { epilogue: ScratchFn, tiles: tiles::TileFn },
+    Scratch { epilogue: ScratchFn, engine: tiles::MatrixEngine },
 }
 
 /// The args shared by the worker threads of one launch.
@@ -387,7 +387,7 @@ impl CpuKernel {
         config.engine.check(pipeline)?;
         let source = match config.engine {
             CpuEngine::Cranelift => LogitSource::Fused,
-            CpuEngine::Avx512Bf16 => LogitSource::Scratch,
+            CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => LogitSource::Scratch,
         };
 
         let mut flags = settings::builder();
@@ -427,7 +427,7 @@ impl CpuKernel {
                 LogitSource::Fused => Entry::Fused(std::mem::transmute::<*const u8, FusedFn>(code)),
                 LogitSource::Scratch => Entry::Scratch {
                     epilogue: std::mem::transmute::<*const u8, ScratchFn>(code),
-                    tiles: tiles::for_engine(config.engine)
+                    engine: tiles::for_engine(config.engine)
                         .ok_or(CpuCodegenError::MissingHostFeature("the engine's instructions"))?,
                 },
             }
@@ -676,9 +676,9 @@ impl CpuKernel {
             }
             Entry::Scratch { .. } => Vec::new(),
         };
-        let hidden_bf16 = match self.entry {
+        let engine_hidden = match self.entry {
             Entry::Fused(_) => Vec::new(),
-            Entry::Scratch { .. } => tiles::hidden_to_bf16(a.hidden, a.dim)?,
+            Entry::Scratch { engine, .. } => (engine.prepare)(a.hidden, a.batch, a.dim)?,
         };
         let scratch_len = tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
         if matches!(self.entry, Entry::Scratch { .. }) && scratch_len * 4 > MAX_SCRATCH_BYTES {
@@ -742,7 +742,7 @@ impl CpuKernel {
             // SAFETY: every pointer in `args` covers the length checked above for this shape,
             // the buffers outlive the call, and tasks cover disjoint tiles.
             Entry::Fused(f) => unsafe { f(shared.get(), tile as u64, tile as u64 + 1) },
-            Entry::Scratch { epilogue, tiles: tile_logits } => {
+            Entry::Scratch { epilogue, engine } => {
                 let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
                 // Only this worker locks its scratch; a poisoned lock holds a usable buffer.
                 let mut scratch = scratches[worker].lock().unwrap_or_else(|e| e.into_inner());
@@ -753,7 +753,7 @@ impl CpuKernel {
                 // the lengths of hidden and weights were checked above, and the scratch holds a
                 // whole tile.
                 unsafe {
-                    tile_logits(&hidden_bf16, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
+                    (engine.tiles)(&engine_hidden, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                 }

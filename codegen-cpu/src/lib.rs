@@ -5,6 +5,7 @@
 //! The semantics are DESIGN.md's "Semantics every backend implements", steps 1–7; the
 //! noise and the transcendentals are emitted op for op as `flashsample_abi` writes them.
 
+mod amx;
 mod config;
 mod error;
 mod kernel;

@@ -90,17 +90,35 @@ pub(crate) fn scratch_len(batch: usize, vocab_tile: usize) -> usize {
     vocab_tile.div_ceil(4) * batch * 4
 }
 
-/// An engine's tile function: [`tile_logits_bf16`]'s signature, weights as raw bytes.
+/// An engine's tile function: [`tile_logits_bf16`]'s signature, the hidden states as the
+/// engine's [`MatrixEngine::prepare`] laid them out, weights as raw bytes.
 pub(crate) type TileFn = unsafe fn(&[u16], usize, usize, *const u8, usize, usize, usize, &mut [f32]);
 
-/// The tile function of `engine` on this architecture (`None` for the fused Cranelift engine).
-pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<TileFn> {
+/// Lays a launch's f32 hidden states (`[batch, dim]`, bf16 values) out for a tile function.
+pub(crate) type PrepareFn = fn(&[f32], usize, usize) -> Result<Vec<u16>, CpuCodegenError>;
+
+/// A matrix engine: how it lays out a launch's hidden states once, and its tile function.
+#[derive(Clone, Copy)]
+pub(crate) struct MatrixEngine {
+    /// The launch's f32 hidden states (`[batch, dim]`, bf16 values) in the tile function's layout.
+    pub prepare: PrepareFn,
+    /// One tile's logits into the scratch.
+    pub tiles: TileFn,
+}
+
+/// The matrix engine of `engine` on this architecture (`None` for the fused Cranelift engine).
+pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<MatrixEngine> {
     match engine {
         crate::CpuEngine::Cranelift => None,
         #[cfg(target_arch = "x86_64")]
-        crate::CpuEngine::Avx512Bf16 => Some(tile_logits_bf16),
+        crate::CpuEngine::Avx512Bf16 => Some(MatrixEngine { prepare: |h, _, dim| hidden_to_bf16(h, dim), tiles: tile_logits_bf16 }),
+        #[cfg(target_arch = "x86_64")]
+        crate::CpuEngine::AmxBf16 => Some(MatrixEngine {
+            prepare: |h, batch, dim| Ok(crate::amx::pack_hidden(&hidden_to_bf16(h, dim)?, batch, dim)),
+            tiles: crate::amx::tile_logits,
+        }),
         #[cfg(not(target_arch = "x86_64"))]
-        crate::CpuEngine::Avx512Bf16 => None,
+        crate::CpuEngine::Avx512Bf16 | crate::CpuEngine::AmxBf16 => None,
     }
 }
 

@@ -24,7 +24,7 @@ pub(crate) const KERNEL_CACHE: usize = 8;
 /// Shapes whose config a sampler remembers; past this the memo starts over (a lookup is cheap).
 const CONFIG_MEMO: usize = 1024;
 
-/// Forces the CPU engine for every pipeline it can run (`cranelift`, `avx512bf16`); other
+/// Forces the CPU engine for every pipeline it can run (`cranelift`, `avx512bf16`, `amx`); other
 /// pipelines keep the Cranelift engine. For tests of the fallback path and A/B measurements.
 pub(crate) const ENGINE_ENV: &str = "FLASHSAMPLE_CPU_ENGINE";
 

@@ -44,7 +44,7 @@ fn pipelines() -> Vec<Pipeline> {
 }
 
 fn engines() -> Vec<CpuEngine> {
-    [CpuEngine::Cranelift, CpuEngine::Avx512Bf16].into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
+    CpuEngine::ALL.into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
 }
 
 #[test]

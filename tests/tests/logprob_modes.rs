@@ -10,7 +10,7 @@ use flashsample_tests::modes::{assert_modes_differ_only_in_logprobs, raw_variant
 use flashsample_tests::Case;
 
 fn engines() -> Vec<CpuEngine> {
-    [CpuEngine::Cranelift, CpuEngine::Avx512Bf16].into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
+    CpuEngine::ALL.into_iter().filter(|e| e.missing_host_feature().is_none()).collect()
 }
 
 fn config(engine: CpuEngine, batch: usize, dim: usize, vocab: usize) -> KernelConfig {

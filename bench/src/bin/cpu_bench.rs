@@ -43,7 +43,7 @@ struct Args {
     /// With `--filter`: also time the batch with one lone top-p 0.95 row at T = 2.
     #[arg(long, requires = "filter")]
     nucleus: bool,
-    /// Force a CPU engine (`cranelift`, `avx512bf16`) instead of the heuristic's choice.
+    /// Force a CPU engine (`cranelift`, `avx512bf16`, `amx`) instead of the heuristic's choice.
     #[arg(long)]
     engine: Option<CpuEngine>,
     /// Also time the portable Rust unfused baseline.
