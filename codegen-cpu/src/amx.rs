@@ -141,20 +141,11 @@ impl TileConfig {
 ///
 /// # Safety
 /// [`missing_host_feature`] is `None`; `weights` points to `vocab × dim` little-endian bf16;
-/// `packed` is `pack_hidden` of `batch × dim` values; `scratch` holds at least
+/// `job.hidden` is `pack_hidden` of `batch × dim` values; `scratch` holds at least
 /// `tiles::scratch_len(batch, v_end − v_begin)` floats.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile_logits(
-    packed: &[u16],
-    batch: usize,
-    dim: usize,
-    weights: *const u8,
-    vocab: usize,
-    v_begin: usize,
-    v_end: usize,
-    scratch: &mut [f32],
-) {
+pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut [f32]) {
+    let &crate::tiles::TileJob { hidden: packed, batch, dim, weights, vocab, v_begin, v_end } = job;
     debug_assert!(packed.len() == packed_len(batch, dim) && v_end <= vocab && v_begin < v_end);
     debug_assert!(scratch.len() >= crate::tiles::scratch_len(batch, v_end - v_begin));
     let weights = weights.cast::<u16>();

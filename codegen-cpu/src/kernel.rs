@@ -753,7 +753,8 @@ impl CpuKernel {
                 // the lengths of hidden and weights were checked above, and the scratch holds a
                 // whole tile.
                 unsafe {
-                    (engine.tiles)(&engine_hidden, a.batch, a.dim, a.weights.as_ptr(), a.vocab, v_begin, v_end, &mut scratch);
+                    let job = tiles::TileJob { hidden: &engine_hidden, batch: a.batch, dim: a.dim, weights: a.weights.as_ptr(), vocab: a.vocab, v_begin, v_end };
+                    (engine.tiles)(&job, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                 }

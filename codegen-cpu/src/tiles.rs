@@ -90,9 +90,22 @@ pub(crate) fn scratch_len(batch: usize, vocab_tile: usize) -> usize {
     vocab_tile.div_ceil(4) * batch * 4
 }
 
-/// An engine's tile function: [`tile_logits_bf16`]'s signature, the hidden states as the
-/// engine's [`MatrixEngine::prepare`] laid them out, weights as raw bytes.
-pub(crate) type TileFn = unsafe fn(&[u16], usize, usize, *const u8, usize, usize, usize, &mut [f32]);
+/// One tile of one launch, as every engine's tile function takes it.
+pub(crate) struct TileJob<'a> {
+    /// The hidden states as the engine's [`MatrixEngine::prepare`] laid them out.
+    pub hidden: &'a [u16],
+    pub batch: usize,
+    pub dim: usize,
+    /// `vocab × dim` little-endian bf16.
+    pub weights: *const u8,
+    pub vocab: usize,
+    /// The tile's tokens, `v_begin..v_end` (`v_end ≤ vocab`).
+    pub v_begin: usize,
+    pub v_end: usize,
+}
+
+/// An engine's tile function: the tile's logits into the scratch (layout above).
+pub(crate) type TileFn = unsafe fn(&TileJob<'_>, &mut [f32]);
 
 /// Lays a launch's f32 hidden states (`[batch, dim]`, bf16 values) out for a tile function.
 pub(crate) type PrepareFn = fn(&[f32], usize, usize) -> Result<Vec<u16>, CpuCodegenError>;
@@ -128,19 +141,10 @@ pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<MatrixEngine> {
 /// # Safety
 /// The host has `avx512f`, `avx512bw`, `avx512dq` and `avx512bf16` (`CpuEngine::Avx512Bf16.
 /// missing_host_feature()` is `None`); `weights` points to `vocab × dim` little-endian bf16; `hidden` holds
-/// `batch × dim` bf16; `scratch` holds at least `scratch_len(batch, v_end − v_begin)` floats.
+/// `batch × dim` bf16 (the fields of `job`); `scratch` holds at least `scratch_len(batch, v_end − v_begin)` floats.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile_logits_bf16(
-    hidden: &[u16],
-    batch: usize,
-    dim: usize,
-    weights: *const u8,
-    vocab: usize,
-    v_begin: usize,
-    v_end: usize,
-    scratch: &mut [f32],
-) {
+pub(crate) unsafe fn tile_logits_bf16(job: &TileJob<'_>, scratch: &mut [f32]) {
+    let &TileJob { hidden, batch, dim, weights, vocab, v_begin, v_end } = job;
     debug_assert!(hidden.len() == batch * dim && v_end <= vocab && v_begin < v_end);
     debug_assert!(scratch.len() >= scratch_len(batch, v_end - v_begin));
     let out = scratch.as_mut_ptr();
