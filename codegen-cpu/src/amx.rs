@@ -135,9 +135,11 @@ impl TileConfig {
 }
 
 /// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`) from
-/// [`pack_hidden`]'s layout. Up to 16 rows, blocks of 64 tokens × 16 rows (4 × 1: each hidden
-/// block feeds four weight blocks: the memory-bound shape); above, 32 tokens × 32 rows (2 × 2:
-/// half the weight-tile loads per product).
+/// [`pack_hidden`]'s layout. Up to 4 rows, blocks of 16 tokens × 16 rows (1 × 1: 16 weight rows
+/// streamed side by side; 64 rows of 2 KiB at D = 1024 were 1.4–1.9× slower); up to 16 rows,
+/// 64 tokens × 16 rows (4 × 1: each hidden block feeds four weight blocks); above, 32 tokens ×
+/// 32 rows (2 × 2: half the weight-tile loads per product). The blocking changes no bit: each
+/// (row, token) sums its steps in the same order in every shape.
 ///
 /// # Safety
 /// [`missing_host_feature`] is `None`; `weights` points to `vocab × dim` little-endian bf16;
@@ -182,7 +184,12 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     // SAFETY: the host has AMX (the caller's guarantee); the config describes 8 full tiles.
     unsafe { asm!("ldtilecfg [{}]", in(reg) TileConfig::ALL_FULL.0.as_ptr(), options(nostack, readonly)) };
     let chunk_rows = (crate::tiles::HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(2 * BLOCK) / (2 * BLOCK) * (2 * BLOCK);
-    if batch <= BLOCK {
+    if batch <= 4 {
+        for g in 0..token_groups {
+            // SAFETY: as below.
+            unsafe { ctx.block_1x1(block_rows(g), g) };
+        }
+    } else if batch <= BLOCK {
         for g in (0..token_groups).step_by(4) {
             let w = [0, 1, 2, 3].map(|i| block_rows((g + i).min(token_groups - 1)));
             // SAFETY: as this function's; `w` are 16-row blocks inside the weights or the copy.
@@ -266,6 +273,38 @@ impl Ctx<'_> {
             // SAFETY: as this function's.
             unsafe { self.emit(&mut c, rows, g + i, 0) };
         }
+    }
+
+    /// Token group `g` × the single row group, in tile 0.
+    ///
+    /// # Safety
+    /// As [`Self::block_4x1`].
+    unsafe fn block_1x1(&self, w: *const u16, g: usize) {
+        let stride = 2 * self.dim;
+        // SAFETY: tile 0 is a configured accumulator.
+        unsafe { asm!("tilezero tmm0", options(nostack, nomem)) };
+        for s in 0..self.dim / STEP {
+            let off = s * STEP;
+            prefetch(&[w], self.dim, off);
+            // SAFETY: as in `block_4x1`.
+            unsafe {
+                asm!(
+                    "tileloadd tmm6, [{h} + {hs}*1]",
+                    "tileloadd tmm4, [{w0} + {ws}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    h = in(reg) self.hidden_block(0, s),
+                    hs = in(reg) ROW_BYTES,
+                    w0 = in(reg) w.add(off),
+                    ws = in(reg) stride,
+                    options(nostack, readonly),
+                )
+            };
+        }
+        let mut c = Block::default();
+        // SAFETY: tile 0 holds this group's logits.
+        unsafe { c.store(0) };
+        // SAFETY: as this function's.
+        unsafe { self.emit(&mut c, w, g, 0) };
     }
 
     /// Token groups `g, g + 1` × row groups `rg, rg + 1`, in tiles 0–3 (tile `2·i + j`: token
