@@ -8,12 +8,13 @@
 //! pair-interleaved layout ([`pack_hidden`], once per launch), so a `C` block is 16 tokens ×
 //! 16 hidden rows and no weight byte is ever copied.
 //!
-//! The f32 contract (DESIGN.md, "CPU matrix engine"): per (row, token) one accumulator; step `k`
-//! of `dim / 32` adds the 32 products of elements `32k .. 32k + 32` as 16 pairs in order, each
-//! addition rounded to nearest-even, bf16 inputs and f32 results flushed to zero when subnormal
-//! (the unit ignores MXCSR), products exact; the `dim % 32` tail elements, if any, are summed in
-//! order in f32 and added last. The order depends on neither the tile, the block shape, the
-//! batch nor the thread, so a row's logits have the same bits in every launch.
+//! The f32 contract (DESIGN.md, "CPU matrix engine") is a bound, not an order: the unit's
+//! internal rounding matches no sequential order of f32 additions (measured), so per (row,
+//! token) each step `k` of `dim / 32` (elements `32k .. 32k + 32`, one `tdpbf16ps`) lands within
+//! `17·u·(|c| + Σ|p|)` of exact; the `dim % 32` tail elements, if any, are summed in order in
+//! plain f32 and added last. Every (row, token) goes through the same steps in the same order
+//! whatever the tile, the block shape, the batch or the thread, so a row's logits have the
+//! same bits in every launch.
 //!
 //! Linux hands out the tile registers only to a process that asks (`arch_prctl
 //! ARCH_REQ_XCOMP_PERM`); [`missing_host_feature`] asks once and reports a refusal as a
@@ -79,9 +80,14 @@ fn request_tile_data() -> Option<&'static str> {
     Some("amx tile data (requested on Linux only)")
 }
 
+/// Where [`pack_hidden`]'s `[batch][dim % 32]` tail elements start: after every group's blocks.
+fn tails_offset(batch: usize, dim: usize) -> usize {
+    groups(batch) * (dim / STEP) * BLOCK * STEP
+}
+
 /// Elements of [`pack_hidden`]'s output for `batch` rows of `dim`.
 fn packed_len(batch: usize, dim: usize) -> usize {
-    groups(batch) * (dim / STEP) * BLOCK * STEP + batch * (dim % STEP)
+    tails_offset(batch, dim) + batch * (dim % STEP)
 }
 
 /// Hidden row groups of [`BLOCK`] rows, rounded up to an even count so the 2 × 2 block shape
@@ -109,7 +115,7 @@ pub(crate) fn pack_hidden(hidden: &[u16], batch: usize, dim: usize) -> Vec<u16> 
             }
         }
     }
-    let tails = groups(batch) * steps * BLOCK * STEP;
+    let tails = tails_offset(batch, dim);
     for r in 0..batch {
         out[tails + r * tail..][..tail].copy_from_slice(&hidden[r * dim + steps * STEP..][..tail]);
     }
@@ -183,7 +189,8 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     let ctx = Ctx { packed, batch, dim, scratch: scratch.as_mut_ptr(), tokens };
     // SAFETY: the host has AMX (the caller's guarantee); the config describes 8 full tiles.
     unsafe { asm!("ldtilecfg [{}]", in(reg) TileConfig::ALL_FULL.0.as_ptr(), options(nostack, readonly)) };
-    let chunk_rows = (crate::tiles::HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(2 * BLOCK) / (2 * BLOCK) * (2 * BLOCK);
+    // Row chunks of whole 2 × 2 row-group pairs.
+    let chunk_groups = crate::tiles::chunk_rows(dim, 2 * BLOCK) / BLOCK;
     if batch <= 4 {
         for g in 0..token_groups {
             // SAFETY: as below.
@@ -196,8 +203,8 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
             unsafe { ctx.block_4x1(w, g, token_groups) };
         }
     } else {
-        for chunk in (0..groups(batch)).step_by(chunk_rows / BLOCK) {
-            let chunk_end = (chunk + chunk_rows / BLOCK).min(groups(batch));
+        for chunk in (0..groups(batch)).step_by(chunk_groups) {
+            let chunk_end = (chunk + chunk_groups).min(groups(batch));
             for g in (0..token_groups).step_by(2) {
                 let w = [0, 1].map(|i| block_rows((g + i).min(token_groups - 1)));
                 for rg in (chunk..chunk_end).step_by(2) {
@@ -363,7 +370,7 @@ impl Ctx<'_> {
         let tail = self.dim % STEP;
         if tail != 0 {
             let full = self.dim - tail;
-            let tails = &self.packed[groups(self.batch) * (self.dim / STEP) * BLOCK * STEP..];
+            let tails = &self.packed[tails_offset(self.batch, self.dim)..];
             for m in 0..BLOCK {
                 // SAFETY: row `m` of the block has `dim` elements.
                 let wt = unsafe { std::slice::from_raw_parts(w.add(m * self.dim + full), tail) };

@@ -67,6 +67,12 @@ impl TokenOrder {
 /// `CpuConfig::heuristic` keeps such tiles small).
 pub(crate) const HIDDEN_CHUNK_BYTES: usize = 512 << 10;
 
+/// Hidden rows per chunk at `dim`: as many as [`HIDDEN_CHUNK_BYTES`] of bf16 hold, rounded down
+/// to a whole number of the engine's row blocks (`block` rows), at least one block.
+pub(crate) fn chunk_rows(dim: usize, block: usize) -> usize {
+    (HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(block) / block * block
+}
+
 /// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
 /// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
 pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<Vec<u16>, CpuCodegenError> {
@@ -158,7 +164,7 @@ pub(crate) unsafe fn tile_logits_bf16(job: &TileJob<'_>, scratch: &mut [f32]) {
     let ahead = order.prefetch_rows() * dim;
     // Rows in chunks whose hidden states stay in L2 while the tile's tokens stream past them
     // (with all rows at once, B = 256 at D = 4096 re-read 2 MiB from L3 for every token group).
-    let chunk_rows = (HIDDEN_CHUNK_BYTES / (2 * dim.max(1))).max(ROWS) / ROWS * ROWS;
+    let chunk_rows = chunk_rows(dim, ROWS);
     for chunk in (0..batch).step_by(chunk_rows) {
         let chunk_end = (chunk + chunk_rows).min(batch);
         for t in 0..run {
