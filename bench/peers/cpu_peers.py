@@ -13,6 +13,13 @@ Every value is the median of --reps calls after --warmup calls, in milliseconds.
 JSON object: {"torch": version or null, "numpy": version or null, "threads": n, "rows":
 [{"dim", "batch", "torch_mm", "torch_eager", "torch_compile", "numpy"}]}. A missing package
 gives nulls for its columns, not an error.
+
+--serve (how cpu_bench runs it): the same peers, one call at a time on request, so that the
+caller can alternate them with its own launches and every column sees the same phase of a
+shared machine's memory bandwidth. After set-up it prints one JSON line {"torch", "numpy",
+"threads"}; then per input line `warm B` it runs --warmup calls of each peer at batch B
+(compiling it) and prints {}; per `time B` one timed call of each, printed as one JSON line
+{"torch_mm", "torch_eager", "torch_compile", "numpy"} in milliseconds; `quit` ends it.
 """
 
 import argparse
@@ -22,15 +29,132 @@ import sys
 import time
 
 
-def median_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    t = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - start)
-    return statistics.median(t) * 1e3
+def call_ms(fn):
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+class Peers:
+    """The peers of one hidden size: each batch's callables, built on first use."""
+
+    def __init__(self, args):
+        self.args = args
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        self.torch, self.np = torch, np
+        self.threads = args.threads
+        V, D, T = args.vocab, args.dim, args.temperature
+        self.compiled = None
+        if torch is not None:
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            self.threads = torch.get_num_threads()
+            self.g = torch.Generator().manual_seed(1)
+            self.w = (torch.rand(V, D, generator=self.g) * 0.1 - 0.05).to(torch.bfloat16)
+
+            def pipeline(h, w):
+                logits = (h @ w.T).float() / T
+                probs = torch.softmax(logits, dim=-1)
+                return torch.multinomial(probs, 1)
+
+            self.pipeline = pipeline
+            if not args.no_compile:
+                try:
+                    self.compiled = torch.compile(pipeline, dynamic=False)
+                except Exception as e:  # noqa: BLE001 - report and go on without the peer
+                    print(f"cpu_peers: torch.compile unavailable: {e}", file=sys.stderr)
+        if np is not None and not args.no_numpy:
+            self.rng = np.random.default_rng(1)
+            self.wf = self.rng.uniform(-0.05, 0.05, size=(V, D)).astype(np.float32)
+        else:
+            self.np = None
+        self.calls = {}
+
+    def versions(self):
+        return {
+            "torch": self.torch.__version__ if self.torch else None,
+            "numpy": self.np.__version__ if self.np else None,
+            "threads": self.threads,
+        }
+
+    def for_batch(self, b):
+        """{column: callable} at batch b."""
+        if b in self.calls:
+            return self.calls[b]
+        D, T = self.args.dim, self.args.temperature
+        calls = {}
+        if self.torch is not None:
+            torch, w, pipeline = self.torch, self.w, self.pipeline
+            h = (torch.rand(b, D, generator=self.g) * 2 - 1).to(torch.bfloat16)
+
+            def inference(fn):
+                def run():
+                    with torch.inference_mode():
+                        return fn()
+
+                return run
+
+            calls["torch_mm"] = inference(lambda: h @ w.T)
+            calls["torch_eager"] = inference(lambda: pipeline(h, w))
+            if self.compiled is not None:
+                compiled = self.compiled
+                calls["torch_compile"] = inference(lambda: compiled(h, w))
+        if self.np is not None:
+            np, wf = self.np, self.wf
+            hf = self.rng.uniform(-1.0, 1.0, size=(b, D)).astype(np.float32)
+            u = self.rng.uniform(size=(b, 1))
+
+            def numpy_pipeline():
+                logits = hf @ wf.T
+                logits /= T
+                logits -= logits.max(axis=1, keepdims=True)
+                np.exp(logits, out=logits)
+                cdf = np.cumsum(logits, axis=1)
+                return (cdf < u * cdf[:, -1:]).sum(axis=1)
+
+            calls["numpy"] = numpy_pipeline
+        self.calls[b] = calls
+        return calls
+
+    def run(self, b, name, fn):
+        """One timed call (ms); a failing torch.compile is reported once and dropped."""
+        try:
+            return call_ms(fn)
+        except Exception as e:  # noqa: BLE001
+            print(f"cpu_peers: {name} failed at B={b}: {e}", file=sys.stderr)
+            self.calls[b].pop(name, None)
+            return None
+
+
+def serve(args):
+    peers = Peers(args)
+    print(json.dumps(peers.versions()), flush=True)
+    for line in sys.stdin:
+        cmd, *rest = line.split()
+        if cmd == "quit":
+            break
+        b = int(rest[0])
+        calls = peers.for_batch(b)
+        if cmd == "warm":
+            for name, fn in list(calls.items()):
+                for _ in range(args.warmup):
+                    if peers.run(b, name, fn) is None:
+                        break
+            print("{}", flush=True)
+        elif cmd == "time":
+            out = {name: None for name in ("torch_mm", "torch_eager", "torch_compile", "numpy")}
+            for name, fn in list(calls.items()):
+                out[name] = peers.run(b, name, fn)
+            print(json.dumps(out), flush=True)
+        else:
+            raise SystemExit(f"cpu_peers: unknown command {line!r}")
 
 
 def main():
@@ -44,77 +168,23 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-numpy", action="store_true")
+    ap.add_argument("--serve", action="store_true", help="time calls on request (module doc)")
     args = ap.parse_args()
+    if args.serve:
+        return serve(args)
     batches = [int(b) for b in args.batches.split(",") if b]
-    V, D, T = args.vocab, args.dim, args.temperature
-
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    try:
-        import numpy as np
-    except ImportError:
-        np = None
-
-    out = {
-        "torch": torch.__version__ if torch else None,
-        "numpy": np.__version__ if np else None,
-        "threads": args.threads,
-        "rows": [],
-    }
-    rows = {b: {"dim": D, "batch": b, "torch_mm": None, "torch_eager": None, "torch_compile": None, "numpy": None} for b in batches}
-
-    if torch is not None:
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        out["threads"] = torch.get_num_threads()
-        g = torch.Generator().manual_seed(1)
-        w = (torch.rand(V, D, generator=g) * 0.1 - 0.05).to(torch.bfloat16)
-
-        def pipeline(h, w):
-            logits = (h @ w.T).float() / T
-            probs = torch.softmax(logits, dim=-1)
-            return torch.multinomial(probs, 1)
-
-        compiled = None
-        if not args.no_compile:
-            try:
-                compiled = torch.compile(pipeline, dynamic=False)
-            except Exception as e:  # noqa: BLE001 - report and go on without the peer
-                print(f"cpu_peers: torch.compile unavailable: {e}", file=sys.stderr)
-        with torch.inference_mode():
-            for b in batches:
-                h = (torch.rand(b, D, generator=g) * 2 - 1).to(torch.bfloat16)
-                rows[b]["torch_mm"] = median_ms(lambda: h @ w.T, args.warmup, args.reps)
-                rows[b]["torch_eager"] = median_ms(lambda: pipeline(h, w), args.warmup, args.reps)
-                if compiled is not None:
-                    try:
-                        rows[b]["torch_compile"] = median_ms(lambda: compiled(h, w), args.warmup, args.reps)
-                    except Exception as e:  # noqa: BLE001
-                        print(f"cpu_peers: torch.compile failed at B={b}: {e}", file=sys.stderr)
-                        compiled = None
-        del w
-
-    if np is not None and not args.no_numpy:
-        rng = np.random.default_rng(1)
-        w = rng.uniform(-0.05, 0.05, size=(V, D)).astype(np.float32)
-        for b in batches:
-            h = rng.uniform(-1.0, 1.0, size=(b, D)).astype(np.float32)
-            u = rng.uniform(size=(b, 1))
-
-            def numpy_pipeline():
-                logits = h @ w.T
-                logits /= T
-                logits -= logits.max(axis=1, keepdims=True)
-                np.exp(logits, out=logits)
-                cdf = np.cumsum(logits, axis=1)
-                return (cdf < u * cdf[:, -1:]).sum(axis=1)
-
-            rows[b]["numpy"] = median_ms(numpy_pipeline, args.warmup, args.reps)
-        del w
-
-    out["rows"] = [rows[b] for b in batches]
+    peers = Peers(args)
+    out = peers.versions()
+    out["rows"] = []
+    for b in batches:
+        row = {"dim": args.dim, "batch": b, "torch_mm": None, "torch_eager": None, "torch_compile": None, "numpy": None}
+        for name, fn in list(peers.for_batch(b).items()):
+            for _ in range(args.warmup):
+                peers.run(b, name, fn)
+            times = [peers.run(b, name, fn) for _ in range(args.reps)]
+            if None not in times:
+                row[name] = statistics.median(times)
+        out["rows"].append(row)
     print(json.dumps(out))
 
 

@@ -16,8 +16,13 @@ pub fn median_secs<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<
         f()?;
         t.push(start.elapsed().as_secs_f64());
     }
+    Ok(median(t))
+}
+
+/// The median of `t` (the upper one of an even count); `t` must not be empty.
+pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
+    t[t.len() / 2]
 }
 
 /// The arguments every peer-comparing bench (`score_bench`, `spec_bench`) takes, flattened
