@@ -209,7 +209,49 @@ pub(crate) fn finish_call(f: &mut Func, sum: &Partial<I128>) -> F32 {
 
 /// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2` outlined).
 pub(crate) fn helpers(attr: &str) -> String {
-    [term(attr), window("#0"), finish()].join("\n")
+    // The column functions hold shuffles: convergent, inlined or not as the per-token math is.
+    let column_attr = if attr == "#0" { "#4" } else { "#3" };
+    let columns = COLUMN_LOGITS.iter().map(|&n| column(n, column_attr));
+    [term(attr), window("#0"), finish()].into_iter().chain(columns).collect::<Vec<_>>().join("\n")
+}
+
+/// The per-column logit counts (a thread's 1 or 2 quads of 4 tokens) that [`column_partial`]
+/// calls a column function for.
+const COLUMN_LOGITS: [usize; 2] = [4, 8];
+
+/// The struct a column function returns: the merged partial's window and its sums.
+const COLUMN_TY: &str = "{ i32, i64, i64, i64 }";
+
+/// `@fs_lse_column{n}(float %x0, ..)`: [`sum_logits`] of a thread's `n` logits of one column,
+/// then [`warp_merge`] over the 8 lanes that share it (xor 4, 8, 16). Outlined with the
+/// per-token math (large tiles): the merge unrolled once per column made the 256 × 128
+/// scorer's epilogue ~17k straight-line instructions, and its warps waited on instruction
+/// fetch for half of their epilogue samples (BENCHMARKS.md, GPU 2026-12-06 ninth session).
+fn column(n: usize, attr: &str) -> String {
+    let mut f = Func::new();
+    let xs: Vec<F32> = (0..n).map(|i| F32::raw(format!("%x{i}"))).collect();
+    let own = sum_logits(&mut f, &xs.iter().collect::<Vec<_>>());
+    let p = warp_merge(&mut f, own, &[4, 8, 16]);
+    let mut r = f.insert(&Agg::undef(COLUMN_TY), &p.window, 0);
+    for (i, s) in p.sums.iter().enumerate() {
+        r = f.insert(&r, s, 1 + i);
+    }
+    f.ret_agg(&r);
+    let params = (0..n).map(|i| format!("float %x{i}")).collect::<Vec<_>>().join(", ");
+    f.finish(&format!("define internal {COLUMN_TY} @fs_lse_column{n}({params}) {attr}"))
+}
+
+/// A column's partial merged over the 8 lanes sharing it: [`sum_logits`] of the thread's
+/// logits `xs`, then [`warp_merge`] (xor 4, 8, 16), through the column function where one
+/// exists for `xs.len()`. Every lane of the warp must call it (shuffles).
+pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
+    if !COLUMN_LOGITS.contains(&xs.len()) {
+        let own = sum_logits(f, xs);
+        return warp_merge(f, own, &[4, 8, 16]);
+    }
+    let args: Vec<&dyn Operand> = xs.iter().map(|x| *x as &dyn Operand).collect();
+    let r = f.call_agg(COLUMN_TY, &format!("@fs_lse_column{}", xs.len()), &args);
+    Partial { window: f.extract(&r, 0), sums: std::array::from_fn(|i| f.extract(&r, 1 + i)) }
 }
 
 /// A thread's logits of one column summed: the top window is the window of the largest

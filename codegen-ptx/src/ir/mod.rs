@@ -220,4 +220,6 @@ declare float @llvm.roundeven.f32(float)
 attributes #0 = { alwaysinline nounwind }
 attributes #1 = { convergent nounwind }
 attributes #2 = { noinline nounwind }
+attributes #3 = { noinline convergent nounwind }
+attributes #4 = { alwaysinline convergent nounwind }
 "#;

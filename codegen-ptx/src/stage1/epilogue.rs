@@ -543,8 +543,7 @@ impl Gen<'_> {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
                 let (column, _) = self.column(f, th, src, n, j);
                 let xs: Vec<&F32> = column.iter().collect();
-                let own = lse::sum_logits(f, &xs);
-                part = Some(lse::warp_merge(f, own, &[4, 8, 16]));
+                part = Some(lse::column_partial(f, &xs));
             }
             if let Some(part) = &part {
                 f.if_then(&lane_lt4, |f| {

@@ -556,11 +556,26 @@ enum Stop {
     Done,
 }
 
-/// One thread of the kernel: its block, position, registers and allocas.
+/// A caller's state while a thread runs a collective helper ([`Module::collective`]).
+struct Frame {
+    /// The caller: `None` for the kernel.
+    func: Option<String>,
+    block: usize,
+    /// The instruction after the call.
+    pc: usize,
+    regs: Vec<Word>,
+    /// The caller's register that takes the result.
+    dest: Option<usize>,
+}
+
+/// One thread of the kernel: its block, position, registers and allocas, and the frames of
+/// the collective helpers it is in (`func`: the helper it runs, `None` for the kernel).
 struct Thread {
     block: usize,
     pc: usize,
     regs: Vec<Word>,
+    func: Option<String>,
+    frames: Vec<Frame>,
     locals: HashMap<u64, u128>,
     next_local: u64,
     tid: u64,
@@ -569,6 +584,10 @@ struct Thread {
 
 pub(super) struct Module {
     pub(super) funcs: HashMap<String, Function>,
+    /// The helpers that hold warp collectives (themselves or in a callee): a kernel thread
+    /// runs them in its own frames, stopping at each collective with its warp, where other
+    /// helpers run to their `ret` at once ([`Module::call`]).
+    collective: std::collections::HashSet<String>,
 }
 
 impl Module {
@@ -585,7 +604,28 @@ impl Module {
             todo.extend(calls.map(|(_, c)| c.split('(').next().unwrap().to_string()).filter(|c| c.starts_with("fs_")));
             funcs.insert(name.clone(), parse(ir, &name, globals));
         }
-        Module { funcs }
+        let mut collective = std::collections::HashSet::new();
+        loop {
+            let more: Vec<String> = funcs
+                .iter()
+                .filter(|(name, f)| {
+                    !collective.contains(*name)
+                        && f.blocks.iter().flatten().any(|i| match i {
+                            Inst::Intrinsic { which, .. } => {
+                                matches!(which, Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax)
+                            }
+                            Inst::Call { callee, .. } => collective.contains(callee),
+                            _ => false,
+                        })
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            collective.extend(more);
+        }
+        Module { funcs, collective }
     }
 
     fn get(regs: &[Word], v: Val) -> u64 {
@@ -898,14 +938,33 @@ impl Module {
     }
 
     /// Runs `t` of the kernel until it reaches a barrier, a shuffle or its end.
-    fn run_thread(&self, f: &Function, t: &mut Thread, cta: Cta, mem: &mut Memory) {
+    fn run_thread(&self, kernel: &Function, t: &mut Thread, cta: Cta, mem: &mut Memory) {
         loop {
+            let f = t.func.as_ref().map_or(kernel, |name| &self.funcs[name]);
             match &f.blocks[t.block][t.pc] {
                 Inst::Br(b) => (t.block, t.pc) = (*b, 0),
                 Inst::CondBr(c, a, b) => (t.block, t.pc) = (if Self::get(&t.regs, *c) & 1 == 1 { *a } else { *b }, 0),
-                Inst::Ret(_) => {
-                    t.stop = Some(Stop::Done);
-                    return;
+                Inst::Ret(v) => {
+                    let Some(caller) = t.frames.pop() else {
+                        t.stop = Some(Stop::Done);
+                        return;
+                    };
+                    let r = v.map_or([0; WORDS], |v| self.word(&t.regs, v));
+                    (t.func, t.block, t.pc, t.regs) = (caller.func, caller.block, caller.pc, caller.regs);
+                    if let Some(d) = caller.dest {
+                        t.regs[d] = r;
+                    }
+                }
+                Inst::Call { d, callee, args } if self.collective.contains(callee) => {
+                    let callee_f = &self.funcs[callee];
+                    let mut regs = vec![[0u64; WORDS]; callee_f.regs];
+                    for (r, a) in regs.iter_mut().zip(args) {
+                        *r = self.word(&t.regs, *a);
+                    }
+                    let caller_regs = std::mem::replace(&mut t.regs, regs);
+                    let caller = Frame { func: t.func.take(), block: t.block, pc: t.pc + 1, regs: caller_regs, dest: *d };
+                    t.frames.push(caller);
+                    (t.func, t.block, t.pc) = (Some(callee.clone()), 0, 0);
                 }
                 Inst::Barrier => {
                     t.pc += 1;
@@ -970,7 +1029,7 @@ impl Module {
                 for (r, p) in regs.iter_mut().zip(params) {
                     r[0] = *p;
                 }
-                Thread { block: 0, pc: 0, regs, locals: HashMap::new(), next_local: 0, tid: tid as u64, stop: None }
+                Thread { block: 0, pc: 0, regs, func: None, frames: Vec::new(), locals: HashMap::new(), next_local: 0, tid: tid as u64, stop: None }
             })
             .collect();
         loop {
