@@ -260,7 +260,7 @@ impl Peers {
     fn medians(reps: &[Peers]) -> Peers {
         let med = |get: fn(&Peers) -> Option<f64>| {
             let t: Option<Vec<f64>> = reps.iter().map(get).collect();
-            t.filter(|t| !t.is_empty()).map(|t| flashsample_bench::median(t))
+            t.filter(|t| !t.is_empty()).map(flashsample_bench::median)
         };
         Peers { torch_mm: med(|p| p.torch_mm), torch_eager: med(|p| p.torch_eager), torch_compile: med(|p| p.torch_compile), numpy: med(|p| p.numpy) }
     }
