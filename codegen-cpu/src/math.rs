@@ -231,16 +231,17 @@ pub(crate) fn gumbel_f32(b: &mut FunctionBuilder, bits: Value) -> Value {
 /// `hi:lo = a * m` for an `i32` (or each lane of an `i32x4`) `a` and a 32-bit constant `m`.
 fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
     if b.func.dfg.value_type(a) == types::I32X4 {
-        // Lanes 0–1 and 2–3 widened to u64 and multiplied (`pmuludq`); the high words of the
-        // four products are lanes 1 and 3 of each.
+        // Lanes 0–1 and 2–3 widened to u64 and multiplied (`pmuludq`); the low and high words
+        // of the four products are lanes 0, 2 and 1, 3 of each (two shuffles instead of a
+        // `pmulld` for the low words).
         let mv = iconst(b, types::I32X4, m);
-        let lo = b.ins().imul(a, mv);
         let halves = [(b.ins().uwiden_low(a), b.ins().uwiden_low(mv)), (b.ins().uwiden_high(a), b.ins().uwiden_high(mv))];
         let [p01, p23] = halves.map(|(x, y)| {
             let p = b.ins().imul(x, y);
             b.ins().bitcast(types::I32X4, le(), p)
         });
         let hi = shuffle32(b, p01, p23, [1, 3, 5, 7]);
+        let lo = shuffle32(b, p01, p23, [0, 2, 4, 6]);
         return (hi, lo);
     }
     let wide = b.ins().uextend(types::I64, a);
