@@ -56,7 +56,9 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  NEW_TESTS=${NEW_TESTS:-"invariance:: pathwise_ nucleus:: device_api:: scoring::target_ranks_of_a_small_launch stage_one_writes_every_candidate_slot large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens logprob_modes::raw_logprobs_of_nuclei_served_exactly"}
+  # Unverified at be6caca (the logsumexp's column functions): the two cut by the deadline on
+  # the H100, then the rest of what computes a logsumexp.
+  NEW_TESTS=${NEW_TESTS:-"logprob_modes::raw_logprobs_match_the_reference_on_every_schedule scoring::target_ranks_match_the_reference_on_every_schedule_and_both_apis invariance:: nucleus:: device_api:: large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
