@@ -225,8 +225,9 @@ const COLUMN_TY: &str = "{ i32, i64, i64, i64 }";
 /// `@fs_lse_column{n}(float %x0, ..)`: [`sum_logits`] of a thread's `n` logits of one column,
 /// then [`warp_merge`] over the 8 lanes that share it (xor 4, 8, 16). Outlined with the
 /// per-token math (large tiles): the merge unrolled once per column made the 256 × 128
-/// scorer's epilogue ~17k straight-line instructions, and its warps waited on instruction
-/// fetch for half of their epilogue samples (BENCHMARKS.md, GPU 2026-12-06 ninth session).
+/// scorer's stage one ~19k straight-line instructions (8.2k with the function), and its warps
+/// waited on instruction fetch for half of their epilogue samples (BENCHMARKS.md, GPU
+/// 2026-12-06 ninth session).
 fn column(n: usize, attr: &str) -> String {
     let mut f = Func::new();
     let xs: Vec<F32> = (0..n).map(|i| F32::raw(format!("%x{i}"))).collect();
