@@ -394,8 +394,16 @@ impl CpuKernel {
         for (name, value) in [("opt_level", "speed"), ("use_colocated_libcalls", "false"), ("is_pic", "false")] {
             flags.set(name, value).map_err(compile_error)?;
         }
-        let isa = cranelift_native::builder()
-            .map_err(|msg| CpuCodegenError::UnsupportedHost(msg.to_string()))?
+        #[allow(unused_mut)]
+        let mut isa_builder = cranelift_native::builder().map_err(|msg| CpuCodegenError::UnsupportedHost(msg.to_string()))?;
+        // With AVX-512 DQ and VL, Cranelift lowers every i64x2 multiply to `vpmullq` (3 uops),
+        // ahead of its `pmuludq` rule for the 32 × 32 → 64-bit widening multiplies that
+        // Philox's rounds are (`math::mul_hi_lo`). The epilogue uses no other DQ instruction;
+        // without it a launch at D = 1024 ran 15–18 % faster from B = 16 (BENCHMARKS.md, CPU
+        // 2026-12-06 ninth session), the same bits.
+        #[cfg(target_arch = "x86_64")]
+        isa_builder.set("has_avx512dq", "false").map_err(compile_error)?;
+        let isa = isa_builder
             .finish(settings::Flags::new(flags))
             .map_err(compile_error)?;
         let mut module = JITModule::new(JITBuilder::with_isa(isa, default_libcall_names()));

@@ -231,10 +231,13 @@ pub(crate) fn gumbel_f32(b: &mut FunctionBuilder, bits: Value) -> Value {
 /// `hi:lo = a * m` for an `i32` (or each lane of an `i32x4`) `a` and a 32-bit constant `m`.
 fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
     if b.func.dfg.value_type(a) == types::I32X4 {
-        // Lanes 0–1 and 2–3 widened to u64 and multiplied (`pmuludq`); the low and high words
+        // Lanes 0–1 and 2–3 widened to u64 and multiplied (one `pmuludq` each where the ISA has
+        // no AVX-512 DQ, `CpuKernel::compile_with`); the low and high words
         // of the four products are lanes 0, 2 and 1, 3 of each (two shuffles instead of a
         // `pmulld` for the low words).
-        let mv = iconst(b, types::I32X4, m);
+        // A `vconst`, not a splat: Cranelift folds the widening of a splat into a constant,
+        // and its `pmuludq` rule matches only a widening of both operands.
+        let mv = i32x4_lanes(b, [m; 4]);
         let halves = [(b.ins().uwiden_low(a), b.ins().uwiden_low(mv)), (b.ins().uwiden_high(a), b.ins().uwiden_high(mv))];
         let [p01, p23] = halves.map(|(x, y)| {
             let p = b.ins().imul(x, y);
