@@ -225,7 +225,7 @@ pub fn llvm_ir_with(
     m.push('\n');
     m.push_str(&math::helpers(options.outline_math));
     m.push_str(lse::DECLS);
-    m.push_str(&lse::helpers(if options.outline_math { "#2" } else { "#0" }));
+    m.push_str(&lse::helpers(if options.outline_math { "#2" } else { "#0" }, 4 * config.quads_per_thread() as usize));
     m.push('\n');
     let kernels = ModuleKernels::of(pipeline);
     let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;

@@ -207,17 +207,14 @@ pub(crate) fn finish_call(f: &mut Func, sum: &Partial<I128>) -> F32 {
     f.call("@fs_lse_finish", &sum.operands())
 }
 
-/// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2` outlined).
-pub(crate) fn helpers(attr: &str) -> String {
-    // The column functions hold shuffles: convergent, inlined or not as the per-token math is.
+/// The accumulator's helpers; `attr` as for the other per-token math (`#0` inline, `#2`
+/// outlined). `column_logits` is a thread's logits per batch column in stage one (4 per quad:
+/// `GpuConfig::quads_per_thread`), the arity of its [`column_partial`] function.
+pub(crate) fn helpers(attr: &str, column_logits: usize) -> String {
+    // The column function holds shuffles: convergent, inlined or not as the per-token math is.
     let column_attr = if attr == "#0" { "#4" } else { "#3" };
-    let columns = COLUMN_LOGITS.iter().map(|&n| column(n, column_attr));
-    [term(attr), window("#0"), finish()].into_iter().chain(columns).collect::<Vec<_>>().join("\n")
+    [term(attr), window("#0"), finish(), column(column_logits, column_attr)].join("\n")
 }
-
-/// The per-column logit counts (a thread's 1 or 2 quads of 4 tokens) that [`column_partial`]
-/// calls a column function for.
-const COLUMN_LOGITS: [usize; 2] = [4, 8];
 
 /// The struct a column function returns: the merged partial's window and its sums.
 const COLUMN_TY: &str = "{ i32, i64, i64, i64 }";
@@ -242,14 +239,9 @@ fn column(n: usize, attr: &str) -> String {
     f.finish(&format!("define internal {COLUMN_TY} @fs_lse_column{n}({params}) {attr}"))
 }
 
-/// A column's partial merged over the 8 lanes sharing it: [`sum_logits`] of the thread's
-/// logits `xs`, then [`warp_merge`] (xor 4, 8, 16), through the column function where one
-/// exists for `xs.len()`. Every lane of the warp must call it (shuffles).
+/// A column's partial merged over the 8 lanes sharing it: the column function of the module's
+/// arity (`xs.len()`, [`helpers`]). Every lane of the warp must call it (shuffles).
 pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
-    if !COLUMN_LOGITS.contains(&xs.len()) {
-        let own = sum_logits(f, xs);
-        return warp_merge(f, own, &[4, 8, 16]);
-    }
     let args: Vec<&dyn Operand> = xs.iter().map(|x| *x as &dyn Operand).collect();
     let r = f.call_agg(COLUMN_TY, &format!("@fs_lse_column{}", xs.len()), &args);
     Partial { window: f.extract(&r, 0), sums: std::array::from_fn(|i| f.extract(&r, 1 + i)) }
