@@ -275,10 +275,8 @@ impl Ctx<'_> {
         }
         let mut c = Block::default();
         for (i, &rows) in w.iter().enumerate().take(groups - g) {
-            // SAFETY: tile `i` holds this group's logits.
-            unsafe { c.store(i) };
-            // SAFETY: as this function's.
-            unsafe { self.emit(&mut c, rows, g + i, 0) };
+            // SAFETY: as this function's; tile `i` holds this group's logits.
+            unsafe { self.emit(&mut c, i, rows, g + i, 0) };
         }
     }
 
@@ -307,11 +305,8 @@ impl Ctx<'_> {
                 )
             };
         }
-        let mut c = Block::default();
-        // SAFETY: tile 0 holds this group's logits.
-        unsafe { c.store(0) };
-        // SAFETY: as this function's.
-        unsafe { self.emit(&mut c, w, g, 0) };
+        // SAFETY: as this function's; tile 0 holds this group's logits.
+        unsafe { self.emit(&mut Block::default(), 0, w, g, 0) };
     }
 
     /// Token groups `g, g + 1` × row groups `rg, rg + 1`, in tiles 0–3 (tile `2·i + j`: token
@@ -352,20 +347,20 @@ impl Ctx<'_> {
         let mut c = Block::default();
         for (i, &rows) in w.iter().enumerate().take(groups - g) {
             for j in 0..2 {
-                // SAFETY: tile `2i + j` holds this block's logits.
-                unsafe { c.store(2 * i + j) };
-                // SAFETY: as this function's.
-                unsafe { self.emit(&mut c, rows, g + i, rg + j) };
+                // SAFETY: as this function's; tile `2i + j` holds this block's logits.
+                unsafe { self.emit(&mut c, 2 * i + j, rows, g + i, rg + j) };
             }
         }
     }
 
-    /// Adds the `dim % 32` tail products to `c` (token group `g`, weight rows `w`, row group
-    /// `rg`) and writes its real (token, row) logits to the scratch.
+    /// Stores tile `t` (token group `g`, weight rows `w`, row group `rg`) in `c`, adds the
+    /// `dim % 32` tail products and writes its real (token, row) logits to the scratch.
     ///
     /// # Safety
-    /// As [`Self::block_4x1`].
-    unsafe fn emit(&self, c: &mut Block, w: *const u16, g: usize, rg: usize) {
+    /// As [`Self::block_4x1`]; tile `t` holds that group's logits.
+    unsafe fn emit(&self, c: &mut Block, t: usize, w: *const u16, g: usize, rg: usize) {
+        // SAFETY: tile `t` is configured (the caller's guarantee).
+        unsafe { c.store(t) };
         let rows = self.batch.saturating_sub(rg * BLOCK).min(BLOCK);
         let tail = self.dim % STEP;
         if tail != 0 {
