@@ -336,6 +336,18 @@ impl PeerServer {
     }
 }
 
+/// `f` on the peers' server, if it still runs; an error is reported and ends the peers for the
+/// rest of the run.
+fn with_peers<T>(peers: &mut Option<PeerServer>, f: impl FnOnce(&mut PeerServer) -> Result<T, String>) -> Option<T> {
+    let result = f(peers.as_mut()?);
+    result
+        .map_err(|e| {
+            eprintln!("cpu_bench: Python peers stopped: {e}");
+            *peers = None;
+        })
+        .ok()
+}
+
 impl Drop for PeerServer {
     fn drop(&mut self) {
         use std::io::Write;
@@ -438,27 +450,15 @@ fn main() -> flashsample::Result<()> {
                 Ok(start.elapsed().as_secs_f64())
             };
             launch()?;
-            if let Some(server) = &mut peers {
-                if let Err(e) = server.warm(batch) {
-                    eprintln!("cpu_bench: Python peers stopped: {e}");
-                    peers = None;
-                }
-            }
-            let read = |pattern| read_pass(&weights, threads, pattern);
-            let mut floor = read(ReadPattern::TwoStreams).min(read(ReadPattern::SixteenPrefetched));
+            with_peers(&mut peers, |server| server.warm(batch));
+            // The best read of W in either pattern.
+            let read = || read_pass(&weights, threads, ReadPattern::TwoStreams).min(read_pass(&weights, threads, ReadPattern::SixteenPrefetched));
+            let mut floor = read();
             let (mut fused, mut peer_reps) = (Vec::new(), Vec::new());
             for _ in 0..args.reps {
                 fused.push(launch()?);
-                floor = floor.min(read(ReadPattern::TwoStreams)).min(read(ReadPattern::SixteenPrefetched));
-                if let Some(server) = &mut peers {
-                    match server.time(batch) {
-                        Ok(p) => peer_reps.push(p),
-                        Err(e) => {
-                            eprintln!("cpu_bench: Python peers stopped: {e}");
-                            peers = None;
-                        }
-                    }
-                }
+                floor = floor.min(read());
+                peer_reps.extend(with_peers(&mut peers, |server| server.time(batch)));
             }
             let nucleus = if args.nucleus {
                 // The last row on a lone top-p: `top_p` at temperature `t`; every row must be
