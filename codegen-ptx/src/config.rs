@@ -80,8 +80,9 @@ pub enum Grid {
     Persistent,
 }
 
-/// How a grid covers the work items: [`Grid`], plus the warp-specialized ping-pong schedule
-/// that only the TMA ring can feed.
+/// How a grid covers the work items: [`Grid`], plus the warp-specialized schedules that only
+/// the TMA ring can feed (a producer warpgroup streams the ring; consumer warps multiply and
+/// run the epilogue).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GridKind {
     /// One CTA per work item.
@@ -94,6 +95,12 @@ pub enum GridKind {
     /// CTA's items `s, s + 2, ...`. While one set runs an epilogue the other multiplies, so
     /// the W stream never pauses for an epilogue, with no timer to tune.
     PingPong,
+    /// Persistent CTAs of one consumer set of `warps` warps plus a producer warpgroup (the
+    /// CUTLASS cooperative schedule, which cuBLAS runs at B = 256). The consumers only wait
+    /// for full slots and release them; the producer refills each slot the moment every
+    /// consumer warp released it and streams the next item's first slices during the
+    /// epilogue, so no consumer warp stalls on the others' releases to issue a load.
+    Cooperative,
 }
 
 impl From<Grid> for GridKind {
@@ -424,31 +431,38 @@ impl GpuConfig {
         self.schedule.grid() != GridKind::PerItem
     }
 
-    /// Whether the CTA is warp-specialized ([`GridKind::PingPong`]).
+    /// Whether the CTA is the ping-pong schedule ([`GridKind::PingPong`]).
     pub fn is_pingpong(&self) -> bool {
         self.schedule.grid() == GridKind::PingPong
     }
 
-    /// Threads per CTA: `warps` warps, or with ping-pong two consumer sets of `warps` warps
-    /// and the producer warpgroup (one warp of it issues; a whole warpgroup, because
+    /// Whether the CTA is warp-specialized: a producer warpgroup feeds consumer sets
+    /// ([`GridKind::PingPong`], [`GridKind::Cooperative`]).
+    pub fn is_warp_specialized(&self) -> bool {
+        matches!(self.schedule.grid(), GridKind::PingPong | GridKind::Cooperative)
+    }
+
+    /// Threads per CTA: `warps` warps, or when warp-specialized the consumer sets of `warps`
+    /// warps and the producer warpgroup (one warp of it issues; a whole warpgroup, because
     /// `setmaxnreg` moves registers a warpgroup at a time).
     pub fn block_threads(&self) -> u32 {
-        if self.is_pingpong() {
-            self.consumer_threads() * 2 + PRODUCER_THREADS
+        if self.is_warp_specialized() {
+            self.consumer_threads() * self.consumer_sets() + PRODUCER_THREADS
         } else {
             self.consumer_threads()
         }
     }
 
-    /// With ping-pong, registers per thread: (the kernel's `.maxnreg`, the producer's after
-    /// `setmaxnreg.dec`, the consumers' after `setmaxnreg.inc`). The producer needs a few
-    /// dozen; what it gives back lets the consumers' epilogue run without spilling (at the
+    /// When warp-specialized, registers per thread: (the kernel's `.maxnreg`, the producer's
+    /// after `setmaxnreg.dec`, the consumers' after `setmaxnreg.inc`). The producer needs a
+    /// few dozen; what it gives back lets the consumers' epilogue run without spilling (at the
     /// kernel-wide 168 of 384 threads the 128 × 64 tile spilled about 1 KB per thread).
-    pub(crate) fn pingpong_registers(&self) -> (u32, u32, u32) {
+    pub(crate) fn specialized_registers(&self) -> (u32, u32, u32) {
         let floor8 = |r: u32| (r / 8 * 8).min(MAX_REGS_PER_THREAD);
         let kernel = floor8(REGS_PER_SM_SM90 / self.block_threads());
         let producer = PRODUCER_REGS.min(kernel);
-        let consumer = floor8((REGS_PER_SM_SM90 - producer * PRODUCER_THREADS) / (2 * self.consumer_threads())).max(kernel);
+        let consumers = self.consumer_sets() * self.consumer_threads();
+        let consumer = floor8((REGS_PER_SM_SM90 - producer * PRODUCER_THREADS) / consumers).max(kernel);
         (kernel, producer, consumer)
     }
 
@@ -775,8 +789,8 @@ impl GpuConfig {
             });
         }
         let regs = self.estimated_registers();
-        let needed = if self.is_pingpong() {
-            regs * 2 * self.consumer_threads() + PRODUCER_REGS * PRODUCER_THREADS
+        let needed = if self.is_warp_specialized() {
+            regs * self.consumer_sets() * self.consumer_threads() + PRODUCER_REGS * PRODUCER_THREADS
         } else {
             regs * self.block_threads()
         };

@@ -486,6 +486,7 @@ fn logit_bias_compiles_on_every_schedule() {
         ("wgmma", DType::BF16, GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }), Arch::Sm90),
         ("wgmma_tma", DType::BF16, GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }), Arch::Sm90),
         ("wgmma_tma_pingpong", DType::BF16, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong }), Arch::Sm90),
+        ("wgmma_tma_cooperative", DType::BF16, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }), Arch::Sm90),
     ] {
         let p = request_bias(dtype);
         let c = with_lists(c, &p);
@@ -515,7 +516,7 @@ fn logit_bias_compiles_on_every_schedule() {
 #[test]
 fn tma_schedules_read_their_maps_from_the_kernel_parameter() {
     let p = full(DType::BF16);
-    for grid in [GridKind::PerItem, GridKind::PingPong] {
+    for grid in [GridKind::PerItem, GridKind::PingPong, GridKind::Cooperative] {
         let c = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid });
         let k = ptx(&p, &c, Arch::Sm90);
         let index = flashsample_codegen_ptx::STAGE1.index("tmaps").unwrap();
@@ -968,6 +969,32 @@ fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     // Shapes the maps cannot describe run the persistent cp.async ring.
     assert_eq!(c.for_shape(203, 1003), wgmma(cfg(128, 64, 64, 4, 8, true)));
     assert!(c.for_shape(4096, 151_936).is_pingpong());
+}
+
+/// The cooperative schedule: one consumer set of two warpgroups on the 256 × 128 tile plus the
+/// producer warpgroup, no mainloop-done barriers, the producer the only issuer of boxes.
+#[test]
+fn cooperative_is_one_consumer_set_fed_by_a_producer_warpgroup() {
+    let p = full(DType::BF16);
+    let c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative });
+    c.validate(&p, &GpuLimits::H200).unwrap();
+    assert!(c.is_warp_specialized() && !c.is_pingpong());
+    assert_eq!(c.block_threads(), 256 + 128);
+    let persistent = c.clone().with_schedule(Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent });
+    // One epilogue area after the ring, like the persistent tile; no mainloop-done barriers.
+    assert_eq!(c.smem_bytes(), persistent.smem_bytes());
+    let k = ptx(&p, &c, Arch::Sm90);
+    let t = stage1_text(&k.ptx);
+    assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages());
+    assert!(t.contains(".maxntid 384") && t.contains(".maxnreg 168"), "block of 384 threads, 168 registers each");
+    // The producer keeps 40 registers; the one consumer set takes (65536 − 40·128) / 256.
+    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 40;") && t.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
+    assert_eq!(t.matches("bar.sync 0;").count(), 1);
+    assert!(t.matches(", 256;").count() >= 2, "named barriers of the 256 consumer threads");
+    // The producer issues every box: one W box per consumer warpgroup and one H box a slice.
+    assert_eq!(t.matches("cp.async.bulk.tensor.5d").count(), 2);
+    assert_eq!(t.matches("cp.async.bulk.tensor.2d").count(), 1);
+    assert!(c.for_shape(4096, 151_936).is_warp_specialized());
 }
 
 /// Tuning files written before `Schedule` existed (flat flags) load as the schedule they

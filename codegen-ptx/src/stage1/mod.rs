@@ -9,7 +9,7 @@
 //! | `ring.rs` | the shared-memory ring both feeds share: `cp.async` or TMA, wait-full / release / refill, phases |
 //! | `mma_sync.rs` | [`Schedule::MmaSync`]: `ldmatrix` + `mma.sync` on the `cp.async` ring |
 //! | `wgmma.rs` | [`Schedule::Wgmma`] and [`Schedule::WgmmaTma`]: `wgmma` from either ring |
-//! | `pingpong.rs` | [`GridKind::PingPong`]: producer warp + two consumer sets on the TMA ring |
+//! | `pingpong.rs` | [`GridKind::PingPong`] and [`GridKind::Cooperative`]: a producer warpgroup + two or one consumer sets on the TMA ring |
 //! | `epilogue.rs` | steps 2–7 on the accumulators: columns, transform, reduce, select |
 //! | `lists.rs` | step 6b: the per-tile top lists |
 //!
@@ -188,10 +188,10 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, pass: Pass) -> String {
             let ring = g.ring(&mut f, Feed::CpAsync { wgmma: true });
             g.item_loop(&mut f, &th, &items, Some((&ring, Mma::Wgmma)));
         }
-        Schedule::WgmmaTma { grid: GridKind::PingPong, .. } => {
+        Schedule::WgmmaTma { grid: GridKind::PingPong | GridKind::Cooperative, .. } => {
             let ring = g.ring(&mut f, Feed::Tma { producer_warp: true });
             g.init_mbarriers(&mut f, &th, &ring);
-            g.pingpong(&mut f, &th, &ring, &items);
+            g.warp_specialized(&mut f, &th, &ring, &items);
         }
         Schedule::WgmmaTma { .. } => {
             let ring = g.ring(&mut f, Feed::Tma { producer_warp: false });
@@ -238,9 +238,9 @@ impl Gen<'_> {
     fn finish(&self, f: Func) -> String {
         let (p, c) = (self.p, self.c);
         let mut attrs = format!("\"nvvm.maxntid\"=\"{}\"", c.block_threads());
-        if c.is_pingpong() {
+        if c.is_warp_specialized() {
             // setmaxnreg needs the kernel's register budget fixed up front.
-            attrs.push_str(&format!(" \"nvvm.maxnreg\"=\"{}\"", c.pingpong_registers().0));
+            attrs.push_str(&format!(" \"nvvm.maxnreg\"=\"{}\"", c.specialized_registers().0));
         }
         let mut out = String::new();
         if self.pass == Pass::Rank {

@@ -1,12 +1,17 @@
-//! [`GridKind::PingPong`](crate::GridKind::PingPong): the CUTLASS ping-pong schedule on the TMA
-//! ring. Warps `2·warps ..` are the producer warpgroup: lane 0 of its first warp streams every
-//! slice of the CTA's items through [`Gen::tma_issue`], gated only by the empty mbarriers, and
-//! the group gives its registers to the consumers (`setmaxnreg`). Consumer set `s` (warps
-//! `s·warps ..`) takes the CTA's items `s, s + 2, ...`, each through the wgmma mainloop and the
-//! epilogue, with its own epilogue area and named barrier `1 + s`. Mainloops take turns (a
-//! mainloop-done mbarrier per set, as CUTLASS orders its math warpgroups), so one set's
-//! epilogue runs while the other multiplies the next item, and the producer keeps the ring
-//! full throughout.
+//! The warp-specialized schedules on the TMA ring: CUTLASS's ping-pong
+//! ([`GridKind::PingPong`], two consumer sets) and cooperative ([`GridKind::Cooperative`],
+//! one). Warps `sets·warps ..` are the producer warpgroup: lane 0 of its first warp streams
+//! every slice of the CTA's items through [`Gen::tma_issue`], gated only by the empty
+//! mbarriers, and the group gives its registers to the consumers (`setmaxnreg`). Consumer set
+//! `s` (warps `s·warps ..`) takes the CTA's items `s, s + sets, ...`, each through the wgmma
+//! mainloop and the epilogue, with its own epilogue area and named barrier `1 + s`. With two
+//! sets the mainloops take turns (a mainloop-done mbarrier per set, as CUTLASS orders its math
+//! warpgroups), so one set's epilogue runs while the other multiplies the next item; with
+//! one, the producer streams the next item's first slices during the epilogue. Either way the
+//! producer keeps the ring full and no consumer warp waits for another's release to load.
+//!
+//! [`GridKind::PingPong`]: crate::GridKind::PingPong
+//! [`GridKind::Cooperative`]: crate::GridKind::Cooperative
 
 use super::ring::{PipelineState, Ring};
 use super::{Gen, Items, Thread};
@@ -15,16 +20,17 @@ use crate::ptx;
 
 impl Gen<'_> {
     /// The whole CTA after the mbarriers' initialisation: producer or consumer set.
-    pub(super) fn pingpong(&self, f: &mut Func, th: &Thread, ring: &Ring, items: &Items) {
+    pub(super) fn warp_specialized(&self, f: &mut Func, th: &Thread, ring: &Ring, items: &Items) {
         let c = self.c;
-        let (_, producer_regs, consumer_regs) = c.pingpong_registers();
+        let sets = c.consumer_sets();
+        let (_, producer_regs, consumer_regs) = c.specialized_registers();
         let set = f.udiv(&th.warp, &i32c(c.warps));
-        let producer = f.icmp(Icmp::Eq, &set, &i32c(2));
+        let producer = f.icmp(Icmp::Eq, &set, &i32c(sets));
         f.if_else(
             &producer,
             |f| {
                 ptx::setmaxnreg(f, false, producer_regs);
-                let first_warp = f.icmp(Icmp::Eq, &th.warp, &i32c(2 * c.warps));
+                let first_warp = f.icmp(Icmp::Eq, &th.warp, &i32c(sets * c.warps));
                 let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
                 let issuer = f.and(&first_warp, &lane0);
                 f.if_then(&issuer, |f| {
@@ -51,27 +57,33 @@ impl Gen<'_> {
                 let id = f.add(&set, &i32c(1));
                 let first = f.mul(&set, &items.stride);
                 let first = f.add(&items.first, &first);
-                let step = f.shl(&items.stride, &i32c(1));
-                let other = f.xor(&set, &i32c(1));
-                let other_done = self.mainloop_done(f, ring, &other);
-                let my_done = self.mainloop_done(f, ring, &set);
+                let step = f.shl(&items.stride, &i32c(sets.trailing_zeros()));
+                // Ping-pong only: the sets' mainloop-done barriers that order their mainloops.
+                let turns = (sets == 2).then(|| {
+                    let other = f.xor(&set, &i32c(1));
+                    (self.mainloop_done(f, ring, &other), self.mainloop_done(f, ring, &set))
+                });
                 let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
                 f.with_barrier_scope(&id, threads, |f| {
                     f.for_loop(&first, &items.count, &step, |f, item| {
                         let it = items.item(self, f, item);
-                        // Mainloops run in item order: item q waits for the end of item
-                        // q − 1's (the other set's mainloop number (q − 1) / 2). A slot's full
-                        // barrier then has completed every earlier round, so its parity names
-                        // this item's round and not one `stages` slices back.
-                        let started = f.icmp(Icmp::Ugt, &it.seq, &i32c(0));
-                        f.if_then(&started, |f| {
-                            let prev = f.add(&it.seq, &i32c(-1));
-                            let mainloop = f.lshr(&prev, &i32c(1));
-                            let phase = PipelineState::full_phase(f, &mainloop);
-                            ptx::mbarrier_wait(f, &other_done, &phase);
-                        });
+                        if let Some((other_done, _)) = &turns {
+                            // Mainloops run in item order: item q waits for the end of item
+                            // q − 1's (the other set's mainloop number (q − 1) / 2). A slot's
+                            // full barrier then has completed every earlier round, so its
+                            // parity names this item's round and not one `stages` slices back.
+                            let started = f.icmp(Icmp::Ugt, &it.seq, &i32c(0));
+                            f.if_then(&started, |f| {
+                                let prev = f.add(&it.seq, &i32c(-1));
+                                let mainloop = f.lshr(&prev, &i32c(1));
+                                let phase = PipelineState::full_phase(f, &mainloop);
+                                ptx::mbarrier_wait(f, other_done, &phase);
+                            });
+                        }
                         let acc = self.wgmma_mainloop(f, &local, &it, ring, false);
-                        f.if_then(&lane0, |f| ptx::mbarrier_arrive(f, &my_done));
+                        if let Some((_, my_done)) = &turns {
+                            f.if_then(&lane0, |f| ptx::mbarrier_arrive(f, my_done));
+                        }
                         self.epilogue(f, &local, &it, &acc);
                         // The set's next epilogue rewrites the scratch this one read.
                         f.barrier();

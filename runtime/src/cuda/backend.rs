@@ -246,7 +246,7 @@ impl CudaSampler {
                 // tile keeps its grid (its consumer sets need it) and gives up ring stages.
                 let fitted = fitted.and_then(|c| match c.validate(&self.pipeline, limits) {
                     Ok(()) => Some(c),
-                    Err(_) if !c.is_pingpong() && valid(&c.one_cta_per_item()) => Some(c.one_cta_per_item()),
+                    Err(_) if !c.is_warp_specialized() && valid(&c.one_cta_per_item()) => Some(c.one_cta_per_item()),
                     Err(e) => c.shallower_ring_that_fits(&self.pipeline, limits).or_else(|| {
                         tuning::warn_once(&[format!("tuning entry {c:?} does not fit this pipeline and GPU ({e}); using the heuristic")]);
                         None

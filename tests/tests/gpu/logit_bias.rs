@@ -35,6 +35,7 @@ fn schedules(p: &Pipeline) -> Vec<(&'static str, GpuConfig)> {
         ("wgmma", GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item })),
         ("wgmma TMA", GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem })),
         ("wgmma TMA ping-pong", GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong })),
+        ("wgmma TMA cooperative", GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative })),
     ];
     for (_, c) in &mut out {
         c.fit_lists(p);

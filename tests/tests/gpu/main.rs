@@ -244,23 +244,29 @@ const POISON_INDEX: u32 = 0xDEAD_BEEF;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn stage_one_writes_every_candidate_slot() {
-    let (device, _dev) = gpu();
+    let (device, dev) = gpu();
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
-    for (p, batch, dim, vocab) in [
-        (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize),
-        (qwen(DType::BF16, 4), 17, 256, 151_936),
+    let plain = || PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
+    // The cooperative schedule on a compute capability 9.0 GPU (small enough for the
+    // sanitizers): a partial second batch tile, fewer k slices than stages.
+    let cooperative = (dev.compute_capability() == (9, 0))
+        .then(|| KernelConfig::Cuda(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative })));
+    for (p, batch, dim, vocab, config) in [
+        (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize, None),
+        (qwen(DType::BF16, 4), 17, 256, 151_936, None),
         // The heuristic's TMA tile of B = 9..16 (on a compute capability 9.0 GPU).
-        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 12, 256, 151_936),
-        (qwen(DType::F16, 1), 64, 128, 50_257),
-        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 256, 128, 32_001),
-        (PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap(), 1, 64, 7),
+        (plain(), 12, 256, 151_936, None),
+        (qwen(DType::F16, 1), 64, 128, 50_257, None),
+        (plain(), 256, 128, 32_001, None),
+        (plain(), 1, 64, 7, None),
+        (plain(), 200, 128, 32_000, cooperative.as_ref()),
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 77, 3.0);
         let params = case.params(&p);
-        let what = format!("{} B={batch} D={dim} V={vocab}", p.name);
+        let what = format!("{} B={batch} D={dim} V={vocab} {config:?}", p.name);
         let (layout, cands, lse) =
-            sampler.cuda().expect("a CUDA sampler").debug_stage1_candidates(case.hidden.tensor(), case.weights.tensor(), &params, None, poison)
+            sampler.cuda().expect("a CUDA sampler").debug_stage1_candidates(case.hidden.tensor(), case.weights.tensor(), &params, config, poison)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(layout.candidate_count(), cands.len());
         for row in 0..batch {
@@ -968,16 +974,32 @@ fn tma_ring_equals_cp_async_ring() {
 #[test]
 #[ignore = "needs a compute capability 9.0 GPU"]
 fn pingpong_equals_tma_ring() {
-    let (device, dev) = hopper_gpu("ping-pong TMA + wgmma");
+    warp_specialized_equals_tma_ring(GridKind::PingPong, "ping-pong TMA + wgmma", &[(128, 16, 4, 4), (256, 64, 8, 4), (128, 128, 4, 6)]);
+}
+
+/// The cooperative schedule (`cooperative`: the producer warpgroup streams the CTA's items,
+/// one consumer set multiplies and reduces each) likewise equals one consumer on the TMA ring
+/// and the reference, on the same shapes: the 256 × 128 tile cuBLAS runs at B = 256, one
+/// and two warpgroups, batch tiles 16 to 128.
+#[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
+fn cooperative_equals_tma_ring() {
+    warp_specialized_equals_tma_ring(GridKind::Cooperative, "cooperative TMA + wgmma", &[(256, 128, 8, 4), (128, 16, 4, 4), (256, 64, 8, 4)]);
+}
+
+/// `grid`'s tiles (128 × 64, 4 warps, 8 stages at the large vocabulary; `small` too below
+/// it) against the persistent TMA ring of the same tile: equal samples, every slot written.
+fn warp_specialized_equals_tma_ring(grid: GridKind, what: &str, small: &[(u32, u32, u32, u32)]) {
+    let (device, dev) = hopper_gpu(what);
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid: GridKind::PingPong });
+    let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid });
     let shapes = tma_shapes();
     let tiles = |vocab| {
-        if vocab > 100_000 {
-            vec![tile(128, 64, 4, 8)]
-        } else {
-            vec![tile(128, 64, 4, 8), tile(128, 16, 4, 4), tile(256, 64, 8, 4), tile(128, 128, 4, 6)]
+        let mut out = vec![tile(128, 64, 4, 8)];
+        if vocab <= 100_000 {
+            out.extend(small.iter().map(|&(vt, bt, w, s)| tile(vt, bt, w, s)));
         }
+        out
     };
     each_fitted_tile(&device, &dev, shapes, 31, 3, tiles, |sampler, case, p, c, what| {
         let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
