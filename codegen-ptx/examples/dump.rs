@@ -3,7 +3,7 @@
 //! temperature + Gumbel), `filter` adds its top-k/top-p filter, `lse` a logprob output (the
 //! exact logsumexp partials), `greedy` is a bare argmax (`simt`: f32 operands); with ptxas -v
 //! it shows each schedule's registers and spills. The tile config comes from the
-//! environment: `SCHEDULE` (`simt`, `mma`, `wgmma`, `wgmma-drain`, `tma`, `pingpong`, `coop`),
+//! environment: `SCHEDULE` (`simt`, `mma`, `wgmma`, `wgmma-drain`, `tma`, `pingpong`, `coop`, `pair`),
 //! `PERSISTENT=1`, `VT`, `BT`, `WARPS`, `KS` (mma only), `STAGES` (defaults 128, 16, 4, 64, 4)
 //! and `STAGGER_US`.
 use flashsample_codegen_ptx::{compile, llvm_ir, Arch, GpuConfig, Grid, GridKind, Schedule};
@@ -64,7 +64,8 @@ fn main() {
         "tma" => Schedule::WgmmaTma { stages, grid: grid.into() },
         "pingpong" => Schedule::WgmmaTma { stages, grid: GridKind::PingPong },
         "coop" => Schedule::WgmmaTma { stages, grid: GridKind::Cooperative },
-        other => panic!("SCHEDULE={other}: one of simt, mma, wgmma, wgmma-drain, tma, pingpong, coop"),
+        "pair" => Schedule::WgmmaTma { stages, grid: GridKind::CooperativePair },
+        other => panic!("SCHEDULE={other}: one of simt, mma, wgmma, wgmma-drain, tma, pingpong, coop, pair"),
     };
     let mut c = GpuConfig::new(env_u32("VT", 128), env_u32("BT", 16), env_u32("WARPS", 4), schedule).with_stagger(env_u32("STAGGER_US", 0));
     c.fit_lists(&p);

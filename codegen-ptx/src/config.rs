@@ -101,6 +101,13 @@ pub enum GridKind {
     /// consumer warp released it and streams the next item's first slices during the
     /// epilogue, so no consumer warp stalls on the others' releases to issue a load.
     Cooperative,
+    /// [`GridKind::Cooperative`] CTAs in clusters of two along the batch (cuBLAS's 1 × 2
+    /// cluster at B = 256): a pair takes two batch tiles of one vocab tile at a time (an odd
+    /// last batch tile pairs with an empty one, which writes nothing), and each CTA's producer
+    /// multicasts one warpgroup's half of the W slice into both CTAs' rings, so a W slice
+    /// crosses L2 once per pair instead of twice. A slot is refilled once the consumers of
+    /// both CTAs released it. Two consumer warpgroups (8 warps).
+    CooperativePair,
 }
 
 impl From<Grid> for GridKind {
@@ -439,7 +446,22 @@ impl GpuConfig {
     /// Whether the CTA is warp-specialized: a producer warpgroup feeds consumer sets
     /// ([`GridKind::PingPong`], [`GridKind::Cooperative`]).
     pub fn is_warp_specialized(&self) -> bool {
-        matches!(self.schedule.grid(), GridKind::PingPong | GridKind::Cooperative)
+        matches!(self.schedule.grid(), GridKind::PingPong | GridKind::Cooperative | GridKind::CooperativePair)
+    }
+
+    /// CTAs per cluster: 2 for [`GridKind::CooperativePair`], else 1 (no cluster).
+    pub fn cluster_ctas(&self) -> u32 {
+        if self.schedule.grid() == GridKind::CooperativePair {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Batch tiles the grid walks: [`GpuConfig::batch_tiles`], rounded up to a multiple of
+    /// the cluster size so that a cluster's CTAs always share a vocab tile.
+    pub fn grid_batch_tiles(&self, batch: usize) -> usize {
+        self.batch_tiles(batch).next_multiple_of(self.cluster_ctas() as usize)
     }
 
     /// Threads per CTA: `warps` warps, or when warp-specialized the consumer sets of `warps`
@@ -615,15 +637,19 @@ impl GpuConfig {
     }
 
     /// Stage-one grid `(x, y, z)`: `(tiles, batch tiles, 1)`, or for a persistent config
-    /// `(min(tiles · batch tiles, resident), 1, 1)`, where `resident` is how many of these
-    /// CTAs the whole device holds at once (occupancy per SM × SMs; more would queue behind
+    /// `(min(tiles · batch tiles, resident), 1, 1)` (with clusters: whole clusters of the
+    /// batch tiles rounded up to the cluster), where `resident` is how many of these CTAs the
+    /// whole device holds at once (occupancy per SM × SMs; more would queue behind
     /// the first and finish last). Zero-sized when `batch` or `vocab` is 0 (do not launch).
     /// The block is `(block_threads(), 1, 1)`.
     pub fn grid(&self, batch: usize, vocab: usize, resident: u32) -> (u32, u32, u32) {
         let (tiles, btiles) = (self.tiles(vocab) as u64, self.batch_tiles(batch) as u64);
         if self.is_persistent() {
-            let items = tiles * btiles;
-            let ctas = items.min(u64::from(resident.max(1)));
+            // A cluster's CTAs take consecutive items of one vocab tile: whole clusters of
+            // the padded item count (a multiple of the cluster size, as the batch tiles are).
+            let cluster = u64::from(self.cluster_ctas());
+            let items = tiles * self.grid_batch_tiles(batch) as u64;
+            let ctas = items.min(u64::from(resident.max(1)) / cluster * cluster).max(items.min(cluster));
             (ctas as u32, 1, 1)
         } else {
             (tiles as u32, btiles as u32, 1)
@@ -655,6 +681,10 @@ impl GpuConfig {
         pipeline.validate()?;
         if !(1..=32).contains(&self.warps) {
             return Err(bad("warps", format!("{} warps; 1..=32", self.warps)));
+        }
+        if self.schedule.grid() == GridKind::CooperativePair && self.warps != 8 {
+            // Each CTA of the pair multicasts one warpgroup's W box.
+            return Err(bad("warps", format!("{} warps; the cooperative pair needs 8 (a W box per CTA of the pair)", self.warps)));
         }
         if self.vocab_tile == 0 || !self.vocab_tile.is_multiple_of(32 * self.warps) {
             return Err(bad(

@@ -110,6 +110,17 @@ pub(crate) fn tma_load_5d(f: &mut Func, dst: &SharedAddr, map: &I64, k0: &I32, b
     ));
 }
 
+/// [`tma_load_5d`] multicast (`.multicast::cluster`): the box lands at `dst`'s offset in the
+/// shared memory of every CTA of the cluster in `cta_mask` and completes the transaction
+/// bytes of the mbarrier at `bar`'s offset in each of them.
+pub(crate) fn tma_load_5d_multicast(f: &mut Func, dst: &SharedAddr, map: &I64, k0: &I32, block: &I32, bar: &SharedAddr, cta_mask: u16) {
+    f.s(format!(
+        "call void asm sideeffect \"cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster \
+         [$0], [$1, {{$2, 0, 0, $3, 0}}], [$4], $5;\", \"r,l,r,r,r,h,~{{memory}}\"\
+         (i32 {dst}, i64 {map}, i32 {k0}, i32 {block}, i32 {bar}, i16 {cta_mask}) #1"
+    ));
+}
+
 /// `cp.async.bulk.tensor.2d`: the box of `map` at `(k0, row)` into `dst`, completing `bar`'s
 /// transaction bytes.
 pub(crate) fn tma_load_2d(f: &mut Func, dst: &SharedAddr, map: &I64, k0: &I32, row: &I32, bar: &SharedAddr) {
@@ -186,6 +197,29 @@ pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, 
         per + 1
     );
     asm_floats(f, &insn, &[("l", a), ("l", b), ("r", &i32c(1))], acc)
+}
+
+// ---- clusters ----
+
+/// `%cluster_ctarank`: this CTA's rank in its cluster.
+pub(crate) fn cluster_ctarank(f: &mut Func) -> I32 {
+    f.typed("call i32 asm \"mov.u32 $0, %cluster_ctarank;\", \"=r\"() #1".to_string())
+}
+
+/// One arrival, releasing at cluster scope, on the mbarrier at `bar`'s offset in the shared
+/// memory of cluster CTA `rank` (`mapa` then a remote `mbarrier.arrive`).
+pub(crate) fn mbarrier_arrive_remote(f: &mut Func, bar: &SharedAddr, rank: &I32) {
+    f.s(format!(
+        "call void asm sideeffect \"{{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; \
+         mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; }}\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {rank}) #1"
+    ));
+}
+
+/// `barrier.cluster.arrive.release` + `wait.acquire` (every thread of the cluster, warps
+/// converged): what each CTA wrote before it (mbarrier initialisation, the last remote
+/// arrivals) is visible to the others after it.
+pub(crate) fn cluster_sync(f: &mut Func) {
+    f.s("call void asm sideeffect \"barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;\", \"~{memory}\"() #1");
 }
 
 // ---- warp votes ----

@@ -487,6 +487,7 @@ fn logit_bias_compiles_on_every_schedule() {
         ("wgmma_tma", DType::BF16, GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }), Arch::Sm90),
         ("wgmma_tma_pingpong", DType::BF16, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong }), Arch::Sm90),
         ("wgmma_tma_cooperative", DType::BF16, GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }), Arch::Sm90),
+        ("wgmma_tma_cooperative_pair", DType::BF16, GpuConfig::new(256, 32, 8, Schedule::WgmmaTma { stages: 3, grid: GridKind::CooperativePair }), Arch::Sm90),
     ] {
         let p = request_bias(dtype);
         let c = with_lists(c, &p);
@@ -516,8 +517,8 @@ fn logit_bias_compiles_on_every_schedule() {
 #[test]
 fn tma_schedules_read_their_maps_from_the_kernel_parameter() {
     let p = full(DType::BF16);
-    for grid in [GridKind::PerItem, GridKind::PingPong, GridKind::Cooperative] {
-        let c = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid });
+    for grid in [GridKind::PerItem, GridKind::PingPong, GridKind::Cooperative, GridKind::CooperativePair] {
+        let c = GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 4, grid });
         let k = ptx(&p, &c, Arch::Sm90);
         let index = flashsample_codegen_ptx::STAGE1.index("tmaps").unwrap();
         let param = format!("flashsample_stage1_param_{index}");
@@ -995,6 +996,39 @@ fn cooperative_is_one_consumer_set_fed_by_a_producer_warpgroup() {
     assert_eq!(t.matches("cp.async.bulk.tensor.5d").count(), 2);
     assert_eq!(t.matches("cp.async.bulk.tensor.2d").count(), 1);
     assert!(c.for_shape(4096, 151_936).is_warp_specialized());
+}
+
+/// The cooperative pair: a kernel of compile-time 2-CTA clusters whose producers each
+/// multicast one W box (the other CTA's empty barriers counting its consumers too), a grid of
+/// whole clusters over batch tiles padded to pairs, and 8 warps or a typed error.
+#[test]
+fn cooperative_pair_multicasts_half_the_w_slice_per_cta() {
+    let p = full(DType::BF16);
+    let c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair });
+    c.validate(&p, &GpuLimits::H200).unwrap();
+    assert_eq!((c.cluster_ctas(), c.block_threads()), (2, 384));
+    let k = ptx(&p, &c, Arch::Sm90);
+    let t = stage1_text(&k.ptx);
+    assert!(t.contains(".reqnctapercluster 2, 1, 1"), "compile-time clusters of two");
+    // One multicast W box (this CTA's warpgroup half, to both CTAs) and one local H box.
+    assert_eq!(t.matches(".multicast::cluster").count(), 1);
+    assert_eq!(t.matches("cp.async.bulk.tensor.5d").count(), 1);
+    assert_eq!(t.matches("cp.async.bulk.tensor.2d").count(), 1);
+    // Empty barriers count both CTAs' 8 consumer warps; releases arrive on the other CTA too.
+    let inits: Vec<&str> = t.lines().filter(|l| l.contains("mbarrier.init.shared::cta.b64")).collect();
+    let counts: Vec<&str> = inits.iter().map(|l| l.rsplit(", ").next().unwrap().trim_end_matches(';')).collect();
+    let sixteen = t.lines().filter(|l| l.contains("mov.b32") && l.ends_with(", 16;")).map(|l| l.split_whitespace().nth(1).unwrap().trim_end_matches(',')).collect::<Vec<_>>();
+    assert_eq!(counts.iter().filter(|r| sixteen.contains(r)).count() as u32, c.stages(), "one empty barrier of 16 arrivals per slot: {inits:?}");
+    assert!(t.contains("mapa.shared::cluster.u32") && t.contains("mbarrier.arrive.release.cluster.shared::cluster.b64"));
+    // A cluster barrier after the barriers' initialisation and one before the exit.
+    assert_eq!(t.matches("barrier.cluster.arrive.release.aligned").count(), 2);
+    // Three batch tiles walk as four (the third pairs with an empty one); whole clusters.
+    assert_eq!(c.grid_batch_tiles(300), 4);
+    assert_eq!(c.grid(300, 151_936, 132), (132, 1, 1));
+    assert_eq!(c.grid(100, 256, 132), (2, 1, 1));
+    assert_eq!(c.grid(100, 256, 1), (2, 1, 1), "never half a cluster");
+    let four = GpuConfig::new(128, 128, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair });
+    assert!(matches!(four.validate(&p, &GpuLimits::H200), Err(flashsample_codegen_ptx::PtxError::InvalidConfig { knob: "warps", .. })));
 }
 
 /// Tuning files written before `Schedule` existed (flat flags) load as the schedule they

@@ -9,7 +9,7 @@
 //! | `ring.rs` | the shared-memory ring both feeds share: `cp.async` or TMA, wait-full / release / refill, phases |
 //! | `mma_sync.rs` | [`Schedule::MmaSync`]: `ldmatrix` + `mma.sync` on the `cp.async` ring |
 //! | `wgmma.rs` | [`Schedule::Wgmma`] and [`Schedule::WgmmaTma`]: `wgmma` from either ring |
-//! | `pingpong.rs` | [`GridKind::PingPong`] and [`GridKind::Cooperative`]: a producer warpgroup + two or one consumer sets on the TMA ring |
+//! | `pingpong.rs` | [`GridKind::PingPong`], [`GridKind::Cooperative`] and [`GridKind::CooperativePair`]: a producer warpgroup + two or one consumer sets on the TMA ring |
 //! | `epilogue.rs` | steps 2–7 on the accumulators: columns, transform, reduce, select |
 //! | `lists.rs` | step 6b: the per-tile top lists |
 //!
@@ -163,6 +163,15 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, pass: Pass) -> String {
     let vtiles = f.udiv(&vt_up, &i32c(vt));
     let bt_up = f.add(&arg::BATCH, &i32c(bt - 1));
     let btiles = f.udiv(&bt_up, &i32c(bt));
+    // A cluster's CTAs take consecutive items of one vocab tile: the batch tiles are padded to
+    // a multiple of the cluster (`GpuConfig::grid_batch_tiles`; a padding tile writes nothing).
+    let btiles = match c.cluster_ctas() {
+        1 => btiles,
+        n => {
+            let up = f.add(&btiles, &i32c(n - 1));
+            f.and(&up, &i32c(!(n - 1)))
+        }
+    };
     let count = f.mul(&vtiles, &btiles);
     // Non-persistent grids are (tiles, batch tiles): one item per CTA, numbered linearly.
     // Persistent grids are (n, 1): CTA i takes items i, i + n, ...
@@ -188,10 +197,19 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, pass: Pass) -> String {
             let ring = g.ring(&mut f, Feed::CpAsync { wgmma: true });
             g.item_loop(&mut f, &th, &items, Some((&ring, Mma::Wgmma)));
         }
-        Schedule::WgmmaTma { grid: GridKind::PingPong | GridKind::Cooperative, .. } => {
+        Schedule::WgmmaTma { grid: GridKind::PingPong | GridKind::Cooperative | GridKind::CooperativePair, .. } => {
             let ring = g.ring(&mut f, Feed::Tma { producer_warp: true });
             g.init_mbarriers(&mut f, &th, &ring);
+            let clustered = c.cluster_ctas() > 1;
+            // The other CTA's barriers exist before its first remote arrival or multicast,
+            // and neither CTA exits while the other may still write to its shared memory.
+            if clustered {
+                ptx::cluster_sync(&mut f);
+            }
             g.warp_specialized(&mut f, &th, &ring, &items);
+            if clustered {
+                ptx::cluster_sync(&mut f);
+            }
         }
         Schedule::WgmmaTma { .. } => {
             let ring = g.ring(&mut f, Feed::Tma { producer_warp: false });
@@ -241,6 +259,10 @@ impl Gen<'_> {
         if c.is_warp_specialized() {
             // setmaxnreg needs the kernel's register budget fixed up front.
             attrs.push_str(&format!(" \"nvvm.maxnreg\"=\"{}\"", c.specialized_registers().0));
+        }
+        if c.cluster_ctas() > 1 {
+            // `.reqnctapercluster`: a plain launch of the kernel runs in clusters of this size.
+            attrs.push_str(&format!(" \"nvvm.cluster_dim\"=\"{},1,1\"", c.cluster_ctas()));
         }
         let mut out = String::new();
         if self.pass == Pass::Rank {

@@ -42,6 +42,9 @@ pub(super) struct Ring {
     pub(super) ktiles: I32,
     /// `cp.async` only: whether both operands allow 16-byte chunks.
     aligned: Option<I1>,
+    /// [`GridKind::CooperativePair`](crate::GridKind::CooperativePair) only: this CTA's rank
+    /// in its pair (which W box it multicasts; the other rank's empty barriers it arrives on).
+    rank: Option<I32>,
 }
 
 /// Per-item values of the ring for one consumer: the first slice's number across the CTA's
@@ -106,7 +109,8 @@ impl Gen<'_> {
             let p_ok = f.icmp(Icmp::Eq, &hw, &I64::c(0));
             f.and(&d_ok, &p_ok)
         });
-        Ring { feed, smem, ktiles, aligned }
+        let rank = (self.c.cluster_ctas() == 2).then(|| ptx::cluster_ctarank(f));
+        Ring { feed, smem, ktiles, aligned, rank }
     }
 
     /// The first [`GpuConfig::prefetch_depth`](crate::GpuConfig::prefetch_depth) slices of
@@ -257,11 +261,16 @@ impl Gen<'_> {
         (full, empty)
     }
 
-    /// This warp is done reading (global) slice `j`'s slot: one arrival on its empty barrier.
+    /// This warp is done reading (global) slice `j`'s slot: one arrival on its empty barrier
+    /// (the pair's: on both CTAs', as the other CTA's producer writes this slot too).
     fn release_slot(&self, f: &mut Func, ring: &Ring, j: &I32) {
         let slot = PipelineState { j: j.clone() }.slot(f, self.c.stages());
         let (_, empty) = self.mbarriers(f, ring, &slot);
         ptx::mbarrier_arrive(f, &empty);
+        if let Some(rank) = &ring.rank {
+            let other = f.xor(rank, &i32c(1));
+            ptx::mbarrier_arrive_remote(f, &empty, &other);
+        }
     }
 
     /// With ping-pong: the mainloop-done mbarrier of consumer set `set` (after the slots').
@@ -272,15 +281,16 @@ impl Gen<'_> {
     }
 
     /// Thread 0 initialises every slot's mbarriers: full expects the producer's one arrival
-    /// (plus the stage's transaction bytes), empty one arrival per warp; with ping-pong each
-    /// set's mainloop-done barrier one arrival per warp of the set.
+    /// (plus the stage's transaction bytes), empty one arrival per consumer warp of each CTA
+    /// that writes the slot (the pair's: both CTAs'); with ping-pong each set's
+    /// mainloop-done barrier one arrival per warp of the set.
     pub(super) fn init_mbarriers(&self, f: &mut Func, th: &Thread, ring: &Ring) {
         let t0 = f.icmp(Icmp::Eq, &th.tid, &i32c(0));
         f.if_then(&t0, |f| {
             let mut bars = Vec::new();
             for s in 0..self.c.stages() {
                 let (full, empty) = self.mbarriers(f, ring, &i32c(s));
-                bars.extend([(full, 1), (empty, self.c.warps)]);
+                bars.extend([(full, 1), (empty, self.c.warps * self.c.cluster_ctas())]);
             }
             if self.c.is_pingpong() {
                 for set in 0..2 {
@@ -329,10 +339,23 @@ impl Gen<'_> {
         let w_map: I64 = f.ptrtoint::<Generic, _>(&arg::TMAPS);
         let h_map = f.add(&w_map, &I64::c(128));
         let blk0 = f.lshr(&it.v0, &i32c(5));
-        for grp in 0..c.warps / 4 {
-            let blk = f.add(&blk0, &i32c(4 * grp));
-            let dst = f.shared_offset(&dst0, &i32c(grp * 128 * 128));
-            ptx::tma_load_5d(f, &dst, &w_map, &k0, &blk, &full);
+        match &ring.rank {
+            // The pair: this CTA's warpgroup box, into both CTAs' slots (their full barriers
+            // expect the whole slot, so each completes once both boxes and its H box landed).
+            Some(rank) => {
+                let b4 = f.shl(rank, &i32c(2));
+                let blk = f.add(&blk0, &b4);
+                let off = f.mul(rank, &i32c(128 * 128));
+                let dst = f.shared_offset(&dst0, &off);
+                ptx::tma_load_5d_multicast(f, &dst, &w_map, &k0, &blk, &full, 0b11);
+            }
+            None => {
+                for grp in 0..c.warps / 4 {
+                    let blk = f.add(&blk0, &i32c(4 * grp));
+                    let dst = f.shared_offset(&dst0, &i32c(grp * 128 * 128));
+                    ptx::tma_load_5d(f, &dst, &w_map, &k0, &blk, &full);
+                }
+            }
         }
         let dst = f.shared_offset(&dst0, &i32c(layout.h_tile));
         ptx::tma_load_2d(f, &dst, &h_map, &k0, &it.b0, &full);

@@ -50,6 +50,7 @@ fn requests_get_the_same_bits_at_every_batch_and_schedule() {
             (128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }),
             (128, 128, 4, Schedule::WgmmaTma { stages: 6, grid: GridKind::PingPong }),
             (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }),
+            (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair }),
         ] {
             let mut c = GpuConfig::new(vt, bt, warps, schedule);
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("D={dim} V={vocab}")) else { continue };

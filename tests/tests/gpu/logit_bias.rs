@@ -36,6 +36,7 @@ fn schedules(p: &Pipeline) -> Vec<(&'static str, GpuConfig)> {
         ("wgmma TMA", GpuConfig::new(256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem })),
         ("wgmma TMA ping-pong", GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong })),
         ("wgmma TMA cooperative", GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative })),
+        ("wgmma TMA cooperative pair", GpuConfig::new(256, 32, 8, Schedule::WgmmaTma { stages: 3, grid: GridKind::CooperativePair })),
     ];
     for (_, c) in &mut out {
         c.fit_lists(p);

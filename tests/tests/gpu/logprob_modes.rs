@@ -20,6 +20,7 @@ fn schedules() -> Vec<GpuConfig> {
         (256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }),
         (128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }),
         (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }),
+        (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair }),
     ]
     .into_iter()
     .map(|(vt, bt, warps, s)| GpuConfig::new(vt, bt, warps, s))

@@ -247,10 +247,10 @@ fn stage_one_writes_every_candidate_slot() {
     let (device, dev) = gpu();
     let poison = Candidate { score: f32::NAN, index: POISON_INDEX, logit: f32::NAN };
     let plain = || PipelineBuilder::new("Plain", DType::BF16, DType::BF16).outputs(SCORE).build().unwrap();
-    // The cooperative schedule on a compute capability 9.0 GPU (small enough for the
-    // sanitizers): a partial second batch tile, fewer k slices than stages.
-    let cooperative = (dev.compute_capability() == (9, 0))
-        .then(|| KernelConfig::Cuda(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative })));
+    // The cooperative schedules on a compute capability 9.0 GPU (small enough for the
+    // sanitizers): partial batch tiles, fewer k slices than stages.
+    let hopper = |grid| (dev.compute_capability() == (9, 0)).then(|| KernelConfig::Cuda(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid })));
+    let (cooperative, pair) = (hopper(GridKind::Cooperative), hopper(GridKind::CooperativePair));
     for (p, batch, dim, vocab, config) in [
         (qwen(DType::BF16, 4), 3usize, 64usize, 1003usize, None),
         (qwen(DType::BF16, 4), 17, 256, 151_936, None),
@@ -260,6 +260,8 @@ fn stage_one_writes_every_candidate_slot() {
         (plain(), 256, 128, 32_001, None),
         (plain(), 1, 64, 7, None),
         (plain(), 200, 128, 32_000, cooperative.as_ref()),
+        // Three batch tiles: the pair of the third is an empty tile.
+        (plain(), 300, 128, 32_000, pair.as_ref()),
     ] {
         let sampler = Sampler::new(p.clone(), &device).unwrap();
         let case = Case::random(&p, batch, dim, vocab, 77, 3.0);
@@ -985,6 +987,23 @@ fn pingpong_equals_tma_ring() {
 #[ignore = "needs a compute capability 9.0 GPU"]
 fn cooperative_equals_tma_ring() {
     warp_specialized_equals_tma_ring(GridKind::Cooperative, "cooperative TMA + wgmma", &[(256, 128, 8, 4), (128, 16, 4, 4), (256, 64, 8, 4)]);
+}
+
+/// The cooperative pair (`CooperativePair`: 2-CTA clusters whose producers multicast one W
+/// box each into both CTAs) equals one consumer on the TMA ring and the reference: batch
+/// tiles 16 to 128, odd batch-tile counts (the last pairs with an empty tile), fewer k slices
+/// than stages.
+#[test]
+#[ignore = "needs a compute capability 9.0 GPU"]
+fn cooperative_pair_equals_tma_ring() {
+    let (device, dev) = hopper_gpu("cooperative pair TMA + wgmma");
+    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
+    let tile = |vocab_tile, batch_tile| GpuConfig::new(vocab_tile, batch_tile, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair });
+    let tiles = |vocab| if vocab > 100_000 { vec![tile(256, 128)] } else { vec![tile(256, 128), tile(256, 16), tile(256, 64)] };
+    each_fitted_tile(&device, &dev, tma_shapes(), 31, 3, tiles, |sampler, case, p, c, what| {
+        let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
+        variant_equals_baseline(sampler, case, p, &ring, c, what, "TMA ring");
+    });
 }
 
 /// `grid`'s tiles (128 × 64, 4 warps, 8 stages at the large vocabulary; `small` too below

@@ -29,6 +29,7 @@ fn skipped_noise_changes_no_sample_on_peaked_or_flat_rows() {
         GpuConfig::new(256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }),
         GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 6, grid: GridKind::PingPong }),
         GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }),
+        GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair }),
     ];
     for (logit_std, what) in [(40.0, "peaked"), (0.3, "flat"), (4.0, "moderate")] {
         // 2600 rows at V = 151936 run in chunks (DESIGN.md "Chunks"): the rows of the later
