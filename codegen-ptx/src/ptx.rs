@@ -203,7 +203,7 @@ pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, 
 
 /// `%cluster_ctarank`: this CTA's rank in its cluster.
 pub(crate) fn cluster_ctarank(f: &mut Func) -> I32 {
-    f.typed("call i32 asm \"mov.u32 $0, %cluster_ctarank;\", \"=r\"() #1".to_string())
+    f.typed("call i32 asm \"mov.u32 $0, %cluster_ctarank;\", \"=r\"() #1")
 }
 
 /// One arrival, releasing at cluster scope, on the mbarrier at `bar`'s offset in the shared
