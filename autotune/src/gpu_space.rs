@@ -23,14 +23,14 @@ use flashsample_codegen_ptx::{uses_tensor_cores, GpuLimits, Grid, GridKind, Sche
 pub const STAGGER_CANDIDATES_US: [u32; 3] = [20, 30, 40];
 
 /// The schedules of one ring depth, slice and grid: every mainloop kind (wgmma ones only
-/// with their 64-element slice), the warp-specialized ones (ping-pong, cooperative) only on
-/// a persistent grid.
+/// with their 64-element slice), the warp-specialized ones (ping-pong, cooperative, the
+/// cooperative pair where the tile has its 8 warps) only on a persistent grid.
 fn schedules(stages: u32, k_step: u32, grid: Grid) -> Vec<Schedule> {
     let mut out = vec![Schedule::MmaSync { stages, k_step, grid }];
     if k_step == flashsample_codegen_ptx::WGMMA_K_STEP {
         out.extend([Schedule::Wgmma { stages, drain: false, grid }, Schedule::Wgmma { stages, drain: true, grid }, Schedule::WgmmaTma { stages, grid: grid.into() }]);
         if grid == Grid::Persistent {
-            out.extend([GridKind::PingPong, GridKind::Cooperative].map(|grid| Schedule::WgmmaTma { stages, grid }));
+            out.extend([GridKind::PingPong, GridKind::Cooperative, GridKind::CooperativePair].map(|grid| Schedule::WgmmaTma { stages, grid }));
         }
     }
     out
@@ -186,6 +186,7 @@ mod tests {
             Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem },
             Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong },
             Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative },
+            Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair },
         ] {
             assert!(space.iter().any(|c| c.schedule == schedule), "{schedule:?}");
         }

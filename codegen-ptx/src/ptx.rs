@@ -206,12 +206,15 @@ pub(crate) fn cluster_ctarank(f: &mut Func) -> I32 {
     f.typed("call i32 asm \"mov.u32 $0, %cluster_ctarank;\", \"=r\"() #1")
 }
 
-/// One arrival, releasing at cluster scope, on the mbarrier at `bar`'s offset in the shared
-/// memory of cluster CTA `rank` (`mapa` then a remote `mbarrier.arrive`).
+/// One arrival on the mbarrier at `bar`'s offset in the shared memory of cluster CTA `rank`
+/// (`mapa` then a remote `mbarrier.arrive`), with the default CTA-scope release as CUTLASS's
+/// `ClusterBarrier::arrive(cta_id)`: the arrival only says this warp's wgmmas finished
+/// reading a slot. A cluster-scope release (`.release.cluster`) costs a `MEMBAR.ALL.GPU` per
+/// arrival, which made every slice wait for the memory system (1.4x the pair's time).
 pub(crate) fn mbarrier_arrive_remote(f: &mut Func, bar: &SharedAddr, rank: &I32) {
     f.s(format!(
         "call void asm sideeffect \"{{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, $1; \
-         mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote]; }}\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {rank}) #1"
+         mbarrier.arrive.shared::cluster.b64 _, [remote]; }}\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {rank}) #1"
     ));
 }
 
