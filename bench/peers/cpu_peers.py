@@ -20,6 +20,8 @@ shared machine's memory bandwidth. After set-up it prints one JSON line {"torch"
 "threads"}; then per input line `warm B` it runs --warmup calls of each peer at batch B
 (compiling it) and prints {}; per `time B` one timed call of each, printed as one JSON line
 {"torch_mm", "torch_eager", "torch_compile", "numpy"} in milliseconds; `quit` ends it.
+--copies N: N identical copies of each W, and every call takes the next one, so that a W the
+last-level cache could hold is read from memory as an LM head's is (cpu_bench picks N).
 """
 
 import argparse
@@ -57,7 +59,8 @@ class Peers:
                 torch.set_num_threads(args.threads)
             self.threads = torch.get_num_threads()
             self.g = torch.Generator().manual_seed(1)
-            self.w = (torch.rand(V, D, generator=self.g) * 0.1 - 0.05).to(torch.bfloat16)
+            w = (torch.rand(V, D, generator=self.g) * 0.1 - 0.05).to(torch.bfloat16)
+            self.w = [w] + [w.clone() for _ in range(args.copies - 1)]
 
             def pipeline(h, w):
                 logits = (h @ w.T).float() / T
@@ -72,10 +75,17 @@ class Peers:
                     print(f"cpu_peers: torch.compile unavailable: {e}", file=sys.stderr)
         if np is not None and not args.no_numpy:
             self.rng = np.random.default_rng(1)
-            self.wf = self.rng.uniform(-0.05, 0.05, size=(V, D)).astype(np.float32)
+            wf = self.rng.uniform(-0.05, 0.05, size=(V, D)).astype(np.float32)
+            self.wf = [wf] + [wf.copy() for _ in range(args.copies - 1)]
         else:
             self.np = None
         self.calls = {}
+        self.turn = 0
+
+    def next_copy(self):
+        """The index of the W copy the next call reads (every call takes the next one)."""
+        self.turn = (self.turn + 1) % self.args.copies
+        return self.turn
 
     def versions(self):
         return {
@@ -101,18 +111,18 @@ class Peers:
 
                 return run
 
-            calls["torch_mm"] = inference(lambda: h @ w.T)
-            calls["torch_eager"] = inference(lambda: pipeline(h, w))
+            calls["torch_mm"] = inference(lambda: h @ w[self.next_copy()].T)
+            calls["torch_eager"] = inference(lambda: pipeline(h, w[self.next_copy()]))
             if self.compiled is not None:
                 compiled = self.compiled
-                calls["torch_compile"] = inference(lambda: compiled(h, w))
+                calls["torch_compile"] = inference(lambda: compiled(h, w[self.next_copy()]))
         if self.np is not None:
             np, wf = self.np, self.wf
             hf = self.rng.uniform(-1.0, 1.0, size=(b, D)).astype(np.float32)
             u = self.rng.uniform(size=(b, 1))
 
             def numpy_pipeline():
-                logits = hf @ wf.T
+                logits = hf @ wf[self.next_copy()].T
                 logits /= T
                 logits -= logits.max(axis=1, keepdims=True)
                 np.exp(logits, out=logits)
@@ -168,6 +178,7 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-numpy", action="store_true")
+    ap.add_argument("--copies", type=int, default=1, help="rotating copies of W (module doc)")
     ap.add_argument("--serve", action="store_true", help="time calls on request (module doc)")
     args = ap.parse_args()
     if args.serve:
