@@ -56,14 +56,14 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Unverified at be6caca (the logsumexp's column functions): the two cut by the deadline on
-  # the H100, then the rest of what computes a logsumexp.
-  NEW_TESTS=${NEW_TESTS:-"logprob_modes::raw_logprobs_match_the_reference_on_every_schedule scoring::target_ranks_match_the_reference_on_every_schedule_and_both_apis invariance:: nucleus:: device_api:: large_nuclei_are_served_exactly filtered_gpu_tokens_match_cpu_tokens"}
+  # Everything built up to 84283f9 ran on a GPU (BENCHMARKS.md, tenth session); the default is
+  # the warp-specialized schedules' tests, the last kernels added.
+  NEW_TESTS=${NEW_TESTS:-"cooperative_equals_tma_ring cooperative_pair_equals_tma_ring pingpong_equals_tma_ring stage_one_writes_every_candidate_slot invariance::"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/new-tests.log" | head -20)")
-  for tt in memcheck:scoring::target_ranks_of_a_small_launch racecheck:scoring::target_ranks_of_a_small_launch memcheck:nucleus::a_nucleus_past_the_lists_equals_the_host_cut_bit_for_bit; do
+  for tt in memcheck:stage_one_writes_every_candidate_slot racecheck:stage_one_writes_every_candidate_slot synccheck:stage_one_writes_every_candidate_slot; do
     tool=${tt%%:*} t=${tt#*:}
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/$tool-${t//:/_}.log" 2>&1
     summary+=("$tool $t rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-${t//:/_}.log" | tr '\n' ' ')")
