@@ -62,7 +62,8 @@ struct Args {
     /// counts as the tuned time, like the sweep's.
     #[arg(long)]
     configs: Option<String>,
-    /// With `--configs`: also time each with the greedy pipeline.
+    /// With `--configs`: also time each with a bare argmax and with Gumbel-max at T = 1 (no
+    /// transform), the epilogue's cost split.
     #[arg(long)]
     greedy: bool,
     /// Batches of the API overhead table (wall time per step: host API, device API, graph
@@ -226,8 +227,12 @@ fn main() {
         .build()
         .expect("bench pipeline");
     let sampler = Sampler::new(pipeline, &device).expect("sampler");
-    let greedy = Sampler::new(PipelineBuilder::new("BenchGreedy", DType::BF16, DType::BF16).build().expect("greedy bench pipeline"), &device)
+    // A bare argmax: no temperature, no noise (a builder without `.argmax()` samples by Gumbel-max).
+    let greedy = Sampler::new(PipelineBuilder::new("BenchGreedy", DType::BF16, DType::BF16).argmax().build().expect("greedy bench pipeline"), &device)
         .expect("greedy sampler");
+    // Gumbel-max at T = 1 with no transform: what `--greedy` timed before it was an argmax.
+    let untempered = Sampler::new(PipelineBuilder::new("BenchGumbel", DType::BF16, DType::BF16).build().expect("gumbel bench pipeline"), &device)
+        .expect("gumbel sampler");
     let extra: Vec<GpuConfig> = match &args.configs {
         Some(json) => serde_json::from_str(json).unwrap_or_else(|e| panic!("--configs: {e}")),
         None => Vec::new(),
@@ -304,11 +309,17 @@ fn main() {
                 let time = |s: &Sampler, p: &SamplingParams<'_>| {
                     s.cuda().expect("a CUDA sampler").time_fused(ht, &wt, p, Some(&kc), 3, args.reps.max(50)).map(median)
                 };
-                // The greedy pipeline (no temperature, no noise): the epilogue's noise cost is the difference.
-                let g = match (args.greedy && label == "config").then(|| time(&greedy, &SamplingParams::default())) {
-                    Some(Ok(m)) => format!(" (greedy {:.1} us)", m * 1e6),
-                    Some(Err(e)) => format!(" (greedy: {e})"),
-                    None => String::new(),
+                // The greedy pipeline (no temperature, no noise): the epilogue's transform and
+                // noise cost is the difference; the untempered Gumbel-max splits the two.
+                let g = if args.greedy && label == "config" {
+                    let show = |what: &str, r: flashsample::Result<f64>| match r {
+                        Ok(m) => format!("{what} {:.1} us", m * 1e6),
+                        Err(e) => format!("{what}: {e}"),
+                    };
+                    let plain = SamplingParams { seed: params.seed, ..SamplingParams::default() };
+                    format!(" ({}, {})", show("greedy", time(&greedy, &SamplingParams::default())), show("Gumbel at T = 1", time(&untempered, &plain)))
+                } else {
+                    String::new()
                 };
                 match time(&sampler, &params) {
                     Ok(m) => {
