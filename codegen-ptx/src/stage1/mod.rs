@@ -9,7 +9,7 @@
 //! | `ring.rs` | the shared-memory ring both feeds share: `cp.async` or TMA, wait-full / release / refill, phases |
 //! | `mma_sync.rs` | [`Schedule::MmaSync`]: `ldmatrix` + `mma.sync` on the `cp.async` ring |
 //! | `wgmma.rs` | [`Schedule::Wgmma`] and [`Schedule::WgmmaTma`]: `wgmma` from either ring |
-//! | `pingpong.rs` | [`GridKind::PingPong`], [`GridKind::Cooperative`] and [`GridKind::CooperativePair`]: a producer warpgroup + two or one consumer sets on the TMA ring |
+//! | `specialized.rs` | the warp-specialized grids ([`GridKind::PingPong`], [`GridKind::Cooperative`], [`GridKind::CooperativePair`]): a producer warpgroup + two or one consumer sets on the TMA ring |
 //! | `epilogue.rs` | steps 2–7 on the accumulators: columns, transform, reduce, select |
 //! | `lists.rs` | step 6b: the per-tile top lists |
 //!
@@ -24,7 +24,7 @@
 mod epilogue;
 mod lists;
 mod mma_sync;
-mod pingpong;
+mod specialized;
 mod residual;
 mod ring;
 mod simt;
