@@ -213,12 +213,16 @@ fn unfused_sample_filtered(logits: &[f32], batch: usize, vocab: usize, temperatu
         .collect()
 }
 
-/// How a floor read walks each thread's share of W. The floor is the best read of either: on
+/// How a floor read walks each thread's share of W. The floor is the best read of any: on
 /// the Sapphire Rapids VM two plain streams per core read 21-32 GB/s where sixteen prefetched
 /// ones read 30-35 (BENCHMARKS.md, CPU 2026-12-06), and a floor below what a kernel reaches
-/// would flatter it.
+/// would flatter it. Each pattern reads whole 64-byte lines as vectors (one bounds check per
+/// line; AVX-512 where the CPU has it): element-wise indexing read 25-27 GB/s where the same
+/// walk as vectors reads 31-32, oneDNN's bf16 matmul's rate.
 #[derive(Clone, Copy)]
 enum ReadPattern {
+    /// The share front to back in 64-byte steps.
+    OneStream,
     /// The share's two halves side by side in 64-byte steps.
     TwoStreams,
     /// Sixteen equal parts side by side, each line prefetched two lines ahead (the AMX
@@ -238,8 +242,9 @@ fn read_pass(buf: &[bf16], threads: usize, pattern: ReadPattern) -> f64 {
         for part in words.chunks(share.max(1)) {
             s.spawn(move || {
                 std::hint::black_box(match pattern {
-                    ReadPattern::TwoStreams => xor_streams::<2>(part),
-                    ReadPattern::SixteenPrefetched => xor_streams::<16>(part),
+                    ReadPattern::OneStream => xor_streams_widest::<1>(part),
+                    ReadPattern::TwoStreams => xor_streams_widest::<2>(part),
+                    ReadPattern::SixteenPrefetched => xor_streams_widest::<16>(part),
                 })
             });
         }
@@ -247,24 +252,44 @@ fn read_pass(buf: &[bf16], threads: usize, pattern: ReadPattern) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// [`xor_streams`] compiled for AVX-512 where the CPU has it (one 64-byte load per line), else
+/// for the baseline. The baseline's 16-byte loads read W at 19–29 GB/s on the Sapphire
+/// Rapids VM where 64-byte loads read 32–34 (a C probe, 1244 MB, two threads): a floor read
+/// slower than the machine's best would flatter every fused/floor ratio.
+fn xor_streams_widest<const N: usize>(part: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        #[target_feature(enable = "avx512f")]
+        fn wide<const N: usize>(part: &[u64]) -> u64 {
+            xor_streams::<N>(part)
+        }
+        // SAFETY: the CPU has AVX-512 F (checked above).
+        return unsafe { wide::<N>(part) };
+    }
+    xor_streams::<N>(part)
+}
+
 /// XOR of every word of `part`, read as `N` equal parts side by side in 64-byte steps (eight
 /// independent lanes vectorize), each part's line two steps ahead prefetched where `N > 2`.
+#[inline(always)]
 fn xor_streams<const N: usize>(part: &[u64]) -> u64 {
     const LINE: usize = 8;
     let len = part.len() / N / LINE * LINE;
+    let streams: [&[u64]; N] = std::array::from_fn(|p| &part[p * len..(p + 1) * len]);
     let mut lanes = [0u64; LINE];
     for at in (0..len).step_by(LINE) {
-        for p in 0..N {
-            let base = p * len + at;
+        for stream in &streams {
             #[cfg(target_arch = "x86_64")]
             if N > 2 {
                 // A prefetch never faults; `wrapping_add` makes no claim about the allocation.
-                let ahead = part.as_ptr().wrapping_add(base + 2 * LINE).cast::<i8>();
+                let ahead = stream.as_ptr().wrapping_add(at + 2 * LINE).cast::<i8>();
                 // SAFETY: SSE is baseline on x86_64.
                 unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(ahead) };
             }
+            // One bounds check per line, so the eight lanes load as one vector.
+            let line: &[u64; LINE] = stream[at..at + LINE].try_into().expect("a whole line");
             for k in 0..LINE {
-                lanes[k] ^= part[base + k];
+                lanes[k] ^= line[k];
             }
         }
     }
@@ -495,10 +520,12 @@ fn main() -> flashsample::Result<()> {
             };
             launch()?;
             with_peers(&mut peers, |server| server.warm(batch));
-            // The best read of W in either pattern.
+            // The best read of W in any pattern.
             let read = || {
-                let two = read_pass(&weights[next()], threads, ReadPattern::TwoStreams);
-                two.min(read_pass(&weights[next()], threads, ReadPattern::SixteenPrefetched))
+                [ReadPattern::OneStream, ReadPattern::TwoStreams, ReadPattern::SixteenPrefetched]
+                    .into_iter()
+                    .map(|pattern| read_pass(&weights[next()], threads, pattern))
+                    .fold(f64::INFINITY, f64::min)
             };
             let mut floor = read();
             let (mut fused, mut peer_reps) = (Vec::new(), Vec::new());
