@@ -193,8 +193,9 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     let chunk_groups = crate::tiles::chunk_rows(dim, 2 * BLOCK) / BLOCK;
     if batch <= 4 {
         for g in 0..token_groups {
+            let next = (g + 1 < token_groups).then(|| block_rows(g + 1));
             // SAFETY: as below.
-            unsafe { ctx.block_1x1(block_rows(g), g) };
+            unsafe { ctx.block_1x1(block_rows(g), g, next) };
         }
     } else if batch <= BLOCK {
         for g in (0..token_groups).step_by(4) {
@@ -280,17 +281,24 @@ impl Ctx<'_> {
         }
     }
 
-    /// Token group `g` × the single row group, in tile 0.
+    /// Token group `g` × the single row group, in tile 0; `next`: the next group's first weight
+    /// row, whose first lines the last steps prefetch ([`NEXT_BLOCK_LEAD`]).
     ///
     /// # Safety
     /// As [`Self::block_4x1`].
-    unsafe fn block_1x1(&self, w: *const u16, g: usize) {
+    unsafe fn block_1x1(&self, w: *const u16, g: usize, next: Option<*const u16>) {
         let stride = 2 * self.dim;
+        let steps = self.dim / STEP;
         // SAFETY: tile 0 is a configured accumulator.
         unsafe { asm!("tilezero tmm0", options(nostack, nomem)) };
-        for s in 0..self.dim / STEP {
+        for s in 0..steps {
             let off = s * STEP;
             prefetch(&[w], self.dim, off);
+            // The last NEXT_BLOCK_LEAD steps also fetch the next block's first lines, one a
+            // step, so its 16 streams do not start cold.
+            if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
+                prefetch_at(&[n], self.dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
+            }
             // SAFETY: as in `block_4x1`.
             unsafe {
                 asm!(
@@ -391,14 +399,28 @@ impl Ctx<'_> {
 /// 7–9) and B = 256 from 924 to 770; 4–16 steps and the L2 hints were no better.
 const PREFETCH_STEPS: usize = 2;
 
+/// How many lines of the next 16-row block the last steps of a B ≤ 4 block prefetch (one
+/// per step). Each block otherwise starts 16 cold streams, which at D = 1024 (32 steps a
+/// block) came every 32 steps: before/after binaries alternating on the Sapphire Rapids VM,
+/// `cpu_bench --engine amx --no-peers`, fused/floor at D = 1024 went from 1.26–1.27 (B = 1) and
+/// 1.34–1.36 (B = 4) to 1.16–1.21 and 1.27–1.28 with 8 lines; 16 and 32 lines were no better,
+/// and 2 lines changed nothing (BENCHMARKS.md, CPU 2026-12-06 tenth session).
+const NEXT_BLOCK_LEAD: usize = 8;
+
 /// Prefetches, for every weight row of the blocks `w`, the line [`PREFETCH_STEPS`] past `off`.
 #[cfg(target_arch = "x86_64")]
 fn prefetch<const N: usize>(w: &[*const u16; N], dim: usize, off: usize) {
+    prefetch_at(w, dim, off + PREFETCH_STEPS * STEP);
+}
+
+/// Prefetches, for every weight row of the blocks `w`, the line at element `off`.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_at<const N: usize>(w: &[*const u16; N], dim: usize, off: usize) {
     use std::arch::x86_64::*;
     for p in w {
         for m in 0..BLOCK {
             // A prefetch never faults; `wrapping_add` makes no claim about the allocation.
-            let at = p.wrapping_add(m * dim + off + PREFETCH_STEPS * STEP).cast::<i8>();
+            let at = p.wrapping_add(m * dim + off).cast::<i8>();
             // SAFETY: SSE is baseline on x86_64.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(at) };
         }
