@@ -208,15 +208,28 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
             let chunk_end = (chunk + chunk_groups).min(groups(batch));
             for g in (0..token_groups).step_by(2) {
                 let w = [0, 1].map(|i| block_rows((g + i).min(token_groups - 1)));
+                let next = (g + 2 < token_groups).then(|| [0, 1].map(|i| block_rows((g + 2 + i).min(token_groups - 1))));
                 for rg in (chunk..chunk_end).step_by(2) {
+                    let pass = if rg == chunk { WeightPass::Stream { next } } else { WeightPass::Cached };
                     // SAFETY: as above; `rg + 1 < groups(batch)` (an even count).
-                    unsafe { ctx.block_2x2(w, g, token_groups, rg, rg == chunk) };
+                    unsafe { ctx.block_2x2(w, g, token_groups, rg, pass) };
                 }
             }
         }
     }
     // SAFETY: releases the tile state this function configured.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Which pass over a 2 × 2 block's weight rows a [`Ctx::block_2x2`] call is.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum WeightPass {
+    /// The first of the row chunk: it streams the rows from memory, prefetching them ahead,
+    /// and in its last steps the next pair's first lines (`next`; [`NEXT_BLOCK_LEAD`]).
+    Stream { next: Option<[*const u16; 2]> },
+    /// A later one: the rows are in L2.
+    Cached,
 }
 
 /// What every block of one [`tile_logits`] call shares.
@@ -318,18 +331,22 @@ impl Ctx<'_> {
     }
 
     /// Token groups `g, g + 1` × row groups `rg, rg + 1`, in tiles 0–3 (tile `2·i + j`: token
-    /// group `g + i`, row group `rg + j`).
+    /// group `g + i`, row group `rg + j`); `pass` says whether the weights come from memory.
     ///
     /// # Safety
     /// As [`Self::block_4x1`]; `rg + 1` is a packed group.
-    unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, first_pass: bool) {
+    unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, pass: WeightPass) {
         let stride = 2 * self.dim;
+        let steps = self.dim / STEP;
         // SAFETY: tiles 0–3 are configured accumulators.
         unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
-        for s in 0..self.dim / STEP {
+        for s in 0..steps {
             let off = s * STEP;
-            if first_pass {
+            if let WeightPass::Stream { next } = pass {
                 prefetch(&w, self.dim, off);
+                if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
+                    prefetch_at(&n, self.dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
+                }
             }
             // SAFETY: as in `block_4x1`.
             unsafe {
@@ -399,12 +416,14 @@ impl Ctx<'_> {
 /// 7–9) and B = 256 from 924 to 770; 4–16 steps and the L2 hints were no better.
 const PREFETCH_STEPS: usize = 2;
 
-/// How many lines of the next 16-row block the last steps of a B ≤ 4 block prefetch (one
-/// per step). Each block otherwise starts 16 cold streams, which at D = 1024 (32 steps a
-/// block) came every 32 steps: before/after binaries alternating on the Sapphire Rapids VM,
-/// `cpu_bench --engine amx --no-peers`, fused/floor at D = 1024 went from 1.26–1.27 (B = 1) and
-/// 1.34–1.36 (B = 4) to 1.16–1.21 and 1.27–1.28 with 8 lines; 16 and 32 lines were no better,
-/// and 2 lines changed nothing (BENCHMARKS.md, CPU 2026-12-06 tenth session).
+/// How many lines of the next block's weight rows the last steps of a block's streaming pass
+/// prefetch (one per step): the 1 × 1 blocks (B ≤ 4) and the first pass of the 2 × 2 ones.
+/// Each block otherwise starts its 16 or 32 streams cold. Before/after binaries alternating on
+/// the Sapphire Rapids VM (`cpu_bench --no-peers`): at B ≤ 4, D = 1024 (32 steps a block)
+/// fused/floor went from 1.26–1.27 (B = 1) and 1.34–1.36 (B = 4) to 1.16–1.21 and 1.27–1.28
+/// with 8 lines, where 16 and 32 lines were no better and 2 changed nothing; at B = 64,
+/// D = 4096 the launch went from 87.1–103.7 to 76.3–89.9 ms (BENCHMARKS.md, CPU 2026-12-06
+/// tenth session).
 const NEXT_BLOCK_LEAD: usize = 8;
 
 /// Prefetches, for every weight row of the blocks `w`, the line [`PREFETCH_STEPS`] past `off`.
