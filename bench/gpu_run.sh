@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new decode before_after peers profile ptxas score spec
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
@@ -68,6 +68,17 @@ if has new; then
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/$tool-${t//:/_}.log" 2>&1
     summary+=("$tool $t rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-${t//:/_}.log" | tr '\n' ' ')")
   done
+fi
+if has split; then
+  # Where the epilogue's time goes at B >= 64: each config sampled (per-row T + Gumbel), as a
+  # bare argmax and as an untempered Gumbel-max (`--greedy`), the 256 x 128 persistent tile
+  # and the 128 x 64 ping-pong, both heads.
+  P='{"vocab_tile":256,"batch_tile":128,"warps":8,"schedule":{"WgmmaTma":{"stages":4,"grid":"Persistent"}},"list_per_tile":0,"stagger_us":0}'
+  Q='{"vocab_tile":128,"batch_tile":64,"warps":4,"schedule":{"WgmmaTma":{"stages":8,"grid":"PingPong"}},"list_per_tile":0,"stagger_us":0}'
+  "$BIN/gpu_bench" --python none --reps 20 --warmup 3 --batches ${SPLIT_BATCHES:-64,128,256,512} --filter-batches= \
+    --overhead-batches= --nucleus-batches= --logprob-batches= --configs "[$P,$Q,$P]" --greedy >"$OUT/split.txt" 2>"$OUT/split.log"
+  summary+=("split rc=$?")
+  summary+=("$(grep -E '^  config' "$OUT/split.log" | sed 's/ GpuConfig.*grid: \([A-Za-z]*\).*/ \1/')")
 fi
 if has cache; then
   FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$GPU_TEST" ptx_disk_cache --exact --include-ignored --nocapture >"$OUT/cache.log" 2>&1
