@@ -3,7 +3,7 @@
 //! invocation: PyTorch (bf16 matmul + /T + softmax + multinomial, the faster of eager and
 //! torch.compile, and the matmul alone) and numpy (f32), run by `bench/peers/cpu_peers.py` in a
 //! Python subprocess (`--python`; without torch or numpy their columns say so), and the memory
-//! floor: weight bytes / the best all-thread streaming read of W (two read patterns,
+//! floor: weight bytes / the best all-thread streaming read of W (three read patterns,
 //! `ReadPattern`). Every row's reps are paired: each runs one fused launch, one read of W in
 //! each pattern and one call of every peer in turn (the peers'
 //! script serves calls on request), so a shared machine's moving memory bandwidth falls on
