@@ -301,17 +301,11 @@ impl Ctx<'_> {
     /// As [`Self::block_4x1`].
     unsafe fn block_1x1(&self, w: *const u16, g: usize, next: Option<*const u16>) {
         let stride = 2 * self.dim;
-        let steps = self.dim / STEP;
         // SAFETY: tile 0 is a configured accumulator.
         unsafe { asm!("tilezero tmm0", options(nostack, nomem)) };
-        for s in 0..steps {
+        for s in 0..self.dim / STEP {
             let off = s * STEP;
-            prefetch(&[w], self.dim, off);
-            // The last NEXT_BLOCK_LEAD steps also fetch the next block's first lines, one a
-            // step, so its 16 streams do not start cold.
-            if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
-                prefetch_at(&[n], self.dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
-            }
+            prefetch_streaming(&[w], next.map(|n| [n]), self.dim, s);
             // SAFETY: as in `block_4x1`.
             unsafe {
                 asm!(
@@ -337,16 +331,12 @@ impl Ctx<'_> {
     /// As [`Self::block_4x1`]; `rg + 1` is a packed group.
     unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, pass: WeightPass) {
         let stride = 2 * self.dim;
-        let steps = self.dim / STEP;
         // SAFETY: tiles 0–3 are configured accumulators.
         unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
-        for s in 0..steps {
+        for s in 0..self.dim / STEP {
             let off = s * STEP;
             if let WeightPass::Stream { next } = pass {
-                prefetch(&w, self.dim, off);
-                if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
-                    prefetch_at(&n, self.dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
-                }
+                prefetch_streaming(&w, next, self.dim, s);
             }
             // SAFETY: as in `block_4x1`.
             unsafe {
@@ -430,6 +420,18 @@ const NEXT_BLOCK_LEAD: usize = 8;
 #[cfg(target_arch = "x86_64")]
 fn prefetch<const N: usize>(w: &[*const u16; N], dim: usize, off: usize) {
     prefetch_at(w, dim, off + PREFETCH_STEPS * STEP);
+}
+
+/// A streaming pass's prefetches at step `s` of `dim / STEP`: the blocks `w`'s lines
+/// [`PREFETCH_STEPS`] ahead, and in the last [`NEXT_BLOCK_LEAD`] steps one line of the next
+/// blocks `next` (their first lines, in order), so their streams do not start cold.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_streaming<const N: usize>(w: &[*const u16; N], next: Option<[*const u16; N]>, dim: usize, s: usize) {
+    prefetch(w, dim, s * STEP);
+    let steps = dim / STEP;
+    if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
+        prefetch_at(&n, dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
+    }
 }
 
 /// Prefetches, for every weight row of the blocks `w`, the line at element `off`.

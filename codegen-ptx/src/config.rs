@@ -444,7 +444,7 @@ impl GpuConfig {
     }
 
     /// Whether the CTA is warp-specialized: a producer warpgroup feeds consumer sets
-    /// ([`GridKind::PingPong`], [`GridKind::Cooperative`]).
+    /// ([`GridKind::PingPong`], [`GridKind::Cooperative`], [`GridKind::CooperativePair`]).
     pub fn is_warp_specialized(&self) -> bool {
         matches!(self.schedule.grid(), GridKind::PingPong | GridKind::Cooperative | GridKind::CooperativePair)
     }

@@ -1,6 +1,7 @@
 //! The warp-specialized schedules on the TMA ring: CUTLASS's ping-pong
-//! ([`GridKind::PingPong`], two consumer sets) and cooperative ([`GridKind::Cooperative`],
-//! one). Warps `sets·warps ..` are the producer warpgroup: lane 0 of its first warp streams
+//! ([`GridKind::PingPong`], two consumer sets) and cooperative ([`GridKind::Cooperative`] and
+//! its 2-CTA clusters, [`GridKind::CooperativePair`], one; the pair's multicast and remote
+//! releases are the ring's, its cluster barriers `stage1::emit`'s). Warps `sets·warps ..` are the producer warpgroup: lane 0 of its first warp streams
 //! every slice of the CTA's items through [`Gen::tma_issue`], gated only by the empty
 //! mbarriers, and the group gives its registers to the consumers (`setmaxnreg`). Consumer set
 //! `s` (warps `s·warps ..`) takes the CTA's items `s, s + sets, ...`, each through the wgmma
@@ -12,6 +13,7 @@
 //!
 //! [`GridKind::PingPong`]: crate::GridKind::PingPong
 //! [`GridKind::Cooperative`]: crate::GridKind::Cooperative
+//! [`GridKind::CooperativePair`]: crate::GridKind::CooperativePair
 
 use super::ring::{PipelineState, Ring};
 use super::{Gen, Items, Thread};
