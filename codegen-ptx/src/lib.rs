@@ -22,6 +22,7 @@ mod glue;
 mod math64;
 mod nucleus;
 mod params;
+mod probe;
 mod ptx;
 mod stage1;
 mod stage2;
@@ -35,6 +36,9 @@ pub use stage1::RANK_NAME as STAGE1_RANK_KERNEL;
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
+pub use probe::{
+    compile_math_probe, math_probe_llvm_ir, MATH_PROBE_GUMBEL_INPUTS, MATH_PROBE_KERNEL, MATH_PROBE_LN_FIRST_BITS, MATH_PROBE_LN_INPUTS, MATH_PROBE_THREADS,
+};
 pub use nucleus::{
     captures_logits, has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,
     NUCLEUS_RADIX_PASSES, NUCLEUS_SORT_TILE, NUCLEUS_THREADS,

@@ -155,6 +155,22 @@ impl Func {
     pub(crate) fn fdiv<T: Float>(&mut self, a: &T, b: &T) -> T {
         self.rn("div", &[a, b])
     }
+    /// `a / b` rounded to nearest as `div.rn.f32` rounds it, for operands on which the
+    /// hardware's `div.rn` takes its fast path (`FCHK` passes: `a` and `b` normal or `a` zero,
+    /// the quotient normal): that path's own sequence, `rcp.approx` refined by four fmas,
+    /// without the `FCHK` branch to the slow path and the convergence region around it, which
+    /// keep ptxas from interleaving independent divisions. Only for operand ranges whose every
+    /// value an exhaustive GPU test checks against IEEE division (`math::ln_f32`,
+    /// `math::gumbel_f32`).
+    pub(crate) fn fdiv_fast_path(&mut self, a: &F32, b: &F32) -> F32 {
+        let r: F32 = self.call("@llvm.nvvm.rcp.approx.ftz.f", &[b]);
+        let nb = self.fneg(b);
+        let e = self.fma(&nb, &r, &super::f32c(1.0));
+        let r = self.fma(&r, &e, &r);
+        let q = self.fma(a, &r, &F32::ZERO);
+        let rem = self.fma(&nb, &q, a);
+        self.fma(&r, &rem, &q)
+    }
     /// `a · b + c`, rounded once.
     pub(crate) fn fma<T: Float>(&mut self, a: &T, b: &T, c: &T) -> T {
         self.rn("fma", &[a, b, c])

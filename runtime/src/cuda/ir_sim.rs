@@ -106,6 +106,10 @@ enum Intr {
     FmaF,
     MulF,
     DivF,
+    /// `rcp.approx.ftz.f32`, modelled as the correctly rounded reciprocal: the hardware's is
+    /// within an ulp of it, and codegen only refines it into `div.rn`'s quotient
+    /// (`Func::fdiv_fast_path`), which both give (checked on every input on a GPU).
+    RcpApproxF,
     MaxnumF,
     MinnumF,
     FabsF,
@@ -400,6 +404,7 @@ impl Parser<'_> {
                     "@llvm.nvvm.fma.rn.f" | "@llvm.fma.f32" => Some(Intr::FmaF),
                     "@llvm.nvvm.mul.rn.f" => Some(Intr::MulF),
                     "@llvm.nvvm.div.rn.f" => Some(Intr::DivF),
+                    "@llvm.nvvm.rcp.approx.ftz.f" => Some(Intr::RcpApproxF),
                     "@llvm.maxnum.f32" => Some(Intr::MaxnumF),
                     "@llvm.minnum.f32" => Some(Intr::MinnumF),
                     "@llvm.fabs.f32" => Some(Intr::FabsF),
@@ -848,6 +853,7 @@ impl Module {
                     Intr::FmaF => u64::from(ff(a[0]).mul_add(ff(a[1]), ff(a[2])).to_bits()),
                     Intr::MulF => u64::from((ff(a[0]) * ff(a[1])).to_bits()),
                     Intr::DivF => u64::from((ff(a[0]) / ff(a[1])).to_bits()),
+                    Intr::RcpApproxF => u64::from((1.0 / ff(a[0])).to_bits()),
                     // PTX's max/min: a NaN operand yields the other.
                     Intr::MaxnumF => u64::from(ff(a[0]).max(ff(a[1])).to_bits()),
                     Intr::MinnumF => u64::from(ff(a[0]).min(ff(a[1])).to_bits()),

@@ -9,7 +9,8 @@
 //!
 //! One binary for every GPU test (one to build, carry and run on the GPU machine): this file's
 //! schedule and backend tests, the device API (`device_api`), CUDA graphs and the device decode
-//! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`), extreme parameter
+//! loop (`graphs`), per-request logit bias on every schedule (`logit_bias`), the noise's bits on
+//! every input (`noise_bits`), extreme parameter
 //! values (`robust`), batch invariance (`invariance`), scoring given tokens (`scoring`) and raw
 //! logprobs (`logprob_modes`).
 
@@ -18,6 +19,7 @@ mod graphs;
 mod invariance;
 mod logit_bias;
 mod logprob_modes;
+mod noise_bits;
 mod noise_skip;
 mod nucleus;
 mod robust;
