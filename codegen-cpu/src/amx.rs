@@ -295,7 +295,9 @@ impl Ctx<'_> {
     }
 
     /// Token group `g` × the single row group, in tile 0; `next`: the next group's first weight
-    /// row, whose first lines the last steps prefetch ([`NEXT_BLOCK_LEAD`]).
+    /// row: up to [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`] the steps prefetch its whole block into L2
+    /// ([`prefetch_next_block`]), above it the last steps its rows' first lines
+    /// ([`NEXT_BLOCK_LEAD`]).
     ///
     /// # Safety
     /// As [`Self::block_4x1`].
@@ -305,7 +307,14 @@ impl Ctx<'_> {
         unsafe { asm!("tilezero tmm0", options(nostack, nomem)) };
         for s in 0..self.dim / STEP {
             let off = s * STEP;
-            prefetch_streaming(&[w], next.map(|n| [n]), self.dim, s);
+            if self.dim <= SEQUENTIAL_NEXT_BLOCK_MAX_DIM {
+                prefetch(&[w], self.dim, off);
+                if let Some(n) = next {
+                    prefetch_next_block(n, s);
+                }
+            } else {
+                prefetch_streaming(&[w], next.map(|n| [n]), self.dim, s);
+            }
             // SAFETY: as in `block_4x1`.
             unsafe {
                 asm!(
@@ -407,8 +416,8 @@ impl Ctx<'_> {
 const PREFETCH_STEPS: usize = 2;
 
 /// How many lines of the next block's weight rows the last steps of a block's streaming pass
-/// prefetch (one per step): the 1 × 1 blocks (B ≤ 4) and the first pass of the 2 × 2 ones.
-/// Each block otherwise starts its 16 or 32 streams cold. Before/after binaries alternating on
+/// prefetch (one per step): the 1 × 1 blocks (B ≤ 4) above [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`]
+/// and the first pass of the 2 × 2 ones. Each block otherwise starts its 16 or 32 streams cold. Before/after binaries alternating on
 /// the Sapphire Rapids VM (`cpu_bench --no-peers`): at B ≤ 4, D = 1024 (32 steps a block)
 /// fused/floor went from 1.26–1.27 (B = 1) and 1.34–1.36 (B = 4) to 1.16–1.21 and 1.27–1.28
 /// with 8 lines, where 16 and 32 lines were no better and 2 changed nothing; at B = 64,
@@ -431,6 +440,31 @@ fn prefetch_streaming<const N: usize>(w: &[*const u16; N], next: Option<[*const 
     let steps = dim / STEP;
     if let Some(n) = next.filter(|_| s + NEXT_BLOCK_LEAD >= steps) {
         prefetch_at(&n, dim, (s + NEXT_BLOCK_LEAD - steps) * STEP);
+    }
+}
+
+/// The largest `dim` whose 1 × 1 blocks prefetch the next block whole ([`prefetch_next_block`]):
+/// rows of 2 KiB or less are 32-line streams, which the hardware prefetchers barely start on
+/// before they end. At D = 2048 (1.06–1.11× → 1.16–1.24×) and D = 8192, B = 4 (1.02–1.03× →
+/// 1.10–1.13×) the whole-block prefetch was slower than the rows' own streams
+/// (BENCHMARKS.md, eleventh session).
+const SEQUENTIAL_NEXT_BLOCK_MAX_DIM: usize = 1024;
+
+/// Step `s` of a 1 × 1 block's prefetch of the next block (first weight row `next`): its lines
+/// `16s .. 16s + 16` into L2, so over the block's `dim / 32` steps the whole next block
+/// (`dim / 2` lines, 16 rows back to back) in address order, one block ahead, where the rows'
+/// own prefetches ([`PREFETCH_STEPS`]) start 16 short streams cold at every block. Before/after
+/// alternating on the Sapphire Rapids VM (`cpu_bench --no-peers`, BENCHMARKS.md eleventh
+/// session): D = 1024 B = 1 from 1.17–1.23× the floor to 1.11–1.14×; into L1 it was slower
+/// (1.32–1.37×), and the same for the 2 × 2 blocks' next pair slower at B = 64.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_next_block(next: *const u16, s: usize) {
+    use std::arch::x86_64::*;
+    let base = next.cast::<i8>().wrapping_add(s * BLOCK * ROW_BYTES);
+    for l in 0..BLOCK {
+        // A prefetch never faults; `wrapping_add` makes no claim about the allocation.
+        // SAFETY: SSE is baseline on x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(l * ROW_BYTES)) };
     }
 }
 
