@@ -206,6 +206,20 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     } else {
         for chunk in (0..groups(batch)).step_by(chunk_groups) {
             let chunk_end = (chunk + chunk_groups).min(groups(batch));
+            if (chunk_end - chunk) % 4 == 0 {
+                // Four row groups per weight tile: each pass streams the block once for four
+                // products, where the 2 × 2 shape takes two passes (the second from L2) with
+                // the memory stream idle during it.
+                for g in 0..token_groups {
+                    let next = (g + 1 < token_groups).then(|| [block_rows(g + 1)]);
+                    for rg in (chunk..chunk_end).step_by(4) {
+                        let pass = if rg == chunk { WeightPass::Stream { next } } else { WeightPass::Cached };
+                        // SAFETY: as above; `rg + 3 < groups(batch)`.
+                        unsafe { ctx.block_1x4(block_rows(g), g, rg, pass) };
+                    }
+                }
+                continue;
+            }
             for g in (0..token_groups).step_by(2) {
                 let w = [0, 1].map(|i| block_rows((g + i).min(token_groups - 1)));
                 let next = (g + 2 < token_groups).then(|| [0, 1].map(|i| block_rows((g + 2 + i).min(token_groups - 1))));
@@ -221,13 +235,14 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// Which pass over a 2 × 2 block's weight rows a [`Ctx::block_2x2`] call is.
+/// Which pass over the weight rows of a block of `N` token groups (a [`Ctx::block_1x4`] or
+/// [`Ctx::block_2x2`] call) a call is.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-enum WeightPass {
+enum WeightPass<const N: usize> {
     /// The first of the row chunk: it streams the rows from memory, prefetching them ahead,
-    /// and in its last steps the next pair's first lines (`next`; [`NEXT_BLOCK_LEAD`]).
-    Stream { next: Option<[*const u16; 2]> },
+    /// and in its last steps the next blocks' first lines (`next`; [`NEXT_BLOCK_LEAD`]).
+    Stream { next: Option<[*const u16; N]> },
     /// A later one: the rows are in L2.
     Cached,
 }
@@ -333,12 +348,57 @@ impl Ctx<'_> {
         unsafe { self.emit(&mut Block::default(), 0, w, g, 0) };
     }
 
+    /// Token group `g` × row groups `rg .. rg + 4`, in tiles 0–3 (tile `j`: row group
+    /// `rg + j`): one weight tile load feeds four products; `pass` says whether the weights come
+    /// from memory.
+    ///
+    /// # Safety
+    /// As [`Self::block_4x1`]; `rg + 3` is a packed group.
+    unsafe fn block_1x4(&self, w: *const u16, g: usize, rg: usize, pass: WeightPass<1>) {
+        let stride = 2 * self.dim;
+        // SAFETY: tiles 0–3 are configured accumulators.
+        unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
+        for s in 0..self.dim / STEP {
+            let off = s * STEP;
+            if let WeightPass::Stream { next } = pass {
+                prefetch_streaming(&[w], next, self.dim, s);
+            }
+            // SAFETY: as in `block_4x1`.
+            unsafe {
+                asm!(
+                    "tileloadd tmm4, [{w0} + {ws}*1]",
+                    "tileloadd tmm5, [{h0} + {hs}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm5",
+                    "tileloadd tmm6, [{h1} + {hs}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm6",
+                    "tileloadd tmm7, [{h2} + {hs}*1]",
+                    "tdpbf16ps tmm2, tmm4, tmm7",
+                    "tileloadd tmm5, [{h3} + {hs}*1]",
+                    "tdpbf16ps tmm3, tmm4, tmm5",
+                    h0 = in(reg) self.hidden_block(rg, s),
+                    h1 = in(reg) self.hidden_block(rg + 1, s),
+                    h2 = in(reg) self.hidden_block(rg + 2, s),
+                    h3 = in(reg) self.hidden_block(rg + 3, s),
+                    hs = in(reg) ROW_BYTES,
+                    w0 = in(reg) w.add(off),
+                    ws = in(reg) stride,
+                    options(nostack, readonly),
+                )
+            };
+        }
+        let mut c = Block::default();
+        for j in 0..4 {
+            // SAFETY: as this function's; tile `j` holds row group `rg + j`'s logits.
+            unsafe { self.emit(&mut c, j, w, g, rg + j) };
+        }
+    }
+
     /// Token groups `g, g + 1` × row groups `rg, rg + 1`, in tiles 0–3 (tile `2·i + j`: token
     /// group `g + i`, row group `rg + j`); `pass` says whether the weights come from memory.
     ///
     /// # Safety
     /// As [`Self::block_4x1`]; `rg + 1` is a packed group.
-    unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, pass: WeightPass) {
+    unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, pass: WeightPass<2>) {
         let stride = 2 * self.dim;
         // SAFETY: tiles 0–3 are configured accumulators.
         unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };

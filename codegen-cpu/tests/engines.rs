@@ -280,7 +280,8 @@ fn avx512bf16_logits_are_the_documented_f32_contract_bit_for_bit() {
     });
 }
 
-/// Both block shapes (4 × 1 up to 16 rows, 2 × 2 above, with a zero row group), tiles that
+/// Every block shape (4 × 1 up to 16 rows; above, 1 × 4 in row chunks of a multiple of four
+/// groups, 2 × 2 in the others, with a zero row group), tiles that
 /// end inside a block, a vocabulary that ends inside one (the copied last block), `dim % 32`
 /// tails and a row chunk (70 rows × 4100), within the contract's bound of exact. A token read
 /// from the wrong row or a pair from the wrong element is off by far more.
@@ -299,6 +300,10 @@ fn amx_logits_are_within_the_documented_bound() {
         (17, 96, 130, 64),
         (40, 70, 97, 32),
         (70, 4100, 40, 20),
+        // 1 × 4 blocks: one pass of four row groups (above), two passes of a chunk of eight
+        // (streamed, then cached), and a chunk of eight followed by one of two (2 × 2).
+        (100, 64, 70, 32),
+        (130, 2048, 40, 16),
     ];
     let (mut checked, mut inexact) = (0, 0);
     raw_logits(CpuEngine::AmxBf16, &shapes, |h, w, at, got| {
