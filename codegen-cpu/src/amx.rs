@@ -206,7 +206,7 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     } else {
         for chunk in (0..groups(batch)).step_by(chunk_groups) {
             let chunk_end = (chunk + chunk_groups).min(groups(batch));
-            if (chunk_end - chunk) % 4 == 0 {
+            if (chunk_end - chunk).is_multiple_of(4) {
                 // Four row groups per weight tile: each pass streams the block once for four
                 // products, where the 2 × 2 shape takes two passes (the second from L2) with
                 // the memory stream idle during it.
