@@ -477,7 +477,8 @@ const PREFETCH_STEPS: usize = 2;
 
 /// How many lines of the next block's weight rows the last steps of a block's streaming pass
 /// prefetch (one per step): the 1 × 1 blocks (B ≤ 4) above [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`]
-/// and the first pass of the 2 × 2 ones. Each block otherwise starts its 16 or 32 streams cold. Before/after binaries alternating on
+/// and the streaming pass of the 1 × 4 and 2 × 2 ones. Each block otherwise starts its 16 or 32
+/// streams cold. Before/after binaries alternating on
 /// the Sapphire Rapids VM (`cpu_bench --no-peers`): at B ≤ 4, D = 1024 (32 steps a block)
 /// fused/floor went from 1.26–1.27 (B = 1) and 1.34–1.36 (B = 4) to 1.16–1.21 and 1.27–1.28
 /// with 8 lines, where 16 and 32 lines were no better and 2 changed nothing; at B = 64,
