@@ -141,11 +141,11 @@ impl TileConfig {
 }
 
 /// One tile's logits, `[quad][row][4]`, for tokens `v_begin..v_end` (`v_end ≤ vocab`) from
-/// [`pack_hidden`]'s layout. Up to 4 rows, blocks of 16 tokens × 16 rows (1 × 1: 16 weight rows
-/// streamed side by side; 64 rows of 2 KiB at D = 1024 were 1.4–1.9× slower); up to 16 rows,
-/// 64 tokens × 16 rows (4 × 1: each hidden block feeds four weight blocks); above, 32 tokens ×
-/// 32 rows (2 × 2: half the weight-tile loads per product). The blocking changes no bit: each
-/// (row, token) sums its steps in the same order in every shape.
+/// [`pack_hidden`]'s layout. Up to 16 rows, blocks of 16 tokens × 16 rows (1 × 1: 16 weight
+/// rows streamed side by side; four blocks side by side, 64 rows, were 1.4–1.9× slower at B ≤ 4
+/// and D = 1024 and 8–25 % slower at B = 8 and 16); above, 16 tokens × 64 rows (1 × 4) or 32
+/// tokens × 32 rows (2 × 2) per row chunk. The blocking changes no bit: each (row, token) sums
+/// its steps in the same order in every shape.
 ///
 /// # Safety
 /// [`missing_host_feature`] is `None`; `weights` points to `vocab × dim` little-endian bf16;
@@ -191,17 +191,11 @@ pub(crate) unsafe fn tile_logits(job: &crate::tiles::TileJob<'_>, scratch: &mut 
     unsafe { asm!("ldtilecfg [{}]", in(reg) TileConfig::ALL_FULL.0.as_ptr(), options(nostack, readonly)) };
     // Row chunks of whole 2 × 2 row-group pairs.
     let chunk_groups = crate::tiles::chunk_rows(dim, 2 * BLOCK) / BLOCK;
-    if batch <= 4 {
+    if batch <= BLOCK {
         for g in 0..token_groups {
             let next = (g + 1 < token_groups).then(|| block_rows(g + 1));
             // SAFETY: as below.
             unsafe { ctx.block_1x1(block_rows(g), g, next) };
-        }
-    } else if batch <= BLOCK {
-        for g in (0..token_groups).step_by(4) {
-            let w = [0, 1, 2, 3].map(|i| block_rows((g + i).min(token_groups - 1)));
-            // SAFETY: as this function's; `w` are 16-row blocks inside the weights or the copy.
-            unsafe { ctx.block_4x1(w, g, token_groups) };
         }
     } else {
         for chunk in (0..groups(batch)).step_by(chunk_groups) {
@@ -265,57 +259,13 @@ impl Ctx<'_> {
         self.packed[(g * (self.dim / STEP) + s) * BLOCK * STEP..].as_ptr()
     }
 
-    /// Token groups `g .. g + 4` (those `< groups` stored) × the single row group, in tiles
-    /// 0–3; `w[i]` is group `g + i`'s first weight row.
-    ///
-    /// # Safety
-    /// As [`tile_logits`]; tiles configured; each `w[i]` has 16 rows of `dim` readable.
-    unsafe fn block_4x1(&self, w: [*const u16; 4], g: usize, groups: usize) {
-        let stride = 2 * self.dim;
-        // SAFETY: tiles 0–3 are configured accumulators.
-        unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
-        for s in 0..self.dim / STEP {
-            let h = self.hidden_block(0, s);
-            let off = s * STEP;
-            prefetch(&w, self.dim, off);
-            // SAFETY: 16 rows of 64 bytes at `w[i] + off` with the row stride, and a 1 KiB
-            // hidden block: all inside the caller's buffers.
-            unsafe {
-                asm!(
-                    "tileloadd tmm6, [{h} + {hs}*1]",
-                    "tileloadd tmm4, [{w0} + {ws}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tileloadd tmm5, [{w1} + {ws}*1]",
-                    "tdpbf16ps tmm1, tmm5, tmm6",
-                    "tileloadd tmm7, [{w2} + {ws}*1]",
-                    "tdpbf16ps tmm2, tmm7, tmm6",
-                    "tileloadd tmm4, [{w3} + {ws}*1]",
-                    "tdpbf16ps tmm3, tmm4, tmm6",
-                    h = in(reg) h,
-                    hs = in(reg) ROW_BYTES,
-                    w0 = in(reg) w[0].add(off),
-                    w1 = in(reg) w[1].add(off),
-                    w2 = in(reg) w[2].add(off),
-                    w3 = in(reg) w[3].add(off),
-                    ws = in(reg) stride,
-                    options(nostack, readonly),
-                )
-            };
-        }
-        let mut c = Block::default();
-        for (i, &rows) in w.iter().enumerate().take(groups - g) {
-            // SAFETY: as this function's; tile `i` holds this group's logits.
-            unsafe { self.emit(&mut c, i, rows, g + i, 0) };
-        }
-    }
-
     /// Token group `g` × the single row group, in tile 0; `next`: the next group's first weight
     /// row: up to [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`] the steps prefetch its whole block into L2
     /// ([`prefetch_next_block`]), above it the last steps its rows' first lines
     /// ([`NEXT_BLOCK_LEAD`]).
     ///
     /// # Safety
-    /// As [`Self::block_4x1`].
+    /// As [`tile_logits`]; tiles configured; `w` has 16 rows of `dim` readable.
     unsafe fn block_1x1(&self, w: *const u16, g: usize, next: Option<*const u16>) {
         let stride = 2 * self.dim;
         // SAFETY: tile 0 is a configured accumulator.
@@ -330,7 +280,8 @@ impl Ctx<'_> {
             } else {
                 prefetch_streaming(&[w], next.map(|n| [n]), self.dim, s);
             }
-            // SAFETY: as in `block_4x1`.
+            // SAFETY: 16 rows of 64 bytes at `w + off` with the row stride, and a 1 KiB hidden
+            // block: all inside the caller's buffers.
             unsafe {
                 asm!(
                     "tileloadd tmm6, [{h} + {hs}*1]",
@@ -353,7 +304,7 @@ impl Ctx<'_> {
     /// from memory.
     ///
     /// # Safety
-    /// As [`Self::block_4x1`]; `rg + 3` is a packed group.
+    /// As [`Self::block_1x1`]; `rg + 3` is a packed group.
     unsafe fn block_1x4(&self, w: *const u16, g: usize, rg: usize, pass: WeightPass<1>) {
         let stride = 2 * self.dim;
         // SAFETY: tiles 0–3 are configured accumulators.
@@ -363,7 +314,7 @@ impl Ctx<'_> {
             if let WeightPass::Stream { next } = pass {
                 prefetch_streaming(&[w], next, self.dim, s);
             }
-            // SAFETY: as in `block_4x1`.
+            // SAFETY: as in `block_1x1`.
             unsafe {
                 asm!(
                     "tileloadd tmm4, [{w0} + {ws}*1]",
@@ -397,7 +348,7 @@ impl Ctx<'_> {
     /// group `g + i`, row group `rg + j`); `pass` says whether the weights come from memory.
     ///
     /// # Safety
-    /// As [`Self::block_4x1`]; `rg + 1` is a packed group.
+    /// As [`Self::block_1x1`]; `rg + 1` is a packed group.
     unsafe fn block_2x2(&self, w: [*const u16; 2], g: usize, groups: usize, rg: usize, pass: WeightPass<2>) {
         let stride = 2 * self.dim;
         // SAFETY: tiles 0–3 are configured accumulators.
@@ -407,7 +358,7 @@ impl Ctx<'_> {
             if let WeightPass::Stream { next } = pass {
                 prefetch_streaming(&w, next, self.dim, s);
             }
-            // SAFETY: as in `block_4x1`.
+            // SAFETY: as in `block_1x1`.
             unsafe {
                 asm!(
                     "tileloadd tmm4, [{w0} + {ws}*1]",
@@ -441,7 +392,7 @@ impl Ctx<'_> {
     /// `dim % 32` tail products and writes its real (token, row) logits to the scratch.
     ///
     /// # Safety
-    /// As [`Self::block_4x1`]; tile `t` holds that group's logits.
+    /// As [`Self::block_1x1`]; tile `t` holds that group's logits.
     unsafe fn emit(&self, c: &mut Block, t: usize, w: *const u16, g: usize, rg: usize) {
         // SAFETY: tile `t` is configured (the caller's guarantee).
         unsafe { c.store(t) };
@@ -468,7 +419,7 @@ impl Ctx<'_> {
 }
 
 /// How many steps (64-byte lines of each weight row) ahead the weight blocks are prefetched.
-/// A tile load reads 16 rows of 64 bytes, one line from each of 16 (4 × 1: 64) rows streamed
+/// A tile load reads 16 rows of 64 bytes, one line from each of 16 (2 × 2: 32) rows streamed
 /// side by side, more streams than the hardware prefetchers follow. Measured on the 2-vCPU
 /// Sapphire Rapids VM, D = 4096, V = 151936, launches of each distance interleaved in one
 /// process (BENCHMARKS.md, 2026-12-06): 2 steps took B = 1 from 91–153 to 76–98 ms (min of
@@ -476,7 +427,7 @@ impl Ctx<'_> {
 const PREFETCH_STEPS: usize = 2;
 
 /// How many lines of the next block's weight rows the last steps of a block's streaming pass
-/// prefetch (one per step): the 1 × 1 blocks (B ≤ 4) above [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`]
+/// prefetch (one per step): the 1 × 1 blocks (B ≤ 16) above [`SEQUENTIAL_NEXT_BLOCK_MAX_DIM`]
 /// and the streaming pass of the 1 × 4 and 2 × 2 ones. Each block otherwise starts its 16 or 32
 /// streams cold. Before/after binaries alternating on
 /// the Sapphire Rapids VM (`cpu_bench --no-peers`): at B ≤ 4, D = 1024 (32 steps a block)

@@ -280,7 +280,7 @@ fn avx512bf16_logits_are_the_documented_f32_contract_bit_for_bit() {
     });
 }
 
-/// Every block shape (4 × 1 up to 16 rows; above, 1 × 4 in row chunks of a multiple of four
+/// Every block shape (1 × 1 up to 16 rows; above, 1 × 4 in row chunks of a multiple of four
 /// groups, 2 × 2 in the others, with a zero row group), tiles that
 /// end inside a block, a vocabulary that ends inside one (the copied last block), `dim % 32`
 /// tails and a row chunk (70 rows × 4100), within the contract's bound of exact. A token read
