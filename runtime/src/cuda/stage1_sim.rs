@@ -294,6 +294,25 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
 }
 
+/// A SIMT tile whose threads hold 8 columns (batch tile 32, as the tensor-core tiles' threads
+/// hold 16 and more), over two batch tiles, the second partly filled (its last n tiles have
+/// no rows): every column's candidate reaches the scratch and the tile's candidates.
+#[test]
+fn simt_stage_one_with_eight_columns_per_thread_writes_the_host_models_candidates() {
+    let (batch, dim, vocab) = (41usize, 8usize, 300usize);
+    let p = PipelineBuilder::new("S1W", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    let temperatures: Vec<f32> = (0..batch).map(|r| if r % 9 == 4 { 0.0 } else { 0.5 + 0.03 * r as f32 }).collect();
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), seed: 0x0bad_cafe_1234_5678, ..Default::default() };
+    let c = GpuConfig::new(128, 32, 4, Schedule::Simt { grid: Grid::PerItem });
+    Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 7 }.check();
+}
+
 /// Every per-token transform through `transform_token`: softcap, per-request logit bias,
 /// penalties, temperature and a mask, in the pipeline's order.
 #[test]
