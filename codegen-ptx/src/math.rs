@@ -145,10 +145,11 @@ fn gumbel_f32(attr: &str) -> String {
     let rf: F32 = f.sitofp(&residual);
     let ul = f.fmul(&rf, &f32c(TWO_POW_M25));
     let lnu = ln(&mut f, &uh);
-    // `ul` is 0 for every n below 2^24 (half the draws). div.rn sends a zero dividend down
-    // its out-of-line slow path, so a warp took it on nearly every call (a visible share of
-    // stage one's stall samples in a profile). The quotient of a nonzero stand-in is
-    // discarded there: q = +0.0, the bits 0 / uh gives, as abi::rng::gumbel_f32 computes.
+    // `ul` is 0 for every n below 2^24 (half the draws): the division takes a nonzero
+    // stand-in (|ul_safe| = 2^-25 always, the range the exhaustive test checks the fast path
+    // on) and its quotient is discarded: q = +0.0, the bits 0 / uh gives, as
+    // abi::rng::gumbel_f32 computes. (With `div.rn` a zero dividend went down its out-of-line
+    // slow path on nearly every call.)
     let zero = f.icmp(Icmp::Eq, &residual, &i32c(0));
     let ul_safe = f.sel(&zero, &f32c(TWO_POW_M25), &ul);
     // |ul_safe| = 2^-25 and uh in [2^-25, 1): div.rn's fast path.
