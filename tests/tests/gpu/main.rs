@@ -978,7 +978,7 @@ fn tma_ring_equals_cp_async_ring() {
 #[test]
 #[ignore = "needs a compute capability 9.0 GPU"]
 fn pingpong_equals_tma_ring() {
-    warp_specialized_equals_tma_ring(GridKind::PingPong, "ping-pong TMA + wgmma", &[(128, 16, 4, 4), (256, 64, 8, 4), (128, 128, 4, 6)]);
+    warp_specialized_equals_tma_ring(GridKind::PingPong, "ping-pong TMA + wgmma", (128, 64, 4, 8), &[(128, 16, 4, 4), (256, 64, 8, 4), (128, 128, 4, 6)]);
 }
 
 /// The cooperative schedule (`cooperative`: the producer warpgroup streams the CTA's items,
@@ -988,7 +988,7 @@ fn pingpong_equals_tma_ring() {
 #[test]
 #[ignore = "needs a compute capability 9.0 GPU"]
 fn cooperative_equals_tma_ring() {
-    warp_specialized_equals_tma_ring(GridKind::Cooperative, "cooperative TMA + wgmma", &[(256, 128, 8, 4), (128, 16, 4, 4), (256, 64, 8, 4)]);
+    warp_specialized_equals_tma_ring(GridKind::Cooperative, "cooperative TMA + wgmma", (128, 64, 4, 8), &[(256, 128, 8, 4), (128, 16, 4, 4), (256, 64, 8, 4)]);
 }
 
 /// The cooperative pair (`CooperativePair`: 2-CTA clusters whose producers multicast one W
@@ -998,25 +998,19 @@ fn cooperative_equals_tma_ring() {
 #[test]
 #[ignore = "needs a compute capability 9.0 GPU"]
 fn cooperative_pair_equals_tma_ring() {
-    let (device, dev) = hopper_gpu("cooperative pair TMA + wgmma");
-    let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
-    let tile = |vocab_tile, batch_tile| GpuConfig::new(vocab_tile, batch_tile, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair });
-    let tiles = |vocab| if vocab > 100_000 { vec![tile(256, 128)] } else { vec![tile(256, 128), tile(256, 16), tile(256, 64)] };
-    each_fitted_tile(&device, &dev, tma_shapes(), 31, 3, tiles, |sampler, case, p, c, what| {
-        let ring = c.clone().with_schedule(Schedule::WgmmaTma { stages: c.stages(), grid: GridKind::Persistent });
-        variant_equals_baseline(sampler, case, p, &ring, c, what, "TMA ring");
-    });
+    warp_specialized_equals_tma_ring(GridKind::CooperativePair, "cooperative pair TMA + wgmma", (256, 128, 8, 4), &[(256, 16, 8, 4), (256, 64, 8, 4)]);
 }
 
-/// `grid`'s tiles (128 × 64, 4 warps, 8 stages at the large vocabulary; `small` too below
-/// it) against the persistent TMA ring of the same tile: equal samples, every slot written.
-fn warp_specialized_equals_tma_ring(grid: GridKind, what: &str, small: &[(u32, u32, u32, u32)]) {
+/// `grid`'s tiles (`(vocab tile, batch tile, warps, stages)`: `large` at every vocabulary,
+/// `small` too below 100k) against the persistent TMA ring of the same tile: equal samples,
+/// every slot written.
+fn warp_specialized_equals_tma_ring(grid: GridKind, what: &str, large: (u32, u32, u32, u32), small: &[(u32, u32, u32, u32)]) {
     let (device, dev) = hopper_gpu(what);
     let _big = BIG.lock().unwrap_or_else(|e| e.into_inner());
     let tile = |vocab_tile, batch_tile, warps, stages| GpuConfig::new(vocab_tile, batch_tile, warps, Schedule::WgmmaTma { stages, grid });
     let shapes = tma_shapes();
     let tiles = |vocab| {
-        let mut out = vec![tile(128, 64, 4, 8)];
+        let mut out = vec![tile(large.0, large.1, large.2, large.3)];
         if vocab <= 100_000 {
             out.extend(small.iter().map(|&(vt, bt, w, s)| tile(vt, bt, w, s)));
         }
