@@ -474,7 +474,9 @@ fn main() -> flashsample::Result<()> {
         let weights: Vec<bf16> = (0..args.vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05..0.05))).collect();
         let w_bytes = weights.len() * 2;
         let copies = w_copies(w_bytes);
-        let weights: Vec<Vec<bf16>> = (0..copies).map(|_| weights.clone()).collect();
+        // The first copy is the generated W itself: a 2.5 GB W (D = 8192) is not held twice.
+        let clones: Vec<Vec<bf16>> = (1..copies).map(|_| weights.clone()).collect();
+        let weights: Vec<Vec<bf16>> = std::iter::once(weights).chain(clones).collect();
         eprintln!("cpu_bench: D = {dim}: {copies} rotating cop{} of W ({} MB)", if copies == 1 { "y" } else { "ies" }, w_bytes / 1_000_000);
         let mut peers = if peers_wanted {
             PeerServer::start(&args, dim, threads, copies).map_err(|e| eprintln!("cpu_bench: Python peers skipped: {e}")).ok()
