@@ -199,6 +199,15 @@ pub(crate) fn wgmma_m64k16(f: &mut Func, n: u32, dtype: &str, a: &I64, b: &I64, 
     asm_floats(f, &insn, &[("l", a), ("l", b), ("r", &i32c(1))], acc)
 }
 
+// ---- loads ----
+
+/// `ld.relaxed.gpu.global.b32`: a word other CTAs of the grid update by atomics, read where it
+/// is issued (an `asm sideeffect`, which LLVM neither sinks to its use nor merges), so its
+/// latency can run under the work placed between it and the use.
+pub(crate) fn ld_relaxed_gpu(f: &mut Func, addr: &Ptr<Global>) -> I32 {
+    f.typed(format!("call i32 asm sideeffect \"ld.relaxed.gpu.global.b32 $0, [$1];\", \"=r,l,~{{memory}}\"(ptr addrspace(1) {addr}) #1"))
+}
+
 // ---- clusters ----
 
 /// `%cluster_ctarank`: this CTA's rank in its cluster.

@@ -268,7 +268,7 @@ fn noise_skips_emit_what_they_say() {
         let calls_all = stage1.contains("@fs_noise_pair_all(");
         let calls_tested = stage1.contains("@fs_noise_pair(");
         let publishes = stage1.contains("atomicrmw umax");
-        let reads_bounds = stage1.contains("load volatile");
+        let reads_bounds = stage1.contains("ld.relaxed.gpu.global.b32");
         let want = match skip {
             NoiseSkip::Never => (true, false, false, false),
             NoiseSkip::InTile => (false, true, false, false),

@@ -614,9 +614,21 @@ impl Gen<'_> {
         let samples = p.samples_per_row();
         let sc = c.smem_layout().scratch;
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
+        let cross_tile = !p.is_greedy() && c.noise_skip == NoiseSkip::CrossTile;
         f.for_loop(&i32c(0), &i32c(samples), &i32c(1), |f, s| {
+            // The row bounds' loads go one pair ahead of their use: each is a volatile load
+            // from L2 whose result the pair's first noise test needs, and issued there its
+            // latency stalled the warp at every pair.
+            let pairs: Vec<&[Col]> = cols.chunks(2).collect();
+            let mut next_keys: Vec<I32> = if cross_tile { pairs[0].iter().map(|cl| self.row_bound_key(f, cl, s)).collect() } else { Vec::new() };
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
+                let keys = std::mem::take(&mut next_keys);
+                if cross_tile {
+                    if let Some(next) = pairs.get(n + 1) {
+                        next_keys = next.iter().map(|cl| self.row_bound_key(f, cl, s)).collect();
+                    }
+                }
                 // An n tile past the batch (rows 8n.. of a partly filled batch tile) is skipped
                 // whole: the test is uniform over the CTA, and the noise is most of the
                 // epilogue's work. Its columns report NONE, which no live row reads.
@@ -631,7 +643,7 @@ impl Gen<'_> {
                     // A score each row's winner reaches (other tiles' candidates so far), or NaN.
                     let bounds: Vec<F32> = match c.noise_skip {
                         _ if p.is_greedy() => Vec::new(),
-                        NoiseSkip::CrossTile => pair.iter().map(|cl| self.load_row_bound(f, cl, s)).collect(),
+                        NoiseSkip::CrossTile => keys.iter().map(|k| f.key_value(k)).collect(),
                         NoiseSkip::InTile | NoiseSkip::Never => vec![F32::NAN; pair.len()],
                     };
                     let pair_noise = self.pair_noise(f, pair);
@@ -717,20 +729,19 @@ impl Gen<'_> {
 }
 
 impl Gen<'_> {
-    /// `row_bounds[row · S + s]` decoded: the best score another tile of this launch has
-    /// published for (row, sample), a score the row's winner reaches; NaN when none has (the
-    /// buffer starts at 0 each launch) or the kernel has no `row_bounds` ([`Func::key_value`]
-    /// of the published key).
-    fn load_row_bound(&self, f: &mut Func, cl: &Col, s: &I32) -> F32 {
+    /// `row_bounds[row · S + s]`: the order key of the best score another tile of this launch
+    /// has published for (row, sample), a score the row's winner reaches ([`Func::key_value`]
+    /// decodes it); 0 (NaN decoded) when none has (the buffer starts at 0 each launch) or the
+    /// kernel has no `row_bounds`.
+    fn row_bound_key(&self, f: &mut Func, cl: &Col, s: &I32) -> I32 {
         let key = f.var(&i32c(0));
         let has = f.non_null(&arg::ROW_BOUNDS);
         f.if_then(&has, |f| {
             let a = self.row_bound_addr(f, &cl.row_safe, s);
-            let k = f.load_volatile(&a, 4);
+            let k = crate::ptx::ld_relaxed_gpu(f, &a);
             f.set(&key, &k);
         });
-        let k = f.get(&key);
-        f.key_value(&k)
+        f.get(&key)
     }
 
     /// Publishes a tile's best score of (row, sample) with an atomic max on its order key, so

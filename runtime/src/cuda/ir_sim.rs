@@ -253,6 +253,16 @@ impl Parser<'_> {
             let x = self.typed(arg);
             return Inst::Bin { d, op: "or".to_string(), ty: Ty::I32, a: x, b: Val::Imm(0) };
         }
+        if line.contains("asm sideeffect \"ld.relaxed.gpu.global.b32") {
+            // `ptx::ld_relaxed_gpu`: a plain 4-byte load (one CTA runs at a time).
+            let (dst, rhs) = line.split_once(" = ").unwrap();
+            let d = self.reg(dst);
+            // `...}"(ptr addrspace(1) %p) #1`: the operand after the constraint string.
+            let arg = rhs.split_once("\"(").unwrap().1;
+            let (_, p) = split_ty(arg);
+            let p = &p[..p.find(')').unwrap()];
+            return Inst::Load { d, bytes: 4, p: self.val(p.trim(), Ty::Ptr) };
+        }
         if line.contains("asm sideeffect \"match.any.sync.b32") {
             let (dst, rhs) = line.split_once(" = ").unwrap();
             let d = self.reg(dst);
