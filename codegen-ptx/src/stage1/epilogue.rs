@@ -528,15 +528,19 @@ impl Gen<'_> {
         let lane_lt4 = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
         // Each column's flag and partial (window and its three sums) go to the scratch as soon
         // as they are known, so no column's partial stays live past its own merge.
+        // A column's lanes are the 8 with its `lane & 3` (the butterflies' xor 4, 8, 16): one
+        // ballot ORs its flag over them, where three shuffles and ors did.
+        let column_lanes = nonfinite.map(|_| {
+            let t = f.and(&th.lane, &i32c(3));
+            f.shl(&i32c(0x1111_1111), &t)
+        });
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
-            let flag = nonfinite.map(|nf| {
-                let mut flag: I32 = f.zext(&nf[ci]);
-                for sh in [4, 8, 16] {
-                    let o = f.shfl_xor(&flag, sh);
-                    flag = f.or(&flag, &o);
-                }
-                flag
+            let flag = nonfinite.zip(column_lanes.as_ref()).map(|(nf, lanes)| {
+                let votes = f.ballot(&nf[ci]);
+                let mine = f.and(&votes, lanes);
+                let any = f.icmp(Icmp::Ne, &mine, &i32c(0));
+                f.zext::<I1, I32>(&any)
             });
             let mut part = None;
             if lse {
