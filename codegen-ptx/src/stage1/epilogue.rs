@@ -618,6 +618,9 @@ impl Gen<'_> {
         let samples = p.samples_per_row();
         let sc = c.smem_layout().scratch;
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
+        // Whole groups of 4 pairs reduce their columns across the lanes together
+        // ([`Gen::scatter_columns`]); otherwise each pair's columns are reduced on their own.
+        let scatter = cols.len().is_multiple_of(SCATTER_COLUMNS);
         let cross_tile = !p.is_greedy() && c.noise_skip == NoiseSkip::CrossTile;
         f.for_loop(&i32c(0), &i32c(samples), &i32c(1), |f, s| {
             // The row bounds' loads go one pair ahead of their use: each is a volatile load
@@ -625,6 +628,7 @@ impl Gen<'_> {
             // latency stalled the warp at every pair.
             let pairs: Vec<&[Col]> = cols.chunks(2).collect();
             let mut next_keys: Vec<I32> = if cross_tile { pairs[0].iter().map(|cl| self.row_bound_key(f, cl, s)).collect() } else { Vec::new() };
+            let mut group: Vec<CandidateVar> = Vec::new();
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
             for (n, pair) in cols.chunks(2).enumerate() {
                 let keys = std::mem::take(&mut next_keys);
@@ -678,11 +682,26 @@ impl Gen<'_> {
                         }
                     }
                     for ((best, out), hold) in acc_best.into_iter().zip(&outs).zip(&holds) {
-                        let (best, held) = best.shfl_best_held(f, &[4, 8, 16]);
-                        out.set(f, &best);
-                        f.set(hold, &held);
+                        if scatter {
+                            // Reduced with the group's other columns below.
+                            out.set(f, &best);
+                        } else {
+                            let (best, held) = best.shfl_best_held(f, &[4, 8, 16]);
+                            out.set(f, &best);
+                            f.set(hold, &held);
+                        }
                     }
                 });
+                if scatter {
+                    group.extend(outs);
+                    if group.len() == SCATTER_COLUMNS {
+                        let lane_bests: Vec<Candidate> = group.drain(..).map(|v| v.get(f)).collect();
+                        // The group's first n tile: its 4 pairs end with this one.
+                        let first_n = n as u32 + 1 - SCATTER_COLUMNS as u32 / 2;
+                        self.scatter_columns(f, th, lane_bests, first_n);
+                    }
+                    continue;
+                }
                 // The pair's warp results go to the scratch at once, so no column's best
                 // stays live while the next pairs are selected.
                 for ((cl, out), hold) in pair.iter().zip(&outs).zip(&holds) {
@@ -732,7 +751,57 @@ impl Gen<'_> {
     }
 }
 
+/// Columns a lane's best candidates are reduced across the 8 lanes sharing them in one go.
+const SCATTER_COLUMNS: usize = 8;
+
 impl Gen<'_> {
+    /// The warp's best candidate of each of 8 columns (n tiles `first_n .. first_n + 4`,
+    /// `j` = 0, 1; `lane_bests` in that order, each lane's own best) to the scratch, by a
+    /// reduce-scatter over the 8 lanes that share the columns (`lane & 3`): at xor 16, 8 and 4
+    /// each lane keeps half of its columns, trades the other half with its partner and merges,
+    /// so lane `g = lane >> 2` ends with column `g`'s best and writes it. 21 shuffles for 8
+    /// columns where a butterfly per column takes 48, and no column's chain waits for the
+    /// next pair's. Any merge order gives the same candidate ([`Candidate::keep_best`] is a
+    /// total order on (score, index)).
+    fn scatter_columns(&self, f: &mut Func, th: &Thread, lane_bests: Vec<Candidate>, first_n: u32) {
+        let sc = self.c.smem_layout().scratch;
+        let mut cur = lane_bests;
+        for sh in [16u32, 8, 4] {
+            let half = cur.len() / 2;
+            let bit = f.and(&th.lane, &i32c(sh));
+            let upper = f.icmp(Icmp::Ne, &bit, &i32c(0));
+            let mut next = Vec::with_capacity(half);
+            for k in 0..half {
+                let (lo, hi) = (&cur[k], &cur[k + half]);
+                let pick = |f: &mut Func, a: &Candidate, b: &Candidate| Candidate {
+                    score: f.sel(&upper, &a.score, &b.score),
+                    index: f.sel(&upper, &a.index, &b.index),
+                    logit: f.sel(&upper, &a.logit, &b.logit),
+                };
+                let send = pick(f, lo, hi);
+                let keep = pick(f, hi, lo);
+                let recv = Candidate { score: f.shfl_xor(&send.score, sh), index: f.shfl_xor(&send.index, sh), logit: f.shfl_xor(&send.logit, sh) };
+                next.push(keep.keep_best(f, &recv));
+            }
+            cur = next;
+        }
+        let best = cur.pop().expect("one column left");
+        // Lane g's column: n tile first_n + g / 2, j = g % 2, at offset 8n + j.
+        let g = f.lshr(&th.lane, &i32c(2));
+        let pair = f.lshr(&g, &i32c(1));
+        let j = f.and(&g, &i32c(1));
+        let off = f.shl(&pair, &i32c(3));
+        let off = f.add(&off, &j);
+        let off = f.add(&off, &i32c(8 * first_n));
+        let off4 = f.shl(&off, &i32c(2));
+        let t2 = f.shl(&th.t, &i32c(1));
+        let own = self.scratch_slot(f, &th.warp, &t2);
+        let slot = f.add(&own, &off4);
+        self.st_scratch(f, th, sc.score, &slot, &best.score);
+        self.st_scratch(f, th, sc.index, &slot, &best.index);
+        self.st_scratch(f, th, sc.logit, &slot, &best.logit);
+    }
+
     /// `row_bounds[row · S + s]`: the order key of the best score another tile of this launch
     /// has published for (row, sample), a score the row's winner reaches ([`Func::key_value`]
     /// decodes it); 0 (NaN decoded) when none has (the buffer starts at 0 each launch) or the
