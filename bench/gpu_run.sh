@@ -56,9 +56,6 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # The noise code of b6973d8 (div.rn's fast path) passed 11 GPU tests on an H100 (BENCHMARKS.md,
-  # eleventh session) but not the whole suite: the default is the noise's exhaustive check and
-  # the tests that sweep every schedule; run the `tests` stage too when the call has time.
   NEW_TESTS=${NEW_TESTS:-"noise_bits:: invariance:: logit_bias:: logprob_modes:: cooperative_pair_equals_tma_ring stage_one_writes_every_candidate_slot"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
