@@ -21,7 +21,7 @@ use super::{Gen, Item, Pass, Thread, SMEM};
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
 use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64, X4};
-use crate::lse::{self, Partial};
+use crate::lse::{self, Partial, SCATTER_COLUMNS};
 use crate::math::{self, RowStream};
 use crate::params::arg;
 use crate::stage1::residual::is_draft_row;
@@ -480,6 +480,22 @@ impl Gen<'_> {
         f.add(&own, &i32c(cl.offset * 4))
     }
 
+    /// The scratch slot of the column a reduce-scatter over 8 columns leaves this lane with
+    /// (n tiles `first_n .. first_n + 4`, `j` = 0, 1 in that order): lane `g = lane >> 2`
+    /// holds n tile `first_n + g / 2`, `j = g % 2`, at column offset `8n + j` ([`Col::offset`]).
+    fn scattered_column_slot(&self, f: &mut Func, th: &Thread, first_n: u32) -> I32 {
+        let g = f.lshr(&th.lane, &i32c(2));
+        let pair = f.lshr(&g, &i32c(1));
+        let j = f.and(&g, &i32c(1));
+        let off = f.shl(&pair, &i32c(3));
+        let off = f.add(&off, &j);
+        let off = f.add(&off, &i32c(8 * first_n));
+        let off4 = f.shl(&off, &i32c(2));
+        let t2 = f.shl(&th.t, &i32c(1));
+        let own = self.scratch_slot(f, &th.warp, &t2);
+        f.add(&own, &off4)
+    }
+
     /// Byte offset of scratch entry (`warp`, `col`) within a scratch field.
     fn scratch_slot(&self, f: &mut Func, warp: &I32, col: &I32) -> I32 {
         let s = f.mul(warp, &i32c(self.c.batch_tile));
@@ -504,6 +520,16 @@ impl Gen<'_> {
     fn ld_scratch<T: Value>(&self, f: &mut Func, th: &Thread, field: u32, slot4: &I32) -> T {
         let a = self.scratch_addr(f, th, field, slot4);
         f.load(&a, 4)
+    }
+
+    /// Stores a column's logsumexp partial at its scratch `slot` (the sums' fields are 8-byte).
+    fn st_partial(&self, f: &mut Func, th: &Thread, slot: &I32, part: &Partial<I64>) {
+        let sc = self.c.smem_layout().scratch;
+        self.st_scratch(f, th, sc.lse_window, slot, &part.window);
+        let slot8 = f.shl(slot, &i32c(1));
+        for (field, v) in sc.lse_sums.iter().zip(&part.sums) {
+            self.st_scratch(f, th, *field, &slot8, v);
+        }
     }
 
     /// Phase 4 (step 7): non-finite flags (when `nonfinite` is given) and logsumexp partials
@@ -534,6 +560,11 @@ impl Gen<'_> {
             let t = f.and(&th.lane, &i32c(3));
             f.shl(&i32c(0x1111_1111), &t)
         });
+        // Whole groups of 8 columns reduce their partials across the lanes together
+        // ([`lse::scatter_partial`]), each lane storing one column's; otherwise each column's
+        // partial is reduced on its own and stored by the first lanes.
+        let scatter = lse && cols.len().is_multiple_of(SCATTER_COLUMNS);
+        let mut group: Vec<Vec<F32>> = Vec::new();
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
             let flag = nonfinite.zip(column_lanes.as_ref()).map(|(nf, lanes)| {
@@ -546,8 +577,19 @@ impl Gen<'_> {
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
                 let (column, _) = self.column(f, th, src, n, j);
-                let xs: Vec<&F32> = column.iter().collect();
-                part = Some(lse::column_partial(f, &xs));
+                if scatter {
+                    group.push(column);
+                    if group.len() == SCATTER_COLUMNS {
+                        let p = lse::scatter_partial(f, &th.lane, &group);
+                        group.clear();
+                        // The group's first n tile: its 4 pairs end with this column's.
+                        let slot = self.scattered_column_slot(f, th, n + 1 - SCATTER_COLUMNS as u32 / 2);
+                        self.st_partial(f, th, &slot, &p);
+                    }
+                } else {
+                    let xs: Vec<&F32> = column.iter().collect();
+                    part = Some(lse::column_partial(f, &xs));
+                }
             }
             if let Some(part) = &part {
                 f.if_then(&lane_lt4, |f| {
@@ -555,17 +597,14 @@ impl Gen<'_> {
                     if let Some(flag) = &flag {
                         self.st_scratch(f, th, sc.nonfinite, &slot, flag);
                     }
-                    self.st_scratch(f, th, sc.lse_window, &slot, &part.window);
-                    let slot8 = f.shl(&slot, &i32c(1));
-                    for (field, v) in sc.lse_sums.iter().zip(&part.sums) {
-                        self.st_scratch(f, th, *field, &slot8, v);
-                    }
+                    self.st_partial(f, th, &slot, part);
                 });
             }
             flags.extend(flag);
         }
-        if !lse && !flags.is_empty() {
-            // Without a logsumexp only the flags cross warps: one block stores them all.
+        if (scatter || !lse) && !flags.is_empty() {
+            // Flags with no partial beside them (no logsumexp, or partials stored by the
+            // reduce-scatter's lanes): one block stores them all.
             f.if_then(&lane_lt4, |f| {
                 for (cl, flag) in cols.iter().zip(&flags) {
                     let slot = self.column_slot(f, th, cl);
@@ -751,8 +790,6 @@ impl Gen<'_> {
     }
 }
 
-/// Columns a lane's best candidates are reduced across the 8 lanes sharing them in one go.
-const SCATTER_COLUMNS: usize = 8;
 
 impl Gen<'_> {
     /// The warp's best candidate of each of 8 columns (n tiles `first_n .. first_n + 4`,
@@ -786,17 +823,7 @@ impl Gen<'_> {
             cur = next;
         }
         let best = cur.pop().expect("one column left");
-        // Lane g's column: n tile first_n + g / 2, j = g % 2, at offset 8n + j.
-        let g = f.lshr(&th.lane, &i32c(2));
-        let pair = f.lshr(&g, &i32c(1));
-        let j = f.and(&g, &i32c(1));
-        let off = f.shl(&pair, &i32c(3));
-        let off = f.add(&off, &j);
-        let off = f.add(&off, &i32c(8 * first_n));
-        let off4 = f.shl(&off, &i32c(2));
-        let t2 = f.shl(&th.t, &i32c(1));
-        let own = self.scratch_slot(f, &th.warp, &t2);
-        let slot = f.add(&own, &off4);
+        let slot = self.scattered_column_slot(f, th, first_n);
         self.st_scratch(f, th, sc.score, &slot, &best.score);
         self.st_scratch(f, th, sc.index, &slot, &best.index);
         self.st_scratch(f, th, sc.logit, &slot, &best.logit);

@@ -294,9 +294,10 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
 }
 
-/// A SIMT tile whose threads hold 8 columns (batch tile 32), so the selection reduces them by
-/// the lanes' reduce-scatter (`scatter_columns`), over two batch tiles, the second partly
-/// filled (its last n tiles have no rows).
+/// A SIMT tile whose threads hold 8 columns (batch tile 32), so the selection and the
+/// logsumexp partials reduce them by the lanes' reduce-scatters (`scatter_columns`,
+/// `lse::scatter_partial`), over two batch tiles, the second partly filled (its last n tiles
+/// have no rows).
 #[test]
 fn simt_stage_one_with_eight_columns_per_thread_writes_the_host_models_candidates() {
     let (batch, dim, vocab) = (41usize, 8usize, 300usize);
