@@ -11,7 +11,7 @@ SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
 for f in .carry-before/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/score_bench "$BIN"/spec_bench "$BIN"/decode_loop .carry-before/gpu_bench 2>/dev/null
+chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/score_bench "$BIN"/spec_bench "$BIN"/decode_loop .carry-before/gpu_bench .carry-before/score_bench 2>/dev/null
 GPU_TEST=$BIN/gpu-test
 # Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
@@ -119,13 +119,20 @@ fi
 if has before_after; then
   # The same gpu_bench arguments through the previous commit's binary (.carry-before/) and this
   # one, alternating for AB_ROUNDS rounds in one call (drift shows as a spread between rounds):
-  # the regression check of a refactor. The fused and nucleus lines go to the summary.
+  # the regression check of a refactor. The fused, nucleus and per-config lines go to the
+  # summary. Where both sides carry score_bench, it alternates too (SCORE_AB_ARGS; fused and
+  # rank columns to the summary).
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for side in before after; do
-      bin=$BIN/gpu_bench; [ $side = before ] && bin=.carry-before/gpu_bench
-      "$bin" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side-$round.txt" 2>"$OUT/bench-$side-$round.log"
+      dir=$BIN; [ $side = before ] && dir=.carry-before
+      "$dir/gpu_bench" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side-$round.txt" 2>"$OUT/bench-$side-$round.log"
       summary+=("bench $side $round rc=$?")
-      summary+=("$(grep -hE '^(fused|exact nucleus|nucleus split)' "$OUT/bench-$side-$round.log" | sed 's/ (GpuConfig.*//')")
+      summary+=("$(grep -hE '^(fused|exact nucleus|nucleus split|  config)' "$OUT/bench-$side-$round.log" | sed 's/ (GpuConfig.*//; s/ GpuConfig.*//')")
+      if [ -x "$BIN/score_bench" ] && [ -x .carry-before/score_bench ]; then
+        "$dir/score_bench" ${SCORE_AB_ARGS:---python none --reps 10} >"$OUT/score-$side-$round.txt" 2>&1
+        summary+=("score $side $round rc=$?")
+        summary+=("$(grep -E '^\| [0-9]' "$OUT/score-$side-$round.txt" | cut -d'|' -f2-7)")
+      fi
     done
   done
 fi
