@@ -80,6 +80,12 @@ struct Args {
     /// launch's filter needs the processed one: `--filter --nucleus`'s lone top-p row).
     #[arg(long, requires = "logprobs")]
     raw: bool,
+    /// Standard deviation of the raw logits (before T = 0.7). By default W is `U(−0.05, 0.05)`
+    /// and H `U(−1, 1)`, a spread of `0.05·√(D/9)` (1.07 at D = 4096): flat rows, on which the
+    /// noise skips save little. Trained LMs at T ≤ 1 put most tokens tens of nats below the
+    /// top (a larger value here); W is then `U(−a, a)` with `a = 3·S / √D`.
+    #[arg(long)]
+    logit_std: Option<f32>,
 }
 
 /// Identical copies of a `w_bytes` W that the accesses rotate through: `1 + ⌈2·L3 / W⌉` while
@@ -456,9 +462,10 @@ fn main() -> flashsample::Result<()> {
     }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
-        "device {}, V = {}, bf16, T = 0.7{}{}, medians of {} after 1 warm-up",
+        "device {}, V = {}, bf16, T = 0.7{}{}{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
+        args.logit_std.map_or(String::new(), |s| format!(", raw logit std {s}")),
         if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
         match (args.logprobs, args.raw) {
             (true, true) => ", + raw logprob and logsumexp",
@@ -471,7 +478,8 @@ fn main() -> flashsample::Result<()> {
     let mut rng = StdRng::seed_from_u64(1);
     let mut rows = Vec::new();
     for &dim in &args.dims {
-        let weights: Vec<bf16> = (0..args.vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05..0.05))).collect();
+        let half_width = args.logit_std.map_or(0.05, |std| 3.0 * std / (dim as f32).sqrt());
+        let weights: Vec<bf16> = (0..args.vocab * dim).map(|_| bf16::from_f32(rng.random_range(-half_width..half_width))).collect();
         let w_bytes = weights.len() * 2;
         let copies = w_copies(w_bytes);
         // The first copy is the generated W itself: a 2.5 GB W (D = 8192) is not held twice.
