@@ -7,7 +7,7 @@
 //! NaN, so those two are emitted as compare-and-select instead.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{types, ConstantData, Endianness, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, ConstantData, Endianness, InstBuilder, InstructionData, MemFlagsData, Opcode, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E, TANH_SATURATE,
@@ -230,6 +230,14 @@ pub(crate) fn gumbel_f32(b: &mut FunctionBuilder, bits: Value) -> Value {
 
 /// `hi:lo = a * m` for an `i32` (or each lane of an `i32x4`) `a` and a 32-bit constant `m`.
 fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
+    if let Some(x) = splat_source(b, a) {
+        // A lane-uniform word (the quad and sample counters in Philox's first round): one
+        // scalar multiply, its halves splat. Cranelift folds `uwiden(splat x)` into a splat of
+        // the widened scalar, which its `pmuludq` rule does not match, so the vector form
+        // took the generic 64-bit multiply (three `pmuludq`, shifts and adds per half).
+        let (hi, lo) = mul_hi_lo(b, x, m);
+        return (b.ins().splat(types::I32X4, hi), b.ins().splat(types::I32X4, lo));
+    }
     if b.func.dfg.value_type(a) == types::I32X4 {
         // Lanes 0–1 and 2–3 widened to u64 and multiplied (one `pmuludq` each where the ISA has
         // no AVX-512 DQ, `CpuKernel::compile_with`); the low and high words
@@ -253,6 +261,16 @@ fn mul_hi_lo(b: &mut FunctionBuilder, a: Value, m: u32) -> (Value, Value) {
     let hi = b.ins().ireduce(types::I32, hi64);
     let lo = b.ins().ireduce(types::I32, p);
     (hi, lo)
+}
+
+/// The scalar `x` when `v` is `splat x`.
+fn splat_source(b: &FunctionBuilder, v: Value) -> Option<Value> {
+    let dfg = &b.func.dfg;
+    let inst = dfg.value_def(v).inst()?;
+    match dfg.insts[inst] {
+        InstructionData::Unary { opcode: Opcode::Splat, arg } => Some(arg),
+        _ => None,
+    }
 }
 
 /// `abi::rng::philox4x32_10` on `i32` counter words and key words, or on `i32x4`s: four
