@@ -9,7 +9,7 @@
 //! Merges (`LsePartial::merge`, `LseSum::merge`) are emitted inline by [`merge_all`] and
 //! [`warp_merge`]: the joint top window first, then each partial realigned once and added.
 
-use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, F32, F64, I1, I128, I32, I64};
+use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, F32, F64, I1, I128, I32, I64, SCATTER_ITEMS};
 use crate::math;
 use flashsample_abi::LsePartial;
 use std::mem::{offset_of, size_of};
@@ -216,46 +216,27 @@ pub(crate) fn helpers(attr: &str, column_logits: usize) -> String {
     [term(attr), window("#0"), finish(), column(column_logits, column_attr), scatter(column_logits, column_attr)].join("\n")
 }
 
-/// Columns [`scatter_partial`] reduces at once: one per lane of the 8 sharing them.
-pub(crate) const SCATTER_COLUMNS: usize = 8;
-
-/// The butterfly steps of the reduce-scatter, highest first: after them lane `g = lane >> 2`
-/// holds column `g` (bit 2 of `g` from xor 16, bit 1 from xor 8, bit 0 from xor 4).
-const SCATTER_MASKS: [u32; 3] = [16, 8, 4];
-
 /// The struct `@fs_lse_scatter{n}` returns, as [`COLUMN_TY`].
 const SCATTER_TY: &str = COLUMN_TY;
 
 /// `@fs_lse_scatter{n}(i32 %lane, float %x0, ..)`: [`sum_logits`] of each of 8 columns (a
-/// thread's `n` logits of each, column after column), then a reduce-scatter over the 8 lanes
-/// that share them: at xor 16, 8 and 4 each lane keeps half of its partials, trades the other
-/// half with its partner and merges the pairs (`LsePartial::merge`, [`merge_all`] of two), so
-/// lane `g = lane >> 2` returns column `g`'s partial over the 8 lanes. 49 shuffles for 8
-/// columns where a butterfly per column ([`column`]) takes 168. The same bits as the
-/// butterflies: the merge is associative and commutative.
+/// thread's `n` logits of each, column after column), then [`Func::reduce_scatter`] of the
+/// partials over the 8 lanes that share them, pairs merged by `LsePartial::merge`
+/// ([`merge_all`] of two), so lane `g = lane >> 2` returns column `g`'s partial over the 8
+/// lanes. 49 shuffles for 8 columns where a butterfly per column ([`column`]) takes 168. The
+/// same bits as the butterflies: the merge is associative and commutative.
 fn scatter(n: usize, attr: &str) -> String {
     let mut f = Func::new();
     let lane = I32::named("%lane");
-    let xs: Vec<F32> = (0..SCATTER_COLUMNS * n).map(|i| F32::raw(format!("%x{i}"))).collect();
-    let mut cur: Vec<Partial<I64>> = xs.chunks(n).map(|col| sum_logits(&mut f, &col.iter().collect::<Vec<_>>())).collect();
-    for mask in SCATTER_MASKS {
-        let half = cur.len() / 2;
-        let bit = f.and(&lane, &i32c(mask));
-        let upper = f.icmp(Icmp::Ne, &bit, &i32c(0));
-        let (lo, hi) = cur.split_at(half);
-        cur = lo
-            .iter()
-            .zip(hi)
-            .map(|(lo, hi)| {
-                // The upper lane keeps the high half and sends the low one; its partner the reverse.
-                let send = select_partial(&mut f, &upper, lo, hi);
-                let keep = select_partial(&mut f, &upper, hi, lo);
-                let got = Partial { window: f.shfl_xor(&send.window, mask), sums: send.sums.each_ref().map(|s| shfl_sum(&mut f, s, mask)) };
-                merge_all(&mut f, &[keep, got])
-            })
-            .collect();
-    }
-    let p = cur.pop().expect("the reduce-scatter leaves one column");
+    let xs: Vec<F32> = (0..SCATTER_ITEMS * n).map(|i| F32::raw(format!("%x{i}"))).collect();
+    let parts: Vec<Partial<I64>> = xs.chunks(n).map(|col| sum_logits(&mut f, &col.iter().collect::<Vec<_>>())).collect();
+    let p = f.reduce_scatter(
+        &lane,
+        parts,
+        select_partial,
+        |f, p, mask| Partial { window: f.shfl_xor(&p.window, mask), sums: p.sums.each_ref().map(|s| shfl_sum(f, s, mask)) },
+        |f, keep, got| merge_all(f, &[keep, got]),
+    );
     let mut r = f.insert(&Agg::undef(SCATTER_TY), &p.window, 0);
     for (i, s) in p.sums.iter().enumerate() {
         r = f.insert(&r, s, 1 + i);
@@ -274,7 +255,7 @@ fn select_partial<S: SumWord>(f: &mut Func, c: &I1, a: &Partial<S>, b: &Partial<
 /// of the module's arity), merged over the 8 lanes sharing it ([`scatter`]). Every lane of the
 /// warp must call it (shuffles).
 pub(crate) fn scatter_partial(f: &mut Func, lane: &I32, columns: &[Vec<F32>]) -> Partial<I64> {
-    assert_eq!(columns.len(), SCATTER_COLUMNS, "the reduce-scatter takes one column per lane group");
+    assert_eq!(columns.len(), SCATTER_ITEMS, "the reduce-scatter takes one column per lane group");
     let n = columns[0].len();
     let args: Vec<&dyn Operand> = std::iter::once(lane as &dyn Operand).chain(columns.iter().flatten().map(|x| x as &dyn Operand)).collect();
     let r = f.call_agg(SCATTER_TY, &format!("@fs_lse_scatter{n}"), &args);

@@ -20,7 +20,7 @@ use std::marker::PhantomData;
 
 pub(crate) use ops::{Atomic, Fcmp, Icmp};
 pub(crate) use value::{f32c, f64c, i32c, Agg, Float, Generic, Global, Int, Operand, Ptr, Shared, SharedAddr, Value, F16, F32, F64, I1, I128, I16, I32, I64, X4};
-pub(crate) use warp::Shuffle;
+pub(crate) use warp::{Shuffle, SCATTER_ITEMS};
 
 /// One function body under construction.
 pub(crate) struct Func {

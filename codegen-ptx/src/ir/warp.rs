@@ -40,7 +40,46 @@ impl Shuffle for F64 {
     }
 }
 
+/// Items a [`Func::reduce_scatter`] takes: one per lane of the 8 that share them.
+pub(crate) const SCATTER_ITEMS: usize = 8;
+
 impl Func {
+    /// A reduce-scatter of a lane's [`SCATTER_ITEMS`] `items` over the 8 lanes that share them
+    /// (the lanes of one `lane & 3`): at xor 16, 8 and 4 each lane keeps half of its items
+    /// (the upper half where its lane bit is set), trades the other half with its partner
+    /// (`shuffle`) and merges each kept item with the one it receives (`merge`), so lane
+    /// `lane` ends with item `lane >> 2` merged over the 8 lanes (bit 2 of `lane >> 2` from
+    /// xor 16, bit 1 from xor 8, bit 0 from xor 4). `merge` must give the same result in any
+    /// order (associative and commutative); `select(c, a, b)` is `a` where `c`, else `b`.
+    /// Every lane of the warp must call it.
+    pub(crate) fn reduce_scatter<T>(
+        &mut self,
+        lane: &I32,
+        items: Vec<T>,
+        select: impl Fn(&mut Func, &I1, &T, &T) -> T,
+        shuffle: impl Fn(&mut Func, &T, u32) -> T,
+        merge: impl Fn(&mut Func, T, T) -> T,
+    ) -> T {
+        assert_eq!(items.len(), SCATTER_ITEMS, "a reduce-scatter takes one item per lane group");
+        let mut cur = items;
+        for mask in [16u32, 8, 4] {
+            let bit = self.and(lane, &i32c(mask));
+            let upper = self.icmp(super::Icmp::Ne, &bit, &i32c(0));
+            let hi = cur.split_off(cur.len() / 2);
+            cur = cur
+                .iter()
+                .zip(&hi)
+                .map(|(lo, hi)| {
+                    let send = select(self, &upper, lo, hi);
+                    let keep = select(self, &upper, hi, lo);
+                    let got = shuffle(self, &send, mask);
+                    merge(self, keep, got)
+                })
+                .collect();
+        }
+        cur.pop().expect("the reduce-scatter leaves one item")
+    }
+
     /// Lane `lane ^ mask`'s `v` (the full warp takes part).
     pub(crate) fn shfl_xor<T: Shuffle>(&mut self, v: &T, mask: u32) -> T {
         T::shfl_xor(self, v, mask)

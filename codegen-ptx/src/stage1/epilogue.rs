@@ -20,8 +20,8 @@
 use super::{Gen, Item, Pass, Thread, SMEM};
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
-use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64, X4};
-use crate::lse::{self, Partial, SCATTER_COLUMNS};
+use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64, SCATTER_ITEMS, X4};
+use crate::lse::{self, Partial};
 use crate::math::{self, RowStream};
 use crate::params::arg;
 use crate::stage1::residual::is_draft_row;
@@ -563,7 +563,7 @@ impl Gen<'_> {
         // Whole groups of 8 columns reduce their partials across the lanes together
         // ([`lse::scatter_partial`]), each lane storing one column's; otherwise each column's
         // partial is reduced on its own and stored by the first lanes.
-        let scatter = lse && cols.len().is_multiple_of(SCATTER_COLUMNS);
+        let scatter = lse && cols.len().is_multiple_of(SCATTER_ITEMS);
         let mut group: Vec<Vec<F32>> = Vec::new();
         let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
@@ -579,11 +579,11 @@ impl Gen<'_> {
                 let (column, _) = self.column(f, th, src, n, j);
                 if scatter {
                     group.push(column);
-                    if group.len() == SCATTER_COLUMNS {
+                    if group.len() == SCATTER_ITEMS {
                         let p = lse::scatter_partial(f, &th.lane, &group);
                         group.clear();
                         // The group's first n tile: its 4 pairs end with this column's.
-                        let slot = self.scattered_column_slot(f, th, n + 1 - SCATTER_COLUMNS as u32 / 2);
+                        let slot = self.scattered_column_slot(f, th, n + 1 - SCATTER_ITEMS as u32 / 2);
                         self.st_partial(f, th, &slot, &p);
                     }
                 } else {
@@ -659,7 +659,7 @@ impl Gen<'_> {
         let (lane_lt4, tid_lt_bt) = (&r.lane_lt4, &r.tid_lt_bt);
         // Whole groups of 4 pairs reduce their columns across the lanes together
         // ([`Gen::scatter_columns`]); otherwise each pair's columns are reduced on their own.
-        let scatter = cols.len().is_multiple_of(SCATTER_COLUMNS);
+        let scatter = cols.len().is_multiple_of(SCATTER_ITEMS);
         let cross_tile = !p.is_greedy() && c.noise_skip == NoiseSkip::CrossTile;
         f.for_loop(&i32c(0), &i32c(samples), &i32c(1), |f, s| {
             // The row bounds' loads go one pair ahead of their use: each is a volatile load
@@ -669,7 +669,7 @@ impl Gen<'_> {
             let mut next_keys: Vec<I32> = if cross_tile { pairs[0].iter().map(|cl| self.row_bound_key(f, cl, s)).collect() } else { Vec::new() };
             let mut group: Vec<CandidateVar> = Vec::new();
             // Columns come in pairs (j = 0, 1 of an n tile): one noise call serves both.
-            for (n, pair) in cols.chunks(2).enumerate() {
+            for (n, &pair) in pairs.iter().enumerate() {
                 let keys = std::mem::take(&mut next_keys);
                 if cross_tile {
                     if let Some(next) = pairs.get(n + 1) {
@@ -733,10 +733,10 @@ impl Gen<'_> {
                 });
                 if scatter {
                     group.extend(outs);
-                    if group.len() == SCATTER_COLUMNS {
+                    if group.len() == SCATTER_ITEMS {
                         let lane_bests: Vec<Candidate> = group.drain(..).map(|v| v.get(f)).collect();
                         // The group's first n tile: its 4 pairs end with this one.
-                        let first_n = n as u32 + 1 - SCATTER_COLUMNS as u32 / 2;
+                        let first_n = n as u32 + 1 - SCATTER_ITEMS as u32 / 2;
                         self.scatter_columns(f, th, lane_bests, first_n);
                     }
                     continue;
@@ -790,39 +790,23 @@ impl Gen<'_> {
     }
 }
 
-
 impl Gen<'_> {
     /// The warp's best candidate of each of 8 columns (n tiles `first_n .. first_n + 4`,
-    /// `j` = 0, 1; `lane_bests` in that order, each lane's own best) to the scratch, by a
-    /// reduce-scatter over the 8 lanes that share the columns (`lane & 3`): at xor 16, 8 and 4
-    /// each lane keeps half of its columns, trades the other half with its partner and merges,
-    /// so lane `g = lane >> 2` ends with column `g`'s best and writes it. 21 shuffles for 8
-    /// columns where a butterfly per column takes 48, and no column's chain waits for the
-    /// next pair's. Any merge order gives the same candidate ([`Candidate::keep_best`] is a
-    /// total order on (score, index)).
+    /// `j` = 0, 1; `lane_bests` in that order, each lane's own best) to the scratch, by
+    /// [`Func::reduce_scatter`] over the 8 lanes that share the columns (`lane & 3`): lane
+    /// `g = lane >> 2` ends with column `g`'s best and writes it. 21 shuffles for 8 columns
+    /// where a butterfly per column takes 48, and no column's chain waits for the next pair's.
+    /// Any merge order gives the same candidate ([`Candidate::keep_best`] is a total order on
+    /// (score, index)).
     fn scatter_columns(&self, f: &mut Func, th: &Thread, lane_bests: Vec<Candidate>, first_n: u32) {
         let sc = self.c.smem_layout().scratch;
-        let mut cur = lane_bests;
-        for sh in [16u32, 8, 4] {
-            let half = cur.len() / 2;
-            let bit = f.and(&th.lane, &i32c(sh));
-            let upper = f.icmp(Icmp::Ne, &bit, &i32c(0));
-            let mut next = Vec::with_capacity(half);
-            for k in 0..half {
-                let (lo, hi) = (&cur[k], &cur[k + half]);
-                let pick = |f: &mut Func, a: &Candidate, b: &Candidate| Candidate {
-                    score: f.sel(&upper, &a.score, &b.score),
-                    index: f.sel(&upper, &a.index, &b.index),
-                    logit: f.sel(&upper, &a.logit, &b.logit),
-                };
-                let send = pick(f, lo, hi);
-                let keep = pick(f, hi, lo);
-                let recv = Candidate { score: f.shfl_xor(&send.score, sh), index: f.shfl_xor(&send.index, sh), logit: f.shfl_xor(&send.logit, sh) };
-                next.push(keep.keep_best(f, &recv));
-            }
-            cur = next;
-        }
-        let best = cur.pop().expect("one column left");
+        let best = f.reduce_scatter(
+            &th.lane,
+            lane_bests,
+            |f, c, a, b| Candidate { score: f.sel(c, &a.score, &b.score), index: f.sel(c, &a.index, &b.index), logit: f.sel(c, &a.logit, &b.logit) },
+            |f, b, mask| Candidate { score: f.shfl_xor(&b.score, mask), index: f.shfl_xor(&b.index, mask), logit: f.shfl_xor(&b.logit, mask) },
+            |f, keep, got| keep.keep_best(f, &got),
+        );
         let slot = self.scattered_column_slot(f, th, first_n);
         self.st_scratch(f, th, sc.score, &slot, &best.score);
         self.st_scratch(f, th, sc.index, &slot, &best.index);
