@@ -120,7 +120,7 @@ fn term(attr: &str) -> String {
     let w = window_of(&mut f, &x);
     let kw = f.fmul(&w.floor, &f32c(WINDOW));
     let rem = f.fsub(&x, &kw);
-    let t = math::exp(&mut f, &rem);
+    let t = math::exp_inline(&mut f, &rem);
     let tt = f.fmul(&t, &f32c(TERM_SCALE));
     // A finite `x` has `tt` in [2^23, 2^47): the plain conversion is exact; a non-finite one's
     // (poison) is never selected.
@@ -213,7 +213,10 @@ pub(crate) fn finish_call(f: &mut Func, sum: &Partial<I128>) -> F32 {
 pub(crate) fn helpers(attr: &str, column_logits: usize) -> String {
     // The column functions hold shuffles: convergent, inlined or not as the per-token math is.
     let column_attr = if attr == "#0" { "#4" } else { "#3" };
-    [term(attr), window("#0"), finish(), column(column_logits, column_attr), scatter(column_logits, column_attr)].join("\n")
+    // The terms are inlined into the column functions (themselves out of line in large
+    // tiles): a call per term serialized a column's independent exps (BENCHMARKS.md, GPU
+    // 2026-12-06 twelfth session).
+    [term("#0"), window("#0"), finish(), column(column_logits, column_attr), scatter(column_logits, column_attr)].join("\n")
 }
 
 /// The struct `@fs_lse_scatter{n}` returns, as [`COLUMN_TY`].

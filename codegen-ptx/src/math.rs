@@ -20,9 +20,16 @@ pub(crate) fn ln(f: &mut Func, x: &F32) -> F32 {
     f.call("@fs_ln_f32", &[x])
 }
 
-/// `@fs_exp_f32(x)`: `abi::math::exp_f32`.
+/// `@fs_exp_f32(x)`: `abi::math::exp_f32` (out of line where the module outlines its math).
 pub(crate) fn exp(f: &mut Func, x: &F32) -> F32 {
     f.call("@fs_exp_f32", &[x])
+}
+
+/// `@fs_exp_f32_inline(x)`: the same function, always inlined: for callers that are
+/// themselves out of line and run many independent exps (the logsumexp terms), where a call
+/// per exp would serialize chains the scheduler can otherwise interleave.
+pub(crate) fn exp_inline(f: &mut Func, x: &F32) -> F32 {
+    f.call("@fs_exp_f32_inline", &[x])
 }
 
 /// `@fs_softcap_f32(x, cap)`: `abi::math::softcap_f32`.
@@ -80,8 +87,8 @@ fn ln_f32() -> String {
     f.finish("define internal float @fs_ln_f32(float %x) #0")
 }
 
-/// `abi::math::exp_f32`.
-fn exp_f32(attr: &str) -> String {
+/// `abi::math::exp_f32` as function `name`.
+fn exp_f32(name: &str, attr: &str) -> String {
     let mut f = Func::new();
     let x = F32::named("%x");
     let xc = f.maxnum(&x, &f32c(EXP_MIN_INPUT));
@@ -107,7 +114,7 @@ fn exp_f32(attr: &str) -> String {
     let r = f.sel(&under, &F32::ZERO, &y);
     f.ret(&r);
     f.finish(&format!(
-        "define internal float @fs_exp_f32(float %x) {attr}"
+        "define internal float {name}(float %x) {attr}"
     ))
 }
 
@@ -348,7 +355,8 @@ pub(crate) fn helpers(outline: bool) -> String {
     let mut out = String::from("declare i32 @llvm.fptosi.sat.i32.f32(float)\n\n");
     for f in [
         ln_f32(),
-        exp_f32(attr),
+        exp_f32("@fs_exp_f32", attr),
+        exp_f32("@fs_exp_f32_inline", "#0"),
         softcap_f32(attr),
         gumbel_f32("#0"),
         philox("#0"),
