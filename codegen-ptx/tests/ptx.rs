@@ -958,8 +958,8 @@ fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     let t = stage1_text(&k.ptx);
     assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages() + 2);
     assert!(t.contains(".maxntid 384") && t.contains(".maxnreg 168"), "block of 384 threads, 168 registers each");
-    // The producer warpgroup keeps 40 registers; the consumers take the rest.
-    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 40;") && t.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
+    // The producer warpgroup keeps 24 registers; the consumers take the rest.
+    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 24;") && t.contains("setmaxnreg.inc.sync.aligned.u32 240;"));
     // One CTA barrier (after the mbarrier init); everything else syncs one consumer set on
     // its named barrier (1 or 2) of 128 threads.
     assert_eq!(t.matches("bar.sync 0;").count(), 1);
@@ -989,8 +989,8 @@ fn cooperative_is_one_consumer_set_fed_by_a_producer_warpgroup() {
     let t = stage1_text(&k.ptx);
     assert_eq!(t.matches("mbarrier.init.shared::cta.b64").count() as u32, 2 * c.stages());
     assert!(t.contains(".maxntid 384") && t.contains(".maxnreg 168"), "block of 384 threads, 168 registers each");
-    // The producer keeps 40 registers; the one consumer set takes (65536 − 40·128) / 256.
-    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 40;") && t.contains("setmaxnreg.inc.sync.aligned.u32 232;"));
+    // The producer keeps 24 registers; the one consumer set takes (65536 − 24·128) / 256.
+    assert!(t.contains("setmaxnreg.dec.sync.aligned.u32 24;") && t.contains("setmaxnreg.inc.sync.aligned.u32 240;"));
     assert_eq!(t.matches("bar.sync 0;").count(), 1);
     assert!(t.matches(", 256;").count() >= 2, "named barriers of the 256 consumer threads");
     // The producer issues every box: one W box per consumer warpgroup and one H box a slice.
