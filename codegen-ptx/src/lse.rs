@@ -9,13 +9,15 @@
 //! Merges (`LsePartial::merge`, `LseSum::merge`) are emitted inline by [`merge_all`] and
 //! [`warp_merge`]: the joint top window first, then each partial realigned once and added.
 
-use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, F32, F64, I1, I128, I32, I64, SCATTER_ITEMS};
+use crate::ir::{f32c, f64c, i32c, Agg, Fcmp, Func, Global, Icmp, Int, Operand, Ptr, Value, Var, F32, F64, I1, I128, I32, I64, SCATTER_ITEMS};
 use crate::math;
+use crate::ptx;
 use flashsample_abi::LsePartial;
 use std::mem::{offset_of, size_of};
 use flashsample_abi::lse::{
     EMPTY_WINDOW, INV_WINDOW, KEPT_WINDOWS, TERM_SCALE, TERM_SCALE_LOG2, WINDOW, WINDOW_LIMIT, WINDOW_WEIGHTS,
 };
+use flashsample_abi::math::LOG2_E;
 
 /// The struct `@fs_lse_term` returns: the term's window and value.
 const TERM_TY: &str = "{ i32, i64 }";
@@ -232,7 +234,8 @@ fn scatter(n: usize, attr: &str) -> String {
     let mut f = Func::new();
     let lane = I32::named("%lane");
     let xs: Vec<F32> = (0..SCATTER_ITEMS * n).map(|i| F32::raw(format!("%x{i}"))).collect();
-    let parts: Vec<Partial<I64>> = xs.chunks(n).map(|col| sum_logits(&mut f, &col.iter().collect::<Vec<_>>())).collect();
+    let columns: Vec<Vec<F32>> = xs.chunks(n).map(<[F32]>::to_vec).collect();
+    let parts = sum_columns(&mut f, &columns);
     let p = f.reduce_scatter(
         &lane,
         parts,
@@ -296,11 +299,48 @@ pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
     Partial { window: f.extract(&r, 0), sums: std::array::from_fn(|i| f.extract(&r, 1 + i)) }
 }
 
-/// A thread's logits of one column summed: the top window is the window of the largest
-/// finite logit (windows are monotone), then each logit's term goes into the sum of its window
-/// as soon as it is computed, so only the running sums stay live. Equal to merging the terms
-/// one by one.
+/// A thread's logits of one column summed ([`column_top`], then [`column_sums`]).
 pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
+    let top = column_top(f, xs);
+    let fast = fast_windows(f, &top);
+    let sums: [Var<I64>; KEPT_WINDOWS] = std::array::from_fn(|_| f.var(&I64::c(0)));
+    let each = |f: &mut Func, terms: Terms| {
+        let s = column_sums(f, xs, &top, terms);
+        set_all(f, &sums, s);
+    };
+    f.if_else(&fast, |f| each(f, Terms::Fast), |f| each(f, Terms::Exact));
+    Partial { window: top, sums: sums.each_ref().map(|v| f.get(v)) }
+}
+
+/// [`sum_logits`] of several columns with one branch: the fast terms when every column's top
+/// window allows them.
+fn sum_columns(f: &mut Func, columns: &[Vec<F32>]) -> Vec<Partial<I64>> {
+    let tops: Vec<I32> = columns.iter().map(|c| column_top(f, &c.iter().collect::<Vec<_>>())).collect();
+    let mut fast = I1::TRUE;
+    for top in &tops {
+        let ok = fast_windows(f, top);
+        fast = f.and(&fast, &ok);
+    }
+    let sums: Vec<[Var<I64>; KEPT_WINDOWS]> = tops.iter().map(|_| std::array::from_fn(|_| f.var(&I64::c(0)))).collect();
+    let each = |f: &mut Func, terms: Terms| {
+        for ((c, top), vars) in columns.iter().zip(&tops).zip(&sums) {
+            let s = column_sums(f, &c.iter().collect::<Vec<_>>(), top, terms);
+            set_all(f, vars, s);
+        }
+    };
+    f.if_else(&fast, |f| each(f, Terms::Fast), |f| each(f, Terms::Exact));
+    tops.into_iter().zip(&sums).map(|(window, vars)| Partial { window, sums: vars.each_ref().map(|v| f.get(v)) }).collect()
+}
+
+fn set_all(f: &mut Func, vars: &[Var<I64>; KEPT_WINDOWS], values: [I64; KEPT_WINDOWS]) {
+    for (v, x) in vars.iter().zip(&values) {
+        f.set(v, x);
+    }
+}
+
+/// A column's top window: the window of its largest finite logit (windows are monotone in
+/// `x`), `EMPTY_WINDOW` when none is finite.
+fn column_top(f: &mut Func, xs: &[&F32]) -> I32 {
     let mut xmax = F32::NEG_INF;
     for x in xs {
         let ax = f.fabs(x);
@@ -308,20 +348,120 @@ pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
         let xc = f.sel(&finite, *x, &F32::NEG_INF);
         xmax = f.maxnum(&xmax, &xc);
     }
-    let top: I32 = f.call("@fs_lse_window", &[&xmax]);
+    f.call("@fs_lse_window", &[&xmax])
+}
+
+/// How a column's terms are computed: both give `LseTerm::of`'s bits.
+#[derive(Clone, Copy)]
+enum Terms {
+    /// `@fs_lse_term` per logit, for any top window.
+    Exact,
+    /// [`fast_term`]: only where [`fast_windows`] holds.
+    Fast,
+}
+
+/// The sums of the windows `top`, `top − 1`, `top − 2` of a column's logits, each term added
+/// to its window's sum as soon as it is computed (only the running sums stay live). Equal to
+/// merging the terms one by one: terms below `top − 2` are dropped, as a merge drops them.
+fn column_sums(f: &mut Func, xs: &[&F32], top: &I32, terms: Terms) -> [I64; KEPT_WINDOWS] {
     let mut sums: [I64; KEPT_WINDOWS] = std::array::from_fn(|_| I64::c(0));
+    let bases = matches!(terms, Terms::Fast).then(|| WindowBases::of(f, top));
     for x in xs {
-        let t = f.call_agg(TERM_TY, "@fs_lse_term", &[*x]);
-        let w: I32 = f.extract(&t, 0);
-        let v: I64 = f.extract(&t, 1);
-        let below = f.sub(&top, &w);
-        for (j, s) in sums.iter_mut().enumerate() {
-            let hit = f.icmp(Icmp::Eq, &below, &i32c(j as u32));
-            let add = f.sel(&hit, &v, &I64::c(0));
-            *s = f.add(s, &add);
+        let (hits, v) = match &bases {
+            Some(b) => fast_term(f, x, b),
+            None => {
+                let t = f.call_agg(TERM_TY, "@fs_lse_term", &[*x]);
+                let w: I32 = f.extract(&t, 0);
+                let v: I64 = f.extract(&t, 1);
+                let below = f.sub(top, &w);
+                (std::array::from_fn(|j| f.icmp(Icmp::Eq, &below, &i32c(j as u32))), v)
+            }
+        };
+        for (s, hit) in sums.iter_mut().zip(&hits) {
+            *s = ptx::add_if(f, hit, s, &v);
         }
     }
-    Partial { window: top, sums }
+    sums
+}
+
+/// Largest |top window| of [`Terms::Fast`]: the kept windows `top − j` and their bases
+/// `16·(top − j)` are exact in f32 (2²⁴ would do).
+const FAST_WINDOW_LIMIT: i32 = 1 << 22;
+
+/// Whether [`Terms::Fast`] applies to a column of top window `top`: |top| below
+/// [`FAST_WINDOW_LIMIT`], or no finite logit (`EMPTY_WINDOW`: every fast term is then
+/// dropped, as every exact one is).
+fn fast_windows(f: &mut Func, top: &I32) -> I1 {
+    let shifted = f.add(top, &i32c(FAST_WINDOW_LIMIT as u32));
+    let inside = f.icmp(Icmp::Ult, &shifted, &i32c(2 * FAST_WINDOW_LIMIT as u32));
+    let empty = f.icmp(Icmp::Eq, top, &i32c(EMPTY_WINDOW as u32));
+    f.or(&inside, &empty)
+}
+
+/// A column's kept windows as f32 (`top − j`, bounds on `x / 16`) and their bases `16·(top − j)`.
+struct WindowBases {
+    window: [F32; KEPT_WINDOWS],
+    base: [F32; KEPT_WINDOWS],
+}
+
+impl WindowBases {
+    fn of(f: &mut Func, top: &I32) -> WindowBases {
+        let wf: F32 = f.sitofp(top);
+        let window = std::array::from_fn(|j| f.fsub(&wf, &f32c(j as f32)));
+        let base = std::array::from_fn(|j| f.fmul(&window[j], &f32c(WINDOW)));
+        WindowBases { window, base }
+    }
+}
+
+/// `2²³ + 2²²`: `v + ROUND_MAGIC − ROUND_MAGIC` is `round_ties_even(v)` for |v| < 2²² (the
+/// sum's ulp is 1), and the sum's bits minus the constant's are that integer.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `LseTerm::of(x)` for a column whose windows are `b` (its top window passes
+/// [`fast_windows`]) without a conversion instruction: which kept window `x` falls in (three
+/// exclusive flags, none for a dropped or non-finite `x`) and the term's value. The same bits:
+/// `floor(x / 16) = top − j` iff `x / 16 ≥ top − j` and not `≥ top − j + 1` (both exact
+/// f32), so the remainder `x − 16·(top − j)` is `LseTerm::of`'s `f ∈ [0, 16)`; `exp_f32(f)`'s
+/// `n = round_ties_even(f · log₂e) ∈ [0, 23]` comes from [`ROUND_MAGIC`] and its `p` from
+/// [`math::exp_reduced`]; `t = p · 2ⁿ` is exact (its bits are `p`'s plus `n` in the exponent
+/// field), and so is `T = trunc(t · 2²³)`: `t ∈ [1, e¹⁶)` has exponent `e ∈ [0, 23]`, and
+/// `T` is its 24-bit significand shifted left by `e`. A dropped or non-finite `x` computes
+/// garbage (its shift masked to 63) that no flag selects.
+fn fast_term(f: &mut Func, x: &F32, b: &WindowBases) -> ([I1; KEPT_WINDOWS], I64) {
+    let y = f.fmul(x, &f32c(INV_WINDOW));
+    let ge: [I1; KEPT_WINDOWS] = std::array::from_fn(|j| f.fcmp(Fcmp::Oge, &y, &b.window[j]));
+    let ax = f.fabs(x);
+    let finite = f.fcmp(Fcmp::Olt, &ax, &F32::POS_INF);
+    let hits = std::array::from_fn(|j| {
+        if j == 0 {
+            f.and(&ge[0], &finite)
+        } else {
+            let not_above = f.not(&ge[j - 1]);
+            f.and(&ge[j], &not_above)
+        }
+    });
+    let mut base = b.base[KEPT_WINDOWS - 1].clone();
+    for j in (0..KEPT_WINDOWS - 1).rev() {
+        base = f.sel(&ge[j], &b.base[j], &base);
+    }
+    let rem = f.fsub(x, &base);
+    let xl = f.fmul(&rem, &f32c(LOG2_E));
+    let rounded = f.fadd(&xl, &f32c(ROUND_MAGIC));
+    let n = f.fsub(&rounded, &f32c(ROUND_MAGIC));
+    let p = math::exp_reduced(f, &rem, &n);
+    let rounded_bits: I32 = f.bitcast(&rounded);
+    let ni = f.sub(&rounded_bits, &i32c(ROUND_MAGIC.to_bits()));
+    let p_bits: I32 = f.bitcast(&p);
+    let n_field = f.shl(&ni, &i32c(23));
+    let t_bits = f.add(&p_bits, &n_field);
+    let e = f.lshr(&t_bits, &i32c(23));
+    let e = f.sub(&e, &i32c(127));
+    let e = f.and(&e, &i32c(63));
+    let m = f.and(&t_bits, &i32c(0x7f_ffff));
+    let m = f.or(&m, &i32c(0x80_0000));
+    let m: I64 = f.zext(&m);
+    let e: I64 = f.zext(&e);
+    (hits, f.shl(&m, &e))
 }
 
 /// Sum `v` exchanged with lane `lane ^ mask`, one 32-bit shuffle per word.

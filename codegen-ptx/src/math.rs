@@ -87,15 +87,12 @@ fn ln_f32() -> String {
     f.finish("define internal float @fs_ln_f32(float %x) #0")
 }
 
-/// `abi::math::exp_f32` as function `name`.
-fn exp_f32(name: &str, attr: &str) -> String {
-    let mut f = Func::new();
-    let x = F32::named("%x");
-    let xc = f.maxnum(&x, &f32c(EXP_MIN_INPUT));
-    let xl = f.fmul(&xc, &f32c(LOG2_E));
-    let n: F32 = f.call("@llvm.roundeven.f32", &[&xl]);
-    let nn = f.fneg(&n);
-    let r = f.fma(&nn, &f32c(LN2_HI), &xc);
+/// `abi::math::exp_f32`'s `p`, with `exp(xc) = p · 2ⁿ`: `xc` reduced by `n · ln 2` (two
+/// fmas, `ln 2` split), then the degree-7 polynomial. `n` is `round_ties_even(xc · log₂e)`,
+/// however the caller rounded it.
+pub(crate) fn exp_reduced(f: &mut Func, xc: &F32, n: &F32) -> F32 {
+    let nn = f.fneg(n);
+    let r = f.fma(&nn, &f32c(LN2_HI), xc);
     let r = f.fma(&nn, &f32c(LN2_LO), &r);
     let p = f.fma(&r, &f32c(EXP_C[5]), &f32c(EXP_C[4]));
     let p = f.fma(&r, &p, &f32c(EXP_C[3]));
@@ -103,7 +100,17 @@ fn exp_f32(name: &str, attr: &str) -> String {
     let p = f.fma(&r, &p, &f32c(EXP_C[1]));
     let p = f.fma(&r, &p, &f32c(EXP_C[0]));
     let p = f.fma(&r, &p, &f32c(1.0));
-    let p = f.fma(&r, &p, &f32c(1.0));
+    f.fma(&r, &p, &f32c(1.0))
+}
+
+/// `abi::math::exp_f32` as function `name`.
+fn exp_f32(name: &str, attr: &str) -> String {
+    let mut f = Func::new();
+    let x = F32::named("%x");
+    let xc = f.maxnum(&x, &f32c(EXP_MIN_INPUT));
+    let xl = f.fmul(&xc, &f32c(LOG2_E));
+    let n: F32 = f.call("@llvm.roundeven.f32", &[&xl]);
+    let p = exp_reduced(&mut f, &xc, &n);
     // `n as i32` saturates in Rust; n is within [-126, 128] for every input this is used on.
     let ni: I32 = f.call("@llvm.fptosi.sat.i32.f32", &[&n]);
     let nb = f.add(&ni, &i32c(127));

@@ -4,7 +4,7 @@
 //! Every asm statement is `sideeffect` and clobbers memory (attribute group `#1`: convergent),
 //! so LLVM neither drops nor reorders it against loads and stores.
 
-use crate::ir::{i32c, Agg, Func, Global, Icmp, Operand, Ptr, SharedAddr, F32, I32, I64};
+use crate::ir::{i32c, Agg, Func, Global, Icmp, Operand, Ptr, SharedAddr, F32, I1, I32, I64};
 
 /// An inline-asm statement whose f32 results are `tied` (read and written in place, PTX
 /// `+f`) after the plain `inputs` (constraint, value): how wgmma reads and writes its
@@ -249,6 +249,14 @@ pub(crate) fn match_any(f: &mut Func, v: &I32) -> I32 {
 /// of its own, and the loop-invariant ones were hoisted and spilled).
 pub(crate) fn opaque(f: &mut Func, v: &I32) -> I32 {
     f.typed(format!("call i32 asm \"mov.b32 $0, $1;\", \"=r,r\"(i32 {v})"))
+}
+
+/// `s + t` where `p`, else `s`: a predicated 64-bit add (no side effect, so LLVM may move
+/// or drop it). LLVM writes `s + (p ? t : 0)`, and folds a `p` that is an `and` of two
+/// flags into two nested selects: four `SEL`s a term where this takes none (the logsumexp
+/// terms' window sums, `lse::column_sums`).
+pub(crate) fn add_if(f: &mut Func, p: &I1, s: &I64, t: &I64) -> I64 {
+    f.typed(format!("call i64 asm \"{{ mov.b64 $0, $1; @$3 add.s64 $0, $1, $2; }}\", \"=l,l,l,b\"(i64 {s}, i64 {t}, i1 {p})"))
 }
 
 /// `setmaxnreg.{inc|dec}.sync.aligned.u32`: the warpgroup's registers per thread become `regs`.

@@ -127,6 +127,8 @@ enum Inst {
     Cast { d: usize, op: String, from: Ty, to: Ty, a: Val },
     Cmp { d: usize, pred: String, ty: Ty, a: Val, b: Val },
     Select { d: usize, c: Val, a: Val, b: Val },
+    /// `ptx::add_if`: `s + t` where `c`, else `s` (i64).
+    AddIf { d: usize, c: Val, s: Val, t: Val },
     Fneg { d: usize, ty: Ty, a: Val },
     Alloca { d: usize },
     Load { d: usize, bytes: u64, p: Val },
@@ -252,6 +254,14 @@ impl Parser<'_> {
             let arg = &arg[..arg.find(')').unwrap()];
             let x = self.typed(arg);
             return Inst::Bin { d, op: "or".to_string(), ty: Ty::I32, a: x, b: Val::Imm(0) };
+        }
+        if line.contains("asm \"{ mov.b64 $0, $1; @$3 add.s64 $0, $1, $2; }\"") {
+            let (dst, rhs) = line.split_once(" = ").unwrap();
+            let d = self.reg(dst);
+            let args = rhs.split_once("\"(").unwrap().1;
+            let args = &args[..args.rfind(')').unwrap()];
+            let a: Vec<Val> = args.split(", ").map(|a| self.typed(a)).collect();
+            return Inst::AddIf { d, c: a[2], s: a[0], t: a[1] };
         }
         if line.contains("asm sideeffect \"ld.relaxed.gpu.global.b32") {
             // `ptx::ld_relaxed_gpu`: a plain 4-byte load (one CTA runs at a time).
@@ -806,6 +816,10 @@ impl Module {
             }
             Inst::Select { d, c, a, b } => {
                 regs[*d] = if g(regs, *c) & 1 == 1 { self.word(regs, *a) } else { self.word(regs, *b) };
+            }
+            Inst::AddIf { d, c, s, t } => {
+                let s = g(regs, *s);
+                regs[*d][0] = if g(regs, *c) & 1 == 1 { s.wrapping_add(g(regs, *t)) } else { s };
             }
             Inst::Fneg { d, ty, a } => {
                 let a = g(regs, *a);

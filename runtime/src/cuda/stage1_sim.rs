@@ -11,7 +11,7 @@ use flashsample_abi::filter::{whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE};
+use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_codegen_ptx::{captures_logits, GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
 
 /// Capture slots of the simulated plan (`R`).
@@ -187,7 +187,8 @@ impl Launch<'_> {
     /// keeps each tile's candidate, the cross-tile one each row's winner.
     fn check(&self) {
         let (cands, partials, lists, capture) = self.run(NoiseSkip::Never);
-        self.check_tiles(&cands, &partials, &lists);
+        let third_windows = self.check_tiles(&cands, &partials, &lists);
+        assert!(third_windows * 2 > self.batch * self.c.tiles(self.vocab), "most partials fill all three windows: {third_windows}");
         let x = self.logits();
         for (r, got) in &capture {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -214,8 +215,9 @@ impl Launch<'_> {
         }
     }
 
-    /// Each tile's candidate, logsumexp partial and list against the host model.
-    fn check_tiles(&self, cands: &[Candidate], partials: &[LsePartial], lists: &[Scored]) {
+    /// Each tile's candidate, logsumexp partial and list against the host model; how many
+    /// partials fill all three windows.
+    fn check_tiles(&self, cands: &[Candidate], partials: &[LsePartial], lists: &[Scored]) -> usize {
         let (p, c, params, batch, vocab) = (self.p, &self.c, self.params, self.batch, self.vocab);
         let tiles = c.tiles(vocab);
         let (per_tile, samples) = (c.list_per_tile as usize, p.samples_per_row() as usize);
@@ -240,6 +242,11 @@ impl Launch<'_> {
                     }
                 }
                 third_windows += usize::from(partial.sums[2] > 0);
+                // DESIGN.md step 2: a non-finite product flags the tile.
+                let raw = |v: usize| (0..self.dim).fold(0.0f32, |a, k| self.hidden[r * self.dim + k].mul_add(self.weights[v * self.dim + k], a));
+                if (first..((t + 1) * c.vocab_tile as usize).min(vocab)).any(|v| !raw(v).is_finite()) {
+                    best.index = INDEX_NONFINITE;
+                }
                 let got = cands[(r * samples) * tiles + t];
                 assert_eq!((got.index, got.score.to_bits(), got.logit.to_bits()), (best.index, best.score.to_bits(), best.logit.to_bits()), "row {r} tile {t}: candidate");
                 assert_eq!(partials[r * tiles + t], partial, "row {r} tile {t}: logsumexp partial");
@@ -250,7 +257,7 @@ impl Launch<'_> {
                 }
             }
         }
-        assert!(third_windows * 2 > batch * tiles, "most partials fill all three windows: {third_windows}");
+        third_windows
     }
 }
 
@@ -312,6 +319,58 @@ fn simt_stage_one_with_eight_columns_per_thread_writes_the_host_models_candidate
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), seed: 0x0bad_cafe_1234_5678, ..Default::default() };
     let c = GpuConfig::new(128, 32, 4, Schedule::Simt { grid: Grid::PerItem });
     Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 7 }.check();
+}
+
+/// The logsumexp partials at the edges of the term's arithmetic, bit for bit: logits on and one
+/// ulp beside window boundaries (multiples of 16), zeros and subnormals, windows up to ±2¹⁸
+/// (the fast terms' exact thresholds), past ±2²² (the exact terms' branch), columns with no
+/// finite logit, and an infinite one; over both kinds of lse function (4 and 8 columns a thread).
+#[test]
+fn simt_logsumexp_partials_are_exact_at_window_edges_magnitudes_and_non_finite_logits() {
+    let vocab = 256usize;
+    let mut weights: Vec<f32> = Vec::with_capacity(vocab);
+    for k in (-4..=4).filter(|&k| k != 0) {
+        let edge = 16.0 * k as f32;
+        weights.extend([edge, f32::from_bits(edge.to_bits() + 1), f32::from_bits(edge.to_bits().wrapping_sub(1)), -edge]);
+    }
+    weights.extend([0.0, -0.0, f32::from_bits(1), -f32::from_bits(1), f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-39, -1e-39]);
+    // The rest spread over [-40, 40); tile 1 masked but for a few tokens, one of them +inf
+    // (a non-finite product flags its tile, and the partial leaves it out).
+    while weights.len() < vocab {
+        weights.push(-40.0 + 80.0 * (weights.len() as f32 * 0.618_034).fract());
+    }
+    weights[200] = f32::INFINITY;
+    // Row r's logits are `h_r · w` (D = 1, one exact product): windows near 0, up to ±2¹⁸,
+    // past 2²², and subnormal logits.
+    let scales = [1.0f32, 0.125, 262_144.0, -262_144.0, 4_194_304.0, -16_777_216.0, 2f32.powi(-140), -1.0];
+    let batch = scales.len();
+    let p = PipelineBuilder::new("LseEdges", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .mask("allowed")
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let temperatures = vec![1.0f32; batch];
+    let words = vocab / 32;
+    // Tile 1 (words 4..8) allows tokens 128 + 37·i + {0, 5} and 200; row 7 allows none of it.
+    let mask: Vec<u32> = (0..batch * words)
+        .map(|i| {
+            let (r, w) = (i / words, i % words);
+            if w < 4 {
+                return u32::MAX;
+            }
+            let allowed = |v: usize| r != 7 && (v == 200 || matches!((v - 128) % 37, 0 | 5));
+            (0..32).filter(|b| allowed(w * 32 + b)).fold(0, |m, b| m | 1 << b)
+        })
+        .collect();
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), mask: Some(&mask), seed: 0x1ed9e5, ..Default::default() };
+    for batch_tile in [8, 32] {
+        let c = GpuConfig::new(128, batch_tile, 4, Schedule::Simt { grid: Grid::PerItem });
+        let launch = Launch { p: &p, c, hidden: &scales, weights: &weights, params: &params, batch, dim: 1, vocab, row_base: 0 };
+        let (cands, partials, lists, _) = launch.run(NoiseSkip::Never);
+        launch.check_tiles(&cands, &partials, &lists);
+    }
 }
 
 /// Every per-token transform through `transform_token`: softcap, per-request logit bias,
