@@ -3,7 +3,8 @@
 //! every schedule and tile config, and equal to the CPU's for equal logits:
 //!
 //! - `@fs_lse_term(float x) -> {i32 window, i64 value}`: `LseTerm::of` (non-finite `x`:
-//!   `EMPTY_WINDOW`, 0).
+//!   `EMPTY_WINDOW`, 0). Columns whose top window is within ±2²² compute the same terms
+//!   without conversions instead ([`fast_term`]).
 //! - `@fs_lse_finish(i32 w, i128 s0, i128 s1, i128 s2) -> float`: `LseSum::logsumexp`.
 //!
 //! Merges (`LsePartial::merge`, `LseSum::merge`) are emitted inline by [`merge_all`] and
@@ -301,15 +302,8 @@ pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
 
 /// A thread's logits of one column summed ([`column_top`], then [`column_sums`]).
 pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
-    let top = column_top(f, xs);
-    let fast = fast_windows(f, &top);
-    let sums: [Var<I64>; KEPT_WINDOWS] = std::array::from_fn(|_| f.var(&I64::c(0)));
-    let each = |f: &mut Func, terms: Terms| {
-        let s = column_sums(f, xs, &top, terms);
-        set_all(f, &sums, s);
-    };
-    f.if_else(&fast, |f| each(f, Terms::Fast), |f| each(f, Terms::Exact));
-    Partial { window: top, sums: sums.each_ref().map(|v| f.get(v)) }
+    let column: Vec<F32> = xs.iter().map(|&x| x.clone()).collect();
+    sum_columns(f, &[column]).remove(0)
 }
 
 /// [`sum_logits`] of several columns with one branch: the fast terms when every column's top
