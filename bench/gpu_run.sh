@@ -56,9 +56,11 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite on 2026-12-06 (twelfth session); the default is
-  # the logsumexp's tests, which branch exp/lse-inline-terms (not yet on a GPU) changes.
-  NEW_TESTS=${NEW_TESTS:-"scoring:: logprob_modes:: speculative:: stage_one_writes_every_candidate_slot"}
+  # Main's GPU code passed the whole suite at e96a01d and the logsumexp tests at 19629d4
+  # (2026-12-06, thirteenth session); the default is what branch exp/inv-t-fast (the epilogue's
+  # 1/T by div.rn's fast path, not yet on a GPU) changes: the math probe over its range and
+  # the tempered sampling tests.
+  NEW_TESTS=${NEW_TESTS:-"noise_bits:: stage_one_writes_every_candidate_slot invariance:: pingpong_equals_tma_ring wgmma_mainloop_pathwise"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
