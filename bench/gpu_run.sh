@@ -9,9 +9,9 @@ mkdir -p "$OUT"
 STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
-for f in "$BIN"/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-for f in .carry-before/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
-chmod +x "$BIN"/gpu-test "$BIN"/gpu_bench "$BIN"/score_bench "$BIN"/spec_bench "$BIN"/decode_loop .carry-before/gpu_bench .carry-before/score_bench 2>/dev/null
+# Every carried folder (.carry, .carry-before, further before_after sides such as .carry-b).
+for f in .carry*/*.xz; do [ -e "$f" ] && xz -d -f "$f"; done
+for d in .carry*/; do chmod +x "$d"gpu-test "$d"gpu_bench "$d"score_bench "$d"spec_bench "$d"decode_loop 2>/dev/null; done
 GPU_TEST=$BIN/gpu-test
 # Libraries the build machine linked (libffi, libzstd for LLVM), used only where the image lacks them.
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/$BIN/lib
@@ -119,18 +119,23 @@ if has decode; then
   summary+=("decode_loop rc=$?: $(tail -3 "$OUT/decode.txt" | tr '\n' ' ')")
 fi
 if has before_after; then
-  # The same gpu_bench arguments through the previous commit's binary (.carry-before/) and this
-  # one, alternating for AB_ROUNDS rounds in one call (drift shows as a spread between rounds):
-  # the regression check of a refactor. The fused, nucleus and per-config lines go to the
-  # summary. Where both sides carry score_bench, it alternates too (SCORE_AB_ARGS; fused and
+  # The same gpu_bench arguments through each side's binary, alternating for AB_ROUNDS rounds in
+  # one call (drift shows as a spread between rounds): the regression check of a refactor, or
+  # several prepared branches at once. AB_SIDES lists the carried folders, baseline first
+  # (default: the previous commit's .carry-before/, then this one's .carry/; pack each with
+  # PACK_DIR=<folder> scripts/pack-carry). The fused, nucleus and per-config lines go to the
+  # summary. Where every side carries score_bench, it alternates too (SCORE_AB_ARGS; fused and
   # rank columns to the summary).
+  sides=${AB_SIDES:-".carry-before $BIN"}
+  scores=1
+  for dir in $sides; do [ -x "$dir/score_bench" ] || scores=0; done
   for round in $(seq "${AB_ROUNDS:-2}"); do
-    for side in before after; do
-      dir=$BIN; [ $side = before ] && dir=.carry-before
+    for dir in $sides; do
+      side=${dir#.}
       "$dir/gpu_bench" ${AB_ARGS:---python none --reps 30} >"$OUT/bench-$side-$round.txt" 2>"$OUT/bench-$side-$round.log"
       summary+=("bench $side $round rc=$?")
       summary+=("$(grep -hE '^(fused|exact nucleus|nucleus split|  config)' "$OUT/bench-$side-$round.log" | sed 's/ (GpuConfig.*//; s/ GpuConfig.*//')")
-      if [ -x "$BIN/score_bench" ] && [ -x .carry-before/score_bench ]; then
+      if [ $scores = 1 ]; then
         "$dir/score_bench" ${SCORE_AB_ARGS:---python none --reps 10} >"$OUT/score-$side-$round.txt" 2>&1
         summary+=("score $side $round rc=$?")
         summary+=("$(grep -E '^\| [0-9]' "$OUT/score-$side-$round.txt" | cut -d'|' -f2-7)")
