@@ -190,6 +190,25 @@ pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecErro
     }
 }
 
+/// Whether every entry of `row` is finite and `≥ 0` (`-0` included), as `x.is_finite() && x
+/// >= 0.0` says, on the bits and without a branch per entry, so the compiler vectorizes it: a
+/// launch of 64 sequences of 7 drafts over V = 151936 checks 68M entries, which the branchy
+/// form took 115–120 ms for on one core of the Sapphire Rapids VM, this one 29–36 ms (about the
+/// core's read speed).
+fn is_distribution_row(row: &[f32]) -> bool {
+    const INF_BITS: u32 = 0x7f80_0000;
+    const NEG_ZERO_BITS: u32 = 0x8000_0000;
+    row.chunks(256).all(|chunk| {
+        // Non-negative finite floats are exactly the bit patterns below +inf's; of the
+        // negative ones (sign bit set, so above them) only -0 passes.
+        let bad = chunk.iter().fold(0u32, |bad, x| {
+            let b = x.to_bits();
+            bad | u32::from((b >= INF_BITS) & (b != NEG_ZERO_BITS))
+        });
+        bad == 0
+    })
+}
+
 /// Checks `B` sequences' draft tokens (`[B·k]`) and, for sampled drafts, the draft
 /// distributions (`[B·k, V]`): every token `< V`, every entry finite and ≥ 0, and the draft's
 /// probability of its own token > 0.
@@ -209,7 +228,7 @@ pub fn check_drafts(batch: usize, k: usize, vocab: usize, tokens: &[u32], q: Opt
         }
         if let Some(q) = q {
             let row = &q[i * vocab..][..vocab];
-            if row.iter().any(|x| !(x.is_finite() && *x >= 0.0)) {
+            if !is_distribution_row(row) {
                 return Err(SpecError::DraftProbability { sequence, position, what: "an entry is negative, NaN or infinite" });
             }
             if row[t as usize] <= 0.0 {
@@ -254,6 +273,25 @@ mod tests {
         nan[1] = f32::NAN;
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2, 3], Some(&nan)), Err(SpecError::DraftProbability { sequence: 0, position: 0, .. })));
         assert!(matches!(check_drafts(2, 2, 4, &[0, 1, 2], None), Err(SpecError::Length { .. })));
+    }
+
+    #[test]
+    fn the_bitwise_row_check_is_finite_and_non_negative() {
+        let valid = |x: f32| x.is_finite() && x >= 0.0;
+        let specials = [0.0, -0.0, f32::MIN_POSITIVE, f32::from_bits(1), -f32::from_bits(1), 1.0, -1.0, f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xff80_0001)];
+        // One odd entry at every position of a row spanning several 256-entry chunks.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let randoms = (0..100_000).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f32::from_bits(state as u32)
+        });
+        for (i, x) in specials.into_iter().chain(randoms).enumerate() {
+            let mut row = vec![0.5f32; 700];
+            row[i % 700] = x;
+            assert_eq!(is_distribution_row(&row), valid(x), "{x:e} ({:#x})", x.to_bits());
+        }
     }
 
     #[test]
