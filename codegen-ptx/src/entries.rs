@@ -37,14 +37,20 @@ impl<S: Float + Shuffle> Candidate<S> {
         beats(f, &self.score, &self.index, &other.score, &other.index)
     }
 
+    /// `a` where `c`, else `b`, field by field.
+    pub(crate) fn select(f: &mut Func, c: &I1, a: &Self, b: &Self) -> Self {
+        Candidate { score: f.sel(c, &a.score, &b.score), index: f.sel(c, &a.index, &b.index), logit: f.sel(c, &a.logit, &b.logit) }
+    }
+
+    /// Lane `lane ^ mask`'s candidate, every field.
+    pub(crate) fn shfl_xor(&self, f: &mut Func, mask: u32) -> Self {
+        Candidate { score: f.shfl_xor(&self.score, mask), index: f.shfl_xor(&self.index, mask), logit: f.shfl_xor(&self.logit, mask) }
+    }
+
     /// `other` where it beats `self`, else `self`.
     pub(crate) fn keep_best(self, f: &mut Func, other: &Self) -> Self {
         let take = other.beats(f, &self);
-        Candidate {
-            score: f.sel(&take, &other.score, &self.score),
-            index: f.sel(&take, &other.index, &self.index),
-            logit: f.sel(&take, &other.logit, &self.logit),
-        }
+        Candidate::select(f, &take, other, &self)
     }
 
     /// [`Candidate::keep_best`] over the lanes of a warp: one butterfly step per shuffle mask
@@ -52,7 +58,7 @@ impl<S: Float + Shuffle> Candidate<S> {
     pub(crate) fn shfl_best(self, f: &mut Func, masks: &[u32]) -> Self {
         let mut best = self;
         for &sh in masks {
-            let other = Candidate { score: f.shfl_xor(&best.score, sh), index: f.shfl_xor(&best.index, sh), logit: f.shfl_xor(&best.logit, sh) };
+            let other = best.shfl_xor(f, sh);
             best = best.keep_best(f, &other);
         }
         best

@@ -225,7 +225,7 @@ pub(crate) fn helpers(attr: &str, column_logits: usize) -> String {
 /// The struct `@fs_lse_scatter{n}` returns, as [`COLUMN_TY`].
 const SCATTER_TY: &str = COLUMN_TY;
 
-/// `@fs_lse_scatter{n}(i32 %lane, float %x0, ..)`: [`sum_logits`] of each of 8 columns (a
+/// `@fs_lse_scatter{n}(i32 %lane, float %x0, ..)`: [`sum_columns`] of 8 columns (a
 /// thread's `n` logits of each, column after column), then [`Func::reduce_scatter`] of the
 /// partials over the 8 lanes that share them, pairs merged by `LsePartial::merge`
 /// ([`merge_all`] of two), so lane `g = lane >> 2` returns column `g`'s partial over the 8
@@ -272,7 +272,7 @@ pub(crate) fn scatter_partial(f: &mut Func, lane: &I32, columns: &[Vec<F32>]) ->
 /// The struct a column function returns: the merged partial's window and its sums.
 const COLUMN_TY: &str = "{ i32, i64, i64, i64 }";
 
-/// `@fs_lse_column{n}(float %x0, ..)`: [`sum_logits`] of a thread's `n` logits of one column,
+/// `@fs_lse_column{n}(float %x0, ..)`: [`sum_columns`] of a thread's `n` logits of one column,
 /// then [`warp_merge`] over the 8 lanes that share it (xor 4, 8, 16). Outlined with the
 /// per-token math (large tiles): the merge unrolled once per column made the 256 × 128
 /// scorer's stage one ~19k straight-line instructions (8.2k with the function), and its warps
@@ -281,7 +281,7 @@ const COLUMN_TY: &str = "{ i32, i64, i64, i64 }";
 fn column(n: usize, attr: &str) -> String {
     let mut f = Func::new();
     let xs: Vec<F32> = (0..n).map(|i| F32::raw(format!("%x{i}"))).collect();
-    let own = sum_logits(&mut f, &xs.iter().collect::<Vec<_>>());
+    let own = sum_columns(&mut f, std::slice::from_ref(&xs)).remove(0);
     let p = warp_merge(&mut f, own, &[4, 8, 16]);
     let mut r = f.insert(&Agg::undef(COLUMN_TY), &p.window, 0);
     for (i, s) in p.sums.iter().enumerate() {
@@ -300,16 +300,10 @@ pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
     Partial { window: f.extract(&r, 0), sums: std::array::from_fn(|i| f.extract(&r, 1 + i)) }
 }
 
-/// A thread's logits of one column summed ([`column_top`], then [`column_sums`]).
-pub(crate) fn sum_logits(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
-    let column: Vec<F32> = xs.iter().map(|&x| x.clone()).collect();
-    sum_columns(f, &[column]).remove(0)
-}
-
-/// [`sum_logits`] of several columns with one branch: the fast terms when every column's top
-/// window allows them.
+/// A thread's logits of each of `columns` summed ([`column_top`], then [`column_sums`]), with
+/// one branch: the fast terms when every column's top window allows them.
 fn sum_columns(f: &mut Func, columns: &[Vec<F32>]) -> Vec<Partial<I64>> {
-    let tops: Vec<I32> = columns.iter().map(|c| column_top(f, &c.iter().collect::<Vec<_>>())).collect();
+    let tops: Vec<I32> = columns.iter().map(|c| column_top(f, c)).collect();
     let mut fast = I1::TRUE;
     for top in &tops {
         let ok = fast_windows(f, top);
@@ -318,7 +312,7 @@ fn sum_columns(f: &mut Func, columns: &[Vec<F32>]) -> Vec<Partial<I64>> {
     let sums: Vec<[Var<I64>; KEPT_WINDOWS]> = tops.iter().map(|_| std::array::from_fn(|_| f.var(&I64::c(0)))).collect();
     let each = |f: &mut Func, terms: Terms| {
         for ((c, top), vars) in columns.iter().zip(&tops).zip(&sums) {
-            let s = column_sums(f, &c.iter().collect::<Vec<_>>(), top, terms);
+            let s = column_sums(f, c, top, terms);
             set_all(f, vars, s);
         }
     };
@@ -334,12 +328,12 @@ fn set_all(f: &mut Func, vars: &[Var<I64>; KEPT_WINDOWS], values: [I64; KEPT_WIN
 
 /// A column's top window: the window of its largest finite logit (windows are monotone in
 /// `x`), `EMPTY_WINDOW` when none is finite.
-fn column_top(f: &mut Func, xs: &[&F32]) -> I32 {
+fn column_top(f: &mut Func, xs: &[F32]) -> I32 {
     let mut xmax = F32::NEG_INF;
     for x in xs {
         let ax = f.fabs(x);
         let finite = f.fcmp(Fcmp::Olt, &ax, &F32::POS_INF);
-        let xc = f.sel(&finite, *x, &F32::NEG_INF);
+        let xc = f.sel(&finite, x, &F32::NEG_INF);
         xmax = f.maxnum(&xmax, &xc);
     }
     f.call("@fs_lse_window", &[&xmax])
@@ -357,14 +351,14 @@ enum Terms {
 /// The sums of the windows `top`, `top − 1`, `top − 2` of a column's logits, each term added
 /// to its window's sum as soon as it is computed (only the running sums stay live). Equal to
 /// merging the terms one by one: terms below `top − 2` are dropped, as a merge drops them.
-fn column_sums(f: &mut Func, xs: &[&F32], top: &I32, terms: Terms) -> [I64; KEPT_WINDOWS] {
+fn column_sums(f: &mut Func, xs: &[F32], top: &I32, terms: Terms) -> [I64; KEPT_WINDOWS] {
     let mut sums: [I64; KEPT_WINDOWS] = std::array::from_fn(|_| I64::c(0));
     let bases = matches!(terms, Terms::Fast).then(|| WindowBases::of(f, top));
     for x in xs {
         let (hits, v) = match &bases {
             Some(b) => fast_term(f, x, b),
             None => {
-                let t = f.call_agg(TERM_TY, "@fs_lse_term", &[*x]);
+                let t = f.call_agg(TERM_TY, "@fs_lse_term", &[x]);
                 let w: I32 = f.extract(&t, 0);
                 let v: I64 = f.extract(&t, 1);
                 let below = f.sub(top, &w);

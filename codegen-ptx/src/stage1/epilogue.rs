@@ -481,9 +481,10 @@ impl Gen<'_> {
     }
 
     /// The scratch slot of the column a reduce-scatter over 8 columns leaves this lane with
-    /// (n tiles `first_n .. first_n + 4`, `j` = 0, 1 in that order): lane `g = lane >> 2`
+    /// (the 4 n tiles ending with `last_n`, `j` = 0, 1 in that order): lane `g = lane >> 2`
     /// holds n tile `first_n + g / 2`, `j = g % 2`, at column offset `8n + j` ([`Col::offset`]).
-    fn scattered_column_slot(&self, f: &mut Func, th: &Thread, first_n: u32) -> I32 {
+    fn scattered_column_slot(&self, f: &mut Func, th: &Thread, last_n: u32) -> I32 {
+        let first_n = last_n + 1 - SCATTER_ITEMS as u32 / 2;
         let g = f.lshr(&th.lane, &i32c(2));
         let pair = f.lshr(&g, &i32c(1));
         let j = f.and(&g, &i32c(1));
@@ -582,8 +583,8 @@ impl Gen<'_> {
                     if group.len() == SCATTER_ITEMS {
                         let p = lse::scatter_partial(f, &th.lane, &group);
                         group.clear();
-                        // The group's first n tile: its 4 pairs end with this column's.
-                        let slot = self.scattered_column_slot(f, th, n + 1 - SCATTER_ITEMS as u32 / 2);
+                        // The group's 4 pairs end with this column's.
+                        let slot = self.scattered_column_slot(f, th, n);
                         self.st_partial(f, th, &slot, &p);
                     }
                 } else {
@@ -735,9 +736,8 @@ impl Gen<'_> {
                     group.extend(outs);
                     if group.len() == SCATTER_ITEMS {
                         let lane_bests: Vec<Candidate> = group.drain(..).map(|v| v.get(f)).collect();
-                        // The group's first n tile: its 4 pairs end with this one.
-                        let first_n = n as u32 + 1 - SCATTER_ITEMS as u32 / 2;
-                        self.scatter_columns(f, th, lane_bests, first_n);
+                        // The group's 4 pairs end with this one.
+                        self.scatter_columns(f, th, lane_bests, n as u32);
                     }
                     continue;
                 }
@@ -791,23 +791,23 @@ impl Gen<'_> {
 }
 
 impl Gen<'_> {
-    /// The warp's best candidate of each of 8 columns (n tiles `first_n .. first_n + 4`,
+    /// The warp's best candidate of each of 8 columns (the 4 n tiles ending with `last_n`,
     /// `j` = 0, 1; `lane_bests` in that order, each lane's own best) to the scratch, by
     /// [`Func::reduce_scatter`] over the 8 lanes that share the columns (`lane & 3`): lane
     /// `g = lane >> 2` ends with column `g`'s best and writes it. 21 shuffles for 8 columns
     /// where a butterfly per column takes 48, and no column's chain waits for the next pair's.
     /// Any merge order gives the same candidate ([`Candidate::keep_best`] is a total order on
     /// (score, index)).
-    fn scatter_columns(&self, f: &mut Func, th: &Thread, lane_bests: Vec<Candidate>, first_n: u32) {
+    fn scatter_columns(&self, f: &mut Func, th: &Thread, lane_bests: Vec<Candidate>, last_n: u32) {
         let sc = self.c.smem_layout().scratch;
         let best = f.reduce_scatter(
             &th.lane,
             lane_bests,
-            |f, c, a, b| Candidate { score: f.sel(c, &a.score, &b.score), index: f.sel(c, &a.index, &b.index), logit: f.sel(c, &a.logit, &b.logit) },
-            |f, b, mask| Candidate { score: f.shfl_xor(&b.score, mask), index: f.shfl_xor(&b.index, mask), logit: f.shfl_xor(&b.logit, mask) },
+            Candidate::select,
+            |f, b, mask| b.shfl_xor(f, mask),
             |f, keep, got| keep.keep_best(f, &got),
         );
-        let slot = self.scattered_column_slot(f, th, first_n);
+        let slot = self.scattered_column_slot(f, th, last_n);
         self.st_scratch(f, th, sc.score, &slot, &best.score);
         self.st_scratch(f, th, sc.index, &slot, &best.index);
         self.st_scratch(f, th, sc.logit, &slot, &best.logit);
