@@ -190,8 +190,8 @@ pub fn drafts_per_sequence(rows: usize, drafts: usize) -> Result<usize, SpecErro
     }
 }
 
-/// Whether every entry of `row` is finite and `≥ 0` (`-0` included), as `x.is_finite() && x
-/// >= 0.0` says, on the bits and without a branch per entry, so the compiler vectorizes it: a
+/// Whether every entry of `row` is finite and `≥ 0` (`-0` included), as
+/// `x.is_finite() && x >= 0.0` says, on the bits and without a branch per entry, so the compiler vectorizes it: a
 /// launch of 64 sequences of 7 drafts over V = 151936 checks 68M entries, which the branchy
 /// form took 115–120 ms for on one core of the Sapphire Rapids VM, this one 29–36 ms (about the
 /// core's read speed).
