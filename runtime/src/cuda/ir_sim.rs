@@ -228,6 +228,16 @@ impl Parser<'_> {
         *self.labels.entry(name.to_string()).or_insert(n)
     }
 
+    /// An inline-asm call with a result: its destination register and its typed operands,
+    /// the list after the constraint string (`..."(i32 %a, ptr addrspace(1) %p) #1`).
+    fn asm_call(&mut self, line: &str) -> (usize, Vec<Val>) {
+        let (dst, rhs) = line.split_once(" = ").unwrap();
+        let d = self.reg(dst);
+        let args = rhs.split_once("\"(").unwrap().1;
+        let args = &args[..args.rfind(')').unwrap()];
+        (d, args.split(", ").map(|a| self.typed(a)).collect())
+    }
+
     fn inst(&mut self, line: &str) -> Inst {
         if line.starts_with("call void asm sideeffect \"bar.sync 0;\"") {
             return Inst::Barrier;
@@ -248,38 +258,21 @@ impl Parser<'_> {
         }
         if line.contains("call i32 asm \"mov.b32 $0, $1;\"") {
             // `ptx::opaque`: the identity, hidden from LLVM.
-            let (dst, rhs) = line.split_once(" = ").unwrap();
-            let d = self.reg(dst);
-            let arg = rhs.rsplit_once('(').unwrap().1;
-            let arg = &arg[..arg.find(')').unwrap()];
-            let x = self.typed(arg);
-            return Inst::Bin { d, op: "or".to_string(), ty: Ty::I32, a: x, b: Val::Imm(0) };
+            let (d, a) = self.asm_call(line);
+            return Inst::Bin { d, op: "or".to_string(), ty: Ty::I32, a: a[0], b: Val::Imm(0) };
         }
         if line.contains("asm \"{ mov.b64 $0, $1; @$3 add.s64 $0, $1, $2; }\"") {
-            let (dst, rhs) = line.split_once(" = ").unwrap();
-            let d = self.reg(dst);
-            let args = rhs.split_once("\"(").unwrap().1;
-            let args = &args[..args.rfind(')').unwrap()];
-            let a: Vec<Val> = args.split(", ").map(|a| self.typed(a)).collect();
+            let (d, a) = self.asm_call(line);
             return Inst::AddIf { d, c: a[2], s: a[0], t: a[1] };
         }
         if line.contains("asm sideeffect \"ld.relaxed.gpu.global.b32") {
             // `ptx::ld_relaxed_gpu`: a plain 4-byte load (one CTA runs at a time).
-            let (dst, rhs) = line.split_once(" = ").unwrap();
-            let d = self.reg(dst);
-            // `...}"(ptr addrspace(1) %p) #1`: the operand after the constraint string.
-            let arg = rhs.split_once("\"(").unwrap().1;
-            let (_, p) = split_ty(arg);
-            let p = &p[..p.find(')').unwrap()];
-            return Inst::Load { d, bytes: 4, p: self.val(p.trim(), Ty::Ptr) };
+            let (d, a) = self.asm_call(line);
+            return Inst::Load { d, bytes: 4, p: a[0] };
         }
         if line.contains("asm sideeffect \"match.any.sync.b32") {
-            let (dst, rhs) = line.split_once(" = ").unwrap();
-            let d = self.reg(dst);
-            let arg = rhs.rsplit_once('(').unwrap().1;
-            let arg = &arg[..arg.find(')').unwrap()];
-            let x = self.typed(arg);
-            return Inst::Intrinsic { d, which: Intr::MatchAny, args: vec![Val::Imm(0), x] };
+            let (d, a) = self.asm_call(line);
+            return Inst::Intrinsic { d, which: Intr::MatchAny, args: vec![Val::Imm(0), a[0]] };
         }
         if let Some(rest) = line.strip_prefix("store <4 x float> ") {
             let (v, p) = rest.split_once(", ").unwrap();
