@@ -37,7 +37,7 @@ pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::DECIDE_THREADS;
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
 pub use probe::{
-    compile_math_probe, math_probe_llvm_ir, MATH_PROBE_GUMBEL_INPUTS, MATH_PROBE_KERNEL, MATH_PROBE_LN_FIRST_BITS, MATH_PROBE_LN_INPUTS, MATH_PROBE_THREADS,
+    compile_math_probe, math_probe_llvm_ir, MATH_PROBE_GUMBEL_INPUTS, MATH_PROBE_KERNEL, MATH_PROBE_LN_FIRST_BITS, MATH_PROBE_LN_INPUTS, MATH_PROBE_RECIP_WORDS, MATH_PROBE_THREADS,
 };
 pub use nucleus::{
     captures_logits, has_nucleus_kernels, NucleusLayout, NucleusOffsets, NUCLEUS_CUT_THREADS, NUCLEUS_DRAW_TILE, NUCLEUS_LOGITS_TOKENS, NUCLEUS_MAX_VOCAB,

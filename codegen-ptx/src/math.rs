@@ -4,7 +4,7 @@
 //! therefore bit-identical.
 
 use crate::config::NoiseSkip;
-use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, F32, I1, I32, I64};
+use crate::ir::{f32c, i32c, Agg, Fcmp, Func, Icmp, Int, Var, F32, I1, I32, I64};
 use crate::params::arg;
 use flashsample_abi::math::{
     EXP_C, EXP_MIN_INPUT, LN2_HI, LN2_LO, LN_C3, LN_C5, LN_C7, LN_C9, LN_REDUCE_BITS, LOG2_E,
@@ -85,6 +85,48 @@ fn ln_f32() -> String {
     let r = f.fma(&e, &f32c(LN2_HI), &lo);
     f.ret(&r);
     f.finish("define internal float @fs_ln_f32(float %x) #0")
+}
+
+/// Smallest `T` whose `1 / T` [`reciprocals`] takes by `div.rn`'s fast path (2⁻¹⁷, below
+/// `abi::params::MIN_TEMPERATURE`).
+pub const RECIP_FAST_MIN: f32 = 7.629_394_5e-6;
+/// Bound above the `T`s whose `1 / T` [`reciprocals`] takes by the fast path (2⁶⁴).
+pub const RECIP_FAST_END: f32 = 18_446_744_073_709_551_616.0;
+
+/// `1 / t` (IEEE, round to nearest) of each of `ts`, in one straight line by `div.rn`'s fast
+/// path ([`Func::fdiv_fast_path`]) when every `t` is 0 or in `[RECIP_FAST_MIN,
+/// RECIP_FAST_END)` (one branch for all; the exhaustive GPU test `math_probe` checks that
+/// range), else by `div.rn` each. The fast path's `1 / 0` is not `inf` (NaN): callers only
+/// read `1 / T` where `T ≠ 0` (the temperature transform). `div.rn` per column put 32 `FCHK`
+/// branches and convergence regions into every item of a thread's epilogue.
+pub(crate) fn reciprocals(f: &mut Func, ts: &[F32]) -> Vec<F32> {
+    let mut fast = I1::TRUE;
+    for t in ts {
+        let zero = f.fcmp(Fcmp::Oeq, t, &F32::ZERO);
+        let lo = f.fcmp(Fcmp::Oge, t, &f32c(RECIP_FAST_MIN));
+        let hi = f.fcmp(Fcmp::Olt, t, &f32c(RECIP_FAST_END));
+        let inside = f.and(&lo, &hi);
+        let ok = f.or(&zero, &inside);
+        fast = f.and(&fast, &ok);
+    }
+    let vars: Vec<Var<F32>> = ts.iter().map(|_| f.var(&F32::ZERO)).collect();
+    let one = f32c(1.0);
+    f.if_else(
+        &fast,
+        |f| {
+            for (v, t) in vars.iter().zip(ts) {
+                let r = f.fdiv_fast_path(&one, t);
+                f.set(v, &r);
+            }
+        },
+        |f| {
+            for (v, t) in vars.iter().zip(ts) {
+                let r = f.fdiv(&one, t);
+                f.set(v, &r);
+            }
+        },
+    );
+    vars.iter().map(|v| f.get(v)).collect()
 }
 
 /// `abi::math::exp_f32`'s `p`, with `exp(xc) = p · 2ⁿ`: `xc` reduced by `n · ln 2` (two

@@ -86,7 +86,18 @@ impl RowTransform {
     /// range and repetition (`%pen_offsets`, `%pen_repetition`) and logit-bias range
     /// (`%lb_offsets`), where the pipeline has them.
     pub(crate) fn load(f: &mut Func, p: &Pipeline, row_safe: &I32) -> RowTransform {
-        let temperature = RowTransform::temperature(f, p, row_safe);
+        let (mut tr, t) = RowTransform::load_deferred(f, p, row_safe);
+        if let (Some(temp), Some(t)) = (&mut tr.temperature, t) {
+            temp.inv_t = f.fdiv(&f32c(1.0), &t);
+        }
+        tr
+    }
+
+    /// [`RowTransform::load`] with the temperature's `1 / T` left to the caller: the row's
+    /// inputs (`inv_t` a placeholder) and its `T`, where the pipeline has one.
+    fn load_deferred(f: &mut Func, p: &Pipeline, row_safe: &I32) -> (RowTransform, Option<F32>) {
+        let t = RowTransform::load_temperature(f, p, row_safe);
+        let temperature = t.as_ref().map(|t| RowTemperature { inv_t: F32::NAN, zero: f.fcmp(Fcmp::Oeq, t, &F32::ZERO) });
         let pen = p.has_penalties().then(|| {
             let r64 = f.zext(row_safe);
             let range = csr_range(f, &arg::PEN_OFFSETS, &r64);
@@ -97,18 +108,23 @@ impl RowTransform {
             let r64 = f.zext(row_safe);
             csr_range(f, &arg::LB_OFFSETS, &r64)
         });
-        RowTransform { temperature, pen, lb }
+        (RowTransform { temperature, pen, lb }, t)
     }
 
-    /// Row `row_safe`'s `1 / T` and `T == 0` from `%temperatures` (none without a
-    /// temperature transform).
-    pub(crate) fn temperature(f: &mut Func, p: &Pipeline, row_safe: &I32) -> Option<RowTemperature> {
+    /// Row `row_safe`'s `T` from `%temperatures` (none without a temperature transform).
+    fn load_temperature(f: &mut Func, p: &Pipeline, row_safe: &I32) -> Option<F32> {
         p.temperature()?;
         let r64 = f.zext(row_safe);
         let a = f.gaddr(&arg::TEMPERATURES, &r64, 4);
-        let tv: F32 = f.load(&a, 4);
-        let zero = f.fcmp(Fcmp::Oeq, &tv, &F32::ZERO);
-        Some(RowTemperature { inv_t: f.fdiv(&f32c(1.0), &tv), zero })
+        Some(f.load(&a, 4))
+    }
+
+    /// Row `row_safe`'s `T == 0` (false without a temperature transform).
+    pub(crate) fn temperature_is_zero(f: &mut Func, p: &Pipeline, row_safe: &I32) -> I1 {
+        match RowTransform::load_temperature(f, p, row_safe) {
+            Some(t) => f.fcmp(Fcmp::Oeq, &t, &F32::ZERO),
+            None => I1::FALSE,
+        }
     }
 }
 
@@ -271,17 +287,28 @@ impl Gen<'_> {
         }
     }
 
-    /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters.
+    /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters (every
+    /// column's `1 / T` at once: [`math::reciprocals`]).
     fn columns(&self, f: &mut Func, it: &Item, t2: &I32) -> Vec<Col> {
         let mut cols = Vec::new();
+        let mut temps = Vec::new();
         for n in 0..self.ntiles {
             for j in 0..2 {
                 let col = f.add(t2, &i32c(n * 8 + j));
                 let row = f.add(&it.b0, &col);
                 let ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let row_safe = f.sel(&ok, &row, &i32c(0));
-                let tr = RowTransform::load(f, self.p, &row_safe);
+                let (tr, t) = RowTransform::load_deferred(f, self.p, &row_safe);
+                temps.extend(t);
                 cols.push(Col { col, offset: n * 8 + j, row, row_safe, tr });
+            }
+        }
+        if !temps.is_empty() {
+            let inv = math::reciprocals(f, &temps);
+            for (c, inv_t) in cols.iter_mut().zip(inv) {
+                if let Some(t) = &mut c.tr.temperature {
+                    t.inv_t = inv_t;
+                }
             }
         }
         cols
@@ -298,8 +325,7 @@ impl Gen<'_> {
 
     /// Column `cl`'s noise parameters.
     fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
-        // Only `T == 0` is read: LLVM drops the unused `1 / T`.
-        let t_zero = RowTransform::temperature(f, self.p, &cl.row_safe).map_or(I1::FALSE, |t| t.zero);
+        let t_zero = RowTransform::temperature_is_zero(f, self.p, &cl.row_safe);
         let greedy = if self.c.residual_per_tile > 0 {
             // A draft row's candidate is its argmax: verification reads its noise only
             // through the residual lists.

@@ -292,8 +292,13 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
         .build()
         .unwrap();
     let (hidden, weights) = inputs(batch, dim, vocab);
-    // A greedy row (T = 0) among sampled ones.
-    let temperatures: Vec<f32> = (0..batch).map(|r| if r == 3 { 0.0 } else { 0.5 + 0.1 * r as f32 }).collect();
+    // A greedy row (T = 0) among sampled ones, and one whose `1 / T` takes `div.rn` (T past
+    // `RECIP_FAST_END`, so the batch tile's reciprocals take the IEEE branch).
+    let temperatures: Vec<f32> = (0..batch).map(|r| match r {
+        3 => 0.0,
+        8 => 3e19,
+        r => 0.5 + 0.1 * r as f32,
+    }).collect();
     // Rows 2, 6 and 7 on a lone top-p: stage one captures the first two rows' logits.
     let filters: Vec<RowFilter> = (0..batch).map(|r| if [2, 6, 7].contains(&r) { RowFilter::top_p(0.9) } else { RowFilter::top_k(8) }).collect();
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x1234_5678_9abc_def0, ..Default::default() };
