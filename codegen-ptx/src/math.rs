@@ -332,15 +332,16 @@ pub(crate) fn stream_word3(f: &mut Func, row64: &I64, stream: NoiseStream) -> I3
 /// transformed logit of the quad and `%thr_*` a score the row's winner is known to reach.
 /// Once the Philox words are known, a row whose `xmax + abi::rng::gumbel_bucket_bound(L)` (L:
 /// the leading ones of its largest uniform) is below `thr` cannot place a token of this quad
-/// above the winner: its four noises are `-inf` and the Gumbel transform (two logarithms, a
-/// division) is not run. `thr` NaN (no bound yet) never skips.
+/// above the winner: its four noises are `%miss_*` (`-inf`; `-0` for a greedy row, whose score
+/// is then its logit) and the Gumbel transform (two logarithms, a division) is not run. `thr`
+/// NaN (no bound yet) never skips.
 fn noise_pair(attr: &str, skip: NoiseSkip) -> String {
     let mut f = Func::new();
     let mut gumbels = Vec::new();
     let (ctr, s) = (I32::named("%ctr"), I32::named("%s"));
-    for (row, k0, k1, w3, xmax, thr) in [
-        ("%row_a", "%ka0", "%ka1", "%w3_a", "%xmax_a", "%thr_a"),
-        ("%row_b", "%kb0", "%kb1", "%w3_b", "%xmax_b", "%thr_b"),
+    for (row, k0, k1, w3, xmax, thr, miss) in [
+        ("%row_a", "%ka0", "%ka1", "%w3_a", "%xmax_a", "%thr_a", "%miss_a"),
+        ("%row_b", "%kb0", "%kb1", "%w3_b", "%xmax_b", "%thr_b", "%miss_b"),
     ] {
         let key = PhiloxKey { lo: I32::named(k0), hi: I32::named(k1) };
         let r = philox_block(&mut f, [&ctr, &I32::named(row), &s, &I32::named(w3)], &key);
@@ -355,7 +356,7 @@ fn noise_pair(attr: &str, skip: NoiseSkip) -> String {
         let bound = gumbel_bucket_bound(&mut f, &bits_max);
         let reach = f.fadd(&F32::named(xmax), &bound);
         let beaten = f.fcmp(Fcmp::Olt, &reach, &F32::named(thr));
-        let noise: Vec<_> = (0..4).map(|_| f.var(&F32::NEG_INF)).collect();
+        let noise: Vec<_> = (0..4).map(|_| f.var(&F32::named(miss))).collect();
         let draw = f.not(&beaten);
         f.if_then(&draw, |f| {
             for (b, slot) in bits.iter().zip(&noise) {
@@ -374,7 +375,7 @@ fn noise_pair(attr: &str, skip: NoiseSkip) -> String {
     f.finish(&if skip.tests_bounds() {
         format!(
             "define internal {NOISE_PAIR_TY} @fs_noise_pair({rows}, float %xmax_a, float %thr_a, \
-             float %xmax_b, float %thr_b) {attr}"
+             float %miss_a, float %xmax_b, float %thr_b, float %miss_b) {attr}"
         )
     } else {
         format!("define internal {NOISE_PAIR_TY} @fs_noise_pair_all({rows}) {attr}")

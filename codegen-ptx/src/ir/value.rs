@@ -175,6 +175,8 @@ macro_rules! float {
             pub(crate) const NAN: Self = $name::named("0x7FF8000000000000");
             /// `+0.0`.
             pub(crate) const ZERO: Self = $name::named("0.0");
+            /// `-0.0`: the additive identity bit for bit (`x + -0 = x`, `-0` included).
+            pub(crate) const NEG_ZERO: Self = $name::named("-0.0");
             /// `1.0`.
             pub(crate) const ONE: Self = $name::named("1.0");
         }

@@ -50,6 +50,9 @@ struct ColNoise {
     /// Whether the column takes its argmax: temperature 0, or a draft row of a verifying
     /// pipeline (it reads its noise only through the residual lists).
     greedy: I1,
+    /// The noise of a token whose draw a skip left out: `-inf` (it cannot win), or `-0` for a
+    /// greedy column, whose score `x + -0` is then `x` bit for bit with no select per token.
+    miss: F32,
     /// Philox key and counter row (`SamplingParams::row_stream`).
     stream: RowStream,
     /// Philox counter word 3: the row's decode step and the token stream.
@@ -58,10 +61,20 @@ struct ColNoise {
 
 /// A row's temperature as the transform chain reads it.
 pub(crate) struct RowTemperature {
-    /// `1 / T`.
-    pub(crate) inv_t: F32,
-    /// Whether `T == 0` (then the temperature leaves `x` alone).
-    pub(crate) zero: I1,
+    /// What the transform multiplies `x` by: `1 / T`, or 1 where `T == 0`, which leaves `x`
+    /// alone (`x · 1 = x` bit for bit for every `x` the chain holds; a signalling NaN, the one
+    /// exception, never reaches it, as every `x` is an arithmetic result). One select per row
+    /// instead of one per token.
+    pub(crate) scale: F32,
+    /// Whether `T == 0`.
+    zero: I1,
+}
+
+impl RowTemperature {
+    /// `scale` from the row's `1 / T`.
+    fn set_reciprocal(&mut self, f: &mut Func, inv_t: &F32) {
+        self.scale = f.sel(&self.zero, &f32c(1.0), inv_t);
+    }
 }
 
 /// A row's entries `[lo, hi)` of a per-row token table (CSR offsets).
@@ -88,16 +101,18 @@ impl RowTransform {
     pub(crate) fn load(f: &mut Func, p: &Pipeline, row_safe: &I32) -> RowTransform {
         let (mut tr, t) = RowTransform::load_deferred(f, p, row_safe);
         if let (Some(temp), Some(t)) = (&mut tr.temperature, t) {
-            temp.inv_t = f.fdiv(&f32c(1.0), &t);
+            let inv_t = f.fdiv(&f32c(1.0), &t);
+            temp.set_reciprocal(f, &inv_t);
         }
         tr
     }
 
-    /// [`RowTransform::load`] with the temperature's `1 / T` left to the caller: the row's
-    /// inputs (`inv_t` a placeholder) and its `T`, where the pipeline has one.
+    /// [`RowTransform::load`] with the temperature's `1 / T` left to the caller
+    /// ([`RowTemperature::set_reciprocal`]): the row's inputs (`scale` a placeholder) and its
+    /// `T`, where the pipeline has one.
     fn load_deferred(f: &mut Func, p: &Pipeline, row_safe: &I32) -> (RowTransform, Option<F32>) {
         let t = RowTransform::load_temperature(f, p, row_safe);
-        let temperature = t.as_ref().map(|t| RowTemperature { inv_t: F32::NAN, zero: f.fcmp(Fcmp::Oeq, t, &F32::ZERO) });
+        let temperature = t.as_ref().map(|t| RowTemperature { scale: F32::NAN, zero: f.fcmp(Fcmp::Oeq, t, &F32::ZERO) });
         let pen = p.has_penalties().then(|| {
             let r64 = f.zext(row_safe);
             let range = csr_range(f, &arg::PEN_OFFSETS, &r64);
@@ -149,8 +164,7 @@ pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowT
         match tr {
             Transform::Temperature(_) => {
                 let Some(temp) = &row.temperature else { continue };
-                let scaled = f.fmul(&xv, &temp.inv_t);
-                xv = f.sel(&temp.zero, &xv, &scaled);
+                xv = f.fmul(&xv, &temp.scale);
             }
             Transform::Bias { .. } => {
                 let Some(bias) = bias else { continue };
@@ -307,7 +321,7 @@ impl Gen<'_> {
             let inv = math::reciprocals(f, &temps);
             for (c, inv_t) in cols.iter_mut().zip(inv) {
                 if let Some(t) = &mut c.tr.temperature {
-                    t.inv_t = inv_t;
+                    t.set_reciprocal(f, &inv_t);
                 }
             }
         }
@@ -338,7 +352,8 @@ impl Gen<'_> {
         let r64 = f.zext(&cl.row_safe);
         let stream = math::row_stream(f, &has_rs, &cl.row, &r64);
         let word3 = math::token_word3(f, &r64);
-        ColNoise { greedy, stream, word3 }
+        let miss = f.sel(&greedy, &F32::NEG_ZERO, &F32::NEG_INF);
+        ColNoise { greedy, stream, word3, miss }
     }
 
     /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
@@ -735,6 +750,9 @@ impl Gen<'_> {
                                 let xv = &xs[pj][k];
                                 let score = if p.is_greedy() {
                                     xv.clone()
+                                } else if c.noise_skip.tests_bounds() {
+                                    // A greedy column's noise is -0: `x + -0 = x` bit for bit.
+                                    f.fadd(xv, &noise[pj * 4 + o as usize])
                                 } else {
                                     let noisy = f.fadd(xv, &noise[pj * 4 + o as usize]);
                                     f.sel(&pair_noise[pj].greedy, xv, &noisy)
@@ -914,10 +932,13 @@ impl Gen<'_> {
             for o in 1..4 {
                 m = f.maxnum(&m, &xs[pj][k + o]);
             }
+            // A greedy column reads no noise: its quad maximum counts as -inf against a
+            // threshold of +inf, so both skips hold whatever its logits (+inf and NaN too),
+            // and its tokens get their miss value, -0.
+            let m = f.sel(&cl.greedy, &F32::NEG_INF, &m);
             let bs = &acc_best[pj].score;
             let bound_higher = f.fcmp(Fcmp::Ogt, &bounds[pj], bs);
             let t = f.sel(&bound_higher, &bounds[pj], bs);
-            // A greedy column reads no noise: a threshold of +inf skips its transform.
             let t = f.sel(&cl.greedy, &F32::POS_INF, &t);
             let reach = f.fadd(&m, &up);
             let beaten = f.fcmp(Fcmp::Olt, &reach, &t);
@@ -926,10 +947,10 @@ impl Gen<'_> {
             xmax.push(m);
             thr.push(t);
         }
-        let noise: Vec<Var<F32>> = (0..pair.len() * 4).map(|_| f.var(&F32::NEG_INF)).collect();
+        let noise: Vec<Var<F32>> = (0..pair.len() * 4).map(|w| f.var(&pair[w / 4].miss)).collect();
         f.if_then(&need, |f| {
             let mut args = rows.clone();
-            args.extend([&xmax[ia] as &dyn Operand, &thr[ia], &xmax[ib], &thr[ib]]);
+            args.extend([&xmax[ia] as &dyn Operand, &thr[ia], &pair[ia].miss, &xmax[ib], &thr[ib], &pair[ib].miss]);
             let r = f.call_agg(math::NOISE_PAIR_TY, "@fs_noise_pair", &args);
             for (w, slot) in noise.iter().enumerate() {
                 let v = f.extract(&r, w);
