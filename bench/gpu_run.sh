@@ -56,16 +56,17 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite at e96a01d and the logsumexp tests at 19629d4
-  # (2026-12-06, thirteenth session); the default is what branch exp/inv-t-fast (the epilogue's
-  # 1/T by div.rn's fast path, not yet on a GPU) changes: the math probe over its range and
-  # the tempered sampling tests.
-  NEW_TESTS=${NEW_TESTS:-"noise_bits:: stage_one_writes_every_candidate_slot invariance:: pingpong_equals_tma_ring wgmma_mainloop_pathwise"}
+  # Main's GPU code passed the whole suite at e96a01d, the logsumexp tests at 19629d4 and the
+  # math probe with the pathwise sampler tests at 4c26937..ac6e799 (2026-12-06, thirteenth and
+  # fourteenth sessions); the default is what branch exp/lse-top-fast (the fast logsumexp's top
+  # window from a column's plain maxnum, not yet on a GPU) changes: scoring, logprobs, drafts.
+  NEW_TESTS=${NEW_TESTS:-"scoring:: logprob_modes:: speculative::"}
+  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:logprob_modes::raw_logsumexp_is_the_abi_merge_of_the_raw_partials"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
   summary+=("$(grep -E '^test .* FAILED$' "$OUT/new-tests.log" | head -20)")
-  for tt in memcheck:stage_one_writes_every_candidate_slot racecheck:stage_one_writes_every_candidate_slot synccheck:stage_one_writes_every_candidate_slot; do
+  for tt in $NEW_SANITIZE; do
     tool=${tt%%:*} t=${tt#*:}
     timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$GPU_TEST" "$t" --exact --include-ignored --test-threads=1 >"$OUT/$tool-${t//:/_}.log" 2>&1
     summary+=("$tool $t rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-${t//:/_}.log" | tr '\n' ' ')")
@@ -159,7 +160,9 @@ if has spec; then
   "$BIN/spec_bench" --device cuda ${SPEC_ARGS:-} >"$OUT/spec.txt" 2>"$OUT/spec.log"
   summary+=("spec_bench rc=$?")
 fi
+# The summary also goes to $OUT/0-summary.txt: a call brings back only its first few files (by
+# name), and the printed tail is cut to its last characters.
 echo "=================== summary"
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$OUT/0-summary.txt"
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
 true
