@@ -58,9 +58,11 @@ if has new; then
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite at e96a01d, the logsumexp tests at 19629d4 and the
   # math probe with the pathwise sampler tests at 4c26937..ac6e799 (2026-12-06, thirteenth and
-  # fourteenth sessions); the default is what branch exp/lse-top-fast (the fast logsumexp's top
-  # window from a column's plain maxnum, not yet on a GPU) changes: scoring, logprobs, drafts.
-  NEW_TESTS=${NEW_TESTS:-"scoring:: logprob_modes:: speculative::"}
+  # fourteenth sessions); the default is what has not run on a GPU yet: the heuristic's
+  # 256 x 128 tile with lists from B = 192 (one CTA per item, 4 stages: tma_ring_equals_cp_async_ring,
+  # invariance::) and branch exp/lse-top-fast (the fast logsumexp's top window from a column's
+  # plain maxnum: scoring, logprobs, drafts).
+  NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring invariance:: scoring:: logprob_modes:: speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:logprob_modes::raw_logsumexp_is_the_abi_merge_of_the_raw_partials"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1

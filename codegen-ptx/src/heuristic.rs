@@ -17,6 +17,7 @@ impl GpuConfig {
     /// |---|---|---|---|
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
     /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
+    /// | B ≥ 192, cc 9.0, maps fit, lists | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | as above; the lists alias the ring |
     /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
     /// | B ≤ 8, cc 9.0, D ≥ 1024, no lists | 256 × 8, 8 | mma.sync, k 128, 3 stages | fewer barriers per byte |
     /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
@@ -96,6 +97,19 @@ impl GpuConfig {
         // carry ~1.35× the L2 bytes, and stage one is L2-bound there). Lists would leave
         // this tile too few stages; they keep the ping-pong rows below.
         let wide = || list_free_sm90(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent }));
+        // With lists the same tile runs one CTA per item: its epilogue scratch and lists then
+        // alias the ring (beside a persistent 4-stage ring they would need ~360 KB). It gives up
+        // the overlap of an item's epilogue with the next item's loads, but reads W B/128 times
+        // where the 128 × 64 ping-pong below reads it B/64 times (H100, top-k 50 + top-p 0.9,
+        // B 256 / 512: 8–17 % faster at both heads, BENCHMARKS.md fourteenth session).
+        let wide_lists = || {
+            if !wgmma || pipeline.list_capacity() == 0 || !GpuConfig::tma_fits(dim, vocab) {
+                return None;
+            }
+            let mut c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem });
+            c.fit_lists(pipeline);
+            c.validate(pipeline, limits).is_ok().then_some(c)
+        };
         // B = 9..=16 on the TMA ring: one thread issues a slice's boxes and the mbarriers
         // replace the CTA barrier per slice, which the memory-bound 16-column tile gains most
         // from (H100: 4.9 % / 5.3 % under mma.sync's 128 × 16 at D 4096 / 8192). Lists keep
@@ -117,9 +131,10 @@ impl GpuConfig {
             0..=8 => wide_k_gemv(),
             9..=16 => tma_gemv(),
             33..=191 => pingpong(64, 8),
-            // A pipeline's lists leave no room for three 128-column slots next to two
-            // 64 KiB list tiles; the 64-column tile keeps the ping-pong overlap instead.
-            192.. => wide().or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
+            // Where neither 256 × 128 tile validates (less shared memory): a pipeline's lists
+            // leave no room for three 128-column slots next to two 64 KiB list tiles, so the
+            // 64-column tile keeps the ping-pong overlap instead.
+            192.. => wide().or_else(wide_lists).or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
             _ => None,
         } {
             return c;

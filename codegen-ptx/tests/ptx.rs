@@ -926,9 +926,13 @@ fn heuristic_takes_the_tma_ring_above_batch_32_where_the_maps_fit() {
             } else if p.list_capacity() == 0 {
                 let stages = if batch_tile == 64 { 8 } else { 6 };
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages, grid: GridKind::PingPong }, 128, batch_tile), "B={batch}");
+            } else if batch >= 192 {
+                // Lists from B = 192: the 256 × 128 tile, one CTA per item (lists alias the ring).
+                assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem }, 256, 128), "B={batch}");
+                assert!(c.list_per_tile > 0 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             } else {
-                // Lists take shared memory: fewer stages (and from B = 192 the 64-column
-                // tile), still the ping-pong schedule, never an invalid config.
+                // Lists take shared memory: fewer stages, still the ping-pong schedule, never
+                // an invalid config.
                 assert!(c.is_pingpong() && (c.vocab_tile, c.batch_tile) == (128, 64), "B={batch}: {c:?}");
                 assert!(c.stages() >= 3 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             }

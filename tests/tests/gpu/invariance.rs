@@ -47,6 +47,8 @@ fn requests_get_the_same_bits_at_every_batch_and_schedule() {
             (256, 64, 8, Schedule::Wgmma { stages: 4, drain: false, grid: item }),
             (128, 64, 4, Schedule::Wgmma { stages: 4, drain: true, grid: item }),
             (256, 64, 8, Schedule::WgmmaTma { stages: 5, grid: GridKind::PerItem }),
+            // The heuristic's tile for lists from B = 192.
+            (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem }),
             (128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong }),
             (128, 128, 4, Schedule::WgmmaTma { stages: 6, grid: GridKind::PingPong }),
             (256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Cooperative }),
