@@ -89,10 +89,21 @@ impl TopLists {
 }
 
 /// Inserts `s` into a sorted list, dropping the last entry; a no-op if `s` ranks after all.
+/// The list is sorted by [`Scored::ranks_before`] (padding last), so `s` ranks before a suffix
+/// of it and its place is found by bisection: the first entry `s` ranks before.
 pub fn insert(list: &mut [Scored], s: Scored) {
-    let Some(pos) = list.iter().position(|e| s.ranks_before(e)) else { return };
+    let pos = insert_position(list, |e| s.ranks_before(e));
+    if pos == list.len() {
+        return;
+    }
     list.copy_within(pos..list.len() - 1, pos + 1);
     list[pos] = s;
+}
+
+/// The first index of `list` where `before(entry)` holds, `list.len()` if none; `before` must
+/// be false on a prefix of `list` and true on the rest (a new entry's place in a sorted list).
+pub fn insert_position<T>(list: &[T], before: impl Fn(&T) -> bool) -> usize {
+    list.partition_point(|e| !before(e))
 }
 
 /// Why a row's lists cannot give its exact filtered sample.
@@ -417,6 +428,35 @@ mod tests {
             insert(&mut l, s);
         }
         assert_eq!(l, [sc(3.0, 0), sc(3.0, 1), sc(2.0, 2)]);
+    }
+
+    #[test]
+    fn insert_keeps_the_best_of_every_prefix_at_every_length() {
+        // Random tokens with many tied logits (8 values) inserted into lists of 1..=70 entries:
+        // after each insert the list is the best `len` tokens so far in list order, padded.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for len in 1..=70usize {
+            let mut list = vec![Scored::EMPTY; len];
+            let mut seen: Vec<Scored> = Vec::new();
+            let mut tokens: Vec<u32> = (0..200).collect();
+            for i in (1..tokens.len()).rev() {
+                tokens.swap(i, (next() % (i as u64 + 1)) as usize);
+            }
+            for &index in &tokens {
+                let s = sc((next() % 8) as f32 - 3.0, index);
+                insert(&mut list, s);
+                seen.push(s);
+                seen.sort_by(|a, b| if a.ranks_before(b) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });
+                let want: Vec<Scored> = seen.iter().copied().chain(std::iter::repeat(Scored::EMPTY)).take(len).collect();
+                assert_eq!(list, want, "len {len} after {} inserts", seen.len());
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,10 @@ use crate::filter::Scored;
 /// of `list[j]`. A no-op if `s` ranks after every entry.
 pub fn insert_paired(list: &mut [Scored], raws: &mut [f32], s: Scored, raw: f32) {
     debug_assert_eq!(list.len(), raws.len());
-    let Some(pos) = list.iter().position(|e| s.ranks_before(e)) else { return };
+    let pos = crate::filter::insert_position(list, |e| s.ranks_before(e));
+    if pos == list.len() {
+        return;
+    }
     list.copy_within(pos..list.len() - 1, pos + 1);
     raws.copy_within(pos..raws.len() - 1, pos + 1);
     list[pos] = s;

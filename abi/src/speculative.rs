@@ -44,7 +44,10 @@ pub const RESIDUAL_EMPTY: Candidate = Candidate { score: f32::NEG_INFINITY, inde
 /// Inserts `c` into a residual list sorted by score (descending; an equal score keeps the
 /// earlier, lower token), dropping the last entry; a no-op if `c` ranks after all.
 pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
-    let Some(pos) = list.iter().position(|e| c.score > e.score) else { return };
+    let pos = crate::filter::insert_position(list, |e| c.score > e.score);
+    if pos == list.len() {
+        return;
+    }
     list.copy_within(pos..list.len() - 1, pos + 1);
     list[pos] = c;
 }
