@@ -46,7 +46,7 @@ pub(crate) struct KernelArgs {
     /// What `penalize` reads; null without penalties.
     pub pen_table: *const PenaltyTable,
     pub penalize: ListedQuadFn<PenaltyTable>,
-    /// `[B, tiles, per_tile]` sorted top lists; null without lists.
+    /// `[B, tiles, per_tile]` top lists (heaps while the launch runs, sorted when it returns: `lists.rs`); null without lists.
     pub lists: *mut Scored,
     pub per_tile: u64,
     pub insert: InsertFn,
@@ -152,17 +152,6 @@ fn checked_table<'t, T: ListedTable>(
     }
 }
 
-/// SAFETY (caller): `list` points to `per_tile` sorted entries, `x` to 4 floats (`-inf` for
-/// lanes that are masked or past the vocabulary).
-unsafe extern "C" fn insert_quad(list: *mut Scored, per_tile: u64, v: u64, x: *const f32) {
-    let (list, x) = unsafe { (std::slice::from_raw_parts_mut(list, per_tile as usize), std::slice::from_raw_parts(x, 4)) };
-    for (j, &xj) in x.iter().enumerate() {
-        if xj > f32::NEG_INFINITY {
-            flashsample_abi::filter::insert(list, Scored { logit: xj, index: v as u32 + j as u32 });
-        }
-    }
-}
-
 /// SAFETY (caller): `list` points to `per_tile` entries sorted by score, `lanes` to 8 floats:
 /// the quad's 4 scores (`-inf` for lanes that are masked or past the vocabulary), then its 4
 /// transformed logits.
@@ -171,18 +160,6 @@ unsafe extern "C" fn insert_residual_quad(list: *mut Candidate, per_tile: u64, v
     for j in 0..4 {
         if lanes[j] > f32::NEG_INFINITY {
             speculative::insert_residual(list, Candidate { score: lanes[j], index: v as u32 + j as u32, logit: lanes[4 + j] });
-        }
-    }
-}
-
-/// SAFETY (caller): as [`insert_quad`], and `raws` points to `per_tile` floats, `x` to 8.
-unsafe extern "C" fn insert_quad_paired(list: *mut Scored, raws: *mut f32, per_tile: u64, v: u64, x: *const f32) {
-    let n = per_tile as usize;
-    let (list, raws, x) =
-        unsafe { (std::slice::from_raw_parts_mut(list, n), std::slice::from_raw_parts_mut(raws, n), std::slice::from_raw_parts(x, 8)) };
-    for j in 0..4 {
-        if x[j] > f32::NEG_INFINITY {
-            flashsample_abi::raw::insert_paired(list, raws, Scored { logit: x[j], index: v as u32 + j as u32 }, x[4 + j]);
         }
     }
 }
@@ -723,7 +700,7 @@ impl CpuKernel {
             rank_counts,
             lists,
             per_tile: per_tile as u64,
-            insert: insert_quad,
+            insert: crate::lists::insert_quad,
             residual_lists,
             residual_per_tile: residual_per_tile as u64,
             insert_residual: insert_residual_quad,
@@ -731,7 +708,7 @@ impl CpuKernel {
             raw_lists,
             raw_per_tile: raw_per_tile as u64,
             list_raws,
-            insert_paired: insert_quad_paired,
+            insert_paired: crate::lists::insert_quad_paired,
             capture_slots,
             capture_logits,
             capture_raws,
@@ -749,7 +726,10 @@ impl CpuKernel {
         let run = |tile: usize| match self.entry {
             // SAFETY: every pointer in `args` covers the length checked above for this shape,
             // the buffers outlive the call, and tasks cover disjoint tiles.
-            Entry::Fused(f) => unsafe { f(shared.get(), tile as u64, tile as u64 + 1) },
+            Entry::Fused(f) => unsafe {
+                f(shared.get(), tile as u64, tile as u64 + 1);
+                crate::lists::finish_tile(&*shared.get(), tile);
+            },
             Entry::Scratch { epilogue, engine } => {
                 let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
                 // Only this worker locks its scratch; a poisoned lock holds a usable buffer.
@@ -765,6 +745,7 @@ impl CpuKernel {
                     (engine.tiles)(&job, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
+                    crate::lists::finish_tile(&*shared.get(), tile);
                 }
             }
         };

@@ -9,6 +9,7 @@ mod amx;
 mod config;
 mod error;
 mod kernel;
+mod lists;
 mod lower;
 mod math;
 mod pool;

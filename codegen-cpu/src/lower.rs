@@ -1326,9 +1326,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.use_var(x_var)
     }
 
-    /// Step 6b: when the quad's best eligible logit beats the last entry of this (row, tile)'s
-    /// list in `spec`, hand the quad to `insert_quad`. Tokens arrive in increasing order, so an
-    /// equal logit never displaces an entry (ties go to the lower index). With `paired =
+    /// Step 6b: when the quad's best eligible logit beats the entry that ranks last in this
+    /// (row, tile)'s list in `spec` (entry 0: during a launch the lists are heaps, `lists.rs`),
+    /// hand the quad to `insert_quad`. Tokens arrive in increasing order, so an equal logit
+    /// never displaces an entry (ties go to the lower index). With `paired =
     /// Some((raw, list_raws, insert_paired, its signature))` (step 10) the entries' raw logits
     /// move with them.
     #[allow(clippy::too_many_arguments)]
@@ -1342,10 +1343,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let slot = b.ins().imul(slot, spec.per_tile);
         let off = b.ins().imul_imm_s(slot, SCORED_BYTES);
         let list = b.ins().iadd(spec.lists, off);
-        let last = b.ins().imul_imm_s(spec.per_tile, SCORED_BYTES);
-        let last = b.ins().iadd(list, last);
-        let tail = b.ins().load(F32, output(), last, -SCORED_BYTES as i32);
-        let beats = b.ins().fcmp(FloatCC::GreaterThan, best, tail);
+        let bar = b.ins().load(F32, output(), list, 0);
+        let beats = b.ins().fcmp(FloatCC::GreaterThan, best, bar);
         let call = b.create_block();
         let done = b.create_block();
         b.set_cold_block(call);
