@@ -434,22 +434,17 @@ mod tests {
     fn insert_keeps_the_best_of_every_prefix_at_every_length() {
         // Random tokens with many tied logits (8 values) inserted into lists of 1..=70 entries:
         // after each insert the list is the best `len` tokens so far in list order, padded.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
         for len in 1..=70usize {
             let mut list = vec![Scored::EMPTY; len];
             let mut seen: Vec<Scored> = Vec::new();
             let mut tokens: Vec<u32> = (0..200).collect();
             for i in (1..tokens.len()).rev() {
-                tokens.swap(i, (next() % (i as u64 + 1)) as usize);
+                tokens.swap(i, rng.random_range(0..=i));
             }
             for &index in &tokens {
-                let s = sc((next() % 8) as f32 - 3.0, index);
+                let s = sc(rng.random_range(0..8) as f32 - 3.0, index);
                 insert(&mut list, s);
                 seen.push(s);
                 seen.sort_by(|a, b| if a.ranks_before(b) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });

@@ -122,18 +122,13 @@ mod tests {
     fn heap_insertion_then_sort_is_sorted_insertion() {
         // Random tokens with tied logits into lists of 1..=70 entries, with paired raws: the
         // heap, sorted, equals inserting into a sorted list, raw logits beside their entries.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
         for len in 1..=70usize {
             let (mut heap, mut heap_raws) = (vec![Scored::EMPTY; len], vec![f32::NAN; len]);
             let (mut sorted, mut sorted_raws) = (vec![Scored::EMPTY; len], vec![f32::NAN; len]);
             for index in 0..300u32 {
-                let s = Scored { logit: (next() % 6) as f32, index };
+                let s = Scored { logit: rng.random_range(0..6) as f32, index };
                 let raw = index as f32 * 0.5;
                 push_pop(&mut heap, Some(&mut heap_raws), s, raw);
                 flashsample_abi::raw::insert_paired(&mut sorted, &mut sorted_raws, s, raw);
