@@ -53,6 +53,18 @@ impl Scored {
     pub fn ranks_before(&self, other: &Scored) -> bool {
         self.logit > other.logit || (self.logit == other.logit && self.index < other.index)
     }
+
+    /// [`Scored::ranks_before`] as an ordering for sorting into list order (`Less` ranks
+    /// first; entries neither of which ranks before the other, such as padding, are `Equal`).
+    pub fn rank_order(&self, other: &Scored) -> std::cmp::Ordering {
+        if self.ranks_before(other) {
+            std::cmp::Ordering::Less
+        } else if other.ranks_before(self) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    }
 }
 
 /// Layout of stage one's list buffer: `[B, tiles, per_tile]`.
@@ -447,7 +459,7 @@ mod tests {
                 let s = sc(rng.random_range(0..8) as f32 - 3.0, index);
                 insert(&mut list, s);
                 seen.push(s);
-                seen.sort_by(|a, b| if a.ranks_before(b) { std::cmp::Ordering::Less } else { std::cmp::Ordering::Greater });
+                seen.sort_by(Scored::rank_order);
                 let want: Vec<Scored> = seen.iter().copied().chain(std::iter::repeat(Scored::EMPTY)).take(len).collect();
                 assert_eq!(list, want, "len {len} after {} inserts", seen.len());
             }

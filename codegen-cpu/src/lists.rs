@@ -7,7 +7,6 @@
 
 use crate::kernel::KernelArgs;
 use flashsample_abi::Scored;
-use std::cmp::Ordering;
 
 /// Puts `s` in place of the root of `heap` if it ranks before it, then restores the heap
 /// (every entry ranks after neither child); `raws` (the paired raw logits, same length) move
@@ -40,24 +39,13 @@ fn push_pop(heap: &mut [Scored], mut raws: Option<&mut [f32]>, s: Scored, raw: f
     }
 }
 
-/// `Scored::ranks_before` as an ordering (best first; padding entries are equal).
-fn rank_order(a: &Scored, b: &Scored) -> Ordering {
-    if a.ranks_before(b) {
-        Ordering::Less
-    } else if b.ranks_before(a) {
-        Ordering::Greater
-    } else {
-        Ordering::Equal
-    }
-}
-
 /// Sorts one list (and its paired raw logits) from heap order into list order.
 fn sort_list(list: &mut [Scored], raws: Option<&mut [f32]>) {
     match raws {
-        None => list.sort_unstable_by(rank_order),
+        None => list.sort_unstable_by(Scored::rank_order),
         Some(raws) => {
             let mut pairs: Vec<(Scored, f32)> = list.iter().copied().zip(raws.iter().copied()).collect();
-            pairs.sort_unstable_by(|a, b| rank_order(&a.0, &b.0));
+            pairs.sort_unstable_by(|a, b| a.0.rank_order(&b.0));
             for (j, (s, r)) in pairs.into_iter().enumerate() {
                 list[j] = s;
                 raws[j] = r;
