@@ -100,22 +100,31 @@ impl TopLists {
     }
 }
 
-/// Inserts `s` into a sorted list, dropping the last entry; a no-op if `s` ranks after all.
-/// The list is sorted by [`Scored::ranks_before`] (padding last), so `s` ranks before a suffix
-/// of it and its place is found by bisection: the first entry `s` ranks before.
-pub fn insert(list: &mut [Scored], s: Scored) {
-    let pos = insert_position(list, |e| s.ranks_before(e));
-    if pos == list.len() {
-        return;
-    }
-    list.copy_within(pos..list.len() - 1, pos + 1);
-    list[pos] = s;
+/// Inserts `s` into a sorted list, dropping the last entry, and returns its place; a no-op
+/// (`None`) if `s` ranks after all. The list is sorted by [`Scored::ranks_before`] (padding
+/// last), so `s` ranks before a suffix of it: [`insert_by`].
+pub fn insert(list: &mut [Scored], s: Scored) -> Option<usize> {
+    insert_by(list, s, |e| s.ranks_before(e))
 }
 
-/// The first index of `list` where `before(entry)` holds, `list.len()` if none; `before` must
-/// be false on a prefix of `list` and true on the rest (a new entry's place in a sorted list).
-pub fn insert_position<T>(list: &[T], before: impl Fn(&T) -> bool) -> usize {
-    list.partition_point(|e| !before(e))
+/// Inserts `v` into a sorted `list` at the first entry it goes `before`, dropping the last
+/// entry, and returns that place; `None`, changing nothing, when it goes before none.
+/// `before` must be false on a prefix of `list` and true on the rest (where a new entry goes
+/// in a sorted list), so the place is found by bisection.
+pub fn insert_by<T: Copy>(list: &mut [T], v: T, before: impl Fn(&T) -> bool) -> Option<usize> {
+    let pos = list.partition_point(|e| !before(e));
+    (pos < list.len()).then(|| {
+        shift_in(list, pos, v);
+        pos
+    })
+}
+
+/// Puts `v` at `pos` (`< list.len()`), moving the entries from `pos` one place on and
+/// dropping the last: what [`insert_by`] does at its place, and what a list's companion
+/// array (`raw::insert_paired`) does at the same place.
+pub fn shift_in<T: Copy>(list: &mut [T], pos: usize, v: T) {
+    list.copy_within(pos..list.len() - 1, pos + 1);
+    list[pos] = v;
 }
 
 /// Why a row's lists cannot give its exact filtered sample.

@@ -24,14 +24,9 @@ use crate::filter::Scored;
 /// of `list[j]`. A no-op if `s` ranks after every entry.
 pub fn insert_paired(list: &mut [Scored], raws: &mut [f32], s: Scored, raw: f32) {
     debug_assert_eq!(list.len(), raws.len());
-    let pos = crate::filter::insert_position(list, |e| s.ranks_before(e));
-    if pos == list.len() {
-        return;
+    if let Some(pos) = crate::filter::insert(list, s) {
+        crate::filter::shift_in(raws, pos, raw);
     }
-    list.copy_within(pos..list.len() - 1, pos + 1);
-    raws.copy_within(pos..raws.len() - 1, pos + 1);
-    list[pos] = s;
-    raws[pos] = raw;
 }
 
 /// The raw logit stored beside `token`'s entry in a row's lists (`row_lists` and its companion

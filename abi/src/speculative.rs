@@ -44,12 +44,7 @@ pub const RESIDUAL_EMPTY: Candidate = Candidate { score: f32::NEG_INFINITY, inde
 /// Inserts `c` into a residual list sorted by score (descending; an equal score keeps the
 /// earlier, lower token), dropping the last entry; a no-op if `c` ranks after all.
 pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
-    let pos = crate::filter::insert_position(list, |e| c.score > e.score);
-    if pos == list.len() {
-        return;
-    }
-    list.copy_within(pos..list.len() - 1, pos + 1);
-    list[pos] = c;
+    crate::filter::insert_by(list, c, |e| c.score > e.score);
 }
 
 /// A sequence's outcome of the device's decision kernel (`out_status [S]` of
@@ -283,13 +278,9 @@ mod tests {
         let valid = |x: f32| x.is_finite() && x >= 0.0;
         let specials = [0.0, -0.0, f32::MIN_POSITIVE, f32::from_bits(1), -f32::from_bits(1), 1.0, -1.0, f32::MAX, f32::MIN, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xff80_0001)];
         // One odd entry at every position of a row spanning several 256-entry chunks.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let randoms = (0..100_000).map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            f32::from_bits(state as u32)
-        });
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+        let randoms = (0..100_000).map(|_| f32::from_bits(rng.random()));
         for (i, x) in specials.into_iter().chain(randoms).enumerate() {
             let mut row = vec![0.5f32; 700];
             row[i % 700] = x;

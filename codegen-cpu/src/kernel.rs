@@ -90,11 +90,13 @@ pub(crate) struct KernelArgs {
 /// (a few per row and launch).
 pub(crate) type ListedQuadFn<T> = unsafe extern "C" fn(table: *const T, row: u64, v: u64, x: *mut f32);
 /// Inserts the quad's eligible tokens (`x > -inf`) into a (row, tile) list. Called only when
-/// the quad's best logit beats the list's last entry.
+/// the quad's best beats the list's bar: the entry that ranks last (a top list's heap root,
+/// `lists.rs`; a residual list's last entry).
 pub(crate) type InsertFn<T = Scored> = unsafe extern "C" fn(list: *mut T, per_tile: u64, v: u64, x: *const f32);
 
 /// [`InsertFn`] for lists that carry each entry's raw logit in `raws` (the same slots): `x`
-/// points to the quad's 4 processed logits, then its 4 raw ones (`abi::raw::insert_paired`).
+/// points to the quad's 4 processed logits, then its 4 raw ones (`lists::insert_quad_paired`,
+/// the heap form of `abi::raw::insert_paired`).
 pub(crate) type InsertPairedFn = unsafe extern "C" fn(list: *mut Scored, raws: *mut f32, per_tile: u64, v: u64, x: *const f32);
 
 /// A per-row token table the epilogue applies out of line: its tokens and what it does to a

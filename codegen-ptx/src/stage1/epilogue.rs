@@ -523,7 +523,7 @@ impl Gen<'_> {
 
     /// The scratch slot of the column a reduce-scatter over 8 columns leaves this lane with
     /// (the 4 n tiles ending with `last_n`, `j` = 0, 1 in that order): lane `g = lane >> 2`
-    /// holds n tile `first_n + g / 2`, `j = g % 2`, at column offset `8n + j` ([`Col::offset`]).
+    /// holds n tile `last_n − 3 + g / 2`, `j = g % 2`, at column offset `8n + j` ([`Col::offset`]).
     fn scattered_column_slot(&self, f: &mut Func, th: &Thread, last_n: u32) -> I32 {
         let first_n = last_n + 1 - SCATTER_ITEMS as u32 / 2;
         let g = f.lshr(&th.lane, &i32c(2));
