@@ -301,23 +301,45 @@ pub(crate) fn column_partial(f: &mut Func, xs: &[&F32]) -> Partial<I64> {
 }
 
 /// A thread's logits of each of `columns` summed ([`column_top`], then [`column_sums`]), with
-/// one branch: the fast terms when every column's top window allows them.
+/// one branch: the fast terms when every column's top window allows them. The fast path's top
+/// window is that of the column's plain `maxnum` (NaN ignored), which is the largest finite
+/// logit's unless it is `+inf`, a case that takes the exact path ([`column_top`] filters the
+/// non-finite logits): three instructions a logit fewer where the logits are finite.
 fn sum_columns(f: &mut Func, columns: &[Vec<F32>]) -> Vec<Partial<I64>> {
-    let tops: Vec<I32> = columns.iter().map(|c| column_top(f, c)).collect();
     let mut fast = I1::TRUE;
-    for top in &tops {
-        let ok = fast_windows(f, top);
-        fast = f.and(&fast, &ok);
-    }
-    let sums: Vec<[Var<I64>; KEPT_WINDOWS]> = tops.iter().map(|_| std::array::from_fn(|_| f.var(&I64::c(0)))).collect();
-    let each = |f: &mut Func, terms: Terms| {
-        for ((c, top), vars) in columns.iter().zip(&tops).zip(&sums) {
-            let s = column_sums(f, c, top, terms);
-            set_all(f, vars, s);
+    let mut fast_tops = Vec::new();
+    for c in columns {
+        let mut m = F32::NEG_INF;
+        for x in c {
+            m = f.maxnum(&m, x);
         }
-    };
-    f.if_else(&fast, |f| each(f, Terms::Fast), |f| each(f, Terms::Exact));
-    tops.into_iter().zip(&sums).map(|(window, vars)| Partial { window, sums: vars.each_ref().map(|v| f.get(v)) }).collect()
+        let below_inf = f.fcmp(Fcmp::Olt, &m, &F32::POS_INF);
+        let top: I32 = f.call("@fs_lse_window", &[&m]);
+        let ok = fast_windows(f, &top);
+        let ok = f.and(&ok, &below_inf);
+        fast = f.and(&fast, &ok);
+        fast_tops.push(top);
+    }
+    let tops: Vec<Var<I32>> = fast_tops.iter().map(|t| f.var(t)).collect();
+    let sums: Vec<[Var<I64>; KEPT_WINDOWS]> = columns.iter().map(|_| std::array::from_fn(|_| f.var(&I64::c(0)))).collect();
+    f.if_else(
+        &fast,
+        |f| {
+            for ((c, top), vars) in columns.iter().zip(&fast_tops).zip(&sums) {
+                let s = column_sums(f, c, top, Terms::Fast);
+                set_all(f, vars, s);
+            }
+        },
+        |f| {
+            for ((c, top_var), vars) in columns.iter().zip(&tops).zip(&sums) {
+                let top = column_top(f, c);
+                f.set(top_var, &top);
+                let s = column_sums(f, c, &top, Terms::Exact);
+                set_all(f, vars, s);
+            }
+        },
+    );
+    tops.iter().zip(&sums).map(|(top, vars)| Partial { window: f.get(top), sums: vars.each_ref().map(|v| f.get(v)) }).collect()
 }
 
 fn set_all(f: &mut Func, vars: &[Var<I64>; KEPT_WINDOWS], values: [I64; KEPT_WINDOWS]) {
