@@ -56,14 +56,13 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite at e96a01d, the logsumexp tests at 19629d4 and the
-  # math probe with the pathwise sampler tests at 4c26937..ac6e799 (2026-12-06, thirteenth and
-  # fourteenth sessions); the default is what has not run on a GPU yet: the heuristic's
-  # 256 x 128 tile with lists from B = 192 (one CTA per item, 4 stages: tma_ring_equals_cp_async_ring,
-  # invariance::) and branch exp/lse-top-fast (the fast logsumexp's top window from a column's
-  # plain maxnum: scoring, logprobs, drafts).
-  NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring invariance:: scoring:: logprob_modes:: speculative::"}
-  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:logprob_modes::raw_logsumexp_is_the_abi_merge_of_the_raw_partials"}
+  # Main's GPU code passed the whole suite at e96a01d and, since, every test its changes touch:
+  # the 256 x 128 list tile and the fast logsumexp top at e0b054b (2026-12-06, fifteenth
+  # session, with memcheck on a filtered launch of that tile). The default is what a prepared
+  # branch needs before it merges: exp/lane-queue's list selection (lists on every tile,
+  # rows overflowing them, the nucleus capture), with memcheck and racecheck on the lists.
+  NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot invariance:: nucleus:: short_lists_overflow_and_rerun_exactly"}
+  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:short_lists_overflow_and_rerun_exactly racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
