@@ -1,6 +1,6 @@
 //! Tests of stage one's epilogue without a GPU, on the SIMT schedule's LLVM IR interpreted on
-//! the host ([`super::ir_sim`]): every (row, tile)'s candidate, exact logsumexp partial and
-//! top list equal a host model of the same f32 logits (one fma per k, ascending, then the
+//! the host ([`super::ir_sim`]): every (row, tile)'s candidate, exact logsumexp partial, top
+//! list and a verifier's residual list equal a host model of the same f32 logits (one fma per k, ascending, then the
 //! pipeline's transforms as `abi` defines them) bit for bit — the epilogue's phases
 //! (transforms, per-pair noise parameters, the partial's scratch, the lists and the logits
 //! read back from their tile, the selection) checked on the code every schedule shares; with
@@ -11,6 +11,7 @@ use flashsample_abi::filter::{whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
+use flashsample_abi::speculative::{insert_residual, residual_bits, RESIDUAL_EMPTY};
 use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_codegen_ptx::{captures_logits, GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
 
@@ -70,6 +71,34 @@ impl Launch<'_> {
         (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")), capture)
     }
 
+    /// A verifying launch's residual lists (`spec_period` 0: every row a draft row) against the
+    /// host model: per (row, tile) the `residual_per_tile` best tokens by `x + G_res`
+    /// (`abi::speculative::residual_bits`), sorted as `insert_residual` sorts them.
+    fn check_residual_lists(&self) {
+        let (_, mem, bufs, _) = self.launch(NoiseSkip::Never, &[]);
+        let got: Vec<Candidate> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["residual_lists"] >> 40) as usize - 1]);
+        let (vt, per_tile, tiles) = (self.c.vocab_tile as usize, self.c.residual_per_tile as usize, self.c.tiles(self.vocab));
+        let x = self.logits();
+        let mut listed = 0;
+        for r in 0..self.batch {
+            let (key, ctr) = (self.params.seed, self.row_base + r as u32);
+            for t in 0..tiles {
+                let mut want = vec![RESIDUAL_EMPTY; per_tile];
+                for v in t * vt..((t + 1) * vt).min(self.vocab) {
+                    let score = x[r][v] + gumbel_f32(residual_bits(key, ctr, v as u32, 0));
+                    if score > f32::NEG_INFINITY {
+                        insert_residual(&mut want, Candidate { score, index: v as u32, logit: x[r][v] });
+                    }
+                }
+                for (k, (g, w)) in got[(r * tiles + t) * per_tile..][..per_tile].iter().zip(&want).enumerate() {
+                    assert_eq!((g.index, g.score.to_bits(), g.logit.to_bits()), (w.index, w.score.to_bits(), w.logit.to_bits()), "row {r} tile {t}: residual entry {k}");
+                    listed += usize::from(g.index != INDEX_NONE);
+                }
+            }
+        }
+        assert!(listed > 0, "no residual entry was written");
+    }
+
     /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
     /// then the rank pass over the same memory, which must leave every other output alone;
     /// the target logits and the ranks.
@@ -125,6 +154,9 @@ impl Launch<'_> {
         bufs.insert("candidates", mem.add(vec![0xab; batch * samples * tiles * 12]));
         bufs.insert("lse", mem.add(vec![0xab; batch * tiles * 32]));
         bufs.insert("lists", mem.add(vec![0xab; batch * tiles * per_tile * 8]));
+        if c.residual_per_tile > 0 {
+            bufs.insert("residual_lists", mem.add(vec![0xab; batch * tiles * c.residual_per_tile as usize * 12]));
+        }
         if skip.uses_row_bounds() {
             bufs.insert("row_bounds", mem.add(vec![0; batch * samples * 4]));
         }
@@ -465,7 +497,7 @@ fn simt_rank_pass_counts_the_tokens_at_least_as_likely_as_the_target() {
 /// A verifying pipeline's stage one (sampled drafts, with a filter, so it keeps both the lists
 /// and the residual lists, and the epilogue reads its logits back from their tile): every row
 /// a draft row (`spec_period` 0), so each tile's candidate is its argmax; partials and lists
-/// as for any pipeline.
+/// as for any pipeline, and each tile's residual list as `abi::speculative` builds it.
 #[test]
 fn simt_stage_one_of_a_verifying_pipeline_writes_the_host_models_candidates_partials_and_lists() {
     let (batch, dim, vocab) = (8usize, 8usize, 600usize);
@@ -482,5 +514,7 @@ fn simt_stage_one_of_a_verifying_pipeline_writes_the_host_models_candidates_part
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x5eed, ..Default::default() };
     let c = simt(&p);
     assert!(c.residual_per_tile > 0 && c.list_per_tile > 0);
-    Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check();
+    let launch = Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 };
+    launch.check();
+    launch.check_residual_lists();
 }
