@@ -1,7 +1,8 @@
 //! Tests of stage one's epilogue without a GPU, on the SIMT schedule's LLVM IR interpreted on
 //! the host ([`super::ir_sim`]): every (row, tile)'s candidate, exact logsumexp partial, top
-//! list and a verifier's residual list equal a host model of the same f32 logits (one fma per k, ascending, then the
-//! pipeline's transforms as `abi` defines them) bit for bit — the epilogue's phases
+//! list and a verifier's residual list equal a host model of the same f32 logits (one fma per
+//! k, ascending, then the pipeline's transforms as `abi` defines them) bit for bit — the
+//! epilogue's phases
 //! (transforms, per-pair noise parameters, the partial's scratch, the lists and the logits
 //! read back from their tile, the selection) checked on the code every schedule shares; with
 //! the cross-tile row bounds on, every row's winner is unchanged.
