@@ -2,10 +2,9 @@
 //! the host ([`super::ir_sim`]): every (row, tile)'s candidate, exact logsumexp partial, top
 //! list and a verifier's residual list equal a host model of the same f32 logits (one fma per
 //! k, ascending, then the pipeline's transforms as `abi` defines them) bit for bit — the
-//! epilogue's phases
-//! (transforms, per-pair noise parameters, the partial's scratch, the lists and the logits
-//! read back from their tile, the selection) checked on the code every schedule shares; with
-//! the cross-tile row bounds on, every row's winner is unchanged.
+//! epilogue's phases (transforms, per-pair noise parameters, the partial's scratch, the lists
+//! and the logits read back from their tile, the selection) checked on the code every schedule
+//! shares; with the cross-tile row bounds on, every row's winner is unchanged.
 
 use super::ir_sim::{Memory, Module};
 use flashsample_abi::filter::{whole_row, Scored};
@@ -85,10 +84,10 @@ impl Launch<'_> {
             let (key, ctr) = (self.params.seed, self.row_base + r as u32);
             for t in 0..tiles {
                 let mut want = vec![RESIDUAL_EMPTY; per_tile];
-                for v in t * vt..((t + 1) * vt).min(self.vocab) {
-                    let score = x[r][v] + gumbel_f32(residual_bits(key, ctr, v as u32, 0));
+                for (v, &xv) in x[r].iter().enumerate().take(((t + 1) * vt).min(self.vocab)).skip(t * vt) {
+                    let score = xv + gumbel_f32(residual_bits(key, ctr, v as u32, 0));
                     if score > f32::NEG_INFINITY {
-                        insert_residual(&mut want, Candidate { score, index: v as u32, logit: x[r][v] });
+                        insert_residual(&mut want, Candidate { score, index: v as u32, logit: xv });
                     }
                 }
                 for (k, (g, w)) in got[(r * tiles + t) * per_tile..][..per_tile].iter().zip(&want).enumerate() {
