@@ -58,10 +58,12 @@ if has new; then
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite at e96a01d and, since, every test its changes touch:
   # the 256 x 128 list tile and the fast logsumexp top at e0b054b (2026-12-06, fifteenth
-  # session, with memcheck on a filtered launch of that tile). The default is what a prepared
-  # branch needs before it merges: exp/lane-queue's list selection (lists on every tile,
-  # rows overflowing them, the nucleus capture), with memcheck and racecheck on the lists.
-  NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot invariance:: nucleus:: short_lists_overflow_and_rerun_exactly"}
+  # session, with memcheck on a filtered launch of that tile). The default is what the prepared
+  # branches need before they merge (one build of all three stacked covers them):
+  # exp/lane-queue's list and residual selection, exp/cols-after-lists' reloaded columns
+  # (lists on every tile, rows overflowing them, the nucleus capture, the verifier) and
+  # exp/verify-wide's verifier tile, with memcheck and racecheck on the lists.
+  NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot invariance:: nucleus:: short_lists_overflow_and_rerun_exactly speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:short_lists_overflow_and_rerun_exactly racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
@@ -127,10 +129,10 @@ if has before_after; then
   # (default: the previous commit's .carry-before/, then this one's .carry/; pack each with
   # PACK_DIR=<folder> scripts/pack-carry). The fused, nucleus and per-config lines go to the
   # summary. Where every side carries score_bench, it alternates too (SCORE_AB_ARGS; fused and
-  # rank columns to the summary).
+  # rank columns to the summary), and so does spec_bench (SPEC_AB_ARGS; its table rows).
   sides=${AB_SIDES:-".carry-before $BIN"}
-  scores=1
-  for dir in $sides; do [ -x "$dir/score_bench" ] || scores=0; done
+  scores=1 specs=1
+  for dir in $sides; do [ -x "$dir/score_bench" ] || scores=0; [ -x "$dir/spec_bench" ] || specs=0; done
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for dir in $sides; do
       side=${dir#.}
@@ -141,6 +143,11 @@ if has before_after; then
         "$dir/score_bench" ${SCORE_AB_ARGS:---python none --reps 10} >"$OUT/score-$side-$round.txt" 2>&1
         summary+=("score $side $round rc=$?")
         summary+=("$(grep -E '^\| [0-9]' "$OUT/score-$side-$round.txt" | cut -d'|' -f2-7)")
+      fi
+      if [ $specs = 1 ]; then
+        "$dir/spec_bench" ${SPEC_AB_ARGS:---python none --batches 16,64} >"$OUT/spec-$side-$round.txt" 2>&1
+        summary+=("spec $side $round rc=$?")
+        summary+=("$(grep -E '^\| [0-9]' "$OUT/spec-$side-$round.txt")")
       fi
     done
   done
