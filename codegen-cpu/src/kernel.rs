@@ -246,10 +246,11 @@ pub struct CpuLaunch<'a> {
     /// which this pass reads as each row's threshold and leaves alone. Every other output of
     /// the pass is written as in the first (give it scratch buffers).
     pub rank_counts: Option<&'a mut [u32]>,
-    /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any
-    /// `per_tile >= list_capacity()` (the runtime's exact nucleus path lists whole tiles, for a
-    /// nucleus that outgrew the pipeline's capacity); the kernel inserts into it, so the caller fills it
-    /// with `Scored::EMPTY`.
+    /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any `per_tile >= 1`:
+    /// shorter than the capacity, a tile's list may drop a token of the row's top `capacity`,
+    /// which stage three's merge reports (`abi::ListError::Overflow`); the runtime's exact
+    /// nucleus path lists whole tiles. The kernel inserts into it, so the caller fills it with
+    /// `Scored::EMPTY`.
     pub lists: Option<&'a mut [Scored]>,
     /// iff the pipeline verifies drafts (`Pipeline::verify`; its targets are the draft tokens).
     pub residual: Option<ResidualLists<'a>>,
@@ -563,13 +564,8 @@ impl CpuKernel {
         let per_tile = a.lists.as_ref().map_or(0, |l| l.len() / slots);
         let lists = match (p.list_capacity() > 0, a.lists) {
             (true, Some(l)) => {
-                if per_tile < p.list_capacity() as usize || l.len() != per_tile * slots {
-                    return Err(CpuCodegenError::BadArgument(format!(
-                        "lists of {} entries are not [batch {}, tiles {tiles}, per_tile >= {}]",
-                        l.len(),
-                        a.batch,
-                        p.list_capacity()
-                    )));
+                if per_tile == 0 || l.len() != per_tile * slots {
+                    return Err(CpuCodegenError::BadArgument(format!("lists of {} entries are not [batch {}, tiles {tiles}, per_tile >= 1]", l.len(), a.batch)));
                 }
                 l.as_mut_ptr()
             }

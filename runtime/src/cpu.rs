@@ -13,6 +13,7 @@ use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
 use flashsample_ir::Pipeline;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A compiled kernel's config and whether it writes logsumexp partials.
@@ -21,6 +22,36 @@ type KernelKey = (CpuConfig, bool);
 /// Compiled kernels a sampler keeps; the least recently used one is dropped past this. A
 /// serving loop uses one or two per shape bucket (with and without the logsumexp).
 pub(crate) const KERNEL_CACHE: usize = 8;
+
+/// Entries of a launch's per-(row, tile) top lists, where the pipeline's capacity is larger.
+/// A row inserts about `n·(1 + ln(T / n))` times into an `n`-entry list over a `T`-token tile
+/// (~286 times at n = 64, T = 2048; ~94 at 16), and a list overflows only when 16 of the row's
+/// top `capacity` tokens share one tile (capacity 50 over 75 tiles, tokens placed at random:
+/// below 1e-14 a row); the launch then runs again with lists of the capacity
+/// (`ListError::Overflow`), and so do the next [`SHORT_LIST_HOLDOFF`] launches.
+pub(crate) const LIST_PER_TILE: usize = 16;
+
+/// Launches that run lists of the capacity after one whose short lists overflowed: a
+/// workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most frequent
+/// tokens the lowest ids) then pays a rerun once per this many launches, not on most of them.
+const SHORT_LIST_HOLDOFF: u32 = 64;
+
+/// Whether a launch starts on short lists ([`LIST_PER_TILE`]): yes, unless one of the last
+/// [`SHORT_LIST_HOLDOFF`] launches overflowed them.
+#[derive(Default)]
+struct ShortListGate(AtomicU32);
+
+impl ShortListGate {
+    /// Whether this launch runs short lists (counts down the holdoff otherwise).
+    fn take(&self) -> bool {
+        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1)).is_err()
+    }
+
+    /// A launch's short lists overflowed: the next launches run lists of the capacity.
+    fn overflowed(&self) {
+        self.0.store(SHORT_LIST_HOLDOFF, Ordering::Relaxed);
+    }
+}
 /// Shapes whose config a sampler remembers; past this the memo starts over (a lookup is cheap).
 const CONFIG_MEMO: usize = 1024;
 
@@ -36,6 +67,7 @@ pub(crate) struct CpuBackend {
     kernels: Mutex<Vec<(KernelKey, Arc<CpuKernel>)>>,
     /// Config per shape, so tuning files are read once per shape, not once per launch.
     configs: Mutex<HashMap<Shape, CpuConfig>>,
+    short_lists: ShortListGate,
 }
 
 /// The engine [`ENGINE_ENV`] asks for, if set and valid (an invalid value warns once).
@@ -52,7 +84,7 @@ fn forced_engine() -> Option<CpuEngine> {
 
 impl CpuBackend {
     pub fn new(pipeline: Arc<Pipeline>, threads: usize) -> Self {
-        CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()), configs: Mutex::new(HashMap::new()) }
+        CpuBackend { pipeline, threads, kernels: Mutex::new(Vec::new()), configs: Mutex::new(HashMap::new()), short_lists: ShortListGate::default() }
     }
 
     /// The engine for this pipeline: [`ENGINE_ENV`]'s if it can run it here, else the fastest
@@ -277,12 +309,24 @@ impl CpuBackend {
     ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
-        let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, Pass::Sample)?;
-        let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
-        let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
-        let mut top_logprobs = match &one.lists {
-            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, raws, &mut reduced, &mut status),
-            None => None,
+        // Short lists first (past a recent overflow's holdoff); a launch where one overflowed
+        // runs again with lists of the capacity, which cannot overflow (stage three merges
+        // `capacity` entries a row).
+        let mut per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
+        let (one, mut reduced, mut status, mut top_logprobs) = loop {
+            let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample)?;
+            let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
+            let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
+            let top_logprobs = match &one.lists {
+                Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, raws, &mut reduced, &mut status),
+                None => None,
+            };
+            if per_tile < capacity && status.contains(&RowStatus::ListOverflow) {
+                self.short_lists.overflowed();
+                per_tile = capacity;
+                continue;
+            }
+            break (one, reduced, status, top_logprobs);
         };
         let rows = stage_three::nucleus_rows(&status);
         if !rows.is_empty() {
@@ -513,5 +557,18 @@ mod tests {
         assert_eq!(backend.cached_kernels(), KERNEL_CACHE);
         assert!(second.upgrade().is_none(), "the least recently used kernel was dropped");
         assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+    }
+
+    #[test]
+    fn an_overflow_holds_short_lists_off_for_the_next_launches() {
+        let gate = ShortListGate::default();
+        assert!(gate.take() && gate.take(), "short lists until one overflows");
+        gate.overflowed();
+        for launch in 0..SHORT_LIST_HOLDOFF {
+            assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
+        }
+        assert!(gate.take(), "short lists again after the holdoff");
+        gate.overflowed();
+        assert!(!gate.take());
     }
 }

@@ -392,6 +392,26 @@ impl Case {
         self.filters.iter_mut().for_each(|f| *f = filter);
         self
     }
+
+    /// A case whose rows all prefer the first `hot` tokens, in order (one vocabulary tile holds
+    /// the whole top-k), so a short per-tile list must overflow and the backend must rerun
+    /// exactly.
+    pub fn hot_tile(p: &Pipeline, batch: usize, dim: usize, vocab: usize, hot: usize) -> Case {
+        let mut case = Case::random(p, batch, dim, vocab, 9, 1.0);
+        let h0: Vec<f32> = case.hidden.exact[..dim].to_vec();
+        let rows: Vec<f32> = (0..batch).flat_map(|_| h0.iter().cloned()).collect();
+        case.hidden = MatrixData::from_f32(p.hidden.dtype, batch, dim, &rows);
+        let norm: f32 = h0.iter().map(|x| x * x).sum();
+        let mut w = case.weights.exact.clone();
+        for v in 0..hot {
+            let scale = (8.0 - v as f32 * 0.05) / norm;
+            for d in 0..dim {
+                w[v * dim + d] = h0[d] * scale;
+            }
+        }
+        case.weights = MatrixData::from_f32(p.weights.dtype, vocab, dim, &w);
+        case
+    }
 }
 
 /// [`Case::logit_bias`]'s rows, from their own random stream (so the other fields do not

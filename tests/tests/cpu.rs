@@ -127,6 +127,28 @@ fn saturated_softcap_then_filter_matches_the_reference() {
 
 const SIGNIFICANCE: f64 = 1e-3;
 
+/// Every row's top 32 among the first 40 tokens, one vocabulary tile: the launch's short lists
+/// (`min(capacity, 16)` entries a tile) overflow, and the launch runs again with lists of the
+/// capacity, exactly (without the rerun the rows come back `ListOverflow`).
+#[test]
+fn short_lists_overflow_and_rerun_exactly() {
+    let p = PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
+        .temperature_per_row("t")
+        .filter("f", 32)
+        .gumbel("seed", 4)
+        .outputs(Outputs { top_logprobs: 32, ..ALL_OUTPUTS })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let case = Case::hot_tile(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    let got = case.run(&sampler).unwrap();
+    case.check(&p, &got, &(0..12).collect::<Vec<_>>()).unwrap();
+    // The top 32 are the hot tokens, in order.
+    for row in got.top_logprobs.as_ref().unwrap() {
+        assert_eq!(row.iter().map(|t| t.0).collect::<Vec<_>>(), (0..32).collect::<Vec<u32>>());
+    }
+}
+
 #[test]
 fn chi_square_for_every_transform() {
     for pipeline in &chi_square_pipelines() {

@@ -195,7 +195,7 @@ fn rows_overflowing_short_lists_are_served_on_the_device() {
         .unwrap();
     let sampler = Sampler::new(p.clone(), &device).unwrap();
     let (batch, dim, vocab) = (12usize, 128usize, 20_000usize);
-    let hot = super::hot_tile_case(&p, batch, dim, vocab, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    let hot = Case::hot_tile(&p, batch, dim, vocab, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
     // Rows 0, 1 and 5 prefer the hot tokens; the others are random.
     let mut case = Case::random(&p, batch, dim, vocab, 31, 2.0).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
     let mut rows = case.hidden.exact.clone();

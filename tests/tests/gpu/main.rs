@@ -575,25 +575,6 @@ fn row_seeds_and_vocab_offset_pathwise_and_equal_to_cpu() {
     }
 }
 
-/// A case whose rows all prefer the first `hot` tokens (one vocabulary tile holds the whole
-/// top-k), so a short per-tile list must overflow and the runtime must rerun exactly.
-fn hot_tile_case(p: &Pipeline, batch: usize, dim: usize, vocab: usize, hot: usize) -> Case {
-    let mut case = Case::random(p, batch, dim, vocab, 9, 1.0);
-    let h0: Vec<f32> = case.hidden.exact[..dim].to_vec();
-    let rows: Vec<f32> = (0..batch).flat_map(|_| h0.iter().cloned()).collect();
-    case.hidden = MatrixData::from_f32(DType::BF16, batch, dim, &rows);
-    let norm: f32 = h0.iter().map(|x| x * x).sum();
-    let mut w = case.weights.exact.clone();
-    for v in 0..hot {
-        let scale = (8.0 - v as f32 * 0.05) / norm;
-        for d in 0..dim {
-            w[v * dim + d] = h0[d] * scale;
-        }
-    }
-    case.weights = MatrixData::from_f32(DType::BF16, vocab, dim, &w);
-    case
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn short_lists_overflow_and_rerun_exactly() {
@@ -609,7 +590,7 @@ fn short_lists_overflow_and_rerun_exactly() {
     let cpu = Sampler::new(p.clone(), &Device::cpu()).unwrap();
     let KernelConfig::Cuda(config) = gpu.config_for(12, 128, 20_000) else { panic!("a CUDA config") };
     assert!(config.list_per_tile < 32, "the heuristic keeps short lists: {config:?}");
-    let case = hot_tile_case(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+    let case = Case::hot_tile(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
     let g = case.run(&gpu).unwrap();
     case.check(&p, &g, &(0..12).collect::<Vec<_>>()).unwrap();
     let c = case.run(&cpu).unwrap();
