@@ -2,7 +2,7 @@
 
 use crate::{
     launch::{row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES},
-    stage_three::{self, Captured, WholeRows},
+    stage_three::{self, Captured, ShortListGate, WholeRows},
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
@@ -13,7 +13,6 @@ use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
 use flashsample_ir::Pipeline;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A compiled kernel's config and whether it writes logsumexp partials.
@@ -28,30 +27,9 @@ pub(crate) const KERNEL_CACHE: usize = 8;
 /// (~286 times at n = 64, T = 2048; ~94 at 16), and a list overflows only when 16 of the row's
 /// top `capacity` tokens share one tile (capacity 50 over 75 tiles, tokens placed at random:
 /// below 1e-14 a row); the launch then runs again with lists of the capacity
-/// (`ListError::Overflow`), and so do the next [`SHORT_LIST_HOLDOFF`] launches.
+/// (`ListError::Overflow`), and so do the next launches ([`ShortListGate`]).
 pub(crate) const LIST_PER_TILE: usize = 16;
 
-/// Launches that run lists of the capacity after one whose short lists overflowed: a
-/// workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most frequent
-/// tokens the lowest ids) then pays a rerun once per this many launches, not on most of them.
-const SHORT_LIST_HOLDOFF: u32 = 64;
-
-/// Whether a launch starts on short lists ([`LIST_PER_TILE`]): yes, unless one of the last
-/// [`SHORT_LIST_HOLDOFF`] launches overflowed them.
-#[derive(Default)]
-struct ShortListGate(AtomicU32);
-
-impl ShortListGate {
-    /// Whether this launch runs short lists (counts down the holdoff otherwise).
-    fn take(&self) -> bool {
-        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1)).is_err()
-    }
-
-    /// A launch's short lists overflowed: the next launches run lists of the capacity.
-    fn overflowed(&self) {
-        self.0.store(SHORT_LIST_HOLDOFF, Ordering::Relaxed);
-    }
-}
 /// Shapes whose config a sampler remembers; past this the memo starts over (a lookup is cheap).
 const CONFIG_MEMO: usize = 1024;
 
@@ -557,18 +535,5 @@ mod tests {
         assert_eq!(backend.cached_kernels(), KERNEL_CACHE);
         assert!(second.upgrade().is_none(), "the least recently used kernel was dropped");
         assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
-    }
-
-    #[test]
-    fn an_overflow_holds_short_lists_off_for_the_next_launches() {
-        let gate = ShortListGate::default();
-        assert!(gate.take() && gate.take(), "short lists until one overflows");
-        gate.overflowed();
-        for launch in 0..SHORT_LIST_HOLDOFF {
-            assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
-        }
-        assert!(gate.take(), "short lists again after the holdoff");
-        gate.overflowed();
-        assert!(!gate.take());
     }
 }

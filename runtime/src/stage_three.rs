@@ -3,6 +3,8 @@
 //! CUDA backend runs the same steps in its `flashsample_filter` kernel. Rows whose nucleus
 //! outgrew the lists are then served exactly from the launch's capture of their logits (CPU)
 //! or from whole-tile lists of those rows alone ([`finish_exact`], both backends' host API).
+//! Both host APIs start a launch on short lists and rerun one whose lists overflowed with
+//! lists that cannot ([`ShortListGate`] says when to skip the short ones).
 
 use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::raw::raw_logit_of;
@@ -10,6 +12,30 @@ use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, T
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Launches that run lists of the capacity after one whose short lists overflowed: a
+/// workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most frequent
+/// tokens the lowest ids) then pays a rerun once per this many launches, not on most of them.
+pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
+
+/// Whether a host-API launch starts on short lists (the CPU's `LIST_PER_TILE`, the GPU
+/// config's `list_per_tile`): yes, unless one of the last [`SHORT_LIST_HOLDOFF`] launches of
+/// the sampler overflowed them. Only speed depends on it: every launch's samples are exact.
+#[derive(Debug, Default)]
+pub(crate) struct ShortListGate(AtomicU32);
+
+impl ShortListGate {
+    /// Whether this launch runs short lists (counts down the holdoff otherwise).
+    pub(crate) fn take(&self) -> bool {
+        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1)).is_err()
+    }
+
+    /// A launch's short lists overflowed: the next launches run lists of the capacity.
+    pub(crate) fn overflowed(&self) {
+        self.0.store(SHORT_LIST_HOLDOFF, Ordering::Relaxed);
+    }
+}
 
 /// Per row, (token, logprob) of its most likely tokens.
 pub(crate) type TopLogprobs = Vec<Vec<(u32, f32)>>;
@@ -277,5 +303,23 @@ fn list_status(e: ListError) -> RowStatus {
     match e {
         ListError::Overflow { .. } => RowStatus::ListOverflow,
         ListError::NucleusTooLarge { .. } => RowStatus::NucleusTooLarge,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overflow_holds_short_lists_off_for_the_next_launches() {
+        let gate = ShortListGate::default();
+        assert!(gate.take() && gate.take(), "short lists until one overflows");
+        gate.overflowed();
+        for launch in 0..SHORT_LIST_HOLDOFF {
+            assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
+        }
+        assert!(gate.take(), "short lists again after the holdoff");
+        gate.overflowed();
+        assert!(!gate.take());
     }
 }

@@ -8,8 +8,9 @@
 //! while a retry can still give the exact answer:
 //! - Overflow (3): some tile's `list_per_tile` entries may have dropped a top token; rerun
 //!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
-//!   whole tile cannot have dropped anything, so this rerun cannot overflow). Where the
-//!   launch ran the exact nucleus kernels, they served the first `R` such rows already.
+//!   whole tile cannot have dropped anything, so this rerun cannot overflow), and start the
+//!   next launches on those (`stage_three::ShortListGate`). Where the launch ran the exact
+//!   nucleus kernels, they served the first `R` such rows already.
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; those rows alone run stage one again with whole-tile lists, which are
 //!   read back and cut exactly on the host (`stage_three::finish_exact`, DESIGN.md step 9
@@ -69,6 +70,8 @@ pub struct CudaSampler {
     configs: Mutex<HashMap<Shape, GpuConfig>>,
     /// The host API's plans and parameter buffers.
     host: Mutex<HostState>,
+    /// Whether a host-API launch starts on the config's short lists or on exact ones.
+    short_lists: stage_three::ShortListGate,
 }
 
 /// What identifies a host-path plan.
@@ -198,7 +201,7 @@ pub(super) struct Readback {
 
 impl CudaSampler {
     pub(crate) fn new(pipeline: Arc<Pipeline>, device: Arc<CudaDevice>) -> Self {
-        CudaSampler { pipeline, device, configs: Mutex::new(HashMap::new()), host: Mutex::new(HostState::default()) }
+        CudaSampler { pipeline, device, configs: Mutex::new(HashMap::new()), host: Mutex::new(HostState::default()), short_lists: Default::default() }
     }
 
     /// The pipeline this sampler runs.
@@ -447,14 +450,17 @@ impl CudaSampler {
         let lse = self.launch_lse(params, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
         let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
+        let exact = config.exact_lists(need);
+        let short = need > 0 && exact.list_per_tile > config.list_per_tile;
+        if short && !self.short_lists.take() {
+            config = exact.clone();
+        }
         let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
-        if r.status.contains(&RowStatus::ListOverflow) {
-            let exact = config.exact_lists(need);
-            // Whole-tile lists never overflow: a second overflow is reported, never rerun.
-            if exact.list_per_tile > config.list_per_tile {
-                config = exact;
-                r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
-            }
+        // Whole-tile lists never overflow: a second overflow is reported, never rerun.
+        if r.status.contains(&RowStatus::ListOverflow) && exact.list_per_tile > config.list_per_tile {
+            self.short_lists.overflowed();
+            config = exact;
+            r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
         }
         let rows = stage_three::nucleus_rows(&r.status);
         if !rows.is_empty() {
