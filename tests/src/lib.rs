@@ -393,6 +393,34 @@ impl Case {
         self
     }
 
+    /// Both backends' short-list overflow test: a top-k 32 pipeline reporting 32 top logprobs
+    /// and 12 rows (D 128, V 20000) whose top 32 are the first 40 tokens ([`Case::hot_tile`]),
+    /// each on top-k 32 + top-p 0.95.
+    pub fn hot_tile_top_k() -> (Pipeline, Case) {
+        let p = flashsample_ir::PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .filter("f", 32)
+            .gumbel("seed", 4)
+            .outputs(flashsample_ir::Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 32 })
+            .build()
+            .expect("a valid pipeline");
+        let case = Case::hot_tile(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
+        (p, case)
+    }
+
+    /// [`Case::hot_tile_top_k`]'s checks of one run: pathwise the reference, and every row's
+    /// top logprobs are the hot tokens in order.
+    pub fn check_hot_tile_top_k(&self, p: &Pipeline, got: &Samples) -> Result<(), String> {
+        self.check(p, got, &(0..self.batch).collect::<Vec<_>>())?;
+        for (row, top) in got.top_logprobs.as_ref().ok_or("no top logprobs")?.iter().enumerate() {
+            let tokens: Vec<u32> = top.iter().map(|t| t.0).collect();
+            if tokens != (0..32).collect::<Vec<u32>>() {
+                return Err(format!("row {row}: top logprob tokens {tokens:?}, not 0..32"));
+            }
+        }
+        Ok(())
+    }
+
     /// A case whose rows all prefer the first `hot` tokens, in order (one vocabulary tile holds
     /// the whole top-k), so a short per-tile list must overflow and the backend must rerun
     /// exactly.

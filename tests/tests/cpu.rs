@@ -132,21 +132,9 @@ const SIGNIFICANCE: f64 = 1e-3;
 /// capacity, exactly (without the rerun the rows come back `ListOverflow`).
 #[test]
 fn short_lists_overflow_and_rerun_exactly() {
-    let p = PipelineBuilder::new("TopK32", DType::BF16, DType::BF16)
-        .temperature_per_row("t")
-        .filter("f", 32)
-        .gumbel("seed", 4)
-        .outputs(Outputs { top_logprobs: 32, ..ALL_OUTPUTS })
-        .build()
-        .unwrap();
-    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
-    let case = Case::hot_tile(&p, 12, 128, 20_000, 40).with_filter(RowFilter { top_k: 32, top_p: 0.95, min_p: 0.0 });
-    let got = case.run(&sampler).unwrap();
-    case.check(&p, &got, &(0..12).collect::<Vec<_>>()).unwrap();
-    // The top 32 are the hot tokens, in order.
-    for row in got.top_logprobs.as_ref().unwrap() {
-        assert_eq!(row.iter().map(|t| t.0).collect::<Vec<_>>(), (0..32).collect::<Vec<u32>>());
-    }
+    let (p, case) = Case::hot_tile_top_k();
+    let got = case.run(&Sampler::new(p.clone(), &cpu()).unwrap()).unwrap();
+    case.check_hot_tile_top_k(&p, &got).unwrap();
 }
 
 #[test]
