@@ -263,6 +263,19 @@ impl Gen<'_> {
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);
         }
+        // After a list epilogue the columns' row inputs (rows, temperatures, penalty and bias
+        // ranges) are loaded again rather than held through it: its selection and the residual
+        // noise need the registers (ptxas 12.9 spilled 332 B at 256 × 128 for a verifier, 16 B
+        // for a filter; 140 and 0 this way). `opaque` keeps LLVM from reusing the first loads.
+        let reloaded;
+        let cols = if self.c.list_per_tile > 0 || self.c.residual_per_tile > 0 {
+            let t2 = f.shl(&th.t, &i32c(1));
+            let t2 = crate::ptx::opaque(f, &t2);
+            reloaded = self.columns(f, it, &t2);
+            &reloaded[..]
+        } else {
+            cols
+        };
         // Where the list tile holds the logits (the list epilogue, or the residual lists,
         // stored them; nothing rewrote them since), the later phases read the thread's
         // logits back from it: the selection rounds then run without them live (ptxas
