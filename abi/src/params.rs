@@ -62,6 +62,14 @@ impl RowFilter {
         self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
     }
 
+    /// Whether stage three draws the samples of a row with this filter (DESIGN.md step 9): any
+    /// filter but OFF on a row that is not greedy (a filtering pipeline has a filter for every
+    /// row). Stage one draws no noise for such a row: its candidates are its argmax, as a
+    /// greedy row's, since stage three replaces stage two's result with its own draw.
+    pub fn is_drawn_in_stage_three(&self, greedy: bool) -> bool {
+        !greedy && !self.is_off()
+    }
+
     /// Whether the candidate set is cut inside the top list by a top-k or a min-p, so stage
     /// three never needs the row's full logsumexp (a lone top-p measures mass against it).
     pub fn is_bounded(&self) -> bool {

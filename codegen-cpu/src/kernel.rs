@@ -8,6 +8,7 @@ use cranelift_frontend::FunctionBuilderContext;
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module};
 use flashsample_abi::rng::{counter_word3, NoiseStream};
+use flashsample_abi::RowFilter;
 use flashsample_abi::speculative;
 use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, PenaltyTable, RowTokens, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
@@ -22,8 +23,9 @@ pub(crate) struct KernelArgs {
     pub weights: *const u8,
     /// `[B]`: `1 / T`, or 1 for greedy rows (so the multiply is the identity).
     pub row_scale: *const f32,
-    /// `[B]`: 1 where `T == 0`.
-    pub row_greedy: *const u32,
+    /// `[B]`: 1 where the row takes its argmax (no noise): `T == 0`, or a filter that stage
+    /// three draws from (`RowFilter::is_drawn_in_stage_three`).
+    pub row_argmax: *const u32,
     pub bias: *const f32,
     pub allowed: *const u32,
     pub candidates: *mut Candidate,
@@ -218,6 +220,9 @@ pub struct CpuLaunch<'a> {
     pub vocab: usize,
     /// `[batch]` effective temperatures (`SamplingParams::row_temperatures`).
     pub temperatures: &'a [f32],
+    /// `[batch]` iff the pipeline filters (`SamplingParams::filter`): a sampled row whose filter
+    /// is not OFF draws no noise, its candidates are its argmax (stage three draws its sample).
+    pub filters: Option<&'a [RowFilter]>,
     /// `[vocab]`.
     pub bias: Option<&'a [f32]>,
     /// `[batch, ceil(vocab / 32)]` allowed-token bitset.
@@ -474,6 +479,12 @@ impl CpuKernel {
         expect_len("hidden", a.hidden.len(), hidden_len)?;
         expect_len("weights", a.weights.len(), weights_len)?;
         expect_len("temperatures", a.temperatures.len(), a.batch)?;
+        match (p.filter_max_k().is_some(), a.filters) {
+            (true, Some(f)) => expect_len("filters", f.len(), a.batch)?,
+            (true, None) => return Err(CpuCodegenError::Missing("filters")),
+            (false, Some(_)) => return Err(CpuCodegenError::Unexpected("filters")),
+            (false, None) => {}
+        }
         let bias = match (p.has_bias(), a.bias) {
             (true, Some(b)) => {
                 expect_len("bias", b.len(), a.vocab)?;
@@ -669,12 +680,17 @@ impl CpuKernel {
         }
         let row_scale: Vec<f32> =
             a.temperatures.iter().map(|&t| if t != 0.0 { 1.0f32 / t } else { 1.0 }).collect();
-        let row_greedy: Vec<u32> = a.temperatures.iter().map(|&t| u32::from(t == 0.0)).collect();
+        let row_argmax: Vec<u32> = a
+            .temperatures
+            .iter()
+            .enumerate()
+            .map(|(r, &t)| u32::from(t == 0.0 || a.filters.is_some_and(|f| f[r].is_drawn_in_stage_three(false))))
+            .collect();
         let args = KernelArgs {
             hidden: hidden.as_ptr(),
             weights: a.weights.as_ptr(),
             row_scale: row_scale.as_ptr(),
-            row_greedy: row_greedy.as_ptr(),
+            row_argmax: row_argmax.as_ptr(),
             bias,
             allowed,
             candidates: a.candidates.as_mut_ptr(),

@@ -55,8 +55,9 @@ pub(crate) struct Plan {
     pub vocab_tile: u32,
     /// Sampler `Argmax`: no noise is emitted at all.
     pub argmax: bool,
-    /// A temperature transform exists, so rows with `T == 0` are greedy.
-    pub has_temperature: bool,
+    /// A temperature transform exists (rows with `T == 0` are greedy) or a filter does (stage
+    /// three draws the sample of a row whose filter is not OFF): rows may take their argmax.
+    pub argmax_rows: bool,
     pub steps: Vec<Step>,
     pub has_mask: bool,
     pub has_bias: bool,
@@ -110,7 +111,7 @@ impl Plan {
             row_block,
             vocab_tile,
             argmax: matches!(pipeline.sampler, Sampler::Argmax),
-            has_temperature: pipeline.temperature().is_some(),
+            argmax_rows: pipeline.temperature().is_some() || pipeline.filter_max_k().is_some(),
             steps: steps.clone(),
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
@@ -180,7 +181,7 @@ struct Launch {
     hidden: Value,
     weights: Value,
     row_scale: Value,
-    row_greedy: Value,
+    row_argmax: Value,
     bias: Value,
     allowed: Value,
     candidates: Value,
@@ -338,7 +339,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let hidden = self.arg(offset_of!(KernelArgs, hidden));
         let weights = self.arg(offset_of!(KernelArgs, weights));
         let row_scale = self.arg(offset_of!(KernelArgs, row_scale));
-        let row_greedy = self.arg(offset_of!(KernelArgs, row_greedy));
+        let row_argmax = self.arg(offset_of!(KernelArgs, row_argmax));
         let bias = self.arg(offset_of!(KernelArgs, bias));
         let allowed = self.arg(offset_of!(KernelArgs, allowed));
         let candidates = self.arg(offset_of!(KernelArgs, candidates));
@@ -398,7 +399,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             hidden,
             weights,
             row_scale,
-            row_greedy,
+            row_argmax,
             bias,
             allowed,
             candidates,
@@ -1051,9 +1052,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let carried = raw_lanes.as_ref().map_or(x, |r| r.0);
 
         // Steps 5 and 6, per sample.
-        let greedy = if self.plan.has_temperature && !self.plan.argmax {
+        // A row that takes its argmax (greedy, or drawn in stage three) draws no noise.
+        let greedy = if self.plan.argmax_rows && !self.plan.argmax {
             let off = self.b.ins().ishl_imm_u(row, 2);
-            let addr = self.b.ins().iadd(l.row_greedy, off);
+            let addr = self.b.ins().iadd(l.row_argmax, off);
             Some(self.b.ins().load(I32, input(), addr, 0))
         } else {
             None

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use flashsample_abi::{Candidate, LsePartial};
+use flashsample_abi::{Candidate, LsePartial, RowFilter};
 use flashsample_abi::Scored;
 use flashsample_codegen_cpu::{capture_stride, Capture, CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CAPTURE_NONE};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
@@ -68,7 +68,7 @@ fn launch_rejects_mismatched_buffers() {
     let launch = |hidden: &[f32], weights: &[u8], temps: &[f32], bias: Option<&[f32]>, allowed: Option<&[u32]>,
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
         kernel.launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
-            hidden, weights, batch, dim, vocab, temperatures: temps, bias, allowed, seed: 1, candidates: cands, lse,
+            hidden, weights, batch, dim, vocab, temperatures: temps, filters: None, bias, allowed, seed: 1, candidates: cands, lse,
             row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None, lists: None,
         })
     };
@@ -100,6 +100,7 @@ fn launch_checks_the_capture() {
     let (batch, dim, vocab) = (2usize, 3usize, 10usize);
     let stride = capture_stride(vocab);
     assert_eq!(stride, 12);
+    let top_p = vec![RowFilter::top_p(0.9); batch];
     let run = |p: &flashsample_ir::Pipeline, slots: &[u32], floats: usize| {
         let kernel = compile(p, 8, 1, 1);
         let tiles = kernel.tiles(vocab);
@@ -112,7 +113,7 @@ fn launch_checks_the_capture() {
             targets: None, rank_counts: None, residual: None, raw: None,
             capture: Some(Capture { slots, logits: &mut logits, raws: None }),
             hidden: &vec![0.5; batch * dim], weights: &vec![0; vocab * dim * 4], batch, dim, vocab,
-            temperatures: &vec![1.0; batch], bias: None, allowed: None, seed: 1, candidates: &mut cands,
+            temperatures: &vec![1.0; batch], filters: p.filter_max_k().map(|_| &top_p[..]), bias: None, allowed: None, seed: 1, candidates: &mut cands,
             lse: kernel.logsumexp().then_some(&mut lse[..]),
             row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None,
             lists: has_lists.then_some(&mut lists[..]),
@@ -143,6 +144,7 @@ fn empty_launches_write_nothing() {
                 dim: 3,
                 vocab,
                 temperatures: &vec![1.0; batch],
+                filters: None,
                 bias: None,
                 allowed: None,
                 seed: 0,

@@ -249,7 +249,7 @@ fn raw_logits(engine: CpuEngine, shapes: &[(usize, usize, usize, u32)], mut chec
                 row_steps: None,
                 vocab_offset: 0,
                 row_offset: 0,
-                penalties: None, logit_bias: None,
+                penalties: None, logit_bias: None, filters: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
             for r in 0..batch {
@@ -350,7 +350,7 @@ fn avx512bf16_reads_subnormal_bf16_as_zero() {
             row_steps: None,
             vocab_offset: 0,
             row_offset: 0,
-            penalties: None, logit_bias: None,
+            penalties: None, logit_bias: None, filters: None,
         };
         let (cands, _) = run(&kernel, &p, &inp);
         for (t, c) in cands.iter().enumerate() {
@@ -389,6 +389,7 @@ fn avx512bf16_refuses_what_it_cannot_compute_exactly() {
             dim: 5,
             vocab: 20,
             temperatures: &inp.temperatures,
+            filters: None,
             bias: None,
             allowed: None,
             seed: 1,

@@ -182,7 +182,7 @@ fn every_16_bit_pattern_widens_exactly() {
                 row_steps: None,
                 vocab_offset: 0,
                 row_offset: 0,
-                penalties: None, logit_bias: None,
+                penalties: None, logit_bias: None, filters: None,
             };
             let (cands, _) = run(&kernel, &p, &inp);
             for (t, c) in cands.iter().enumerate() {

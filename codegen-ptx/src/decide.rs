@@ -18,7 +18,7 @@
 //! rebuilds).
 
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
-use crate::filter::load_row_filter;
+use crate::filter::{drawn_in_stage_three, row_filter_or_off};
 use crate::ir::{f32c, f64c, i32c, Fcmp, Func, Icmp, Ptr, Shared, Var, F32, F64, I1, I32, I64};
 use crate::math::{philox_block, row_stream, stream_word3, token_bits, RowStream};
 use crate::math64::{self, uniform_f64};
@@ -260,7 +260,6 @@ pub(crate) fn emit() -> String {
         let has_lp = f.non_null(&arg::OUT_LOGPROBS);
         let has_lse = f.non_null(&arg::LSE);
         let has_rs = f.non_null(&arg::ROW_SEEDS);
-        let has_filters = f.non_null(&arg::FILTERS);
         // Writes the sequence's n-th emitted token (row row0 + n) and its logprob `x − lse`.
         let emit_token = |f: &mut Func, n: &I32, token: &I32, x: &F32| {
             f.if_then(&tid0, |f| {
@@ -344,7 +343,6 @@ pub(crate) fn emit() -> String {
                             row0: &row0,
                             has_lse: &has_lse,
                             has_rs: &has_rs,
-                            has_filters: &has_filters,
                             tiles_wide: &tiles_wide,
                             per_tile_wide: &per_tile_wide,
                         };
@@ -399,7 +397,6 @@ struct DecideCtx<'a> {
     row0: &'a I32,
     has_lse: &'a I1,
     has_rs: &'a I1,
-    has_filters: &'a I1,
     tiles_wide: &'a I64,
     per_tile_wide: &'a I64,
 }
@@ -435,21 +432,8 @@ fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, 
     let cold = f.fcmp(Fcmp::Oeq, &t, &F32::ZERO);
     let all = f.icmp(Icmp::Ne, &arg::ALL_GREEDY, &i32c(0));
     let greedy = f.or(&all, &cold);
-    // `RowFilter::is_off`: top_k == 0 && top_p >= 1 && min_p <= 0.
-    let filtered = f.var(&I1::FALSE);
-    let sampled = f.not(&greedy);
-    let look = f.and(c.has_filters, &sampled);
-    f.if_then(&look, |f| {
-        let rf = load_row_filter(f, &r64);
-        let k0 = f.icmp(Icmp::Eq, &rf.top_k, &i32c(0));
-        let p1 = f.fcmp(Fcmp::Oge, &rf.top_p, &f32c(1.0));
-        let m0 = f.fcmp(Fcmp::Ole, &rf.min_p, &F32::ZERO);
-        let off = f.and(&k0, &p1);
-        let off = f.and(&off, &m0);
-        let on = f.not(&off);
-        f.set(&filtered, &on);
-    });
-    let filtered = f.get(&filtered);
+    let rf = row_filter_or_off(f, &r64);
+    let filtered = drawn_in_stage_three(f, &rf, &greedy);
     f.if_else(
         &filtered,
         |f| {

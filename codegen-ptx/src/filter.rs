@@ -540,6 +540,33 @@ pub(crate) fn load_row_filter(f: &mut Func, r64: &I64) -> RowFilter {
     RowFilter { top_k, top_p, min_p }
 }
 
+/// Row `r64`'s filter, or `RowFilter::OFF`'s fields where the launch has none (`%filters` 0).
+pub(crate) fn row_filter_or_off(f: &mut Func, r64: &I64) -> RowFilter {
+    let top_k = f.var(&i32c(0));
+    let top_p = f.var(&F32::ONE);
+    let min_p = f.var(&F32::ZERO);
+    let has_filters = f.non_null(&arg::FILTERS);
+    f.if_then(&has_filters, |f| {
+        let rf = load_row_filter(f, r64);
+        f.set(&top_k, &rf.top_k);
+        f.set(&top_p, &rf.top_p);
+        f.set(&min_p, &rf.min_p);
+    });
+    RowFilter { top_k: f.get(&top_k), top_p: f.get(&top_p), min_p: f.get(&min_p) }
+}
+
+/// `abi::RowFilter::is_drawn_in_stage_three`: a row that is not `greedy` and whose filter is
+/// not `RowFilter::is_off` (`top_k == 0 && top_p >= 1 && min_p <= 0`).
+pub(crate) fn drawn_in_stage_three(f: &mut Func, rf: &RowFilter, greedy: &I1) -> I1 {
+    let k_off = f.icmp(Icmp::Eq, &rf.top_k, &i32c(0));
+    let p_off = f.fcmp(Fcmp::Oge, &rf.top_p, &F32::ONE);
+    let m_off = f.fcmp(Fcmp::Ole, &rf.min_p, &F32::ZERO);
+    let off = f.and(&k_off, &p_off);
+    let off = f.and(&off, &m_off);
+    let skip = f.or(&off, greedy);
+    f.not(&skip)
+}
+
 /// `abi::RowFilter::may_outgrow_lists`: no top-k, and a top-p below 1 or a min-p above 0.
 pub(crate) fn may_outgrow_lists(f: &mut Func, rf: &RowFilter) -> I1 {
     let no_k = f.icmp(Icmp::Eq, &rf.top_k, &i32c(0));
@@ -727,26 +754,9 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                 let g = f.or(&g, &zero);
                 f.set(&greedy, &g);
             });
-            let top_k = f.var(&i32c(0));
-            let top_p = f.var(&F32::ONE);
-            let min_p = f.var(&F32::ZERO);
-            let has_filters = f.non_null(&arg::FILTERS);
-            f.if_then(&has_filters, |f| {
-                let rf = load_row_filter(f, &r64);
-                f.set(&top_k, &rf.top_k);
-                f.set(&top_p, &rf.top_p);
-                f.set(&min_p, &rf.min_p);
-            });
-            let filt = RowFilter { top_k: f.get(&top_k), top_p: f.get(&top_p), min_p: f.get(&min_p) };
-            // RowFilter::is_off: top_k == 0 && top_p >= 1 && min_p <= 0.
-            let k_off = f.icmp(Icmp::Eq, &filt.top_k, &i32c(0));
-            let p_off = f.fcmp(Fcmp::Oge, &filt.top_p, &F32::ONE);
-            let m_off = f.fcmp(Fcmp::Ole, &filt.min_p, &F32::ZERO);
-            let off = f.and(&k_off, &p_off);
-            let off = f.and(&off, &m_off);
+            let filt = row_filter_or_off(f, &r64);
             let g = f.get(&greedy);
-            let skip = f.or(&off, &g);
-            let filtered = f.not(&skip);
+            let filtered = drawn_in_stage_three(f, &filt, &g);
             // DESIGN.md step 10: raw top logprobs come from the raw lists, merged first; the
             // processed lists then serve the filter alone.
             let has_raw = f.non_null(&arg::RAW_LISTS);

@@ -217,7 +217,9 @@ kernel_params! {
         /// logit is at least `target_logprobs[row]` (the first pass's target logit, read, not
         /// written, on this pass) and writes nothing else. 0 on every other launch.
         target_ranks: MutPtr,
-        /// `RowFilter [B]` the launch's filters, read for the nucleus capture (0: none).
+        /// `RowFilter [B]` the launch's filters (0: none): a row stage three draws
+        /// (`RowFilter::is_drawn_in_stage_three`) takes its argmax, and the nucleus capture
+        /// reads them.
         filters: ConstPtr,
         /// Capture slots (`R`): the first `capture_rows` rows whose filter may outgrow the
         /// lists keep their logits in `capture` (`nucleus::capture_slot`); 0 for none.

@@ -421,7 +421,7 @@ impl<H: ToF64, W: ToF64> Problem<'_, H, W> {
     pub fn candidate_set(&self, row: usize, rl: &RowLogits) -> CandidateSet {
         let mut order: Vec<usize> = (0..self.vocab).filter(|&v| rl.logits[v] > f64::NEG_INFINITY).collect();
         let filter = self.params.row_filter(row);
-        if rl.greedy || self.pipeline.filter_max_k().is_none() || filter.is_off() {
+        if !filter.is_drawn_in_stage_three(rl.greedy) || self.pipeline.filter_max_k().is_none() {
             let n = order.len();
             return CandidateSet { possible: order.clone(), kept: order, sure: n };
         }

@@ -208,6 +208,7 @@ impl CpuBackend {
             dim: shape.dim,
             vocab: shape.vocab,
             temperatures: &temperatures,
+            filters: params.filter,
             bias: params.bias,
             allowed,
             seed: params.seed,

@@ -99,7 +99,7 @@ pub(crate) fn finish(
         }
         let filter = params.row_filter(row);
         let greedy = pipeline.is_greedy() || params.row_temperature(pipeline, row) == 0.0;
-        if filter.is_off() || greedy || pipeline.filter_max_k().is_none() {
+        if !filter.is_drawn_in_stage_three(greedy) || pipeline.filter_max_k().is_none() {
             continue;
         }
         let kept = match survivors(&top, &filter, lse, top.len() < need, row) {

@@ -4,7 +4,7 @@
 
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, LseSum, PenaltyTable, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, LseSum, PenaltyTable, RowFilter, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use rand::rngs::StdRng;
@@ -29,6 +29,8 @@ pub struct Inputs {
     pub row_offset: u32,
     pub penalties: Option<PenaltyTable>,
     pub logit_bias: Option<LogitBiasTable>,
+    /// Iff the pipeline filters: a sampled row whose filter is not OFF takes its argmax.
+    pub filters: Option<Vec<RowFilter>>,
 }
 
 impl Inputs {
@@ -101,8 +103,15 @@ pub fn is_greedy(p: &Pipeline, inp: &Inputs, r: usize) -> bool {
     matches!(p.sampler, Sampler::Argmax) || (p.temperature().is_some() && inp.temperatures[r] == 0.0)
 }
 
+/// Whether row `r`'s candidates are its argmax: greedy, or drawn in stage three (DESIGN.md
+/// step 5).
+pub fn takes_argmax(p: &Pipeline, inp: &Inputs, r: usize) -> bool {
+    let greedy = is_greedy(p, inp, r);
+    greedy || inp.filters.as_ref().is_some_and(|f| f[r].is_drawn_in_stage_three(greedy))
+}
+
 pub fn score(p: &Pipeline, inp: &Inputs, r: usize, s: usize, v: usize, x: f32) -> f32 {
-    if is_greedy(p, inp, r) {
+    if takes_argmax(p, inp, r) {
         x
     } else {
         let (key, ctr_row) = inp.stream(r);
@@ -184,6 +193,7 @@ pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Ca
             dim: inp.dim,
             vocab: inp.vocab,
             temperatures: &inp.temperatures,
+            filters: inp.filters.as_deref(),
             bias: inp.bias.as_deref(),
             allowed: inp.allowed.as_deref(),
             seed: inp.seed,
@@ -346,7 +356,19 @@ pub fn random_inputs(p: &Pipeline, rng: &mut StdRng, batch: usize, dim: usize, v
     let row_steps = rng.random_bool(0.5).then(|| (0..batch).map(|_| rng.random()).collect());
     let vocab_offset = 4 * rng.random_range(0..1000u32);
     let row_offset = if rng.random_bool(0.5) { rng.random_range(0..100_000u32) } else { 0 };
-    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed: rng.random(), row_seeds, row_steps, vocab_offset, row_offset, penalties, logit_bias }
+    let seed = rng.random();
+    // Drawn last, so the other inputs of a pipeline without a filter stay what they were.
+    let filters = p.filter_max_k().map(|max_k| {
+        (0..batch)
+            .map(|_| match rng.random_range(0..4) {
+                0 => RowFilter::OFF,
+                1 => RowFilter::top_k(rng.random_range(1..=max_k)),
+                2 => RowFilter::top_p(rng.random_range(0.5f32..0.99)),
+                _ => RowFilter { min_p: 0.1, ..RowFilter::top_k(max_k) },
+            })
+            .collect()
+    });
+    Inputs { batch, dim, vocab, dtype, hidden, weights, temperatures, bias, allowed, seed, row_seeds, row_steps, vocab_offset, row_offset, penalties, logit_bias, filters }
 }
 
 pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {

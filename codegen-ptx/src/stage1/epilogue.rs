@@ -353,16 +353,22 @@ impl Gen<'_> {
     /// Column `cl`'s noise parameters.
     fn col_noise(&self, f: &mut Func, cl: &Col) -> ColNoise {
         let t_zero = RowTransform::temperature_is_zero(f, self.p, &cl.row_safe);
-        let greedy = if self.c.residual_per_tile > 0 {
+        let r64 = f.zext(&cl.row_safe);
+        let mut greedy = t_zero.clone();
+        if self.c.residual_per_tile > 0 {
             // A draft row's candidate is its argmax: verification reads its noise only
             // through the residual lists.
             let draft = is_draft_row(f, &cl.row);
-            f.or(&t_zero, &draft)
-        } else {
-            t_zero
-        };
+            greedy = f.or(&greedy, &draft);
+        }
+        if self.p.filter_max_k().is_some() {
+            // So is the candidate of a row that stage three draws (DESIGN.md step 5): stage
+            // two's result for it is replaced.
+            let rf = crate::filter::row_filter_or_off(f, &r64);
+            let drawn = crate::filter::drawn_in_stage_three(f, &rf, &t_zero);
+            greedy = f.or(&greedy, &drawn);
+        }
         let has_rs = f.non_null(&arg::ROW_SEEDS);
-        let r64 = f.zext(&cl.row_safe);
         let stream = math::row_stream(f, &has_rs, &cl.row, &r64);
         let word3 = math::token_word3(f, &r64);
         let miss = f.sel(&greedy, &F32::NEG_ZERO, &F32::NEG_INF);

@@ -721,7 +721,8 @@ impl SamplingPlan {
             list_raws,
             residual_lists: sc.residual_lists.as_ref().map_or(0, |b| self.addr(b, stream)),
             spec_period: a.spec_period,
-            filters: capture.map_or(0, |c| c.filters),
+            // Every launch of a filtering pipeline: a row stage three draws takes its argmax.
+            filters: a.filters,
             capture_rows: capture.map_or(0, |c| c.rows),
             capture: capture.map_or(0, |c| c.logits),
             target_ranks: 0,

@@ -147,9 +147,11 @@ impl Launch<'_> {
             }
             bufs.insert("lb_values", mem.add(bytes(&t.values)));
         }
-        if let (Some(filters), true) = (params.filter, captures_logits(p)) {
+        if let Some(filters) = params.filter {
             bufs.insert("filters", mem.add(bytemuck::cast_slice(filters).to_vec()));
-            bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
+            if captures_logits(p) {
+                bufs.insert("capture", mem.add(vec![0xab; CAPTURE_ROWS * vocab * 4]));
+            }
         }
         bufs.insert("candidates", mem.add(vec![0xab; batch * samples * tiles * 12]));
         bufs.insert("lse", mem.add(vec![0xab; batch * tiles * 32]));
@@ -257,8 +259,9 @@ impl Launch<'_> {
         let mut third_windows = 0;
         for r in 0..batch {
             // A verifying launch with `spec_period` 0: every row is a draft row, whose
-            // candidate is its argmax.
-            let greedy = p.verify.is_some() || params.row_temperature(p, r) == 0.0;
+            // candidate is its argmax; so is a row that stage three draws.
+            let t_zero = params.row_temperature(p, r) == 0.0;
+            let greedy = p.verify.is_some() || t_zero || params.row_filter(r).is_drawn_in_stage_three(t_zero);
             let (key, ctr) = (params.seed, self.row_base + r as u32);
             for t in 0..tiles {
                 let mut best = Candidate { score: f32::NEG_INFINITY, index: INDEX_NONE, logit: f32::NEG_INFINITY };
@@ -331,8 +334,15 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
         8 => 3e19,
         r => 0.5 + 0.1 * r as f32,
     }).collect();
-    // Rows 2, 6 and 7 on a lone top-p: stage one captures the first two rows' logits.
-    let filters: Vec<RowFilter> = (0..batch).map(|r| if [2, 6, 7].contains(&r) { RowFilter::top_p(0.9) } else { RowFilter::top_k(8) }).collect();
+    // Rows 2, 6 and 7 on a lone top-p: stage one captures the first two rows' logits. Rows 1
+    // and 4 on a top-k; the others unfiltered, so they draw noise (row 8 with its IEEE `1 / T`).
+    let filters: Vec<RowFilter> = (0..batch)
+        .map(|r| match r {
+            2 | 6 | 7 => RowFilter::top_p(0.9),
+            1 | 4 => RowFilter::top_k(8),
+            _ => RowFilter::OFF,
+        })
+        .collect();
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x1234_5678_9abc_def0, ..Default::default() };
     // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
