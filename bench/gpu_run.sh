@@ -58,11 +58,12 @@ if has new; then
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite at e96a01d and, since, every test its changes touch:
   # the 256 x 128 list tile and the fast logsumexp top at e0b054b (2026-12-06, fifteenth
-  # session, with memcheck on a filtered launch of that tile). The default is what the prepared
-  # branches need before they merge (one build of all three stacked covers them):
-  # exp/lane-queue's list and residual selection, exp/cols-after-lists' reloaded columns
-  # (lists on every tile, rows overflowing them, the nucleus capture, the verifier) and
-  # exp/verify-wide's verifier tile, with memcheck and racecheck on the lists.
+  # session, with memcheck on a filtered launch of that tile). Since then, merged on the SIMT
+  # sims alone: the columns reloaded after a list epilogue (8c79df9) and the filtered rows'
+  # argmax in stage one (8d9ffce). The default covers them and the prepared branches (one
+  # build of exp/stack covers all): exp/lane-queue's list and residual selection and
+  # exp/verify-wide's verifier tile (lists on every tile, rows overflowing them, the nucleus
+  # capture, the verifier), with memcheck and racecheck on the lists.
   NEW_TESTS=${NEW_TESTS:-"tma_ring_equals_cp_async_ring stage_one_writes_every_candidate_slot invariance:: nucleus:: short_lists_overflow_and_rerun_exactly speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:short_lists_overflow_and_rerun_exactly racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS
