@@ -247,6 +247,7 @@ impl Gen<'_> {
         if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, cols, &t.quad_base, carried);
         }
+        self.store_nonfinite(f, th, cols, &t.nonfinite);
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
         if processed_lists {
@@ -285,10 +286,10 @@ impl Gen<'_> {
             && !self.p.lists_carry_raw()
             && self.p.raw_list_capacity() == 0;
         let src = if reread { Logits::ListTile } else { Logits::Regs { x: &t.x, carried: t.raw.as_ref().unwrap_or(&t.x) } };
-        let reducers = self.reduce_lse(f, th, it, cols, &src, Some(&t.nonfinite), self.lse, &arg::LSE);
+        let reducers = self.reduce_lse(f, th, it, cols, &src, self.lse, &arg::LSE);
         if let Some(raw) = &t.raw {
             // Step 10: every token of the vocabulary counts, allowed or not.
-            self.reduce_lse(f, th, it, cols, &Logits::Regs { x: raw, carried: raw }, None, true, &arg::RAW_LSE);
+            self.reduce_lse(f, th, it, cols, &Logits::Regs { x: raw, carried: raw }, true, &arg::RAW_LSE);
         }
         self.select(f, th, it, cols, &src, &t.quad_base, &reducers);
     }
@@ -593,47 +594,52 @@ impl Gen<'_> {
         }
     }
 
-    /// Phase 4 (step 7): non-finite flags (when `nonfinite` is given) and logsumexp partials
-    /// of `x` per column (when `lse`, stored at the partials `dest`), reduced over the 8 lanes
-    /// sharing t (xor 4, 8, 16), written per warp, combined over the warps. The flags go to
-    /// their own scratch field, which a second call (the raw partials) leaves alone.
+    /// Phase 4a (step 2's flag): each column's non-finite flag, ORed over the 8 lanes sharing
+    /// t, at the column's slot of the scratch's `nonfinite` field, which the selection reads
+    /// after [`Gen::reduce_lse`]'s barrier. Stored before the list epilogues, so the flags are
+    /// not held through them (ptxas spilled them at 256 × 128 for a verifier).
+    fn store_nonfinite(&self, f: &mut Func, th: &Thread, cols: &[Col], nonfinite: &[I1]) {
+        let sc = self.c.smem_layout().scratch;
+        // A column's lanes are the 8 with its `lane & 3` (the butterflies' xor 4, 8, 16): one
+        // ballot ORs its flag over them, where three shuffles and ors did.
+        let t = f.and(&th.lane, &i32c(3));
+        let column_lanes = f.shl(&i32c(0x1111_1111), &t);
+        let flags: Vec<I32> = nonfinite
+            .iter()
+            .map(|nf| {
+                let votes = f.ballot(nf);
+                let mine = f.and(&votes, &column_lanes);
+                let any = f.icmp(Icmp::Ne, &mine, &i32c(0));
+                f.zext::<I1, I32>(&any)
+            })
+            .collect();
+        let lane_lt4 = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
+        f.if_then(&lane_lt4, |f| {
+            for (cl, flag) in cols.iter().zip(&flags) {
+                let slot = self.column_slot(f, th, cl);
+                self.st_scratch(f, th, sc.nonfinite, &slot, flag);
+            }
+        });
+    }
+
+    /// Phase 4 (step 7): logsumexp partials of `x` per column (when `lse`, stored at the
+    /// partials `dest`), reduced over the 8 lanes sharing t (xor 4, 8, 16), written per warp,
+    /// combined over the warps; the barrier after the per-warp stores also orders
+    /// [`Gen::store_nonfinite`]'s flags before the selection reads them.
     #[allow(clippy::too_many_arguments)]
-    fn reduce_lse(
-        &self,
-        f: &mut Func,
-        th: &Thread,
-        it: &Item,
-        cols: &[Col],
-        src: &Logits<'_>,
-        nonfinite: Option<&[I1]>,
-        lse: bool,
-        dest: &Ptr<Global>,
-    ) -> Reducers {
+    fn reduce_lse(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], src: &Logits<'_>, lse: bool, dest: &Ptr<Global>) -> Reducers {
         let c = self.c;
         let bt = c.batch_tile;
         let sc = c.smem_layout().scratch;
         let lane_lt4 = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
-        // Each column's flag and partial (window and its three sums) go to the scratch as soon
-        // as they are known, so no column's partial stays live past its own merge.
-        // A column's lanes are the 8 with its `lane & 3` (the butterflies' xor 4, 8, 16): one
-        // ballot ORs its flag over them, where three shuffles and ors did.
-        let column_lanes = nonfinite.map(|_| {
-            let t = f.and(&th.lane, &i32c(3));
-            f.shl(&i32c(0x1111_1111), &t)
-        });
+        // Each column's partial (window and its three sums) goes to the scratch as soon as it
+        // is known, so no column's partial stays live past its own merge.
         // Whole groups of 8 columns reduce their partials across the lanes together
         // ([`lse::scatter_partial`]), each lane storing one column's; otherwise each column's
         // partial is reduced on its own and stored by the first lanes.
         let scatter = lse && cols.len().is_multiple_of(SCATTER_ITEMS);
         let mut group: Vec<Vec<F32>> = Vec::new();
-        let mut flags = Vec::new();
         for (ci, cl) in cols.iter().enumerate() {
-            let flag = nonfinite.zip(column_lanes.as_ref()).map(|(nf, lanes)| {
-                let votes = f.ballot(&nf[ci]);
-                let mine = f.and(&votes, lanes);
-                let any = f.icmp(Icmp::Ne, &mine, &i32c(0));
-                f.zext::<I1, I32>(&any)
-            });
             let mut part = None;
             if lse {
                 let (n, j) = (ci as u32 / 2, ci as u32 % 2);
@@ -655,23 +661,9 @@ impl Gen<'_> {
             if let Some(part) = &part {
                 f.if_then(&lane_lt4, |f| {
                     let slot = self.column_slot(f, th, cl);
-                    if let Some(flag) = &flag {
-                        self.st_scratch(f, th, sc.nonfinite, &slot, flag);
-                    }
                     self.st_partial(f, th, &slot, part);
                 });
             }
-            flags.extend(flag);
-        }
-        if (scatter || !lse) && !flags.is_empty() {
-            // Flags with no partial beside them (no logsumexp, or partials stored by the
-            // reduce-scatter's lanes): one block stores them all.
-            f.if_then(&lane_lt4, |f| {
-                for (cl, flag) in cols.iter().zip(&flags) {
-                    let slot = self.column_slot(f, th, cl);
-                    self.st_scratch(f, th, sc.nonfinite, &slot, flag);
-                }
-            });
         }
         f.barrier();
         let tid_lt_bt = f.icmp(Icmp::Ult, &th.tid, &i32c(bt));

@@ -270,7 +270,10 @@ impl Launch<'_> {
                 let first = t * c.vocab_tile as usize;
                 for (v, &xv) in x[r].iter().enumerate().take(((t + 1) * c.vocab_tile as usize).min(vocab)).skip(first) {
                     partial.add(xv);
-                    scored.push(Scored { logit: xv, index: v as u32 });
+                    // DESIGN.md step 6b: lists hold the tokens with x > -inf.
+                    if xv > f32::NEG_INFINITY {
+                        scored.push(Scored { logit: xv, index: v as u32 });
+                    }
                     let score = if greedy { xv } else { xv + gumbel_f32(noise_bits(key, ctr, 0, v as u32, 0)) };
                     if score > best.score {
                         best = Candidate { score, index: v as u32, logit: xv };
@@ -391,13 +394,24 @@ fn simt_logsumexp_partials_are_exact_at_window_edges_magnitudes_and_non_finite_l
     // past 2²², and subnormal logits.
     let scales = [1.0f32, 0.125, 262_144.0, -262_144.0, 4_194_304.0, -16_777_216.0, 2f32.powi(-140), -1.0];
     let batch = scales.len();
-    let p = PipelineBuilder::new("LseEdges", DType::F32, DType::F32)
+    let plain = PipelineBuilder::new("LseEdges", DType::F32, DType::F32)
         .temperature_per_row("t")
         .mask("allowed")
         .gumbel("seed", 1)
         .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
         .build()
         .unwrap();
+    // The same with lists: the non-finite flags are stored before the list epilogue, whose
+    // tile must leave them alone.
+    let filtered = PipelineBuilder::new("LseEdgesListed", DType::F32, DType::F32)
+        .temperature_per_row("t")
+        .mask("allowed")
+        .filter("filter", 8)
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
+        .build()
+        .unwrap();
+    let filters = vec![RowFilter::top_k(8); batch];
     let temperatures = vec![1.0f32; batch];
     let words = vocab / 32;
     // Tile 1 (words 4..8) allows tokens 128 + 37·i + {0, 5} and 200; row 7 allows none of it.
@@ -412,11 +426,15 @@ fn simt_logsumexp_partials_are_exact_at_window_edges_magnitudes_and_non_finite_l
         })
         .collect();
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), mask: Some(&mask), seed: 0x1ed9e5, ..Default::default() };
-    for batch_tile in [8, 32] {
-        let c = GpuConfig::new(128, batch_tile, 4, Schedule::Simt { grid: Grid::PerItem });
-        let launch = Launch { p: &p, c, hidden: &scales, weights: &weights, params: &params, batch, dim: 1, vocab, row_base: 0 };
-        let (cands, partials, lists, _) = launch.run(NoiseSkip::Never);
-        launch.check_tiles(&cands, &partials, &lists);
+    let with_filters = SamplingParams { filter: Some(&filters), ..params };
+    for (p, params) in [(&plain, &params), (&filtered, &with_filters)] {
+        for batch_tile in [8, 32] {
+            let mut c = GpuConfig::new(128, batch_tile, 4, Schedule::Simt { grid: Grid::PerItem });
+            c.fit_lists(p);
+            let launch = Launch { p, c, hidden: &scales, weights: &weights, params, batch, dim: 1, vocab, row_base: 0 };
+            let (cands, partials, lists, _) = launch.run(NoiseSkip::Never);
+            launch.check_tiles(&cands, &partials, &lists);
+        }
     }
 }
 
