@@ -242,12 +242,12 @@ impl Gen<'_> {
     /// partials and the selection.
     fn finish_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], t: Transformed) {
         let carried = t.raw.as_ref().unwrap_or(&t.x);
+        self.store_nonfinite(f, th, cols, &t.nonfinite);
         // A verifying pipeline's targets are the draft tokens (each draft row's logit at its
         // draft); it is never in the raw mode (IrError::VerifyWithRawLogprobs).
         if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, cols, &t.quad_base, carried);
         }
-        self.store_nonfinite(f, th, cols, &t.nonfinite);
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
         if processed_lists {
