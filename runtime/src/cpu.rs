@@ -45,6 +45,7 @@ pub(crate) struct CpuBackend {
     kernels: Mutex<Vec<(KernelKey, Arc<CpuKernel>)>>,
     /// Config per shape, so tuning files are read once per shape, not once per launch.
     configs: Mutex<HashMap<Shape, CpuConfig>>,
+    /// Whether a launch starts on [`LIST_PER_TILE`]-entry lists or on lists of the capacity.
     short_lists: ShortListGate,
 }
 
