@@ -9,6 +9,9 @@ cpu_bench draws its own: W ~ U(-0.05, 0.05), H ~ U(-1, 1), T = 0.7):
                   C++ compiler: then null, with the reason on stderr)
   numpy           numpy f32 weights: matmul (the BLAS numpy links) + /T + softmax + an
                   inverse-CDF draw per row
+--filter: the pipelines sample with top-k 50 + top-p 0.9 instead (gpu_bench's filtered peer:
+matmul, /T, top-k, softmax over the top 50, keep the smallest prefix holding 0.9 of its mass,
+draw; numpy: argpartition for the top 50, then the same cut and an inverse-CDF draw).
 Every value is the median of --reps calls after --warmup calls, in milliseconds. Prints one
 JSON object: {"torch": version or null, "numpy": version or null, "threads": n, "rows":
 [{"dim", "batch", "torch_mm", "torch_eager", "torch_compile", "numpy"}]}. A missing package
@@ -29,6 +32,10 @@ import json
 import statistics
 import sys
 import time
+
+# The --filter pipelines' top-k and top-p (cpu_bench's TOP_K and TOP_P).
+TOP_K = 50
+TOP_P = 0.9
 
 
 def call_ms(fn):
@@ -66,6 +73,18 @@ class Peers:
                 logits = (h @ w.T).float() / T
                 probs = torch.softmax(logits, dim=-1)
                 return torch.multinomial(probs, 1)
+
+            def filtered(h, w):
+                logits = (h @ w.T).float() / T
+                vals, idx = torch.topk(logits, TOP_K, dim=-1)  # sorted, most likely first
+                probs = torch.softmax(vals, dim=-1)
+                # A token stays if the mass before it is < top-p.
+                before = probs.cumsum(dim=-1) - probs
+                probs = probs.masked_fill(before >= TOP_P, 0.0)
+                return idx.gather(-1, torch.multinomial(probs, 1))
+
+            if args.filter:
+                pipeline = filtered
 
             self.pipeline = pipeline
             if not args.no_compile:
@@ -129,7 +148,20 @@ class Peers:
                 cdf = np.cumsum(logits, axis=1)
                 return (cdf < u * cdf[:, -1:]).sum(axis=1)
 
-            calls["numpy"] = numpy_pipeline
+            def numpy_filtered():
+                logits = hf @ wf[self.next_copy()].T
+                top = np.argpartition(logits, -TOP_K, axis=1)[:, -TOP_K:]
+                vals = np.take_along_axis(logits, top, axis=1) / T
+                order = np.argsort(-vals, axis=1)
+                vals, top = np.take_along_axis(vals, order, axis=1), np.take_along_axis(top, order, axis=1)
+                probs = np.exp(vals - vals[:, :1])
+                probs /= probs.sum(axis=1, keepdims=True)
+                probs[(np.cumsum(probs, axis=1) - probs) >= TOP_P] = 0.0
+                cdf = np.cumsum(probs, axis=1)
+                pick = np.minimum((cdf < u * cdf[:, -1:]).sum(axis=1), TOP_K - 1)
+                return top[np.arange(len(top)), pick]
+
+            calls["numpy"] = numpy_filtered if self.args.filter else numpy_pipeline
         self.calls[b] = calls
         return calls
 
@@ -180,6 +212,7 @@ def main():
     ap.add_argument("--no-numpy", action="store_true")
     ap.add_argument("--copies", type=int, default=1, help="rotating copies of W (module doc)")
     ap.add_argument("--serve", action="store_true", help="time calls on request (module doc)")
+    ap.add_argument("--filter", action="store_true", help="top-k 50 + top-p 0.9 pipelines (module doc)")
     args = ap.parse_args()
     if args.serve:
         return serve(args)

@@ -21,7 +21,9 @@
 //! `--unfused` adds this crate's portable Rust baseline (multi-threaded matmul writing `[B, V]`
 //! f32 logits, then softmax and inverse-CDF sampling). `--filter` samples with top-k 50 +
 //! top-p 0.9 instead (the Rust baseline then selects the top 50 per row, renormalizes, cuts
-//! at 0.9 and draws; the Python peers do not filter, so they are skipped). `--nucleus` (with
+//! at 0.9 and draws; the Python peers run their filtered pipelines, `cpu_peers.py --filter`:
+//! PyTorch's matmul, /T, top-k, softmax, top-p and multinomial, eager and compiled, and
+//! numpy's). `--nucleus` (with
 //! `--filter`) also times the same batch with its last row on a lone top-p 0.95 at T = 2, a
 //! nucleus far past the lists that the sampler serves exactly by recomputing that row alone
 //! (DESIGN.md step 9), and prints that launch's time over the batch's (the budget is 2x). A
@@ -49,7 +51,8 @@ struct Args {
     /// Timed launches per cell (the median is printed), after one warm-up launch.
     #[arg(long, default_value_t = 7)]
     reps: usize,
-    /// Sample with top-k 50 and top-p 0.9 (fused and Rust baseline; no Python peers).
+    /// Sample with top-k 50 and top-p 0.9 (the fused sampler, the Rust baseline and the
+    /// Python peers' filtered pipelines).
     #[arg(long)]
     filter: bool,
     /// With `--filter`: also time the batch with one lone top-p 0.95 row at T = 2.
@@ -358,6 +361,9 @@ impl PeerServer {
         if args.no_compile {
             cmd.arg("--no-compile");
         }
+        if args.filter {
+            cmd.arg("--filter");
+        }
         let mut child = cmd.spawn().map_err(|e| format!("could not run `{}`: {e}", args.python))?;
         let (stdin, stdout) = (child.stdin.take().ok_or("no stdin")?, child.stdout.take().ok_or("no stdout")?);
         let mut server = PeerServer { child, stdin, stdout: std::io::BufReader::new(stdout) };
@@ -474,7 +480,7 @@ fn main() -> flashsample::Result<()> {
         },
         args.reps
     );
-    let peers_wanted = !args.no_peers && !args.filter;
+    let peers_wanted = !args.no_peers;
     let mut rng = StdRng::seed_from_u64(1);
     let mut rows = Vec::new();
     for &dim in &args.dims {
