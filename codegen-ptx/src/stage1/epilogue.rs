@@ -29,11 +29,12 @@ use flashsample_abi::rng::gumbel_f32_upper_bound;
 use flashsample_abi::INDEX_NONFINITE;
 use flashsample_ir::{Pipeline, Transform};
 
-/// A batch column `(n, j)` the thread owns and the row parameters its transforms read.
-/// The noise parameters are [`ColNoise`], loaded per column pair where the selection needs
-/// them: holding every column's for the whole epilogue cost registers the accumulators need
-/// (ptxas spilled at batch tiles of 64 and 128; loading each pair's one pair ahead, or the
-/// first pair's before the transforms, spilled more there and gained under 1 % at B = 16:
+/// A batch column `(n, j)` the thread owns and its row. The row's inputs of the transform
+/// chain are a [`RowTransform`] per column, read by the transform phase alone. The noise
+/// parameters are [`ColNoise`], loaded per column pair where the selection needs them:
+/// holding every column's for the whole epilogue cost registers the accumulators need (ptxas
+/// spilled at batch tiles of 64 and 128; loading each pair's one pair ahead, or the first
+/// pair's before the transforms, spilled more there and gained under 1 % at B = 16:
 /// BENCHMARKS.md, 2026-12-05 fifth session).
 struct Col {
     col: I32,
@@ -41,8 +42,6 @@ struct Col {
     offset: u32,
     row: I32,
     row_safe: I32,
-    /// The row's inputs of the transform chain (temperature, penalty and logit-bias ranges).
-    tr: RowTransform,
 }
 
 /// A column's noise parameters (not for greedy pipelines).
@@ -227,8 +226,8 @@ impl Gen<'_> {
         let warp_base = f.mul(&th.warp, &i32c(self.warp_rows()));
         let g4 = f.shl(&th.g, &i32c(2));
         let t2 = f.shl(&th.t, &i32c(1));
-        let cols = self.columns(f, it, &t2);
-        let t = self.transform(f, it, &cols, acc, &warp_base, &g4);
+        let (cols, trs) = self.columns_and_transforms(f, it, &t2);
+        let t = self.transform(f, it, &cols, &trs, acc, &warp_base, &g4);
         match self.pass {
             // Step 7c: the rank pass counts against the first pass's target logits (left
             // alone) and writes nothing else. It counts what the target logprob describes:
@@ -264,10 +263,10 @@ impl Gen<'_> {
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);
         }
-        // After a list epilogue the columns' row inputs (rows, temperatures, penalty and bias
-        // ranges) are loaded again rather than held through it: its selection and the residual
-        // noise need the registers (ptxas 12.9 spilled 332 B at 256 × 128 for a verifier, 16 B
-        // for a filter; 140 and 0 this way). `opaque` keeps LLVM from reusing the first loads.
+        // After a list epilogue the columns (their offsets and rows) are computed again rather
+        // than held through it: its selection and the residual noise need the registers
+        // (ptxas 12.9 spilled 332 B at 256 × 128 for a verifier, 16 B for a filter; 140 and 0
+        // this way). `opaque` keeps LLVM from reusing the first computation.
         let reloaded;
         let cols = if self.c.list_per_tile > 0 || self.c.residual_per_tile > 0 {
             let t2 = f.shl(&th.t, &i32c(1));
@@ -315,31 +314,44 @@ impl Gen<'_> {
         }
     }
 
-    /// Phase 1: the thread's columns `8n + 2t + j` and their rows' parameters (every
-    /// column's `1 / T` at once: [`math::reciprocals`]).
-    fn columns(&self, f: &mut Func, it: &Item, t2: &I32) -> Vec<Col> {
-        let mut cols = Vec::new();
-        let mut temps = Vec::new();
+    /// Phase 1: the thread's columns `8n + 2t + j` and their rows, each column's `per_column`
+    /// emitted right after it.
+    fn columns_with<T>(&self, f: &mut Func, it: &Item, t2: &I32, mut per_column: impl FnMut(&mut Func, &Col) -> T) -> (Vec<Col>, Vec<T>) {
+        let (mut cols, mut out) = (Vec::new(), Vec::new());
         for n in 0..self.ntiles {
             for j in 0..2 {
                 let col = f.add(t2, &i32c(n * 8 + j));
                 let row = f.add(&it.b0, &col);
                 let ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let row_safe = f.sel(&ok, &row, &i32c(0));
-                let (tr, t) = RowTransform::load_deferred(f, self.p, &row_safe);
-                temps.extend(t);
-                cols.push(Col { col, offset: n * 8 + j, row, row_safe, tr });
+                let cl = Col { col, offset: n * 8 + j, row, row_safe };
+                out.push(per_column(f, &cl));
+                cols.push(cl);
             }
         }
+        (cols, out)
+    }
+
+    /// The thread's columns ([`Gen::columns_with`]).
+    fn columns(&self, f: &mut Func, it: &Item, t2: &I32) -> Vec<Col> {
+        self.columns_with(f, it, t2, |_, _| ()).0
+    }
+
+    /// The thread's columns and each one's inputs of the transform chain, loaded beside it
+    /// (every column's `1 / T` at once: [`math::reciprocals`]).
+    fn columns_and_transforms(&self, f: &mut Func, it: &Item, t2: &I32) -> (Vec<Col>, Vec<RowTransform>) {
+        let (cols, loaded) = self.columns_with(f, it, t2, |f, cl| RowTransform::load_deferred(f, self.p, &cl.row_safe));
+        let (mut trs, temps): (Vec<RowTransform>, Vec<Option<F32>>) = loaded.into_iter().unzip();
+        let temps: Vec<F32> = temps.into_iter().flatten().collect();
         if !temps.is_empty() {
             let inv = math::reciprocals(f, &temps);
-            for (c, inv_t) in cols.iter_mut().zip(inv) {
-                if let Some(t) = &mut c.tr.temperature {
+            for (tr, inv_t) in trs.iter_mut().zip(inv) {
+                if let Some(t) = &mut tr.temperature {
                     t.set_reciprocal(f, &inv_t);
                 }
             }
         }
-        cols
+        (cols, trs)
     }
 
     /// A column pair's noise parameters, loaded where its selection starts (none for greedy
@@ -377,7 +389,8 @@ impl Gen<'_> {
     }
 
     /// Phase 2 (steps 2–4): transformed logits and non-finite flags.
-    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], acc: &[F32], warp_base: &I32, g4: &I32) -> Transformed {
+    #[allow(clippy::too_many_arguments)]
+    fn transform(&self, f: &mut Func, it: &Item, cols: &[Col], trs: &[RowTransform], acc: &[F32], warp_base: &I32, g4: &I32) -> Transformed {
         let p = self.p;
         let has_mask = p.has_mask();
         let words = f.add(&arg::VOCAB, &i32c(31));
@@ -422,7 +435,7 @@ impl Gen<'_> {
                     f.load(&a, 4)
                 });
                 let bit = f.and(&v, &i32c(31));
-                for (ci, cl) in cols.iter().enumerate() {
+                for (ci, tr) in trs.iter().enumerate() {
                     let (n, j) = (ci as u32 / 2, ci as u32 % 2);
                     let idx = self.acc_index(q, o, n, j);
                     let raw = &acc[idx];
@@ -434,7 +447,7 @@ impl Gen<'_> {
                         rx[idx] = model_logit(f, &p.transforms, raw, bias.as_ref(), &v_ok);
                     }
                     let bits = TokenBits { v: &v, bit: &bit, v_ok: &v_ok, pen_word: pen_words.get(ci), lb_word: lb_words.get(ci) };
-                    let xv = transform_token(f, &p.transforms, &cl.tr, raw, bias.as_ref(), &bits);
+                    let xv = transform_token(f, &p.transforms, tr, raw, bias.as_ref(), &bits);
                     let mut ok = v_ok.clone();
                     if has_mask {
                         let sh = f.lshr(&mask_words[ci], &bit);
