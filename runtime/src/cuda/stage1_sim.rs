@@ -85,10 +85,9 @@ impl Launch<'_> {
             for t in 0..tiles {
                 let mut want = vec![RESIDUAL_EMPTY; per_tile];
                 for (v, &xv) in x[r].iter().enumerate().take(((t + 1) * vt).min(self.vocab)).skip(t * vt) {
+                    // An excluded token's score (-inf) goes before no entry: it is never listed.
                     let score = xv + gumbel_f32(residual_bits(key, ctr, v as u32, 0));
-                    if score > f32::NEG_INFINITY {
-                        insert_residual(&mut want, Candidate { score, index: v as u32, logit: xv });
-                    }
+                    insert_residual(&mut want, Candidate { score, index: v as u32, logit: xv });
                 }
                 for (k, (g, w)) in got[(r * tiles + t) * per_tile..][..per_tile].iter().zip(&want).enumerate() {
                     assert_eq!((g.index, g.score.to_bits(), g.logit.to_bits()), (w.index, w.score.to_bits(), w.logit.to_bits()), "row {r} tile {t}: residual entry {k}");
@@ -394,23 +393,14 @@ fn simt_logsumexp_partials_are_exact_at_window_edges_magnitudes_and_non_finite_l
     // past 2²², and subnormal logits.
     let scales = [1.0f32, 0.125, 262_144.0, -262_144.0, 4_194_304.0, -16_777_216.0, 2f32.powi(-140), -1.0];
     let batch = scales.len();
-    let plain = PipelineBuilder::new("LseEdges", DType::F32, DType::F32)
-        .temperature_per_row("t")
-        .mask("allowed")
-        .gumbel("seed", 1)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
-        .build()
-        .unwrap();
-    // The same with lists: the non-finite flags are stored before the list epilogue, whose
-    // tile must leave them alone.
-    let filtered = PipelineBuilder::new("LseEdgesListed", DType::F32, DType::F32)
-        .temperature_per_row("t")
-        .mask("allowed")
-        .filter("filter", 8)
-        .gumbel("seed", 1)
-        .outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 })
-        .build()
-        .unwrap();
+    // Without and with lists (the non-finite flags are stored before the list epilogue,
+    // whose tile must leave them alone).
+    let pipeline = |name: &str, lists: bool| {
+        let b = PipelineBuilder::new(name, DType::F32, DType::F32).temperature_per_row("t").mask("allowed");
+        let b = if lists { b.filter("filter", 8) } else { b };
+        b.gumbel("seed", 1).outputs(Outputs { score: true, logsumexp: true, logprob: false, top_logprobs: 0 }).build().unwrap()
+    };
+    let (plain, filtered) = (pipeline("LseEdges", false), pipeline("LseEdgesListed", true));
     let filters = vec![RowFilter::top_k(8); batch];
     let temperatures = vec![1.0f32; batch];
     let words = vocab / 32;
