@@ -58,19 +58,17 @@ pub enum SpecStatus {
     /// A row of the sequence could not be sampled (a draft row all masked or non-finite, or
     /// the bonus row with any status but ok): the first such row's status says why.
     RowFailed = 1,
-    /// A draft row with an active filter was reached: `p_j` lives on the filter's survivors,
-    /// which the decision kernel does not rebuild (the host API decides the sequence on the
-    /// host).
-    Filtered = 2,
-    /// A draft row was rejected and its residual winner is not provably among the residual
-    /// lists (the bound failed, or no listed token has `p > q`): the row needs stage one over
-    /// its whole vocabulary (the host API recomputes it).
-    Recompute = 3,
+    /// A draft row's target is not in the lists: an unfiltered row was rejected and its
+    /// residual winner is not provably among the residual lists (the bound failed, or no
+    /// listed token has `p > q`), or a filtered row has no survivors there (its lists
+    /// overflowed or its nucleus outgrew them). The row needs stage one over its whole
+    /// vocabulary (the host API recomputes it).
+    Recompute = 2,
 }
 
 impl SpecStatus {
     /// Every status, in code order.
-    pub const ALL: [SpecStatus; 4] = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::Filtered, SpecStatus::Recompute];
+    pub const ALL: [SpecStatus; 3] = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::Recompute];
 
     /// The code the kernel writes.
     pub const fn code(self) -> u32 {
@@ -94,14 +92,8 @@ pub enum SequenceError {
         /// Its first failed row's error.
         error: crate::RowStatusError,
     },
-    /// A draft row with an active filter was reached ([`SpecStatus::Filtered`]).
-    #[error("sequence {sequence}: a draft row has an active filter, which the device decision does not serve (the host API `Sampler::verify` does)")]
-    Filtered {
-        /// The sequence.
-        sequence: usize,
-    },
-    /// The residual draw needs the row over its whole vocabulary ([`SpecStatus::Recompute`]).
-    #[error("sequence {sequence}: the residual draw needs a recompute of its row over the whole vocabulary (the host API `Sampler::verify` does it)")]
+    /// A draft row's target needs the row over its whole vocabulary ([`SpecStatus::Recompute`]).
+    #[error("sequence {sequence}: a draft row's residual draw or filter needs a recompute of its row over the whole vocabulary (the host API `Sampler::verify` does it)")]
     Recompute {
         /// The sequence.
         sequence: usize,

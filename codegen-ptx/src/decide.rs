@@ -13,11 +13,13 @@
 //! listed token whose upper bound `ub(stored score) = s − L + slack` reaches `T`. Skipping a
 //! token whose bound is below `T` cannot change the argmax, so the winner is the host's
 //! (`residual_draw` over every listed token); it is used iff its score beats the bound, else
-//! the sequence gets `SpecStatus::Recompute`. A draft row with an active filter gets
-//! `SpecStatus::Filtered` (its `p_j` lives on the filter's survivors, which only the host
-//! rebuilds).
+//! the sequence gets `SpecStatus::Recompute`. A draft row with an active filter reads its
+//! survivors as stage three left them (`%kept`): their mass `top + ln Σ exp(x − top)` in list
+//! order (the terms in parallel, the sum in every thread in order), `p_j(d)` at the draft
+//! token, and at a rejection the residual over them, split over the CTA; a row without
+//! survivors (its lists overflowed or its nucleus outgrew them) gets `Recompute`.
 
-use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
+use crate::entries::{Candidate, CandidateVar, Scored, CANDIDATE_BYTES, SCORED_BYTES};
 use crate::filter::{drawn_in_stage_three, row_filter_or_off};
 use crate::ir::{f32c, f64c, i32c, Fcmp, Func, Icmp, Ptr, Shared, Var, F32, F64, I1, I32, I64};
 use crate::math::{philox_block, row_stream, stream_word3, token_bits, RowStream};
@@ -26,6 +28,7 @@ use crate::params::{arg, DECIDE, SPEC_TARGETS};
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::{SpecStatus, RESIDUAL_BOUND_SLACK};
 use flashsample_abi::{RowStatus, INDEX_NONE};
+use flashsample_ir::MAX_LIST_CAPACITY;
 
 pub(crate) const NAME: &str = "flashsample_decide";
 pub(crate) const TARGETS_NAME: &str = "flashsample_spec_targets";
@@ -34,12 +37,15 @@ pub(crate) const TARGETS_NAME: &str = "flashsample_spec_targets";
 pub const DECIDE_THREADS: u32 = 128;
 const WARPS: u32 = DECIDE_THREADS / 32;
 
-/// The block reduction's per-warp scratch (score, tie, payload) and `llvm.fabs.f64`.
+/// The block reduction's per-warp scratch (score, tie, payload), a filtered row's survivor
+/// terms and two counters (its survivor count, the draft token's entry), and `llvm.fabs.f64`.
 pub(crate) fn shared_decls() -> String {
     format!(
         "@fs_decide_s = internal addrspace(3) global [{WARPS} x double] undef, align 8\n\
          @fs_decide_t = internal addrspace(3) global [{WARPS} x i32] undef, align 4\n\
          @fs_decide_x = internal addrspace(3) global [{WARPS} x float] undef, align 4\n\
+         @fs_decide_terms = internal addrspace(3) global [{MAX_LIST_CAPACITY} x double] undef, align 8\n\
+         @fs_decide_misc = internal addrspace(3) global [2 x i32] undef, align 4\n\
          declare double @llvm.fabs.f64(double)\n"
     )
 }
@@ -48,6 +54,8 @@ pub(crate) fn shared_decls() -> String {
 const SCORES: Ptr<Shared> = Ptr::named("@fs_decide_s");
 const TIES: Ptr<Shared> = Ptr::named("@fs_decide_t");
 const PAYLOADS: Ptr<Shared> = Ptr::named("@fs_decide_x");
+const TERMS: Ptr<Shared> = Ptr::named("@fs_decide_terms");
+const MISC: Ptr<Shared> = Ptr::named("@fs_decide_misc");
 
 /// A candidate of the residual draw: f64 score, u32 tie-break (token or tile), f32 payload.
 type Best = Candidate<F64>;
@@ -409,8 +417,9 @@ struct Outcome<'a> {
     stop: &'a Var<I32>,
 }
 
-/// Draft position `j` of the sequence: filtered → `Filtered`; else accept (emit `d_j`) or
-/// reject (emit the correction, or `Recompute`) and stop.
+/// Draft position `j` of the sequence: accept (emit `d_j`) or reject (emit the correction,
+/// or `Recompute`) and stop. `p_j(d)` by the row's kind: a greedy row's point mass on its
+/// argmax, a filtered row's survivors (`Recompute` when it has none), else `exp(x_d − L)`.
 fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, emit_token: &dyn Fn(&mut Func, &I32, &I32, &F32)) {
     let r = f.add(c.row0, j);
     let r64 = f.zext(&r);
@@ -434,42 +443,65 @@ fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, 
     let greedy = f.or(&all, &cold);
     let rf = row_filter_or_off(f, &r64);
     let filtered = drawn_in_stage_three(f, &rf, &greedy);
+    let a = f.gaddr(&arg::ROW_TOKENS, &r64, 4);
+    let argmax: I32 = f.load(&a, 4);
+    let a = f.gaddr(&arg::DRAFT_LOGITS, &r64, 4);
+    let xd: F32 = f.load(&a, 4);
+    let stream = row_stream(f, c.has_rs, &r, &r64);
+    let vocab64 = f.zext(&arg::VOCAB);
+    let q_base = f.mul(&draft64, &vocab64);
+    let row = Row {
+        r64: r64.clone(),
+        tiles_wide: c.tiles_wide.clone(),
+        per_tile_wide: c.per_tile_wide.clone(),
+        q_base,
+        draft: d.clone(),
+        l: l.clone(),
+        stream,
+    };
+    let width64: I64 = f.zext(&arg::KEPT_WIDTH);
+    let kept_base = f.mul(&r64, &width64);
+    let p = f.var(&f64c(0.0));
+    let avail = f.var(&I1::TRUE);
+    let kept_n = f.var(&i32c(0));
+    let kept_mass = f.var(&F64::NAN);
     f.if_else(
         &filtered,
         |f| {
-            f.set(out.outcome, &i32c(SpecStatus::Filtered.code()));
-            f.set(out.stop, &i32c(1));
+            let (has, n, mass, pd) = kept_target(f, c.tid, &kept_base, &d);
+            f.set(&avail, &has);
+            f.set(&kept_n, &n);
+            f.set(&kept_mass, &mass);
+            f.set(&p, &pd);
         },
         |f| {
-            let a = f.gaddr(&arg::ROW_TOKENS, &r64, 4);
-            let argmax: I32 = f.load(&a, 4);
-            let a = f.gaddr(&arg::DRAFT_LOGITS, &r64, 4);
-            let xd: F32 = f.load(&a, 4);
             let hit = f.icmp(Icmp::Eq, &argmax, &d);
             let p_greedy = f.sel(&hit, &f64c(1.0), &f64c(0.0));
             let xd64: F64 = f.fpext(&xd);
             let diff = f.fsub(&xd64, &l);
             let p_full = math64::exp(f, &diff);
-            let p = f.sel(&greedy, &p_greedy, &p_full);
-            let stream = row_stream(f, c.has_rs, &r, &r64);
-            let vocab64 = f.zext(&arg::VOCAB);
-            let q_base = f.mul(&draft64, &vocab64);
-            let row = Row {
-                r64: r64.clone(),
-                tiles_wide: c.tiles_wide.clone(),
-                per_tile_wide: c.per_tile_wide.clone(),
-                q_base,
-                draft: d.clone(),
-                l: l.clone(),
-                stream,
-            };
-            let qd = q_of(f, &row, &d);
-            let w3 = stream_word3(f, &r64, NoiseStream::SpecAccept);
-            let block = philox_block(f, [&i32c(0), &row.stream.ctr_row, &i32c(0), &w3], &row.stream.key);
-            let bits = f.extract(&block, 0);
-            let u = uniform_f64(f, &bits);
-            let ratio = f.fdiv(&p, &qd);
-            let accept = f.fcmp(Fcmp::Olt, &u, &ratio);
+            let pv = f.sel(&greedy, &p_greedy, &p_full);
+            f.set(&p, &pv);
+        },
+    );
+    let kept = Kept { base: kept_base, n: f.get(&kept_n), mass: f.get(&kept_mass) };
+    let avail = f.get(&avail);
+    let p = f.get(&p);
+    let qd = q_of(f, &row, &d);
+    let w3 = stream_word3(f, &r64, NoiseStream::SpecAccept);
+    let block = philox_block(f, [&i32c(0), &row.stream.ctr_row, &i32c(0), &w3], &row.stream.key);
+    let bits = f.extract(&block, 0);
+    let u = uniform_f64(f, &bits);
+    let ratio = f.fdiv(&p, &qd);
+    let accept = f.fcmp(Fcmp::Olt, &u, &ratio);
+    let missing = f.not(&avail);
+    f.if_else(
+        &missing,
+        |f| {
+            f.set(out.outcome, &i32c(SpecStatus::Recompute.code()));
+            f.set(out.stop, &i32c(1));
+        },
+        |f| {
             f.if_else(
                 &accept,
                 |f| {
@@ -487,11 +519,20 @@ fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, 
                             emit_token(f, j, &argmax, &x);
                         },
                         |f| {
-                            let (found, v, x) = residual_draw(f, c.tid, c.warp, c.lane0, &row);
                             f.if_else(
-                                &found,
-                                |f| emit_token(f, j, &v, &x),
-                                |f| f.set(out.outcome, &i32c(SpecStatus::Recompute.code())),
+                                &filtered,
+                                |f| {
+                                    let (v, x) = kept_residual(f, c, &row, &kept);
+                                    emit_token(f, j, &v, &x);
+                                },
+                                |f| {
+                                    let (found, v, x) = residual_draw(f, c.tid, c.warp, c.lane0, &row);
+                                    f.if_else(
+                                        &found,
+                                        |f| emit_token(f, j, &v, &x),
+                                        |f| f.set(out.outcome, &i32c(SpecStatus::Recompute.code())),
+                                    );
+                                },
                             );
                         },
                     );
@@ -499,6 +540,154 @@ fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, 
             );
         },
     );
+}
+
+/// A filtered draft row's survivors as stage three left them in `%kept`.
+struct Kept {
+    /// The row's first entry (i64).
+    base: I64,
+    /// How many survive.
+    n: I32,
+    /// Their log-mass `top + ln_f64(Σ exp_f64(x − top))`, summed in list order.
+    mass: F64,
+}
+
+/// Entry `e` of the survivors starting at `base`.
+fn kept_entry(f: &mut Func, base: &I64, e: &I32) -> Scored {
+    let e64 = f.zext(e);
+    let at = f.add(base, &e64);
+    let a = f.gaddr(&arg::KEPT, &at, SCORED_BYTES);
+    Scored::load(f, &a)
+}
+
+/// A filtered draft row's target (`Target::Kept` of the host's `verify::decide`): whether it
+/// has survivors (i1), how many, their log-mass, and `p_j(d) = exp_f64(x_d − mass)` (0 when
+/// the draft token did not survive). The `exp` terms run one per thread into shared memory;
+/// every thread then sums them in list order, as the host does. Uniform; barriers only where
+/// the row has survivors (a uniform condition).
+fn kept_target(f: &mut Func, tid: &I32, base: &I64, d: &I32) -> (I1, I32, F64, F64) {
+    let none = i32c(INDEX_NONE as i32);
+    let avail = f.var(&I1::FALSE);
+    let n = f.var(&i32c(0));
+    let mass = f.var(&F64::NAN);
+    let p = f.var(&f64c(0.0));
+    let has = f.non_null(&arg::KEPT);
+    f.if_then(&has, |f| {
+        let first = kept_entry(f, base, &i32c(0));
+        let some = f.icmp(Icmp::Ne, &first.index, &none);
+        f.if_then(&some, |f| {
+            let count_at = f.element::<_, I32>(&MISC, &i32c(0));
+            let hit_at = f.element::<_, I32>(&MISC, &i32c(1));
+            let tid0 = f.icmp(Icmp::Eq, tid, &i32c(0));
+            f.if_then(&tid0, |f| {
+                f.store(&arg::KEPT_WIDTH, &count_at, 4);
+                f.store(&none, &hit_at, 4);
+            });
+            f.barrier();
+            let top: F64 = f.fpext(&first.logit);
+            f.for_loop(tid, &arg::KEPT_WIDTH, &i32c(DECIDE_THREADS), |f, e| {
+                let entry = kept_entry(f, base, e);
+                let real = f.icmp(Icmp::Ne, &entry.index, &none);
+                f.if_else(
+                    &real,
+                    |f| {
+                        let x: F64 = f.fpext(&entry.logit);
+                        let dx = f.fsub(&x, &top);
+                        let term = math64::exp(f, &dx);
+                        let a = f.element::<_, F64>(&TERMS, e);
+                        f.store_natural(&term, &a);
+                        let is_d = f.icmp(Icmp::Eq, &entry.index, d);
+                        f.if_then(&is_d, |f| f.store(e, &hit_at, 4));
+                    },
+                    |f| {
+                        // The survivors are a prefix (entry 0 is one): the first EMPTY entry
+                        // counts them.
+                        let prev = f.add(e, &i32c(-1));
+                        let before = kept_entry(f, base, &prev);
+                        let edge = f.icmp(Icmp::Ne, &before.index, &none);
+                        f.if_then(&edge, |f| f.store(e, &count_at, 4));
+                    },
+                );
+            });
+            f.barrier();
+            let count: I32 = f.load(&count_at, 4);
+            let hit: I32 = f.load(&hit_at, 4);
+            let sum = f.var(&f64c(0.0));
+            f.for_loop(&i32c(0), &count, &i32c(1), |f, e| {
+                let a = f.element::<_, F64>(&TERMS, e);
+                let term = f.load_natural(&a);
+                let s0 = f.get(&sum);
+                let s1 = f.fadd(&s0, &term);
+                f.set(&sum, &s1);
+            });
+            let s = f.get(&sum);
+            let ls = math64::ln(f, &s);
+            let m = f.fadd(&top, &ls);
+            let found = f.icmp(Icmp::Ne, &hit, &none);
+            f.if_then(&found, |f| {
+                let entry = kept_entry(f, base, &hit);
+                let x: F64 = f.fpext(&entry.logit);
+                let dx = f.fsub(&x, &m);
+                let pd = math64::exp(f, &dx);
+                f.set(&p, &pd);
+            });
+            // A later position rewrites the terms and counters just read.
+            f.barrier();
+            f.set(&avail, &I1::TRUE);
+            f.set(&n, &count);
+            f.set(&mass, &m);
+        });
+    });
+    (f.get(&avail), f.get(&n), f.get(&mass), f.get(&p))
+}
+
+/// The residual draw of a rejected filtered draft row over its survivors (the host's
+/// `residual_draw`, every entry scored): the best `ln(p − q) + G_res` over survivors with
+/// `p > q`, or, when none has, the best `ln p + G_res`; ties to the lower token. Returns
+/// `(token, logit)`, `(INDEX_NONE, NaN)` when no survivor has `p > 0`. Uniform.
+fn kept_residual(f: &mut Func, c: &DecideCtx<'_>, row: &Row, kept: &Kept) -> (I32, F32) {
+    let none = i32c(INDEX_NONE as i32);
+    let w3 = stream_word3(f, &row.r64, NoiseStream::SpecResidual);
+    let by_w = CandidateVar::new(f, &Best::none());
+    let by_p = CandidateVar::new(f, &Best::none());
+    f.for_loop(c.tid, &kept.n, &i32c(DECIDE_THREADS), |f, e| {
+        let entry = kept_entry(f, &kept.base, e);
+        let x: F64 = f.fpext(&entry.logit);
+        let dx = f.fsub(&x, &kept.mass);
+        let p = math64::exp(f, &dx);
+        let positive = f.fcmp(Fcmp::Ogt, &p, &f64c(0.0));
+        f.if_then(&positive, |f| {
+            // Keyed by the global token, as stage one's residual lists are.
+            let g = f.add(&entry.index, &arg::VOCAB_OFFSET);
+            let bits = token_bits(f, &g, &row.stream, &i32c(0), &w3);
+            let gum = math64::gumbel(f, &bits);
+            let lp = math64::ln(f, &p);
+            let score = f.fadd(&lp, &gum);
+            let cur = by_p.get(f);
+            let next = cur.keep_best(f, &Candidate { score, index: entry.index.clone(), logit: entry.logit.clone() });
+            by_p.set(f, &next);
+            let q = q_of(f, row, &entry.index);
+            let w = f.fsub(&p, &q);
+            let residual = f.fcmp(Fcmp::Ogt, &w, &f64c(0.0));
+            f.if_then(&residual, |f| {
+                let lw = math64::ln(f, &w);
+                let score = f.fadd(&lw, &gum);
+                let cur = by_w.get(f);
+                let next = cur.keep_best(f, &Candidate { score, index: entry.index.clone(), logit: entry.logit.clone() });
+                by_w.set(f, &next);
+            });
+        });
+    });
+    let mine = by_w.get(f);
+    let bw = block_best(f, c.warp, c.lane0, mine);
+    let mine = by_p.get(f);
+    let bp = block_best(f, c.warp, c.lane0, mine);
+    let has_w = f.icmp(Icmp::Ne, &bw.index, &none);
+    let token = f.sel(&has_w, &bw.index, &bp.index);
+    let logit = f.sel(&has_w, &bw.logit, &bp.logit);
+    let real = f.icmp(Icmp::Ne, &token, &none);
+    let logit = f.sel(&real, &logit, &F32::NAN);
+    (token, logit)
 }
 
 /// `flashsample_spec_targets`: `targets[r] = drafts[(r / (k+1))·k + r mod (k+1)]` for a

@@ -737,6 +737,14 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
     let in_batch = f.icmp(Icmp::Ult, &row, &arg::BATCH);
     f.if_then(&in_batch, |f| {
         let r64 = f.zext(&row);
+        // A verifying launch's survivors start as none (`FilterArgs::kept`); `draw_filtered`
+        // writes them over this entry (thread 0 writes both, in order).
+        let has_kept = f.non_null(&arg::KEPT);
+        let mark = f.and(&has_kept, &k.tid0);
+        f.if_then(&mark, |f| {
+            let at = kept_slot(f, &r64, &i32c(0));
+            store_empty(f, &at);
+        });
         let sa = f.gaddr(&arg::OUT_STATUS, &r64, 4);
         let st: I32 = f.load(&sa, 4);
         let ok = f.icmp(Icmp::Eq, &st, &i32c(RowStatus::Ok.code()));
@@ -849,6 +857,7 @@ fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<
         &bad,
         |f| f.if_then(&k.tid0, |f| f.store(&i32c(RowStatus::NucleusTooLarge.code()), status_addr, 4)),
         |f| {
+            write_kept(f, k, r64, &kept);
             // SamplingParams::row_stream: (row_seeds[r], 0) or (seed, r).
             let has_rs = f.non_null(&arg::ROW_SEEDS);
             let stream = math::row_stream(f, &has_rs, row, r64);
@@ -878,6 +887,39 @@ fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<
             });
         },
     );
+}
+
+/// Entry `e` of row `r64`'s survivors in `%kept` (`[B, need]`).
+fn kept_slot(f: &mut Func, r64: &I64, e: &I32) -> Ptr<Global> {
+    let need64: I64 = f.zext(&arg::NEED);
+    let base = f.mul(r64, &need64);
+    let e64 = f.zext(e);
+    let at = f.add(&base, &e64);
+    f.gaddr(&arg::KEPT, &at, SCORED_BYTES)
+}
+
+fn store_empty(f: &mut Func, at: &Ptr<Global>) {
+    Scored { logit: F32::NEG_INF, index: i32c(INDEX_NONE as i32) }.store(f, at);
+}
+
+/// With `%kept` (a verifying launch): the row's `kept` survivors, the first entries of the
+/// shared top list, then `Scored::EMPTY` to `need`, for the decision (`FilterArgs::kept`).
+fn write_kept(f: &mut Func, k: &Ctx, r64: &I64, kept: &I32) {
+    let has_kept = f.non_null(&arg::KEPT);
+    f.if_then(&has_kept, |f| {
+        f.for_loop(&k.tid, &arg::NEED, &i32c(FILTER_THREADS), |f, e| {
+            let at = kept_slot(f, r64, e);
+            let live = f.icmp(Icmp::Ult, e, kept);
+            f.if_else(
+                &live,
+                |f| {
+                    let entry = load_shared_scored(f, &TOP, e);
+                    entry.store(f, &at);
+                },
+                |f| store_empty(f, &at),
+            );
+        });
+    });
 }
 
 /// DESIGN.md step 10 (`abi::raw::raw_logit_of`): with `%list_raws`, the raw logit stored beside

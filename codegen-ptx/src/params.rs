@@ -322,6 +322,11 @@ kernel_params! {
         /// With `finish`: `f32 [B·S]` logprobs against the reported logsumexp (`raw_lse`
         /// when given, else `lse`), or 0 for none.
         out_logprobs: MutPtr,
+        /// A verifying launch's `Scored [B, need]`, or 0: each filtered row's survivors
+        /// (`abi::filter::survivors` of its merged lists, in their order), `Scored::EMPTY`
+        /// after them; a first entry `EMPTY` where the row has none (not filtered, failed,
+        /// its lists overflowed or its nucleus outgrew them). The decision reads them.
+        kept: MutPtr,
     }
 }
 
@@ -358,6 +363,10 @@ kernel_params! {
         all_greedy: U32,
         /// `RowFilter [B]` or 0.
         filters: ConstPtr,
+        /// Stage three's `Scored [B, kept_width]` survivors of each filtered row
+        /// (`FilterArgs::kept`), or 0 (a filtered draft row then needs a recompute).
+        kept: ConstPtr,
+        kept_width: U32,
         seed: U64,
         /// `u64 [B]` or 0.
         row_seeds: ConstPtr,
@@ -589,6 +598,7 @@ pub(crate) mod arg {
     HIST: Ptr<Global> = "%hist",
     K: I32 = "%k",
     KEPT: Ptr<Global> = "%kept",
+    KEPT_WIDTH: I32 = "%kept_width",
     KEYS: Ptr<Global> = "%keys",
     KEYS_OUT: Ptr<Global> = "%keys_out",
     LB_BITS: Ptr<Global> = "%lb_bits",

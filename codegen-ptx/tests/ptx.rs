@@ -297,10 +297,10 @@ fn list_pipelines_get_the_filter_kernel() {
         entry_param_types(&k.ptx, "flashsample_filter"),
         [
             ".u64", ".u32", ".u32", ".u32", ".u32", ".u32", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64",
-            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u32", ".u64"
+            ".u32", ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64"
         ]
     );
-    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 26);
+    assert_eq!(flashsample_codegen_ptx::FilterArgs::default().args().len(), 27);
     assert!(!k.ptx.contains(".local"), "no local memory");
     // The penalty lookup is out of line, the survivors use the abi's ln / exp.
     assert!(k.ptx.contains("fs_penalize_token"));

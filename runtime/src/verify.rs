@@ -71,6 +71,14 @@ enum Target {
     Full,
 }
 
+/// A filtered row's log-mass over its survivors `kept` (sorted, best first):
+/// `top + ln_f64(Σ exp_f64(x − top))`, summed in list order from 0, as the device's decision
+/// sums them (`codegen-ptx` `decide::kept_target`), so both see the same `p_j` bit for bit.
+fn kept_mass(kept: &[Scored]) -> f64 {
+    let top = kept.first().map_or(0.0, |s| f64::from(s.logit));
+    top + ln_f64(kept.iter().fold(0.0, |sum, s| sum + exp_f64(f64::from(s.logit) - top)))
+}
+
 /// The drafts of one launch and their distributions: `q_j(v)` of draft `i·k + j`.
 pub(crate) struct DraftProbs<'a> {
     /// `[S·k]` the draft tokens.
@@ -237,8 +245,7 @@ pub(crate) fn decide(
                         top[..n].to_vec()
                     }
                 };
-                let top = kept.first().map_or(0.0, |s| f64::from(s.logit));
-                let mass = top + kept.iter().map(|s| (f64::from(s.logit) - top).exp()).sum::<f64>().ln();
+                let mass = kept_mass(&kept);
                 Target::Kept(kept, mass)
             } else {
                 Target::Full

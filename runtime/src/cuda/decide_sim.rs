@@ -5,7 +5,7 @@
 
 use super::ir_sim::{Memory, Module};
 use crate::verify::{decide, DraftProbs, VerifyRun};
-use flashsample_abi::filter::{Scored, TopLists};
+use flashsample_abi::filter::{merge_row, survivors, Scored, TopLists};
 use flashsample_abi::rng::gumbel_f32;
 use flashsample_abi::speculative::{residual_bits, SpecStatus};
 use flashsample_abi::{Candidate, RowFilter, RowResult, RowStatus, SamplingParams, TemperatureArg, INDEX_NONE};
@@ -73,7 +73,17 @@ impl Scenario {
                 _ => RowStatus::Ok,
             })
             .collect();
-        let filters = filtered.then(|| (0..rows).map(|_| if rng.below(2) == 0 { RowFilter::top_k(4) } else { RowFilter::OFF }).collect());
+        let filters = filtered.then(|| {
+            (0..rows)
+                .map(|_| match rng.below(8) {
+                    0..3 => RowFilter::top_k(4),
+                    3..5 => RowFilter { top_k: 6, top_p: 0.7, min_p: 0.0 },
+                    // A nucleus that may outgrow the lists (the row then needs a recompute).
+                    5 => RowFilter { top_k: 0, top_p: 0.8, min_p: 0.0 },
+                    _ => RowFilter::OFF,
+                })
+                .collect()
+        });
         let row_seeds = seed.is_multiple_of(2).then(|| (0..rows).map(|_| rng.next()).collect());
         let row_steps = (0..rows).map(|_| rng.below(5) as u32).collect();
         let mut drafts = Vec::new();
@@ -87,8 +97,21 @@ impl Scenario {
                 let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
                 let p: Vec<f64> = row.iter().map(|&v| f64::from(v - m).exp()).collect();
                 let total: f64 = p.iter().sum();
-                let d = if rng.below(3) == 0 { row.iter().enumerate().fold(0, |b, (v, &xv)| if xv > row[b] { v } else { b }) } else { rng.below(vocab) };
-                let q: Vec<f32> = if close {
+                // With filters, half the drafts are among the row's best four tokens under a
+                // draft spread over its best three, so `p_j(d)` (the survivors' mass) decides.
+                let mut order: Vec<usize> = (0..vocab).collect();
+                order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+                let near = filtered && rng.below(2) == 0;
+                let d = if near {
+                    order[rng.below(4)]
+                } else if rng.below(3) == 0 {
+                    order[0]
+                } else {
+                    rng.below(vocab)
+                };
+                let q: Vec<f32> = if near {
+                    (0..vocab).map(|v| if order[..3].contains(&v) { 0.99 / 3.0 } else { 0.01 / (vocab - 3) as f32 }).collect()
+                } else if close {
                     (0..vocab).map(|v| (0.97 * p[v] / total + if v == d { 0.03 } else { 0.0 }) as f32).collect()
                 } else {
                     let w: Vec<f32> = (0..vocab).map(|_| rng.unit().powi(4) + 1e-3).collect();
@@ -167,13 +190,55 @@ impl Scenario {
     }
 }
 
+/// Entries per (row, tile) of the filter's lists: fewer than the capacity (8), so a row whose
+/// top tokens cluster in one tile overflows them.
+const FILTER_PER_TILE: usize = 6;
+
+impl Scenario {
+    /// Whether stage three draws row `r` (`RowFilter::is_drawn_in_stage_three`).
+    fn drawn_in_stage_three(&self, r: usize) -> bool {
+        let greedy = self.pipeline.is_greedy() || self.temperatures[r] == 0.0;
+        self.filters.as_ref().is_some_and(|f| f[r].is_drawn_in_stage_three(greedy))
+    }
+
+    /// The filter's lists (each tile's best [`FILTER_PER_TILE`] tokens by logit) and what
+    /// stage three keeps of them for the decision (`FilterArgs::kept`, `Scored [B, need]`):
+    /// each drawn, ok row's survivors (`merge_row` + `survivors`), `EMPTY` after them, and an
+    /// `EMPTY` first entry for every other row.
+    fn filter_outputs(&self, lse: &[f32]) -> (Vec<Scored>, Vec<Scored>) {
+        let need = self.pipeline.list_capacity() as usize;
+        let tile = self.vocab / self.tiles;
+        let mut lists = Vec::new();
+        for r in 0..self.rows() {
+            for t in 0..self.tiles {
+                let entries: Vec<Scored> = (t * tile..(t + 1) * tile).map(|v| Scored { logit: self.x[r * self.vocab + v], index: v as u32 }).collect();
+                let best = flashsample_abi::filter::whole_row(&entries);
+                lists.extend(best.into_iter().chain(std::iter::repeat(Scored::EMPTY)).take(FILTER_PER_TILE));
+            }
+        }
+        let layout = TopLists { batch: self.rows(), tiles: self.tiles, per_tile: FILTER_PER_TILE };
+        let mut kept = vec![Scored::EMPTY; self.rows() * need];
+        for r in 0..self.rows() {
+            if !self.drawn_in_stage_three(r) || self.status[r] != RowStatus::Ok {
+                continue;
+            }
+            let filter = self.filters.as_ref().unwrap()[r];
+            let top = merge_row(layout.row(&lists, r), FILTER_PER_TILE, need, r).ok();
+            if let Some(n) = top.as_ref().and_then(|top| survivors(top, &filter, lse[r], top.len() < need, r).ok()) {
+                kept[r * need..][..n].copy_from_slice(&top.unwrap()[..n]);
+            }
+        }
+        (lists, kept)
+    }
+}
+
 /// The decision kernel of `pipeline` and its helpers, parsed, with the shared-memory scratch.
 fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
     let mut c = GpuConfig::new(128, 8, 4, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::PerItem });
     c.fit_lists(pipeline);
     let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &c).unwrap();
     let mut globals = HashMap::new();
-    for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16)] {
+    for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16), ("@fs_decide_terms", 8 << 10), ("@fs_decide_misc", 8)] {
         globals.insert(name.to_string(), mem.add(vec![0; bytes]));
     }
     (Module::with_callees(&ir, &[DECIDE.kernel, "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"], &globals), DECIDE.kernel)
@@ -182,7 +247,7 @@ fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
 /// What the interpreted kernel wrote: accepted, tokens, logprobs, status.
 type Outcome = (Vec<u32>, Vec<u32>, Vec<f32>, Vec<u32>);
 
-fn run_kernel(s: &Scenario, lists: &[Candidate], reduced: &RowResult, draft_logits: &[f32]) -> Outcome {
+fn run_kernel(s: &Scenario, lists: &[Candidate], reduced: &RowResult, draft_logits: &[f32], kept: &[Scored]) -> Outcome {
     let mut mem = Memory { bufs: Vec::new() };
     let (module, name) = kernel(&s.pipeline, &mut mem);
     let f = &module.funcs[name];
@@ -209,6 +274,8 @@ fn run_kernel(s: &Scenario, lists: &[Candidate], reduced: &RowResult, draft_logi
     at.insert("temperatures", mem.add(f32s(&s.temperatures)));
     at.insert("all_greedy", u64::from(s.pipeline.is_greedy()));
     at.insert("filters", s.filters.as_ref().map_or(0, |f| mem.add(bytes(bytemuck::cast_slice(f)))));
+    at.insert("kept", if kept.is_empty() { 0 } else { mem.add(bytes(bytemuck::cast_slice(kept))) });
+    at.insert("kept_width", u64::from(s.pipeline.list_capacity()));
     at.insert("seed", s.seed);
     at.insert("row_seeds", s.row_seeds.as_ref().map_or(0, |x| mem.add(bytes(bytemuck::cast_slice(x)))));
     at.insert("row_steps", mem.add(u32s(&s.row_steps)));
@@ -229,11 +296,12 @@ fn run_kernel(s: &Scenario, lists: &[Candidate], reduced: &RowResult, draft_logi
     (read(&mut mem, accepted, seqs), read(&mut mem, tokens, rows), lp, read(&mut mem, out_status, seqs))
 }
 
-/// Runs one scenario through the kernel and the host; returns (decided, recomputed, filtered,
-/// rejections served from the lists).
+/// Runs one scenario through the kernel and the host; returns (decided, recomputed, decided
+/// with a filtered first draft row, rejections served from the lists).
 fn compare(s: &Scenario) -> [usize; 4] {
     let (lists, reduced, draft_logits) = s.stage_outputs();
-    let (accepted, tokens, logprobs, status) = run_kernel(s, &lists, &reduced, &draft_logits);
+    let (filter_lists, kept) = if s.filters.is_some() { s.filter_outputs(reduced.logsumexp.as_ref().unwrap()) } else { (Vec::new(), Vec::new()) };
+    let (accepted, tokens, logprobs, status) = run_kernel(s, &lists, &reduced, &draft_logits, &kept);
     let params = s.params();
     let rows = s.rows();
     let k = s.k;
@@ -244,20 +312,11 @@ fn compare(s: &Scenario) -> [usize; 4] {
         Ok(flashsample_abi::filter::whole_row(&x.iter().enumerate().map(|(v, &l)| Scored { logit: l, index: v as u32 }).collect::<Vec<_>>()))
     };
     let layout = TopLists { batch: rows, tiles: s.tiles, per_tile: s.per_tile };
-    let run = VerifyRun { status: &s.status, reduced: &reduced, lists: None, target_logits: &draft_logits, residual: (layout, &lists) };
+    let filter_layout = TopLists { per_tile: FILTER_PER_TILE, ..layout };
+    let filter_lists = s.filters.as_ref().map(|_| (filter_layout, filter_lists.as_slice()));
+    let run = VerifyRun { status: &s.status, reduced: &reduced, lists: filter_lists, target_logits: &draft_logits, residual: (layout, &lists) };
     let q = DraftProbs { drafts: &s.drafts, probs: s.probs.as_deref(), vocab: s.vocab };
     let mut counts = [0; 4];
-    if s.filters.is_some() {
-        // The host needs the filter's lists: check the kernel's statuses alone (a sequence that
-        // reaches a filtered sampled draft row is `Filtered` and carries no tokens).
-        for (i, &st) in status.iter().enumerate() {
-            if st == SpecStatus::Filtered.code() {
-                counts[2] += 1;
-                assert!(tokens[i * (k + 1)..][..k + 1].iter().all(|&t| t == INDEX_NONE));
-            }
-        }
-        return counts;
-    }
     let host = decide(&s.pipeline, &params, &q, k, &run, &mut whole_row).unwrap();
     let recomputed = recomputed.into_inner();
     for i in 0..rows / (k + 1) {
@@ -274,6 +333,9 @@ fn compare(s: &Scenario) -> [usize; 4] {
                 counts[0] += 1;
                 if host.accepted[i] < k && s.temperatures[i * (k + 1) + host.accepted[i]] != 0.0 {
                     counts[3] += 1;
+                }
+                if k > 0 && s.drawn_in_stage_three(i * (k + 1)) {
+                    counts[2] += 1;
                 }
             }
             Some(SpecStatus::RowFailed) => assert!(host.errors[i].is_some(), "{what}"),
@@ -304,12 +366,18 @@ fn the_interpreted_decision_kernel_decides_as_the_host() {
 }
 
 #[test]
-fn a_filtered_draft_row_leaves_its_sequence_to_the_host() {
-    let mut filtered = 0;
-    for seed in 0..3 {
-        filtered += compare(&Scenario::new(true, true, 3, 8, 100 + seed))[2];
+fn the_interpreted_decision_kernel_decides_filtered_rows_as_the_host() {
+    let mut totals = [0; 4];
+    for (n, (sampled, k, seqs)) in [(true, 3, 8), (false, 3, 8), (true, 1, 10), (true, 7, 3)].into_iter().enumerate() {
+        for seed in 0..2 {
+            let c = compare(&Scenario::new(sampled, true, k, seqs, (100 + n * 2 + seed) as u64));
+            for (t, c) in totals.iter_mut().zip(c) {
+                *t += c;
+            }
+        }
     }
-    assert!(filtered > 0, "no sequence reached a filtered draft row");
+    let [decided, recomputed, filtered, from_lists] = totals;
+    assert!(filtered > 10 && decided > 30 && from_lists > 5 && recomputed > 0, "decided {decided} ({filtered} from a filtered first row), recomputed {recomputed}, rejections from the lists {from_lists}");
 }
 
 #[test]

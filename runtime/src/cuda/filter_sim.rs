@@ -4,6 +4,7 @@
 //! lists and rows that are filtered, greedy (temperature 0), unfiltered or failed in stage two.
 
 use super::ir_sim::{arg_words, Memory, Module};
+use flashsample_abi::filter::{merge_row, survivors, TopLists};
 use flashsample_abi::{RowFilter, RowStatus, Scored, INDEX_NONE};
 use super::glue_sim::finalize;
 use flashsample_codegen_ptx::{FilterArgs, FinalizeArgs, GpuConfig, Grid, Schedule, FILTER, FILTER_THREADS};
@@ -17,6 +18,15 @@ const PER_TILE: usize = 8;
 const VOCAB_TILE: usize = 128;
 /// The pipeline's `max_k`: what stage three merges per row.
 const NEED: u32 = 16;
+/// Row 1 is greedy (its temperature is 0) and row 3 fails in stage two, so rows 0, 2 and 4
+/// are drawn in stage three.
+const FILTERS: [RowFilter; ROWS] = [
+    RowFilter { top_k: 5, top_p: 1.0, min_p: 0.0 },
+    RowFilter { top_k: 0, top_p: 0.9, min_p: 0.0 },
+    RowFilter { top_k: 3, top_p: 0.8, min_p: 0.0 },
+    RowFilter { top_k: 0, top_p: 1.0, min_p: 0.0 },
+    RowFilter { top_k: 4, top_p: 1.0, min_p: 0.1 },
+];
 
 fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
@@ -46,8 +56,9 @@ fn lists(seed: u64) -> (Vec<Scored>, Vec<f32>) {
     (out, lse)
 }
 
-/// What one launch leaves: tokens, scores, logits, status, logprobs.
-fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
+/// What one launch leaves: tokens, scores, logits, status, logprobs, and the survivors it
+/// keeps for a decision (`FilterArgs::kept`, `Scored [ROWS, NEED]` as u32 pairs).
+fn run(finish: bool, seed: u64) -> [Vec<u32>; 6] {
     let p = PipelineBuilder::new("Finish", DType::BF16, DType::BF16).temperature_per_row("t").filter("filter", NEED).gumbel("seed", 1).build().unwrap();
     let mut c = GpuConfig::new(VOCAB_TILE as u32, 8, 4, Schedule::Simt { grid: Grid::PerItem });
     c.list_per_tile = PER_TILE as u32;
@@ -57,13 +68,7 @@ fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
     let globals: HashMap<String, u64> = shared.iter().map(|a| (format!("@fs_filter_{a}"), mem.add(vec![0; 1 << 16]))).collect();
     let filter = Module::with_callees(&ir, &[FILTER.kernel], &globals);
     let (entries, row_lse) = lists(seed);
-    let filters = [
-        RowFilter { top_k: 5, top_p: 1.0, min_p: 0.0 },
-        RowFilter { top_k: 0, top_p: 0.9, min_p: 0.0 },
-        RowFilter { top_k: 3, top_p: 0.8, min_p: 0.0 },
-        RowFilter { top_k: 0, top_p: 1.0, min_p: 0.0 },
-        RowFilter { top_k: 4, top_p: 1.0, min_p: 0.1 },
-    ];
+    let filters = FILTERS;
     // Row 1 is greedy (temperature 0), row 3 failed in stage two (non-finite).
     let temperatures = [0.7f32, 0.0, 1.0, 0.7, 0.9];
     let status = [0u32, 0, 0, RowStatus::NonFinite.code(), 0];
@@ -72,6 +77,7 @@ fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
     let lists = mem.add(bytes(&entries));
     let (tokens, scores, logits) = (mem.add(bytes(&stage_two_tokens)), mem.add(vec![0; ROWS * 4]), mem.add(bytes(&stage_two_logits)));
     let (out_status, lse, logprobs) = (mem.add(bytes(&status)), mem.add(bytes(&row_lse)), mem.add(vec![0xcd; ROWS * 4]));
+    let kept = mem.add(vec![0xab; ROWS * NEED as usize * size_of::<Scored>()]);
     let args = FilterArgs {
         lists,
         tiles: TILES as u32,
@@ -99,21 +105,50 @@ fn run(finish: bool, seed: u64) -> [Vec<u32>; 5] {
         list_raws: 0,
         finish: u32::from(finish),
         out_logprobs: if finish { logprobs } else { 0 },
+        kept,
     }
     .args();
     filter.run_grid(FILTER.kernel, &arg_words(&args), (ROWS as u32, 1, 1), FILTER_THREADS as usize, &mut mem);
     if !finish {
         finalize(&FinalizeArgs { tokens, status: out_status, logits, lse, logprobs, n: ROWS as u32, samples: 1 }, &mut mem);
     }
-    [read(&mem, tokens), read(&mem, scores), read(&mem, logits), read(&mem, out_status), read(&mem, logprobs)]
+    [read(&mem, tokens), read(&mem, scores), read(&mem, logits), read(&mem, out_status), read(&mem, logprobs), read(&mem, kept)]
+}
+
+/// The survivors a filtered row keeps for the decision are the abi's (`merge_row` +
+/// `survivors` of its lists, in order, `Scored::EMPTY` after them); a row that stage three
+/// does not draw (greedy, failed, overflowed) keeps none (an `EMPTY` first entry).
+#[test]
+fn stage_three_keeps_each_filtered_rows_survivors_for_the_decision() {
+    let filters = [(0, true), (1, false), (2, true), (3, false), (4, true)];
+    for seed in [5, 6, 7] {
+        let [_, _, _, status, _, kept] = run(true, seed);
+        let kept: Vec<Scored> = bytemuck::pod_collect_to_vec(&bytes(&kept));
+        let (entries, row_lse) = lists(seed);
+        let layout = TopLists { batch: ROWS, tiles: TILES, per_tile: PER_TILE };
+        let mut served = 0;
+        for (r, drawn) in filters {
+            let row = &kept[r * NEED as usize..][..NEED as usize];
+            if !drawn || status[r] != RowStatus::Ok.code() {
+                assert_eq!(row[0].index, INDEX_NONE, "seed {seed} row {r}: no survivors kept");
+                continue;
+            }
+            let top = merge_row(layout.row(&entries, r), PER_TILE, NEED as usize, r).unwrap();
+            let n = survivors(&top, &FILTERS[r], row_lse[r], top.len() < NEED as usize, r).unwrap();
+            let want: Vec<Scored> = top[..n].iter().copied().chain(std::iter::repeat(Scored::EMPTY)).take(NEED as usize).collect();
+            assert_eq!(bytes(row), bytes(&want), "seed {seed} row {r}: {n} survivors");
+            served += 1;
+        }
+        assert!(served >= 2, "seed {seed}: {served} filtered rows served");
+    }
 }
 
 #[test]
 fn a_finishing_stage_three_equals_stage_three_then_the_finishing_kernel() {
     for seed in [5, 6] {
         let (finished, two_kernels) = (run(true, seed), run(false, seed));
-        assert_eq!(finished, two_kernels, "seed {seed}: tokens, scores, logits, status, logprobs");
-        let [tokens, _, _, status, logprobs] = &finished;
+        assert_eq!(finished, two_kernels, "seed {seed}: tokens, scores, logits, status, logprobs, kept survivors");
+        let [tokens, _, _, status, logprobs, _] = &finished;
         assert_eq!(tokens[3], INDEX_NONE, "a row stage two failed has no sample");
         assert_eq!(tokens[1], 14, "a greedy row keeps stage two's argmax");
         for r in [0, 2, 4] {

@@ -91,6 +91,9 @@ struct SpecScratch {
     targets: CudaSlice<u8>,
     draft_logits: CudaSlice<u8>,
     row_tokens: CudaSlice<u8>,
+    /// Stage three's survivors of each filtered row for the decision (`FilterArgs::kept`,
+    /// `Scored [chunk, need]`), for pipelines with a filter.
+    kept: Option<CudaSlice<u8>>,
 }
 
 /// What the raw logprob mode adds to a plan's scratch (DESIGN.md step 10), per chunk like the
@@ -353,7 +356,12 @@ impl SamplingPlan {
             },
             residual_lists: if residual_per_tile > 0 { Some(alloc(chunk * tiles * residual_per_tile * std::mem::size_of::<Candidate>())?) } else { None },
             spec: if pipeline.verify.is_some() {
-                Some(SpecScratch { targets: alloc(max_batch * 4)?, draft_logits: alloc(max_batch * 4)?, row_tokens: alloc(max_batch * 4)? })
+                Some(SpecScratch {
+                    targets: alloc(max_batch * 4)?,
+                    draft_logits: alloc(max_batch * 4)?,
+                    row_tokens: alloc(max_batch * 4)?,
+                    kept: if pipeline.filter_max_k().is_some() { Some(alloc(chunk * need as usize * std::mem::size_of::<Scored>())?) } else { None },
+                })
             } else {
                 None
             },
@@ -402,7 +410,7 @@ impl SamplingPlan {
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
         let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.row_bounds, &sc.residual_lists];
-        let spec = sc.spec.as_ref().map_or(0, |s| s.targets.len() + s.draft_logits.len() + s.row_tokens.len());
+        let spec = sc.spec.as_ref().map_or(0, |s| s.targets.len() + s.draft_logits.len() + s.row_tokens.len() + s.kept.as_ref().map_or(0, |k| k.len()));
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
         });
@@ -793,6 +801,11 @@ impl SamplingPlan {
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage2)"))?;
         at(Boundary::AfterStageTwo)?;
 
+        // A verifying launch's filtered rows leave their survivors to the decision.
+        let kept = match (&a.decide, self.scratch.spec.as_ref().and_then(|s| s.kept.as_ref())) {
+            (Some(_), Some(b)) => self.addr(b, stream),
+            _ => 0,
+        };
         // Stage three, for pipelines with lists.
         if let Some(filter) = &k.kernel.filter {
             let (per_tile, top_n) = (k.config.list_per_tile, self.pipeline.outputs.top_logprobs);
@@ -824,6 +837,7 @@ impl SamplingPlan {
                 list_raws,
                 finish: u32::from(last_stage == LastStage::Filter),
                 out_logprobs: if last_stage == LastStage::Filter { logprobs } else { 0 },
+                kept,
             }
             .args();
             let mut b = stream.launch_builder(filter);
@@ -860,6 +874,8 @@ impl SamplingPlan {
                 temperatures,
                 all_greedy: u32::from(self.pipeline.is_greedy()),
                 filters: a.filters,
+                kept,
+                kept_width: self.need,
                 seed: a.seed,
                 row_seeds: a.row_seeds,
                 row_steps: a.row_steps,

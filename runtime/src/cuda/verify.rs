@@ -1,8 +1,9 @@
 //! Speculative verification on CUDA (`Sampler::verify`, DESIGN.md "Speculative verification").
-//! A launch whose rows have no active filter runs stages one to three and the decision
-//! (`flashsample_decide`) on the GPU and reads back only the rows' status and each sequence's
-//! outcome. A sequence the device leaves undecided (a residual bound that failed, a filtered
-//! draft row, a bonus row's nucleus past the lists) sends the launch down the host path:
+//! A launch runs stages one to three and the decision (`flashsample_decide`) on the GPU and
+//! reads back only the rows' status and each sequence's outcome. A sequence the device leaves
+//! undecided (a residual bound that failed, a filtered draft row without survivors in the
+//! lists) or a row whose lists overflowed or whose nucleus outgrew them sends the launch down
+//! the host path:
 //! stages one to three again, their lists and residual lists read back, and the decisions on
 //! the host ([`crate::verify::decide`], the CPU backend's), recomputing a row the lists cannot
 //! serve by stage one of that row alone with whole-tile residual lists.
@@ -23,12 +24,9 @@ impl CudaSampler {
     pub(crate) fn verify(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &GpuConfig) -> Result<Verified> {
         let (k, targets) = draft_targets(params, shape.batch)?;
         let inner = SamplingParams { targets: Some(&targets), drafts: None, draft_probs: None, ..*params };
-        let filtered = params.filter.is_some_and(|f| f.iter().any(|f| !f.is_off()));
-        if !filtered {
-            let drafts = params.drafts.unwrap_or(&[]);
-            if let Some(v) = self.verify_on_device(hidden, weights, &inner, shape, config, k, SpecRun::Decide { k, drafts, probs: params.draft_probs })? {
-                return Ok(v);
-            }
+        let drafts = params.drafts.unwrap_or(&[]);
+        if let Some(v) = self.verify_on_device(hidden, weights, &inner, shape, config, k, SpecRun::Decide { k, drafts, probs: params.draft_probs })? {
+            return Ok(v);
         }
         self.verify_on_host(hidden, weights, params, &inner, shape, config, k)
     }
@@ -56,7 +54,7 @@ impl CudaSampler {
                     let e = sequence_failure(&r.status, rows, k, capacity).ok_or_else(|| Error::Cuda(format!("sequence {i} failed with no failed row")))?;
                     errors[i] = Some(e);
                 }
-                Some(SpecStatus::Filtered | SpecStatus::Recompute) => return Ok(None),
+                Some(SpecStatus::Recompute) => return Ok(None),
                 None => return Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {i}"))),
             }
         }

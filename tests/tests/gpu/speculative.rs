@@ -78,13 +78,14 @@ fn device_verify(sampler: &Sampler, case: &Case, params: &SamplingParams<'_>, k:
 
 /// The device API's decision (`flashsample_decide`, read back by the caller) equals the host
 /// API's `Verified` sequence for sequence, which is pathwise the reference: accepted counts,
-/// tokens, logprobs (bit for bit), for greedy and sampled drafts, k = 0, 3, 7. A filtered
-/// draft row it reaches is `SpecStatus::Filtered`, a failed residual bound `Recompute`.
+/// tokens, logprobs (bit for bit), for greedy and sampled drafts, k = 0, 3, 7, with and
+/// without filters (a filtered draft row's target from stage three's survivors). A failed
+/// residual bound, or a filtered row without survivors in the lists, is `Recompute`.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_device_api_decides_as_the_host_api() {
     let (device, _) = gpu();
-    let mut decided = 0;
+    let (mut decided, mut decided_filtered) = (0, 0);
     for (kind, filtered, penalties) in VERIFIERS {
         let p = verifier(kind, filtered, penalties);
         let sampler = Sampler::new(p.clone(), &device).unwrap();
@@ -107,12 +108,12 @@ fn the_device_api_decides_as_the_host_api() {
                 match e {
                     None => {
                         decided += 1;
+                        decided_filtered += usize::from(filtered && k > 0);
                         assert_eq!(got.accepted[i] as usize, host.accepted[i], "{what}: sequence {i}");
                         assert_eq!(&got.tokens[span.clone()], &host.tokens[span.clone()], "{what}: sequence {i}");
                         let (lg, lh) = (&got.logprobs.as_ref().unwrap()[span.clone()], &host.logprobs.as_ref().unwrap()[span]);
                         assert!(lg.iter().zip(lh).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())), "{what}: {lg:?} {lh:?}");
                     }
-                    Some(SequenceError::Filtered { .. }) => assert!(filtered, "{what}: an unfiltered sequence {i} reported a filter"),
                     Some(SequenceError::Row { error: RowStatusError::List(ListError::NucleusTooLarge { .. }), .. }) if filtered => {}
                     Some(SequenceError::Recompute { .. }) => {
                         recomputed += 1;
@@ -127,7 +128,7 @@ fn the_device_api_decides_as_the_host_api() {
             }
         }
     }
-    assert!(decided > 25, "only {decided} sequences were decided on the device");
+    assert!(decided > 25 && decided_filtered > 5, "only {decided} sequences were decided on the device ({decided_filtered} with filters)");
 }
 
 /// The device API's typed refusals: a verifying launch's drafts, distributions and outputs

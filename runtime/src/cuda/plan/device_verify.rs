@@ -93,7 +93,6 @@ impl SamplingPlan {
                 Some(SpecStatus::RowFailed) => crate::verify::sequence_failure(&rows, sequence * (k + 1)..(sequence + 1) * (k + 1), k, self.list_capacity())
                     .map(|error| Some(SequenceError::Row { sequence, error }))
                     .ok_or_else(|| Error::Cuda(format!("sequence {sequence} failed with no failed row"))),
-                Some(SpecStatus::Filtered) => Ok(Some(SequenceError::Filtered { sequence })),
                 Some(SpecStatus::Recompute) => Ok(Some(SequenceError::Recompute { sequence })),
                 None => Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {sequence}"))),
             })
