@@ -14,10 +14,12 @@
 //! (`SamplingPlan::launch_verify` with every input already on the device, as an engine holds
 //! them, then a synchronize), which the peers' columns compare with too: their inputs are on
 //! the device. `--device cuda` runs on GPU 0, `--device cpu` on the CPU backend (use small
-//! `--shapes` there).
+//! `--shapes` there). `--filter` gives every row top-k 50 + top-p 0.9 (the verifier's filter,
+//! decided on the device from stage three's survivors) and sampling its own; the peers do not
+//! filter, so they do not run then.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, RowFilter, Sampler, SamplingParams, Tensor};
 use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -36,7 +38,13 @@ struct Args {
     /// The peers script, relative to the working directory (the repository root).
     #[arg(long, default_value = "bench/peers/spec_peers.py")]
     peers_script: String,
+    /// Every row filtered (top-k 50, top-p 0.9), the verifier and the sampler alike; no peers.
+    #[arg(long)]
+    filter: bool,
 }
+
+/// `--filter`'s per-row filter.
+const FILTER: RowFilter = RowFilter { top_k: 50, top_p: 0.9, min_p: 0.0 };
 
 /// The peers' medians (ms) and peak extra memory (MB) for one (B, k).
 #[derive(Default)]
@@ -51,6 +59,9 @@ type PeerCases = Vec<((usize, usize), Peer)>;
 
 /// The peers per (B, k) (none when they did not run).
 fn peers(args: &Args, dim: usize, vocab: usize) -> PeerCases {
+    if args.filter {
+        return Vec::new();
+    }
     let cases = [("--batches", comma_list(&args.batches)), ("--ks", comma_list(&args.ks))];
     let Some(json) = args.bench.peers("spec_bench", &args.peers_script, dim, vocab, &cases) else {
         return Vec::new();
@@ -66,9 +77,17 @@ fn peers(args: &Args, dim: usize, vocab: usize) -> PeerCases {
         .collect()
 }
 
-/// The verifying pipeline (per-row temperature, sampled drafts) and the same without `verify`.
-fn pipelines() -> Result<(Pipeline, Pipeline), Box<dyn std::error::Error>> {
-    let base = || PipelineBuilder::new("Spec", DType::BF16, DType::BF16).temperature_per_row("t");
+/// The verifying pipeline (per-row temperature, sampled drafts, with `filter` a per-row
+/// top-k/top-p filter) and the same without `verify`.
+fn pipelines(filter: bool) -> Result<(Pipeline, Pipeline), Box<dyn std::error::Error>> {
+    let base = || {
+        let b = PipelineBuilder::new("Spec", DType::BF16, DType::BF16).temperature_per_row("t");
+        if filter {
+            b.filter("filter", FILTER.top_k)
+        } else {
+            b
+        }
+    };
     Ok((base().verify_sampled("drafts", "draft_probs").build()?, base().build()?))
 }
 
@@ -92,18 +111,20 @@ fn random_drafts(rng: &mut StdRng, n: usize, vocab: usize) -> (Vec<u32>, Vec<f32
 }
 
 /// The device API's median verify time (ms) with every input on the device: one
-/// `launch_verify` and a synchronize per call. `None` off CUDA.
+/// `launch_verify` and a synchronize per call; and how many sequences the last call left
+/// undecided (`SamplingPlan::sequence_errors`). `None` off CUDA.
 #[allow(clippy::too_many_arguments)]
 fn device_verify_ms(
     verifier: &Sampler,
     head: &LmHead,
     hidden: &[bf16],
     temperatures: &[f32],
+    filters: Option<&[RowFilter]>,
     drafts: &[u32],
     q: &[f32],
     seed: u64,
     args: &Args,
-) -> Result<Option<f64>, Box<dyn std::error::Error>> {
+) -> Result<Option<(f64, usize)>, Box<dyn std::error::Error>> {
     use flashsample::cuda::{DeviceDrafts, DeviceIn, DeviceInputs, DeviceMatrix, DeviceOut, VerifyOutputs};
     let (Some(cuda), Some(weights)) = (verifier.cuda(), head.device_tensor()) else { return Ok(None) };
     let dev = cuda.device().clone();
@@ -115,12 +136,18 @@ fn device_verify_ms(
     let temperatures = stream.clone_htod(temperatures)?;
     let drafts = stream.clone_htod(drafts)?;
     let q = stream.clone_htod(q)?;
+    // `RowFilter`'s layout: top_k, top_p, min_p.
+    let words: Option<Vec<u32>> = filters.map(|f| f.iter().flat_map(|f| [f.top_k, f.top_p.to_bits(), f.min_p.to_bits()]).collect());
+    let filters = words.map(|w| stream.clone_htod(&w)).transpose()?;
     let (mut accepted, mut tokens, mut status) = (stream.alloc_zeros::<u32>(seqs)?, stream.alloc_zeros::<u32>(rows)?, stream.alloc_zeros::<u32>(seqs)?);
     let mut row_status = stream.alloc_zeros::<u32>(rows)?;
     let ms = 1e3
         * median_secs(args.bench.warmup, args.bench.reps, || -> flashsample::Result<()> {
             let mut inputs = DeviceInputs::new(DeviceMatrix::from_tensor(&hidden), DeviceMatrix::from_tensor(weights), seed);
             inputs.temperatures = Some(DeviceIn::new(&temperatures, &stream)?);
+            if let Some(f) = &filters {
+                inputs.filters = Some(DeviceIn::new(f, &stream)?);
+            }
             let d = DeviceDrafts { tokens: DeviceIn::new(&drafts, &stream)?, probs: Some(DeviceIn::new(&q, &stream)?) };
             let outputs = VerifyOutputs {
                 accepted: DeviceOut::new(&mut accepted, &stream)?,
@@ -132,18 +159,20 @@ fn device_verify_ms(
             plan.launch_verify(&stream, inputs, d, outputs)?;
             dev.synchronize()
         })?;
-    Ok(Some(ms))
+    let undecided = plan.sequence_errors(&stream.clone_dtoh(&status)?, &stream.clone_dtoh(&row_status)?)?.iter().filter(|e| e.is_some()).count();
+    Ok(Some((ms, undecided)))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = args.bench.device()?;
-    let (verifying, plain) = pipelines()?;
+    let (verifying, plain) = pipelines(args.filter)?;
     let verifier = Sampler::new(verifying, &device)?;
     let sampler = Sampler::new(plain, &device)?;
     println!(
-        "spec_bench: {}, bf16, sampled drafts, temperature 1, medians of {} host-API calls after {} (wall ms)",
+        "spec_bench: {}, bf16, sampled drafts, temperature 1{}, medians of {} host-API calls after {} (wall ms)",
         device.describe(),
+        if args.filter { ", every row top-k 50 + top-p 0.9" } else { "" },
         args.bench.reps,
         args.bench.warmup
     );
@@ -159,7 +188,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let h = head.random_hidden(&mut rng, rows);
                 let (drafts, q) = random_drafts(&mut rng, batch * k, vocab);
                 let temperatures = vec![1.0f32; rows];
-                let sample_params = SamplingParams { temperature: flashsample::TemperatureArg::PerRow(&temperatures), seed: 7, ..Default::default() };
+                let filters = args.filter.then(|| vec![FILTER; rows]);
+                let sample_params =
+                    SamplingParams { temperature: flashsample::TemperatureArg::PerRow(&temperatures), seed: 7, filter: filters.as_deref(), ..Default::default() };
                 let verify_params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..sample_params };
                 let mut verified = None;
                 let ours = 1e3
@@ -168,7 +199,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         Ok(())
                     })?;
                 let plain_ms = 1e3 * median_secs(args.bench.warmup, args.bench.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
-                let device_ms = device_verify_ms(&verifier, &head, &h, &temperatures, &drafts, &q, 7, &args)?;
+                let device = device_verify_ms(&verifier, &head, &h, &temperatures, filters.as_deref(), &drafts, &q, 7, &args)?;
+                let device_ms = device.map(|(ms, _)| ms);
                 let verified = verified.ok_or("no verify call ran")?;
                 let accepted = verified.accepted.iter().sum::<usize>() as f64 / batch as f64;
                 let p = peer_cases.iter().find(|(key, _)| *key == (batch, k)).map(|(_, p)| p);
@@ -190,6 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     fmt_opt(p.and_then(|p| p.eager), 3),
                     format!("{accepted:.2}"),
                     verified.recomputed_rows.to_string(),
+                    device.map_or("-".into(), |(_, n)| n.to_string()),
                     fmt_opt(p.and_then(|p| p.mem_compile), 1),
                 ]);
             }
@@ -212,6 +245,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "eager ms",
                 "accepted / seq",
                 "recomputed rows",
+                "device undecided seqs",
                 "compile peak MB",
             ],
             &table,
