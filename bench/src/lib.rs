@@ -43,6 +43,13 @@ pub struct BenchArgs {
     /// Python with PyTorch (and what the peers script uses) for the peers; `none` skips them.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// Standard deviation `S` of the raw logits the random LM head gives: W is then
+    /// `U(−a, a)` with `a = 3·S/√D` (the hidden states are `U(−1, 1)`). Without it W is
+    /// `U(−0.05, 0.05)`, a spread of `0.05·√(D/9)` (1.07 at D = 4096): flat rows, where the
+    /// sampler's noise skips save little; trained LMs put most tokens tens of nats below the
+    /// top (gpu_bench's default is 3).
+    #[arg(long)]
+    pub logit_std: Option<f32>,
 }
 
 impl BenchArgs {
@@ -115,11 +122,13 @@ pub struct LmHead {
 }
 
 impl LmHead {
-    /// Weights for the `D:V` pair `shape` (as `--shapes` takes them) on `device`.
-    pub fn random(rng: &mut StdRng, device: &Device, shape: &str) -> Result<Self, Box<dyn std::error::Error>> {
+    /// Weights for the `D:V` pair `shape` (as `--shapes` takes them) on `device`, spread as
+    /// [`BenchArgs::logit_std`] says.
+    pub fn random(rng: &mut StdRng, device: &Device, shape: &str, logit_std: Option<f32>) -> Result<Self, Box<dyn std::error::Error>> {
         let (d, v) = shape.split_once(':').ok_or("--shapes takes D:V pairs")?;
         let (dim, vocab): (usize, usize) = (d.parse()?, v.parse()?);
-        let host: Vec<bf16> = (0..vocab * dim).map(|_| bf16::from_f32(rng.random_range(-0.05f32..0.05))).collect();
+        let a = logit_std.map_or(0.05, |s| 3.0 * s / (dim as f32).sqrt());
+        let host: Vec<bf16> = (0..vocab * dim).map(|_| bf16::from_f32(rng.random_range(-a..a))).collect();
         let device = match device {
             Device::Cuda(c) => Some(c.upload(&host, vocab, dim)?),
             _ => None,

@@ -76,7 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {reps} after {warmup}", device.describe());
     let mut rng = StdRng::seed_from_u64(3);
     for shape in &args.bench.shapes {
-        let head = LmHead::random(&mut rng, &device, shape)?;
+        let head = LmHead::random(&mut rng, &device, shape, args.bench.logit_std)?;
         let (dim, vocab) = (head.dim, head.vocab);
         let peer_rows = peers(&args, dim, vocab);
         let mut table = Vec::new();

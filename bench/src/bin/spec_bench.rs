@@ -178,7 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut rng = StdRng::seed_from_u64(3);
     for shape in &args.bench.shapes {
-        let head = LmHead::random(&mut rng, &device, shape)?;
+        let head = LmHead::random(&mut rng, &device, shape, args.bench.logit_std)?;
         let (dim, vocab) = (head.dim, head.vocab);
         let peer_cases = peers(&args, dim, vocab);
         let mut table = Vec::new();
