@@ -49,7 +49,8 @@ pub fn insert_residual(list: &mut [Candidate], c: Candidate) {
 
 /// A sequence's outcome of the device's decision kernel (`out_status [S]` of
 /// `flashsample_decide`, DESIGN.md "Speculative verification"): the sequence was decided, or
-/// why not. Only [`SpecStatus::Ok`] sequences carry tokens.
+/// why not. Only [`SpecStatus::Ok`] sequences carry tokens; for the two draft faults the
+/// sequence's `accepted` entry holds the draft position at fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum SpecStatus {
@@ -64,11 +65,18 @@ pub enum SpecStatus {
     /// overflowed or its nucleus outgrew them). The row needs stage one over its whole
     /// vocabulary (the host API recomputes it).
     Recompute = 2,
+    /// A draft token is not below `V` (the device API's drafts are not checked on the host).
+    DraftToken = 3,
+    /// A sampled draft's probability of its own token is not positive and finite, or a
+    /// distribution entry the decision read (at a residual candidate) is negative, NaN or
+    /// infinite. The decision reads the distributions only there; the host API checks them
+    /// whole before the launch (`check_drafts`).
+    DraftProbability = 4,
 }
 
 impl SpecStatus {
     /// Every status, in code order.
-    pub const ALL: [SpecStatus; 3] = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::Recompute];
+    pub const ALL: [SpecStatus; 5] = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::Recompute, SpecStatus::DraftToken, SpecStatus::DraftProbability];
 
     /// The code the kernel writes.
     pub const fn code(self) -> u32 {
@@ -91,6 +99,22 @@ pub enum SequenceError {
         sequence: usize,
         /// Its first failed row's error.
         error: crate::RowStatusError,
+    },
+    /// A draft token not below the vocabulary ([`SpecStatus::DraftToken`]).
+    #[error("sequence {sequence}, draft {position}: the draft token is outside the vocabulary")]
+    DraftToken {
+        /// The sequence.
+        sequence: usize,
+        /// The draft position.
+        position: usize,
+    },
+    /// An invalid draft distribution ([`SpecStatus::DraftProbability`]).
+    #[error("sequence {sequence}, draft {position}: the draft's probability of its token is not positive and finite, or an entry the decision read is negative, NaN or infinite")]
+    DraftProbability {
+        /// The sequence.
+        sequence: usize,
+        /// The draft position.
+        position: usize,
     },
     /// A draft row's target needs the row over its whole vocabulary ([`SpecStatus::Recompute`]).
     #[error("sequence {sequence}: a draft row's residual draw or filter needs a recompute of its row over the whole vocabulary (the host API `Sampler::verify` does it)")]
@@ -285,7 +309,7 @@ mod tests {
         for s in SpecStatus::ALL {
             assert_eq!(SpecStatus::from_code(s.code()), Some(s));
         }
-        assert_eq!(SpecStatus::from_code(4), None);
+        assert_eq!(SpecStatus::from_code(5), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 
 use crate::entries::{Candidate, CandidateVar, Scored, CANDIDATE_BYTES, SCORED_BYTES};
 use crate::filter::{drawn_in_stage_three, row_filter_or_off};
-use crate::ir::{f32c, f64c, i32c, Fcmp, Func, Icmp, Ptr, Shared, Var, F32, F64, I1, I32, I64};
+use crate::ir::{f32c, f64c, i32c, Atomic, Fcmp, Func, Icmp, Ptr, Shared, Var, F32, F64, I1, I32, I64};
 use crate::math::{philox_block, row_stream, stream_word3, token_bits, RowStream};
 use crate::math64::{self, uniform_f64};
 use crate::params::{arg, DECIDE, SPEC_TARGETS};
@@ -38,14 +38,15 @@ pub const DECIDE_THREADS: u32 = 128;
 const WARPS: u32 = DECIDE_THREADS / 32;
 
 /// The block reduction's per-warp scratch (score, tie, payload), a filtered row's survivor
-/// terms and two counters (its survivor count, the draft token's entry), and `llvm.fabs.f64`.
+/// terms, three counters (its survivor count, the draft token's entry, and the flag of an
+/// invalid draft-distribution entry the residual draw read), and `llvm.fabs.f64`.
 pub(crate) fn shared_decls() -> String {
     format!(
         "@fs_decide_s = internal addrspace(3) global [{WARPS} x double] undef, align 8\n\
          @fs_decide_t = internal addrspace(3) global [{WARPS} x i32] undef, align 4\n\
          @fs_decide_x = internal addrspace(3) global [{WARPS} x float] undef, align 4\n\
          @fs_decide_terms = internal addrspace(3) global [{MAX_LIST_CAPACITY} x double] undef, align 8\n\
-         @fs_decide_misc = internal addrspace(3) global [2 x i32] undef, align 4\n\
+         @fs_decide_misc = internal addrspace(3) global [3 x i32] undef, align 4\n\
          declare double @llvm.fabs.f64(double)\n"
     )
 }
@@ -143,13 +144,33 @@ fn q_of(f: &mut Func, row: &Row, v: &I32) -> F64 {
     f.get(&q)
 }
 
+/// The flag a residual draw raises on reading an invalid draft-distribution entry.
+fn bad_q_flag(f: &mut Func) -> Ptr<Shared> {
+    f.element::<_, I32>(&MISC, &i32c(2))
+}
+
+/// [`q_of`] at a residual candidate `v`, raising [`bad_q_flag`] when the entry is negative,
+/// NaN or infinite (`SpecStatus::DraftProbability`).
+fn q_checked(f: &mut Func, row: &Row, v: &I32) -> F64 {
+    let q = q_of(f, row, v);
+    let nonneg = f.fcmp(Fcmp::Oge, &q, &f64c(0.0));
+    let finite = f.fcmp(Fcmp::Olt, &q, &F64::POS_INF);
+    let valid = f.and(&nonneg, &finite);
+    let bad = f.not(&valid);
+    f.if_then(&bad, |f| {
+        let flag = bad_q_flag(f);
+        f.atomic_update(Atomic::Or, &flag, &i32c(1), Some(4));
+    });
+    q
+}
+
 /// The exact residual score `ln(max(0, p − q)) + gumbel_f64(residual bits)` of the listed
 /// token `v` with logit `x`: `-inf` when `p ≤ q` (the token is not eligible).
 fn exact_score(f: &mut Func, row: &Row, w3: &I32, v: &I32, x: &F32) -> F64 {
     let x64: F64 = f.fpext(x);
     let d = f.fsub(&x64, &row.l);
     let p = math64::exp(f, &d);
-    let q = q_of(f, row, v);
+    let q = q_checked(f, row, v);
     let w = f.fsub(&p, &q);
     let score = f.var(&F64::NEG_INF);
     let pos = f.fcmp(Fcmp::Ogt, &w, &f64c(0.0));
@@ -304,6 +325,51 @@ pub(crate) fn emit() -> String {
             });
         };
         clear(f);
+        // The drafts first (the device API's are not checked on the host): the first position
+        // whose token is not below V, or whose sampled probability of its token is not
+        // positive and finite, faults the sequence; `accepted` then names the position.
+        let outcome = f.var(&i32c(SpecStatus::Ok.code()));
+        let fault_at = f.var(&i32c(0));
+        let has_q = f.non_null(&arg::DRAFT_PROBS);
+        f.for_loop(&i32c(0), &arg::K, &i32c(1), |f, j| {
+            let oc = f.get(&outcome);
+            let clean = f.icmp(Icmp::Eq, &oc, &i32c(SpecStatus::Ok.code()));
+            f.if_then(&clean, |f| {
+                let draft = f.mul(&seq, &arg::K);
+                let draft = f.add(&draft, j);
+                let draft64 = f.zext(&draft);
+                let a = f.gaddr(&arg::DRAFTS, &draft64, 4);
+                let d: I32 = f.load(&a, 4);
+                let outside = f.icmp(Icmp::Uge, &d, &arg::VOCAB);
+                f.if_else(
+                    &outside,
+                    |f| {
+                        f.set(&outcome, &i32c(SpecStatus::DraftToken.code()));
+                        f.set(&fault_at, j);
+                    },
+                    |f| {
+                        f.if_then(&has_q, |f| {
+                            let vocab64 = f.zext(&arg::VOCAB);
+                            let at = f.mul(&draft64, &vocab64);
+                            let d64 = f.zext(&d);
+                            let at = f.add(&at, &d64);
+                            let a = f.gaddr(&arg::DRAFT_PROBS, &at, 4);
+                            let q: F32 = f.load(&a, 4);
+                            let positive = f.fcmp(Fcmp::Ogt, &q, &F32::ZERO);
+                            let finite = f.fcmp(Fcmp::Olt, &q, &F32::POS_INF);
+                            let valid = f.and(&positive, &finite);
+                            let bad = f.not(&valid);
+                            f.if_then(&bad, |f| {
+                                f.set(&outcome, &i32c(SpecStatus::DraftProbability.code()));
+                                f.set(&fault_at, j);
+                            });
+                        });
+                    },
+                );
+            });
+        });
+        let oc = f.get(&outcome);
+        let drafts_ok = f.icmp(Icmp::Eq, &oc, &i32c(SpecStatus::Ok.code()));
         // A failing row fails the sequence (`verify::sequence_failure`).
         let fail = f.var(&i32c(0));
         f.for_loop(&i32c(0), &period, &i32c(1), |f, n| {
@@ -323,14 +389,16 @@ pub(crate) fn emit() -> String {
             let nf = f.or(&cur, &bad);
             f.set(&fail, &nf);
         });
-        let outcome = f.var(&i32c(SpecStatus::Ok.code()));
         let accepted = f.var(&i32c(0));
         let stop = f.var(&i32c(0));
         let failed = f.get(&fail);
         let failed = f.icmp(Icmp::Ne, &failed, &i32c(0));
-        f.if_else(
-            &failed,
-            |f| f.set(&outcome, &i32c(SpecStatus::RowFailed.code())),
+        let row_failed = f.and(&drafts_ok, &failed);
+        let go = f.not(&failed);
+        let go = f.and(&drafts_ok, &go);
+        f.if_then(&row_failed, |f| f.set(&outcome, &i32c(SpecStatus::RowFailed.code())));
+        f.if_then(
+            &go,
             |f| {
                 let j = f.var(&i32c(0));
                 f.while_loop(
@@ -354,7 +422,7 @@ pub(crate) fn emit() -> String {
                             tiles_wide: &tiles_wide,
                             per_tile_wide: &per_tile_wide,
                         };
-                        let out = Outcome { outcome: &outcome, accepted: &accepted, stop: &stop };
+                        let out = Outcome { outcome: &outcome, accepted: &accepted, stop: &stop, fault_at: &fault_at };
                         decide_position(f, &c, &jv, &out, &emit_token);
                         let nj = f.add(&jv, &i32c(1));
                         f.set(&j, &nj);
@@ -377,10 +445,15 @@ pub(crate) fn emit() -> String {
         );
         let oc = f.get(&outcome);
         let undecided = f.icmp(Icmp::Ne, &oc, &i32c(SpecStatus::Ok.code()));
-        // Only a decided sequence carries tokens.
+        // Only a decided sequence carries tokens; a draft fault's `accepted` is its position.
+        let token_fault = f.icmp(Icmp::Eq, &oc, &i32c(SpecStatus::DraftToken.code()));
+        let prob_fault = f.icmp(Icmp::Eq, &oc, &i32c(SpecStatus::DraftProbability.code()));
+        let draft_fault = f.or(&token_fault, &prob_fault);
         f.if_then(&undecided, |f| {
             clear(f);
-            f.set(&accepted, &i32c(0));
+            let at = f.get(&fault_at);
+            let n = f.sel(&draft_fault, &at, &i32c(0));
+            f.set(&accepted, &n);
         });
         f.if_then(&tid0, |f| {
             let s64 = f.zext(&seq);
@@ -410,17 +483,25 @@ struct DecideCtx<'a> {
 }
 
 /// What the positions' decisions write: the sequence's `SpecStatus` code, its accepted
-/// drafts, and whether a position stopped the walk (`i32` flags).
+/// drafts, whether a position stopped the walk (`i32` flags), and a draft fault's position.
 struct Outcome<'a> {
     outcome: &'a Var<I32>,
     accepted: &'a Var<I32>,
     stop: &'a Var<I32>,
+    fault_at: &'a Var<I32>,
 }
 
 /// Draft position `j` of the sequence: accept (emit `d_j`) or reject (emit the correction,
 /// or `Recompute`) and stop. `p_j(d)` by the row's kind: a greedy row's point mass on its
 /// argmax, a filtered row's survivors (`Recompute` when it has none), else `exp(x_d − L)`.
 fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, emit_token: &dyn Fn(&mut Func, &I32, &I32, &F32)) {
+    // Only a rejecting position, the walk's last, reads the flag, after the barriers of its
+    // residual draw; the first of them orders this store before every thread's update.
+    let tid0 = f.icmp(Icmp::Eq, c.tid, &i32c(0));
+    f.if_then(&tid0, |f| {
+        let flag = bad_q_flag(f);
+        f.store(&i32c(0), &flag, 4);
+    });
     let r = f.add(c.row0, j);
     let r64 = f.zext(&r);
     let draft = f.mul(c.seq, &arg::K);
@@ -534,6 +615,14 @@ fn decide_position(f: &mut Func, c: &DecideCtx<'_>, j: &I32, out: &Outcome<'_>, 
                                     );
                                 },
                             );
+                            // Both draws end with a block reduction: every update is in.
+                            let flag = bad_q_flag(f);
+                            let raised: I32 = f.load(&flag, 4);
+                            let bad = f.icmp(Icmp::Ne, &raised, &i32c(0));
+                            f.if_then(&bad, |f| {
+                                f.set(out.outcome, &i32c(SpecStatus::DraftProbability.code()));
+                                f.set(out.fault_at, j);
+                            });
                         },
                     );
                 },
@@ -666,7 +755,7 @@ fn kept_residual(f: &mut Func, c: &DecideCtx<'_>, row: &Row, kept: &Kept) -> (I3
             let cur = by_p.get(f);
             let next = cur.keep_best(f, &Candidate { score, index: entry.index.clone(), logit: entry.logit.clone() });
             by_p.set(f, &next);
-            let q = q_of(f, row, &entry.index);
+            let q = q_checked(f, row, &entry.index);
             let w = f.fsub(&p, &q);
             let residual = f.fcmp(Fcmp::Ogt, &w, &f64c(0.0));
             f.if_then(&residual, |f| {

@@ -159,7 +159,7 @@ fn device_verify_ms(
             plan.launch_verify(&stream, inputs, d, outputs)?;
             dev.synchronize()
         })?;
-    let undecided = plan.sequence_errors(&stream.clone_dtoh(&status)?, &stream.clone_dtoh(&row_status)?)?.iter().filter(|e| e.is_some()).count();
+    let undecided = plan.sequence_errors(&stream.clone_dtoh(&status)?, &stream.clone_dtoh(&accepted)?, &stream.clone_dtoh(&row_status)?)?.iter().filter(|e| e.is_some()).count();
     Ok(Some((ms, undecided)))
 }
 

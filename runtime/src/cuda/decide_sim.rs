@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 /// A random verifying launch (stage one's outputs as the decision reads them) and the
 /// host's and the interpreted kernel's decisions of it.
+#[derive(Clone)]
 struct Scenario {
     pipeline: Pipeline,
     k: usize,
@@ -238,7 +239,7 @@ fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
     c.fit_lists(pipeline);
     let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &c).unwrap();
     let mut globals = HashMap::new();
-    for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16), ("@fs_decide_terms", 8 << 10), ("@fs_decide_misc", 8)] {
+    for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16), ("@fs_decide_terms", 8 << 10), ("@fs_decide_misc", 12)] {
         globals.insert(name.to_string(), mem.add(vec![0; bytes]));
     }
     (Module::with_callees(&ir, &[DECIDE.kernel, "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"], &globals), DECIDE.kernel)
@@ -378,6 +379,74 @@ fn the_interpreted_decision_kernel_decides_filtered_rows_as_the_host() {
     }
     let [decided, recomputed, filtered, from_lists] = totals;
     assert!(filtered > 10 && decided > 30 && from_lists > 5 && recomputed > 0, "decided {decided} ({filtered} from a filtered first row), recomputed {recomputed}, rejections from the lists {from_lists}");
+}
+
+/// Drafts the device API did not check: a token past `V` or a draft probability of its token
+/// that is 0, NaN or infinite faults the sequence at the first such position (before any
+/// decision), and so does a NaN entry the residual draw reads (at the rejected position);
+/// the fault's position comes back in `accepted`, and the other sequences are decided as the
+/// host decides them.
+#[test]
+fn the_interpreted_decision_kernel_reports_bad_drafts() {
+    use flashsample_abi::speculative::SequenceError;
+    let mut faulted_in_residual = 0;
+    for seed in 0..4 {
+        let clean = Scenario::new(true, false, 3, 10, 200 + seed);
+        let k = clean.k;
+        let (lists, reduced, draft_logits) = clean.stage_outputs();
+        let params = clean.params();
+        let layout = TopLists { batch: clean.rows(), tiles: clean.tiles, per_tile: clean.per_tile };
+        let run = VerifyRun { status: &clean.status, reduced: &reduced, lists: None, target_logits: &draft_logits, residual: (layout, &lists) };
+        let q = DraftProbs { drafts: &clean.drafts, probs: clean.probs.as_deref(), vocab: clean.vocab };
+        let mut whole_row = |row: usize| -> crate::Result<Vec<Scored>> {
+            let x = &clean.x[row * clean.vocab..][..clean.vocab];
+            Ok(flashsample_abi::filter::whole_row(&x.iter().enumerate().map(|(v, &l)| Scored { logit: l, index: v as u32 }).collect::<Vec<_>>()))
+        };
+        let host = decide(&clean.pipeline, &params, &q, k, &run, &mut whole_row).unwrap();
+        let mut bad = clean.clone();
+        let v = bad.vocab;
+        let probs = bad.probs.as_mut().unwrap();
+        bad.drafts[k + 2] = (v + 5) as u32;
+        probs[(2 * k + 1) * v + bad.drafts[2 * k + 1] as usize] = 0.0;
+        probs[3 * k * v + bad.drafts[3 * k] as usize] = f32::NAN;
+        probs[(4 * k + 2) * v + bad.drafts[4 * k + 2] as usize] = f32::INFINITY;
+        for j in 0..k {
+            let d = bad.drafts[5 * k + j] as usize;
+            probs[(5 * k + j) * v..][..v].iter_mut().enumerate().filter(|(t, _)| *t != d).for_each(|(_, q)| *q = f32::NAN);
+        }
+        let (accepted, tokens, _, status) = run_kernel(&bad, &lists, &reduced, &draft_logits, &[]);
+        let fault = |i: usize| (SpecStatus::from_code(status[i]), accepted[i]);
+        let what = format!("seed {seed}: status {status:?} accepted {accepted:?}");
+        let failed_row = |i: usize| crate::verify::sequence_failure(&bad.status, i * (k + 1)..(i + 1) * (k + 1), k, 0).is_some();
+        // The draft checks come before the rows' own failures.
+        assert_eq!(fault(1), (Some(SpecStatus::DraftToken), 2), "{what}");
+        assert_eq!(fault(2), (Some(SpecStatus::DraftProbability), 1), "{what}");
+        assert_eq!(fault(3), (Some(SpecStatus::DraftProbability), 0), "{what}");
+        assert_eq!(fault(4), (Some(SpecStatus::DraftProbability), 2), "{what}");
+        // Sequence 5 reads its NaN entries only in a residual draw of a sampled row.
+        let rejected_at = host.accepted[5];
+        let sampled_rejection = host.errors[5].is_none() && rejected_at < k && bad.temperatures[5 * (k + 1) + rejected_at] != 0.0;
+        if failed_row(5) {
+            assert_eq!(fault(5).0, Some(SpecStatus::RowFailed), "{what}");
+        } else if sampled_rejection {
+            assert_eq!(fault(5), (Some(SpecStatus::DraftProbability), rejected_at as u32), "{what}");
+            faulted_in_residual += 1;
+        } else {
+            assert_eq!(fault(5).0, Some(SpecStatus::Ok), "{what}");
+        }
+        for i in [1, 2, 3, 4] {
+            assert!(tokens[i * (k + 1)..][..k + 1].iter().all(|&t| t == INDEX_NONE), "{what}: a faulted sequence carries tokens");
+        }
+        for i in (0..10).filter(|i| ![1, 2, 3, 4, 5].contains(i)) {
+            if SpecStatus::from_code(status[i]) == Some(SpecStatus::Ok) {
+                let span = i * (k + 1)..(i + 1) * (k + 1);
+                assert_eq!((accepted[i] as usize, &tokens[span.clone()]), (host.accepted[i], &host.tokens[span]), "{what}: sequence {i}");
+            }
+        }
+        let e = SequenceError::DraftToken { sequence: 1, position: 2 };
+        assert!(e.to_string().contains("sequence 1, draft 2"), "{e}");
+    }
+    assert!(faulted_in_residual > 0, "no residual draw read a NaN entry");
 }
 
 #[test]

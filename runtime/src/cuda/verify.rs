@@ -55,6 +55,10 @@ impl CudaSampler {
                     errors[i] = Some(e);
                 }
                 Some(SpecStatus::Recompute) => return Ok(None),
+                // `Sampler::verify` checked the drafts (`check_drafts`) before the launch.
+                Some(SpecStatus::DraftToken | SpecStatus::DraftProbability) => {
+                    return Err(Error::Cuda(format!("the decision faulted sequence {i}'s draft {}, which the host checked", d.accepted[i])));
+                }
                 None => return Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {i}"))),
             }
         }

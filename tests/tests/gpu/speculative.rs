@@ -101,7 +101,7 @@ fn the_device_api_decides_as_the_host_api() {
             // Only a filter's nucleus can outgrow the lists (the host API serves such rows).
             let nucleus = RowStatus::NucleusTooLarge.code();
             assert!(got.row_status.iter().all(|&st| st == 0 || (filtered && st == nucleus)), "{what}: {:?}", got.row_status);
-            let errors = plan.sequence_errors(&got.status, &got.row_status).unwrap();
+            let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
             let mut recomputed = 0;
             for (i, e) in errors.iter().enumerate() {
                 let span = i * (k + 1)..(i + 1) * (k + 1);
@@ -132,7 +132,8 @@ fn the_device_api_decides_as_the_host_api() {
 }
 
 /// The device API's typed refusals: a verifying launch's drafts, distributions and outputs
-/// are checked on the host and named; a verifying pipeline does not `launch`, a plain one does
+/// are checked on the host and named, bad draft tokens and draft probabilities on the device
+/// (typed per sequence and position); a verifying pipeline does not `launch`, a plain one does
 /// not `launch_verify`, and `Sampler::sample` refuses a verifying pipeline.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -164,6 +165,26 @@ fn the_device_api_checks_verify_arguments() {
     assert!(matches!(e, Error::Param(ParamError::Length { what: "draft distributions", .. })), "{e}");
     let e = attempt(&drafts, Some(&q), false).unwrap_err();
     assert!(matches!(e, Error::Param(ParamError::Missing("verify logprobs output"))), "{e}");
+    // What only the device sees: a draft token past V, a draft probability of 0 or NaN at the
+    // draft token. The launch runs; the decision faults those sequences at those positions.
+    let (mut bad_drafts, mut bad_q) = (drafts.clone(), q.clone());
+    bad_drafts[k + 1] = vocab as u32 + 3;
+    bad_q[2 * k * vocab + bad_drafts[2 * k] as usize] = 0.0;
+    let mut spec = DeviceVerify::new(&dev, &p, seqs, k, &bad_drafts, Some(&bad_q));
+    let (d, outputs) = spec.args(&stream);
+    plan.launch_verify(&stream, inputs.inputs(&stream), d, outputs).expect("the launch with bad drafts runs");
+    let got = spec.read(&stream);
+    let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
+    assert_eq!(errors[1], Some(SequenceError::DraftToken { sequence: 1, position: 1 }), "{errors:?}");
+    assert_eq!(errors[2], Some(SequenceError::DraftProbability { sequence: 2, position: 0 }), "{errors:?}");
+    assert!(got.tokens[k + 1..].iter().all(|&t| t == INDEX_NONE), "faulted sequences carry no tokens: {:?}", got.tokens);
+    bad_q[2 * k * vocab + bad_drafts[2 * k] as usize] = f32::NAN;
+    let mut spec = DeviceVerify::new(&dev, &p, seqs, k, &bad_drafts, Some(&bad_q));
+    let (d, outputs) = spec.args(&stream);
+    plan.launch_verify(&stream, inputs.inputs(&stream), d, outputs).expect("the launch with bad drafts runs");
+    let got = spec.read(&stream);
+    let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
+    assert_eq!(errors[2], Some(SequenceError::DraftProbability { sequence: 2, position: 0 }), "{errors:?}");
     // A verifying pipeline's plan does not sample, and the host API does not either.
     let mut out = flashsample_tests::gpu::DeviceResults::alloc(&dev, &p, case.batch);
     assert!(matches!(plan.launch(&stream, inputs.inputs(&stream), out.outputs(&stream)), Err(Error::Unsupported(_))));
@@ -211,7 +232,7 @@ fn a_captured_verify_replays_with_fresh_steps() {
         let got = spec.read(&stream);
         let steps = vec![replay; case.batch];
         let host = sampler.verify(case.hidden.tensor(), case.weights.tensor(), &SamplingParams { row_steps: Some(&steps), ..params }).unwrap();
-        let errors = plan.sequence_errors(&got.status, &got.row_status).unwrap();
+        let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
         for (i, e) in errors.iter().enumerate().filter(|(_, e)| e.is_none()) {
             let span = i * (k + 1)..(i + 1) * (k + 1);
             assert_eq!((got.accepted[i] as usize, &got.tokens[span.clone()]), (host.accepted[i], &host.tokens[span]), "replay {replay}, sequence {i}: {e:?}");

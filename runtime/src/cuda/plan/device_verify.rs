@@ -16,11 +16,13 @@ use flashsample_codegen_ptx::{SpecTargetsArgs, DECIDE_THREADS};
 
 /// A verifying launch's drafts in device memory.
 pub struct DeviceDrafts<'a> {
-    /// `[S·k]` draft tokens, each `< V` (not read back to be checked, as
-    /// `abi::speculative::check_drafts` would on the host); its length gives `k`.
+    /// `[S·k]` draft tokens, each `< V`; its length gives `k`. The decision checks them on
+    /// the device: a token past `V` is the sequence's `SpecStatus::DraftToken`.
     pub tokens: DeviceIn<'a, u32>,
     /// `[S·k, V]` the draft distributions (finite, ≥ 0, > 0 at the draft token), iff the
-    /// pipeline's drafts are sampled.
+    /// pipeline's drafts are sampled. The decision checks each draft token's entry and every
+    /// entry it reads (`SpecStatus::DraftProbability`); not the whole rows, as the host API's
+    /// `abi::speculative::check_drafts` does.
     pub probs: Option<DeviceIn<'a, f32>>,
 }
 
@@ -72,13 +74,15 @@ impl SamplingPlan {
     }
 
     /// The typed outcome of each sequence from host copies of a verifying launch's
-    /// `status [S]` and `row_status [S·(k+1)]`: `None` for a decided sequence. An unknown code
-    /// or lengths that do not split into sequences are errors.
-    pub fn sequence_errors(&self, status: &[u32], row_status: &[u32]) -> Result<Vec<Option<SequenceError>>> {
+    /// `status [S]`, `accepted [S]` (a draft fault's position) and `row_status [S·(k+1)]`:
+    /// `None` for a decided sequence. An unknown code or lengths that do not split into
+    /// sequences are errors.
+    pub fn sequence_errors(&self, status: &[u32], accepted: &[u32], row_status: &[u32]) -> Result<Vec<Option<SequenceError>>> {
         let seqs = status.len();
         if seqs == 0 || !row_status.len().is_multiple_of(seqs) || row_status.len() < seqs {
             return Err(Error::Shape(format!("{} row statuses do not split into {seqs} sequences", row_status.len())));
         }
+        super::expect_len("accepted", accepted.len(), seqs)?;
         let k = row_status.len() / seqs - 1;
         let rows = row_status
             .iter()
@@ -94,6 +98,8 @@ impl SamplingPlan {
                     .map(|error| Some(SequenceError::Row { sequence, error }))
                     .ok_or_else(|| Error::Cuda(format!("sequence {sequence} failed with no failed row"))),
                 Some(SpecStatus::Recompute) => Ok(Some(SequenceError::Recompute { sequence })),
+                Some(SpecStatus::DraftToken) => Ok(Some(SequenceError::DraftToken { sequence, position: accepted[sequence] as usize })),
+                Some(SpecStatus::DraftProbability) => Ok(Some(SequenceError::DraftProbability { sequence, position: accepted[sequence] as usize })),
                 None => Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {sequence}"))),
             })
             .collect()
