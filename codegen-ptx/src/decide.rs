@@ -668,8 +668,11 @@ fn kept_target(f: &mut Func, tid: &I32, base: &I64, d: &I32) -> (I1, I32, F64, F
             let count_at = f.element::<_, I32>(&MISC, &i32c(0));
             let hit_at = f.element::<_, I32>(&MISC, &i32c(1));
             let tid0 = f.icmp(Icmp::Eq, tid, &i32c(0));
+            // Stage three keeps at most MAX_LIST_CAPACITY survivors (the terms' size), so a
+            // full row's count is its width up to that.
+            let full = f.umin(&arg::KEPT_WIDTH, &i32c(MAX_LIST_CAPACITY));
             f.if_then(&tid0, |f| {
-                f.store(&arg::KEPT_WIDTH, &count_at, 4);
+                f.store(&full, &count_at, 4);
                 f.store(&none, &hit_at, 4);
             });
             f.barrier();
@@ -683,8 +686,11 @@ fn kept_target(f: &mut Func, tid: &I32, base: &I64, d: &I32) -> (I1, I32, F64, F
                         let x: F64 = f.fpext(&entry.logit);
                         let dx = f.fsub(&x, &top);
                         let term = math64::exp(f, &dx);
-                        let a = f.element::<_, F64>(&TERMS, e);
-                        f.store_natural(&term, &a);
+                        let fits = f.icmp(Icmp::Ult, e, &i32c(MAX_LIST_CAPACITY));
+                        f.if_then(&fits, |f| {
+                            let a = f.element::<_, F64>(&TERMS, e);
+                            f.store_natural(&term, &a);
+                        });
                         let is_d = f.icmp(Icmp::Eq, &entry.index, d);
                         f.if_then(&is_d, |f| f.store(e, &hit_at, 4));
                     },
