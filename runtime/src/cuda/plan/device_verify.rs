@@ -78,31 +78,7 @@ impl SamplingPlan {
     /// `None` for a decided sequence. An unknown code or lengths that do not split into
     /// sequences are errors.
     pub fn sequence_errors(&self, status: &[u32], accepted: &[u32], row_status: &[u32]) -> Result<Vec<Option<SequenceError>>> {
-        let seqs = status.len();
-        if seqs == 0 || !row_status.len().is_multiple_of(seqs) || row_status.len() < seqs {
-            return Err(Error::Shape(format!("{} row statuses do not split into {seqs} sequences", row_status.len())));
-        }
-        super::expect_len("accepted", accepted.len(), seqs)?;
-        let k = row_status.len() / seqs - 1;
-        let rows = row_status
-            .iter()
-            .enumerate()
-            .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
-            .collect::<Result<Vec<_>>>()?;
-        status
-            .iter()
-            .enumerate()
-            .map(|(sequence, &code)| match SpecStatus::from_code(code) {
-                Some(SpecStatus::Ok) => Ok(None),
-                Some(SpecStatus::RowFailed) => crate::verify::sequence_failure(&rows, sequence * (k + 1)..(sequence + 1) * (k + 1), k, self.list_capacity())
-                    .map(|error| Some(SequenceError::Row { sequence, error }))
-                    .ok_or_else(|| Error::Cuda(format!("sequence {sequence} failed with no failed row"))),
-                Some(SpecStatus::Recompute) => Ok(Some(SequenceError::Recompute { sequence })),
-                Some(SpecStatus::DraftToken) => Ok(Some(SequenceError::DraftToken { sequence, position: accepted[sequence] as usize })),
-                Some(SpecStatus::DraftProbability) => Ok(Some(SequenceError::DraftProbability { sequence, position: accepted[sequence] as usize })),
-                None => Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {sequence}"))),
-            })
-            .collect()
+        sequence_errors(status, accepted, row_status, self.list_capacity())
     }
 
     /// Checks a verifying launch against the plan and the pipeline: its launch arguments
@@ -155,5 +131,78 @@ impl SamplingPlan {
         a.spec_period = (k + 1) as u32;
         a.decide = Some(DecideLaunch { k: k as u32, drafts: drafts.tokens.address(), draft_probs, accepted, tokens, logprobs, status });
         Ok((a, targets))
+    }
+}
+
+/// [`SamplingPlan::sequence_errors`] for a plan whose lists hold `capacity` entries (a row
+/// error names it).
+fn sequence_errors(status: &[u32], accepted: &[u32], row_status: &[u32], capacity: usize) -> Result<Vec<Option<SequenceError>>> {
+    let seqs = status.len();
+    if seqs == 0 || !row_status.len().is_multiple_of(seqs) || row_status.len() < seqs {
+        return Err(Error::Shape(format!("{} row statuses do not split into {seqs} sequences", row_status.len())));
+    }
+    super::expect_len("accepted", accepted.len(), seqs)?;
+    let k = row_status.len() / seqs - 1;
+    let rows = row_status
+        .iter()
+        .enumerate()
+        .map(|(row, &code)| RowStatus::from_code(code).ok_or_else(|| Error::Cuda(format!("the kernels wrote unknown status {code} for row {row}"))))
+        .collect::<Result<Vec<_>>>()?;
+    // A draft fault's position, which the decision writes below k.
+    let position = |sequence: usize| -> Result<usize> {
+        let p = accepted[sequence] as usize;
+        if p < k {
+            Ok(p)
+        } else {
+            Err(Error::Cuda(format!("the decision faulted sequence {sequence} at draft {p} of {k}")))
+        }
+    };
+    status
+        .iter()
+        .enumerate()
+        .map(|(sequence, &code)| match SpecStatus::from_code(code) {
+            Some(SpecStatus::Ok) => Ok(None),
+            Some(SpecStatus::RowFailed) => crate::verify::sequence_failure(&rows, sequence * (k + 1)..(sequence + 1) * (k + 1), k, capacity)
+                .map(|error| Some(SequenceError::Row { sequence, error }))
+                .ok_or_else(|| Error::Cuda(format!("sequence {sequence} failed with no failed row"))),
+            Some(SpecStatus::Recompute) => Ok(Some(SequenceError::Recompute { sequence })),
+            Some(SpecStatus::DraftToken) => Ok(Some(SequenceError::DraftToken { sequence, position: position(sequence)? })),
+            Some(SpecStatus::DraftProbability) => Ok(Some(SequenceError::DraftProbability { sequence, position: position(sequence)? })),
+            None => Err(Error::Cuda(format!("the decision wrote unknown status {code} for sequence {sequence}"))),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sequence_errors;
+    use crate::Error;
+    use flashsample_abi::speculative::{SequenceError, SpecStatus};
+    use flashsample_abi::{RowError, RowStatus, RowStatusError};
+
+    /// The device outputs of three sequences of k = 2 drafts (9 rows) type as the decision
+    /// meant them: decided, a failed row named by its status, a recompute, draft faults at
+    /// their positions; malformed outputs are errors, never a wrong outcome.
+    #[test]
+    fn device_outcomes_type_per_sequence() {
+        let ok = RowStatus::Ok.code();
+        let mut rows = vec![ok; 9];
+        rows[4] = RowStatus::NonFinite.code();
+        let status = [SpecStatus::Ok, SpecStatus::RowFailed, SpecStatus::DraftProbability].map(|s| s.code());
+        let got = sequence_errors(&status, &[2, 0, 1], &rows, 8).unwrap();
+        assert_eq!(got[0], None);
+        assert_eq!(got[1], Some(SequenceError::Row { sequence: 1, error: RowStatusError::Row(RowError::NonFinite { row: 4 }) }));
+        assert_eq!(got[2], Some(SequenceError::DraftProbability { sequence: 2, position: 1 }));
+        let status = [SpecStatus::Recompute, SpecStatus::DraftToken, SpecStatus::Ok].map(|s| s.code());
+        let got = sequence_errors(&status, &[0, 0, 1], &[ok; 9], 8).unwrap();
+        assert_eq!(got, [Some(SequenceError::Recompute { sequence: 0 }), Some(SequenceError::DraftToken { sequence: 1, position: 0 }), None]);
+        // Malformed: a fault past the drafts, a failed sequence without a failed row, unknown
+        // codes, lengths that do not split.
+        assert!(matches!(sequence_errors(&[SpecStatus::DraftToken.code(); 3], &[2; 3], &[ok; 9], 8), Err(Error::Cuda(_))));
+        assert!(matches!(sequence_errors(&[SpecStatus::RowFailed.code(); 3], &[0; 3], &[ok; 9], 8), Err(Error::Cuda(_))));
+        assert!(matches!(sequence_errors(&[9; 3], &[0; 3], &[ok; 9], 8), Err(Error::Cuda(_))));
+        assert!(matches!(sequence_errors(&[0; 3], &[0; 3], &[99; 9], 8), Err(Error::Cuda(_))));
+        assert!(matches!(sequence_errors(&[0; 3], &[0; 3], &[ok; 8], 8), Err(Error::Shape(_))));
+        assert!(sequence_errors(&[0; 3], &[0; 2], &[ok; 9], 8).is_err());
     }
 }
