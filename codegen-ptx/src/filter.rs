@@ -898,6 +898,7 @@ fn kept_slot(f: &mut Func, r64: &I64, e: &I32) -> Ptr<Global> {
     f.gaddr(&arg::KEPT, &at, SCORED_BYTES)
 }
 
+/// `Scored::EMPTY` at `at`: no survivor (an unused entry, or a row without any when first).
 fn store_empty(f: &mut Func, at: &Ptr<Global>) {
     Scored { logit: F32::NEG_INF, index: i32c(INDEX_NONE as i32) }.store(f, at);
 }
