@@ -4,7 +4,7 @@
 //! `exp_f64` and `gumbel_f64` bit for bit.
 
 use super::ir_sim::{Memory, Module};
-use crate::verify::{decide, DraftProbs, VerifyRun};
+use crate::verify::{decide, DraftProbs, Verified, VerifyRun};
 use flashsample_abi::filter::{merge_row, survivors, Scored, TopLists};
 use flashsample_abi::rng::gumbel_f32;
 use flashsample_abi::speculative::{residual_bits, SpecStatus};
@@ -233,6 +233,32 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// The host's decision (`verify::decide`) from stage one's outputs and, with filters, the
+    /// filter's lists ([`FILTER_PER_TILE`] per tile); and the rows it recomputed over the
+    /// whole vocabulary (each row's every token, from `x`).
+    fn host_decision(&self, lists: &[Candidate], reduced: &RowResult, draft_logits: &[f32], filter_lists: Option<&[Scored]>) -> (Verified, Vec<usize>) {
+        let recomputed = RefCell::new(Vec::new());
+        let mut whole_row = |row: usize| -> crate::Result<Vec<Scored>> {
+            recomputed.borrow_mut().push(row);
+            let x = &self.x[row * self.vocab..][..self.vocab];
+            Ok(flashsample_abi::filter::whole_row(&x.iter().enumerate().map(|(v, &l)| Scored { logit: l, index: v as u32 }).collect::<Vec<_>>()))
+        };
+        let layout = TopLists { batch: self.rows(), tiles: self.tiles, per_tile: self.per_tile };
+        let filter_layout = TopLists { per_tile: FILTER_PER_TILE, ..layout };
+        let run = VerifyRun {
+            status: &self.status,
+            reduced,
+            lists: filter_lists.map(|l| (filter_layout, l)),
+            target_logits: draft_logits,
+            residual: (layout, lists),
+        };
+        let q = DraftProbs { drafts: &self.drafts, probs: self.probs.as_deref(), vocab: self.vocab };
+        let host = decide(&self.pipeline, &self.params(), &q, self.k, &run, &mut whole_row).unwrap();
+        (host, recomputed.into_inner())
+    }
+}
+
 /// The decision kernel of `pipeline` and its helpers, parsed, with the shared-memory scratch.
 fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
     let mut c = GpuConfig::new(128, 8, 4, Schedule::MmaSync { stages: 2, k_step: 64, grid: Grid::PerItem });
@@ -303,23 +329,11 @@ fn compare(s: &Scenario) -> [usize; 4] {
     let (lists, reduced, draft_logits) = s.stage_outputs();
     let (filter_lists, kept) = if s.filters.is_some() { s.filter_outputs(reduced.logsumexp.as_ref().unwrap()) } else { (Vec::new(), Vec::new()) };
     let (accepted, tokens, logprobs, status) = run_kernel(s, &lists, &reduced, &draft_logits, &kept);
-    let params = s.params();
     let rows = s.rows();
     let k = s.k;
-    let recomputed = RefCell::new(Vec::new());
-    let mut whole_row = |row: usize| -> crate::Result<Vec<Scored>> {
-        recomputed.borrow_mut().push(row);
-        let x = &s.x[row * s.vocab..][..s.vocab];
-        Ok(flashsample_abi::filter::whole_row(&x.iter().enumerate().map(|(v, &l)| Scored { logit: l, index: v as u32 }).collect::<Vec<_>>()))
-    };
-    let layout = TopLists { batch: rows, tiles: s.tiles, per_tile: s.per_tile };
-    let filter_layout = TopLists { per_tile: FILTER_PER_TILE, ..layout };
-    let filter_lists = s.filters.as_ref().map(|_| (filter_layout, filter_lists.as_slice()));
-    let run = VerifyRun { status: &s.status, reduced: &reduced, lists: filter_lists, target_logits: &draft_logits, residual: (layout, &lists) };
-    let q = DraftProbs { drafts: &s.drafts, probs: s.probs.as_deref(), vocab: s.vocab };
+    let filter_lists = s.filters.as_ref().map(|_| filter_lists.as_slice());
+    let (host, recomputed) = s.host_decision(&lists, &reduced, &draft_logits, filter_lists);
     let mut counts = [0; 4];
-    let host = decide(&s.pipeline, &params, &q, k, &run, &mut whole_row).unwrap();
-    let recomputed = recomputed.into_inner();
     for i in 0..rows / (k + 1) {
         let span = i * (k + 1)..(i + 1) * (k + 1);
         let what = format!("k {k}, sequence {i}: kernel status {}, accepted {} tokens {:?}; host {:?} {:?}", status[i], accepted[i], &tokens[span.clone()], host.accepted[i], &host.tokens[span.clone()]);
@@ -394,15 +408,7 @@ fn the_interpreted_decision_kernel_reports_bad_drafts() {
         let clean = Scenario::new(true, false, 3, 10, 200 + seed);
         let k = clean.k;
         let (lists, reduced, draft_logits) = clean.stage_outputs();
-        let params = clean.params();
-        let layout = TopLists { batch: clean.rows(), tiles: clean.tiles, per_tile: clean.per_tile };
-        let run = VerifyRun { status: &clean.status, reduced: &reduced, lists: None, target_logits: &draft_logits, residual: (layout, &lists) };
-        let q = DraftProbs { drafts: &clean.drafts, probs: clean.probs.as_deref(), vocab: clean.vocab };
-        let mut whole_row = |row: usize| -> crate::Result<Vec<Scored>> {
-            let x = &clean.x[row * clean.vocab..][..clean.vocab];
-            Ok(flashsample_abi::filter::whole_row(&x.iter().enumerate().map(|(v, &l)| Scored { logit: l, index: v as u32 }).collect::<Vec<_>>()))
-        };
-        let host = decide(&clean.pipeline, &params, &q, k, &run, &mut whole_row).unwrap();
+        let (host, _) = clean.host_decision(&lists, &reduced, &draft_logits, None);
         let mut bad = clean.clone();
         let v = bad.vocab;
         let probs = bad.probs.as_mut().unwrap();

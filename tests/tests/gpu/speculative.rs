@@ -167,23 +167,23 @@ fn the_device_api_checks_verify_arguments() {
     assert!(matches!(e, Error::Param(ParamError::Missing("verify logprobs output"))), "{e}");
     // What only the device sees: a draft token past V, a draft probability of 0 or NaN at the
     // draft token. The launch runs; the decision faults those sequences at those positions.
+    // The launch runs, read back: each sequence's typed outcome and the tokens.
+    let faults = |drafts: &[u32], probs: &[f32]| {
+        let mut spec = DeviceVerify::new(&dev, &p, seqs, k, drafts, Some(probs));
+        let (d, outputs) = spec.args(&stream);
+        plan.launch_verify(&stream, inputs.inputs(&stream), d, outputs).expect("the launch with bad drafts runs");
+        let got = spec.read(&stream);
+        (plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap(), got.tokens)
+    };
     let (mut bad_drafts, mut bad_q) = (drafts.clone(), q.clone());
     bad_drafts[k + 1] = vocab as u32 + 3;
     bad_q[2 * k * vocab + bad_drafts[2 * k] as usize] = 0.0;
-    let mut spec = DeviceVerify::new(&dev, &p, seqs, k, &bad_drafts, Some(&bad_q));
-    let (d, outputs) = spec.args(&stream);
-    plan.launch_verify(&stream, inputs.inputs(&stream), d, outputs).expect("the launch with bad drafts runs");
-    let got = spec.read(&stream);
-    let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
+    let (errors, tokens) = faults(&bad_drafts, &bad_q);
     assert_eq!(errors[1], Some(SequenceError::DraftToken { sequence: 1, position: 1 }), "{errors:?}");
     assert_eq!(errors[2], Some(SequenceError::DraftProbability { sequence: 2, position: 0 }), "{errors:?}");
-    assert!(got.tokens[k + 1..].iter().all(|&t| t == INDEX_NONE), "faulted sequences carry no tokens: {:?}", got.tokens);
+    assert!(tokens[k + 1..].iter().all(|&t| t == INDEX_NONE), "faulted sequences carry no tokens: {tokens:?}");
     bad_q[2 * k * vocab + bad_drafts[2 * k] as usize] = f32::NAN;
-    let mut spec = DeviceVerify::new(&dev, &p, seqs, k, &bad_drafts, Some(&bad_q));
-    let (d, outputs) = spec.args(&stream);
-    plan.launch_verify(&stream, inputs.inputs(&stream), d, outputs).expect("the launch with bad drafts runs");
-    let got = spec.read(&stream);
-    let errors = plan.sequence_errors(&got.status, &got.accepted, &got.row_status).unwrap();
+    let (errors, _) = faults(&bad_drafts, &bad_q);
     assert_eq!(errors[2], Some(SequenceError::DraftProbability { sequence: 2, position: 0 }), "{errors:?}");
     // A verifying pipeline's plan does not sample, and the host API does not either.
     let mut out = flashsample_tests::gpu::DeviceResults::alloc(&dev, &p, case.batch);
