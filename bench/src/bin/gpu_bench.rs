@@ -656,9 +656,7 @@ fn nucleus_row(dev: &std::sync::Arc<flashsample::CudaDevice>, sampler: &Sampler,
     let device_time = |plan: &flashsample::cuda::SamplingPlan, temps: &[f32], filters: &[RowFilter]| -> f64 {
         let drv = |e: cudarc::driver::DriverError| -> ! { fail(&format!("{e:?}")) };
         let temps_dev = stream.clone_htod(temps).unwrap_or_else(|e| drv(e));
-        // `RowFilter`'s layout: top_k, top_p, min_p.
-        let words: Vec<u32> = filters.iter().flat_map(|f| [f.top_k, f.top_p.to_bits(), f.min_p.to_bits()]).collect();
-        let filters_dev = stream.clone_htod(&words).unwrap_or_else(|e| drv(e));
+        let filters_dev = stream.clone_htod(bytemuck::cast_slice::<RowFilter, u32>(filters)).unwrap_or_else(|e| drv(e));
         let mut tokens = stream.alloc_zeros::<u32>(batch).unwrap_or_else(|e| drv(e));
         let mut status = stream.alloc_zeros::<u32>(batch).unwrap_or_else(|e| drv(e));
         let mut launch = || -> flashsample::Result<()> {

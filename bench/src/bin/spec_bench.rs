@@ -136,9 +136,7 @@ fn device_verify_ms(
     let temperatures = stream.clone_htod(temperatures)?;
     let drafts = stream.clone_htod(drafts)?;
     let q = stream.clone_htod(q)?;
-    // `RowFilter`'s layout: top_k, top_p, min_p.
-    let words: Option<Vec<u32>> = filters.map(|f| f.iter().flat_map(|f| [f.top_k, f.top_p.to_bits(), f.min_p.to_bits()]).collect());
-    let filters = words.map(|w| stream.clone_htod(&w)).transpose()?;
+    let filters = filters.map(|f| stream.clone_htod(bytemuck::cast_slice::<RowFilter, u32>(f))).transpose()?;
     let (mut accepted, mut tokens, mut status) = (stream.alloc_zeros::<u32>(seqs)?, stream.alloc_zeros::<u32>(rows)?, stream.alloc_zeros::<u32>(seqs)?);
     let mut row_status = stream.alloc_zeros::<u32>(rows)?;
     let ms = 1e3
