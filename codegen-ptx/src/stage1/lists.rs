@@ -3,7 +3,7 @@
 
 use super::{Gen, Item, Thread, SMEM};
 use crate::entries::{Scored, SCORED_BYTES, SCORED_INDEX};
-use crate::ir::{i32c, Func, Global, Icmp, Ptr, Shared, Var, F32, I1, I32, I64, X4};
+use crate::ir::{i32c, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I32, I64, X4};
 use crate::params::arg;
 use flashsample_abi::INDEX_NONE;
 
@@ -12,13 +12,14 @@ impl Gen<'_> {
     /// `vocab_tile` floats per batch column, after the scratch), then one warp per row selects
     /// the row's `list_per_tile` best in registers: lane `l` holds the `E = vocab_tile / 32`
     /// consecutive tokens `l·E ..`, as order keys ([`Func::order_key`]: 0 for tokens that are
-    /// not eligible). A round is one `redux.sync.max` over the lanes' best keys; the lowest
-    /// lane holding that key (ballot) owns the lowest such index (lanes hold ascending index
-    /// ranges), takes its lowest position with that key, zeroes it, and writes list entry
-    /// `k` itself. A round whose max is 0 (nothing eligible left) writes `Scored::EMPTY` from
-    /// lane 0. So the list is sorted by x descending, ties to the lower index, as before, with
-    /// no shared-memory traffic or shuffle chains per round; a warp runs `rows` rows side by
-    /// side so their rounds' latencies overlap (they were latency-bound one row at a time).
+    /// not eligible) sorted into a [`LaneQueue`]. A round is one `redux.sync.max` over the
+    /// lanes' queue heads; the lowest lane holding that key (ballot) owns the lowest such index
+    /// (lanes hold ascending index ranges, a queue orders equal keys by position), pops its
+    /// head, reads the token's `x` back from the tile and writes list entry `k` itself. A round
+    /// whose max is 0 (nothing eligible left) writes `Scored::EMPTY` from lane 0. So the list
+    /// is sorted by x descending, ties to the lower index, with no shared-memory traffic or
+    /// shuffle chains per round; a warp runs `rows` rows side by side so their rounds'
+    /// latencies overlap (they were latency-bound one row at a time).
     ///
     /// `dest` names the lists parameter written (`%lists`, or `%raw_lists`, keyed by raw
     /// logit, in the raw mode: DESIGN.md step 10).
@@ -38,9 +39,10 @@ impl Gen<'_> {
         let warp_first = f.mul(&th.warp, &i32c(rows));
         let group_step = i32c(c.warps * rows);
         f.for_loop(&warp_first, &i32c(bt), &group_step, |f, col0| {
-            // Per row of the group: keys and logits (registers), the list slot, store guard.
-            let mut keys: Vec<Vec<Var<I32>>> = Vec::new();
-            let mut xs: Vec<Vec<F32>> = Vec::new();
+            // Per row of the group: its queue, where its tokens' x sit in the tile, the list
+            // slot, the store guard.
+            let mut queues: Vec<LaneQueue> = Vec::new();
+            let mut lane_offs: Vec<I32> = Vec::new();
             let mut slot0s = Vec::new();
             let mut oks = Vec::new();
             for r in 0..rows {
@@ -75,19 +77,13 @@ impl Gen<'_> {
                         vals.push(f.load(&a, 4));
                     }
                 }
-                let kv: Vec<Var<I32>> = vals
-                    .iter()
-                    .map(|v| {
-                        let k = f.order_key(v);
-                        f.var(&k)
-                    })
-                    .collect();
+                let keys: Vec<I32> = vals.iter().map(|v| f.order_key(v)).collect();
                 if capture {
                     let live = f.and(&row_ok, &col_in);
                     self.capture_column(f, it, &th.lane, &row, &live, &lane_first, &vals);
                 }
-                keys.push(kv);
-                xs.push(vals);
+                queues.push(LaneQueue::sorted(f, &keys));
+                lane_offs.push(off);
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
                 slot0s.push(f.mul(&slot0, &i32c(per_tile)));
@@ -96,21 +92,29 @@ impl Gen<'_> {
                 // All rows' reductions first (straight-line, so they interleave), then the
                 // stores (each a branch).
                 let mut writes = Vec::new();
-                for r in 0..rows as usize {
-                    let Taken { real, me, pos: wo, values } = take_max(f, &th.lane, &keys[r], &[&xs[r]]);
-                    let idx = f.add(&lane_first, &wo);
+                for (r, queue) in queues.iter().enumerate() {
+                    let Popped { real, me, pos } = queue.pop(f, &th.lane);
+                    let idx = f.add(&lane_first, &pos);
                     let idx = f.add(&it.v0, &idx);
                     let index = f.sel(&real, &idx, &none);
-                    let logit = f.sel(&real, &values[0], &F32::NEG_INF);
                     let w = f.and(&me, &oks[r]);
-                    writes.push((w, Scored { logit, index }));
+                    // An empty round's position is not a token: read position 0 instead.
+                    let at = f.sel(&real, &pos, &i32c(0));
+                    writes.push((w, real, at, index));
                 }
-                for (r, (w, entry)) in writes.iter().enumerate() {
-                    f.if_then(w, |f| {
+                for (r, (w, real, at, index)) in writes.into_iter().enumerate() {
+                    f.if_then(&w, |f| {
+                        // The token's x as stored in the tile, bit for bit (its key cannot
+                        // tell -0 from +0).
+                        let o = f.shl(&at, &i32c(2));
+                        let o = f.add(&lane_offs[r], &o);
+                        let sa = f.saddr(&SMEM, &o);
+                        let x: F32 = f.load(&sa, 4);
+                        let logit = f.sel(&real, &x, &F32::NEG_INF);
                         let slot = f.add(&slot0s[r], k);
                         let s64 = f.zext(&slot);
                         let a = f.gaddr(dest, &s64, SCORED_BYTES);
-                        entry.store(f, &a);
+                        Scored { logit, index }.store(f, &a);
                     });
                 }
             });
@@ -256,6 +260,101 @@ impl Gen<'_> {
     }
 }
 
+/// A lane's selection keys as a queue, best first: entry `i` is the composite
+/// `key << 32 | !position` (u64), so composites in descending order are keys in descending
+/// order with equal keys by ascending position (the selection's tie rule), and no two are
+/// equal. Sorted once by Batcher's odd-even merge sort (19 compare-exchanges for 8 keys), after
+/// which a round reads each lane's head instead of scanning every key ([`take_max`]), and
+/// only the popping lane's queue moves.
+pub(super) struct LaneQueue {
+    entries: Vec<Var<I64>>,
+}
+
+/// One [`LaneQueue::pop`] round of a warp.
+pub(super) struct Popped {
+    /// Whether a key was left (the max is not 0): otherwise the round writes an empty entry.
+    pub real: I1,
+    /// Whether this lane popped (exactly one lane; lane 0 when none is left).
+    pub me: I1,
+    /// The popped key's position among this lane's keys (meaningful where `me && real`).
+    pub pos: I32,
+}
+
+impl LaneQueue {
+    /// The queue of `keys` (position `o` = `keys[o]`), padded with empty entries to a power of
+    /// two.
+    pub(super) fn sorted(f: &mut Func, keys: &[I32]) -> LaneQueue {
+        let n = keys.len().next_power_of_two();
+        let mut e: Vec<I64> = (0..n)
+            .map(|o| match keys.get(o) {
+                Some(k) => {
+                    let k64: I64 = f.zext(k);
+                    let hi = f.shl(&k64, &I64::c(32));
+                    f.or(&hi, &I64::c(!(o as u32)))
+                }
+                None => I64::c(0),
+            })
+            .collect();
+        for (a, b) in merge_sort_network(n) {
+            let swap = f.icmp(Icmp::Ugt, &e[b], &e[a]);
+            let hi = f.sel(&swap, &e[b], &e[a]);
+            let lo = f.sel(&swap, &e[a], &e[b]);
+            e[a] = hi;
+            e[b] = lo;
+        }
+        LaneQueue { entries: e.iter().map(|v| f.var(v)).collect() }
+    }
+
+    /// One round over the warp's queues (every lane takes part): the warp's largest head key
+    /// (`redux.sync.max`), popped by the lowest lane holding it (ballot).
+    pub(super) fn pop(&self, f: &mut Func, lane: &I32) -> Popped {
+        let head = f.get(&self.entries[0]);
+        let hi = f.lshr(&head, &I64::c(32));
+        let key: I32 = f.trunc(&hi);
+        let m = f.redux_umax(&key);
+        let mine = f.icmp(Icmp::Eq, &key, &m);
+        let ball = f.ballot(&mine);
+        // Never 0: the lane holding the max votes.
+        let low: I32 = f.call("@llvm.cttz.i32", &[&ball, &I1::TRUE]);
+        let me = f.icmp(Icmp::Eq, lane, &low);
+        let lo: I32 = f.trunc(&head);
+        let pos = f.not(&lo);
+        let cur: Vec<I64> = self.entries.iter().map(|v| f.get(v)).collect();
+        for (i, v) in self.entries.iter().enumerate() {
+            let next = cur.get(i + 1).cloned().unwrap_or(I64::c(0));
+            let moved = f.sel(&me, &next, &cur[i]);
+            f.set(v, &moved);
+        }
+        // m == 0: every lane's head is empty, the ballot is full and lane 0 pops.
+        let real = f.icmp(Icmp::Ne, &m, &i32c(0));
+        Popped { real, me, pos }
+    }
+}
+
+/// Batcher's odd-even merge sort of `n` (a power of two) slots as compare-exchange pairs
+/// `(a, b)`, `a < b`: after each, slot `a` holds the larger.
+fn merge_sort_network(n: usize) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    let mut p = 1;
+    while p < n {
+        let mut k = p;
+        while k >= 1 {
+            let mut j = k % p;
+            while j + k < n {
+                for i in 0..k.min(n - j - k) {
+                    if (i + j) / (2 * p) == (i + j + k) / (2 * p) {
+                        pairs.push((i + j, i + j + k));
+                    }
+                }
+                j += 2 * k;
+            }
+            k /= 2;
+        }
+        p *= 2;
+    }
+    pairs
+}
+
 /// One round of a warp's selection from keys in registers: the warp's largest key
 /// ([`Func::order_key`]s, one `redux.sync.max`), found at the lowest lane holding it (ballot)
 /// and that lane's lowest position with it, whose key becomes 0 (taken).
@@ -305,4 +404,28 @@ pub(super) fn take_max(f: &mut Func, lane: &I32, keys: &[Var<I32>], payloads: &[
     // m == 0: every lane's best is 0, the ballot is full and lane 0 writes the empty entry.
     let real = f.icmp(Icmp::Ne, &m, &i32c(0));
     Taken { real, me, pos, values }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_sort_network;
+
+    /// The network sorts every 0/1 input (so, by the 0-1 principle, every input), with 19
+    /// compare-exchanges for 8 slots.
+    #[test]
+    fn merge_sort_network_sorts_every_zero_one_input() {
+        for n in [1usize, 2, 4, 8, 16] {
+            let net = merge_sort_network(n);
+            for bits in 0u32..(1 << n) {
+                let mut v: Vec<u32> = (0..n).map(|i| (bits >> i) & 1).collect();
+                for &(a, b) in &net {
+                    if v[b] > v[a] {
+                        v.swap(a, b);
+                    }
+                }
+                assert!(v.windows(2).all(|w| w[0] >= w[1]), "n {n}, input {bits:b}: {v:?}");
+            }
+        }
+        assert_eq!(merge_sort_network(8).len(), 19);
+    }
 }

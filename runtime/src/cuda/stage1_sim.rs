@@ -348,6 +348,21 @@ fn simt_stage_one_writes_the_host_models_candidates_partials_and_lists() {
     let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 0x1234_5678_9abc_def0, ..Default::default() };
     // `row_base` 1000: a chunk's rows draw by their launch rows (`SamplingParams::row_offset`).
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 1000 }.check();
+    // 256-token tiles: each lane's queue sorts 8 keys, among them equal logits (tokens 5 and
+    // 6 of each lane's 8 copy tokens 1 and 2, and a lane's token 1 copies the previous lane's
+    // token 6), which the lists take in index order.
+    let mut wide = GpuConfig::new(256, 16, 4, Schedule::Simt { grid: Grid::PerItem });
+    wide.fit_lists(&p);
+    let mut tied = weights.clone();
+    for v in 1..vocab {
+        let from = match v % 8 {
+            5 | 6 => v - 4,
+            1 if v > 8 => v - 3,
+            _ => continue,
+        };
+        tied.copy_within(from * dim..(from + 1) * dim, v * dim);
+    }
+    Launch { p: &p, c: wide, hidden: &hidden, weights: &tied, params: &params, batch, dim, vocab, row_base: 1000 }.check();
 }
 
 /// A SIMT tile whose threads hold 8 columns (batch tile 32), so the selection and the
