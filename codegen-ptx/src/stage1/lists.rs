@@ -264,7 +264,7 @@ impl Gen<'_> {
 /// `key << 32 | !position` (u64), so composites in descending order are keys in descending
 /// order with equal keys by ascending position (the selection's tie rule), and no two are
 /// equal. Sorted once by Batcher's odd-even merge sort (19 compare-exchanges for 8 keys), after
-/// which a round reads each lane's head instead of scanning every key ([`take_max`]), and
+/// which a round reads each lane's head instead of scanning every key, and
 /// only the popping lane's queue moves.
 pub(super) struct LaneQueue {
     entries: Vec<Var<I64>>,
@@ -355,55 +355,15 @@ fn merge_sort_network(n: usize) -> Vec<(usize, usize)> {
     pairs
 }
 
-/// One round of a warp's selection from keys in registers: the warp's largest key
-/// ([`Func::order_key`]s, one `redux.sync.max`), found at the lowest lane holding it (ballot)
-/// and that lane's lowest position with it, whose key becomes 0 (taken).
-pub(super) struct Taken {
-    /// Whether a key was left (the max is not 0): otherwise the round writes an empty entry.
-    pub real: I1,
-    /// Whether this lane holds the taken position (exactly one lane; lane 0 when none is left).
-    pub me: I1,
-    /// The taken position within this lane's keys.
-    pub pos: I32,
-    /// Each payload's value at the taken position (`-inf` on the other lanes).
-    pub values: Vec<F32>,
-}
-
-/// Runs one [`Taken`] round over this lane's `keys`; `payloads` are per-position floats
-/// (parallel to `keys`) to read at the taken position.
-pub(super) fn take_max(f: &mut Func, lane: &I32, keys: &[Var<I32>], payloads: &[&[F32]]) -> Taken {
-    let cur: Vec<I32> = keys.iter().map(|v| f.get(v)).collect();
-    let mut best = cur[0].clone();
-    for kk in &cur[1..] {
-        best = f.umax(&best, kk);
+/// `values[pos]` by a chain of selects (`values[0]` for a `pos` past them): a lane's
+/// register payload at a position known only at run time.
+pub(super) fn select_at(f: &mut Func, pos: &I32, values: &[F32]) -> F32 {
+    let mut v = values[0].clone();
+    for (o, value) in values.iter().enumerate().skip(1) {
+        let hit = f.icmp(Icmp::Eq, pos, &i32c(o as u32));
+        v = f.sel(&hit, value, &v);
     }
-    let m = f.redux_umax(&best);
-    let mine = f.icmp(Icmp::Eq, &best, &m);
-    let ball = f.ballot(&mine);
-    // Never 0: the lane holding the max votes.
-    let low: I32 = f.call("@llvm.cttz.i32", &[&ball, &I1::TRUE]);
-    let me = f.icmp(Icmp::Eq, lane, &low);
-    let found = f.var(&I1::FALSE);
-    let mut values = vec![F32::NEG_INF; payloads.len()];
-    let mut pos = i32c(0);
-    for (o, kk) in cur.iter().enumerate() {
-        let fv = f.get(&found);
-        let nf = f.not(&fv);
-        let hit = f.icmp(Icmp::Eq, kk, &m);
-        let hit = f.and(&hit, &nf);
-        let hit = f.and(&hit, &me);
-        let nk = f.sel(&hit, &i32c(0), kk);
-        f.set(&keys[o], &nk);
-        for (value, payload) in values.iter_mut().zip(payloads) {
-            *value = f.sel(&hit, &payload[o], value);
-        }
-        pos = f.sel(&hit, &i32c(o as u32), &pos);
-        let nfv = f.or(&fv, &hit);
-        f.set(&found, &nfv);
-    }
-    // m == 0: every lane's best is 0, the ballot is full and lane 0 writes the empty entry.
-    let real = f.icmp(Icmp::Ne, &m, &i32c(0));
-    Taken { real, me, pos, values }
+    v
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 //! perturbed score `x + G_res`, selected from the list tile by warp-wide rounds and written as
 //! `abi::Candidate`s sorted by score (ties to the lower index, as `abi::speculative::insert_residual`).
 
-use super::lists::{take_max, Taken};
+use super::lists::{select_at, LaneQueue, Popped};
 use super::{Gen, Item, Thread, SMEM};
 use crate::entries::{Candidate, CANDIDATE_BYTES};
-use crate::ir::{i32c, Func, Icmp, Var, F32, I1, I32};
+use crate::ir::{i32c, Func, Icmp, F32, I1, I32};
 use crate::math;
 use crate::params::arg;
 use flashsample_abi::rng::NoiseStream;
@@ -32,7 +32,8 @@ impl Gen<'_> {
     /// the list epilogue already did), draws their residual-stream Gumbel noise (the token
     /// noise's counter layout, `abi::speculative::residual_bits`, one Philox block per 4
     /// tokens) and keys `order_key(x + G)` (0 for an excluded token, which never enters a
-    /// list); `residual_per_tile` [`take_max`] rounds then write the list. Every token of the
+    /// list) into a [`LaneQueue`]; `residual_per_tile` rounds of it then write the list, the
+    /// popping lane taking the token's score and `x` from its registers. Every token of the
     /// tile draws its noise: the list is exact without any noise skip.
     pub(super) fn residual_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32]) {
         let c = self.c;
@@ -89,23 +90,20 @@ impl Gen<'_> {
                     let noise = math::gumbel(f, &bits);
                     scores.push(f.fadd(xv, &noise));
                 }
-                let keys: Vec<Var<I32>> = scores
-                    .iter()
-                    .map(|s| {
-                        let k = f.order_key(s);
-                        f.var(&k)
-                    })
-                    .collect();
+                let keys: Vec<I32> = scores.iter().map(|s| f.order_key(s)).collect();
+                let queue = LaneQueue::sorted(f, &keys);
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
                 let slot0 = f.mul(&slot0, &i32c(per_tile));
                 f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
-                    let Taken { real, me, pos, values } = take_max(f, &th.lane, &keys, &[&scores, &xs]);
+                    let Popped { real, me, pos } = queue.pop(f, &th.lane);
                     let idx = f.add(&first, &pos);
                     let index = f.sel(&real, &idx, &none);
-                    let score = f.sel(&real, &values[0], &F32::NEG_INF);
-                    let logit = f.sel(&real, &values[1], &F32::NEG_INF);
                     f.if_then(&me, |f| {
+                        let score = select_at(f, &pos, &scores);
+                        let score = f.sel(&real, &score, &F32::NEG_INF);
+                        let logit = select_at(f, &pos, &xs);
+                        let logit = f.sel(&real, &logit, &F32::NEG_INF);
                         let slot = f.add(&slot0, k);
                         let s64 = f.zext(&slot);
                         let a = f.gaddr(&arg::RESIDUAL_LISTS, &s64, CANDIDATE_BYTES);
