@@ -17,7 +17,7 @@ impl GpuConfig {
     /// |---|---|---|---|
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
     /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
-    /// | B ≥ 192, cc 9.0, maps fit, lists | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | as above; the lists alias the ring |
+    /// | B ≥ 192, cc 9.0, maps fit, lists or residual lists | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | as above; the lists alias the ring |
     /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
     /// | B ≤ 8, cc 9.0, D ≥ 1024, no lists | 256 × 8, 8 | mma.sync, k 128, 3 stages | fewer barriers per byte |
     /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
@@ -101,9 +101,11 @@ impl GpuConfig {
         // alias the ring (beside a persistent 4-stage ring they would need ~360 KB). It gives up
         // the overlap of an item's epilogue with the next item's loads, but reads W B/128 times
         // where the 128 × 64 ping-pong below reads it B/64 times (H100, top-k 50 + top-p 0.9,
-        // B 256 / 512: 8–17 % faster at both heads, BENCHMARKS.md fourteenth session).
+        // B 256 / 512: 8–17 % faster at both heads, BENCHMARKS.md fourteenth session). A
+        // verifying pipeline's residual lists are per-tile lists too: the same tile.
         let wide_lists = || {
-            if !wgmma || pipeline.list_capacity() == 0 || !GpuConfig::tma_fits(dim, vocab) {
+            let tile_lists = pipeline.list_capacity() > 0 || pipeline.verify.is_some();
+            if !wgmma || !tile_lists || !GpuConfig::tma_fits(dim, vocab) {
                 return None;
             }
             let mut c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem });

@@ -916,20 +916,22 @@ fn heuristic_pairs_ctas_only_where_two_fit() {
 #[test]
 fn heuristic_takes_the_tma_ring_above_batch_32_where_the_maps_fit() {
     let h200 = GpuLimits::H200;
-    for p in [greedy(DType::BF16), full(DType::BF16), filtered(DType::BF16)] {
+    for p in [greedy(DType::BF16), full(DType::BF16), filtered(DType::BF16), verifying(false), verifying(true)] {
+        let tile_lists = p.list_capacity() > 0 || p.verify.is_some();
         for (batch, batch_tile) in [(33, 64), (64, 64), (128, 64), (191, 64), (192, 128), (256, 128)] {
             let c = GpuConfig::heuristic(&p, batch, 4096, 151_936, &h200);
             c.validate(&p, &h200).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-            if p.list_capacity() == 0 && batch >= 192 {
+            if !tile_lists && batch >= 192 {
                 // List-free throughput batches: the 256 × 128 tile on the TMA ring.
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent }, 256, 128), "B={batch}");
-            } else if p.list_capacity() == 0 {
+            } else if !tile_lists {
                 let stages = if batch_tile == 64 { 8 } else { 6 };
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages, grid: GridKind::PingPong }, 128, batch_tile), "B={batch}");
             } else if batch >= 192 {
-                // Lists from B = 192: the 256 × 128 tile, one CTA per item (lists alias the ring).
+                // Lists (or a verifier's residual lists) from B = 192: the 256 × 128 tile, one
+                // CTA per item (lists alias the ring).
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem }, 256, 128), "B={batch}");
-                assert!(c.list_per_tile > 0 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
+                assert!(c.list_per_tile + c.residual_per_tile > 0 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             } else {
                 // Lists take shared memory: fewer stages, still the ping-pong schedule, never
                 // an invalid config.

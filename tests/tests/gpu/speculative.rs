@@ -1,8 +1,8 @@
 //! Speculative verification on the GPU (`Sampler::verify` on CUDA, DESIGN.md "Speculative
 //! verification"): the decision on the device (and, for filtered rows, on the host from the
 //! read-back lists) pathwise the float64 reference and the CPU backend (greedy and sampled
-//! drafts, with and without a filter, k = 0, 1, 3, 7), the recompute of rows whose residual
-//! bound fails, the device API's decision equal to the host API's, its typed refusals, and a
+//! drafts, with and without a filter, k = 0, 1, 3, 7, up to 256 rows: the heuristic's 256 × 128
+//! tile with one CTA per item), the recompute of rows whose residual bound fails, the device API's decision equal to the host API's, its typed refusals, and a
 //! verify captured into a CUDA graph.
 
 use super::gpu;
@@ -25,7 +25,7 @@ fn gpu_verification_is_pathwise_the_reference_and_the_cpu() {
         let p = verifier(kind, filtered, penalties);
         let gpu_sampler = Sampler::new(p.clone(), &device).unwrap();
         let cpu_sampler = Sampler::new(p.clone(), &Device::cpu()).unwrap();
-        for (k, seqs, vocab, dim, seed) in [(3, 12, 5003, 64, 1), (1, 20, 1201, 32, 2), (0, 6, 300, 32, 3), (7, 4, 32_000, 128, 4), (3, 16, 151_936, 64, 5)] {
+        for (k, seqs, vocab, dim, seed) in [(3, 12, 5003, 64, 1), (1, 20, 1201, 32, 2), (0, 6, 300, 32, 3), (7, 4, 32_000, 128, 4), (3, 16, 151_936, 64, 5), (3, 64, 32_000, 128, 6)] {
             let case = Case::random(&p, seqs * (k + 1), dim, vocab, seed, 4.0);
             let (drafts, q) = case_drafts(&p, &case, k, seed);
             let q = (kind == DraftKind::Sampled).then_some(&q[..]);
