@@ -7,7 +7,13 @@ use crate::layout::SmemLayout;
 use crate::PtxError;
 use flashsample_ir::{DType, Pipeline, MAX_LIST_CAPACITY};
 use serde::{Deserialize, Serialize};
-use flashsample_abi::speculative::RESIDUAL_PER_TILE;
+
+/// Residual-list entries per (draft row, vocab tile) on the GPU: half the CPU's
+/// `abi::speculative::RESIDUAL_PER_TILE`. A GPU tile is 256 tokens where a CPU tile is up to
+/// 2048, so four entries cover as much of a row's head; every entry is a warp-wide selection
+/// round of the residual epilogue, and a shorter list stays exact (the decision's bound
+/// test sends a rejection it cannot prove to the recompute).
+pub const GPU_RESIDUAL_PER_TILE: u32 = 4;
 
 /// The PTX target a module is generated for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -272,7 +278,7 @@ impl NoiseSkip {
 ///   faster; stage three detects when one was too short (status 3) and the runtime reruns
 ///   with [`GpuConfig::exact_lists`].
 /// - `residual_per_tile`: entries of each (draft row, vocab tile) residual list of a verifying
-///   pipeline (DESIGN.md "Speculative verification"): `abi::speculative::RESIDUAL_PER_TILE`,
+///   pipeline (DESIGN.md "Speculative verification"): [`GPU_RESIDUAL_PER_TILE`],
 ///   or `vocab_tile` for the recompute of one row over its whole vocabulary; 0 for pipelines
 ///   without `verify` (and then absent from the serialized form).
 /// - `stagger_us`: the second CTA of each SM in the first wave (CTAs `nsmid .. 2·nsmid`) sleeps
@@ -585,10 +591,10 @@ impl GpuConfig {
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
     /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`. A
-    /// verifying pipeline also gets its `residual_per_tile` (`RESIDUAL_PER_TILE`).
+    /// verifying pipeline also gets its `residual_per_tile` ([`GPU_RESIDUAL_PER_TILE`]).
     pub fn fit_lists(&mut self, pipeline: &Pipeline) {
         self.residual_per_tile = if pipeline.verify.is_some() {
-            (RESIDUAL_PER_TILE as u32).min(self.vocab_tile)
+            GPU_RESIDUAL_PER_TILE.min(self.vocab_tile)
         } else {
             0
         };

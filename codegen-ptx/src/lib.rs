@@ -28,7 +28,7 @@ mod stage1;
 mod stage2;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, DEFAULT_LIST_PER_TILE,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, DEFAULT_LIST_PER_TILE, GPU_RESIDUAL_PER_TILE,
     FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
 pub use heuristic::HEURISTIC_STAGGER_US;

@@ -385,7 +385,7 @@ fn verifying_pipelines_keep_residual_lists() {
     for filter in [false, true] {
         let p = verifying(filter);
         let c = with_lists(tensor_small(), &p);
-        assert_eq!(c.residual_per_tile, flashsample_abi::speculative::RESIDUAL_PER_TILE as u32);
+        assert_eq!(c.residual_per_tile, flashsample_codegen_ptx::GPU_RESIDUAL_PER_TILE);
         assert_eq!(c.smem_layout().list_tile_bytes, c.vocab_tile * c.batch_tile * 4);
         c.validate(&p, &GpuLimits::H200).unwrap();
         // Without residual lists the kernel could not verify; with them a plain pipeline is refused.
