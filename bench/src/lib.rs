@@ -141,6 +141,23 @@ impl LmHead {
         (0..rows * self.dim).map(|_| bf16::from_f32(rng.random_range(-1f32..1.0))).collect()
     }
 
+    /// The logits `h·Wᵀ` of the given rows of `hidden` (`[rows, dim]` bf16), `[rows.len(), V]`
+    /// f32, summed on the host in f32 in `k` order, tokens in parallel: what a bench needs to
+    /// build distributions near the target's (`spec_bench --draft-noise`), not the kernels'
+    /// bits.
+    pub fn host_logits(&self, hidden: &[bf16], rows: &[usize]) -> Vec<f32> {
+        use rayon::prelude::*;
+        let h: Vec<Vec<f32>> = rows.iter().map(|&r| hidden[r * self.dim..][..self.dim].iter().map(|x| x.to_f32()).collect()).collect();
+        let mut by_token = vec![0f32; self.vocab * rows.len()];
+        by_token.par_chunks_mut(rows.len()).enumerate().for_each(|(v, out)| {
+            let w: Vec<f32> = self.host[v * self.dim..][..self.dim].iter().map(|x| x.to_f32()).collect();
+            for (o, h) in out.iter_mut().zip(&h) {
+                *o = h.iter().zip(&w).map(|(a, b)| a * b).sum();
+            }
+        });
+        (0..rows.len() * self.vocab).map(|i| by_token[(i % self.vocab) * rows.len() + i / self.vocab]).collect()
+    }
+
     /// The weights' device copy (CUDA only).
     pub fn device_tensor(&self) -> Option<&DeviceTensor> {
         self.device.as_ref()

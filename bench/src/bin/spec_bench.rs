@@ -41,6 +41,13 @@ struct Args {
     /// Every row filtered (top-k 50, top-p 0.9), the verifier and the sampler alike; no peers.
     #[arg(long)]
     filter: bool,
+    /// Drafts near the target, as a draft model's are: draft position `j` of a sequence samples
+    /// from `q_j = softmax(x_j + ε)`, `x_j` the target's logits at that row (computed on the
+    /// host) and `ε ~ N(0, σ²)` per token. Smaller σ accepts more drafts and leaves a
+    /// residual `max(0, p − q)` far below `p`, the case the residual lists serve worst.
+    /// Default: distributions unrelated to the target (`U(0.05, 1)^4`, normalized).
+    #[arg(long, value_name = "SIGMA")]
+    draft_noise: Option<f32>,
 }
 
 /// `--filter`'s per-row filter.
@@ -110,6 +117,31 @@ fn random_drafts(rng: &mut StdRng, n: usize, vocab: usize) -> (Vec<u32>, Vec<f32
     (drafts, q)
 }
 
+/// Drafts near the target (`--draft-noise σ`): for each sequence's draft row `s·(k+1) + j`,
+/// `q = softmax(x + ε)` in f64 over the target's host logits `x`, `ε ~ N(0, σ²)`, and a draft
+/// drawn from `q`.
+fn close_drafts(rng: &mut StdRng, head: &LmHead, hidden: &[bf16], batch: usize, k: usize, sigma: f32) -> Result<(Vec<u32>, Vec<f32>), Box<dyn std::error::Error>> {
+    let rows: Vec<usize> = (0..batch).flat_map(|s| (0..k).map(move |j| s * (k + 1) + j)).collect();
+    let logits = head.host_logits(hidden, &rows);
+    let noise = rand_distr::Normal::new(0.0, f64::from(sigma))?;
+    let mut q = Vec::with_capacity(logits.len());
+    let mut drafts = Vec::with_capacity(rows.len());
+    for x in logits.chunks(head.vocab) {
+        let y: Vec<f64> = x.iter().map(|&x| f64::from(x) + rng.sample(noise)).collect();
+        let top = y.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = y.iter().map(|y| (y - top).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let mut u = rng.random_range(0.0..total);
+        let d = w.iter().position(|&w| {
+            u -= w;
+            u < 0.0
+        });
+        drafts.push(d.unwrap_or(head.vocab - 1) as u32);
+        q.extend(w.iter().map(|w| (w / total) as f32));
+    }
+    Ok((drafts, q))
+}
+
 /// The device API's median verify time (ms) with every input on the device: one
 /// `launch_verify` and a synchronize per call; and how many sequences the last call left
 /// undecided (`SamplingPlan::sequence_errors`). `None` off CUDA.
@@ -168,8 +200,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let verifier = Sampler::new(verifying, &device)?;
     let sampler = Sampler::new(plain, &device)?;
     println!(
-        "spec_bench: {}, bf16, sampled drafts, temperature 1{}, medians of {} host-API calls after {} (wall ms)",
+        "spec_bench: {}, bf16, sampled drafts{}, temperature 1{}, medians of {} host-API calls after {} (wall ms)",
         device.describe(),
+        args.draft_noise.map_or(String::new(), |s| format!(" near the target (softmax(x + N(0, {s}²)))")),
         if args.filter { ", every row top-k 50 + top-p 0.9" } else { "" },
         args.bench.reps,
         args.bench.warmup
@@ -184,7 +217,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for &k in &args.ks {
                 let rows = batch * (k + 1);
                 let h = head.random_hidden(&mut rng, rows);
-                let (drafts, q) = random_drafts(&mut rng, batch * k, vocab);
+                let (drafts, q) = match args.draft_noise {
+                    Some(sigma) => close_drafts(&mut rng, &head, &h, batch, k, sigma)?,
+                    None => random_drafts(&mut rng, batch * k, vocab),
+                };
                 let temperatures = vec![1.0f32; rows];
                 let filters = args.filter.then(|| vec![FILTER; rows]);
                 let sample_params =
