@@ -60,7 +60,8 @@ if has new; then
   # seventeenth session: every test, memcheck on the short lists, synccheck on a filtered
   # launch of the 256 x 128 list tile). Since then, measured in spec_bench but not tested: the
   # GPU's 4-entry residual lists (GPU_RESIDUAL_PER_TILE, c7fc8cb), which the speculative tests
-  # cover (their recompute-rate assert included), with memcheck on the verifier.
+  # cover (their recompute-rate assert included), with memcheck on the verifier; and the
+  # verifying launch's stage timing (CudaSampler::time_verify_stages, spec_bench --stages).
   NEW_TESTS=${NEW_TESTS:-"speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:speculative::the_device_api_decides_as_the_host_api racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS

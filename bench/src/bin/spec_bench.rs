@@ -48,6 +48,11 @@ struct Args {
     /// Default: distributions unrelated to the target (`U(0.05, 1)^4`, normalized).
     #[arg(long, value_name = "SIGMA")]
     draft_noise: Option<f32>,
+    /// On CUDA, also print each (B, k)'s device time per kernel (CUDA events between them,
+    /// medians): the verifying launch's stage one, two, three and decision, and sampling the
+    /// same rows' stage one, two and finish, to show where verification's extra time goes.
+    #[arg(long)]
+    stages: bool,
 }
 
 /// `--filter`'s per-row filter.
@@ -140,6 +145,42 @@ fn close_drafts(rng: &mut StdRng, head: &LmHead, hidden: &[bf16], batch: usize, 
         q.extend(w.iter().map(|w| (w / total) as f32));
     }
     Ok((drafts, q))
+}
+
+/// `--stages`: one line of per-kernel device medians (µs) for the verifying launch and for
+/// sampling the same rows (CUDA only; nothing elsewhere).
+#[allow(clippy::too_many_arguments)]
+fn print_stages(
+    verifier: &Sampler,
+    sampler: &Sampler,
+    head: &LmHead,
+    hidden: &[bf16],
+    verify: &SamplingParams<'_>,
+    sample: &SamplingParams<'_>,
+    (batch, k): (usize, usize),
+    args: &Args,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (Some(v), Some(s)) = (verifier.cuda(), sampler.cuda()) else { return Ok(()) };
+    let rows = batch * (k + 1);
+    let h = || Tensor::host(hidden, rows, head.dim);
+    let reps = args.bench.reps.max(20);
+    let verified = v.time_verify_stages(h()?, &[head.tensor()?], verify, args.bench.warmup, reps)?;
+    let sampled = s.time_fused_stages(h()?, &[head.tensor()?], sample, None, args.bench.warmup, reps)?;
+    let us = |xs: Vec<f64>| flashsample_bench::median(xs) * 1e6;
+    let vi = |i: usize| us(verified.iter().map(|r| r[i]).collect());
+    let si = |i: usize| us(sampled.iter().map(|r| r[i]).collect());
+    println!(
+        "  stages D={} B={batch} k={k} ({rows} rows, us): verify: stage one {:.1}, two {:.1}, three {:.1}, decision {:.1}; sampling the rows: stage one {:.1}, two {:.1}, three + finish {:.1}",
+        head.dim,
+        vi(0),
+        vi(1),
+        vi(2),
+        vi(3),
+        si(0),
+        si(1),
+        si(2),
+    );
+    Ok(())
 }
 
 /// The device API's median verify time (ms) with every input on the device: one
@@ -235,6 +276,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let plain_ms = 1e3 * median_secs(args.bench.warmup, args.bench.reps, || sampler.sample(Tensor::host(&h, rows, dim)?, head.tensor()?, &sample_params).map(drop))?;
                 let device = device_verify_ms(&verifier, &head, &h, &temperatures, filters.as_deref(), &drafts, &q, 7, &args)?;
                 let device_ms = device.map(|(ms, _)| ms);
+                if args.stages {
+                    print_stages(&verifier, &sampler, &head, &h, &verify_params, &sample_params, (batch, k), &args)?;
+                }
                 let verified = verified.ok_or("no verify call ran")?;
                 let accepted = verified.accepted.iter().sum::<usize>() as f64 / batch as f64;
                 let p = peer_cases.iter().find(|(key, _)| *key == (batch, k)).map(|(_, p)| p);

@@ -163,6 +163,18 @@ pub(super) enum SpecRun<'a> {
     Decide { k: usize, drafts: &'a [u32], probs: Option<&'a [f32]> },
 }
 
+/// Which launch a timing call enqueues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimedPass {
+    /// What the host API enqueues for a batch without a row of status 4 (nearly every one):
+    /// the exact nucleus kernels deferred, so not run.
+    HostDeferred,
+    /// The exact nucleus kernels inside the launch, as the device API runs them.
+    Inline,
+    /// A verifying launch with the decision on the device (the params' drafts).
+    Verify,
+}
+
 /// A decision on the device, read back: per sequence `accepted [S]`, `tokens [S, k+1]`,
 /// `logprobs [S, k+1]` (pipelines with `logprob`) and `SpecStatus` codes `[S]`.
 pub(super) struct Decision {
@@ -538,35 +550,8 @@ impl CudaSampler {
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
         let mut up = self.upload(bufs, hidden, std::slice::from_ref(weights), params, shape, lse)?;
         let dev = &*self.device;
-        up.args.spec_period = match spec {
-            None => 0,
-            Some(SpecRun::Lists { period }) => period,
-            Some(SpecRun::Decide { k, .. }) => (k + 1) as u32,
-        };
-        let seqs = match spec {
-            Some(SpecRun::Decide { k, drafts, probs }) => {
-                let seqs = shape.batch / (k + 1);
-                let b = &mut bufs.spec;
-                // The caller's slices outlive the queued copies: the call synchronizes below.
-                let drafts = b.drafts.upload(dev, bytemuck::cast_slice(drafts))?;
-                let draft_probs = match probs {
-                    Some(q) => b.draft_probs.upload(dev, bytemuck::cast_slice(q))?,
-                    None => 0,
-                };
-                let n = seqs * (k + 1);
-                up.args.decide = Some(DecideLaunch {
-                    k: k as u32,
-                    drafts,
-                    draft_probs,
-                    accepted: b.accepted.ensure(dev, seqs.max(1) * 4)?,
-                    tokens: b.tokens.ensure(dev, n.max(1) * 4)?,
-                    logprobs: if self.pipeline.outputs.logprob { b.logprobs.ensure(dev, n.max(1) * 4)? } else { 0 },
-                    status: b.status.ensure(dev, seqs.max(1) * 4)?,
-                });
-                Some((seqs, k))
-            }
-            _ => None,
-        };
+        // The caller's slices outlive the queued copies: the call synchronizes below.
+        let seqs = self.attach_spec(bufs, &mut up.args, spec, shape.batch)?;
         if spec.is_none() && !lists {
             up.args.nucleus_pass = plan.host_nucleus_pass(&up.args);
         }
@@ -581,6 +566,38 @@ impl CudaSampler {
             return Ok(r);
         }
         self.read_back(bufs, plan, &up.args, lists, spec_lists, seqs)
+    }
+
+    /// What a verifying launch adds to `args`: stage one's `spec_period` and, for
+    /// `SpecRun::Decide`, the drafts (and distributions) queued for upload and the decision's
+    /// sequence buffers. The `(sequences, k)` the decision covers, if it runs. The queued
+    /// copies read `spec`'s slices: the caller keeps them alive until the stream has run them.
+    fn attach_spec(&self, bufs: &mut HostBufs, args: &mut Args, spec: Option<SpecRun<'_>>, batch: usize) -> Result<Option<(usize, usize)>> {
+        let dev = &*self.device;
+        args.spec_period = match spec {
+            None => 0,
+            Some(SpecRun::Lists { period }) => period,
+            Some(SpecRun::Decide { k, .. }) => (k + 1) as u32,
+        };
+        let Some(SpecRun::Decide { k, drafts, probs }) = spec else { return Ok(None) };
+        let seqs = batch / (k + 1);
+        let b = &mut bufs.spec;
+        let drafts = b.drafts.upload(dev, bytemuck::cast_slice(drafts))?;
+        let draft_probs = match probs {
+            Some(q) => b.draft_probs.upload(dev, bytemuck::cast_slice(q))?,
+            None => 0,
+        };
+        let n = seqs * (k + 1);
+        args.decide = Some(DecideLaunch {
+            k: k as u32,
+            drafts,
+            draft_probs,
+            accepted: b.accepted.ensure(dev, seqs.max(1) * 4)?,
+            tokens: b.tokens.ensure(dev, n.max(1) * 4)?,
+            logprobs: if self.pipeline.outputs.logprob { b.logprobs.ensure(dev, n.max(1) * 4)? } else { 0 },
+            status: b.status.ensure(dev, seqs.max(1) * 4)?,
+        });
+        Ok(Some((seqs, k)))
     }
 
     /// Queues the copies of a launch's outputs (with stage one's lists when `lists`, its
@@ -655,9 +672,7 @@ impl CudaSampler {
 
     /// Uploads a launch once per weight buffer, runs `warmup` launches cycling through them
     /// (rotating buffers keep the L2 cache from holding the weights between launches), then
-    /// hands the plan and the launches to `run`.
-    /// `inline`: the exact nucleus kernels run inside each launch (as the device API runs them)
-    /// instead of the host API's deferred pass.
+    /// hands the plan and the launches to `run`. `pass` says which launch (see [`TimedPass`]).
     #[allow(clippy::too_many_arguments)]
     fn timed<T>(
         &self,
@@ -666,20 +681,30 @@ impl CudaSampler {
         params: &SamplingParams<'_>,
         config: Option<&KernelConfig>,
         warmup: usize,
-        inline: bool,
+        pass: TimedPass,
         run: impl FnOnce(&SamplingPlan, &CudaStream, &[Args]) -> Result<T>,
     ) -> Result<T> {
         let (shape, config) = self.check(&hidden, weights, params, config)?;
-        let lse = self.launch_lse(params, shape.batch);
+        // A verifying launch samples its rows with the drafts as targets, as `verify` does.
+        let verify = match pass {
+            TimedPass::Verify => Some(crate::verify::draft_targets(params, shape.batch)?),
+            TimedPass::HostDeferred | TimedPass::Inline => None,
+        };
+        let inner = verify.as_ref().map(|(_, targets)| SamplingParams { targets: Some(targets), drafts: None, draft_probs: None, ..*params });
+        let rows = inner.as_ref().unwrap_or(params);
+        let lse = self.launch_lse(rows, shape.batch);
         let _guard = self.device.launch_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut host = self.host.lock().unwrap_or_else(|e| e.into_inner());
         let HostState { plans, bufs } = &mut *host;
         let key = PlanKey { dim: shape.dim, vocab: shape.vocab, config, need: flashsample_codegen_ptx::list_capacity(&self.pipeline), lse };
         let plan = Self::host_plan(plans, self, key, shape.batch)?;
-        let up = self.upload(bufs, &hidden, weights, params, shape, lse)?;
-        // What the host API enqueues for a batch without a row of status 4 (nearly every one),
-        // or the nucleus kernels inside the launch.
-        let nucleus_pass = if inline { up.args.nucleus_pass } else { plan.host_nucleus_pass(&up.args) };
+        let mut up = self.upload(bufs, &hidden, weights, rows, shape, lse)?;
+        let spec = verify.map(|(k, _)| SpecRun::Decide { k, drafts: params.drafts.unwrap_or(&[]), probs: params.draft_probs });
+        self.attach_spec(bufs, &mut up.args, spec, shape.batch)?;
+        let nucleus_pass = match pass {
+            TimedPass::HostDeferred => plan.host_nucleus_pass(&up.args),
+            TimedPass::Inline | TimedPass::Verify => up.args.nucleus_pass,
+        };
         let launches: Vec<Args> = up.weights.iter().map(|&w| Args { weights: w, nucleus_pass, ..up.args }).collect();
         let stream = self.device.stream().clone();
         for i in 0..warmup {
@@ -705,7 +730,7 @@ impl CudaSampler {
         warmup: usize,
         reps: usize,
     ) -> Result<Vec<f64>> {
-        self.timed(hidden, weights, params, config, warmup, false, |plan, stream, launches| {
+        self.timed(hidden, weights, params, config, warmup, TimedPass::HostDeferred, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps + 1);
@@ -739,7 +764,7 @@ impl CudaSampler {
         reps: usize,
     ) -> Result<Vec<[f64; 3]>> {
         const MARKS: [Boundary; 4] = [Boundary::Start, Boundary::AfterStageOne, Boundary::AfterStageTwo, Boundary::End];
-        self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, false)
+        self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, TimedPass::HostDeferred)
             .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2]]).collect())
     }
 
@@ -756,13 +781,27 @@ impl CudaSampler {
     ) -> Result<Vec<[f64; 6]>> {
         use Boundary::*;
         const MARKS: [Boundary; 7] = [Start, AfterStageOne, AfterStageTwo, AfterStageThree, AfterNucleusLogits, AfterNucleusSort, End];
-        self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, true)
+        self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, TimedPass::Inline)
             .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3], t[4], t[5]]).collect())
     }
 
+    /// Per-stage device time (seconds: stage one, stage two, stage three, and the decision
+    /// with its finishing kernel) of each of `reps` verifying launches of `params` (drafts and
+    /// draft distributions as `Sampler::verify` takes them, uploaded once), the launch
+    /// `Sampler::verify` runs first (the decision on the device). Events between the kernels
+    /// add a little to the total.
+    pub fn time_verify_stages(&self, hidden: Tensor<'_>, weights: &[Tensor<'_>], params: &SamplingParams<'_>, warmup: usize, reps: usize) -> Result<Vec<[f64; 4]>> {
+        use Boundary::*;
+        const MARKS: [Boundary; 5] = [Start, AfterStageOne, AfterStageTwo, AfterStageThree, End];
+        if self.pipeline.verify.is_none() {
+            return Err(Error::Unsupported("time_verify_stages needs a verifying pipeline".into()));
+        }
+        self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, TimedPass::Verify)
+            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3]]).collect())
+    }
+
     /// Device time between consecutive `marks` of each of `reps` launches (CUDA events at the
-    /// boundaries; a mark a launch skips reads as the next one it reaches). `inline`:
-    /// the exact nucleus kernels run inside the launch instead of deferred.
+    /// boundaries; a mark a launch skips reads as the next one it reaches).
     #[allow(clippy::too_many_arguments)]
     fn time_between(
         &self,
@@ -773,9 +812,9 @@ impl CudaSampler {
         warmup: usize,
         reps: usize,
         marks: &[Boundary],
-        inline: bool,
+        pass: TimedPass,
     ) -> Result<Vec<Vec<f64>>> {
-        self.timed(hidden, weights, params, config, warmup, inline, |plan, stream, launches| {
+        self.timed(hidden, weights, params, config, warmup, pass, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
             let mut events = Vec::with_capacity(reps);

@@ -59,6 +59,34 @@ fn a_failed_residual_bound_recomputes_the_row_on_the_gpu() {
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
 }
 
+/// `CudaSampler::time_verify_stages` (spec_bench's `--stages`) times the launch the host API
+/// verifies with: every interval finite and non-negative, stage one and the decision
+/// non-empty, and the decision's outcome the host API's (so the timed launch decided). A
+/// sampling pipeline is refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn verify_stage_timing_times_the_deciding_launch() {
+    let (device, _) = gpu();
+    let p = verifier(DraftKind::Sampled, false, false);
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let (k, seqs) = (3, 8);
+    let case = Case::random(&p, seqs * (k + 1), 64, 5003, 11, 4.0);
+    let (drafts, q) = case_drafts(&p, &case, k, 11);
+    compare(&sampler, &p, &case, k, &drafts, Some(&q));
+    let params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..case.params(&p) };
+    let cuda = sampler.cuda().unwrap();
+    let runs = cuda.time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &params, 1, 3).unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in &runs {
+        assert!(r.iter().all(|t| t.is_finite() && *t >= 0.0), "{r:?}");
+        assert!(r[0] > 0.0 && r[3] > 0.0, "stage one or the decision took no time: {r:?}");
+    }
+    let plain = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed").gumbel("seed", 1).build().unwrap();
+    let plain = Sampler::new(plain, &device).unwrap();
+    let e = plain.cuda().unwrap().time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &case.params(plain.pipeline()), 0, 1);
+    assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+}
+
 /// One verifying device launch (`SamplingPlan::launch_verify`) of `case` with `params` on a
 /// fresh caller stream: the plan and what it wrote.
 fn device_verify(sampler: &Sampler, case: &Case, params: &SamplingParams<'_>, k: usize) -> (SamplingPlan, VerifyResults) {
