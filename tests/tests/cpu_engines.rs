@@ -105,6 +105,50 @@ fn every_engine_pathwise_at_qwen_scale() {
     }
 }
 
+/// Every engine's row logsumexp is `abi::lse`'s exact sum of the row's allowed logits, bit for
+/// bit. The inputs are small integers, so every dot-product order (Cranelift's, AVX-512-BF16's,
+/// the AMX tiles') gives the same exact logits and the host knows them: rows of ±1 entries keep
+/// their logits within a few windows of the top, rows of ±3 spread them over a dozen (terms
+/// dropped, tops promoted); batches of 1 to 20 rows take every engine's block shapes, and
+/// the vocabulary ends inside a quad.
+#[test]
+fn every_engine_sums_the_logsumexp_as_the_abi() {
+    use flashsample_abi::lse::{LsePartial, LseSum};
+    use flashsample_tests::MatrixData;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let pipeline = PipelineBuilder::new("Lse", DType::BF16, DType::BF16)
+        .mask("allowed")
+        .gumbel("seed", 1)
+        .outputs(Outputs { score: true, logsumexp: true, ..Outputs::default() })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(pipeline.clone(), &Device::cpu_with_threads(2).unwrap()).unwrap();
+    let (dim, vocab) = (96, 3001);
+    let mut rng = StdRng::seed_from_u64(5);
+    let weights: Vec<f32> = (0..vocab * dim).map(|_| rng.random_range(-3i32..=3) as f32).collect();
+    for batch in [1, 5, 20] {
+        let hidden: Vec<f32> = (0..batch * dim).map(|i| if (i / dim) % 2 == 0 { rng.random_range(-1i32..=1) } else { rng.random_range(-3i32..=3) } as f32).collect();
+        let mut case = Case::random(&pipeline, batch, dim, vocab, 9, 1.0);
+        case.hidden = MatrixData::from_f32(DType::BF16, batch, dim, &hidden);
+        case.weights = MatrixData::from_f32(DType::BF16, vocab, dim, &weights);
+        let words = vocab.div_ceil(32);
+        let want: Vec<u32> = (0..batch)
+            .map(|r| {
+                let mut p = LsePartial::EMPTY;
+                for v in (0..vocab).filter(|&v| case.mask[r * words + v / 32] >> (v % 32) & 1 == 1) {
+                    p.add((0..dim).map(|d| hidden[r * dim + d] * weights[v * dim + d]).sum());
+                }
+                LseSum::of(&[p]).logsumexp().to_bits()
+            })
+            .collect();
+        for engine in runnable_engines() {
+            let samples = case.run_with(&sampler, &config(engine, batch, dim, vocab)).unwrap();
+            let got: Vec<u32> = samples.logsumexp.unwrap().iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "{engine} B={batch}");
+        }
+    }
+}
+
 /// `FLASHSAMPLE_CPU_ENGINE` picks the engine of `Sampler::sample`'s configs for pipelines it can
 /// run and leaves the others on Cranelift. (The only test here that reads the environment.)
 #[test]
