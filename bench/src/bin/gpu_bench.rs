@@ -54,10 +54,13 @@ struct Args {
     /// Also write the merged results as JSON here.
     #[arg(long)]
     json_out: Option<String>,
-    /// Also time stage one of the filtered pipeline with 1-entry lists (transpose + one
-    /// selection round), to split the list epilogue's cost.
-    #[arg(long)]
-    split_lists: bool,
+    /// Also time stage one of the filtered pipeline with lists of each of these lengths per
+    /// (row, tile) instead of the heuristic's (`--split-lists 1,4`: 1 is the transpose and one
+    /// selection round, which splits the list epilogue's cost). Shorter lists than the row's
+    /// top-k may overflow, which stage three detects and the host API reruns; this times stage
+    /// one alone.
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
+    split_lists: Vec<u32>,
     /// Also time these configs (a JSON array of GpuConfig objects) at every batch; the best
     /// counts as the tuned time, like the sweep's.
     #[arg(long)]
@@ -383,15 +386,15 @@ fn main() {
                 "  stage one B={batch}: +logsumexp only {lse_s1:.1} us; filtered with the logsumexp (logprob output) s1 {:.1} / s2 {:.1} / s3 {:.1} us",
                 with_lse[0], with_lse[1], with_lse[2]
             );
-            if args.split_lists {
-                let one = match &kc {
-                    KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: 1, ..c.clone() }),
+            for &entries in &args.split_lists {
+                let short = match &kc {
+                    KernelConfig::Cuda(c) => KernelConfig::Cuda(GpuConfig { list_per_tile: entries, ..c.clone() }),
                     other => other.clone(),
                 };
-                let one_s1 = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&one), 3, args.reps.max(50))
-                    .map(|t| median(t.iter().map(|s| s[0]).collect()) * 1e6)
-                    .unwrap_or(f64::NAN);
-                eprintln!("  stage one B={batch}: filtered with list_per_tile 1 {one_s1:.1} us");
+                let s1 = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&short), 3, args.reps.max(50))
+                    .map(|t| format!("{:.1} us", median(t.iter().map(|s| s[0]).collect()) * 1e6))
+                    .unwrap_or_else(|e| e.to_string());
+                eprintln!("  stage one B={batch}: filtered with list_per_tile {entries} {s1}");
             }
             filter_rows.push((dim, vocab, batch, fused_s, config));
         }
