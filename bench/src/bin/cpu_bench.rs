@@ -16,7 +16,8 @@
 //! once per step among the model's other weights) nor a memory floor has. So every access to
 //! W — each fused launch, each floor read, each peer call — takes the next of
 //! [`w_copies`] identical copies, enough that the bytes read between two uses of one copy are
-//! at least twice the cache.
+//! six times the cache, each kind of access keeping to its own copies (an adaptive last-level
+//! cache still kept part of a copy across three times its size).
 //!
 //! `--unfused` adds this crate's portable Rust baseline (multi-threaded matmul writing `[B, V]`
 //! f32 logits, then softmax and inverse-CDF sampling). `--filter` samples with top-k 50 +
@@ -91,9 +92,22 @@ struct Args {
     logit_std: Option<f32>,
 }
 
-/// Identical copies of a `w_bytes` W that the accesses rotate through: `1 + ⌈2·L3 / W⌉` while
-/// W is under twice the last-level cache (`/sys/devices/system/cpu/cpu0/cache/index3/size`),
-/// else 1.
+/// Identical copies of a `w_bytes` W that the accesses rotate through, while W is under twice
+/// the last-level cache (`/sys/devices/system/cpu/cpu0/cache/index3/size`), else 1: enough
+/// that six caches' worth of bytes are read between two uses of one copy, rounded up to a
+/// multiple of [`ACCESSES_PER_REP`] so each kind of access keeps to its own copies, and at
+/// most [`COPIES_BYTES`] in all. On the 300 MiB L3 of the Sapphire Rapids VM at D = 1024
+/// (311 MB), four copies let the fused launch read W at ~39 GB/s, above every floor read
+/// (fused/floor 0.87×), and seven gave floor reads of 47 GB/s; eight read fused/floor
+/// 1.05–1.09× with the floor at the DRAM rate a C probe measures (BENCHMARKS.md, CPU,
+/// seventeenth session).
+/// Accesses to W in one rep without peers: a fused launch and three floor reads.
+const ACCESSES_PER_REP: usize = 4;
+
+/// The most bytes [`w_copies`] spends on copies of W (the Python peers hold as many again in
+/// bf16 and twice in f32).
+const COPIES_BYTES: usize = 3 << 30;
+
 fn w_copies(w_bytes: usize) -> usize {
     let l3 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
         .ok()
@@ -110,7 +124,9 @@ fn w_copies(w_bytes: usize) -> usize {
         })
         .unwrap_or(0);
     if w_bytes < 2 * l3 {
-        1 + (2 * l3).div_ceil(w_bytes)
+        let wanted = (1 + (6 * l3).div_ceil(w_bytes)).next_multiple_of(ACCESSES_PER_REP);
+        let affordable = (COPIES_BYTES / w_bytes.max(1)) / ACCESSES_PER_REP * ACCESSES_PER_REP;
+        wanted.min(affordable).max(1 + (2 * l3).div_ceil(w_bytes))
     } else {
         1
     }
