@@ -92,6 +92,14 @@ struct Args {
     logit_std: Option<f32>,
 }
 
+/// Accesses to W in one rep of this process: a fused launch and a floor read in each pattern
+/// (the Python peers rotate through copies of their own).
+const ACCESSES_PER_REP: usize = 1 + ReadPattern::ALL.len();
+
+/// The most bytes [`w_copies`] spends on copies of W (the Python peers hold as many again in
+/// bf16 and twice in f32).
+const COPIES_BYTES: usize = 3 << 30;
+
 /// Identical copies of a `w_bytes` W that the accesses rotate through, while W is under twice
 /// the last-level cache (`/sys/devices/system/cpu/cpu0/cache/index3/size`), else 1: enough
 /// that six caches' worth of bytes are read between two uses of one copy, rounded up to a
@@ -101,13 +109,6 @@ struct Args {
 /// (fused/floor 0.87×), and seven gave floor reads of 47 GB/s; eight read fused/floor
 /// 1.05–1.09× with the floor at the DRAM rate a C probe measures (BENCHMARKS.md, CPU,
 /// seventeenth session).
-/// Accesses to W in one rep without peers: a fused launch and three floor reads.
-const ACCESSES_PER_REP: usize = 4;
-
-/// The most bytes [`w_copies`] spends on copies of W (the Python peers hold as many again in
-/// bf16 and twice in f32).
-const COPIES_BYTES: usize = 3 << 30;
-
 fn w_copies(w_bytes: usize) -> usize {
     let l3 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
         .ok()
@@ -253,6 +254,11 @@ enum ReadPattern {
     /// Sixteen equal parts side by side, each line prefetched two lines ahead (the AMX
     /// engine's access pattern at B <= 4, without the arithmetic).
     SixteenPrefetched,
+}
+
+impl ReadPattern {
+    /// Every pattern, in the order a rep reads them.
+    const ALL: [ReadPattern; 3] = [ReadPattern::OneStream, ReadPattern::TwoStreams, ReadPattern::SixteenPrefetched];
 }
 
 /// One all-thread streaming read of `buf` (the weights themselves, so every hidden size is
@@ -554,7 +560,7 @@ fn main() -> flashsample::Result<()> {
             with_peers(&mut peers, |server| server.warm(batch));
             // The best read of W in any pattern.
             let read = || {
-                [ReadPattern::OneStream, ReadPattern::TwoStreams, ReadPattern::SixteenPrefetched]
+                ReadPattern::ALL
                     .into_iter()
                     .map(|pattern| read_pass(&weights[next()], threads, pattern))
                     .fold(f64::INFINITY, f64::min)
