@@ -7,10 +7,12 @@
 //!
 //! Every thread runs a sequence's decisions redundantly (the same loads and arithmetic give
 //! the same branch everywhere, so the CTA's barriers stay uniform); thread 0 writes. Only the
-//! residual draw at a rejection is split: the threads stride over the row's tiles, first for
-//! the best stored score (its token's exact residual score `T` prunes the scan) and the bound
-//! `max_t ub(last listed score of t)`, then for the exact `ln(p − q) + gumbel_f64` of every
-//! listed token whose upper bound `ub(stored score) = s − L + slack` reaches `T`. Skipping a
+//! residual draw at a rejection is split: the threads stride over the row's tiles for the best
+//! stored score (its token's exact residual score `T` prunes the scan) and the bound
+//! `max_t ub(last listed score of t)`, then over the row's entries for the exact
+//! `ln(p − q) + gumbel_f64` of every listed token whose upper bound `ub(stored score) = s − L
+//! + slack` reaches `T`. The scans are chains of dependent global loads, so the CTA is wide
+//! (512 threads: a row of ~600–1200 tiles is one to three loads deep per thread). Skipping a
 //! token whose bound is below `T` cannot change the argmax, so the winner is the host's
 //! (`residual_draw` over every listed token); it is used iff its score beats the bound, else
 //! the sequence gets `SpecStatus::Recompute`. A draft row with an active filter reads its
@@ -34,21 +36,32 @@ pub(crate) const NAME: &str = "flashsample_decide";
 pub(crate) const TARGETS_NAME: &str = "flashsample_spec_targets";
 /// Threads of one `flashsample_decide` CTA (one sequence) and of one
 /// `flashsample_spec_targets` CTA (that many rows).
-pub const DECIDE_THREADS: u32 = 128;
+pub const DECIDE_THREADS: u32 = 512;
 const WARPS: u32 = DECIDE_THREADS / 32;
+/// Residual-list entries a thread loads at once in the residual draw's exact-score scan.
+const SCAN_UNROLL: u32 = 4;
 
-/// The block reduction's per-warp scratch (score, tie, payload), a filtered row's survivor
-/// terms, three counters (its survivor count, the draft token's entry, and the flag of an
-/// invalid draft-distribution entry the residual draw read), and `llvm.fabs.f64`.
+/// The decision kernel's shared arrays: name, LLVM element type, element bytes and count. The
+/// block reduction's per-warp scratch (score, tie, payload), a filtered row's survivor terms,
+/// and three counters (its survivor count, the draft token's entry, and the flag of an invalid
+/// draft-distribution entry the residual draw read). The IR interpreter allocates them from
+/// this table too.
+pub const DECIDE_SHARED: [(&str, &str, usize, usize); 5] = [
+    ("@fs_decide_s", "double", 8, WARPS as usize),
+    ("@fs_decide_t", "i32", 4, WARPS as usize),
+    ("@fs_decide_x", "float", 4, WARPS as usize),
+    ("@fs_decide_terms", "double", 8, MAX_LIST_CAPACITY as usize),
+    ("@fs_decide_misc", "i32", 4, 3),
+];
+
+/// [`DECIDE_SHARED`]'s declarations, and `llvm.fabs.f64`.
 pub(crate) fn shared_decls() -> String {
-    format!(
-        "@fs_decide_s = internal addrspace(3) global [{WARPS} x double] undef, align 8\n\
-         @fs_decide_t = internal addrspace(3) global [{WARPS} x i32] undef, align 4\n\
-         @fs_decide_x = internal addrspace(3) global [{WARPS} x float] undef, align 4\n\
-         @fs_decide_terms = internal addrspace(3) global [{MAX_LIST_CAPACITY} x double] undef, align 8\n\
-         @fs_decide_misc = internal addrspace(3) global [3 x i32] undef, align 4\n\
-         declare double @llvm.fabs.f64(double)\n"
-    )
+    let mut s: String = DECIDE_SHARED
+        .iter()
+        .map(|(name, ty, bytes, n)| format!("{name} = internal addrspace(3) global [{n} x {ty}] undef, align {bytes}\n"))
+        .collect();
+    s.push_str("declare double @llvm.fabs.f64(double)\n");
+    s
 }
 
 /// The arrays [`shared_decls`] declares.
@@ -240,13 +253,29 @@ fn residual_draw(f: &mut Func, tid: &I32, warp: &I32, lane0: &I1, row: &Row) -> 
         f.set(&threshold, &s);
     });
     let thr = f.get(&threshold);
-    // Pass two: the exact scores of every listed token whose bound reaches the threshold.
+    // Pass two: the exact scores of every listed token whose bound reaches the threshold,
+    // striding over the row's entries (not its tiles) so that neighbouring threads read
+    // neighbouring entries, [`SCAN_UNROLL`] entries a step with their loads issued together (an
+    // entry past the row reloads the last one and is dropped), so a thread waits on global
+    // memory once per step.
     let best = CandidateVar::new(f, &Best::none());
-    f.for_loop(tid, &arg::TILES, &step, |f, t| {
-        f.for_loop(&i32c(0), &arg::PER_TILE, &i32c(1), |f, e| {
-            let at = slot(f, t, e);
-            let c = load_candidate(f, &at);
-            let live = f.icmp(Icmp::Ne, &c.index, &none);
+    let entries = f.mul(&arg::TILES, &arg::PER_TILE);
+    let last_entry = f.add(&entries, &i32c(-1));
+    let row_first = f.mul(&row_tiles, &row.per_tile_wide);
+    f.for_loop(tid, &entries, &i32c(DECIDE_THREADS * SCAN_UNROLL), |f, e0| {
+        let loaded: Vec<(I1, Candidate)> = (0..SCAN_UNROLL)
+            .map(|u| {
+                let e = f.add(e0, &i32c(u * DECIDE_THREADS));
+                let inside = f.icmp(Icmp::Ult, &e, &entries);
+                let e = f.umin(&e, &last_entry);
+                let e64 = f.zext(&e);
+                let at = f.add(&row_first, &e64);
+                (inside, load_candidate(f, &at))
+            })
+            .collect();
+        for (inside, c) in loaded {
+            let listed = f.icmp(Icmp::Ne, &c.index, &none);
+            let live = f.and(&inside, &listed);
             let ub = upper_bound(f, &c.score, &row.l);
             let reach = f.fcmp(Fcmp::Oge, &ub, &thr);
             let go = f.and(&live, &reach);
@@ -260,7 +289,7 @@ fn residual_draw(f: &mut Func, tid: &I32, warp: &I32, lane0: &I1, row: &Row) -> 
                     best.set(f, &next);
                 });
             });
-        });
+        }
     });
     let mine = best.get(f);
     let b = block_best(f, warp, lane0, mine);

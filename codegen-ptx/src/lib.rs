@@ -34,7 +34,7 @@ pub use config::{
 pub use heuristic::HEURISTIC_STAGGER_US;
 pub use stage1::RANK_NAME as STAGE1_RANK_KERNEL;
 pub use layout::{ScratchLayout, SmemLayout};
-pub use decide::DECIDE_THREADS;
+pub use decide::{DECIDE_SHARED, DECIDE_THREADS};
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
 pub use probe::{
     compile_math_probe, math_probe_llvm_ir, MATH_PROBE_GUMBEL_INPUTS, MATH_PROBE_KERNEL, MATH_PROBE_LN_FIRST_BITS, MATH_PROBE_LN_INPUTS, MATH_PROBE_RECIP_WORDS, MATH_PROBE_THREADS,

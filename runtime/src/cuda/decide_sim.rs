@@ -9,7 +9,7 @@ use flashsample_abi::filter::{merge_row, survivors, Scored, TopLists};
 use flashsample_abi::rng::gumbel_f32;
 use flashsample_abi::speculative::{residual_bits, SpecStatus};
 use flashsample_abi::{Candidate, RowFilter, RowResult, RowStatus, SamplingParams, TemperatureArg, INDEX_NONE};
-use flashsample_codegen_ptx::{GpuConfig, Grid, Schedule, DECIDE};
+use flashsample_codegen_ptx::{GpuConfig, Grid, Schedule, DECIDE, DECIDE_SHARED};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -265,8 +265,8 @@ fn kernel(pipeline: &Pipeline, mem: &mut Memory) -> (Module, &'static str) {
     c.fit_lists(pipeline);
     let ir = flashsample_codegen_ptx::llvm_ir(pipeline, &c).unwrap();
     let mut globals = HashMap::new();
-    for (name, bytes) in [("@fs_decide_s", 32), ("@fs_decide_t", 16), ("@fs_decide_x", 16), ("@fs_decide_terms", 8 << 10), ("@fs_decide_misc", 12)] {
-        globals.insert(name.to_string(), mem.add(vec![0; bytes]));
+    for (name, _, bytes, n) in DECIDE_SHARED {
+        globals.insert(name.to_string(), mem.add(vec![0; bytes * n]));
     }
     (Module::with_callees(&ir, &[DECIDE.kernel, "fs_ln_f64", "fs_exp_f64", "fs_gumbel_f64"], &globals), DECIDE.kernel)
 }
