@@ -19,7 +19,7 @@
 //! filter, so they do not run then.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, RowFilter, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, GpuConfig, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
 use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -53,6 +53,10 @@ struct Args {
     /// same rows' stage one, two and finish, to show where verification's extra time goes.
     #[arg(long)]
     stages: bool,
+    /// With `--stages`: also time the verifying launch's kernels under each of these tile
+    /// configs (a JSON array of `GpuConfig` objects, as gpu_bench's `--configs`), a line each.
+    #[arg(long)]
+    configs: Option<String>,
 }
 
 /// `--filter`'s per-row filter.
@@ -164,7 +168,7 @@ fn print_stages(
     let rows = batch * (k + 1);
     let h = || Tensor::host(hidden, rows, head.dim);
     let reps = args.bench.reps.max(20);
-    let verified = v.time_verify_stages(h()?, &[head.tensor()?], verify, args.bench.warmup, reps)?;
+    let verified = v.time_verify_stages(h()?, &[head.tensor()?], verify, None, args.bench.warmup, reps)?;
     let sampled = s.time_fused_stages(h()?, &[head.tensor()?], sample, None, args.bench.warmup, reps)?;
     let us = |xs: Vec<f64>| flashsample_bench::median(xs) * 1e6;
     let vi = |i: usize| us(verified.iter().map(|r| r[i]).collect());
@@ -180,6 +184,20 @@ fn print_stages(
         si(1),
         si(2),
     );
+    let configs: Vec<GpuConfig> = match &args.configs {
+        Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
+        None => Vec::new(),
+    };
+    for c in configs {
+        let kc = KernelConfig::Cuda(c.clone());
+        match v.time_verify_stages(h()?, &[head.tensor()?], verify, Some(&kc), args.bench.warmup, reps) {
+            Ok(runs) => {
+                let ci = |i: usize| us(runs.iter().map(|r| r[i]).collect());
+                println!("    config: verify: stage one {:.1}, two {:.1}, three {:.1}, decision {:.1} ({c:?})", ci(0), ci(1), ci(2), ci(3));
+            }
+            Err(e) => println!("    config: {e} ({c:?})"),
+        }
+    }
     Ok(())
 }
 

@@ -788,15 +788,23 @@ impl CudaSampler {
     /// Per-stage device time (seconds: stage one, stage two, stage three, and the decision
     /// with its finishing kernel) of each of `reps` verifying launches of `params` (drafts and
     /// draft distributions as `Sampler::verify` takes them, uploaded once), the launch
-    /// `Sampler::verify` runs first (the decision on the device). Events between the kernels
-    /// add a little to the total.
-    pub fn time_verify_stages(&self, hidden: Tensor<'_>, weights: &[Tensor<'_>], params: &SamplingParams<'_>, warmup: usize, reps: usize) -> Result<Vec<[f64; 4]>> {
+    /// `Sampler::verify` runs first (the decision on the device), with `config` instead of the
+    /// tuned or heuristic one where given. Events between the kernels add a little to the total.
+    pub fn time_verify_stages(
+        &self,
+        hidden: Tensor<'_>,
+        weights: &[Tensor<'_>],
+        params: &SamplingParams<'_>,
+        config: Option<&KernelConfig>,
+        warmup: usize,
+        reps: usize,
+    ) -> Result<Vec<[f64; 4]>> {
         use Boundary::*;
         const MARKS: [Boundary; 5] = [Start, AfterStageOne, AfterStageTwo, AfterStageThree, End];
         if self.pipeline.verify.is_none() {
             return Err(Error::Unsupported("time_verify_stages needs a verifying pipeline".into()));
         }
-        self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, TimedPass::Verify)
+        self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, TimedPass::Verify)
             .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3]]).collect())
     }
 

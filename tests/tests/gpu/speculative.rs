@@ -75,7 +75,7 @@ fn verify_stage_timing_times_the_deciding_launch() {
     compare(&sampler, &p, &case, k, &drafts, Some(&q));
     let params = SamplingParams { drafts: Some(&drafts), draft_probs: Some(&q), ..case.params(&p) };
     let cuda = sampler.cuda().unwrap();
-    let runs = cuda.time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &params, 1, 3).unwrap();
+    let runs = cuda.time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &params, None, 1, 3).unwrap();
     assert_eq!(runs.len(), 3);
     for r in &runs {
         assert!(r.iter().all(|t| t.is_finite() && *t >= 0.0), "{r:?}");
@@ -83,7 +83,7 @@ fn verify_stage_timing_times_the_deciding_launch() {
     }
     let plain = PipelineBuilder::new("Plain", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed").gumbel("seed", 1).build().unwrap();
     let plain = Sampler::new(plain, &device).unwrap();
-    let e = plain.cuda().unwrap().time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &case.params(plain.pipeline()), 0, 1);
+    let e = plain.cuda().unwrap().time_verify_stages(case.hidden.tensor(), &[case.weights.tensor()], &case.params(plain.pipeline()), None, 0, 1);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }
 
