@@ -26,18 +26,21 @@ pub(crate) fn is_draft_row(f: &mut Func, row: &I32) -> I1 {
 }
 
 impl Gen<'_> {
-    /// The residual lists of the item's draft rows. One warp per row (uniform branches, so the
-    /// warp-wide rounds see every lane): lane `l` reads the `E = vocab_tile / 32` consecutive
-    /// transformed logits `l·E ..` of the row's column from the list tile (stored here unless
-    /// the list epilogue already did), draws their residual-stream Gumbel noise (the token
-    /// noise's counter layout, `abi::speculative::residual_bits`, one Philox block per 4
-    /// tokens) and keys `order_key(x + G)` (0 for an excluded token, which never enters a
-    /// list) into a [`LaneQueue`]; `residual_per_tile` rounds of it then write the list, the
-    /// popping lane taking the token's score and `x` from its registers. Every token of the
-    /// tile draws its noise: the list is exact without any noise skip.
+    /// The residual lists of the item's draft rows. A warp selects `rows` rows side by side
+    /// (uniform branches, so the warp-wide rounds see every lane; the rows' noise chains and
+    /// rounds interleave, as in [`Gen::list_epilogue`]): lane `l` reads the `E = vocab_tile / 32`
+    /// consecutive transformed logits `l·E ..` of each row's column from the list tile (stored
+    /// here unless the list epilogue already did), draws their residual-stream Gumbel noise (the
+    /// token noise's counter layout, `abi::speculative::residual_bits`, one Philox block per 4
+    /// tokens) and keys `order_key(x + G)` (0 for an excluded token, which never enters a list)
+    /// into a [`LaneQueue`]; `residual_per_tile` rounds of it then write the list, the popping
+    /// lane taking the token's score and `x` from its registers. Every token of the tile draws
+    /// its noise: the list is exact without any noise skip. A column past the tile, past the
+    /// launch or of a bonus row runs alike on clamped inputs and stores nothing.
     pub(super) fn residual_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32]) {
         let c = self.c;
         let vt = c.vocab_tile;
+        let bt = c.batch_tile;
         let base = if c.list_per_tile > 0 {
             f.add(&th.scratch, &i32c(c.smem_layout().list_tile))
         } else {
@@ -45,6 +48,9 @@ impl Gen<'_> {
         };
         let per_tile = c.residual_per_tile;
         let per_lane = vt / 32;
+        // Rows a warp selects together: two chains of noise and rounds to overlap, few enough
+        // that `rows · 2 · per_lane` logits and scores stay in registers.
+        let rows = (16 / per_lane).clamp(1, 2).min(bt.div_ceil(c.warps));
         let none = i32c(INDEX_NONE as i32);
         let has_out = f.non_null(&arg::RESIDUAL_LISTS);
         let has_rs = f.non_null(&arg::ROW_SEEDS);
@@ -52,17 +58,29 @@ impl Gen<'_> {
         // Global index of the lane's first token (the noise counter's token).
         let first = f.add(&it.v0, &lane_first);
         let first_g = f.add(&first, &arg::VOCAB_OFFSET);
-        f.for_loop(&th.warp, &i32c(c.batch_tile), &i32c(c.warps), |f, col| {
-            let row = f.add(&it.b0, col);
-            let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
-            let draft = is_draft_row(f, &row);
-            let ok = f.and(&row_ok, &draft);
-            let ok = f.and(&ok, &has_out);
-            f.if_then(&ok, |f| {
-                let r64 = f.zext(&row);
-                let stream = math::row_stream(f, &has_rs, &row, &r64);
+        let last_row = f.add(&arg::BATCH, &i32c(-1));
+        let warp_first = f.mul(&th.warp, &i32c(rows));
+        f.for_loop(&warp_first, &i32c(bt), &i32c(c.warps * rows), |f, col0| {
+            // Per row of the group: its scores and logits, its queue, the list slot and the
+            // store guard.
+            let mut group = Vec::new();
+            for r in 0..rows {
+                let col = f.add(col0, &i32c(r));
+                let col_in = f.icmp(Icmp::Ult, &col, &i32c(bt));
+                // A column past the tile reads the last column (inside the list tile); a row
+                // past the launch draws the last row's stream (its loads stay in bounds).
+                let col_rd = f.sel(&col_in, &col, &i32c(bt - 1));
+                let row = f.add(&it.b0, &col_rd);
+                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+                let draft = is_draft_row(f, &row);
+                let ok = f.and(&row_ok, &draft);
+                let ok = f.and(&ok, &col_in);
+                let ok = f.and(&ok, &has_out);
+                let row_rd = f.umin(&row, &last_row);
+                let r64 = f.zext(&row_rd);
+                let stream = math::row_stream(f, &has_rs, &row_rd, &r64);
                 let word3 = math::stream_word3(f, &r64, NoiseStream::SpecResidual);
-                let e = f.mul(col, &i32c(vt));
+                let e = f.mul(&col_rd, &i32c(vt));
                 let e = f.add(&e, &lane_first);
                 let off = f.shl(&e, &i32c(2));
                 let off = f.add(&off, &base);
@@ -95,21 +113,26 @@ impl Gen<'_> {
                 let slot0 = f.mul(&row, &it.vtiles);
                 let slot0 = f.add(&slot0, &it.vtile);
                 let slot0 = f.mul(&slot0, &i32c(per_tile));
-                f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
-                    let Popped { real, me, pos } = queue.pop(f, &th.lane);
+                group.push((queue, scores, xs, slot0, ok));
+            }
+            f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
+                // Every row's round first (straight-line, so they interleave), then the stores.
+                let popped: Vec<Popped> = group.iter().map(|(queue, ..)| queue.pop(f, &th.lane)).collect();
+                for (Popped { real, me, pos }, (_, scores, xs, slot0, ok)) in popped.into_iter().zip(&group) {
                     let idx = f.add(&first, &pos);
                     let index = f.sel(&real, &idx, &none);
-                    f.if_then(&me, |f| {
-                        let score = select_at(f, &pos, &scores);
+                    let write = f.and(&me, ok);
+                    f.if_then(&write, |f| {
+                        let score = select_at(f, &pos, scores);
                         let score = f.sel(&real, &score, &F32::NEG_INF);
-                        let logit = select_at(f, &pos, &xs);
+                        let logit = select_at(f, &pos, xs);
                         let logit = f.sel(&real, &logit, &F32::NEG_INF);
-                        let slot = f.add(&slot0, k);
+                        let slot = f.add(slot0, k);
                         let s64 = f.zext(&slot);
                         let a = f.gaddr(&arg::RESIDUAL_LISTS, &s64, CANDIDATE_BYTES);
                         Candidate { score, index, logit }.store(f, &a);
                     });
-                });
+                }
             });
         });
     }

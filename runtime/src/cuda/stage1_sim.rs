@@ -56,7 +56,7 @@ impl Launch<'_> {
     /// [`CAPTURE_ROWS`] slots, which its first rows whose filter may outgrow the lists take in
     /// row order (`nucleus::capture_slot`); their logits come back last.
     fn run(&self, skip: NoiseSkip) -> Run {
-        let (_, mem, bufs, _) = self.launch(skip, &[]);
+        let (_, mem, bufs, _) = self.launch(skip, &[], 0);
         let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
         let captured: Vec<usize> = match self.params.filter {
             Some(filters) if captures_logits(self.p) => (0..self.batch).filter(|&r| filters[r].may_outgrow_lists()).take(CAPTURE_ROWS).collect(),
@@ -71,17 +71,23 @@ impl Launch<'_> {
         (bytemuck::pod_collect_to_vec(&read("candidates")), bytemuck::pod_collect_to_vec(&read("lse")), bytemuck::pod_collect_to_vec(&read("lists")), capture)
     }
 
-    /// A verifying launch's residual lists (`spec_period` 0: every row a draft row) against the
-    /// host model: per (row, tile) the `residual_per_tile` best tokens by `x + G_res`
-    /// (`abi::speculative::residual_bits`), sorted as `insert_residual` sorts them.
-    fn check_residual_lists(&self) {
-        let (_, mem, bufs, _) = self.launch(NoiseSkip::Never, &[]);
+    /// A verifying launch's residual lists against the host model: per (draft row, tile) the
+    /// `residual_per_tile` best tokens by `x + G_res` (`abi::speculative::residual_bits`),
+    /// sorted as `insert_residual` sorts them; a bonus row's (launch row `≡ spec_period − 1`
+    /// mod `spec_period`; none when it is 0) left as they were.
+    fn check_residual_lists(&self, spec_period: u32) {
+        let (_, mem, bufs, _) = self.launch(NoiseSkip::Never, &[], spec_period);
         let got: Vec<Candidate> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["residual_lists"] >> 40) as usize - 1]);
         let (vt, per_tile, tiles) = (self.c.vocab_tile as usize, self.c.residual_per_tile as usize, self.c.tiles(self.vocab));
         let x = self.logits();
         let mut listed = 0;
         for r in 0..self.batch {
             let (key, ctr) = (self.params.seed, self.row_base + r as u32);
+            if spec_period > 0 && ctr % spec_period == spec_period - 1 {
+                let bytes: &[u8] = bytemuck::cast_slice(&got[r * tiles * per_tile..][..tiles * per_tile]);
+                assert!(bytes.iter().all(|&b| b == 0xab), "row {r}: a bonus row's residual lists were written");
+                continue;
+            }
             for t in 0..tiles {
                 let mut want = vec![RESIDUAL_EMPTY; per_tile];
                 for (v, &xv) in x[r].iter().enumerate().take(((t + 1) * vt).min(self.vocab)).skip(t * vt) {
@@ -103,7 +109,7 @@ impl Launch<'_> {
     /// the target logits and the ranks.
     fn run_ranks(&self, targets: &[u32]) -> (Vec<f32>, Vec<u32>) {
         let extra = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch])), ("target_ranks", bytes(&vec![0u32; self.batch]))];
-        let (m, mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra);
+        let (m, mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra, 0);
         let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
         let ranks = STAGE1.index("target_ranks").expect("stage one takes the ranks");
         let mut args = args;
@@ -117,9 +123,10 @@ impl Launch<'_> {
         (logits, bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_ranks"] >> 40) as usize - 1]))
     }
 
-    /// One launch with `skip`, `extra` named buffers (the first pass: without `target_ranks`):
-    /// its module, memory, the buffers' addresses and the arguments.
-    fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)]) -> (Module, Memory, HashMap<&'n str, u64>, Vec<u64>) {
+    /// One launch with `skip`, `extra` named buffers (the first pass: without `target_ranks`)
+    /// and `spec_period` (a verifying launch's draft/bonus row period; 0 = every row a draft
+    /// row): its module, memory, the buffers' addresses and the arguments.
+    fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)], spec_period: u32) -> (Module, Memory, HashMap<&'n str, u64>, Vec<u64>) {
         let (p, params, batch, vocab) = (self.p, self.params, self.batch, self.vocab);
         let c = &self.c.clone().with_noise_skip(skip);
         let mut mem = Memory { bufs: Vec::new() };
@@ -176,6 +183,7 @@ impl Launch<'_> {
                 ("vocab", _) => vocab as u64,
                 ("row_base", _) => u64::from(self.row_base),
                 ("capture_rows", _) => CAPTURE_ROWS as u64,
+                ("spec_period", _) => u64::from(spec_period),
                 _ => 0,
             })
             .collect();
@@ -549,5 +557,11 @@ fn simt_stage_one_of_a_verifying_pipeline_writes_the_host_models_candidates_part
     assert!(c.residual_per_tile > 0 && c.list_per_tile > 0);
     let launch = Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 };
     launch.check();
-    launch.check_residual_lists();
+    launch.check_residual_lists(0);
+    // Sequences of 3 rows (the third a bonus row, whose lists stay unwritten) from launch row
+    // 4, and a launch of 6 rows in an 8-row batch tile: the warps' row pairs run past the launch.
+    let batch = 6;
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    let launch = Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 4 };
+    launch.check_residual_lists(3);
 }
