@@ -57,11 +57,11 @@ if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite on an H200 at exp/stack ab793ba (2026-12-06,
-  # seventeenth session: every test, memcheck on the short lists, synccheck on a filtered
-  # launch of the 256 x 128 list tile). Since then, measured in spec_bench but not tested: the
-  # GPU's 4-entry residual lists (GPU_RESIDUAL_PER_TILE, c7fc8cb), which the speculative tests
-  # cover (their recompute-rate assert included), with memcheck on the verifier; and the
-  # verifying launch's stage timing (CudaSampler::time_verify_stages, spec_bench --stages).
+  # seventeenth session), and the speculative tests with the 4-entry residual lists on an H100
+  # (eighteenth session, at 87f749f). Since then, on the IR interpreter only: the 512-thread
+  # decision kernel with its entry-strided exact-score scan (d9a2875) and the residual lists
+  # of two rows side by side (e657945); the speculative tests cover both, with memcheck on the
+  # device API's decision.
   NEW_TESTS=${NEW_TESTS:-"speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:speculative::the_device_api_decides_as_the_host_api racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS
