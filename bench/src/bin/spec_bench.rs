@@ -170,19 +170,19 @@ fn print_stages(
     let reps = args.bench.reps.max(20);
     let verified = v.time_verify_stages(h()?, &[head.tensor()?], verify, None, args.bench.warmup, reps)?;
     let sampled = s.time_fused_stages(h()?, &[head.tensor()?], sample, None, args.bench.warmup, reps)?;
-    let us = |xs: Vec<f64>| flashsample_bench::median(xs) * 1e6;
-    let vi = |i: usize| us(verified.iter().map(|r| r[i]).collect());
-    let si = |i: usize| us(sampled.iter().map(|r| r[i]).collect());
+    // Per-kernel medians in µs.
+    fn medians<const N: usize>(runs: &[[f64; N]]) -> [f64; N] {
+        std::array::from_fn(|i| flashsample_bench::median(runs.iter().map(|r| r[i]).collect()) * 1e6)
+    }
+    let verify_line = |runs: &[[f64; 4]]| {
+        let [one, two, three, decision] = medians(runs);
+        format!("verify: stage one {one:.1}, two {two:.1}, three {three:.1}, decision {decision:.1}")
+    };
+    let [one, two, finish] = medians(&sampled);
     println!(
-        "  stages D={} B={batch} k={k} ({rows} rows, us): verify: stage one {:.1}, two {:.1}, three {:.1}, decision {:.1}; sampling the rows: stage one {:.1}, two {:.1}, three + finish {:.1}",
+        "  stages D={} B={batch} k={k} ({rows} rows, us): {}; sampling the rows: stage one {one:.1}, two {two:.1}, three + finish {finish:.1}",
         head.dim,
-        vi(0),
-        vi(1),
-        vi(2),
-        vi(3),
-        si(0),
-        si(1),
-        si(2),
+        verify_line(&verified),
     );
     let configs: Vec<GpuConfig> = match &args.configs {
         Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
@@ -191,10 +191,7 @@ fn print_stages(
     for c in configs {
         let kc = KernelConfig::Cuda(c.clone());
         match v.time_verify_stages(h()?, &[head.tensor()?], verify, Some(&kc), args.bench.warmup, reps) {
-            Ok(runs) => {
-                let ci = |i: usize| us(runs.iter().map(|r| r[i]).collect());
-                println!("    config: verify: stage one {:.1}, two {:.1}, three {:.1}, decision {:.1} ({c:?})", ci(0), ci(1), ci(2), ci(3));
-            }
+            Ok(runs) => println!("    config: {} ({c:?})", verify_line(&runs)),
             Err(e) => println!("    config: {e} ({c:?})"),
         }
     }

@@ -33,7 +33,7 @@ impl Gen<'_> {
         let per_lane = vt / 32;
         // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
         // that `rows · per_lane` keys and logits stay in registers.
-        let rows = (16 / per_lane).clamp(1, 4).min(bt.div_ceil(c.warps));
+        let rows = self.group_rows(4);
         let lists_ok = f.non_null(dest);
         let lane_first = f.mul(&th.lane, &i32c(per_lane));
         let warp_first = f.mul(&th.warp, &i32c(rows));
@@ -46,37 +46,13 @@ impl Gen<'_> {
             let mut slot0s = Vec::new();
             let mut oks = Vec::new();
             for r in 0..rows {
-                let col = f.add(col0, &i32c(r));
-                let col_in = f.icmp(Icmp::Ult, &col, &i32c(bt));
-                // A column past the tile reads the last column (stays inside the list area)
-                // and stores nothing.
-                let col_rd = f.sel(&col_in, &col, &i32c(bt - 1));
+                // A column past the tile stores nothing.
+                let TileColumn { col, inside: col_in, lane_off: off, vals, .. } = self.tile_column(f, &base, col0, r, &lane_first);
                 let row = f.add(&it.b0, &col);
                 let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let ok = f.and(&row_ok, &col_in);
                 let ok = f.and(&ok, &lists_ok);
                 oks.push(ok);
-                let e = f.mul(&col_rd, &i32c(vt));
-                let e = f.add(&e, &lane_first);
-                let off = f.shl(&e, &i32c(2));
-                let off = f.add(&off, &base);
-                let mut vals = Vec::new();
-                if per_lane.is_multiple_of(4) {
-                    for v4 in 0..per_lane / 4 {
-                        let o = f.add(&off, &i32c(v4 * 16));
-                        let a = f.saddr(&SMEM, &o);
-                        let vec: X4<F32> = f.load(&a, 16);
-                        for o in 0..4 {
-                            vals.push(f.extract_lane(&vec, o));
-                        }
-                    }
-                } else {
-                    for o in 0..per_lane {
-                        let oo = f.add(&off, &i32c(o * 4));
-                        let a = f.saddr(&SMEM, &oo);
-                        vals.push(f.load(&a, 4));
-                    }
-                }
                 let keys: Vec<I32> = vals.iter().map(|v| f.order_key(v)).collect();
                 if capture {
                     let live = f.and(&row_ok, &col_in);
@@ -257,6 +233,62 @@ impl Gen<'_> {
                 });
             });
         });
+    }
+}
+
+/// Column `col0 + r` of a warp's row group in the list tile, as one lane reads it.
+pub(super) struct TileColumn {
+    /// The column (possibly past the batch tile) and whether it lies in the tile.
+    pub col: I32,
+    pub inside: I1,
+    /// The column read: `col`, or the tile's last column past the tile (the reads stay inside
+    /// the list tile).
+    pub col_rd: I32,
+    /// The shared-memory offset of the lane's first token `l·E` of the column read, and its
+    /// `E = vocab_tile / 32` consecutive values from there.
+    pub lane_off: I32,
+    pub vals: Vec<F32>,
+}
+
+impl Gen<'_> {
+    /// Rows of the list tile a warp selects side by side, at most `max`: at most 16 of a
+    /// lane's values per row group in flight (`16 / E` rows), and no more rows than the
+    /// batch tile gives each warp.
+    pub(super) fn group_rows(&self, max: u32) -> u32 {
+        let c = self.c;
+        (16 / (c.vocab_tile / 32)).clamp(1, max).min(c.batch_tile.div_ceil(c.warps))
+    }
+
+    /// [`TileColumn`] `col0 + r` of the list tile at `base` (shared-memory offset), this lane
+    /// reading from token `lane_first`: 16-byte loads where `E` is a multiple of 4.
+    pub(super) fn tile_column(&self, f: &mut Func, base: &I32, col0: &I32, r: u32, lane_first: &I32) -> TileColumn {
+        let (vt, bt) = (self.c.vocab_tile, self.c.batch_tile);
+        let per_lane = vt / 32;
+        let col = f.add(col0, &i32c(r));
+        let inside = f.icmp(Icmp::Ult, &col, &i32c(bt));
+        let col_rd = f.sel(&inside, &col, &i32c(bt - 1));
+        let e = f.mul(&col_rd, &i32c(vt));
+        let e = f.add(&e, lane_first);
+        let off = f.shl(&e, &i32c(2));
+        let lane_off = f.add(&off, base);
+        let mut vals = Vec::new();
+        if per_lane.is_multiple_of(4) {
+            for v4 in 0..per_lane / 4 {
+                let o = f.add(&lane_off, &i32c(v4 * 16));
+                let a = f.saddr(&SMEM, &o);
+                let vec: X4<F32> = f.load(&a, 16);
+                for o in 0..4 {
+                    vals.push(f.extract_lane(&vec, o));
+                }
+            }
+        } else {
+            for o in 0..per_lane {
+                let oo = f.add(&lane_off, &i32c(o * 4));
+                let a = f.saddr(&SMEM, &oo);
+                vals.push(f.load(&a, 4));
+            }
+        }
+        TileColumn { col, inside, col_rd, lane_off, vals }
     }
 }
 

@@ -3,8 +3,8 @@
 //! perturbed score `x + G_res`, selected from the list tile by warp-wide rounds and written as
 //! `abi::Candidate`s sorted by score (ties to the lower index, as `abi::speculative::insert_residual`).
 
-use super::lists::{select_at, LaneQueue, Popped};
-use super::{Gen, Item, Thread, SMEM};
+use super::lists::{select_at, LaneQueue, Popped, TileColumn};
+use super::{Gen, Item, Thread};
 use crate::entries::{Candidate, CANDIDATE_BYTES};
 use crate::ir::{i32c, Func, Icmp, F32, I1, I32};
 use crate::math;
@@ -50,7 +50,7 @@ impl Gen<'_> {
         let per_lane = vt / 32;
         // Rows a warp selects together: two chains of noise and rounds to overlap, few enough
         // that `rows · 2 · per_lane` logits and scores stay in registers.
-        let rows = (16 / per_lane).clamp(1, 2).min(bt.div_ceil(c.warps));
+        let rows = self.group_rows(2);
         let none = i32c(INDEX_NONE as i32);
         let has_out = f.non_null(&arg::RESIDUAL_LISTS);
         let has_rs = f.non_null(&arg::ROW_SEEDS);
@@ -65,11 +65,8 @@ impl Gen<'_> {
             // store guard.
             let mut group = Vec::new();
             for r in 0..rows {
-                let col = f.add(col0, &i32c(r));
-                let col_in = f.icmp(Icmp::Ult, &col, &i32c(bt));
-                // A column past the tile reads the last column (inside the list tile); a row
-                // past the launch draws the last row's stream (its loads stay in bounds).
-                let col_rd = f.sel(&col_in, &col, &i32c(bt - 1));
+                // A row past the launch draws the last row's stream (its loads stay in bounds).
+                let TileColumn { inside: col_in, col_rd, vals: xs, .. } = self.tile_column(f, &base, col0, r, &lane_first);
                 let row = f.add(&it.b0, &col_rd);
                 let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 let draft = is_draft_row(f, &row);
@@ -80,17 +77,6 @@ impl Gen<'_> {
                 let r64 = f.zext(&row_rd);
                 let stream = math::row_stream(f, &has_rs, &row_rd, &r64);
                 let word3 = math::stream_word3(f, &r64, NoiseStream::SpecResidual);
-                let e = f.mul(&col_rd, &i32c(vt));
-                let e = f.add(&e, &lane_first);
-                let off = f.shl(&e, &i32c(2));
-                let off = f.add(&off, &base);
-                let xs: Vec<F32> = (0..per_lane)
-                    .map(|o| {
-                        let oo = f.add(&off, &i32c(o * 4));
-                        let a = f.saddr(&SMEM, &oo);
-                        f.load(&a, 4)
-                    })
-                    .collect();
                 let mut scores = Vec::new();
                 let mut block = None;
                 for (o, xv) in xs.iter().enumerate() {

@@ -765,7 +765,6 @@ impl CudaSampler {
     ) -> Result<Vec<[f64; 3]>> {
         const MARKS: [Boundary; 4] = [Boundary::Start, Boundary::AfterStageOne, Boundary::AfterStageTwo, Boundary::End];
         self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, TimedPass::HostDeferred)
-            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2]]).collect())
     }
 
     /// Per-stage device time of `reps` launches that run the exact nucleus kernels inside the
@@ -782,7 +781,6 @@ impl CudaSampler {
         use Boundary::*;
         const MARKS: [Boundary; 7] = [Start, AfterStageOne, AfterStageTwo, AfterStageThree, AfterNucleusLogits, AfterNucleusSort, End];
         self.time_between(hidden, weights, params, None, warmup, reps, &MARKS, TimedPass::Inline)
-            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3], t[4], t[5]]).collect())
     }
 
     /// Per-stage device time (seconds: stage one, stage two, stage three, and the decision
@@ -805,13 +803,13 @@ impl CudaSampler {
             return Err(Error::Unsupported("time_verify_stages needs a verifying pipeline".into()));
         }
         self.time_between(hidden, weights, params, config, warmup, reps, &MARKS, TimedPass::Verify)
-            .map(|v| v.into_iter().map(|t| [t[0], t[1], t[2], t[3]]).collect())
     }
 
     /// Device time between consecutive `marks` of each of `reps` launches (CUDA events at the
-    /// boundaries; a mark a launch skips reads as the next one it reaches).
+    /// boundaries; a mark a launch skips reads as the next one it reaches): `N = M − 1`
+    /// intervals a launch, in seconds.
     #[allow(clippy::too_many_arguments)]
-    fn time_between(
+    fn time_between<const M: usize, const N: usize>(
         &self,
         hidden: Tensor<'_>,
         weights: &[Tensor<'_>],
@@ -819,9 +817,10 @@ impl CudaSampler {
         config: Option<&KernelConfig>,
         warmup: usize,
         reps: usize,
-        marks: &[Boundary],
+        marks: &[Boundary; M],
         pass: TimedPass,
-    ) -> Result<Vec<Vec<f64>>> {
+    ) -> Result<Vec<[f64; N]>> {
+        const { assert!(M == N + 1, "N intervals lie between M = N + 1 marks") };
         self.timed(hidden, weights, params, config, warmup, pass, |plan, stream, launches| {
             let ctx = self.device.context();
             let new_event = || ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv("cuEventCreate"));
@@ -847,7 +846,13 @@ impl CudaSampler {
             self.sync("timed launches")?;
             events
                 .iter()
-                .map(|e| (0..marks.len() - 1).map(|k| Ok(f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3)).collect())
+                .map(|e| {
+                    let mut t = [0.0; N];
+                    for (k, t) in t.iter_mut().enumerate() {
+                        *t = f64::from(e[k].elapsed_ms(&e[k + 1]).map_err(drv("cuEventElapsedTime"))?) * 1e-3;
+                    }
+                    Ok(t)
+                })
                 .collect()
         })
     }

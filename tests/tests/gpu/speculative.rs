@@ -2,8 +2,9 @@
 //! verification"): the decision on the device (and, for filtered rows, on the host from the
 //! read-back lists) pathwise the float64 reference and the CPU backend (greedy and sampled
 //! drafts, with and without a filter, k = 0, 1, 3, 7, up to 256 rows: the heuristic's 256 × 128
-//! tile with one CTA per item), the recompute of rows whose residual bound fails, the device API's decision equal to the host API's, its typed refusals, and a
-//! verify captured into a CUDA graph.
+//! tile with one CTA per item), the recompute of rows whose residual bound fails, the device
+//! API's decision equal to the host API's, its typed refusals, the per-kernel timing of a
+//! verifying launch, and a verify captured into a CUDA graph.
 
 use super::gpu;
 use flashsample::cuda::SamplingPlan;
@@ -195,7 +196,7 @@ fn the_device_api_checks_verify_arguments() {
     assert!(matches!(e, Error::Param(ParamError::Missing("verify logprobs output"))), "{e}");
     // What only the device sees: a draft token past V, a draft probability of 0 or NaN at the
     // draft token. The launch runs; the decision faults those sequences at those positions.
-    // The launch runs, read back: each sequence's typed outcome and the tokens.
+    // `faults` reads back each sequence's typed outcome and the tokens.
     let faults = |drafts: &[u32], probs: &[f32]| {
         let mut spec = DeviceVerify::new(&dev, &p, seqs, k, drafts, Some(probs));
         let (d, outputs) = spec.args(&stream);
