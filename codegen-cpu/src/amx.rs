@@ -100,10 +100,11 @@ fn groups(batch: usize) -> usize {
 /// `g` of 16 rows and step `s`, a 1 KiB block whose tile row `k` holds, for each row `n` of the
 /// group, the pair of elements `32s + 2k, 32s + 2k + 1`; rows past the batch are zero. The
 /// `dim % 32` tail elements follow, `[batch][tail]`.
-pub(crate) fn pack_hidden(hidden: &[u16], batch: usize, dim: usize) -> Vec<u16> {
+pub(crate) fn pack_hidden(hidden: &[u16], batch: usize, dim: usize) -> crate::tiles::PreparedHidden {
     let steps = dim / STEP;
     let tail = dim % STEP;
-    let mut out = vec![0u16; packed_len(batch, dim)];
+    let mut packed = crate::tiles::PreparedHidden::zeroed(packed_len(batch, dim));
+    let out = packed.as_mut_slice();
     for r in 0..batch {
         let (g, n) = (r / BLOCK, r % BLOCK);
         let row = &hidden[r * dim..][..dim];
@@ -119,7 +120,7 @@ pub(crate) fn pack_hidden(hidden: &[u16], batch: usize, dim: usize) -> Vec<u16> 
     for r in 0..batch {
         out[tails + r * tail..][..tail].copy_from_slice(&hidden[r * dim + steps * STEP..][..tail]);
     }
-    out
+    packed
 }
 
 /// The 64-byte tile configuration: palette 1, all eight tiles 16 rows × 64 bytes.

@@ -437,13 +437,12 @@ impl CpuKernel {
         })
     }
 
-    /// The kernel's CLIF as built, before Cranelift's optimizations.
     /// Whether this kernel writes logsumexp partials.
     pub fn logsumexp(&self) -> bool {
         self.logsumexp
     }
 
-    /// The kernel's Cranelift IR text, for inspection.
+    /// The kernel's Cranelift IR text as built, before Cranelift's optimizations.
     pub fn clif(&self) -> &str {
         &self.clif
     }
@@ -671,7 +670,7 @@ impl CpuKernel {
             Entry::Scratch { .. } => Vec::new(),
         };
         let engine_hidden = match self.entry {
-            Entry::Fused(_) => Vec::new(),
+            Entry::Fused(_) => tiles::PreparedHidden::zeroed(0),
             Entry::Scratch { engine, .. } => (engine.prepare)(a.hidden, a.batch, a.dim)?,
         };
         let scratch_len = tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
@@ -755,7 +754,7 @@ impl CpuKernel {
                 // the lengths of hidden and weights were checked above, and the scratch holds a
                 // whole tile.
                 unsafe {
-                    let job = tiles::TileJob { hidden: &engine_hidden, batch: a.batch, dim: a.dim, weights: a.weights.as_ptr(), vocab: a.vocab, v_begin, v_end };
+                    let job = tiles::TileJob { hidden: engine_hidden.as_slice(), batch: a.batch, dim: a.dim, weights: a.weights.as_ptr(), vocab: a.vocab, v_begin, v_end };
                     (engine.tiles)(&job, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());

@@ -75,20 +75,47 @@ pub(crate) fn chunk_rows(dim: usize, block: usize) -> usize {
 
 /// Hidden states as bf16 bit patterns, `[batch, dim]`, from the runtime's exactly widened f32.
 /// Errors on a value that is not a bf16 (the engine's products would not be the contract's).
-pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<Vec<u16>, CpuCodegenError> {
-    hidden
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            let bits = x.to_bits();
-            // NaN payloads below bit 16 are still NaN after truncation; the epilogue flags them.
-            if bits & 0xffff != 0 && !x.is_nan() {
-                Err(CpuCodegenError::HiddenNotBf16 { row: i / dim.max(1), value: x })
-            } else {
-                Ok((bits >> 16) as u16 | if x.is_nan() { 0x40 } else { 0 })
-            }
-        })
-        .collect()
+pub(crate) fn hidden_to_bf16(hidden: &[f32], dim: usize) -> Result<PreparedHidden, CpuCodegenError> {
+    let mut out = PreparedHidden::zeroed(hidden.len());
+    for (i, (o, &x)) in out.as_mut_slice().iter_mut().zip(hidden).enumerate() {
+        let bits = x.to_bits();
+        // NaN payloads below bit 16 are still NaN after truncation; the epilogue flags them.
+        if bits & 0xffff != 0 && !x.is_nan() {
+            return Err(CpuCodegenError::HiddenNotBf16 { row: i / dim.max(1), value: x });
+        }
+        *o = (bits >> 16) as u16 | if x.is_nan() { 0x40 } else { 0 };
+    }
+    Ok(out)
+}
+
+/// One 64-byte cache line of bf16 bit patterns.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct CacheLine([u16; 32]);
+
+/// A launch's hidden states in an engine's layout ([`MatrixEngine::prepare`]), starting on a
+/// cache line. The AMX tile loads read its 1 KiB blocks as 16 rows of 64 bytes; from malloc's
+/// 16-byte alignment every such row straddles two lines, and a launch at D = 4096, B = 64 took
+/// 75–82 ms against 57–59 ms from an aligned buffer, the same process and weights
+/// (BENCHMARKS.md, CPU 2026-12-07).
+pub(crate) struct PreparedHidden {
+    lines: Vec<CacheLine>,
+    len: usize,
+}
+
+impl PreparedHidden {
+    /// `len` zero elements.
+    pub(crate) fn zeroed(len: usize) -> Self {
+        PreparedHidden { lines: vec![CacheLine([0; 32]); len.div_ceil(32)], len }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u16] {
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u16] {
+        &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
+    }
 }
 
 /// f32 elements of a tile's scratch: `ceil(tile_tokens / 4)` quads × `batch` rows × 4 lanes.
@@ -114,7 +141,7 @@ pub(crate) struct TileJob<'a> {
 pub(crate) type TileFn = unsafe fn(&TileJob<'_>, &mut [f32]);
 
 /// Lays a launch's f32 hidden states (`[batch, dim]`, bf16 values) out for a tile function.
-pub(crate) type PrepareFn = fn(&[f32], usize, usize) -> Result<Vec<u16>, CpuCodegenError>;
+pub(crate) type PrepareFn = fn(&[f32], usize, usize) -> Result<PreparedHidden, CpuCodegenError>;
 
 /// A matrix engine: how it lays out a launch's hidden states once, and its tile function.
 #[derive(Clone, Copy)]
@@ -133,7 +160,7 @@ pub(crate) fn for_engine(engine: crate::CpuEngine) -> Option<MatrixEngine> {
         crate::CpuEngine::Avx512Bf16 => Some(MatrixEngine { prepare: |h, _, dim| hidden_to_bf16(h, dim), tiles: tile_logits_bf16 }),
         #[cfg(target_arch = "x86_64")]
         crate::CpuEngine::AmxBf16 => Some(MatrixEngine {
-            prepare: |h, batch, dim| Ok(crate::amx::pack_hidden(&hidden_to_bf16(h, dim)?, batch, dim)),
+            prepare: |h, batch, dim| Ok(crate::amx::pack_hidden(hidden_to_bf16(h, dim)?.as_slice(), batch, dim)),
             tiles: crate::amx::tile_logits,
         }),
         #[cfg(not(target_arch = "x86_64"))]
@@ -270,6 +297,24 @@ unsafe fn group_rows<const R: usize, const PREFETCH: bool>(h: *const u16, w: [*c
             for (j, &x) in logits.iter().enumerate() {
                 *out[j].add(4 * i) = x;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PreparedHidden;
+
+    #[test]
+    fn prepared_hidden_starts_on_a_cache_line_and_has_its_length() {
+        for len in [0, 1, 31, 32, 33, 4096 * 64 + 7] {
+            let mut h = PreparedHidden::zeroed(len);
+            assert_eq!(h.as_slice().len(), len);
+            assert_eq!(h.as_slice().as_ptr() as usize % 64, 0, "len {len}");
+            if let Some(last) = h.as_mut_slice().last_mut() {
+                *last = 0x3f80;
+            }
+            assert!(h.as_slice().iter().rev().skip(1).all(|&x| x == 0));
         }
     }
 }
