@@ -102,7 +102,8 @@ impl GpuConfig {
         // the overlap of an item's epilogue with the next item's loads, but reads W B/128 times
         // where the 128 × 64 ping-pong below reads it B/64 times (H100, top-k 50 + top-p 0.9,
         // B 256 / 512: 8–17 % faster at both heads, BENCHMARKS.md fourteenth session). A
-        // verifying pipeline's residual lists are per-tile lists too: the same tile.
+        // verifying pipeline's residual lists are per-tile lists too: the same tile, where the
+        // ping-pong below does not fit.
         let wide_lists = || {
             let tile_lists = pipeline.list_capacity() > 0 || pipeline.verify.is_some();
             if !wgmma || !tile_lists || !GpuConfig::tma_fits(dim, vocab) {
@@ -112,6 +113,16 @@ impl GpuConfig {
             c.fit_lists(pipeline);
             c.validate(pipeline, limits).is_ok().then_some(c)
         };
+        // A verifying pipeline without a filter from B = 192 rows: the 128 × 64 ping-pong with a
+        // 4-stage ring.
+        // Its residual epilogue (noise for every token of every draft row) hides behind the
+        // other warpgroup's mainloop, which the one-CTA-per-item 256 × 128 tile cannot do: on an
+        // H100 its stage one took 1153 / 2224 µs against 1434 / 2707 at D 4096, 256 / 512 rows,
+        // and 1416 / 2688 against 1637 / 3101 at D 8192 (6 stages: 1199 / 2376 and 1425 / 2801;
+        // BENCHMARKS.md, GPU 2026-12-07).
+        // A verifier that also filters keeps the tile of the filtered pipelines (not measured
+        // with both lists).
+        let verify_pingpong = || (pipeline.verify.is_some() && pipeline.list_capacity() == 0).then(|| pingpong(64, 4)).flatten();
         // B = 9..=16 on the TMA ring: one thread issues a slice's boxes and the mbarriers
         // replace the CTA barrier per slice, which the memory-bound 16-column tile gains most
         // from (H100: 4.9 % / 5.3 % under mma.sync's 128 × 16 at D 4096 / 8192). Lists keep
@@ -136,7 +147,7 @@ impl GpuConfig {
             // Where neither 256 × 128 tile validates (less shared memory): a pipeline's lists
             // leave no room for three 128-column slots next to two 64 KiB list tiles, so the
             // 64-column tile keeps the ping-pong overlap instead.
-            192.. => wide().or_else(wide_lists).or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
+            192.. => wide().or_else(verify_pingpong).or_else(wide_lists).or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
             _ => None,
         } {
             return c;

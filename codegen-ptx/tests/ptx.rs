@@ -927,9 +927,14 @@ fn heuristic_takes_the_tma_ring_above_batch_32_where_the_maps_fit() {
             } else if !tile_lists {
                 let stages = if batch_tile == 64 { 8 } else { 6 };
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages, grid: GridKind::PingPong }, 128, batch_tile), "B={batch}");
+            } else if batch >= 192 && p.verify.is_some() && p.list_capacity() == 0 {
+                // A verifier without a filter from B = 192: the 128 × 64 ping-pong on a 4-stage
+                // ring.
+                assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::PingPong }, 128, 64), "B={batch}");
+                assert!(c.residual_per_tile > 0 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             } else if batch >= 192 {
-                // Lists (or a verifier's residual lists) from B = 192: the 256 × 128 tile, one
-                // CTA per item (lists alias the ring).
+                // Lists from B = 192: the 256 × 128 tile, one CTA per item (lists alias the
+                // ring).
                 assert_eq!((c.schedule, c.vocab_tile, c.batch_tile), (Schedule::WgmmaTma { stages: 4, grid: GridKind::PerItem }, 256, 128), "B={batch}");
                 assert!(c.list_per_tile + c.residual_per_tile > 0 && c.smem_bytes() <= h200.max_shared_per_block_optin, "B={batch}: {c:?}");
             } else {
