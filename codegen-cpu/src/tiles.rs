@@ -109,10 +109,12 @@ impl PreparedHidden {
         PreparedHidden { lines: vec![CacheLine([0; 32]); len.div_ceil(32)], len }
     }
 
+    /// The `len` elements.
     pub(crate) fn as_slice(&self) -> &[u16] {
         &bytemuck::cast_slice(&self.lines)[..self.len]
     }
 
+    /// The `len` elements, to write.
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u16] {
         &mut bytemuck::cast_slice_mut(&mut self.lines)[..self.len]
     }
