@@ -102,8 +102,8 @@ impl GpuConfig {
         // the overlap of an item's epilogue with the next item's loads, but reads W B/128 times
         // where the 128 × 64 ping-pong below reads it B/64 times (H100, top-k 50 + top-p 0.9,
         // B 256 / 512: 8–17 % faster at both heads, BENCHMARKS.md fourteenth session). A
-        // verifying pipeline's residual lists are per-tile lists too: the same tile, where the
-        // ping-pong below does not fit.
+        // verifying pipeline's residual lists are per-tile lists too: a filtered verifier takes
+        // the same tile, an unfiltered one where `verify_pingpong` below does not validate.
         let wide_lists = || {
             let tile_lists = pipeline.list_capacity() > 0 || pipeline.verify.is_some();
             if !wgmma || !tile_lists || !GpuConfig::tma_fits(dim, vocab) {

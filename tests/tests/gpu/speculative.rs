@@ -1,10 +1,11 @@
 //! Speculative verification on the GPU (`Sampler::verify` on CUDA, DESIGN.md "Speculative
 //! verification"): the decision on the device (and, for filtered rows, on the host from the
 //! read-back lists) pathwise the float64 reference and the CPU backend (greedy and sampled
-//! drafts, with and without a filter, k = 0, 1, 3, 7, up to 256 rows: the heuristic's 256 × 128
-//! tile with one CTA per item), the recompute of rows whose residual bound fails, the device
-//! API's decision equal to the host API's, its typed refusals, the per-kernel timing of a
-//! verifying launch, and a verify captured into a CUDA graph.
+//! drafts, with and without a filter, k = 0, 1, 3, 7, up to 256 rows: the heuristic's 128 × 64
+//! ping-pong tile there without a filter, its 256 × 128 tile with one CTA per item with one),
+//! the recompute of rows whose residual bound fails, the device API's decision equal to the
+//! host API's, its typed refusals, the per-kernel timing of a verifying launch, and a verify
+//! captured into a CUDA graph.
 
 use super::gpu;
 use flashsample::cuda::SamplingPlan;
