@@ -396,6 +396,21 @@ fn main() {
                     .unwrap_or_else(|e| e.to_string());
                 eprintln!("  stage one B={batch}: filtered with list_per_tile {entries} {s1}");
             }
+            // `--configs` on the filtered pipeline, each with the lists the heuristic would
+            // give it (whole launch and stage one).
+            for c in &extra {
+                let mut c = c.clone();
+                c.fit_lists(filtered.pipeline());
+                let kc = KernelConfig::Cuda(c.clone());
+                let cuda = filtered.cuda().expect("a CUDA sampler");
+                let whole = cuda.time_fused(ht, &wt, &params, Some(&kc), 3, args.reps.max(50)).map(median);
+                let s1 = cuda.time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))
+                    .map(|t| median(t.iter().map(|s| s[0]).collect()));
+                match (whole, s1) {
+                    (Ok(w), Ok(s1)) => eprintln!("  config filtered B={batch} {:.1} us (stage one {:.1} us) {c:?}", w * 1e6, s1 * 1e6),
+                    (Err(e), _) | (_, Err(e)) => eprintln!("  config filtered B={batch} {c:?}: {e}"),
+                }
+            }
             filter_rows.push((dim, vocab, batch, fused_s, config));
         }
         for &batch in &args.nucleus_batches.0 {

@@ -13,6 +13,7 @@ use clap::Parser;
 use flashsample::{ir::PipelineBuilder, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
 use flashsample_bench::{comma_list, fmt_opt, print_table, BenchArgs, LmHead};
+use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -26,6 +27,10 @@ struct Args {
     /// The peers script, relative to the working directory (the repository root).
     #[arg(long, default_value = "bench/peers/score_peers.py")]
     peers_script: String,
+    /// Also time the scorer (without ranks) under each of these tile configs, a JSON array of
+    /// `GpuConfig` objects, at every row count: a table of each against the heuristic's.
+    #[arg(long)]
+    configs: Option<String>,
 }
 
 /// The peers' medians (ms) and peak extra memory (MB) for one row count.
@@ -73,6 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The same scorer reporting each target's rank too (DESIGN.md step 7c: a second pass).
     let ranker = Sampler::new(PipelineBuilder::new("Rank", DType::BF16, DType::BF16).argmax().target_logprob_and_rank("targets").build()?, &device)?;
     let (reps, warmup) = (args.bench.reps, args.bench.warmup);
+    let extra: Vec<GpuConfig> = match &args.configs {
+        Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
+        None => Vec::new(),
+    };
     println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {reps} after {warmup}", device.describe());
     let mut rng = StdRng::seed_from_u64(3);
     for shape in &args.bench.shapes {
@@ -80,18 +89,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (dim, vocab) = (head.dim, head.vocab);
         let peer_rows = peers(&args, dim, vocab);
         let mut table = Vec::new();
+        let mut config_table = Vec::new();
         for &rows in &args.rows {
             let h = head.random_hidden(&mut rng, rows);
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);
-            let median_ms = |s: &Sampler| -> Result<f64, Box<dyn std::error::Error>> {
-                let mut t = s.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, &config, warmup, reps)?;
+            let median_ms = |s: &Sampler, config: &KernelConfig| -> Result<f64, Box<dyn std::error::Error>> {
+                let mut t = s.time_with(Tensor::host(&h, rows, dim)?, head.tensor()?, &params, config, warmup, reps)?;
                 t.sort_by(f64::total_cmp);
                 Ok(t[t.len() / 2] * 1e3)
             };
-            let ours = median_ms(&sampler)?;
-            let ranked = median_ms(&ranker)?;
+            let ours = median_ms(&sampler, &config)?;
+            eprintln!("score_bench D={dim} rows={rows}: {ours:.3} ms on the heuristic's {config:?}");
+            let ranked = median_ms(&ranker, &config)?;
+            for c in &extra {
+                let time = match median_ms(&sampler, &KernelConfig::Cuda(c.clone())) {
+                    Ok(ms) => vec![format!("{ms:.3}"), format!("{:.2}", ms / ours)],
+                    Err(e) => vec![e.to_string(), "-".into()],
+                };
+                config_table.push([vec![dim.to_string(), rows.to_string(), format!("{ours:.3}"), format!("{c:?}")], time].concat());
+            }
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
             let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
             // CUDA: what the launch's plan allocates (a batch past its chunk runs in chunks);
@@ -122,6 +140,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
             &table,
         );
+        if !config_table.is_empty() {
+            print_table(&["D", "rows", "heuristic ms", "config", "config ms", "config / heuristic"], &config_table);
+        }
     }
     Ok(())
 }

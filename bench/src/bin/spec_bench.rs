@@ -188,7 +188,9 @@ fn print_stages(
         Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
         None => Vec::new(),
     };
-    for c in configs {
+    for mut c in configs {
+        // The lists the heuristic would give this verifier (filter lists, residual lists).
+        c.fit_lists(verifier.pipeline());
         let kc = KernelConfig::Cuda(c.clone());
         match v.time_verify_stages(h()?, &[head.tensor()?], verify, Some(&kc), args.bench.warmup, reps) {
             Ok(runs) => println!("    config: {} ({c:?})", verify_line(&runs)),
