@@ -17,7 +17,8 @@ impl GpuConfig {
     /// |---|---|---|---|
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
     /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
-    /// | B ≥ 192, cc 9.0, maps fit, lists or residual lists | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | as above; the lists alias the ring |
+    /// | B ≥ 192, cc 9.0, maps fit, verifying, no filter | 128 × 64, 4 | wgmma + TMA, ping-pong, 4 stages | the residual epilogue runs under the other set's mainloop |
+    /// | B ≥ 192, cc 9.0, maps fit, lists (a filter, verifying or not) | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | fewest L2 bytes per logit; the lists alias the ring |
     /// | B > 32, cc 9.0, maps fit ([`GpuConfig::tma_fits`]) | 128 × 64, 4 (B ≥ 192: 128 × 128) | wgmma + TMA, ping-pong, 8 stages (128 × 128: 6) | one set's epilogue runs under the other's W stream |
     /// | B ≤ 8, cc 9.0, D ≥ 1024, no lists | 256 × 8, 8 | mma.sync, k 128, 3 stages | fewer barriers per byte |
     /// | B ≤ 8 | 256 × 8, 8 | mma.sync, 4 stages | memory-bound GEMV: most bytes in flight per SM |
@@ -117,11 +118,12 @@ impl GpuConfig {
         // 4-stage ring.
         // Its residual epilogue (noise for every token of every draft row) hides behind the
         // other warpgroup's mainloop, which the one-CTA-per-item 256 × 128 tile cannot do: on an
-        // H100 its stage one took 1153 / 2224 µs against 1434 / 2707 at D 4096, 256 / 512 rows,
-        // and 1416 / 2688 against 1637 / 3101 at D 8192 (6 stages: 1199 / 2376 and 1425 / 2801;
-        // BENCHMARKS.md, GPU 2026-12-07).
-        // A verifier that also filters keeps the tile of the filtered pipelines (not measured
-        // with both lists).
+        // H100 its stage one took 1110 / 2219 µs against 1284 / 2359 at D 4096, 256 / 512 rows,
+        // and 1382 / 2770 against 1531 / 2849 at D 8192 (6 stages: 1207 / 2402 and 1559 / 3150;
+        // BENCHMARKS.md, GPU 2026-12-07, twentieth session).
+        // A verifier that also filters keeps the tile of the filtered pipelines: there the
+        // ping-pong was 4 % faster at one of four points and 0.6–3 % slower at three (same
+        // session), and so are filtered samplers' (the ping-pong 2–16 % slower at B 256 / 512).
         let verify_pingpong = || (pipeline.verify.is_some() && pipeline.list_capacity() == 0).then(|| pingpong(64, 4)).flatten();
         // B = 9..=16 on the TMA ring: one thread issues a slice's boxes and the mbarriers
         // replace the CTA barrier per slice, which the memory-bound 16-column tile gains most
