@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split decode before_after peers profile ptxas score spec
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split tiles decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 # Every carried folder (.carry, .carry-before, further before_after sides such as .carry-b).
@@ -72,16 +72,36 @@ if has new; then
     summary+=("$tool $t rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool-${t//:/_}.log" | tr '\n' ' ')")
   done
 fi
+# Tile configs the `split` and `tiles` stages time (GpuConfig JSON; the benches' `fit_lists`
+# adds each pipeline's lists): PP4 / PP6 / PP8 the 128 x 64 ping-pong (4 warps a set) on a 4- /
+# 6- / 8-stage TMA ring, PPW6 the 128 x 128 ping-pong on 6, WP / WI the 256 x 128 8-warp tile on
+# 4 stages, persistent / one CTA per item.
+tile() { echo "{\"vocab_tile\":$1,\"batch_tile\":$2,\"warps\":$3,\"schedule\":{\"WgmmaTma\":{\"stages\":$4,\"grid\":\"$5\"}},\"list_per_tile\":0,\"stagger_us\":0}"; }
+PP4=$(tile 128 64 4 4 PingPong) PP6=$(tile 128 64 4 6 PingPong) PP8=$(tile 128 64 4 8 PingPong)
+PPW6=$(tile 128 128 4 6 PingPong) WP=$(tile 256 128 8 4 Persistent) WI=$(tile 256 128 8 4 PerItem)
 if has split; then
   # Where the epilogue's time goes at B >= 64: each config sampled (per-row T + Gumbel), as a
   # bare argmax and as an untempered Gumbel-max (`--greedy`), the 256 x 128 persistent tile
   # and the 128 x 64 ping-pong, both heads.
-  P='{"vocab_tile":256,"batch_tile":128,"warps":8,"schedule":{"WgmmaTma":{"stages":4,"grid":"Persistent"}},"list_per_tile":0,"stagger_us":0}'
-  Q='{"vocab_tile":128,"batch_tile":64,"warps":4,"schedule":{"WgmmaTma":{"stages":8,"grid":"PingPong"}},"list_per_tile":0,"stagger_us":0}'
   "$BIN/gpu_bench" --python none --reps 20 --warmup 3 --batches ${SPLIT_BATCHES:-64,128,256,512} --filter-batches= \
-    --overhead-batches= --nucleus-batches= --logprob-batches= --configs "[$P,$Q,$P]" --greedy >"$OUT/split.txt" 2>"$OUT/split.log"
+    --overhead-batches= --nucleus-batches= --logprob-batches= --configs "[$WP,$PP8,$WP]" --greedy >"$OUT/split.txt" 2>"$OUT/split.log"
   summary+=("split rc=$?")
   summary+=("$(grep -E '^  config' "$OUT/split.log" | sed 's/ GpuConfig.*grid: \([A-Za-z]*\).*/ \1/')")
+fi
+if has tiles; then
+  # The heuristic's tile choices from B = 192 against their alternatives (BENCHMARKS.md, GPU
+  # 2026-12-07, twentieth session): the unfiltered and the filtered verifier, the filtered
+  # sampler and the scorer, each timed on the heuristic's tile and on each listed one.
+  timeout 120 "$BIN/spec_bench" --device cuda --python none --batches 16,64 --stages --configs "[$PP6,$WI]" >"$OUT/tiles-verify.txt" 2>&1
+  summary+=("tiles: verify rc=$?")
+  timeout 90 "$BIN/spec_bench" --device cuda --python none --batches 64 --filter --stages --configs "[$PP4,$PP6]" >"$OUT/tiles-verify-filtered.txt" 2>&1
+  summary+=("tiles: filtered verify rc=$?")
+  timeout 150 "$BIN/gpu_bench" --python none --reps 20 --warmup 3 --batches 256 --filter-batches 256,512 --overhead-batches= \
+    --nucleus-batches= --logprob-batches= --configs "[$PP4,$PP6]" >"$OUT/tiles-filtered.txt" 2>"$OUT/tiles-filtered.log"
+  summary+=("tiles: filtered sampler rc=$?")
+  timeout 150 "$BIN/score_bench" --device cuda --python none --rows 256,2048,8192 --reps 10 \
+    --configs "[$PP4,$PP8,$PPW6,$WP,$WI]" >"$OUT/tiles-score.txt" 2>"$OUT/tiles-score.log"
+  summary+=("tiles: scorer rc=$?")
 fi
 if has cache; then
   FLASHSAMPLE_EXPECT_DISK_CACHE=1 "$GPU_TEST" ptx_disk_cache --exact --include-ignored --nocapture >"$OUT/cache.log" 2>&1
