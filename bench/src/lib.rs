@@ -19,6 +19,12 @@ pub fn median_secs<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<
     Ok(median(t))
 }
 
+/// The tile configs of a bench's `--configs` argument (a JSON array of `GpuConfig` objects);
+/// none without it.
+pub fn tile_configs(json: Option<&str>) -> Result<Vec<flashsample::GpuConfig>, String> {
+    json.map_or(Ok(Vec::new()), |json| serde_json::from_str(json).map_err(|e| format!("--configs: {e}")))
+}
+
 /// The median of `t` (the upper one of an even count); `t` must not be empty.
 pub fn median(mut t: Vec<f64>) -> f64 {
     t.sort_by(f64::total_cmp);

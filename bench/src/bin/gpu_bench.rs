@@ -236,10 +236,7 @@ fn main() {
     // Gumbel-max at T = 1 with no transform: what `--greedy` timed before it was an argmax.
     let untempered = Sampler::new(PipelineBuilder::new("BenchGumbel", DType::BF16, DType::BF16).build().expect("gumbel bench pipeline"), &device)
         .expect("gumbel sampler");
-    let extra: Vec<GpuConfig> = match &args.configs {
-        Some(json) => serde_json::from_str(json).unwrap_or_else(|e| panic!("--configs: {e}")),
-        None => Vec::new(),
-    };
+    let extra = flashsample_bench::tile_configs(args.configs.as_deref()).unwrap_or_else(|e| panic!("{e}"));
     let filtered = PipelineBuilder::new("BenchTopKTopP", DType::BF16, DType::BF16)
         .temperature_per_row("temperature")
         .filter("filter", 50)

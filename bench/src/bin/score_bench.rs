@@ -13,7 +13,6 @@ use clap::Parser;
 use flashsample::{ir::PipelineBuilder, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
 use flashsample_bench::{comma_list, fmt_opt, print_table, BenchArgs, LmHead};
-use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -78,10 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The same scorer reporting each target's rank too (DESIGN.md step 7c: a second pass).
     let ranker = Sampler::new(PipelineBuilder::new("Rank", DType::BF16, DType::BF16).argmax().target_logprob_and_rank("targets").build()?, &device)?;
     let (reps, warmup) = (args.bench.reps, args.bench.warmup);
-    let extra: Vec<GpuConfig> = match &args.configs {
-        Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
-        None => Vec::new(),
-    };
+    let extra = flashsample_bench::tile_configs(args.configs.as_deref())?;
     println!("score_bench: {}, bf16, per-row target logprob (argmax sampler), medians of {reps} after {warmup}", device.describe());
     let mut rng = StdRng::seed_from_u64(3);
     for shape in &args.bench.shapes {
@@ -103,19 +99,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let ours = median_ms(&sampler, &config)?;
             eprintln!("score_bench D={dim} rows={rows}: {ours:.3} ms on the heuristic's {config:?}");
             let ranked = median_ms(&ranker, &config)?;
-            for c in &extra {
-                let time = match median_ms(&sampler, &KernelConfig::Cuda(c.clone())) {
+            // Each config, then the heuristic's tile once more: a GPU warmed by the large
+            // launches runs later configs slower (up to 12 % at 8192 rows on an H100), so that
+            // last row says how much of a config's ratio is its position.
+            let again = (!extra.is_empty()).then(|| ("the heuristic's, again".to_string(), config.clone()));
+            let timed = extra.iter().map(|c| (format!("{c:?}"), KernelConfig::Cuda(c.clone()))).chain(again);
+            for (label, c) in timed {
+                let time = match median_ms(&sampler, &c) {
                     Ok(ms) => vec![format!("{ms:.3}"), format!("{:.2}", ms / ours)],
                     Err(e) => vec![e.to_string(), "-".into()],
                 };
-                config_table.push([vec![dim.to_string(), rows.to_string(), format!("{ours:.3}"), format!("{c:?}")], time].concat());
-            }
-            if !extra.is_empty() {
-                // The heuristic's tile once more after the configs: a GPU warmed by the large
-                // launches runs later configs slower (up to 12 % at 8192 rows on an H100), so
-                // this row says how much of a config's ratio is its position.
-                let again = median_ms(&sampler, &config)?;
-                config_table.push(vec![dim.to_string(), rows.to_string(), format!("{ours:.3}"), "the heuristic's, again".into(), format!("{again:.3}"), format!("{:.2}", again / ours)]);
+                config_table.push([vec![dim.to_string(), rows.to_string(), format!("{ours:.3}"), label], time].concat());
             }
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
             let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);

@@ -19,7 +19,7 @@
 //! filter, so they do not run then.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, GpuConfig, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
 use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -184,11 +184,7 @@ fn print_stages(
         head.dim,
         verify_line(&verified),
     );
-    let configs: Vec<GpuConfig> = match &args.configs {
-        Some(json) => serde_json::from_str(json).map_err(|e| format!("--configs: {e}"))?,
-        None => Vec::new(),
-    };
-    for mut c in configs {
+    for mut c in flashsample_bench::tile_configs(args.configs.as_deref())? {
         // The lists the heuristic would give this verifier (filter lists, residual lists).
         c.fit_lists(verifier.pipeline());
         let kc = KernelConfig::Cuda(c.clone());
