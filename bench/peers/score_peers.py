@@ -6,13 +6,16 @@ For one (D, V) and each row count R, with hidden states [R, D], weights [V, D] (
   torch_compile  torch.compile'd `log_softmax((H @ W.T).float()).gather(targets)`: the [R, V]
                  logits are materialized
   torch_eager    the same, eager
+  cublas_mm      the matmul alone, `H @ W.T` in bf16 (cuBLAS on CUDA): no peer can score in less,
+                 so it tells where a speed target lies below what the matmul itself takes
   liger          Liger-Kernel's fused linear cross-entropy (reduction="none"; the per-row loss is
                  -logprob), when `liger_kernel` imports and the device is CUDA; it chunks the
                  rows, so its logits are never all in memory at once
 Times are medians of --reps calls after --warmup, in ms (CUDA: events around each call). Peak
 memory (CUDA only) is torch.cuda.max_memory_allocated during one call minus what was allocated
 before it, in MB. Prints one JSON object: {"torch", "liger", "device", "rows": [{"rows",
-"torch_compile", "torch_eager", "liger", "mem_torch_compile", "mem_torch_eager", "mem_liger"}]};
+"torch_compile", "torch_eager", "cublas_mm", "liger", "mem_torch_compile", "mem_torch_eager",
+"mem_cublas_mm", "mem_liger"}]};
 a missing package or failing peer gives nulls (with the reason on stderr).
 """
 
@@ -48,6 +51,9 @@ def main():
 
     compiled = torch.compile(score)
 
+    def matmul(h, w, t):
+        return h @ w.T
+
     def liger(h, w, t):
         # Liger's module takes the weight first; the per-row loss is lse - x_target.
         return -liger_loss(w, h, t)
@@ -60,7 +66,7 @@ def main():
         h = (torch.rand(r, D, generator=g) * 2 - 1).to(torch.bfloat16).to(dev)
         t = torch.randint(0, V, (r,), generator=g).to(dev)
         row = {"rows": r}
-        for name, fn, wanted in [("torch_compile", compiled, True), ("torch_eager", score, True), ("liger", liger, liger_loss is not None and cuda)]:
+        for name, fn, wanted in [("torch_compile", compiled, True), ("torch_eager", score, True), ("cublas_mm", matmul, True), ("liger", liger, liger_loss is not None and cuda)]:
             row[name], row["mem_" + name] = None, None
             if not wanted:
                 continue

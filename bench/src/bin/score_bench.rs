@@ -2,7 +2,8 @@
 //! from the LM head, the fused way (`score = target_logprob(logits, targets[B]); sample =
 //! argmax(logits);`, one f32 per row kept) against `bench/peers/score_peers.py` in a Python
 //! subprocess: torch.compile'd and eager `log_softmax(H·Wᵀ).gather(targets)` (the `[rows, V]`
-//! logits materialized) and Liger-Kernel's fused linear cross-entropy (CUDA only). Prints one
+//! logits materialized), the matmul alone (a floor under any scorer: the table sets issue 24's
+//! 1.3× target against it) and Liger-Kernel's fused linear cross-entropy (CUDA only). Prints one
 //! markdown table per (D, V): medians, the ratio to each peer, and the memory each side needs
 //! beyond its inputs (ours on CUDA: the plan's scratch, one chunk of rows for large batches; on the CPU: the scratch one launch of all rows would hold, an upper bound since the CPU runs scoring in 64 MiB chunks; the peers': CUDA's peak).
 //!
@@ -32,11 +33,16 @@ struct Args {
     configs: Option<String>,
 }
 
+/// Issue 24's speed target over the compiled peer.
+const TARGET_SPEEDUP: f64 = 1.3;
+
 /// The peers' medians (ms) and peak extra memory (MB) for one row count.
 #[derive(Default)]
 struct Peers {
     compile: Option<f64>,
     eager: Option<f64>,
+    /// The matmul alone (`H @ W.T`, bf16 out): a floor under every peer's time.
+    matmul: Option<f64>,
     liger: Option<f64>,
     mem_compile: Option<f64>,
     mem_liger: Option<f64>,
@@ -53,7 +59,7 @@ fn peers(args: &Args, dim: usize, vocab: usize) -> Vec<(usize, Peers)> {
         .map(|r| {
             let f = |k: &str| r[k].as_f64();
             let n = r["rows"].as_u64().unwrap_or(0) as usize;
-            (n, Peers { compile: f("torch_compile"), eager: f("torch_eager"), liger: f("liger"), mem_compile: f("mem_torch_compile"), mem_liger: f("mem_liger") })
+            (n, Peers { compile: f("torch_compile"), eager: f("torch_eager"), matmul: f("cublas_mm"), liger: f("liger"), mem_compile: f("mem_torch_compile"), mem_liger: f("mem_liger") })
         })
         .collect()
 }
@@ -113,6 +119,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let p = peer_rows.iter().find(|(n, _)| *n == rows).map(|(_, p)| p);
             let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
+            // Issue 24's speed target, 1.3x the compiled peer, as a time, and that time over the
+            // matmul alone: below 1 the target asks for less than the matmul takes.
+            let target = p.and_then(|p| p.compile).map(|c| c / TARGET_SPEEDUP);
+            let target_over_mm = target.zip(p.and_then(|p| p.matmul)).map(|(t, m)| t / m);
             // CUDA: what the launch's plan allocates (a batch past its chunk runs in chunks);
             // CPU: the per-(row, tile) scratch its layout implies.
             let mine = match sampler.cuda() {
@@ -130,6 +140,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 fmt_opt(p.and_then(|p| p.compile), 3),
                 ratio(p.and_then(|p| p.compile)),
                 fmt_opt(p.and_then(|p| p.eager), 3),
+                fmt_opt(p.and_then(|p| p.matmul), 3),
+                fmt_opt(target, 3),
+                fmt_opt(target_over_mm, 2),
                 fmt_opt(p.and_then(|p| p.liger), 3),
                 ratio(p.and_then(|p| p.liger)),
                 format!("{mine_mb:.1}"),
@@ -138,7 +151,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ]);
         }
         print_table(
-            &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
+            &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "matmul alone ms", "target ms (compile / 1.3)", "target / matmul", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
             &table,
         );
         if !config_table.is_empty() {
