@@ -11,11 +11,13 @@ distributions [B·k, V] (f32, on the device, as engines hold them):
                  the bonus from p_k; both draws by the exponential race argmax(p / E) that
                  vLLM's sampler uses)
   torch_eager    the same, eager
+  cublas_mm      the matmul alone, `H @ W.T` in bf16 (cuBLAS on CUDA): what any verifier that
+                 computes the target logits must at least spend
 Times are medians of --reps calls after --warmup, in ms of wall time around each call (a
 synchronize before and after, as spec_bench times the host API). Peak memory (CUDA only) is
 torch.cuda.max_memory_allocated during one call minus what was allocated before it, in MB.
 Prints one JSON object: {"torch", "device", "cases": [{"batch", "k", "torch_compile",
-"torch_eager", "mem_torch_compile", "mem_torch_eager"}]}; a missing package or failing peer
+"torch_eager", "cublas_mm", "mem_torch_compile", "mem_torch_eager", "mem_cublas_mm"}]}; a missing package or failing peer
 gives nulls (with the reason on stderr).
 """
 
@@ -61,6 +63,9 @@ def main():
 
     compiled = torch.compile(verify)
 
+    def matmul(h, w, *_):
+        return h @ w.T
+
     def timed(fn, inputs):
         call = lambda: fn(*inputs)  # noqa: E731
         return median_ms(torch, call, args.warmup, args.reps, cuda, events=False), peak_mb(torch, call, cuda)
@@ -76,7 +81,7 @@ def main():
             uniforms = torch.rand(b, k, generator=g).to(dev)
             case = {"batch": b, "k": k}
             inputs = (h, w, drafts, q, temperature, uniforms)
-            for name, fn in [("torch_compile", compiled), ("torch_eager", verify)]:
+            for name, fn in [("torch_compile", compiled), ("torch_eager", verify), ("cublas_mm", matmul)]:
                 measure(case, name, lambda: timed(fn, inputs), f"spec_peers B={b} k={k}", torch, cuda)  # noqa: B023
             out["cases"].append(case)
     print(json.dumps(out))
