@@ -175,7 +175,12 @@ if has bench; then
   summary+=("bench rc=$? ($((SECONDS - start)) s)")
 fi
 if has score; then
-  # Scoring given tokens against torch.compile and Liger (carry its wheel: device README).
+  # Scoring given tokens against torch.compile and Liger, whose wheel scripts/pack-carry puts in
+  # .whl/ (carry it too; the machine has no network).
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
   "$BIN/score_bench" --device cuda ${SCORE_ARGS:-} >"$OUT/score.txt" 2>"$OUT/score.log"
   summary+=("score_bench rc=$?")
 fi
