@@ -17,8 +17,8 @@ Times are medians of --reps calls after --warmup, in ms of wall time around each
 synchronize before and after, as spec_bench times the host API). Peak memory (CUDA only) is
 torch.cuda.max_memory_allocated during one call minus what was allocated before it, in MB.
 Prints one JSON object: {"torch", "device", "cases": [{"batch", "k", "torch_compile",
-"torch_eager", "cublas_mm", "mem_torch_compile", "mem_torch_eager", "mem_cublas_mm"}]}; a missing package or failing peer
-gives nulls (with the reason on stderr).
+"torch_eager", "cublas_mm", "mem_torch_compile", "mem_torch_eager", "mem_cublas_mm"}]}; a
+missing package or failing peer gives nulls (with the reason on stderr).
 """
 
 import json

@@ -9,6 +9,11 @@ use std::time::Instant;
 /// ask for; `score_bench` and `spec_bench` print it as a time beside the matmul alone.
 pub const SPEEDUP_TARGET: f64 = 1.3;
 
+/// The header of the column that prints [`SPEEDUP_TARGET`] as a time.
+pub fn target_header() -> String {
+    format!("target ms (compile / {SPEEDUP_TARGET})")
+}
+
 /// Median wall time of `reps` calls of `f` after `warmup` untimed calls, in seconds.
 pub fn median_secs<E>(warmup: usize, reps: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, E> {
     for _ in 0..warmup {

@@ -13,7 +13,7 @@
 use clap::Parser;
 use flashsample::{ir::PipelineBuilder, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_bench::{comma_list, fmt_opt, print_table, BenchArgs, LmHead, SPEEDUP_TARGET};
+use flashsample_bench::{comma_list, fmt_opt, print_table, target_header, BenchArgs, LmHead, SPEEDUP_TARGET};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -148,7 +148,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ]);
         }
         print_table(
-            &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "matmul alone ms", "target ms (compile / 1.3)", "target / matmul", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
+            &["D", "V", "rows", "fused ms", "with rank ms", "rank / fused", "compile ms", "compile / fused", "eager ms", "matmul alone ms", &target_header(), "target / matmul", "Liger ms", "Liger / fused", "fused scratch MB", "compile peak MB", "Liger peak MB"],
             &table,
         );
         if !config_table.is_empty() {

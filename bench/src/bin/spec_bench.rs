@@ -22,7 +22,7 @@
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
-use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, BenchArgs, LmHead, SPEEDUP_TARGET};
+use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, BenchArgs, LmHead, SPEEDUP_TARGET};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -341,7 +341,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "compile / device",
                 "eager ms",
                 "matmul alone ms",
-                "target ms (compile / 1.3)",
+                &target_header(),
                 "accepted / seq",
                 "recomputed rows",
                 "device undecided seqs",
