@@ -9,9 +9,14 @@ use std::time::Instant;
 /// ask for; `score_bench` and `spec_bench` print it as a time beside the matmul alone.
 pub const SPEEDUP_TARGET: f64 = 1.3;
 
-/// The header of the column that prints [`SPEEDUP_TARGET`] as a time.
+/// The header of the column that prints [`target_ms`].
 pub fn target_header() -> String {
     format!("target ms (compile / {SPEEDUP_TARGET})")
+}
+
+/// [`SPEEDUP_TARGET`] as a time: the compiled peer's time over it (none without the peer).
+pub fn target_ms(compile_ms: Option<f64>) -> Option<f64> {
+    compile_ms.map(|c| c / SPEEDUP_TARGET)
 }
 
 /// Median wall time of `reps` calls of `f` after `warmup` untimed calls, in seconds.

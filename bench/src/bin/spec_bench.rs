@@ -23,7 +23,7 @@
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
-use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, BenchArgs, LmHead, SPEEDUP_TARGET};
+use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, target_ms, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -303,7 +303,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let ratio = |x: Option<f64>| fmt_opt(x.map(|x| x / ours), 2);
                 // Issue 25's speed target as a time, and over sampling the same rows: below 1 it
                 // asks verification to finish before plain sampling of its rows does.
-                let target = p.and_then(|p| p.compile).map(|c| c / SPEEDUP_TARGET);
+                let target = target_ms(p.and_then(|p| p.compile));
                 table.push(vec![
                     dim.to_string(),
                     vocab.to_string(),
