@@ -1,6 +1,10 @@
 //! Benchmark helpers shared by the bench binaries: the common arguments of the peer-comparing
 //! benches, timing, the peers' subprocess and table printing.
 
+pub mod logits;
+
+pub use logits::LogitShape;
+
 use flashsample::{bf16, Device, DeviceTensor, Tensor};
 use rand::{rngs::StdRng, Rng};
 use std::time::Instant;
@@ -70,6 +74,11 @@ pub struct BenchArgs {
     /// top (gpu_bench's default is 3).
     #[arg(long)]
     pub logit_std: Option<f32>,
+    /// The shape of the hidden states' logits: `gaussian` (independent of W), or `lm-like`
+    /// (a trained LM's: a power-law head far above a Gaussian bulk; `flashsample_bench::logits`
+    /// says how they are built). W is the same either way.
+    #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
+    pub logits: LogitShape,
 }
 
 impl BenchArgs {
@@ -166,16 +175,22 @@ impl LmHead {
     /// build distributions near the target's (`spec_bench --draft-noise`), not the kernels'
     /// bits.
     pub fn host_logits(&self, hidden: &[bf16], rows: &[usize]) -> Vec<f32> {
-        use rayon::prelude::*;
-        let h: Vec<Vec<f32>> = rows.iter().map(|&r| hidden[r * self.dim..][..self.dim].iter().map(|x| x.to_f32()).collect()).collect();
-        let mut by_token = vec![0f32; self.vocab * rows.len()];
-        by_token.par_chunks_mut(rows.len()).enumerate().for_each(|(v, out)| {
-            let w: Vec<f32> = self.host[v * self.dim..][..self.dim].iter().map(|x| x.to_f32()).collect();
-            for (o, h) in out.iter_mut().zip(&h) {
-                *o = h.iter().zip(&w).map(|(a, b)| a * b).sum();
-            }
-        });
-        (0..rows.len() * self.vocab).map(|i| by_token[(i % self.vocab) * rows.len() + i / self.vocab]).collect()
+        let picked: Vec<bf16> = rows.iter().flat_map(|&r| hidden[r * self.dim..][..self.dim].iter().copied()).collect();
+        logits::host_logits(&self.host, &picked, self.dim, rows.len())
+    }
+
+    /// `rows` hidden states of this head whose logits have the shape `shape`
+    /// ([`LogitShape::Gaussian`]: [`LmHead::random_hidden`]).
+    pub fn hidden(&self, rng: &mut StdRng, rows: usize, shape: LogitShape) -> Vec<bf16> {
+        match shape {
+            LogitShape::Gaussian => self.random_hidden(rng, rows),
+            LogitShape::LmLike => logits::lm_like_hidden(&self.host, self.dim, rows, rng.random()),
+        }
+    }
+
+    /// [`logits::describe_rows`] of this head's first rows of `hidden`.
+    pub fn describe_rows(&self, hidden: &[bf16], temps: &[f32], show: usize) -> String {
+        logits::describe_rows(&self.host, hidden, self.dim, temps, show)
     }
 
     /// The weights' device copy (CUDA only).

@@ -35,7 +35,7 @@
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
-use flashsample_bench::{median_secs, print_table};
+use flashsample_bench::{median_secs, print_table, LogitShape};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rayon::prelude::*;
@@ -90,6 +90,11 @@ struct Args {
     /// top (a larger value here); W is then `U(−a, a)` with `a = 3·S / √D`.
     #[arg(long)]
     logit_std: Option<f32>,
+    /// The shape of the rows' logits: `gaussian` (hidden states independent of W), or
+    /// `lm-like` (a trained LM's: a power-law head 14–28 above a Gaussian bulk, built from the
+    /// same W: `flashsample_bench::logits`).
+    #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
+    logits: LogitShape,
 }
 
 /// Accesses to W in one rep of this process: a fused launch and a floor read in each pattern
@@ -490,10 +495,11 @@ fn main() -> flashsample::Result<()> {
     }
     let sampler = Sampler::new(pipeline.build()?, &device)?;
     println!(
-        "device {}, V = {}, bf16, T = 0.7{}{}{}, medians of {} after 1 warm-up",
+        "device {}, V = {}, bf16, T = 0.7{}{}{}{}, medians of {} after 1 warm-up",
         device.describe(),
         args.vocab,
         args.logit_std.map_or(String::new(), |s| format!(", raw logit std {s}")),
+        if args.logits == LogitShape::LmLike { ", LM-like rows" } else { "" },
         if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
         match (args.logprobs, args.raw) {
             (true, true) => ", + raw logprob and logsumexp",
@@ -520,7 +526,10 @@ fn main() -> flashsample::Result<()> {
             None
         };
         for &batch in &args.batches {
-            let hidden: Vec<bf16> = (0..batch * dim).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect();
+            let hidden = args.logits.hidden(&weights[0], dim, batch, 100 + batch as u64, || (0..batch * dim).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect());
+            if args.logits == LogitShape::LmLike {
+                println!("D {dim} B {batch}, LM-like rows 0–2: {}", flashsample_bench::logits::describe_rows(&weights[0], &hidden, dim, &[0.7; 3], 3));
+            }
             let h = Tensor::host(&hidden, batch, dim)?;
             let ws = weights.iter().map(|w| Tensor::host(w, args.vocab, dim)).collect::<Result<Vec<_>, _>>()?;
             // Each access to W takes the next copy (module doc).

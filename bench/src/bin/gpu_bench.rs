@@ -19,7 +19,7 @@
 use clap::Parser;
 use cudarc::driver::{result, sys, DevicePtr};
 use flashsample::{bf16, ir::PipelineBuilder, Device, GpuConfig, Grid, KernelConfig, RowFilter, Sampler, SamplingParams, Schedule, TemperatureArg, Tensor};
-use flashsample_bench::{comma_list, print_table};
+use flashsample_bench::{comma_list, print_table, LogitShape};
 use flashsample_ir::{DType, LogprobMode};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -86,6 +86,12 @@ struct Args {
     /// the top at T <= 1 (a larger value here), flat heads keep every token near it.
     #[arg(long, default_value_t = 3.0)]
     logit_std: f32,
+    /// The shape of the sampled and filtered rows' logits: `gaussian` (hidden states
+    /// independent of W, spread `--logit-std`), or `lm-like` (a trained LM's: a power-law head
+    /// 14–28 above a Gaussian bulk, built from the same W: `flashsample_bench::logits`). The
+    /// logprob-mode and nucleus rows stay Gaussian.
+    #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
+    logits: LogitShape,
     /// Batches of the logprob-mode table (DESIGN.md step 10): stage one and the whole launch
     /// with raw vs processed logprobs, unfiltered and with top-k 50; empty for none.
     #[arg(long, default_value = "1,64,256", value_parser = batch_list)]
@@ -216,6 +222,9 @@ fn main() {
     };
     let Device::Cuda(dev) = &device else { unreachable!() };
     println!("device: {}", device.describe());
+    if args.logits == LogitShape::LmLike {
+        println!("logits: LM-like rows (flashsample_bench::logits), W as --logit-std {}", args.logit_std);
+    }
     let shapes: Vec<(usize, usize)> = args
         .shapes
         .iter()
@@ -274,14 +283,23 @@ fn main() {
         let weights: Vec<_> = (0..args.rotate.max(1))
             .map(|_| dev.upload(&host_w, vocab, dim).expect("upload weights"))
             .collect();
-        drop(host_w);
+        // LM-like hidden states are built from W's rows.
+        let shape_w = (args.logits == LogitShape::LmLike).then_some(host_w);
+        let hidden_for = |batch: usize| -> Vec<bf16> {
+            let seed = 11 + batch as u64;
+            args.logits.hidden(shape_w.as_deref().unwrap_or(&[]), dim, batch, seed, || random_bf16(batch * dim, 1.0, seed))
+        };
         let bw = copy_bandwidth(dev, &weights[0]).expect("copy bandwidth");
         copy_bw = copy_bw.max(bw);
         let wbytes = (vocab * dim * 2) as f64;
         eprintln!("D={dim} V={vocab}: copy bandwidth {:.2} TB/s, weights {:.2} GB", bw / 1e12, wbytes / 1e9);
         let wt: Vec<Tensor<'_>> = weights.iter().map(Tensor::device).collect();
         for &batch in &args.batches {
-            let mut hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            let mut hidden = hidden_for(batch);
+            if let Some(w) = &shape_w {
+                let temps: Vec<f32> = (0..3).map(|r| 0.6 + 0.1 * r as f32).collect();
+                println!("D {dim} B {batch}, LM-like rows 0–2: {}", flashsample_bench::logits::describe_rows(w, &hidden, dim, &temps, 3));
+            }
             if let Some(live) = args.hidden_live_rows {
                 hidden[(live.min(batch) * dim)..].fill(bf16::ZERO);
             }
@@ -334,7 +352,7 @@ fn main() {
             rows.push(Row { dim, vocab, batch, fused_s, floor_s: wbytes / bw, config, tuned });
         }
         for &batch in &args.filter_batches.0 {
-            let hidden = random_bf16(batch * dim, 1.0, 11 + batch as u64);
+            let hidden = hidden_for(batch);
             let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let filters = vec![RowFilter { top_k: 50, top_p: 0.9, min_p: 0.0 }; batch];
             let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, filter: Some(&filters), ..Default::default() };

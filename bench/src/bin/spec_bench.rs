@@ -23,7 +23,7 @@
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
-use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, target_ms, BenchArgs, LmHead};
+use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, target_ms, BenchArgs, LmHead, LogitShape};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -275,7 +275,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &batch in &args.batches {
             for &k in &args.ks {
                 let rows = batch * (k + 1);
-                let h = head.random_hidden(&mut rng, rows);
+                let h = head.hidden(&mut rng, rows, args.bench.logits);
+                if args.bench.logits == LogitShape::LmLike {
+                    println!("{}-row LM-like logits at D {dim}: {}", rows, head.describe_rows(&h, &[1.0; 3], 3));
+                }
                 let (drafts, q) = match args.draft_noise {
                     Some(sigma) => close_drafts(&mut rng, &head, &h, batch, k, sigma)?,
                     None => random_drafts(&mut rng, batch * k, vocab),
