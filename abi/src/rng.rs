@@ -149,6 +149,42 @@ pub fn gumbel_bucket_bound(leading_ones: u32) -> f32 {
 /// What [`gumbel_bucket_bound`] adds for the rounding of [`gumbel_f32`].
 pub const GUMBEL_BUCKET_SLACK: f32 = 1.0 / 64.0;
 
+/// Which noise a stage-one kernel skips with the bounds above (DESIGN.md "Noise is drawn only
+/// where it can change a winner"), a config knob of both backends. Every choice samples the
+/// same tokens bit for bit (a skipped token's score could not have won); they differ in code
+/// and work: the tests cost compare-and-branch code on every quad and save Philox calls and
+/// logarithms. Only a tile's own candidate may differ: a tile none of whose tokens can win may
+/// report another of its tokens, or none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NoiseSkip {
+    /// Every token of a sampled row draws its noise: the shortest epilogue.
+    Never,
+    /// A quad (or, once its uniforms are known, a row's four tokens) whose best logit plus
+    /// the Gumbel bound does not beat the running best of its (row, sample) in the tile (on
+    /// the GPU, the thread's share of the tile) draws no noise. Each tile's candidate is then
+    /// its own best token, whatever other tiles hold.
+    InTile,
+    /// [`NoiseSkip::InTile`], and also against the row bound: the best score a tile of the
+    /// launch has published for the (row, sample) (GPU: `row_bounds`, zeroed before each
+    /// launch; CPU: `KernelArgs::row_bounds`), strictly, since that token may come after the
+    /// quad's.
+    #[default]
+    CrossTile,
+}
+
+impl NoiseSkip {
+    /// Whether kernels of this choice read and publish the launch's row bounds.
+    pub fn uses_row_bounds(self) -> bool {
+        self == NoiseSkip::CrossTile
+    }
+
+    /// Whether kernels of this choice test noise against a bound at all.
+    pub fn tests_bounds(self) -> bool {
+        self != NoiseSkip::Never
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,7 +60,7 @@ pub fn enumerate(pipeline: &Pipeline, batch: usize, dim: usize, vocab: usize, li
         let row_blocks: &[u32] = if engine == CpuEngine::Cranelift { &ROW_BLOCKS } else { &ROW_BLOCKS[..1] };
         for &vocab_tile in &VOCAB_TILES {
             for &row_block in row_blocks {
-                let c = CpuConfig { vocab_tile, row_block, threads: limits.threads, engine };
+                let c = CpuConfig { vocab_tile, row_block, threads: limits.threads, engine, noise_skip: Default::default() };
                 if keep(&c, batch, dim, vocab, elem_bytes, limits) {
                     out.push(c);
                 }

@@ -1,4 +1,5 @@
 use crate::CpuCodegenError;
+pub use flashsample_abi::rng::NoiseSkip;
 use flashsample_ir::{DType, Pipeline};
 use serde::{Deserialize, Serialize};
 
@@ -135,6 +136,10 @@ pub struct CpuConfig {
     /// measured the Cranelift kernel.
     #[serde(default)]
     pub engine: CpuEngine,
+    /// Which noise the epilogue skips (every choice samples the same tokens). Absent in
+    /// tuning files written before the CPU's cross-tile bound, whose kernels skipped in-tile.
+    #[serde(default)]
+    pub noise_skip: NoiseSkip,
 }
 
 impl CpuConfig {
@@ -165,7 +170,7 @@ impl CpuConfig {
         };
         // Cranelift: 4 rows × 4 tokens = 16 accumulators: a few spill, but it measured fastest at B = 16.
         let row_block = batch.clamp(1, 4) as u32;
-        CpuConfig { vocab_tile, row_block, threads, engine }
+        CpuConfig { vocab_tile, row_block, threads, engine, noise_skip: NoiseSkip::default() }
     }
 
     /// Checks every field against what the kernel supports (a typed error naming the field).

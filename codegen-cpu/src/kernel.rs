@@ -13,6 +13,7 @@ use flashsample_abi::speculative;
 use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, PenaltyTable, RowTokens, Scored, StageTwo};
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// What the JIT'd function reads; every field is 8 bytes so the lowering's offsets are plain.
 /// Pointers of inputs the pipeline does not declare are null and never read.
@@ -65,6 +66,11 @@ pub(crate) struct KernelArgs {
     /// whose logit is at least `target_logits[row]`, which the pass then only reads; null
     /// outside it (and without `target_logprob(.., rank)`).
     pub rank_counts: *mut u32,
+    /// `[B, S]` per (row, sample) the best score a finished tile of this launch reached (f32
+    /// bits, `-inf` at the start; `lists::finish_tile` raises it): the noise skips' cross-tile
+    /// bound. Null unless the plan reads it (`Plan::row_bounds`).
+    pub row_bounds: *const AtomicU32,
+    pub samples: u64,
     /// `[B, tiles, residual_per_tile]` residual lists sorted by score; null unless verifying.
     pub residual_lists: *mut Candidate,
     pub residual_per_tile: u64,
@@ -325,6 +331,8 @@ pub struct CpuKernel {
     config: CpuConfig,
     /// Whether the kernel writes logsumexp partials (and so takes an `lse` buffer).
     logsumexp: bool,
+    /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
+    row_bounds: bool,
     pool: std::sync::Arc<rayon::ThreadPool>,
     _code: JitCode,
 }
@@ -406,7 +414,8 @@ impl CpuKernel {
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        let plan = Plan { needs_lse: logsumexp, logits: source, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let plan = Plan { needs_lse: logsumexp, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let row_bounds = plan.row_bounds();
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
@@ -430,6 +439,7 @@ impl CpuKernel {
             entry,
             clif,
             logsumexp,
+            row_bounds,
             pipeline: pipeline.clone(),
             config: config.clone(),
             pool,
@@ -685,6 +695,9 @@ impl CpuKernel {
             .enumerate()
             .map(|(r, &t)| u32::from(t == 0.0 || a.filters.is_some_and(|f| f[r].is_drawn_in_stage_three(false))))
             .collect();
+        // Fresh per launch: a bound is a score this launch's tokens reach.
+        let row_bounds: Vec<AtomicU32> =
+            if self.row_bounds { (0..a.batch * samples).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
         let args = KernelArgs {
             hidden: hidden.as_ptr(),
             weights: a.weights.as_ptr(),
@@ -714,6 +727,8 @@ impl CpuKernel {
             lists,
             per_tile: per_tile as u64,
             insert: crate::lists::insert_quad,
+            row_bounds: if self.row_bounds { row_bounds.as_ptr() } else { std::ptr::null() },
+            samples: samples as u64,
             residual_lists,
             residual_per_tile: residual_per_tile as u64,
             insert_residual: insert_residual_quad,
@@ -742,6 +757,7 @@ impl CpuKernel {
             Entry::Fused(f) => unsafe {
                 f(shared.get(), tile as u64, tile as u64 + 1);
                 crate::lists::finish_tile(&*shared.get(), tile);
+                publish_row_bounds(&*shared.get(), tile);
             },
             Entry::Scratch { epilogue, engine } => {
                 let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
@@ -759,6 +775,7 @@ impl CpuKernel {
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                     crate::lists::finish_tile(&*shared.get(), tile);
+                    publish_row_bounds(&*shared.get(), tile);
                 }
             }
         };
@@ -768,6 +785,29 @@ impl CpuKernel {
             self.pool.install(|| (0..tiles).into_par_iter().with_max_len(1).for_each(run));
         }
         Ok(())
+    }
+}
+
+/// Raises each (row, sample)'s cross-tile bound (`KernelArgs::row_bounds`) to the score its
+/// candidate in `tile` reached, once the tile's epilogue has returned. Every published value
+/// is a score a token of this launch reaches, so later tiles' noise skips stay exact whatever
+/// order the tiles run in; a candidate that reached nothing (`-inf`, or NaN) publishes nothing.
+///
+/// # Safety
+/// `args` is a launch's arguments (`row_bounds` `[B, S]` or null, `candidates`
+/// `[B, S, tiles]`), and `tile`'s epilogue has returned.
+unsafe fn publish_row_bounds(args: &KernelArgs, tile: usize) {
+    if args.row_bounds.is_null() {
+        return;
+    }
+    let tiles = args.tiles as usize;
+    for rs in 0..args.batch as usize * args.samples as usize {
+        // SAFETY: slot (row, sample, tile) of the checked `[B, S, tiles]` candidates, which
+        // only this tile's task writes; bound `rs` of the `[B, S]` bounds.
+        let (score, bound) = unsafe { ((*args.candidates.add(rs * tiles + tile)).score, &*args.row_bounds.add(rs)) };
+        if score > f32::NEG_INFINITY {
+            let _ = bound.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (score > f32::from_bits(b)).then_some(score.to_bits()));
+        }
     }
 }
 

@@ -15,7 +15,7 @@ mod math;
 mod pool;
 mod tiles;
 
-pub use config::{CpuConfig, CpuEngine, MAX_THREADS};
+pub use config::{CpuConfig, CpuEngine, NoiseSkip, MAX_THREADS};
 pub use error::CpuCodegenError;
 pub use kernel::{capture_stride, Capture, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists, CAPTURE_NONE};
 pub use pool::thread_pool;

@@ -22,6 +22,7 @@ use cranelift_codegen::ir::{
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::rng::NoiseSkip;
 use flashsample_abi::{LsePartial, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use std::mem::{offset_of, size_of};
@@ -72,6 +73,8 @@ pub(crate) struct Plan {
     /// perturbed score `x + G` (`Candidate`s, `KernelArgs::residual_lists`), and the noise
     /// skip tests against that list's last entry instead of the winner.
     pub residual_lists: bool,
+    /// Which noise the epilogue skips (`CpuConfig::noise_skip`; [`Plan::row_bounds`]).
+    pub noise_skip: NoiseSkip,
     pub logits: LogitSource,
     /// The raw logprob mode's extra work (`abi::raw`); `None` in the processed mode.
     pub raw: Option<RawPlan>,
@@ -91,6 +94,13 @@ pub(crate) struct RawPlan {
 }
 
 impl Plan {
+    /// Whether the noise skips also test against the row's cross-tile bound
+    /// (`KernelArgs::row_bounds`): a sampling kernel with [`NoiseSkip::CrossTile`], unless it
+    /// verifies (its residual lists need tokens below the winner).
+    pub fn row_bounds(&self) -> bool {
+        self.noise_skip.uses_row_bounds() && !self.argmax && !self.residual_lists
+    }
+
     pub fn new(pipeline: &Pipeline, row_block: u32, vocab_tile: u32) -> Plan {
         let steps: Vec<Step> = pipeline
             .transforms
@@ -121,6 +131,7 @@ impl Plan {
             ranks: pipeline.ranks_targets(),
             list_capacity: pipeline.list_capacity(),
             residual_lists: pipeline.verify.is_some(),
+            noise_skip: NoiseSkip::default(),
             logits: LogitSource::Fused,
             raw: pipeline.needs_raw_logsumexp().then(|| RawPlan {
                 steps: steps.iter().copied().filter(|s| matches!(s, Step::Bias | Step::Softcap(_))).collect(),
@@ -204,6 +215,8 @@ struct Launch {
     insert: Value,
     /// `[residual_lists, residual_per_tile, insert_residual]`, loaded iff the plan keeps them.
     residual: Option<[Value; 3]>,
+    /// `row_bounds` (`KernelArgs`), loaded iff the plan's noise skips read it.
+    row_bounds: Option<Value>,
     /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
     /// iff the plan has a [`RawPlan`].
     raw: Option<RawLaunch>,
@@ -359,6 +372,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 self.arg(offset_of!(KernelArgs, insert_residual)),
             ]
         });
+        let row_bounds = self.plan.row_bounds().then(|| self.arg(offset_of!(KernelArgs, row_bounds)));
         let per_tile = self.arg(offset_of!(KernelArgs, per_tile));
         let insert = self.arg(offset_of!(KernelArgs, insert));
         let batch = self.arg(offset_of!(KernelArgs, batch));
@@ -416,6 +430,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             rank_counts,
             lists,
             residual,
+            row_bounds,
             per_tile,
             insert,
             raw,
@@ -1087,7 +1102,31 @@ impl<'a, 'p> Lowering<'a, 'p> {
                         k.b.ins().load(F32, output(), addr, 0)
                     }
                 };
-                let hopeless = k.b.ins().fcmp(FloatCC::LessThanOrEqual, reachable, best_so_far);
+                // The row's cross-tile bound: the best score a finished tile of this launch
+                // reached. That token may have a higher index than this quad's, so only a
+                // score strictly below it is beaten (the running winner's tokens come first).
+                let row_bound = l.row_bounds.map(|bounds| {
+                    let slot = k.b.ins().imul_imm_s(row, i64::from(k.plan.samples));
+                    let slot = k.b.ins().iadd(slot, s);
+                    let off = k.b.ins().ishl_imm_u(slot, 2);
+                    let addr = k.b.ins().iadd(bounds, off);
+                    k.b.ins().load(F32, output(), addr, 0)
+                });
+                let tests = k.plan.noise_skip.tests_bounds();
+                let unreachable = |b: &mut FunctionBuilder, reach: Value| {
+                    if !tests {
+                        return b.ins().iconst(types::I8, 0);
+                    }
+                    let beaten = b.ins().fcmp(FloatCC::LessThanOrEqual, reach, best_so_far);
+                    match row_bound {
+                        Some(bound) => {
+                            let below = b.ins().fcmp(FloatCC::LessThan, reach, bound);
+                            b.ins().bor(beaten, below)
+                        }
+                        None => beaten,
+                    }
+                };
+                let hopeless = unreachable(&mut k.b, reachable);
                 let contender = k.b.create_block();
                 k.b.ins().brif(hopeless, sample_done, &[], contender, &[]);
                 k.b.switch_to_block(contender);
@@ -1125,7 +1164,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let slack = b.ins().f32const(flashsample_abi::rng::GUMBEL_BUCKET_SLACK);
                 let bound = b.ins().fadd(bound, slack);
                 let reach = b.ins().fadd(x_max, bound);
-                let beaten = b.ins().fcmp(FloatCC::LessThanOrEqual, reach, best_so_far);
+                let beaten = unreachable(b, reach);
                 let gumbel = b.create_block();
                 b.ins().brif(beaten, sample_done, &[], gumbel, &[]);
                 b.switch_to_block(gumbel);

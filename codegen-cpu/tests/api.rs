@@ -5,12 +5,12 @@ mod common;
 use common::*;
 use flashsample_abi::{Candidate, LsePartial, RowFilter};
 use flashsample_abi::Scored;
-use flashsample_codegen_cpu::{capture_stride, Capture, CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CAPTURE_NONE};
+use flashsample_codegen_cpu::{capture_stride, Capture, CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, CpuLaunch, NoiseSkip, CAPTURE_NONE};
 use flashsample_ir::{DType, Outputs, PipelineBuilder};
 
 #[test]
 fn config_validation_names_the_field() {
-    let ok = CpuConfig { vocab_tile: 64, row_block: 2, threads: 2, engine: CpuEngine::Cranelift };
+    let ok = CpuConfig { vocab_tile: 64, row_block: 2, threads: 2, engine: CpuEngine::Cranelift, noise_skip: NoiseSkip::default() };
     assert!(ok.validate().is_ok());
     for (cfg, field) in [
         (CpuConfig { vocab_tile: 6, ..ok.clone() }, "vocab_tile"),
@@ -42,7 +42,7 @@ fn heuristic_configs_are_valid_and_roundtrip_through_serde() {
 #[test]
 fn invalid_pipelines_are_errors() {
     let p = PipelineBuilder::new("P", DType::F32, DType::BF16).softcap(-1.0).build_unchecked();
-    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine: CpuEngine::Cranelift };
+    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine: CpuEngine::Cranelift, noise_skip: NoiseSkip::default() };
     assert!(matches!(CpuKernel::compile(&p, &cfg), Err(CpuCodegenError::Pipeline(_))));
 }
 
@@ -169,7 +169,7 @@ fn clif_snapshot() {
         .gumbel("seed", 1)
         .build()
         .unwrap();
-    let cfg = CpuConfig { vocab_tile: 16, row_block: 2, threads: 1, engine: CpuEngine::Cranelift };
+    let cfg = CpuConfig { vocab_tile: 16, row_block: 2, threads: 1, engine: CpuEngine::Cranelift, noise_skip: NoiseSkip::default() };
     let a = CpuKernel::compile(&p, &cfg).unwrap();
     let b = CpuKernel::compile(&p, &cfg).unwrap();
     assert_eq!(a.clif(), b.clif(), "CLIF is deterministic");

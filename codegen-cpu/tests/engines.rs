@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use flashsample_abi::{StageTwo, INDEX_NONFINITE};
-use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuEngine, CpuKernel};
+use flashsample_codegen_cpu::{CpuCodegenError, CpuConfig, CpuEngine, CpuKernel, NoiseSkip};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use rand::Rng;
 
@@ -39,7 +39,7 @@ fn runnable_engines() -> Vec<CpuEngine> {
         .filter(|&engine| match engine.missing_host_feature() {
             None => true,
             Some(feature) => {
-                let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine };
+                let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine, noise_skip: NoiseSkip::default() };
                 match CpuKernel::compile(p, &cfg) {
                     Err(CpuCodegenError::MissingHostFeature(f)) => assert_eq!(f, feature),
                     other => panic!("{engine} without {feature}: {other:?}"),
@@ -364,7 +364,7 @@ fn avx512bf16_reads_subnormal_bf16_as_zero() {
 
 #[test]
 fn avx512bf16_refuses_what_it_cannot_compute_exactly() {
-    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine: CpuEngine::Avx512Bf16 };
+    let cfg = CpuConfig { vocab_tile: 8, row_block: 1, threads: 1, engine: CpuEngine::Avx512Bf16, noise_skip: NoiseSkip::default() };
     if CpuEngine::Avx512Bf16.missing_host_feature().is_some() {
         return; // runnable_engines() checks the refusal on such hosts
     }

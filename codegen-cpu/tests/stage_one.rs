@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use flashsample_codegen_cpu::{CpuEngine, NoiseSkip};
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{StageTwo, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
@@ -381,6 +382,56 @@ fn skipping_quads_by_their_uniforms_changes_nothing() {
                 *h *= 0.01;
             }
             check(&kernel, p, &inp, false);
+        }
+    }
+}
+
+/// The cross-tile bound ([`NoiseSkip::CrossTile`], the default): tiles publish their best
+/// scores as they finish, in whatever order the workers take them, and later tiles skip noise
+/// strictly below them. Row winners, their scores and logits and the logsumexp partials are
+/// the in-tile kernel's bit for bit, on flat, random and peaked logits and one to four
+/// workers; a tile's own candidate may differ only where it could not win: then it scores
+/// strictly below the row's winner, or is none.
+#[test]
+fn cross_tile_bounds_change_no_row_winner() {
+    let mut rng = rng(13);
+    let vocab = 3000;
+    for dtype in [DType::BF16, DType::F32] {
+        for p in &pipelines(dtype)[..2] {
+            for scale in [0.01f32, 1.0, 12.0] {
+                let mut inp = random_inputs(p, &mut rng, 6, 24, vocab);
+                for h in &mut inp.hidden {
+                    *h *= scale;
+                }
+                for (tile, rb, threads) in [(64, 3, 2), (256, 2, 1), (64, 1, 4)] {
+                    let in_tile = compile_with_skip(p, CpuEngine::Cranelift, tile, rb, threads, NoiseSkip::InTile);
+                    let cross = compile_with_skip(p, CpuEngine::Cranelift, tile, rb, threads, NoiseSkip::CrossTile);
+                    let ctx = format!("{p} {dtype:?} logits ×{scale} tile {tile} threads {threads}");
+                    let (want, want_lse) = run(&in_tile, p, &inp);
+                    let (got, got_lse) = run(&cross, p, &inp);
+                    let samples = p.samples_per_row() as usize;
+                    let layout = StageTwo { batch: 6, samples, tiles: in_tile.tiles(vocab) };
+                    let (w, w_status) = layout.reduce_rows(&want, want_lse.as_deref());
+                    let (g, g_status) = layout.reduce_rows(&got, got_lse.as_deref());
+                    assert_eq!(g_status, w_status, "{ctx}");
+                    assert_eq!(g.tokens, w.tokens, "{ctx}");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!((bits(&g.scores), bits(&g.logits)), (bits(&w.scores), bits(&w.logits)), "{ctx}");
+                    assert_eq!(got_lse, want_lse, "{ctx}");
+                    for r in 0..6 {
+                        for s in 0..samples {
+                            let winner = w.scores[r * samples + s];
+                            for t in 0..layout.tiles {
+                                let (a, b) = (want[layout.slot(r, s, t)], got[layout.slot(r, s, t)]);
+                                if a != b {
+                                    assert!(a.index != INDEX_NONFINITE && (b.index == INDEX_NONE || b.score < winner) && a.score < winner,
+                                        "{ctx} row {r} sample {s} tile {t}: in-tile {a:?}, cross-tile {b:?}, winner {winner}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

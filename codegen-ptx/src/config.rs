@@ -6,6 +6,7 @@
 use crate::layout::SmemLayout;
 use crate::PtxError;
 use flashsample_ir::{DType, Pipeline, MAX_LIST_CAPACITY};
+pub use flashsample_abi::rng::NoiseSkip;
 use serde::{Deserialize, Serialize};
 
 /// Residual-list entries per (draft row, vocab tile) on the GPU: half the CPU's
@@ -230,37 +231,6 @@ impl Schedule {
 
 /// The k slice of the wgmma schedules: one 128-byte swizzle atom per row.
 pub const WGMMA_K_STEP: u32 = 64;
-
-/// Which Gumbel noise stage one's epilogue skips (DESIGN.md "Noise skips"). Every choice
-/// samples the same tokens bit for bit (a skipped token's score could not have won); they
-/// differ in code and work: the tests cost compare-and-branch code on every quad and save
-/// Philox calls and logarithms.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NoiseSkip {
-    /// Every token of a sampled row draws its noise: the shortest epilogue.
-    Never,
-    /// A quad (or, once its uniforms are known, a row's four tokens) whose best logit plus
-    /// the Gumbel bound is below the column's running best of the tile draws no noise.
-    InTile,
-    /// [`NoiseSkip::InTile`] against the larger of the running best and the row bound: the
-    /// best score other tiles of the launch have published for the row (`row_bounds`, which
-    /// every launch zeroes first, one more operation per step).
-    #[default]
-    CrossTile,
-}
-
-impl NoiseSkip {
-    /// Whether kernels of this choice read and publish the launch's row bounds.
-    pub fn uses_row_bounds(self) -> bool {
-        self == NoiseSkip::CrossTile
-    }
-
-    /// Whether kernels of this choice test noise against a bound at all.
-    pub fn tests_bounds(self) -> bool {
-        self != NoiseSkip::Never
-    }
-}
 
 /// One stage-one tile configuration. A CTA (with [`GridKind::PingPong`]: a consumer set)
 /// computes a `vocab_tile × batch_tile` block of logits and the candidates of that vocab tile

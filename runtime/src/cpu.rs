@@ -525,7 +525,7 @@ mod tests {
     fn the_kernel_cache_is_bounded_and_keeps_the_most_recently_used() {
         let pipeline = Arc::new(PipelineBuilder::new("P", DType::F32, DType::F32).build().unwrap());
         let backend = CpuBackend::new(pipeline, 1);
-        let config = |tile: u32| CpuConfig { vocab_tile: tile, row_block: 1, threads: 1, engine: CpuEngine::Cranelift };
+        let config = |tile: u32| CpuConfig { vocab_tile: tile, row_block: 1, threads: 1, engine: CpuEngine::Cranelift, noise_skip: Default::default() };
         let first = backend.kernel(&config(4), false).unwrap();
         let second = Arc::downgrade(&backend.kernel(&config(8), false).unwrap());
         for tile in 3..=KERNEL_CACHE as u32 + 1 {

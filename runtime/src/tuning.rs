@@ -471,7 +471,7 @@ mod tests {
             lookup_from::<CpuConfig>(Some(path), None, &me, &shape)
         };
         let ok = with(serde_json::json!({ "vocab_tile": 1024, "row_block": 4, "threads": 2 }));
-        assert_eq!(ok.config, Some(CpuConfig { vocab_tile: 1024, row_block: 4, threads: 2, engine: Default::default() }), "{:?}", ok.warnings);
+        assert_eq!(ok.config, Some(CpuConfig { vocab_tile: 1024, row_block: 4, threads: 2, engine: Default::default(), noise_skip: Default::default() }), "{:?}", ok.warnings);
         assert!(ok.warnings.is_empty(), "{:?}", ok.warnings);
         // Valid, but 37984 tiles x 16 rows of scratch (gigabytes with the largest lists).
         let extreme = with(serde_json::json!({ "vocab_tile": 4, "row_block": 4, "threads": 2 }));

@@ -5,7 +5,7 @@
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, LseSum, PenaltyTable, RowFilter, Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
-use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch};
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, NoiseSkip};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -375,6 +375,12 @@ pub fn compile(p: &Pipeline, vocab_tile: u32, row_block: u32, threads: usize) ->
     compile_on(p, CpuEngine::Cranelift, vocab_tile, row_block, threads)
 }
 
+/// A kernel whose every tile's candidate is its own best token ([`NoiseSkip::InTile`]), which
+/// [`check`] holds to the model tile by tile.
 pub fn compile_on(p: &Pipeline, engine: CpuEngine, vocab_tile: u32, row_block: u32, threads: usize) -> CpuKernel {
-    CpuKernel::compile(p, &CpuConfig { vocab_tile, row_block, threads, engine }).expect("compile")
+    compile_with_skip(p, engine, vocab_tile, row_block, threads, NoiseSkip::InTile)
+}
+
+pub fn compile_with_skip(p: &Pipeline, engine: CpuEngine, vocab_tile: u32, row_block: u32, threads: usize, noise_skip: NoiseSkip) -> CpuKernel {
+    CpuKernel::compile(p, &CpuConfig { vocab_tile, row_block, threads, engine, noise_skip }).expect("compile")
 }
