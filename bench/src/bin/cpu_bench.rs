@@ -33,7 +33,7 @@
 //! one token ("lse batch"): the exact path's own cost is the ratio to that.
 
 use clap::Parser;
-use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
+use flashsample::{bf16, ir::PipelineBuilder, CpuConfig, CpuEngine, Device, KernelConfig, NoiseSkip, RowFilter, Sampler, SamplingParams, TemperatureArg, Tensor};
 use flashsample_abi::rng::{noise_bits, uniform_f64};
 use flashsample_bench::{median_secs, print_table, LogitShape};
 use flashsample_ir::DType;
@@ -95,6 +95,15 @@ struct Args {
     /// same W: `flashsample_bench::logits`).
     #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
     logits: LogitShape,
+    /// Force the epilogue's noise skips (`never`, `in_tile`, `cross_tile`) instead of the
+    /// config's (`cross_tile`): every choice samples the same tokens.
+    #[arg(long, value_parser = noise_skip)]
+    noise_skip: Option<NoiseSkip>,
+}
+
+/// A `NoiseSkip` by its serde name.
+fn noise_skip(s: &str) -> Result<NoiseSkip, String> {
+    serde_json::from_value(serde_json::Value::String(s.into())).map_err(|e| format!("{s:?}: {e} (never, in_tile, cross_tile)"))
 }
 
 /// Accesses to W in one rep of this process: a fused launch and a floor read in each pattern
@@ -499,7 +508,12 @@ fn main() -> flashsample::Result<()> {
         device.describe(),
         args.vocab,
         args.logit_std.map_or(String::new(), |s| format!(", raw logit std {s}")),
-        if args.logits == LogitShape::LmLike { ", LM-like rows" } else { "" },
+        match (args.logits, args.noise_skip) {
+            (LogitShape::LmLike, Some(skip)) => format!(", LM-like rows, noise skip {skip:?}"),
+            (LogitShape::LmLike, None) => ", LM-like rows".into(),
+            (_, Some(skip)) => format!(", noise skip {skip:?}"),
+            _ => String::new(),
+        },
         if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
         match (args.logprobs, args.raw) {
             (true, true) => ", + raw logprob and logsumexp",
@@ -552,6 +566,10 @@ fn main() -> flashsample::Result<()> {
                     KernelConfig::Cpu(CpuConfig { threads, ..CpuConfig::heuristic_for_engine(engine, batch, dim, args.vocab) })
                 }
                 None => sampler.config_for(batch, dim, args.vocab),
+            };
+            let config = match (config, args.noise_skip) {
+                (KernelConfig::Cpu(c), Some(noise_skip)) => KernelConfig::Cpu(CpuConfig { noise_skip, ..c }),
+                (config, _) => config,
             };
             let engine = match &config {
                 KernelConfig::Cpu(c) => c.engine.to_string(),
