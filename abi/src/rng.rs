@@ -168,7 +168,8 @@ pub enum NoiseSkip {
     /// [`NoiseSkip::InTile`], and also against the row bound: the best score a tile of the
     /// launch has published for the (row, sample) (GPU: `row_bounds`, zeroed before each
     /// launch; CPU: `KernelArgs::row_bounds`), strictly, since that token may come after the
-    /// quad's.
+    /// quad's. On the CPU it also gates the top lists' insertions by the row's list bound
+    /// (DESIGN.md step 6b's CPU paragraph), which changes no merged list either.
     #[default]
     CrossTile,
 }

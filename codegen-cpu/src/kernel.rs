@@ -14,6 +14,7 @@ use flashsample_abi::{Candidate, LogitBiasTable, LsePartial, PenaltyTable, RowTo
 use flashsample_ir::{DType, Pipeline};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 /// What the JIT'd function reads; every field is 8 bytes so the lowering's offsets are plain.
 /// Pointers of inputs the pipeline does not declare are null and never read.
@@ -71,6 +72,17 @@ pub(crate) struct KernelArgs {
     /// bound. Null unless the plan reads it (`Plan::row_bounds`).
     pub row_bounds: *const AtomicU32,
     pub samples: u64,
+    /// `[B]` per row a value no token of the row's top `list_need` lies below (f32 bits,
+    /// `-inf` at the start): the `list_need`-th best logit of the entries the finished tiles'
+    /// processed lists hold (`list_tops`, raised by `publish_list_bounds`). The lists' gate
+    /// skips quads below it. Null unless the plan reads it (`Plan::list_bounds`); all `-inf`
+    /// where the launch's lists hold whole tiles (the exact rerun needs every token).
+    pub list_bounds: *const AtomicU32,
+    /// `[B]` the `list_need` best logits of the finished tiles' lists so far, descending; null
+    /// when nothing publishes list bounds.
+    pub list_tops: *const Mutex<Vec<f32>>,
+    /// Entries stage three merges per row: `max(per_tile, pipeline.list_capacity())`.
+    pub list_need: u64,
     /// `[B, tiles, residual_per_tile]` residual lists sorted by score; null unless verifying.
     pub residual_lists: *mut Candidate,
     pub residual_per_tile: u64,
@@ -333,6 +345,8 @@ pub struct CpuKernel {
     logsumexp: bool,
     /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
     row_bounds: bool,
+    /// Whether its list gate reads `KernelArgs::list_bounds` (`Plan::list_bounds`).
+    list_bounds: bool,
     pool: std::sync::Arc<rayon::ThreadPool>,
     _code: JitCode,
 }
@@ -416,6 +430,7 @@ impl CpuKernel {
         ctx.func.name = UserFuncName::user(0, id.as_u32());
         let plan = Plan { needs_lse: logsumexp, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let row_bounds = plan.row_bounds();
+        let list_bounds = plan.list_bounds();
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
@@ -440,6 +455,7 @@ impl CpuKernel {
             clif,
             logsumexp,
             row_bounds,
+            list_bounds,
             pipeline: pipeline.clone(),
             config: config.clone(),
             pool,
@@ -698,6 +714,13 @@ impl CpuKernel {
         // Fresh per launch: a bound is a score this launch's tokens reach.
         let row_bounds: Vec<AtomicU32> =
             if self.row_bounds { (0..a.batch * samples).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
+        // The list bounds start at -inf and rise only where the lists are shorter than a tile:
+        // whole-tile lists (the exact rerun) must keep every token.
+        let list_need = per_tile.max(p.list_capacity() as usize);
+        let list_bounds: Vec<AtomicU32> =
+            if self.list_bounds { (0..a.batch).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
+        let cut_lists = self.list_bounds && per_tile > 0 && per_tile < self.config.vocab_tile as usize;
+        let list_tops: Vec<Mutex<Vec<f32>>> = if cut_lists { (0..a.batch).map(|_| Mutex::new(Vec::with_capacity(list_need + per_tile))).collect() } else { Vec::new() };
         let args = KernelArgs {
             hidden: hidden.as_ptr(),
             weights: a.weights.as_ptr(),
@@ -729,6 +752,9 @@ impl CpuKernel {
             insert: crate::lists::insert_quad,
             row_bounds: if self.row_bounds { row_bounds.as_ptr() } else { std::ptr::null() },
             samples: samples as u64,
+            list_bounds: if self.list_bounds { list_bounds.as_ptr() } else { std::ptr::null() },
+            list_tops: if cut_lists { list_tops.as_ptr() } else { std::ptr::null() },
+            list_need: list_need as u64,
             residual_lists,
             residual_per_tile: residual_per_tile as u64,
             insert_residual: insert_residual_quad,
@@ -758,6 +784,7 @@ impl CpuKernel {
                 f(shared.get(), tile as u64, tile as u64 + 1);
                 crate::lists::finish_tile(&*shared.get(), tile);
                 publish_row_bounds(&*shared.get(), tile);
+                publish_list_bounds(&*shared.get(), tile);
             },
             Entry::Scratch { epilogue, engine } => {
                 let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
@@ -776,6 +803,7 @@ impl CpuKernel {
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                     crate::lists::finish_tile(&*shared.get(), tile);
                     publish_row_bounds(&*shared.get(), tile);
+                    publish_list_bounds(&*shared.get(), tile);
                 }
             }
         };
@@ -806,8 +834,52 @@ unsafe fn publish_row_bounds(args: &KernelArgs, tile: usize) {
         // only this tile's task writes; bound `rs` of the `[B, S]` bounds.
         let (score, bound) = unsafe { ((*args.candidates.add(rs * tiles + tile)).score, &*args.row_bounds.add(rs)) };
         if score > f32::NEG_INFINITY {
-            let _ = bound.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (score > f32::from_bits(b)).then_some(score.to_bits()));
+            bound.fetch_max_f32(score);
         }
+    }
+}
+
+/// Merges `tile`'s sorted processed lists (`lists::finish_tile` has run) into each row's
+/// running top (`KernelArgs::list_tops`) and, once that holds `list_need` logits, raises the
+/// row's list bound to the last of them. Those are logits of distinct listed tokens of the
+/// launch, so at least `list_need` of the row's tokens reach the bound and none below it is
+/// among the row's top `list_need`: every token stage three merges still enters its list (or
+/// its list overflows, as without the bound), whatever order the tiles run in.
+///
+/// # Safety
+/// As [`publish_row_bounds`], with `lists` `[B, tiles, per_tile]` and `list_tops`,
+/// `list_bounds` `[B]` or null.
+unsafe fn publish_list_bounds(args: &KernelArgs, tile: usize) {
+    if args.list_tops.is_null() {
+        return;
+    }
+    let (tiles, per_tile, need) = (args.tiles as usize, args.per_tile as usize, args.list_need as usize);
+    for r in 0..args.batch as usize {
+        // SAFETY: this tile's sorted list of row `r` (only this task wrote it), and row `r`'s
+        // running top and bound.
+        let (list, top, bound) = unsafe {
+            (std::slice::from_raw_parts(args.lists.add((r * tiles + tile) * per_tile), per_tile), &*args.list_tops.add(r), &*args.list_bounds.add(r))
+        };
+        let listed = list.iter().take_while(|s| !s.is_empty()).map(|s| s.logit);
+        // A poisoned lock holds a usable list.
+        let mut top = top.lock().unwrap_or_else(|e| e.into_inner());
+        top.extend(listed);
+        top.sort_unstable_by(|a, b| b.total_cmp(a));
+        top.truncate(need);
+        if top.len() == need {
+            bound.fetch_max_f32(top[need - 1]);
+        }
+    }
+}
+
+/// Raising an f32 held as bits (the kernels' bounds) to at least a value.
+trait FetchMaxF32 {
+    fn fetch_max_f32(&self, value: f32);
+}
+
+impl FetchMaxF32 for AtomicU32 {
+    fn fetch_max_f32(&self, value: f32) {
+        let _ = self.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (value > f32::from_bits(b)).then_some(value.to_bits()));
     }
 }
 

@@ -101,6 +101,14 @@ impl Plan {
         self.noise_skip.uses_row_bounds() && !self.argmax && !self.residual_lists
     }
 
+    /// Whether the top lists' insertion gate also tests against the row's list bound
+    /// (`KernelArgs::list_bounds`): a kernel with lists and [`NoiseSkip::CrossTile`], unless it
+    /// verifies (a filtered draft row's survivors come from the same lists; kept out of the
+    /// cut for simplicity, not for exactness). Raw lists never read it.
+    pub fn list_bounds(&self) -> bool {
+        self.noise_skip.uses_row_bounds() && self.list_capacity > 0 && !self.residual_lists
+    }
+
     pub fn new(pipeline: &Pipeline, row_block: u32, vocab_tile: u32) -> Plan {
         let steps: Vec<Step> = pipeline
             .transforms
@@ -217,6 +225,8 @@ struct Launch {
     residual: Option<[Value; 3]>,
     /// `row_bounds` (`KernelArgs`), loaded iff the plan's noise skips read it.
     row_bounds: Option<Value>,
+    /// `list_bounds` (`KernelArgs`), loaded iff the plan's list gate reads it.
+    list_bounds: Option<Value>,
     /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
     /// iff the plan has a [`RawPlan`].
     raw: Option<RawLaunch>,
@@ -250,11 +260,13 @@ struct RawLaunch {
     insert_paired: Value,
 }
 
-/// One top list kind of a (row, tile): where its lists are and how long each is.
+/// One top list kind of a (row, tile): where its lists are and how long each is, and the
+/// row bounds its gate also tests (`KernelArgs::list_bounds`, processed lists only).
 #[derive(Clone, Copy)]
 struct ListSpec {
     lists: Value,
     per_tile: Value,
+    bounds: Option<Value>,
 }
 
 /// Per-quad values, defined at the quad's head.
@@ -373,6 +385,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             ]
         });
         let row_bounds = self.plan.row_bounds().then(|| self.arg(offset_of!(KernelArgs, row_bounds)));
+        let list_bounds = self.plan.list_bounds().then(|| self.arg(offset_of!(KernelArgs, list_bounds)));
         let per_tile = self.arg(offset_of!(KernelArgs, per_tile));
         let insert = self.arg(offset_of!(KernelArgs, insert));
         let batch = self.arg(offset_of!(KernelArgs, batch));
@@ -431,6 +444,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             lists,
             residual,
             row_bounds,
+            list_bounds,
             per_tile,
             insert,
             raw,
@@ -1042,7 +1056,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             self.emit_target(q, row, tx, tallowed, targets);
         }
         if self.plan.list_capacity > 0 {
-            let spec = ListSpec { lists: l.lists, per_tile: l.per_tile };
+            let spec = ListSpec { lists: l.lists, per_tile: l.per_tile, bounds: l.list_bounds };
             // `paired_sig` is imported exactly when the plan's lists carry raw logits.
             match (&raw_lanes, self.paired_sig) {
                 (Some((rx, _, rl)), Some(sig)) => {
@@ -1059,7 +1073,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
         if let Some((rx, valid, rl)) = &raw_lanes {
             if self.plan.raw.as_ref().is_some_and(|r| r.list_capacity > 0) {
-                let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile };
+                let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile, bounds: None };
                 self.emit_list_update(l, q, row, spec, *rx, *valid, None);
             }
         }
@@ -1386,6 +1400,18 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let list = b.ins().iadd(spec.lists, off);
         let bar = b.ins().load(F32, output(), list, 0);
         let beats = b.ins().fcmp(FloatCC::GreaterThan, best, bar);
+        // The row's list bound: no token below it is among the row's top `need` (DESIGN.md
+        // step 6b). A token equal to it may be (ties go by index), so it still enters.
+        let beats = match spec.bounds {
+            Some(bounds) => {
+                let off = b.ins().ishl_imm_u(row, 2);
+                let addr = b.ins().iadd(bounds, off);
+                let bound = b.ins().load(F32, output(), addr, 0);
+                let reaches = b.ins().fcmp(FloatCC::GreaterThanOrEqual, best, bound);
+                b.ins().band(beats, reaches)
+            }
+            None => beats,
+        };
         let call = b.create_block();
         let done = b.create_block();
         b.set_cold_block(call);

@@ -5,7 +5,8 @@ mod common;
 use common::*;
 use flashsample_codegen_cpu::{CpuEngine, NoiseSkip};
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
-use flashsample_abi::{StageTwo, INDEX_NONE, INDEX_NONFINITE};
+use flashsample_abi::filter::merge_row;
+use flashsample_abi::{Scored, StageTwo, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
 use rand::Rng;
 
@@ -386,18 +387,20 @@ fn skipping_quads_by_their_uniforms_changes_nothing() {
     }
 }
 
-/// The cross-tile bound ([`NoiseSkip::CrossTile`], the default): tiles publish their best
-/// scores as they finish, in whatever order the workers take them, and later tiles skip noise
-/// strictly below them. Row winners, their scores and logits and the logsumexp partials are
-/// the in-tile kernel's bit for bit, on flat, random and peaked logits and one to four
-/// workers; a tile's own candidate may differ only where it could not win: then it scores
-/// strictly below the row's winner, or is none.
+/// The cross-tile bounds ([`NoiseSkip::CrossTile`], the default): tiles publish their best
+/// scores and their lists' logits as they finish, in whatever order the workers take them, and
+/// later tiles skip noise strictly below a row's best score and list insertions below its
+/// list bound. Row winners, their scores and logits, the logsumexp partials and each row's
+/// merged top list (what stage three reads) are the in-tile kernel's bit for bit, on flat,
+/// random and peaked logits and one to four workers; a tile's own candidate may differ only
+/// where it could not win: then it scores strictly below the row's winner, or is none.
 #[test]
-fn cross_tile_bounds_change_no_row_winner() {
+fn cross_tile_bounds_change_no_row_winner_or_merged_list() {
     let mut rng = rng(13);
     let vocab = 3000;
     for dtype in [DType::BF16, DType::F32] {
-        for p in &pipelines(dtype)[..2] {
+        let all = pipelines(dtype);
+        for p in [&all[0], &all[1], &all[4], &all[6]] {
             for scale in [0.01f32, 1.0, 12.0] {
                 let mut inp = random_inputs(p, &mut rng, 6, 24, vocab);
                 for h in &mut inp.hidden {
@@ -407,8 +410,8 @@ fn cross_tile_bounds_change_no_row_winner() {
                     let in_tile = compile_with_skip(p, CpuEngine::Cranelift, tile, rb, threads, NoiseSkip::InTile);
                     let cross = compile_with_skip(p, CpuEngine::Cranelift, tile, rb, threads, NoiseSkip::CrossTile);
                     let ctx = format!("{p} {dtype:?} logits ×{scale} tile {tile} threads {threads}");
-                    let (want, want_lse) = run(&in_tile, p, &inp);
-                    let (got, got_lse) = run(&cross, p, &inp);
+                    let (want, want_lse, want_lists) = run_with_lists(&in_tile, p, &inp);
+                    let (got, got_lse, got_lists) = run_with_lists(&cross, p, &inp);
                     let samples = p.samples_per_row() as usize;
                     let layout = StageTwo { batch: 6, samples, tiles: in_tile.tiles(vocab) };
                     let (w, w_status) = layout.reduce_rows(&want, want_lse.as_deref());
@@ -428,6 +431,14 @@ fn cross_tile_bounds_change_no_row_winner() {
                                         "{ctx} row {r} sample {s} tile {t}: in-tile {a:?}, cross-tile {b:?}, winner {winner}");
                                 }
                             }
+                        }
+                    }
+                    if let (Some(want_lists), Some(got_lists)) = (&want_lists, &got_lists) {
+                        let per_tile = p.list_capacity() as usize;
+                        let row_len = layout.tiles * per_tile;
+                        for r in 0..6 {
+                            let merge = |lists: &[Scored]| merge_row(&lists[r * row_len..][..row_len], per_tile, per_tile, r);
+                            assert_eq!(merge(got_lists), merge(want_lists), "{ctx} row {r}: merged lists");
                         }
                     }
                 }
