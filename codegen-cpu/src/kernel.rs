@@ -860,16 +860,36 @@ unsafe fn publish_list_bounds(args: &KernelArgs, tile: usize) {
         let (list, top, bound) = unsafe {
             (std::slice::from_raw_parts(args.lists.add((r * tiles + tile) * per_tile), per_tile), &*args.list_tops.add(r), &*args.list_bounds.add(r))
         };
-        let listed = list.iter().take_while(|s| !s.is_empty()).map(|s| s.logit);
+        // Entries at or below the bound cannot raise it (the bound only lags the running top's
+        // last logit), so most tiles of a launch take no lock.
+        let floor = f32::from_bits(bound.load(Ordering::Relaxed));
+        let listed: Vec<f32> = list.iter().take_while(|s| !s.is_empty() && s.logit > floor).map(|s| s.logit).collect();
+        if listed.is_empty() {
+            continue;
+        }
         // A poisoned lock holds a usable list.
         let mut top = top.lock().unwrap_or_else(|e| e.into_inner());
-        top.extend(listed);
-        top.sort_unstable_by(|a, b| b.total_cmp(a));
-        top.truncate(need);
+        *top = merge_descending(&top, &listed, need);
         if top.len() == need {
             bound.fetch_max_f32(top[need - 1]);
         }
     }
+}
+
+/// The first `n` of the union of `a` and `b`, both sorted descending.
+fn merge_descending(a: &[f32], b: &[f32], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n.min(a.len() + b.len()));
+    let (mut i, mut j) = (0, 0);
+    while out.len() < n && (i < a.len() || j < b.len()) {
+        if j == b.len() || (i < a.len() && a[i] >= b[j]) {
+            out.push(a[i]);
+            i += 1;
+        } else {
+            out.push(b[j]);
+            j += 1;
+        }
+    }
+    out
 }
 
 /// Raising an f32 held as bits (the kernels' bounds) to at least a value.
