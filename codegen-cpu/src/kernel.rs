@@ -68,8 +68,10 @@ pub(crate) struct KernelArgs {
     /// outside it (and without `target_logprob(.., rank)`).
     pub rank_counts: *mut u32,
     /// `[B, S]` per (row, sample) the best score a finished tile of this launch reached (f32
-    /// bits, `-inf` at the start; `lists::finish_tile` raises it): the noise skips' cross-tile
-    /// bound. Null unless the plan reads it (`Plan::row_bounds`).
+    /// bits, `-inf` at the start; `publish_row_bounds` raises it): the noise skips' cross-tile
+    /// bound. Null unless the plan reads it (`Plan::row_bounds`). The JIT'd code reads this
+    /// and `list_bounds` with plain aligned 32-bit loads, single-copy atomic on the 64-bit
+    /// hosts Cranelift targets; any value it sees is a valid (possibly older) bound.
     pub row_bounds: *const AtomicU32,
     pub samples: u64,
     /// `[B]` per row a value no token of the row's top `list_need` lies below (f32 bits,
