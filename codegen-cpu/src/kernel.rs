@@ -70,21 +70,14 @@ pub(crate) struct KernelArgs {
     /// `[B, S]` per (row, sample) the best score a finished tile of this launch reached (f32
     /// bits, `-inf` at the start; `publish_row_bounds` raises it): the noise skips' cross-tile
     /// bound. Null unless the plan reads it (`Plan::row_bounds`). The JIT'd code reads this
-    /// and `list_bounds` with plain aligned 32-bit loads, single-copy atomic on the 64-bit
+    /// and the list bounds with plain aligned 32-bit loads, single-copy atomic on the 64-bit
     /// hosts Cranelift targets; any value it sees is a valid (possibly older) bound.
     pub row_bounds: *const AtomicU32,
     pub samples: u64,
-    /// `[B]` per row a value no token of the row's top `list_need` lies below (f32 bits,
-    /// `-inf` at the start): the `list_need`-th best logit of the entries the finished tiles'
-    /// processed lists hold (`list_tops`, raised by `publish_list_bounds`). The lists' gate
-    /// skips quads below it. Null unless the plan reads it (`Plan::list_bounds`); all `-inf`
-    /// where the launch's lists hold whole tiles (the exact rerun needs every token).
-    pub list_bounds: *const AtomicU32,
-    /// `[B]` the `list_need` best logits of the finished tiles' lists so far, descending; null
-    /// when nothing publishes list bounds.
-    pub list_tops: *const Mutex<Vec<f32>>,
-    /// Entries stage three merges per row: `max(per_tile, pipeline.list_capacity())`.
-    pub list_need: u64,
+    /// The processed lists' list bound (`Plan::list_bounds`), and the raw lists'
+    /// (`Plan::raw_list_bounds`): [`ListBoundArgs`].
+    pub list_bound: ListBoundArgs,
+    pub raw_list_bound: ListBoundArgs,
     /// `[B, tiles, residual_per_tile]` residual lists sorted by score; null unless verifying.
     pub residual_lists: *mut Candidate,
     pub residual_per_tile: u64,
@@ -105,6 +98,53 @@ pub(crate) struct KernelArgs {
     pub capture_logits: *mut f32,
     pub capture_raws: *mut f32,
     pub capture_stride: u64,
+}
+
+/// One list kind's cross-tile bound in a launch (DESIGN.md step 6b's CPU paragraph).
+#[repr(C)]
+pub(crate) struct ListBoundArgs {
+    /// `[B]` per row a value no token of the row's top `need` lies below (f32 bits, `-inf` at
+    /// the start): the `need`-th best logit of the entries the finished tiles' lists of this
+    /// kind hold (`tops`, raised by `publish_list_bounds`). The kind's gate skips quads below
+    /// it. Null unless the plan reads it; all `-inf` where the launch's lists hold whole tiles
+    /// (the exact rerun needs every token).
+    pub bounds: *const AtomicU32,
+    /// `[B]` the `need` best logits of the finished tiles' lists so far, descending; null when
+    /// nothing publishes.
+    pub tops: *const Mutex<Vec<f32>>,
+    /// Entries stage three merges per row: at least `max(per_tile, the kind's capacity)`.
+    pub need: u64,
+}
+
+/// What a launch holds for one list kind's [`ListBoundArgs`].
+struct ListBound {
+    bounds: Vec<AtomicU32>,
+    tops: Vec<Mutex<Vec<f32>>>,
+    need: usize,
+}
+
+impl ListBound {
+    /// The state for `batch` rows of lists `per_tile` long (0: none) over `vocab_tile`-token
+    /// tiles, `reads` when the kernel's gate reads the bound: it starts at `-inf` and rises
+    /// only where the lists are shorter than a tile.
+    fn new(reads: bool, batch: usize, per_tile: usize, vocab_tile: usize, capacity: usize) -> ListBound {
+        let need = per_tile.max(capacity);
+        let bounds = if reads { (0..batch).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
+        let publishes = reads && per_tile > 0 && per_tile < vocab_tile;
+        let tops = if publishes { (0..batch).map(|_| Mutex::new(Vec::with_capacity(need + per_tile))).collect() } else { Vec::new() };
+        ListBound { bounds, tops, need }
+    }
+
+    fn args(&self) -> ListBoundArgs {
+        fn ptr<T>(v: &[T]) -> *const T {
+            if v.is_empty() {
+                std::ptr::null()
+            } else {
+                v.as_ptr()
+            }
+        }
+        ListBoundArgs { bounds: ptr(&self.bounds), tops: ptr(&self.tops), need: self.need as u64 }
+    }
 }
 
 /// Applies a per-row token table (penalties, logit bias) to the listed tokens among a quad's
@@ -347,8 +387,10 @@ pub struct CpuKernel {
     logsumexp: bool,
     /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
     row_bounds: bool,
-    /// Whether its list gate reads `KernelArgs::list_bounds` (`Plan::list_bounds`).
+    /// Whether its list gates read `KernelArgs::list_bound` / `raw_list_bound`
+    /// (`Plan::list_bounds`, `Plan::raw_list_bounds`).
     list_bounds: bool,
+    raw_list_bounds: bool,
     pool: std::sync::Arc<rayon::ThreadPool>,
     _code: JitCode,
 }
@@ -433,6 +475,7 @@ impl CpuKernel {
         let plan = Plan { needs_lse: logsumexp, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let row_bounds = plan.row_bounds();
         let list_bounds = plan.list_bounds();
+        let raw_list_bounds = plan.raw_list_bounds();
         let mut fctx = FunctionBuilderContext::new();
         lower::build(&mut ctx.func, &mut fctx, &plan, module.target_config());
         let clif = ctx.func.display().to_string();
@@ -458,6 +501,7 @@ impl CpuKernel {
             logsumexp,
             row_bounds,
             list_bounds,
+            raw_list_bounds,
             pipeline: pipeline.clone(),
             config: config.clone(),
             pool,
@@ -716,13 +760,9 @@ impl CpuKernel {
         // Fresh per launch: a bound is a score this launch's tokens reach.
         let row_bounds: Vec<AtomicU32> =
             if self.row_bounds { (0..a.batch * samples).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
-        // The list bounds start at -inf and rise only where the lists are shorter than a tile:
-        // whole-tile lists (the exact rerun) must keep every token.
-        let list_need = per_tile.max(p.list_capacity() as usize);
-        let list_bounds: Vec<AtomicU32> =
-            if self.list_bounds { (0..a.batch).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
-        let cut_lists = self.list_bounds && per_tile > 0 && per_tile < self.config.vocab_tile as usize;
-        let list_tops: Vec<Mutex<Vec<f32>>> = if cut_lists { (0..a.batch).map(|_| Mutex::new(Vec::with_capacity(list_need + per_tile))).collect() } else { Vec::new() };
+        let vocab_tile = self.config.vocab_tile as usize;
+        let list_bound = ListBound::new(self.list_bounds, a.batch, per_tile, vocab_tile, p.list_capacity() as usize);
+        let raw_list_bound = ListBound::new(self.raw_list_bounds, a.batch, raw_per_tile, vocab_tile, p.raw_list_capacity() as usize);
         let args = KernelArgs {
             hidden: hidden.as_ptr(),
             weights: a.weights.as_ptr(),
@@ -754,9 +794,8 @@ impl CpuKernel {
             insert: crate::lists::insert_quad,
             row_bounds: if self.row_bounds { row_bounds.as_ptr() } else { std::ptr::null() },
             samples: samples as u64,
-            list_bounds: if self.list_bounds { list_bounds.as_ptr() } else { std::ptr::null() },
-            list_tops: if cut_lists { list_tops.as_ptr() } else { std::ptr::null() },
-            list_need: list_need as u64,
+            list_bound: list_bound.args(),
+            raw_list_bound: raw_list_bound.args(),
             residual_lists,
             residual_per_tile: residual_per_tile as u64,
             insert_residual: insert_residual_quad,
@@ -841,27 +880,38 @@ unsafe fn publish_row_bounds(args: &KernelArgs, tile: usize) {
     }
 }
 
-/// Merges `tile`'s sorted processed lists (`lists::finish_tile` has run) into each row's
-/// running top (`KernelArgs::list_tops`) and, once that holds `list_need` logits, raises the
-/// row's list bound to the last of them. Those are logits of distinct listed tokens of the
-/// launch, so at least `list_need` of the row's tokens reach the bound and none below it is
-/// among the row's top `list_need`: every token stage three merges still enters its list (or
-/// its list overflows, as without the bound), whatever order the tiles run in.
+/// Merges `tile`'s sorted lists of each kind (`lists::finish_tile` has run) into each row's
+/// running top (`ListBoundArgs::tops`) and, once that holds `need` logits, raises the row's
+/// list bound to the last of them. Those are logits of distinct listed tokens of the launch,
+/// so at least `need` of the row's tokens reach the bound and none below it is among the
+/// row's top `need`: every token stage three merges still enters its list (or its list
+/// overflows, as without the bound), whatever order the tiles run in.
 ///
 /// # Safety
-/// As [`publish_row_bounds`], with `lists` `[B, tiles, per_tile]` and `list_tops`,
-/// `list_bounds` `[B]` or null.
+/// As [`publish_row_bounds`], with `lists` `[B, tiles, per_tile]`, `raw_lists` `[B, tiles,
+/// raw_per_tile]` and their bounds' `tops` and `bounds` `[B]` or null.
 unsafe fn publish_list_bounds(args: &KernelArgs, tile: usize) {
-    if args.list_tops.is_null() {
+    // SAFETY: the caller's.
+    unsafe {
+        publish_list_bound(args, &args.list_bound, args.lists, args.per_tile as usize, tile);
+        publish_list_bound(args, &args.raw_list_bound, args.raw_lists, args.raw_per_tile as usize, tile);
+    }
+}
+
+/// [`publish_list_bounds`] for one kind: `lists` `[B, tiles, per_tile]` bounded by `kind`.
+///
+/// # Safety
+/// As [`publish_list_bounds`].
+unsafe fn publish_list_bound(args: &KernelArgs, kind: &ListBoundArgs, lists: *const Scored, per_tile: usize, tile: usize) {
+    if kind.tops.is_null() {
         return;
     }
-    let (tiles, per_tile, need) = (args.tiles as usize, args.per_tile as usize, args.list_need as usize);
+    let (tiles, need) = (args.tiles as usize, kind.need as usize);
     for r in 0..args.batch as usize {
         // SAFETY: this tile's sorted list of row `r` (only this task wrote it), and row `r`'s
         // running top and bound.
-        let (list, top, bound) = unsafe {
-            (std::slice::from_raw_parts(args.lists.add((r * tiles + tile) * per_tile), per_tile), &*args.list_tops.add(r), &*args.list_bounds.add(r))
-        };
+        let (list, top, bound) =
+            unsafe { (std::slice::from_raw_parts(lists.add((r * tiles + tile) * per_tile), per_tile), &*kind.tops.add(r), &*kind.bounds.add(r)) };
         // Entries at or below the bound cannot raise it (the bound only lags the running top's
         // last logit), so most tiles of a launch take no lock.
         let floor = f32::from_bits(bound.load(Ordering::Relaxed));

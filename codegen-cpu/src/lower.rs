@@ -13,7 +13,7 @@
 //! (Walking the quad's rows one after another instead, for a purely sequential weight stream,
 //! measured slower at B = 16 and no faster at B = 1.)
 
-use crate::kernel::KernelArgs;
+use crate::kernel::{KernelArgs, ListBoundArgs};
 use crate::math::{self, fconst, i32x4_lanes, iconst};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
@@ -102,11 +102,16 @@ impl Plan {
     }
 
     /// Whether the top lists' insertion gate also tests against the row's list bound
-    /// (`KernelArgs::list_bounds`): a kernel with lists and [`NoiseSkip::CrossTile`], unless it
+    /// (`KernelArgs::list_bound`): a kernel with lists and [`NoiseSkip::CrossTile`], unless it
     /// verifies (a filtered draft row's survivors come from the same lists; kept out of the
-    /// cut for simplicity, not for exactness). Raw lists never read it.
+    /// cut for simplicity, not for exactness).
     pub fn list_bounds(&self) -> bool {
         self.noise_skip.uses_row_bounds() && self.list_capacity > 0 && !self.residual_lists
+    }
+
+    /// [`Plan::list_bounds`] for the raw mode's lists by raw logit (`KernelArgs::raw_list_bound`).
+    pub fn raw_list_bounds(&self) -> bool {
+        self.noise_skip.uses_row_bounds() && self.raw.as_ref().is_some_and(|r| r.list_capacity > 0) && !self.residual_lists
     }
 
     pub fn new(pipeline: &Pipeline, row_block: u32, vocab_tile: u32) -> Plan {
@@ -225,8 +230,10 @@ struct Launch {
     residual: Option<[Value; 3]>,
     /// `row_bounds` (`KernelArgs`), loaded iff the plan's noise skips read it.
     row_bounds: Option<Value>,
-    /// `list_bounds` (`KernelArgs`), loaded iff the plan's list gate reads it.
+    /// `list_bound.bounds` and `raw_list_bound.bounds` (`KernelArgs`), each loaded iff the
+    /// plan's gate of that list kind reads it.
     list_bounds: Option<Value>,
+    raw_list_bounds: Option<Value>,
     /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
     /// iff the plan has a [`RawPlan`].
     raw: Option<RawLaunch>,
@@ -261,7 +268,7 @@ struct RawLaunch {
 }
 
 /// One top list kind of a (row, tile): where its lists are and how long each is, and the
-/// row bounds its gate also tests (`KernelArgs::list_bounds`, processed lists only).
+/// row bounds its gate also tests (`KernelArgs::list_bound` or `raw_list_bound`).
 #[derive(Clone, Copy)]
 struct ListSpec {
     lists: Value,
@@ -385,7 +392,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
             ]
         });
         let row_bounds = self.plan.row_bounds().then(|| self.arg(offset_of!(KernelArgs, row_bounds)));
-        let list_bounds = self.plan.list_bounds().then(|| self.arg(offset_of!(KernelArgs, list_bounds)));
+        let bound_at = offset_of!(KernelArgs, list_bound) + offset_of!(ListBoundArgs, bounds);
+        let list_bounds = self.plan.list_bounds().then(|| self.arg(bound_at));
+        let raw_bound_at = offset_of!(KernelArgs, raw_list_bound) + offset_of!(ListBoundArgs, bounds);
+        let raw_list_bounds = self.plan.raw_list_bounds().then(|| self.arg(raw_bound_at));
         let per_tile = self.arg(offset_of!(KernelArgs, per_tile));
         let insert = self.arg(offset_of!(KernelArgs, insert));
         let batch = self.arg(offset_of!(KernelArgs, batch));
@@ -445,6 +455,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             residual,
             row_bounds,
             list_bounds,
+            raw_list_bounds,
             per_tile,
             insert,
             raw,
@@ -1073,7 +1084,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         }
         if let Some((rx, valid, rl)) = &raw_lanes {
             if self.plan.raw.as_ref().is_some_and(|r| r.list_capacity > 0) {
-                let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile, bounds: None };
+                let spec = ListSpec { lists: rl.lists, per_tile: rl.per_tile, bounds: l.raw_list_bounds };
                 self.emit_list_update(l, q, row, spec, *rx, *valid, None);
             }
         }

@@ -84,6 +84,10 @@ struct Args {
     /// launch's filter needs the processed one: `--filter --nucleus`'s lone top-p row).
     #[arg(long, requires = "logprobs")]
     raw: bool,
+    /// With `--logprobs`: also the top `N` logprobs per row (per-tile top lists; by raw logit
+    /// with `--raw`).
+    #[arg(long, requires = "logprobs", default_value_t = 0)]
+    top_logprobs: u32,
     /// Standard deviation of the raw logits (before T = 0.7). By default W is `U(−0.05, 0.05)`
     /// and H `U(−1, 1)`, a spread of `0.05·√(D/9)` (1.07 at D = 4096): flat rows, on which the
     /// noise skips save little. Trained LMs at T ≤ 1 put most tokens tens of nats below the
@@ -497,7 +501,7 @@ fn main() -> flashsample::Result<()> {
         pipeline.temperature_const(0.7)
     };
     if args.logprobs {
-        pipeline = pipeline.outputs(flashsample_ir::Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: 0 });
+        pipeline = pipeline.outputs(flashsample_ir::Outputs { score: false, logsumexp: true, logprob: true, top_logprobs: args.top_logprobs });
     }
     if args.raw {
         pipeline = pipeline.logprob_mode(flashsample_ir::LogprobMode::Raw);
@@ -516,9 +520,9 @@ fn main() -> flashsample::Result<()> {
         },
         if args.filter { ", top-k 50 + top-p 0.9" } else { "" },
         match (args.logprobs, args.raw) {
-            (true, true) => ", + raw logprob and logsumexp",
-            (true, false) => ", + logprob and logsumexp",
-            _ => "",
+            (true, true) => format!(", + raw logprob and logsumexp, top {} logprobs", args.top_logprobs),
+            (true, false) => format!(", + logprob and logsumexp, top {} logprobs", args.top_logprobs),
+            _ => String::new(),
         },
         args.reps
     );
