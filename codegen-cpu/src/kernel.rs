@@ -129,21 +129,31 @@ impl ListBound {
     /// only where the lists are shorter than a tile.
     fn new(reads: bool, batch: usize, per_tile: usize, vocab_tile: usize, capacity: usize) -> ListBound {
         let need = per_tile.max(capacity);
-        let bounds = if reads { (0..batch).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
         let publishes = reads && per_tile > 0 && per_tile < vocab_tile;
         let tops = if publishes { (0..batch).map(|_| Mutex::new(Vec::with_capacity(need + per_tile))).collect() } else { Vec::new() };
-        ListBound { bounds, tops, need }
+        ListBound { bounds: unreached_bounds(reads, batch), tops, need }
     }
 
     fn args(&self) -> ListBoundArgs {
-        fn ptr<T>(v: &[T]) -> *const T {
-            if v.is_empty() {
-                std::ptr::null()
-            } else {
-                v.as_ptr()
-            }
-        }
-        ListBoundArgs { bounds: ptr(&self.bounds), tops: ptr(&self.tops), need: self.need as u64 }
+        ListBoundArgs { bounds: ptr_or_null(&self.bounds), tops: ptr_or_null(&self.tops), need: self.need as u64 }
+    }
+}
+
+/// `n` bounds that nothing has reached yet (`-inf`), or none when the kernel reads no bound.
+fn unreached_bounds(reads: bool, n: usize) -> Vec<AtomicU32> {
+    if reads {
+        (0..n).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// A launch buffer's pointer for `KernelArgs`: null for an empty one (one the kernel does not read).
+fn ptr_or_null<T>(v: &[T]) -> *const T {
+    if v.is_empty() {
+        std::ptr::null()
+    } else {
+        v.as_ptr()
     }
 }
 
@@ -758,8 +768,7 @@ impl CpuKernel {
             .map(|(r, &t)| u32::from(t == 0.0 || a.filters.is_some_and(|f| f[r].is_drawn_in_stage_three(false))))
             .collect();
         // Fresh per launch: a bound is a score this launch's tokens reach.
-        let row_bounds: Vec<AtomicU32> =
-            if self.row_bounds { (0..a.batch * samples).map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits())).collect() } else { Vec::new() };
+        let row_bounds = unreached_bounds(self.row_bounds, a.batch * samples);
         let vocab_tile = self.config.vocab_tile as usize;
         let list_bound = ListBound::new(self.list_bounds, a.batch, per_tile, vocab_tile, p.list_capacity() as usize);
         let raw_list_bound = ListBound::new(self.raw_list_bounds, a.batch, raw_per_tile, vocab_tile, p.raw_list_capacity() as usize);
@@ -792,7 +801,7 @@ impl CpuKernel {
             lists,
             per_tile: per_tile as u64,
             insert: crate::lists::insert_quad,
-            row_bounds: if self.row_bounds { row_bounds.as_ptr() } else { std::ptr::null() },
+            row_bounds: ptr_or_null(&row_bounds),
             samples: samples as u64,
             list_bound: list_bound.args(),
             raw_list_bound: raw_list_bound.args(),
@@ -824,8 +833,7 @@ impl CpuKernel {
             Entry::Fused(f) => unsafe {
                 f(shared.get(), tile as u64, tile as u64 + 1);
                 crate::lists::finish_tile(&*shared.get(), tile);
-                publish_row_bounds(&*shared.get(), tile);
-                publish_list_bounds(&*shared.get(), tile);
+                publish_bounds(&*shared.get(), tile);
             },
             Entry::Scratch { epilogue, engine } => {
                 let worker = rayon::current_thread_index().unwrap_or(0) % scratches.len();
@@ -843,8 +851,7 @@ impl CpuKernel {
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
                     crate::lists::finish_tile(&*shared.get(), tile);
-                    publish_row_bounds(&*shared.get(), tile);
-                    publish_list_bounds(&*shared.get(), tile);
+                    publish_bounds(&*shared.get(), tile);
                 }
             }
         };
@@ -854,6 +861,19 @@ impl CpuKernel {
             self.pool.install(|| (0..tiles).into_par_iter().with_max_len(1).for_each(run));
         }
         Ok(())
+    }
+}
+
+/// A finished tile's bounds for the tiles after it: [`publish_row_bounds`], then
+/// [`publish_list_bounds`].
+///
+/// # Safety
+/// As theirs.
+unsafe fn publish_bounds(args: &KernelArgs, tile: usize) {
+    // SAFETY: the caller's.
+    unsafe {
+        publish_row_bounds(args, tile);
+        publish_list_bounds(args, tile);
     }
 }
 

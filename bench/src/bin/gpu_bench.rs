@@ -296,14 +296,13 @@ fn main() {
         let wt: Vec<Tensor<'_>> = weights.iter().map(Tensor::device).collect();
         for &batch in &args.batches {
             let mut hidden = hidden_for(batch);
+            let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             if let Some(w) = &shape_w {
-                let temps: Vec<f32> = (0..3).map(|r| 0.6 + 0.1 * r as f32).collect();
                 println!("D {dim} B {batch}, LM-like rows 0–2: {}", flashsample_bench::logits::describe_rows(w, &hidden, dim, &temps, 3));
             }
             if let Some(live) = args.hidden_live_rows {
                 hidden[(live.min(batch) * dim)..].fill(bf16::ZERO);
             }
-            let temps: Vec<f32> = (0..batch).map(|r| 0.6 + 0.1 * (r % 8) as f32).collect();
             let params = SamplingParams { temperature: TemperatureArg::PerRow(&temps), seed: 1234, ..Default::default() };
             let config = sampler.config_for(batch, dim, vocab);
             let ht = Tensor::host(&hidden, batch, dim).expect("hidden");

@@ -91,9 +91,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut config_table = Vec::new();
         for &rows in &args.rows {
             let h = head.hidden(&mut rng, rows, args.bench.logits);
-                if args.bench.logits == LogitShape::LmLike {
-                    println!("{}-row LM-like logits at D {dim}: {}", rows, head.describe_rows(&h, &[1.0; 3], 3));
-                }
+            if args.bench.logits == LogitShape::LmLike {
+                println!("{rows}-row LM-like logits at D {dim}: {}", head.describe_rows(&h, &[1.0; 3], 3));
+            }
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
             let params = SamplingParams { targets: Some(&targets), ..Default::default() };
             let config = sampler.config_for(rows, dim, vocab);

@@ -277,7 +277,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let rows = batch * (k + 1);
                 let h = head.hidden(&mut rng, rows, args.bench.logits);
                 if args.bench.logits == LogitShape::LmLike {
-                    println!("{}-row LM-like logits at D {dim}: {}", rows, head.describe_rows(&h, &[1.0; 3], 3));
+                    println!("{rows}-row LM-like logits at D {dim}: {}", head.describe_rows(&h, &[1.0; 3], 3));
                 }
                 let (drafts, q) = match args.draft_noise {
                     Some(sigma) => close_drafts(&mut rng, &head, &h, batch, k, sigma)?,
