@@ -11,7 +11,8 @@
 //!
 //! An epilogue area is the cross-warp scratch ([`ScratchLayout`]) followed by the list
 //! epilogue's tile of transformed logits (`batch_tile` columns of `vocab_tile` f32) when the
-//! pipeline keeps lists or residual lists.
+//! pipeline keeps lists or residual lists, and with lists the rows' staged list bounds
+//! (`batch_tile` u32).
 
 use crate::config::{GpuConfig, GridKind, Schedule};
 
@@ -66,6 +67,9 @@ pub struct SmemLayout {
     pub list_tile: u32,
     /// Bytes of the list tile (0 without lists and residual lists).
     pub list_tile_bytes: u32,
+    /// Offset of the list epilogue's staged list bounds relative to an epilogue area: one u32
+    /// per batch column, after the list tile (none without lists).
+    pub list_bounds: u32,
     /// Where the mbarriers start (8-byte aligned).
     pub mbarriers: u32,
     /// Mbarriers: a full and an empty one per slot with the TMA ring, plus a mainloop-done
@@ -86,7 +90,8 @@ impl SmemLayout {
         // The residual lists of a verifying pipeline select from the same tile.
         let tiled = c.list_per_tile > 0 || c.residual_per_tile > 0;
         let list_tile_bytes = if tiled { c.vocab_tile * c.batch_tile * 4 } else { 0 };
-        let epilogue_bytes = scratch.bytes + list_tile_bytes;
+        let list_bounds_bytes = if c.list_per_tile > 0 { c.batch_tile * 4 } else { 0 };
+        let epilogue_bytes = scratch.bytes + list_tile_bytes + list_bounds_bytes;
         let areas = epilogue_bytes * c.consumer_sets();
         let (epilogue, data) = if c.overlaps_epilogue() { (ring, ring + areas) } else { (0, ring.max(areas)) };
         let mbarriers = data.next_multiple_of(8);
@@ -104,6 +109,7 @@ impl SmemLayout {
             scratch,
             list_tile: scratch.bytes,
             list_tile_bytes,
+            list_bounds: scratch.bytes + list_tile_bytes,
             mbarriers,
             mbarrier_count,
             total: mbarriers + 8 * mbarrier_count,

@@ -181,6 +181,20 @@ pub fn list_capacity(pipeline: &Pipeline) -> u32 {
     pipeline.list_capacity().max(pipeline.raw_list_capacity())
 }
 
+/// The groups `G` of stage one's list bounds (parameter `list_bounds`, `u32 [B, G]`) for
+/// `pipeline` on `config`, or `None` where its kernel reads no list bound: a pipeline without
+/// processed lists, a verifying one (its filtered draft rows' survivors come from the lists;
+/// kept out for simplicity), a config whose lists hold whole tiles (the exact rerun needs
+/// every token), or a ping-pong config: there a set's list epilogue runs under the other
+/// set's mainloop, and staging the bounds cost more than the rounds they saved (BENCHMARKS.md,
+/// twenty-third session: +2 % at D 4096 B 64). `G = max(list_per_tile, list_capacity)`, at
+/// least what stage three merges.
+pub fn list_bound_groups(pipeline: &Pipeline, config: &GpuConfig) -> Option<u32> {
+    let lists = pipeline.list_capacity() > 0 && pipeline.verify.is_none();
+    let overlapped = config.schedule.grid() == config::GridKind::PingPong;
+    (lists && !overlapped && config.list_per_tile < config.vocab_tile).then(|| config.list_per_tile.max(list_capacity(pipeline)))
+}
+
 /// Which kernels beside stage one and stage two a pipeline's module holds: the one rule that
 /// [`llvm_ir_with`] emits by, [`CompiledPtx`] names and the runtime loads by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -227,6 +227,13 @@ kernel_params! {
         /// `f32 [R, V]`: a captured row's transformed logits `x` (`-inf` where excluded) at its
         /// slot, which the nucleus kernels read instead of multiplying again; 0 for none.
         capture: MutPtr,
+        /// `u32 [B, G]`, zeroed before the launch, `G` = [`crate::list_bound_groups`]: per
+        /// row and group `g` the largest order key of a processed list's best entry among the
+        /// tiles `t ≡ g (mod G)` so far. The minimum over a row's groups is a key that `G`
+        /// distinct tokens of the row reach, so no token below it is among the `G ≥ need`
+        /// best that stage three merges, and the list selection drops such tokens (exact).
+        /// 0: no list bound (the kernel's config lists whole tiles, or the caller gives none).
+        list_bounds: MutPtr,
     }
 }
 
@@ -605,6 +612,7 @@ pub(crate) mod arg {
     LB_OFFSETS: Ptr<Global> = "%lb_offsets",
     LB_TOKENS: Ptr<Global> = "%lb_tokens",
     LB_VALUES: Ptr<Global> = "%lb_values",
+    LIST_BOUNDS: Ptr<Global> = "%list_bounds",
     LIST_RAWS: Ptr<Global> = "%list_raws",
     LISTS: Ptr<Global> = "%lists",
     LOGITS: Ptr<Global> = "%logits",

@@ -164,7 +164,7 @@ fn stage1_has_the_design_parameter_list() {
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u32", ".u32",
             ".u32", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".align", ".u64", ".u64",
             ".u64", ".u64", ".u64", ".u64", ".u64", ".u64", ".u32", ".u64", ".u64", ".u64", ".u64", ".u32",
-            ".u64", ".u64", ".u32", ".u64"
+            ".u64", ".u64", ".u32", ".u64", ".u64"
         ]
     );
     // The table the runtime pushes from is the one the header came from.

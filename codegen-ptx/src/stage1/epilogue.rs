@@ -18,6 +18,7 @@
 //! [`ScratchLayout`]: crate::ScratchLayout
 
 use super::{Gen, Item, Pass, Thread, SMEM};
+use super::lists::ListKind;
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
 use crate::ir::{f32c, i32c, Atomic, Fcmp, Func, Global, Icmp, Operand, Ptr, Value, Var, F32, I1, I32, I64, SCATTER_ITEMS, X4};
@@ -250,7 +251,7 @@ impl Gen<'_> {
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
         let processed_lists = self.c.list_per_tile > 0 && (self.p.logprob_mode.is_processed() || self.p.list_capacity() > 0);
         if processed_lists {
-            self.list_epilogue(f, th, it, &t.x, &arg::LISTS, crate::nucleus::captures_logits(self.p));
+            self.list_epilogue(f, th, it, &t.x, ListKind::Processed);
             if self.p.lists_carry_raw() {
                 self.list_raws_epilogue(f, th, it, carried);
             }
@@ -258,7 +259,7 @@ impl Gen<'_> {
         if self.c.list_per_tile > 0 && self.p.raw_list_capacity() > 0 {
             // Every warp is done reading the tile of the lists before.
             f.barrier();
-            self.list_epilogue(f, th, it, carried, &arg::RAW_LISTS, false);
+            self.list_epilogue(f, th, it, carried, ListKind::Raw);
         }
         if self.c.residual_per_tile > 0 {
             self.residual_epilogue(f, th, it, &t.x);

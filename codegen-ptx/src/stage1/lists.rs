@@ -3,7 +3,7 @@
 
 use super::{Gen, Item, Thread, SMEM};
 use crate::entries::{Scored, SCORED_BYTES, SCORED_INDEX};
-use crate::ir::{i32c, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I32, I64, X4};
+use crate::ir::{i32c, Atomic, Func, Global, Icmp, Int, Ptr, Shared, Var, F32, I1, I32, I64, X4};
 use crate::params::arg;
 use flashsample_abi::INDEX_NONE;
 
@@ -21,80 +21,269 @@ impl Gen<'_> {
     /// shuffle chains per round; a warp runs `rows` rows side by side so their rounds'
     /// latencies overlap (they were latency-bound one row at a time).
     ///
-    /// `dest` names the lists parameter written (`%lists`, or `%raw_lists`, keyed by raw
-    /// logit, in the raw mode: DESIGN.md step 10).
-    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32], dest: &Ptr<Global>, capture: bool) {
+    /// `kind` says which lists `x` fills ([`ListKind`]).
+    pub(super) fn list_epilogue(&self, f: &mut Func, th: &Thread, it: &Item, x: &[F32], kind: ListKind) {
         let c = self.c;
-        let vt = c.vocab_tile;
-        let base = self.store_list_tile(f, th, x);
-        let none = i32c(INDEX_NONE as i32);
-        let per_tile = c.list_per_tile;
-        let bt = c.batch_tile;
-        let per_lane = vt / 32;
-        // Rows a warp selects together: enough to overlap the rounds' latencies, few enough
-        // that `rows · per_lane` keys and logits stay in registers.
-        let rows = self.group_rows(4);
+        let (dest, capture, bound_groups) = match kind {
+            ListKind::Processed => (&arg::LISTS, crate::nucleus::captures_logits(self.p), crate::list_bound_groups(self.p, c)),
+            ListKind::Raw => (&arg::RAW_LISTS, false, None),
+        };
+        let base = self.write_list_tile(f, th, x);
+        if let Some(groups) = bound_groups {
+            self.stage_list_bounds(f, th, it, groups);
+        }
+        f.barrier();
         let lists_ok = f.non_null(dest);
-        let lane_first = f.mul(&th.lane, &i32c(per_lane));
-        let warp_first = f.mul(&th.warp, &i32c(rows));
-        let group_step = i32c(c.warps * rows);
-        f.for_loop(&warp_first, &i32c(bt), &group_step, |f, col0| {
-            // Per row of the group: its queue, where its tokens' x sit in the tile, the list
-            // slot, the store guard.
-            let mut queues: Vec<LaneQueue> = Vec::new();
-            let mut lane_offs: Vec<I32> = Vec::new();
-            let mut slot0s = Vec::new();
-            let mut oks = Vec::new();
-            for r in 0..rows {
-                // A column past the tile stores nothing.
-                let TileColumn { col, inside: col_in, lane_off: off, vals, .. } = self.tile_column(f, &base, col0, r, &lane_first);
-                let row = f.add(&it.b0, &col);
-                let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
-                let ok = f.and(&row_ok, &col_in);
-                let ok = f.and(&ok, &lists_ok);
-                oks.push(ok);
-                let keys: Vec<I32> = vals.iter().map(|v| f.order_key(v)).collect();
-                if capture {
-                    let live = f.and(&row_ok, &col_in);
-                    self.capture_column(f, it, &th.lane, &row, &live, &lane_first, &vals);
-                }
-                queues.push(LaneQueue::sorted(f, &keys));
-                lane_offs.push(off);
-                let slot0 = f.mul(&row, &it.vtiles);
-                let slot0 = f.add(&slot0, &it.vtile);
-                slot0s.push(f.mul(&slot0, &i32c(per_tile)));
-            }
-            f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
-                // All rows' reductions first (straight-line, so they interleave), then the
-                // stores (each a branch).
-                let mut writes = Vec::new();
-                for (r, queue) in queues.iter().enumerate() {
-                    let Popped { real, me, pos } = queue.pop(f, &th.lane);
-                    let idx = f.add(&lane_first, &pos);
-                    let idx = f.add(&it.v0, &idx);
-                    let index = f.sel(&real, &idx, &none);
-                    let w = f.and(&me, &oks[r]);
-                    // An empty round's position is not a token: read position 0 instead.
-                    let at = f.sel(&real, &pos, &i32c(0));
-                    writes.push((w, real, at, index));
-                }
-                for (r, (w, real, at, index)) in writes.into_iter().enumerate() {
-                    f.if_then(&w, |f| {
-                        // The token's x as stored in the tile, bit for bit (its key cannot
-                        // tell -0 from +0).
-                        let o = f.shl(&at, &i32c(2));
-                        let o = f.add(&lane_offs[r], &o);
-                        let sa = f.saddr(&SMEM, &o);
-                        let x: F32 = f.load(&sa, 4);
-                        let logit = f.sel(&real, &x, &F32::NEG_INF);
-                        let slot = f.add(&slot0s[r], k);
-                        let s64 = f.zext(&slot);
-                        let a = f.gaddr(dest, &s64, SCORED_BYTES);
-                        Scored { logit, index }.store(f, &a);
-                    });
-                }
-            });
+        let lane_first = f.mul(&th.lane, &i32c(c.vocab_tile / 32));
+        let bounds = bound_groups.map(|_| f.add(&th.scratch, &i32c(c.smem_layout().list_bounds)));
+        let sel = ListSelection { it, th, base: &base, dest, lists_ok: &lists_ok, lane_first: &lane_first, bounds: bounds.as_ref(), bound_groups };
+        // Warp `w` holds columns `w + k · warps`, 32 at a time, and selects each live one's
+        // list (a row with nothing at or above its bound ends after one round).
+        let per_warp = c.batch_tile.div_ceil(c.warps);
+        // The warp's columns inside the tile and the batch: `w + k · warps < lim` (none in a
+        // cooperative pair's padding tile, whose rows start past the batch).
+        let in_batch = f.sub(&arg::BATCH, &it.b0);
+        let has_rows = f.icmp(Icmp::Ult, &it.b0, &arg::BATCH);
+        let in_batch = f.sel(&has_rows, &in_batch, &i32c(0));
+        let lim = f.umin(&in_batch, &i32c(c.batch_tile));
+        let past = f.add(&lim, &i32c(c.warps - 1));
+        let past = f.sub(&past, &th.warp);
+        let live = f.udiv(&past, &i32c(c.warps));
+        for chunk in 0..per_warp.div_ceil(32) {
+            let first = chunk * 32;
+            // Rows `first ..` of the live ones, as a mask: `min(live − first, 32)` low bits.
+            let n = f.sub(&live, &i32c(first));
+            let some = f.icmp(Icmp::Sgt, &n, &i32c(0));
+            let full = f.icmp(Icmp::Sge, &n, &i32c(32));
+            let low = f.shl(&i32c(1), &n);
+            let low = f.sub(&low, &i32c(1));
+            let mask = f.sel(&full, &i32c(u32::MAX), &low);
+            let mask = f.sel(&some, &mask, &i32c(0));
+            self.select_marked_rows(f, &sel, first, &mask, capture);
+        }
+    }
+
+    /// Column `first + k` of this warp's columns (`warp + (first + k) · warps`).
+    fn warp_column(&self, f: &mut Func, th: &Thread, k: &I32) -> I32 {
+        let k = f.mul(k, &i32c(self.c.warps));
+        f.add(&th.warp, &k)
+    }
+
+    /// Lane `l` stores `Scored::EMPTY` at list slots `slot0 + k` for `k = from + l, from + l +
+    /// 32, ..` below `list_per_tile`.
+    fn store_empty_entries(&self, f: &mut Func, th: &Thread, dest: &Ptr<Global>, slot0: &I32, from: &I32) {
+        let none = i32c(INDEX_NONE as i32);
+        let k0 = f.add(from, &th.lane);
+        f.for_loop(&k0, &i32c(self.c.list_per_tile), &i32c(32), |f, k| {
+            let slot = f.add(slot0, k);
+            let s64 = f.zext(&slot);
+            let a = f.gaddr(dest, &s64, SCORED_BYTES);
+            Scored { logit: F32::NEG_INF, index: none.clone() }.store(f, &a);
         });
+    }
+
+    /// The lists of the rows of `marked` (bit `k`: this warp's column `first + k`), `rows` at
+    /// a time, and their nucleus capture (`capture`). Each row's lane `l` holds the keys of
+    /// its tokens `l·E ..` ([`Func::order_key`], 0 for a token that is not eligible or is
+    /// below the row's list bound) sorted into a [`LaneQueue`]; a round is one `redux.sync.max` over the lanes'
+    /// heads, whose lowest holder pops it, reads the token's `x` back from the tile and writes
+    /// list entry `k`. Rounds stop once every row of the group has found its queue empty (the
+    /// first empty round writes its entry empty, the entries after it are written empty after
+    /// the rounds) or the lists are full. Each row then publishes its list's best key to its
+    /// list bound group (`vtile mod G`).
+    fn select_marked_rows(&self, f: &mut Func, sel: &ListSelection<'_>, first: u32, marked: &I32, capture: bool) {
+        let (c, th, it) = (self.c, sel.th, sel.it);
+        let none = i32c(INDEX_NONE as i32);
+        let rows = self.group_rows(4);
+        let left = f.var(marked);
+        f.while_loop(
+            |f| {
+                let m = f.get(&left);
+                f.icmp(Icmp::Ne, &m, &i32c(0))
+            },
+            |f| {
+                // Per row of the group: its queue, where its tokens' x sit in the tile, the
+                // list slot, whether it is a row (the mask may run out first), the row.
+                let mut queues: Vec<LaneQueue> = Vec::new();
+                let mut lane_offs = Vec::new();
+                let mut slot0s = Vec::new();
+                let mut oks = Vec::new();
+                let mut group_rows = Vec::new();
+                for _ in 0..rows {
+                    let m = f.get(&left);
+                    let ok = f.icmp(Icmp::Ne, &m, &i32c(0));
+                    let bit: I32 = f.call("@llvm.cttz.i32", &[&m, &I1::FALSE]);
+                    let m1 = f.sub(&m, &i32c(1));
+                    let rest = f.and(&m, &m1);
+                    f.set(&left, &rest);
+                    // An exhausted mask reads column `first` again, as a row with no keys.
+                    let bit = f.sel(&ok, &bit, &i32c(0));
+                    let k = f.add(&bit, &i32c(first));
+                    let col = self.warp_column(f, th, &k);
+                    let TileColumn { inside, lane_off, vals, .. } = self.tile_column_at(f, sel.base, &col, sel.lane_first);
+                    let row = f.add(&it.b0, &col);
+                    if capture {
+                        self.capture_column(f, it, &th.lane, &row, &ok, sel.lane_first, &vals);
+                    }
+                    // Without the lists parameter a row is captured and lists nothing.
+                    let ok = f.and(&ok, sel.lists_ok);
+                    let floor = sel.floor(f, &col, &inside);
+                    // Tokens below the row's list bound cannot be among the tokens stage
+                    // three merges: they leave the queue (key 0, as an ineligible token's).
+                    let keys: Vec<I32> = vals
+                        .iter()
+                        .map(|v| {
+                            let key = f.order_key(v);
+                            let keep = f.icmp(Icmp::Uge, &key, &floor);
+                            let keep = f.and(&keep, &ok);
+                            f.sel(&keep, &key, &i32c(0))
+                        })
+                        .collect();
+                    queues.push(LaneQueue::sorted(f, &keys));
+                    lane_offs.push(lane_off);
+                    slot0s.push(sel.slot0(f, c, &row));
+                    oks.push(ok);
+                    group_rows.push(row);
+                }
+                let k = f.var(&i32c(0));
+                let going = f.var(&I1::TRUE);
+                let firsts: Vec<Var<I32>> = (0..rows).map(|_| f.var(&i32c(0))).collect();
+                f.while_loop(
+                    |f| {
+                        let kv = f.get(&k);
+                        let more = f.icmp(Icmp::Ult, &kv, &i32c(c.list_per_tile));
+                        let g = f.get(&going);
+                        f.and(&more, &g)
+                    },
+                    |f| {
+                        let kv = f.get(&k);
+                        let first_round = f.icmp(Icmp::Eq, &kv, &i32c(0));
+                        // All rows' reductions first (straight-line, so they interleave), then
+                        // the stores (each a branch).
+                        let mut writes = Vec::new();
+                        let mut any = I1::FALSE;
+                        for (r, queue) in queues.iter().enumerate() {
+                            let Popped { real, me, pos, key } = queue.pop(f, &th.lane);
+                            let idx = f.add(sel.lane_first, &pos);
+                            let idx = f.add(&it.v0, &idx);
+                            let index = f.sel(&real, &idx, &none);
+                            let w = f.and(&me, &oks[r]);
+                            // An empty round's position is not a token: read position 0 instead.
+                            let at = f.sel(&real, &pos, &i32c(0));
+                            any = f.or(&any, &real);
+                            let best = f.get(&firsts[r]);
+                            let best = f.sel(&first_round, &key, &best);
+                            f.set(&firsts[r], &best);
+                            writes.push((w, real, at, index));
+                        }
+                        for (r, (w, real, at, index)) in writes.into_iter().enumerate() {
+                            f.if_then(&w, |f| {
+                                // The token's x as stored in the tile, bit for bit (its key
+                                // cannot tell -0 from +0).
+                                let o = f.shl(&at, &i32c(2));
+                                let o = f.add(&lane_offs[r], &o);
+                                let sa = f.saddr(&SMEM, &o);
+                                let x: F32 = f.load(&sa, 4);
+                                let logit = f.sel(&real, &x, &F32::NEG_INF);
+                                let slot = f.add(&slot0s[r], &kv);
+                                let s64 = f.zext(&slot);
+                                let a = f.gaddr(sel.dest, &s64, SCORED_BYTES);
+                                Scored { logit, index }.store(f, &a);
+                            });
+                        }
+                        f.set(&going, &any);
+                        let next = f.add(&kv, &i32c(1));
+                        f.set(&k, &next);
+                    },
+                );
+                let done = f.get(&k);
+                for r in 0..rows as usize {
+                    f.if_then(&oks[r], |f| self.store_empty_entries(f, th, sel.dest, &slot0s[r], &done));
+                    if let Some(g) = sel.bound_groups {
+                        let best = f.get(&firsts[r]);
+                        let real = f.icmp(Icmp::Ne, &best, &i32c(0));
+                        let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
+                        let publish = f.and(&real, &lane0);
+                        let publish = f.and(&publish, &oks[r]);
+                        let has = f.non_null(&arg::LIST_BOUNDS);
+                        let publish = f.and(&publish, &has);
+                        f.if_then(&publish, |f| {
+                            let group = f.urem(&it.vtile, &i32c(g));
+                            let at = f.mul(&group_rows[r], &i32c(g));
+                            let at = f.add(&at, &group);
+                            let at64 = f.zext(&at);
+                            let a = f.gaddr(&arg::LIST_BOUNDS, &at64, 4);
+                            f.atomic_update(Atomic::Umax, &a, &best, Some(4));
+                        });
+                    }
+                }
+            },
+        );
+    }
+
+    /// The list bound of each of the item's rows (DESIGN.md step 6b: the minimum over the
+    /// row's `groups` words of `list_bounds`, 0 while any group is empty or without the
+    /// parameter) into the epilogue area's `list_bounds` words. `parts` neighbouring lanes
+    /// share a row (the most, up to 32 and half the groups, that leave every row a thread):
+    /// each loads every `parts`-th group's word, all before any is combined, and a butterfly
+    /// takes the minimum. Called between the list tile's stores and their barrier, which also
+    /// orders these.
+    fn stage_list_bounds(&self, f: &mut Func, th: &Thread, it: &Item, groups: u32) {
+        let c = self.c;
+        let threads = c.warps * 32;
+        let mut parts = 1;
+        while parts < 32 && 2 * parts <= groups && 2 * parts * c.batch_tile <= threads {
+            parts *= 2;
+        }
+        let rows_per_pass = threads / parts;
+        let has = f.non_null(&arg::LIST_BOUNDS);
+        let at = f.add(&th.scratch, &i32c(c.smem_layout().list_bounds));
+        let part = f.and(&th.tid, &i32c(parts - 1));
+        let lead = f.icmp(Icmp::Eq, &part, &i32c(0));
+        let first_col = f.lshr(&th.tid, &i32c(parts.trailing_zeros()));
+        for pass in 0..c.batch_tile.div_ceil(rows_per_pass) {
+            let col = f.add(&first_col, &i32c(pass * rows_per_pass));
+            let inside = f.icmp(Icmp::Ult, &col, &i32c(c.batch_tile));
+            let row = f.add(&it.b0, &col);
+            let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
+            let read = f.and(&has, &row_ok);
+            let read = f.and(&read, &inside);
+            let least = f.var(&i32c(u32::MAX));
+            f.if_then(&read, |f| {
+                let row_first = f.mul(&row, &i32c(groups));
+                let first = f.add(&row_first, &part);
+                // Every word is loaded before any is combined: one latency a row.
+                let words: Vec<I32> = (0..groups.div_ceil(parts))
+                    .map(|j| {
+                        let g = f.add(&part, &i32c(j * parts));
+                        let real = f.icmp(Icmp::Ult, &g, &i32c(groups));
+                        // A lane past the last group reads its row's first word again.
+                        let e = f.add(&first, &i32c(j * parts));
+                        let e = f.sel(&real, &e, &row_first);
+                        let e64: I64 = f.zext(&e);
+                        let a = f.gaddr(&arg::LIST_BOUNDS, &e64, 4);
+                        crate::ptx::ld_relaxed_gpu(f, &a)
+                    })
+                    .collect();
+                let m = words.iter().fold(i32c(u32::MAX), |m, w| f.umin(&m, w));
+                f.set(&least, &m);
+            });
+            let mut m = f.get(&least);
+            let mut x = 1;
+            while x < parts {
+                let other = f.shfl_xor(&m, x);
+                m = f.umin(&m, &other);
+                x *= 2;
+            }
+            let bound = f.sel(&read, &m, &i32c(0));
+            let store = f.and(&lead, &inside);
+            f.if_then(&store, |f| {
+                let o = f.shl(&col, &i32c(2));
+                let o = f.add(&at, &o);
+                let sa = f.saddr(&SMEM, &o);
+                f.store(&bound, &sa, 4);
+            });
+        }
     }
 
     /// The nucleus capture (DESIGN.md "Exact nucleus on the device", step 0): where `row` has a
@@ -169,15 +358,20 @@ impl Gen<'_> {
     /// for the warps that select lists from it; returns the tile's offset in `@fs_smem`. Ends
     /// with a barrier.
     pub(super) fn store_list_tile(&self, f: &mut Func, th: &Thread, x: &[F32]) -> I32 {
-        let base = self.list_tile_quads(f, th, |f, (q, n, j), a| {
+        let base = self.write_list_tile(f, th, x);
+        f.barrier();
+        base
+    }
+
+    /// [`Gen::store_list_tile`] without its barrier.
+    fn write_list_tile(&self, f: &mut Func, th: &Thread, x: &[F32]) -> I32 {
+        self.list_tile_quads(f, th, |f, (q, n, j), a| {
             let mut vec = X4::UNDEF;
             for o in 0..4 {
                 vec = f.insert_lane(&vec, &x[self.acc_index(q, o, n, j)], o);
             }
             f.store(&vec, a, 16);
-        });
-        f.barrier();
-        base
+        })
     }
 
     /// The shared address of the thread's quad `(q, n, j)` in the list tile
@@ -236,13 +430,63 @@ impl Gen<'_> {
     }
 }
 
-/// Column `col0 + r` of a warp's row group in the list tile, as one lane reads it.
+/// Which lists a [`Gen::list_epilogue`] fills.
+#[derive(Clone, Copy)]
+pub(super) enum ListKind {
+    /// `%lists`, by transformed logit: the nucleus capture rides along where the pipeline
+    /// captures logits, and the list bounds where the config reads them
+    /// ([`crate::list_bound_groups`]).
+    Processed,
+    /// `%raw_lists`, keyed by raw logit in the raw mode (DESIGN.md step 10): no capture, no
+    /// bounds.
+    Raw,
+}
+
+/// What [`Gen::list_epilogue`]'s selection reads: the item, the thread, the list tile at
+/// `base`, the lists written, the lane's first token, and the staged list bounds (`bounds`,
+/// the shared offset of their words; none without list bounds).
+struct ListSelection<'a> {
+    it: &'a Item,
+    th: &'a Thread,
+    base: &'a I32,
+    dest: &'a Ptr<Global>,
+    lists_ok: &'a I1,
+    lane_first: &'a I32,
+    bounds: Option<&'a I32>,
+    bound_groups: Option<u32>,
+}
+
+impl ListSelection<'_> {
+    /// The least key a token of column `col` is listed with: its row's staged list bound,
+    /// at least 1 (key 0 is a token that is not eligible).
+    fn floor(&self, f: &mut Func, col: &I32, inside: &I1) -> I32 {
+        match self.bounds {
+            Some(at) => {
+                let c = f.sel(inside, col, &i32c(0));
+                let o = f.shl(&c, &i32c(2));
+                let o = f.add(at, &o);
+                let sa = f.saddr(&SMEM, &o);
+                let b: I32 = f.load(&sa, 4);
+                f.umax(&b, &i32c(1))
+            }
+            None => i32c(1),
+        }
+    }
+
+    /// The first list slot of `row` for this item's vocab tile.
+    fn slot0(&self, f: &mut Func, c: &crate::config::GpuConfig, row: &I32) -> I32 {
+        let s = f.mul(row, &self.it.vtiles);
+        let s = f.add(&s, &self.it.vtile);
+        f.mul(&s, &i32c(c.list_per_tile))
+    }
+}
+
+/// A column of the list tile, as one lane reads it.
 pub(super) struct TileColumn {
-    /// The column (possibly past the batch tile) and whether it lies in the tile.
-    pub col: I32,
+    /// Whether the column asked for lies in the tile.
     pub inside: I1,
-    /// The column read: `col`, or the tile's last column past the tile (the reads stay inside
-    /// the list tile).
+    /// The column read: the one asked for, or the tile's last column past the tile (the reads
+    /// stay inside the list tile).
     pub col_rd: I32,
     /// The shared-memory offset of the lane's first token `l·E` of the column read, and its
     /// `E = vocab_tile / 32` consecutive values from there.
@@ -260,13 +504,19 @@ impl Gen<'_> {
     }
 
     /// [`TileColumn`] `col0 + r` of the list tile at `base` (shared-memory offset), this lane
-    /// reading from token `lane_first`: 16-byte loads where `E` is a multiple of 4.
+    /// reading from token `lane_first`.
     pub(super) fn tile_column(&self, f: &mut Func, base: &I32, col0: &I32, r: u32, lane_first: &I32) -> TileColumn {
+        let col = f.add(col0, &i32c(r));
+        self.tile_column_at(f, base, &col, lane_first)
+    }
+
+    /// [`TileColumn`] `col` of the list tile at `base`: 16-byte loads where `E` is a multiple
+    /// of 4.
+    pub(super) fn tile_column_at(&self, f: &mut Func, base: &I32, col: &I32, lane_first: &I32) -> TileColumn {
         let (vt, bt) = (self.c.vocab_tile, self.c.batch_tile);
         let per_lane = vt / 32;
-        let col = f.add(col0, &i32c(r));
-        let inside = f.icmp(Icmp::Ult, &col, &i32c(bt));
-        let col_rd = f.sel(&inside, &col, &i32c(bt - 1));
+        let inside = f.icmp(Icmp::Ult, col, &i32c(bt));
+        let col_rd = f.sel(&inside, col, &i32c(bt - 1));
         let e = f.mul(&col_rd, &i32c(vt));
         let e = f.add(&e, lane_first);
         let off = f.shl(&e, &i32c(2));
@@ -288,7 +538,7 @@ impl Gen<'_> {
                 vals.push(f.load(&a, 4));
             }
         }
-        TileColumn { col, inside, col_rd, lane_off, vals }
+        TileColumn { inside, col_rd, lane_off, vals }
     }
 }
 
@@ -310,6 +560,8 @@ pub(super) struct Popped {
     pub me: I1,
     /// The popped key's position among this lane's keys (meaningful where `me && real`).
     pub pos: I32,
+    /// The popped key (the warp's largest head; 0 when none is left).
+    pub key: I32,
 }
 
 impl LaneQueue {
@@ -359,7 +611,7 @@ impl LaneQueue {
         }
         // m == 0: every lane's head is empty, the ballot is full and lane 0 pops.
         let real = f.icmp(Icmp::Ne, &m, &i32c(0));
-        Popped { real, me, pos }
+        Popped { real, me, pos, key: m }
     }
 }
 

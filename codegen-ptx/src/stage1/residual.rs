@@ -119,7 +119,7 @@ impl Gen<'_> {
                 f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
                     // Every row's round first (straight-line, so they interleave), then the stores.
                     let popped: Vec<Popped> = group.iter().map(|(queue, ..)| queue.pop(f, &th.lane)).collect();
-                    for (Popped { real, me, pos }, (_, scores, xs, slot0, ok)) in popped.into_iter().zip(&group) {
+                    for (Popped { real, me, pos, .. }, (_, scores, xs, slot0, ok)) in popped.into_iter().zip(&group) {
                         let idx = f.add(&first, &pos);
                         let index = f.sel(&real, &idx, &none);
                         let write = f.and(&me, ok);

@@ -76,6 +76,9 @@ struct Scratch {
     /// Stage one's `u32 [B, S]` row bounds (the cross-tile noise skip), zeroed before each
     /// stage one; pipelines that draw noise.
     row_bounds: Option<CudaSlice<u8>>,
+    /// Stage one's list bounds, `u32 [chunk, G]` (`flashsample_codegen_ptx::list_bound_groups`,
+    /// the largest `G` of the plan's kernels), zeroed before each stage one that reads them.
+    list_bounds: Option<CudaSlice<u8>>,
     /// Stage one's `Candidate [B, tiles, residual_per_tile]` residual lists (verifying pipelines).
     residual_lists: Option<CudaSlice<u8>>,
     /// The raw logprob mode's buffers (`Pipeline::needs_raw_logsumexp`).
@@ -344,6 +347,10 @@ impl SamplingPlan {
             row_lse: if lse { Some(alloc(max_batch * 4)?) } else { None },
             temperatures,
             row_bounds: if pipeline.is_greedy() { None } else { Some(alloc(chunk * samples * 4)?) },
+            list_bounds: match kernels.iter().filter_map(|k| flashsample_codegen_ptx::list_bound_groups(&pipeline, &k.config)).max() {
+                Some(groups) => Some(alloc(chunk * groups as usize * 4)?),
+                None => None,
+            },
             raw: if raw {
                 Some(RawScratch {
                     partials: alloc(chunk * tiles * std::mem::size_of::<LsePartial>())?,
@@ -409,7 +416,7 @@ impl SamplingPlan {
     /// bounds of one chunk; the per-row defaults of outputs the caller does not ask for).
     pub fn scratch_bytes(&self) -> usize {
         let sc = &self.scratch;
-        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.row_bounds, &sc.residual_lists];
+        let optional = [&sc.lse_partials, &sc.lists, &sc.row_lse, &sc.row_bounds, &sc.list_bounds, &sc.residual_lists];
         let spec = sc.spec.as_ref().map_or(0, |s| s.targets.len() + s.draft_logits.len() + s.row_tokens.len() + s.kept.as_ref().map_or(0, |k| k.len()));
         let raw = sc.raw.as_ref().map_or(0, |r| {
             r.partials.len() + r.row_lse.len() + [&r.lists, &r.list_raws].iter().filter_map(|b| b.as_ref()).map(|b| b.len()).sum::<usize>()
@@ -691,6 +698,19 @@ impl SamplingPlan {
             }
             _ => 0,
         };
+        let list_bounds = match (&sc.list_bounds, flashsample_codegen_ptx::list_bound_groups(&self.pipeline, &k.config)) {
+            (Some(buf), Some(groups)) => {
+                let dst = self.addr(buf, stream);
+                let bytes = a.shape.batch * groups as usize * 4;
+                // SAFETY: `dst` is the plan's list-bound buffer, sized for max_batch · G words
+                // of the largest G, and the memset is ordered on `stream` before the stage one
+                // that reads it.
+                unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
+                    .map_err(drv("cuMemsetD8Async(list bounds)"))?;
+                dst
+            }
+            _ => 0,
+        };
 
         // Stage one (DESIGN.md's parameter table).
         let cfg = LaunchConfig { grid_dim: g.stage1_grid, block_dim: (g.stage1_block, 1, 1), shared_mem_bytes: g.stage1_smem };
@@ -734,6 +754,7 @@ impl SamplingPlan {
             capture_rows: capture.map_or(0, |c| c.rows),
             capture: capture.map_or(0, |c| c.logits),
             target_ranks: 0,
+            list_bounds,
         };
         let launch_stage1 = |kernel: &CudaFunction, args: &Stage1Args| -> Result<()> {
             let args = args.args();

@@ -7,7 +7,7 @@
 //! shares; with the cross-tile row bounds on, every row's winner is unchanged.
 
 use super::ir_sim::{Memory, Module};
-use flashsample_abi::filter::{whole_row, Scored};
+use flashsample_abi::filter::{merge_row, whole_row, Scored};
 use flashsample_abi::lse::LsePartial;
 use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
@@ -102,6 +102,32 @@ impl Launch<'_> {
             }
         }
         assert!(listed > 0, "no residual entry was written");
+    }
+
+    /// DESIGN.md step 6b's list bounds: the same launch with zeroed `list_bounds` (the CTAs
+    /// run one after another, so later tiles read the earlier ones' bounds) writes the same
+    /// candidates, every row's merged top (what stage three reads) is the unbounded launch's,
+    /// and the bound did cut: fewer entries are listed.
+    fn check_list_bounds(&self) {
+        let groups = flashsample_codegen_ptx::list_bound_groups(self.p, &self.c).expect("a config whose lists are shorter than a tile");
+        let need = flashsample_codegen_ptx::list_capacity(self.p) as usize;
+        let run = |extra: &[(&str, Vec<u8>)]| {
+            let (_, mem, bufs, _) = self.launch(NoiseSkip::Never, extra, 0);
+            let read = |name: &str| mem.bufs[(bufs[name] >> 40) as usize - 1].clone();
+            (bytemuck::pod_collect_to_vec::<u8, Candidate>(&read("candidates")), bytemuck::pod_collect_to_vec::<u8, Scored>(&read("lists")))
+        };
+        let (want_cands, want) = run(&[]);
+        let (got_cands, got) = run(&[("list_bounds", vec![0; self.batch * groups as usize * 4])]);
+        let bits = |c: &[Candidate]| c.iter().map(|c| (c.score.to_bits(), c.index, c.logit.to_bits())).collect::<Vec<_>>();
+        assert_eq!(bits(&got_cands), bits(&want_cands), "the list bounds changed a candidate");
+        let (per_tile, tiles) = (self.c.list_per_tile as usize, self.c.tiles(self.vocab));
+        let row_len = tiles * per_tile;
+        for r in 0..self.batch {
+            let merged = |lists: &[Scored]| merge_row(&lists[r * row_len..][..row_len], per_tile, need, r);
+            assert_eq!(merged(&got), merged(&want), "row {r}: the merged top lists differ");
+        }
+        let listed = |lists: &[Scored]| lists.iter().filter(|s| !s.is_empty()).count();
+        assert!(listed(&got) < listed(&want), "the list bounds cut nothing ({} entries)", listed(&want));
     }
 
     /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
@@ -564,4 +590,57 @@ fn simt_stage_one_of_a_verifying_pipeline_writes_the_host_models_candidates_part
     let (hidden, weights) = inputs(batch, dim, vocab);
     let launch = Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 4 };
     launch.check_residual_lists(3);
+}
+
+/// The list bounds (stage-one parameter `list_bounds`) over many tiles: rows on a top-k, on a
+/// lone top-p (whose nucleus stage three reads from the same merged top), greedy and
+/// unfiltered rows, on the SIMT tile and on 256-token tiles (8 keys a lane).
+#[test]
+fn simt_list_bounds_keep_every_rows_merged_top_and_cut_the_rest() {
+    let (batch, dim, vocab) = (6usize, 8usize, 4000usize);
+    let p = PipelineBuilder::new("LB", DType::F32, DType::F32).temperature_per_row("t").filter("filter", 8).gumbel("seed", 1).build().unwrap();
+    let (hidden, weights) = inputs(batch, dim, vocab);
+    let temperatures: Vec<f32> = (0..batch).map(|r| if r == 3 { 0.0 } else { 0.6 + 0.1 * r as f32 }).collect();
+    let filters: Vec<RowFilter> = (0..batch)
+        .map(|r| match r % 3 {
+            0 => RowFilter::top_k(8),
+            1 => RowFilter::top_p(0.9),
+            _ => RowFilter::OFF,
+        })
+        .collect();
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 7, ..Default::default() };
+    let mut wide = GpuConfig::new(256, 16, 4, Schedule::Simt { grid: Grid::PerItem });
+    wide.fit_lists(&p);
+    for c in [simt(&p), wide] {
+        Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check_list_bounds();
+    }
+}
+
+/// The list bound at its edge: tiles 0–7 each hold one high token (10, 9, .., 3; the rest of
+/// the vocabulary is far below), so once they are published the row's bound is 3, the least
+/// of the 8 groups' maxima, and tile 8 holds a token at 3.5 that the merged top 8 needs. A
+/// bound above the least group maximum (any group left out of the minimum) drops it.
+#[test]
+fn simt_list_bounds_keep_a_late_token_just_above_the_bound() {
+    let (batch, dim) = (3usize, 8usize);
+    let p = PipelineBuilder::new("LBE", DType::F32, DType::F32).temperature_per_row("t").filter("filter", 8).gumbel("seed", 1).build().unwrap();
+    let temperatures = vec![1.0f32; batch];
+    let filters = vec![RowFilter::top_k(8); batch];
+    let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 3, ..Default::default() };
+    let hidden: Vec<f32> = (0..batch * dim).map(|i| if i % dim == 0 { 1.0 } else { 0.0 }).collect();
+    for tile in [128usize, 256] {
+        let vocab = tile * 12;
+        let mut weights = vec![0.0f32; vocab * dim];
+        for v in 0..vocab {
+            let (t, o) = (v / tile, v % tile);
+            weights[v * dim] = match (t, o) {
+                (0..=7, 5) => 10.0 - t as f32,
+                (8, 9) => 3.5,
+                _ => -20.0 - (v % 7) as f32,
+            };
+        }
+        let mut c = GpuConfig::new(tile as u32, 8, 4, Schedule::Simt { grid: Grid::PerItem });
+        c.fit_lists(&p);
+        Launch { p: &p, c, hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check_list_bounds();
+    }
 }

@@ -630,6 +630,38 @@ fn large_nuclei_are_served_exactly() {
     case.check(&p, &got, &(0..64).collect::<Vec<_>>()).unwrap();
 }
 
+/// DESIGN.md step 6b's list bounds on the throughput tile: at B = 256 and V = 151936 most
+/// tiles run after the row's bounds are up (nine waves of the one-CTA-per-item grid), so most
+/// lists are cut short; every row (top-k 50, top-k 50 with top-p 0.9, min-p) and its top
+/// logprobs must still be the reference's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn list_bounds_keep_every_filtered_row_of_a_throughput_batch_exact() {
+    let (device, _dev) = gpu();
+    let p = PipelineBuilder::new("Bounded", DType::BF16, DType::BF16)
+        .temperature_per_row("temperature")
+        .filter("filter", 50)
+        .gumbel("seed", 2)
+        .outputs(Outputs { top_logprobs: 5, ..ALL_OUTPUTS })
+        .build()
+        .unwrap();
+    let sampler = Sampler::new(p.clone(), &device).unwrap();
+    let (batch, dim, vocab) = (256usize, 64usize, 151_936usize);
+    let KernelConfig::Cuda(config) = sampler.config_for(batch, dim, vocab) else { panic!("a CUDA config") };
+    assert!(flashsample_codegen_ptx::list_bound_groups(&p, &config).is_some(), "the heuristic's tile reads list bounds: {config:?}");
+    let mut case = Case::random(&p, batch, dim, vocab, 28, FILTER_LOGIT_STD);
+    for (r, f) in case.filters.iter_mut().enumerate() {
+        *f = match r % 3 {
+            0 => RowFilter::top_k(50),
+            1 => RowFilter { top_k: 50, top_p: 0.9, min_p: 0.0 },
+            _ => RowFilter { min_p: 0.05, ..RowFilter::OFF },
+        };
+    }
+    let got = case.run_rows(&sampler).unwrap();
+    assert!(got.is_complete(), "{:?}", got.row_errors);
+    case.check(&p, &got, &(0..batch).collect::<Vec<_>>()).unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn filtered_gpu_tokens_match_cpu_tokens() {
