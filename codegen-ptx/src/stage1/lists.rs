@@ -35,10 +35,10 @@ impl Gen<'_> {
         f.barrier();
         let lists_ok = f.non_null(dest);
         let lane_first = f.mul(&th.lane, &i32c(c.vocab_tile / 32));
-        let bounds = bound_groups.map(|_| f.add(&th.scratch, &i32c(c.smem_layout().list_bounds)));
-        let sel = ListSelection { it, th, base: &base, dest, lists_ok: &lists_ok, lane_first: &lane_first, bounds: bounds.as_ref(), bound_groups };
-        // Warp `w` holds columns `w + k · warps`, 32 at a time, and selects each live one's
-        // list (a row with nothing at or above its bound ends after one round).
+        let bounds = bound_groups.map(|groups| StagedBounds { at: f.add(&th.scratch, &i32c(c.smem_layout().list_bounds)), groups });
+        let sel = ListSelection { it, th, base: &base, dest, lists_ok: &lists_ok, lane_first: &lane_first, bounds };
+        // Warp `w` holds columns `w + k · warps`, 32 at a time (a mask's bits), and selects
+        // each live one's list (a row with nothing at or above its bound ends after one round).
         let per_warp = c.batch_tile.div_ceil(c.warps);
         // The warp's columns inside the tile and the batch: `w + k · warps < lim` (none in a
         // cooperative pair's padding tile, whose rows start past the batch).
@@ -63,7 +63,7 @@ impl Gen<'_> {
         }
     }
 
-    /// Column `first + k` of this warp's columns (`warp + (first + k) · warps`).
+    /// This warp's column `k` (`warp + k · warps`).
     fn warp_column(&self, f: &mut Func, th: &Thread, k: &I32) -> I32 {
         let k = f.mul(k, &i32c(self.c.warps));
         f.add(&th.warp, &k)
@@ -199,7 +199,7 @@ impl Gen<'_> {
                 let done = f.get(&k);
                 for r in 0..rows as usize {
                     f.if_then(&oks[r], |f| self.store_empty_entries(f, th, sel.dest, &slot0s[r], &done));
-                    if let Some(g) = sel.bound_groups {
+                    if let Some(g) = sel.bounds.as_ref().map(|b| b.groups) {
                         let best = f.get(&firsts[r]);
                         let real = f.icmp(Icmp::Ne, &best, &i32c(0));
                         let lane0 = f.icmp(Icmp::Eq, &th.lane, &i32c(0));
@@ -443,8 +443,8 @@ pub(super) enum ListKind {
 }
 
 /// What [`Gen::list_epilogue`]'s selection reads: the item, the thread, the list tile at
-/// `base`, the lists written, the lane's first token, and the staged list bounds (`bounds`,
-/// the shared offset of their words; none without list bounds).
+/// `base`, the lists written, the lane's first token, and the staged list bounds (none
+/// without list bounds).
 struct ListSelection<'a> {
     it: &'a Item,
     th: &'a Thread,
@@ -452,16 +452,22 @@ struct ListSelection<'a> {
     dest: &'a Ptr<Global>,
     lists_ok: &'a I1,
     lane_first: &'a I32,
-    bounds: Option<&'a I32>,
-    bound_groups: Option<u32>,
+    bounds: Option<StagedBounds>,
+}
+
+/// The item's list bounds as [`Gen::stage_list_bounds`] left them: the shared offset of their
+/// words (one a batch column), and the groups `G` each tile publishes into.
+struct StagedBounds {
+    at: I32,
+    groups: u32,
 }
 
 impl ListSelection<'_> {
     /// The least key a token of column `col` is listed with: its row's staged list bound,
     /// at least 1 (key 0 is a token that is not eligible).
     fn floor(&self, f: &mut Func, col: &I32, inside: &I1) -> I32 {
-        match self.bounds {
-            Some(at) => {
+        match &self.bounds {
+            Some(StagedBounds { at, .. }) => {
                 let c = f.sel(inside, col, &i32c(0));
                 let o = f.shl(&c, &i32c(2));
                 let o = f.add(at, &o);
