@@ -1297,3 +1297,29 @@ fn the_glue_module_has_the_finishing_kernel() {
         assert!(out.status.success(), "ptxas: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// Which kernels read stage one's list bounds (DESIGN.md step 6b): a pipeline's processed
+/// lists on a tile that neither lists whole tiles (the exact nucleus path) nor runs ping-pong, with
+/// `G = max(list_per_tile, list capacity)` groups; never a verifier, raw lists alone, or a
+/// pipeline without lists. The kernels that read them use the `list_bounds` parameter.
+#[test]
+fn list_bounds_are_read_where_the_design_says() {
+    use flashsample_codegen_ptx::list_bound_groups;
+    let tma = |grid| GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid });
+    let p = filtered(DType::BF16);
+    let per_item = with_lists(tma(GridKind::PerItem), &p);
+    assert_eq!(list_bound_groups(&p, &per_item), Some(per_item.list_per_tile.max(64)));
+    assert_eq!(list_bound_groups(&p, &with_lists(tma(GridKind::Persistent), &p)), Some(per_item.list_per_tile.max(64)));
+    let pingpong = with_lists(GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 6, grid: GridKind::PingPong }), &p);
+    assert_eq!(list_bound_groups(&p, &pingpong), None, "ping-pong tiles keep their lists unbounded");
+    assert_eq!(list_bound_groups(&p, &per_item.exact_lists(1024)), None, "the exact nucleus path lists whole tiles");
+    assert_eq!(list_bound_groups(&verifying(true), &with_lists(tma(GridKind::PerItem), &verifying(true))), None);
+    assert_eq!(list_bound_groups(&raw_top(DType::BF16), &with_lists(tma(GridKind::PerItem), &raw_top(DType::BF16))), None, "raw lists alone");
+    assert_eq!(list_bound_groups(&full(DType::BF16), &tma(GridKind::PerItem)), None, "no lists");
+    // The bounded kernel loads the `list_bounds` parameter; the unbounded one never does.
+    let index = flashsample_codegen_ptx::STAGE1.index("list_bounds").expect("a stage-one parameter");
+    let load = format!("[flashsample_stage1_param_{index}]");
+    let reads = |p: &Pipeline, c: &GpuConfig| stage1_text(&ptx(p, c, Arch::Sm90).ptx).contains(&load);
+    assert!(reads(&p, &per_item), "the per-item list tile stages and publishes its bounds");
+    assert!(!reads(&p, &pingpong), "the ping-pong list tile does not");
+}
