@@ -85,9 +85,9 @@ impl Gen<'_> {
     /// The lists of the rows of `marked` (bit `k`: this warp's column `first + k`), `rows` at
     /// a time, and their nucleus capture (`capture`). Each row's lane `l` holds the keys of
     /// its tokens `l·E ..` ([`Func::order_key`], 0 for a token that is not eligible or is
-    /// below the row's list bound) sorted into a [`LaneQueue`]; a round is one `redux.sync.max` over the lanes'
-    /// heads, whose lowest holder pops it, reads the token's `x` back from the tile and writes
-    /// list entry `k`. Rounds stop once every row of the group has found its queue empty (the
+    /// below the row's list bound) sorted into a [`LaneQueue`]; a round is one
+    /// `redux.sync.max` over the lanes' heads, whose lowest holder pops it, reads the token's
+    /// `x` back from the tile and writes list entry `k`. Rounds stop once every row of the group has found its queue empty (the
     /// first empty round writes its entry empty, the entries after it are written empty after
     /// the rounds) or the lists are full. Each row then publishes its list's best key to its
     /// list bound group (`vtile mod G`).
@@ -141,7 +141,7 @@ impl Gen<'_> {
                         .collect();
                     queues.push(LaneQueue::sorted(f, &keys));
                     lane_offs.push(lane_off);
-                    slot0s.push(sel.slot0(f, c, &row));
+                    slot0s.push(it.first_slot(f, &row, c.list_per_tile));
                     oks.push(ok);
                     group_rows.push(row);
                 }
@@ -402,9 +402,7 @@ impl Gen<'_> {
                 let row = f.add(&it.b0, &col);
                 let row_ok = f.icmp(Icmp::Ult, &row, &arg::BATCH);
                 f.if_then(&row_ok, |f| {
-                    let slot = f.mul(&row, &it.vtiles);
-                    let slot = f.add(&slot, &it.vtile);
-                    let slot = f.mul(&slot, &i32c(per_tile));
+                    let slot = it.first_slot(f, &row, per_tile);
                     let slot = f.add(&slot, &k);
                     let s64 = f.zext(&slot);
                     let a = f.gaddr(&arg::LISTS, &s64, SCORED_BYTES);
@@ -477,13 +475,6 @@ impl ListSelection<'_> {
             }
             None => i32c(1),
         }
-    }
-
-    /// The first list slot of `row` for this item's vocab tile.
-    fn slot0(&self, f: &mut Func, c: &crate::config::GpuConfig, row: &I32) -> I32 {
-        let s = f.mul(row, &self.it.vtiles);
-        let s = f.add(&s, &self.it.vtile);
-        f.mul(&s, &i32c(c.list_per_tile))
     }
 }
 

@@ -83,6 +83,16 @@ struct Items {
     stride: I32,
 }
 
+impl Item {
+    /// The first of `row`'s `per_tile` slots for this item's vocab tile in a per-(row, tile)
+    /// list (`lists`, `list_raws`, `residual_lists`): `(row · vtiles + vtile) · per_tile`.
+    fn first_slot(&self, f: &mut Func, row: &I32, per_tile: u32) -> I32 {
+        let s = f.mul(row, &self.vtiles);
+        let s = f.add(&s, &self.vtile);
+        f.mul(&s, &i32c(per_tile))
+    }
+}
+
 impl Items {
     /// Item `item`'s tiles. Batch tiles vary fastest, so the CTAs sharing a W tile run
     /// together and W is read from HBM about once (the others hit L2).

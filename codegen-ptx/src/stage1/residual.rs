@@ -111,9 +111,7 @@ impl Gen<'_> {
                     }
                     let keys: Vec<I32> = scores.iter().map(|s| f.order_key(s)).collect();
                     let queue = LaneQueue::sorted(f, &keys);
-                    let slot0 = f.mul(&row, &it.vtiles);
-                    let slot0 = f.add(&slot0, &it.vtile);
-                    let slot0 = f.mul(&slot0, &i32c(per_tile));
+                    let slot0 = it.first_slot(f, &row, per_tile);
                     group.push((queue, scores, xs, slot0, ok));
                 }
                 f.for_loop(&i32c(0), &i32c(per_tile), &i32c(1), |f, k| {
