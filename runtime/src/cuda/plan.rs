@@ -630,6 +630,17 @@ impl SamplingPlan {
         s.device_ptr(stream).0
     }
 
+    /// The address of a stage-one bound buffer (row or list bounds) with its first `words`
+    /// u32 zeroed on `stream`: a bound starts each launch at 0 (none reached yet). The caller
+    /// passes at most the words the plan sized `buf` for.
+    fn zeroed_bounds(&self, buf: &CudaSlice<u8>, words: usize, stream: &CudaStream, call: &'static str) -> Result<u64> {
+        let dst = self.addr(buf, stream);
+        // SAFETY: `dst` is a plan buffer of at least `words` u32 (the caller's contract), and
+        // the memset is ordered on `stream` before the stage one that reads it.
+        unsafe { cudarc::driver::result::memset_d8_async(dst, 0, words * 4, stream.cu_stream()) }.map_err(drv(call))?;
+        Ok(dst)
+    }
+
     /// Queues every kernel of one launch on `stream`; `at` runs at each [`Boundary`] (the
     /// benchmarks record events there). A batch larger than the plan's chunk runs as
     /// consecutive launches of at most `chunk_rows` rows each (the same kernels on row
@@ -686,29 +697,16 @@ impl SamplingPlan {
         // The first rows whose nucleus may outgrow the lists keep their logits for the nucleus
         // kernels (DESIGN.md "Exact nucleus on the device", step 0).
         let capture = self.capture(a, stream);
+        // The row bounds' buffer holds max_batch · S words, the list bounds' max_batch · G of
+        // the plan's largest G.
         let row_bounds = match &sc.row_bounds {
             Some(buf) if k.config.noise_skip.uses_row_bounds() => {
-                let dst = self.addr(buf, stream);
-                let bytes = a.shape.batch * self.pipeline.samples_per_row() as usize * 4;
-                // SAFETY: `dst` is the plan's row-bound buffer, sized for max_batch · S words,
-                // and the memset is ordered on `stream` before the stage one that reads it.
-                unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
-                    .map_err(drv("cuMemsetD8Async(row bounds)"))?;
-                dst
+                self.zeroed_bounds(buf, a.shape.batch * self.pipeline.samples_per_row() as usize, stream, "cuMemsetD8Async(row bounds)")?
             }
             _ => 0,
         };
         let list_bounds = match (&sc.list_bounds, flashsample_codegen_ptx::list_bound_groups(&self.pipeline, &k.config)) {
-            (Some(buf), Some(groups)) => {
-                let dst = self.addr(buf, stream);
-                let bytes = a.shape.batch * groups as usize * 4;
-                // SAFETY: `dst` is the plan's list-bound buffer, sized for max_batch · G words
-                // of the largest G, and the memset is ordered on `stream` before the stage one
-                // that reads it.
-                unsafe { cudarc::driver::result::memset_d8_async(dst, 0, bytes, stream.cu_stream()) }
-                    .map_err(drv("cuMemsetD8Async(list bounds)"))?;
-                dst
-            }
+            (Some(buf), Some(groups)) => self.zeroed_bounds(buf, a.shape.batch * groups as usize, stream, "cuMemsetD8Async(list bounds)")?,
             _ => 0,
         };
 
