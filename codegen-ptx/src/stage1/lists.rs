@@ -37,9 +37,8 @@ impl Gen<'_> {
         let lane_first = f.mul(&th.lane, &i32c(c.vocab_tile / 32));
         let bounds = bound_groups.map(|groups| StagedBounds { at: f.add(&th.scratch, &i32c(c.smem_layout().list_bounds)), groups });
         let sel = ListSelection { it, th, base: &base, dest, lists_ok: &lists_ok, lane_first: &lane_first, bounds };
-        // Warp `w` holds columns `w + k · warps`, 32 at a time (a mask's bits), and selects
-        // each live one's list (a row with nothing at or above its bound ends after one round).
-        let per_warp = c.batch_tile.div_ceil(c.warps);
+        // Warp `w` holds columns `w + k · warps` and selects each live one's list (a row with
+        // nothing at or above its bound ends after one round).
         // The warp's columns inside the tile and the batch: `w + k · warps < lim` (none in a
         // cooperative pair's padding tile, whose rows start past the batch).
         let in_batch = f.sub(&arg::BATCH, &it.b0);
@@ -49,18 +48,7 @@ impl Gen<'_> {
         let past = f.add(&lim, &i32c(c.warps - 1));
         let past = f.sub(&past, &th.warp);
         let live = f.udiv(&past, &i32c(c.warps));
-        for chunk in 0..per_warp.div_ceil(32) {
-            let first = chunk * 32;
-            // Rows `first ..` of the live ones, as a mask: `min(live − first, 32)` low bits.
-            let n = f.sub(&live, &i32c(first));
-            let some = f.icmp(Icmp::Sgt, &n, &i32c(0));
-            let full = f.icmp(Icmp::Sge, &n, &i32c(32));
-            let low = f.shl(&i32c(1), &n);
-            let low = f.sub(&low, &i32c(1));
-            let mask = f.sel(&full, &i32c(u32::MAX), &low);
-            let mask = f.sel(&some, &mask, &i32c(0));
-            self.select_marked_rows(f, &sel, first, &mask, capture);
-        }
+        self.select_live_rows(f, &sel, &live, capture);
     }
 
     /// This warp's column `k` (`warp + k · warps`).
@@ -82,8 +70,8 @@ impl Gen<'_> {
         });
     }
 
-    /// The lists of the rows of `marked` (bit `k`: this warp's column `first + k`), `rows` at
-    /// a time, and their nucleus capture (`capture`). Each row's lane `l` holds the keys of
+    /// The lists of this warp's first `live` columns (`k < live`: column `warp + k · warps`),
+    /// `rows` at a time, and their nucleus capture (`capture`). Each row's lane `l` holds the keys of
     /// its tokens `l·E ..` ([`Func::order_key`], 0 for a token that is not eligible or is
     /// below the row's list bound) sorted into a [`LaneQueue`]; a round is one
     /// `redux.sync.max` over the lanes' heads, whose lowest holder pops it, reads the token's
@@ -91,15 +79,15 @@ impl Gen<'_> {
     /// first empty round writes its entry empty, the entries after it are written empty after
     /// the rounds) or the lists are full. Each row then publishes its list's best key to its
     /// list bound group (`vtile mod G`).
-    fn select_marked_rows(&self, f: &mut Func, sel: &ListSelection<'_>, first: u32, marked: &I32, capture: bool) {
+    fn select_live_rows(&self, f: &mut Func, sel: &ListSelection<'_>, live: &I32, capture: bool) {
         let (c, th, it) = (self.c, sel.th, sel.it);
         let none = i32c(INDEX_NONE as i32);
         let rows = self.group_rows(4);
-        let left = f.var(marked);
+        let next_k = f.var(&i32c(0));
         f.while_loop(
             |f| {
-                let m = f.get(&left);
-                f.icmp(Icmp::Ne, &m, &i32c(0))
+                let k = f.get(&next_k);
+                f.icmp(Icmp::Ult, &k, live)
             },
             |f| {
                 // Per row of the group: its queue, where its tokens' x sit in the tile, the
@@ -109,16 +97,14 @@ impl Gen<'_> {
                 let mut slot0s = Vec::new();
                 let mut oks = Vec::new();
                 let mut group_rows = Vec::new();
-                for _ in 0..rows {
-                    let m = f.get(&left);
-                    let ok = f.icmp(Icmp::Ne, &m, &i32c(0));
-                    let bit: I32 = f.call("@llvm.cttz.i32", &[&m, &I1::FALSE]);
-                    let m1 = f.sub(&m, &i32c(1));
-                    let rest = f.and(&m, &m1);
-                    f.set(&left, &rest);
-                    // An exhausted mask reads column `first` again, as a row with no keys.
-                    let bit = f.sel(&ok, &bit, &i32c(0));
-                    let k = f.add(&bit, &i32c(first));
+                let k0 = f.get(&next_k);
+                let after = f.add(&k0, &i32c(rows));
+                f.set(&next_k, &after);
+                for r in 0..rows {
+                    let k = f.add(&k0, &i32c(r));
+                    let ok = f.icmp(Icmp::Ult, &k, live);
+                    // Past the live columns the group reads column 0 again, as a row with no keys.
+                    let k = f.sel(&ok, &k, &i32c(0));
                     let col = self.warp_column(f, th, &k);
                     let TileColumn { inside, lane_off, vals, .. } = self.tile_column_at(f, sel.base, &col, sel.lane_first);
                     let row = f.add(&it.b0, &col);
