@@ -58,10 +58,8 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite on an H200 at exp/stack ab793ba (2026-12-06,
-  # seventeenth session), and the speculative tests (with racecheck on the ping-pong verify
-  # tile) on an H100 at 1f79c11 (2026-12-07, twentieth session). Nothing since has run only on
-  # the IR interpreter: list new work here.
+  # Main's GPU code passed the whole suite on an H100 at 0fdb007 (2026-12-07, twenty-sixth
+  # session). Nothing since has run only on the IR interpreter: list new work here.
   NEW_TESTS=${NEW_TESTS:-"speculative::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:speculative::the_device_api_decides_as_the_host_api racecheck:short_lists_overflow_and_rerun_exactly"}
   start=$SECONDS
