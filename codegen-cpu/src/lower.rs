@@ -21,7 +21,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS};
+use flashsample_abi::lse::{EMPTY_WINDOW, KEPT_WINDOWS, TERM_SCALE_LOG2};
 use flashsample_abi::rng::NoiseSkip;
 use flashsample_abi::{LsePartial, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Pipeline, Sampler, Transform};
@@ -158,6 +158,8 @@ impl Plan {
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<LsePartial>() as i64;
+// `emit_lse` reduces the window sums as a pair (windows 0 and 1) and one alone (window 2).
+const _: () = assert!(KEPT_WINDOWS == 3);
 const LSE_WINDOW_OFFSET: i32 = offset_of!(LsePartial, window) as i32;
 const SCORED_BYTES: i64 = size_of::<flashsample_abi::Scored>() as i64;
 const I64: types::Type = types::I64;
@@ -1595,76 +1597,66 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let window = b.ins().bitselect(counted, window, empty);
         let windows: Vec<Value> = (0..4u8).map(|i| b.ins().extractlane(window, i)).collect();
         let quad_top = windows.iter().skip(1).fold(windows[0], |m, &k| b.ins().smax(m, k));
-        // Most quads of a row lie more than two windows below its top: they change nothing,
-        // so one vector test skips them before any sum is loaded.
+        // Branch-free: a quad whose lanes all lie more than two windows below the row's top
+        // adds zeros and keeps the top (a quad that raises the top has a lane at it), and
+        // with flat rows nearly every quad has a kept lane, so a skip test would only add a
+        // branch.
         let flags = output();
         let old_top = b.ins().load(I32, flags, addr, LSE_WINDOW_OFFSET);
-        let new_top = b.ins().smax(old_top, quad_top);
-        let top_lanes = b.ins().splat(I32X4, new_top);
+        let top = b.ins().smax(old_top, quad_top);
+        // A new top window moves sum j to j + shift; past the kept windows it is dropped.
+        let shift = b.ins().isub(top, old_top);
+        let old: Vec<Value> = (0..KEPT_WINDOWS).map(|j| b.ins().load(I64, flags, addr, 8 * j as i32)).collect();
+        let zero = b.ins().iconst(I64, 0);
+        let mut sums: Vec<Value> = (0..KEPT_WINDOWS)
+            .map(|i| {
+                let mut moved = zero;
+                for (j, &s) in old.iter().enumerate().take(i + 1) {
+                    let hit = b.ins().icmp_imm_s(IntCC::Equal, shift, (i - j) as i64);
+                    moved = b.ins().select(hit, s, moved);
+                }
+                moved
+            })
+            .collect();
+        let top_lanes = b.ins().splat(I32X4, top);
+        // Masked lanes sit in EMPTY_WINDOW, far below every kept window (the difference fits
+        // i32: windows are within ±WINDOW_LIMIT).
         let below = b.ins().isub(top_lanes, window);
-        let two = iconst(b, I32X4, (KEPT_WINDOWS - 1) as u32);
-        let kept = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, below, two);
-        // A quad with no counted token leaves new_top EMPTY_WINDOW, where its masked lanes
-        // would look kept: only counted lanes count.
-        let kept = b.ins().band(kept, counted);
-        let any = b.ins().vany_true(kept);
-        let update = b.create_block();
-        let done = b.create_block();
-        b.ins().brif(any, update, &[], done, &[]);
-
-        b.switch_to_block(update);
-        let top_var = b.declare_var(I32);
-        let sum_vars: Vec<Variable> = (0..KEPT_WINDOWS).map(|_| b.declare_var(I64)).collect();
-        b.def_var(top_var, old_top);
-        for (j, &v) in sum_vars.iter().enumerate() {
-            let s = b.ins().load(I64, flags, addr, 8 * j as i32);
-            b.def_var(v, s);
-        }
-        let promote = b.create_block();
-        let accumulate = b.create_block();
-        let higher = b.ins().icmp(IntCC::SignedGreaterThan, quad_top, old_top);
-        b.ins().brif(higher, promote, &[], accumulate, &[]);
-
-        // A new top window: sum j moves to j + shift, past the kept windows it is dropped.
-        b.switch_to_block(promote);
-        let shift = b.ins().isub(quad_top, old_top);
-        let old: Vec<Value> = sum_vars.iter().map(|&v| b.use_var(v)).collect();
-        let zero = b.ins().iconst(I64, 0);
-        for (i, &v) in sum_vars.iter().enumerate() {
-            let mut moved = zero;
-            for (j, &s) in old.iter().enumerate().take(i) {
-                let hit = b.ins().icmp_imm_s(IntCC::Equal, shift, (i - j) as i64);
-                moved = b.ins().select(hit, s, moved);
-            }
-            b.def_var(v, moved);
-        }
-        b.def_var(top_var, quad_top);
-        b.ins().jump(accumulate, &[]);
-
-        b.switch_to_block(accumulate);
-        let top = b.use_var(top_var);
-        let zero = b.ins().iconst(I64, 0);
-        let mut sums: Vec<Value> = sum_vars.iter().map(|&v| b.use_var(v)).collect();
-        // The terms are read only here, past the skip test.
-        for (i, &k) in windows.iter().enumerate() {
-            let t = b.ins().extractlane(term, i as u8);
-            // Masked lanes sit in EMPTY_WINDOW, far below every kept window.
-            let below = b.ins().isub(top, k);
-            // Terms are below 2^46.1, so the signed conversion is exact and cheaper; a masked
-            // lane's garbage converts to anything but lands in no kept window.
-            let value = b.ins().fcvt_to_sint_sat(I64, t);
-            for (j, sum) in sums.iter_mut().enumerate() {
-                let hit = b.ins().icmp_imm_s(IntCC::Equal, below, j as i64);
-                let add = b.ins().select(hit, value, zero);
-                *sum = b.ins().iadd(*sum, add);
-            }
+        // Each window's lanes' halves are summed across the quad in i32 (four halves below
+        // 2^23.1 stay below 2^25.1), then added to the window's u64 sum as `hi · 2²³ + lo`:
+        // the same integers the lanes' terms add up to one by one.
+        // Uncounted lanes add nothing (with no counted lane the top is EMPTY_WINDOW and their
+        // `below` is 0).
+        let (hi, lo) = math::term_halves(b, term);
+        let hi = b.ins().band(hi, counted);
+        let lo = b.ins().band(lo, counted);
+        let pairs: Vec<Value> = (0..KEPT_WINDOWS)
+            .map(|j| {
+                let jv = iconst(b, I32X4, j as u32);
+                let hit = b.ins().icmp(IntCC::Equal, below, jv);
+                let h = b.ins().band(hi, hit);
+                let l = b.ins().band(lo, hit);
+                // [h0 + h1, h2 + h3, l0 + l1, l2 + l3]
+                b.ins().iadd_pairwise(h, l)
+            })
+            .collect();
+        // [H0, L0, H1, L1] and [H2, L2, H2, L2].
+        let first = b.ins().iadd_pairwise(pairs[0], pairs[1]);
+        let last = b.ins().iadd_pairwise(pairs[2], pairs[2]);
+        let halves = [(first, 0u8), (first, 2), (last, 0)];
+        for (sum, &(v, lane)) in sums.iter_mut().zip(&halves) {
+            let h = b.ins().extractlane(v, lane);
+            let l = b.ins().extractlane(v, lane + 1);
+            let h = b.ins().uextend(I64, h);
+            let l = b.ins().uextend(I64, l);
+            let h = b.ins().ishl_imm_u(h, i64::from(TERM_SCALE_LOG2));
+            let add = b.ins().iadd(h, l);
+            *sum = b.ins().iadd(*sum, add);
         }
         b.ins().store(flags, top, addr, LSE_WINDOW_OFFSET);
         for (j, &s) in sums.iter().enumerate() {
             b.ins().store(flags, s, addr, 8 * j as i32);
         }
-        b.ins().jump(done, &[]);
-        b.switch_to_block(done);
     }
 }
 

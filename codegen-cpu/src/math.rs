@@ -145,6 +145,18 @@ pub(crate) fn ln_f32(b: &mut FunctionBuilder, x: Value) -> Value {
 pub(crate) fn exp_f32(b: &mut FunctionBuilder, x: Value) -> Value {
     let ty = b.func.dfg.value_type(x);
     let xc = max_const(b, x, EXP_MIN_INPUT);
+    let y = exp_reduced(b, xc, |b, n| b.ins().fcvt_to_sint_sat(int_of(ty), n));
+    let min_input = fconst(b, ty, EXP_MIN_INPUT);
+    let below = b.ins().fcmp(FloatCC::LessThan, x, min_input);
+    let zero = fconst(b, ty, 0.0);
+    select(b, below, zero, y)
+}
+
+/// `abi::math::exp_f32` between its input clamp and its final select: `p(r) · 2ⁿ` with
+/// `n = round(x · log₂e)`, `convert` turning `n` into an integer. Equal to `exp_f32(x)` for
+/// every `x ≥ EXP_MIN_INPUT` whose `n` `convert` takes exactly.
+fn exp_reduced(b: &mut FunctionBuilder, xc: Value, convert: impl FnOnce(&mut FunctionBuilder, Value) -> Value) -> Value {
+    let ty = b.func.dfg.value_type(xc);
     let log2e = fconst(b, ty, LOG2_E);
     let scaled = b.ins().fmul(xc, log2e);
     let n = b.ins().nearest(scaled);
@@ -160,16 +172,26 @@ pub(crate) fn exp_f32(b: &mut FunctionBuilder, x: Value) -> Value {
     let p = fma_cv(b, r, p, EXP_C[0]);
     let p = fma_cv(b, r, p, 1.0);
     let p = fma_cv(b, r, p, 1.0);
-    let ni = b.ins().fcvt_to_sint_sat(int_of(ty), n);
+    let ni = convert(b, n);
     let bias = iconst(b, ty, 127);
     let biased = b.ins().iadd(ni, bias);
     let scale_bits = b.ins().ishl_imm_u(biased, 23);
     let scale = from_bits(b, scale_bits);
-    let y = b.ins().fmul(p, scale);
-    let min_input = fconst(b, ty, EXP_MIN_INPUT);
-    let below = b.ins().fcmp(FloatCC::LessThan, x, min_input);
-    let zero = fconst(b, ty, 0.0);
-    select(b, below, zero, y)
+    b.ins().fmul(p, scale)
+}
+
+/// `f32x4` lanes to `i32x4` by truncation, for lanes that are finite and inside the i32 range
+/// (any other lane is garbage the caller masks off). On x86 one `cvttps2dq`, where
+/// `fcvt_to_sint_sat` adds five instructions for NaN and overflow lanes.
+fn cvt_in_range(b: &mut FunctionBuilder, x: Value) -> Value {
+    #[cfg(target_arch = "x86_64")]
+    {
+        b.ins().x86_cvtt2dq(types::I32X4, x)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        b.ins().fcvt_to_sint_sat(types::I32X4, x)
+    }
 }
 
 /// `abi::math::tanh_f32`.
@@ -369,25 +391,44 @@ pub(crate) fn hmax(b: &mut FunctionBuilder, v: Value) -> Value {
     b.ins().extractlane(m, 0)
 }
 
-/// `abi::lse::LseTerm::of` lane-wise for finite `x` (`f32x4`): the window `floor(x / 16)`
-/// clamped to `±WINDOW_LIMIT` (`i32x4`), and `exp_f32(x − 16·floor(x / 16)) · 2²³` (`f32x4`,
-/// whose truncation to u64 is the term). Lanes with non-finite `x` are garbage: mask them.
+/// `abi::lse::LseTerm::of` lane-wise (`f32x4`): the window `floor(x / 16)` clamped to
+/// `±WINDOW_LIMIT` (`i32x4`), and the term `exp_f32(x − 16·floor(x / 16)) · 2²³` (`f32x4`,
+/// an integer below 2^46.1; [`term_halves`] splits it). For finite `x` the remainder lies in
+/// `[0, 16)`, where `exp_f32`'s clamp and select change nothing and its `n` is 0..=23, and the
+/// clamped window is inside the i32 range, so both conversions are plain truncations. Lanes
+/// with non-finite `x` are garbage: mask them.
 pub(crate) fn lse_term(b: &mut FunctionBuilder, x: Value) -> (Value, Value) {
     let ty = b.func.dfg.value_type(x);
+    debug_assert_eq!(ty, types::F32X4, "lse_term is lane-wise");
     let inv = fconst(b, ty, INV_WINDOW);
     let scaled = b.ins().fmul(x, inv);
     let k = b.ins().floor(scaled);
     let w = fconst(b, ty, WINDOW);
     let kw = b.ins().fmul(k, w);
     let f = b.ins().fsub(x, kw);
-    let t = exp_f32(b, f);
+    let t = exp_reduced(b, f, cvt_in_range);
     let scale = fconst(b, ty, TERM_SCALE);
     let term = b.ins().fmul(t, scale);
     let lim = WINDOW_LIMIT as f32;
     let kc = max_const(b, k, -lim);
     let kc = min_const(b, kc, lim);
-    let window = b.ins().fcvt_to_sint_sat(int_of(ty), kc);
+    let window = cvt_in_range(b, kc);
     (window, term)
+}
+
+/// A counted term (an integer `T ∈ [2²³, 2^46.1)` in f32, from [`lse_term`]) as two `i32x4`
+/// halves, `T = hi · 2²³ + lo` with `hi < 2^23.1` and `lo < 2²³`. Exact: `T · 2⁻²³` and its
+/// floor are exact, `hi · 2²³` is a multiple of `T`'s ulp (at most 2²³), so `T − hi · 2²³` is
+/// too and fits 24 bits. Garbage lanes give garbage halves.
+pub(crate) fn term_halves(b: &mut FunctionBuilder, term: Value) -> (Value, Value) {
+    let ty = b.func.dfg.value_type(term);
+    let down = fconst(b, ty, 1.0 / TERM_SCALE);
+    let scaled = b.ins().fmul(term, down);
+    let hi = b.ins().floor(scaled);
+    let up = fconst(b, ty, TERM_SCALE);
+    let hi_part = b.ins().fmul(hi, up);
+    let lo = b.ins().fsub(term, hi_part);
+    (cvt_in_range(b, hi), cvt_in_range(b, lo))
 }
 
 /// `[Σ a0, Σ a1, Σ a2, Σ a3]` from four `f32x4` partial-sum accumulators.
