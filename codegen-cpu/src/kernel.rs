@@ -1,5 +1,5 @@
 use crate::config::{CpuConfig, CpuEngine, MAX_SCRATCH_BYTES};
-use crate::lower::{self, LogitSource, Plan};
+use crate::lower::{self, LogitSource, LsePartials, Plan};
 use crate::tiles;
 use crate::CpuCodegenError;
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
@@ -240,7 +240,7 @@ unsafe extern "C" fn insert_residual_quad(list: *mut Candidate, per_tile: u64, v
 
 type FusedFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64);
 /// [`LogitSource::Scratch`]: the epilogue of one tile whose logits are in `scratch`.
-type ScratchFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64, scratch: *const f32);
+type ScratchFn = unsafe extern "C" fn(args: *const KernelArgs, tile_begin: u64, tile_end: u64, scratch: *mut f32);
 
 /// The JIT'd function, by where its logits come from.
 #[derive(Clone, Copy)]
@@ -395,6 +395,9 @@ pub struct CpuKernel {
     config: CpuConfig,
     /// Whether the kernel writes logsumexp partials (and so takes an `lse` buffer).
     logsumexp: bool,
+    /// Where this kernel's partials are kept ([`LsePartials::ScratchPass`]: `lse_pass` after
+    /// each tile's epilogue).
+    lse: LsePartials,
     /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
     row_bounds: bool,
     /// Whether its list gates read `KernelArgs::list_bound` / `raw_list_bound`
@@ -482,7 +485,14 @@ impl CpuKernel {
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        let plan = Plan { needs_lse: logsumexp, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        // The scratch engines' partials come from `lse_pass` where the host has its vectors;
+        // the raw mode's second partial stays in the epilogue, and so the processed one with it.
+        let lse = match (logsumexp, source) {
+            (false, _) => LsePartials::None,
+            (true, LogitSource::Scratch) if !pipeline.needs_raw_logsumexp() && crate::lse_pass::available() => LsePartials::ScratchPass,
+            (true, _) => LsePartials::Epilogue,
+        };
+        let plan = Plan { lse, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let row_bounds = plan.row_bounds();
         let list_bounds = plan.list_bounds();
         let raw_list_bounds = plan.raw_list_bounds();
@@ -509,6 +519,7 @@ impl CpuKernel {
             entry,
             clif,
             logsumexp,
+            lse,
             row_bounds,
             list_bounds,
             raw_list_bounds,
@@ -849,7 +860,15 @@ impl CpuKernel {
                     let job = tiles::TileJob { hidden: engine_hidden.as_slice(), batch: a.batch, dim: a.dim, weights: a.weights.as_ptr(), vocab: a.vocab, v_begin, v_end };
                     (engine.tiles)(&job, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
-                    epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_ptr());
+                    epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_mut_ptr());
+                    // The rank pass keeps no partials (its epilogue stops before step 7).
+                    let args = &*shared.get();
+                    if self.lse == LsePartials::ScratchPass && args.rank_counts.is_null() {
+                        let tiles = args.tiles as usize;
+                        // `lse_pass::available` held at compile; the scratch holds the tile's
+                        // quads; row r's partial of this tile is written only by this task.
+                        crate::lse_pass::write_partials(&scratch, a.batch, (v_end - v_begin).div_ceil(4), |r| args.lse.add(r * tiles + tile));
+                    }
                     crate::lists::finish_tile(&*shared.get(), tile);
                     publish_bounds(&*shared.get(), tile);
                 }

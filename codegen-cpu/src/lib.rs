@@ -11,6 +11,7 @@ mod error;
 mod kernel;
 mod lists;
 mod lower;
+mod lse_pass;
 mod math;
 mod pool;
 mod tiles;

@@ -62,7 +62,7 @@ pub(crate) struct Plan {
     pub steps: Vec<Step>,
     pub has_mask: bool,
     pub has_bias: bool,
-    pub needs_lse: bool,
+    pub lse: LsePartials,
     /// `target_logprob`: the tile holding a row's target writes its transformed logit.
     pub targets: bool,
     /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` is the rank pass.
@@ -138,7 +138,7 @@ impl Plan {
             steps: steps.clone(),
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
-            needs_lse: pipeline.needs_logsumexp(),
+            lse: if pipeline.needs_logsumexp() { LsePartials::Epilogue } else { LsePartials::None },
             // Verification reads each draft row's transformed logit at its draft token.
             targets: pipeline.targets.is_some() || pipeline.verify.is_some(),
             ranks: pipeline.ranks_targets(),
@@ -155,6 +155,18 @@ impl Plan {
     }
 }
 
+
+/// Who keeps a launch's logsumexp partials (DESIGN.md step 7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LsePartials {
+    /// The pipeline needs none.
+    None,
+    /// The epilogue adds each quad to its row's partial (`Lowering::emit_lse`).
+    Epilogue,
+    /// The epilogue leaves each quad-row's counted logits in the scratch (`-inf` elsewhere)
+    /// and `lse_pass` writes the partials after it (`LogitSource::Scratch` only).
+    ScratchPass,
+}
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
 const LSE_BYTES: i64 = size_of::<LsePartial>() as i64;
@@ -588,7 +600,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let none = k.b.ins().iconst(I32, i64::from(INDEX_NONE));
                 k.store_candidate(addr, neg_inf, none, neg_inf);
             });
-            if k.plan.needs_lse {
+            if k.plan.lse != LsePartials::None {
                 k.clear_lse(l, l.lse, row);
             }
             if let Some(raw) = &l.raw {
@@ -968,11 +980,13 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
     /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.
     fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
-        // The scratch is only 4-byte aligned, and never written while the epilogue runs.
+        // The scratch is only 4-byte aligned. Only `LsePartials::ScratchPass` writes it: each
+        // quad-row's slot after its one load.
+        let scratch_flags = if self.plan.lse == LsePartials::ScratchPass { output() } else { input() };
         let (addr, flags) = match q.scratch_rows {
             Some(rows) => {
                 let off = self.b.ins().ishl_imm_u(row, 4);
-                (self.b.ins().iadd(rows, off), input())
+                (self.b.ins().iadd(rows, off), scratch_flags)
             }
             None => {
                 let block_row = self.b.use_var(self.row);
@@ -1007,6 +1021,11 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let index = k.b.ins().iconst(I32, i64::from(INDEX_NONFINITE));
             k.store_candidate(addr, inf, index, nan);
         });
+        if self.plan.lse == LsePartials::ScratchPass {
+            // The poisoned quad adds nothing to the row's partial.
+            let ninf = fconst(&mut self.b, F32X4, f32::NEG_INFINITY);
+            self.b.ins().store(output(), ninf, addr, 0);
+        }
         self.b.ins().jump(next, &[]);
 
         self.b.switch_to_block(finite);
@@ -1051,8 +1070,20 @@ impl<'a, 'p> Lowering<'a, 'p> {
             self.b.switch_to_block(rest);
         }
 
-        if self.plan.needs_lse {
-            self.emit_lse(l, l.lse, row, x, allowed);
+        match self.plan.lse {
+            LsePartials::None => {}
+            LsePartials::Epilogue => self.emit_lse(l, l.lse, row, x, allowed),
+            LsePartials::ScratchPass => {
+                // The counted logits go back in place of the raw ones for `lse_pass`.
+                let b = &mut self.b;
+                let ax = b.ins().fabs(x);
+                let inf = fconst(b, F32X4, f32::INFINITY);
+                let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
+                let counted = b.ins().band(finite, allowed);
+                let ninf = fconst(b, F32X4, f32::NEG_INFINITY);
+                let kept = math::select(b, counted, x, ninf);
+                b.ins().store(output(), kept, addr, 0);
+            }
         }
         // The raw distribution counts every existing token, allowed or not.
         let raw_lanes = match (raw_x, &l.raw) {
