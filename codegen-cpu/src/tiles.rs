@@ -5,7 +5,8 @@
 //! Scratch layout, shared with the lowering (`lower::LogitSource::Scratch`): the tile's quad `q`
 //! (tokens `v_begin + 4q .. + 4`), row `r`, lane `j` at `scratch[(q · batch + r) · 4 + j]`.
 //! Tokens past the vocabulary (the last quad's padding) repeat the last weight row; the
-//! epilogue masks them.
+//! epilogue masks them. With `lower::LsePartials::ScratchPass` the epilogue writes each
+//! quad-row's counted logits back into the same layout for `crate::lse_pass`.
 //!
 //! The f32 contract of [`tile_logits_bf16`] (DESIGN.md, "CPU matrix engine"): per (row, token)
 //! 16 lanes; lane `i` accumulates the pairs `(32k + 2i, 32k + 2i + 1)` of each 32-element step
