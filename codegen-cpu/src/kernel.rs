@@ -1,5 +1,5 @@
 use crate::config::{CpuConfig, CpuEngine, MAX_SCRATCH_BYTES};
-use crate::lower::{self, LogitSource, LsePartials, Plan};
+use crate::lower::{self, LogitSource, LseSums, Plan};
 use crate::tiles;
 use crate::CpuCodegenError;
 use cranelift_codegen::ir::{types, AbiParam, UserFuncName};
@@ -395,9 +395,11 @@ pub struct CpuKernel {
     config: CpuConfig,
     /// Whether the kernel writes logsumexp partials (and so takes an `lse` buffer).
     logsumexp: bool,
-    /// Where this kernel's partials are kept ([`LsePartials::ScratchPass`]: `lse_pass` after
-    /// each tile's epilogue).
-    lse: LsePartials,
+    /// Who sums this kernel's partials ([`LseSums::ScratchPass`]: `lse_pass` after each
+    /// tile's epilogue).
+    lse_sums: LseSums,
+    /// Whether it keeps the raw mode's partials too (`KernelArgs::raw_lse`).
+    raw_lse: bool,
     /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
     row_bounds: bool,
     /// Whether its list gates read `KernelArgs::list_bound` / `raw_list_bound`
@@ -485,14 +487,13 @@ impl CpuKernel {
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        // The scratch engines' partials come from `lse_pass` where the host has its vectors;
-        // the raw mode's second partial stays in the epilogue, and so the processed one with it.
-        let lse = match (logsumexp, source) {
-            (false, _) => LsePartials::None,
-            (true, LogitSource::Scratch) if !pipeline.needs_raw_logsumexp() && crate::lse_pass::available() => LsePartials::ScratchPass,
-            (true, _) => LsePartials::Epilogue,
+        // The scratch engines' partials come from `lse_pass` where the host has its vectors.
+        let raw_lse = pipeline.needs_raw_logsumexp();
+        let lse_sums = match source {
+            LogitSource::Scratch if (logsumexp || raw_lse) && crate::lse_pass::available() => LseSums::ScratchPass,
+            _ => LseSums::Epilogue,
         };
-        let plan = Plan { lse, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let plan = Plan { needs_lse: logsumexp, lse_sums, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
         let row_bounds = plan.row_bounds();
         let list_bounds = plan.list_bounds();
         let raw_list_bounds = plan.raw_list_bounds();
@@ -519,7 +520,8 @@ impl CpuKernel {
             entry,
             clif,
             logsumexp,
-            lse,
+            lse_sums,
+            raw_lse,
             row_bounds,
             list_bounds,
             raw_list_bounds,
@@ -766,9 +768,11 @@ impl CpuKernel {
             Entry::Fused(_) => tiles::PreparedHidden::zeroed(0),
             Entry::Scratch { engine, .. } => (engine.prepare)(a.hidden, a.batch, a.dim)?,
         };
-        let scratch_len = tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
+        // The raw mode's counted logits for `lse_pass` take a second half (`lower::raw_half_bytes`).
+        let halves = if self.lse_sums == LseSums::ScratchPass && self.raw_lse { 2 } else { 1 };
+        let scratch_len = halves * tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
         if matches!(self.entry, Entry::Scratch { .. }) && scratch_len * 4 > MAX_SCRATCH_BYTES {
-            return Err(CpuCodegenError::TooLarge { what: "logit scratch bytes (batch × vocab_tile × 4)", value: scratch_len * 4, max: MAX_SCRATCH_BYTES });
+            return Err(CpuCodegenError::TooLarge { what: "logit scratch bytes (batch × vocab_tile × 4, twice for the raw partials)", value: scratch_len * 4, max: MAX_SCRATCH_BYTES });
         }
         let row_scale: Vec<f32> =
             a.temperatures.iter().map(|&t| if t != 0.0 { 1.0f32 / t } else { 1.0 }).collect();
@@ -863,11 +867,18 @@ impl CpuKernel {
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_mut_ptr());
                     // The rank pass keeps no partials (its epilogue stops before step 7).
                     let args = &*shared.get();
-                    if self.lse == LsePartials::ScratchPass && args.rank_counts.is_null() {
-                        let tiles = args.tiles as usize;
+                    if self.lse_sums == LseSums::ScratchPass && args.rank_counts.is_null() {
+                        let (tiles, quads) = (args.tiles as usize, (v_end - v_begin).div_ceil(4));
                         // `lse_pass::available` held at compile; the scratch holds the tile's
-                        // quads; row r's partial of this tile is written only by this task.
-                        crate::lse_pass::write_partials(&scratch, a.batch, (v_end - v_begin).div_ceil(4), |r| args.lse.add(r * tiles + tile));
+                        // quads (and the raw half after them); row r's partial of this tile is
+                        // written only by this task.
+                        if self.logsumexp {
+                            crate::lse_pass::write_partials(&scratch, a.batch, quads, |r| args.lse.add(r * tiles + tile));
+                        }
+                        if self.raw_lse {
+                            let half = &scratch[lower::raw_half_bytes(a.batch, self.config.vocab_tile) / 4..];
+                            crate::lse_pass::write_partials(half, a.batch, quads, |r| args.raw_lse.add(r * tiles + tile));
+                        }
                     }
                     crate::lists::finish_tile(&*shared.get(), tile);
                     publish_bounds(&*shared.get(), tile);

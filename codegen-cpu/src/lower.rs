@@ -62,7 +62,9 @@ pub(crate) struct Plan {
     pub steps: Vec<Step>,
     pub has_mask: bool,
     pub has_bias: bool,
-    pub lse: LsePartials,
+    pub needs_lse: bool,
+    /// Who sums the partials the plan keeps (processed, and the raw mode's).
+    pub lse_sums: LseSums,
     /// `target_logprob`: the tile holding a row's target writes its transformed logit.
     pub targets: bool,
     /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` is the rank pass.
@@ -138,7 +140,8 @@ impl Plan {
             steps: steps.clone(),
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
-            lse: if pipeline.needs_logsumexp() { LsePartials::Epilogue } else { LsePartials::None },
+            needs_lse: pipeline.needs_logsumexp(),
+            lse_sums: LseSums::Epilogue,
             // Verification reads each draft row's transformed logit at its draft token.
             targets: pipeline.targets.is_some() || pipeline.verify.is_some(),
             ranks: pipeline.ranks_targets(),
@@ -156,16 +159,22 @@ impl Plan {
 }
 
 
-/// Who keeps a launch's logsumexp partials (DESIGN.md step 7).
+/// Who sums a launch's logsumexp partials (DESIGN.md step 7), processed and raw alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LsePartials {
-    /// The pipeline needs none.
-    None,
+pub(crate) enum LseSums {
     /// The epilogue adds each quad to its row's partial (`Lowering::emit_lse`).
     Epilogue,
-    /// The epilogue leaves each quad-row's counted logits in the scratch (`-inf` elsewhere)
-    /// and `lse_pass` writes the partials after it (`LogitSource::Scratch` only).
+    /// The epilogue leaves each quad-row's counted logits in the scratch (`-inf` for the
+    /// others): the processed ones in place of the raw logits, the raw mode's in a second
+    /// half of the same layout ([`raw_half_bytes`]); `lse_pass` writes the partials after it
+    /// (`LogitSource::Scratch` only).
     ScratchPass,
+}
+
+/// Bytes from the scratch to its second half, where `LseSums::ScratchPass` puts the raw
+/// mode's counted logits: one tile's `crate::tiles::scratch_len` floats.
+pub(crate) fn raw_half_bytes(batch: usize, vocab_tile: u32) -> usize {
+    crate::tiles::scratch_len(batch, vocab_tile as usize) * 4
 }
 
 const CANDIDATE_BYTES: i64 = size_of::<flashsample_abi::Candidate>() as i64;
@@ -251,6 +260,8 @@ struct Launch {
     /// `[raw_lse, raw_lists, raw_per_tile, list_raws, insert_paired]` (`KernelArgs`), loaded
     /// iff the plan has a [`RawPlan`].
     raw: Option<RawLaunch>,
+    /// With [`LseSums::ScratchPass`] and a [`RawPlan`]: [`raw_half_bytes`] for this batch.
+    raw_half: Option<Value>,
     /// Whether the epilogue may capture rows (`KernelArgs::capture_slots`): iff the plan
     /// keeps lists, the only pipelines whose nucleus can outgrow them. The capture's fields are
     /// loaded where they are used, so they hold no register through the main loop.
@@ -446,6 +457,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let last_token = b.ins().iadd_imm_s(vocab, -1);
         let vocab_31 = b.ins().iadd_imm_s(vocab, 31);
         let mask_words = b.ins().ushr_imm_u(vocab_31, 5);
+        // `raw_half_bytes(batch, vocab_tile)`: quads of a tile × 16 bytes a row.
+        let quad_bytes = i64::from(self.plan.vocab_tile.div_ceil(4)) * 16;
+        let raw_half = (self.plan.lse_sums == LseSums::ScratchPass && self.plan.raw.is_some()).then(|| b.ins().imul_imm_s(batch, quad_bytes));
         Launch {
             hidden,
             weights,
@@ -473,6 +487,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             per_tile,
             insert,
             raw,
+            raw_half,
             capture,
             batch,
             vocab,
@@ -600,7 +615,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 let none = k.b.ins().iconst(I32, i64::from(INDEX_NONE));
                 k.store_candidate(addr, neg_inf, none, neg_inf);
             });
-            if k.plan.lse != LsePartials::None {
+            if k.plan.needs_lse {
                 k.clear_lse(l, l.lse, row);
             }
             if let Some(raw) = &l.raw {
@@ -980,9 +995,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
 
     /// DESIGN.md steps 2–7 for one row of the quad; ends by jumping to `next`.
     fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
-        // The scratch is only 4-byte aligned. Only `LsePartials::ScratchPass` writes it: each
+        // The scratch is only 4-byte aligned. Only `LseSums::ScratchPass` writes it: each
         // quad-row's slot after its one load.
-        let scratch_flags = if self.plan.lse == LsePartials::ScratchPass { output() } else { input() };
+        let scratch_flags = if self.plan.lse_sums == LseSums::ScratchPass { output() } else { input() };
         let (addr, flags) = match q.scratch_rows {
             Some(rows) => {
                 let off = self.b.ins().ishl_imm_u(row, 4);
@@ -1021,10 +1036,16 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let index = k.b.ins().iconst(I32, i64::from(INDEX_NONFINITE));
             k.store_candidate(addr, inf, index, nan);
         });
-        if self.plan.lse == LsePartials::ScratchPass {
-            // The poisoned quad adds nothing to the row's partial.
+        if self.plan.lse_sums == LseSums::ScratchPass {
+            // The poisoned quad adds nothing to the row's partials.
             let ninf = fconst(&mut self.b, F32X4, f32::NEG_INFINITY);
-            self.b.ins().store(output(), ninf, addr, 0);
+            if self.plan.needs_lse {
+                self.b.ins().store(output(), ninf, addr, 0);
+            }
+            if let Some(half) = l.raw_half {
+                let raw_addr = self.b.ins().iadd(addr, half);
+                self.b.ins().store(output(), ninf, raw_addr, 0);
+            }
         }
         self.b.ins().jump(next, &[]);
 
@@ -1070,26 +1091,18 @@ impl<'a, 'p> Lowering<'a, 'p> {
             self.b.switch_to_block(rest);
         }
 
-        match self.plan.lse {
-            LsePartials::None => {}
-            LsePartials::Epilogue => self.emit_lse(l, l.lse, row, x, allowed),
-            LsePartials::ScratchPass => {
-                // The counted logits go back in place of the raw ones for `lse_pass`.
-                let b = &mut self.b;
-                let ax = b.ins().fabs(x);
-                let inf = fconst(b, F32X4, f32::INFINITY);
-                let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
-                let counted = b.ins().band(finite, allowed);
-                let ninf = fconst(b, F32X4, f32::NEG_INFINITY);
-                let kept = math::select(b, counted, x, ninf);
-                b.ins().store(output(), kept, addr, 0);
-            }
+        if self.plan.needs_lse {
+            self.emit_partial(l, l.lse, row, x, allowed, addr);
         }
         // The raw distribution counts every existing token, allowed or not.
         let raw_lanes = match (raw_x, &l.raw) {
             (Some(rx), Some(rl)) => {
                 let valid = lane_mask(&mut self.b, q.valid_bits);
-                self.emit_lse(l, rl.lse, row, rx, valid);
+                let raw_addr = match l.raw_half {
+                    Some(half) => self.b.ins().iadd(addr, half),
+                    None => addr,
+                };
+                self.emit_partial(l, rl.lse, row, rx, valid, raw_addr);
                 Some((rx, valid, rl))
             }
             _ => None,
@@ -1611,6 +1624,24 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let c = b.ins().load(I32, output(), at, 0);
         let c = b.ins().iadd(c, n);
         b.ins().store(output(), c, at, 0);
+    }
+
+    /// Step 7 for one partial (at `base`) by the plan's [`LseSums`]: the quad added to it
+    /// here, or its counted logits (`-inf` for the others) stored at `slot` for `lse_pass`.
+    fn emit_partial(&mut self, l: &Launch, base: Value, row: Value, x: Value, allowed: Value, slot: Value) {
+        match self.plan.lse_sums {
+            LseSums::Epilogue => self.emit_lse(l, base, row, x, allowed),
+            LseSums::ScratchPass => {
+                let b = &mut self.b;
+                let ax = b.ins().fabs(x);
+                let inf = fconst(b, F32X4, f32::INFINITY);
+                let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
+                let counted = b.ins().band(finite, allowed);
+                let ninf = fconst(b, F32X4, f32::NEG_INFINITY);
+                let kept = math::select(b, counted, x, ninf);
+                b.ins().store(output(), kept, slot, 0);
+            }
+        }
     }
 
     /// Step 7: adds the quad's counted tokens (allowed, finite `x`) to the (row, tile)
