@@ -6,7 +6,9 @@
 //! running sums cost ~40 instructions; this pass costs a few per token. The epilogue leaves each
 //! quad-row's transformed logits in place of its raw ones, `-inf` for a token that does not
 //! count (masked, past the vocabulary, or in a quad whose raw logits poisoned the row), and
-//! after it returns this pass writes every row's partial for the tile. Per row it takes the
+//! the raw mode's counted raw logits in a second half of the scratch
+//! (`lower::LseSums::ScratchPass`); after it returns this pass writes every row's partials
+//! for the tile from each. Per row it takes the
 //! largest logit (its window is the partial's top), then adds each counted token's term
 //! `LseTerm::of(x)` to the sum of its window when that is one of the three kept: the integers
 //! `LsePartial::add` reaches token by token, in any order (windows are absolute).
