@@ -13,7 +13,9 @@
 //! `LseTerm::of(x)` to the sum of its window when that is one of the three kept: the integers
 //! `LsePartial::add` reaches token by token, in any order (windows are absolute).
 
+#[cfg(target_arch = "x86_64")]
 use flashsample_abi::lse::{LseTerm, INV_WINDOW, KEPT_WINDOWS, TERM_SCALE, WINDOW, WINDOW_LIMIT};
+#[cfg(target_arch = "x86_64")]
 use flashsample_abi::math::{EXP_C, LN2_HI, LN2_LO, LOG2_E};
 use flashsample_abi::LsePartial;
 
@@ -47,6 +49,23 @@ pub(crate) unsafe fn write_partials(scratch: &[f32], batch: usize, quads: usize,
         // SAFETY: the caller's: the features are present, the scratch covers the quads and
         // the partial's pointer is valid.
         unsafe { *partials(row) = row_partial(scratch.as_ptr(), batch, quads, row) };
+    }
+}
+
+/// [`write_partials`] where the pass is not [`available`] (the kernel never selects it there):
+/// `LsePartial::add` token by token.
+///
+/// # Safety
+/// `scratch` holds `quads · batch · 4` floats; `partials(r)` is a valid, exclusive pointer.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) unsafe fn write_partials(scratch: &[f32], batch: usize, quads: usize, partials: impl Fn(usize) -> *mut LsePartial) {
+    for row in 0..batch {
+        let mut p = LsePartial::EMPTY;
+        for q in 0..quads {
+            scratch[(q * batch + row) * 4..][..4].iter().for_each(|&x| p.add(x));
+        }
+        // SAFETY: the caller's.
+        unsafe { *partials(row) = p };
     }
 }
 
@@ -136,7 +155,7 @@ unsafe fn row_partial(scratch: *const f32, batch: usize, quads: usize, row: usiz
     LsePartial { sums, window: top.window, pad: 0 }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
     use flashsample_abi::lse::EMPTY_WINDOW;
