@@ -451,9 +451,13 @@ impl CpuKernel {
         config.validate()?;
         check_host()?;
         config.engine.check(pipeline)?;
+        // The scratch engines' partials come from `lse_pass` where the host has its vectors.
+        let raw_lse = pipeline.needs_raw_logsumexp();
         let source = match config.engine {
             CpuEngine::Cranelift => LogitSource::Fused,
-            CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => LogitSource::Scratch,
+            CpuEngine::Avx512Bf16 | CpuEngine::AmxBf16 => LogitSource::Scratch {
+                lse: if (logsumexp || raw_lse) && crate::lse_pass::available() { LseSums::ScratchPass } else { LseSums::Epilogue },
+            },
         };
 
         let mut flags = settings::builder();
@@ -480,20 +484,15 @@ impl CpuKernel {
         let mut sig = module.make_signature();
         let params = match source {
             LogitSource::Fused => 3,
-            LogitSource::Scratch => 4,
+            LogitSource::Scratch { .. } => 4,
         };
         sig.params.extend(std::iter::repeat_n(AbiParam::new(types::I64), params));
         let id = module.declare_function("flashsample_stage1", Linkage::Local, &sig).map_err(compile_error)?;
         let mut ctx = module.make_context();
         ctx.func.signature = sig;
         ctx.func.name = UserFuncName::user(0, id.as_u32());
-        // The scratch engines' partials come from `lse_pass` where the host has its vectors.
-        let raw_lse = pipeline.needs_raw_logsumexp();
-        let lse_sums = match source {
-            LogitSource::Scratch if (logsumexp || raw_lse) && crate::lse_pass::available() => LseSums::ScratchPass,
-            _ => LseSums::Epilogue,
-        };
-        let plan = Plan { needs_lse: logsumexp, lse_sums, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let plan = Plan { needs_lse: logsumexp, logits: source, noise_skip: config.noise_skip, ..Plan::new(pipeline, config.row_block, config.vocab_tile) };
+        let lse_sums = plan.lse_sums();
         let row_bounds = plan.row_bounds();
         let list_bounds = plan.list_bounds();
         let raw_list_bounds = plan.raw_list_bounds();
@@ -508,7 +507,7 @@ impl CpuKernel {
         let entry = unsafe {
             match source {
                 LogitSource::Fused => Entry::Fused(std::mem::transmute::<*const u8, FusedFn>(code)),
-                LogitSource::Scratch => Entry::Scratch {
+                LogitSource::Scratch { .. } => Entry::Scratch {
                     epilogue: std::mem::transmute::<*const u8, ScratchFn>(code),
                     engine: tiles::for_engine(config.engine)
                         .ok_or(CpuCodegenError::MissingHostFeature("the engine's instructions"))?,

@@ -43,8 +43,9 @@ pub(crate) enum LogitSource {
     /// The kernel's own register-blocked dot products (`fn(args, tile_begin, tile_end)`).
     Fused,
     /// A matrix engine already wrote the tile's logits, `[quad][row][4]` f32 (`crate::tiles`),
-    /// at the 4th parameter: `fn(args, tile_begin, tile_end, scratch)`, one tile per call.
-    Scratch,
+    /// at the 4th parameter: `fn(args, tile_begin, tile_end, scratch)`, one tile per call;
+    /// `lse` says who sums the partials (the fused logits have only the epilogue).
+    Scratch { lse: LseSums },
 }
 
 /// What the lowering needs to know about a pipeline and a config.
@@ -63,8 +64,6 @@ pub(crate) struct Plan {
     pub has_mask: bool,
     pub has_bias: bool,
     pub needs_lse: bool,
-    /// Who sums the partials the plan keeps (processed, and the raw mode's).
-    pub lse_sums: LseSums,
     /// `target_logprob`: the tile holding a row's target writes its transformed logit.
     pub targets: bool,
     /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` is the rank pass.
@@ -96,6 +95,14 @@ pub(crate) struct RawPlan {
 }
 
 impl Plan {
+    /// Who sums the partials this plan keeps (processed, and the raw mode's).
+    pub(crate) fn lse_sums(&self) -> LseSums {
+        match self.logits {
+            LogitSource::Fused => LseSums::Epilogue,
+            LogitSource::Scratch { lse } => lse,
+        }
+    }
+
     /// Whether the noise skips also test against the row's cross-tile bound
     /// (`KernelArgs::row_bounds`): a sampling kernel with [`NoiseSkip::CrossTile`], unless it
     /// verifies (its residual lists need tokens below the winner).
@@ -141,7 +148,6 @@ impl Plan {
             has_mask: pipeline.has_mask(),
             has_bias: pipeline.has_bias(),
             needs_lse: pipeline.needs_logsumexp(),
-            lse_sums: LseSums::Epilogue,
             // Verification reads each draft row's transformed logit at its draft token.
             targets: pipeline.targets.is_some() || pipeline.verify.is_some(),
             ranks: pipeline.ranks_targets(),
@@ -167,7 +173,7 @@ pub(crate) enum LseSums {
     /// The epilogue leaves each quad-row's counted logits in the scratch (`-inf` for the
     /// others): the processed ones in place of the raw logits, the raw mode's in a second
     /// half of the same layout ([`raw_half_bytes`]); `lse_pass` writes the partials after it
-    /// (`LogitSource::Scratch` only).
+    /// (`LogitSource::Scratch` only, which carries the choice).
     ScratchPass,
 }
 
@@ -459,7 +465,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let mask_words = b.ins().ushr_imm_u(vocab_31, 5);
         // `raw_half_bytes(batch, vocab_tile)`: quads of a tile × 16 bytes a row.
         let quad_bytes = i64::from(self.plan.vocab_tile.div_ceil(4)) * 16;
-        let raw_half = (self.plan.lse_sums == LseSums::ScratchPass && self.plan.raw.is_some()).then(|| b.ins().imul_imm_s(batch, quad_bytes));
+        let raw_half = (self.plan.lse_sums() == LseSums::ScratchPass && self.plan.raw.is_some()).then(|| b.ins().imul_imm_s(batch, quad_bytes));
         Launch {
             hidden,
             weights,
@@ -640,7 +646,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let quad = self.emit_quad_head(l, v, v_begin);
         match self.plan.logits {
             LogitSource::Fused => self.emit_row_blocks(l, &quad, quad_next),
-            LogitSource::Scratch => self.emit_scratch_rows(l, &quad, quad_next),
+            LogitSource::Scratch { .. } => self.emit_scratch_rows(l, &quad, quad_next),
         }
 
         self.b.switch_to_block(quad_next);
@@ -997,7 +1003,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
     fn emit_epilogue(&mut self, l: &Launch, q: &Quad, row: Value, next: Block) {
         // The scratch is only 4-byte aligned. Only `LseSums::ScratchPass` writes it: each
         // quad-row's slot after its one load.
-        let scratch_flags = if self.plan.lse_sums == LseSums::ScratchPass { output() } else { input() };
+        let scratch_flags = if self.plan.lse_sums() == LseSums::ScratchPass { output() } else { input() };
         let (addr, flags) = match q.scratch_rows {
             Some(rows) => {
                 let off = self.b.ins().ishl_imm_u(row, 4);
@@ -1036,7 +1042,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             let index = k.b.ins().iconst(I32, i64::from(INDEX_NONFINITE));
             k.store_candidate(addr, inf, index, nan);
         });
-        if self.plan.lse_sums == LseSums::ScratchPass {
+        if self.plan.lse_sums() == LseSums::ScratchPass {
             // The poisoned quad adds nothing to the row's partials.
             let ninf = fconst(&mut self.b, F32X4, f32::NEG_INFINITY);
             if self.plan.needs_lse {
@@ -1629,7 +1635,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
     /// Step 7 for one partial (at `base`) by the plan's [`LseSums`]: the quad added to it
     /// here, or its counted logits (`-inf` for the others) stored at `slot` for `lse_pass`.
     fn emit_partial(&mut self, l: &Launch, base: Value, row: Value, x: Value, allowed: Value, slot: Value) {
-        match self.plan.lse_sums {
+        match self.plan.lse_sums() {
             LseSums::Epilogue => self.emit_lse(l, base, row, x, allowed),
             LseSums::ScratchPass => {
                 let b = &mut self.b;
