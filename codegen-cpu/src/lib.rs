@@ -5,6 +5,8 @@
 //! The semantics are DESIGN.md's "Semantics every backend implements", steps 1–7; the
 //! noise and the transcendentals are emitted op for op as `flashsample_abi` writes them.
 
+// The matrix engines run on x86-64 only; elsewhere only their feature checks are reached.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod amx;
 mod config;
 mod error;
@@ -14,6 +16,7 @@ mod lower;
 mod lse_pass;
 mod math;
 mod pool;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod tiles;
 
 pub use config::{CpuConfig, CpuEngine, NoiseSkip, MAX_THREADS};
