@@ -398,8 +398,6 @@ pub struct CpuKernel {
     /// Who sums this kernel's partials ([`LseSums::ScratchPass`]: `lse_pass` after each
     /// tile's epilogue).
     lse_sums: LseSums,
-    /// Whether it keeps the raw mode's partials too (`KernelArgs::raw_lse`).
-    raw_lse: bool,
     /// Whether its noise skips read `KernelArgs::row_bounds` (`Plan::row_bounds`).
     row_bounds: bool,
     /// Whether its list gates read `KernelArgs::list_bound` / `raw_list_bound`
@@ -520,7 +518,6 @@ impl CpuKernel {
             clif,
             logsumexp,
             lse_sums,
-            raw_lse,
             row_bounds,
             list_bounds,
             raw_list_bounds,
@@ -768,8 +765,9 @@ impl CpuKernel {
             Entry::Scratch { engine, .. } => (engine.prepare)(a.hidden, a.batch, a.dim)?,
         };
         // The raw mode's counted logits for `lse_pass` take a second half (`lower::raw_half_bytes`).
-        let halves = if self.lse_sums == LseSums::ScratchPass && self.raw_lse { 2 } else { 1 };
-        let scratch_len = halves * tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
+        let raw_pass = self.lse_sums == LseSums::ScratchPass && p.needs_raw_logsumexp();
+        let tile_len = tiles::scratch_len(a.batch, self.config.vocab_tile as usize);
+        let scratch_len = if raw_pass { 2 * tile_len } else { tile_len };
         if matches!(self.entry, Entry::Scratch { .. }) && scratch_len * 4 > MAX_SCRATCH_BYTES {
             return Err(CpuCodegenError::TooLarge { what: "logit scratch bytes (batch × vocab_tile × 4, twice for the raw partials)", value: scratch_len * 4, max: MAX_SCRATCH_BYTES });
         }
@@ -874,13 +872,12 @@ impl CpuKernel {
                         if self.logsumexp {
                             crate::lse_pass::write_partials(&scratch, a.batch, quads, |r| args.lse.add(r * tiles + tile));
                         }
-                        if self.raw_lse {
-                            let half = &scratch[lower::raw_half_bytes(a.batch, self.config.vocab_tile) / 4..];
-                            crate::lse_pass::write_partials(half, a.batch, quads, |r| args.raw_lse.add(r * tiles + tile));
+                        if raw_pass {
+                            crate::lse_pass::write_partials(&scratch[tile_len..], a.batch, quads, |r| args.raw_lse.add(r * tiles + tile));
                         }
                     }
-                    crate::lists::finish_tile(&*shared.get(), tile);
-                    publish_bounds(&*shared.get(), tile);
+                    crate::lists::finish_tile(args, tile);
+                    publish_bounds(args, tile);
                 }
             }
         };

@@ -463,9 +463,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         let last_token = b.ins().iadd_imm_s(vocab, -1);
         let vocab_31 = b.ins().iadd_imm_s(vocab, 31);
         let mask_words = b.ins().ushr_imm_u(vocab_31, 5);
-        // `raw_half_bytes(batch, vocab_tile)`: quads of a tile × 16 bytes a row.
-        let quad_bytes = i64::from(self.plan.vocab_tile.div_ceil(4)) * 16;
-        let raw_half = (self.plan.lse_sums() == LseSums::ScratchPass && self.plan.raw.is_some()).then(|| b.ins().imul_imm_s(batch, quad_bytes));
+        // `raw_half_bytes(batch, vocab_tile)`, linear in the batch.
+        let row_bytes = raw_half_bytes(1, self.plan.vocab_tile) as i64;
+        let raw_half = (self.plan.lse_sums() == LseSums::ScratchPass && self.plan.raw.is_some()).then(|| b.ins().imul_imm_s(batch, row_bytes));
         Launch {
             hidden,
             weights,
@@ -1639,10 +1639,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             LseSums::Epilogue => self.emit_lse(l, base, row, x, allowed),
             LseSums::ScratchPass => {
                 let b = &mut self.b;
-                let ax = b.ins().fabs(x);
-                let inf = fconst(b, F32X4, f32::INFINITY);
-                let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
-                let counted = b.ins().band(finite, allowed);
+                let counted = counted_lanes(b, x, allowed);
                 let ninf = fconst(b, F32X4, f32::NEG_INFINITY);
                 let kept = math::select(b, counted, x, ninf);
                 b.ins().store(output(), kept, slot, 0);
@@ -1656,10 +1653,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
     fn emit_lse(&mut self, l: &Launch, base: Value, row: Value, x: Value, allowed: Value) {
         let addr = self.lse_addr(l, base, row);
         let b = &mut self.b;
-        let ax = b.ins().fabs(x);
-        let inf = fconst(b, F32X4, f32::INFINITY);
-        let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
-        let counted = b.ins().band(finite, allowed);
+        let counted = counted_lanes(b, x, allowed);
         let (window, term) = math::lse_term(b, x);
         let empty = iconst(b, I32X4, EMPTY_WINDOW as u32);
         let window = b.ins().bitselect(counted, window, empty);
@@ -1726,6 +1720,14 @@ impl<'a, 'p> Lowering<'a, 'p> {
             b.ins().store(flags, s, addr, 8 * j as i32);
         }
     }
+}
+
+/// The lanes a logsumexp counts (`LseTerm::of`): allowed, with a finite `x`.
+fn counted_lanes(b: &mut FunctionBuilder, x: Value, allowed: Value) -> Value {
+    let ax = b.ins().fabs(x);
+    let inf = fconst(b, F32X4, f32::INFINITY);
+    let finite = b.ins().fcmp(FloatCC::LessThan, ax, inf);
+    b.ins().band(finite, allowed)
 }
 
 /// All-ones lanes where bit `k` of `bits` is set (a quad's allowed or existing tokens).
