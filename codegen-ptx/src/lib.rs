@@ -26,13 +26,14 @@ mod probe;
 mod ptx;
 mod stage1;
 mod stage2;
+mod targets;
 
 pub use config::{
     uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, DEFAULT_LIST_PER_TILE, GPU_RESIDUAL_PER_TILE,
     FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
 pub use heuristic::HEURISTIC_STAGGER_US;
-pub use stage1::RANK_NAME as STAGE1_RANK_KERNEL;
+pub use targets::{target_logits_rows_per_cta, TARGET_LOGITS_KERNEL, TARGET_LOGITS_THREADS};
 pub use layout::{ScratchLayout, SmemLayout};
 pub use decide::{DECIDE_SHARED, DECIDE_THREADS};
 pub use glue::{compile_glue, glue_llvm_ir, GLUE_THREADS};
@@ -129,9 +130,10 @@ pub struct CompiledPtx {
     pub ptx: String,
     /// Entry name of the stage-one kernel (`flashsample_stage1`).
     pub stage1: &'static str,
-    /// Entry name of the stage-one rank pass (`flashsample_stage1_rank`, [`STAGE1`]'s
-    /// parameters), present only when the pipeline ranks its targets (DESIGN.md step 7c).
-    pub stage1_rank: Option<&'static str>,
+    /// Entry name of the targets' logits before stage one (`flashsample_target_logits`,
+    /// [`STAGE1`]'s parameters), present only when the pipeline ranks its targets (DESIGN.md
+    /// step 7c).
+    pub target_logits: Option<&'static str>,
     /// Entry name of the stage-two kernel (`flashsample_stage2`).
     pub stage2: &'static str,
     /// Entry name of the stage-three kernel (`flashsample_filter`), present only when the
@@ -205,7 +207,8 @@ pub struct ModuleKernels {
     pub decide: bool,
     /// The exact nucleus's kernels ([`has_nucleus_kernels`]).
     pub nucleus: bool,
-    /// Stage one's rank pass (`flashsample_stage1_rank`): the pipeline ranks its targets.
+    /// The targets' logits before stage one (`flashsample_target_logits`): the pipeline ranks
+    /// its targets.
     pub rank: bool,
 }
 
@@ -247,10 +250,10 @@ pub fn llvm_ir_with(
     m.push('\n');
     let kernels = ModuleKernels::of(pipeline);
     let lse = pipeline.needs_logsumexp() && !options.skip_logsumexp;
-    m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Sample { lse }));
+    m.push_str(&stage1::emit(pipeline, config, lse));
     if kernels.rank {
         m.push('\n');
-        m.push_str(&stage1::emit(pipeline, config, stage1::Pass::Rank));
+        m.push_str(&targets::emit(pipeline, config));
     }
     m.push('\n');
     m.push_str(&stage2::emit());
@@ -303,7 +306,7 @@ pub fn compile_with(
     Ok(CompiledPtx {
         ptx,
         stage1: stage1::NAME,
-        stage1_rank: kernels.rank.then_some(stage1::RANK_NAME),
+        target_logits: kernels.rank.then_some(TARGET_LOGITS_KERNEL),
         stage2: stage2::NAME,
         filter: kernels.filter.then_some(filter::NAME),
         decide: kernels.decide.then_some((decide::NAME, decide::TARGETS_NAME)),

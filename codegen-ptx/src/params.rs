@@ -212,10 +212,10 @@ kernel_params! {
         /// `r mod spec_period ≠ k` (the last row of each sequence is its bonus); 0 makes every
         /// row a draft row (the recompute of single rows). Unread without `verify`.
         spec_period: U32,
-        /// `u32 [B]`, zeroed: read only by the rank pass (`flashsample_stage1_rank`, DESIGN.md
-        /// step 7c), which adds per (warp, row) the count of the tile's tokens whose
-        /// logit is at least `target_logprobs[row]` (the first pass's target logit, read, not
-        /// written, on this pass) and writes nothing else. 0 on every other launch.
+        /// `u32 [B]`, zeroed, on a launch that ranks its targets (DESIGN.md step 7c), else 0:
+        /// stage one then adds per (warp, row) the count of the tile's tokens whose logit is
+        /// at least `target_logprobs[row]` (written before it by `flashsample_target_logits`,
+        /// read, not written, by stage one).
         target_ranks: MutPtr,
         /// `RowFilter [B]` the launch's filters (0: none): a row stage three draws
         /// (`RowFilter::is_drawn_in_stage_three`) takes its argmax, and the nucleus capture

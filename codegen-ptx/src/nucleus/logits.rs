@@ -3,7 +3,7 @@
 //! f32 order: on tensor cores (16-bit operands) `mma.sync.m16n8k16` steps over k in ascending
 //! order into one accumulator, zero-filled past D (every stage-one tensor schedule's order,
 //! DESIGN.md "Batch invariance"); on the SIMT schedule one `fma` per k in ascending order.
-//! Then the transform chain through stage one's own emitter (`transform_token`), the allowed
+//! Then the transform chain through stage one's own emitter (`token_x`), the allowed
 //! bit, and per token its ascending sort key and index for the sort.
 //!
 //! Tensor-core path: each warp multiplies 16 W rows (the MMA's m) by up to 8 picked rows (its
@@ -16,7 +16,7 @@ use crate::config::GpuConfig;
 use crate::ir::{i32c, Func, Global, Icmp, Int, Ptr, F32, I1, I16, I32, I64};
 use crate::params::{arg, NUCLEUS_LOGITS};
 use crate::ptx;
-use crate::stage1::{load_elem, model_logit, transform_token, RowTransform, TokenBits};
+use crate::stage1::{load_elem, model_logit, token_x};
 use flashsample_ir::{DType, Pipeline};
 
 pub(crate) const NAME: &str = "flashsample_nucleus_logits";
@@ -88,10 +88,7 @@ fn copy_captured(f: &mut Func, tid: &I32, lane: &I32, v0: &I32, count: &I32) {
 
 /// The tensor-core multiply: warp `w` owns tokens `v0 + 16w ..`, lane `4g + t` the
 /// accumulators of tokens `16w + g` and `16w + g + 8` for picked rows `2t` and `2t + 1` of each
-/// group of 8. K runs
-/// in slices of stage one's `k_step` (every 16-wide step's loads of a slice issued before its
-/// MMAs), zero-padded to a whole slice as stage one's ring pads it: the same MMA steps, so even
-/// an exact zero sum keeps its sign.
+/// group of 8 ([`mma_over_k`]).
 fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, v0: &I32, count: &I32) {
     let warp = f.lshr(tid, &i32c(5));
     let lane = f.and(tid, &i32c(31));
@@ -110,6 +107,33 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, v0: &I32, count: &
     };
     let wa = row_start(f, &va);
     let wb = row_start(f, &vb);
+    let t2 = f.shl(&t, &i32c(1));
+    // Up to 8 picked rows per pass (the MMA's n): column g multiplies picked row `first + g`;
+    // columns past the count repeat row 0 (unused).
+    f.for_loop(&i32c(0), count, &i32c(8), |f, first| {
+        let jg = f.add(first, &g);
+        let has_col = f.icmp(Icmp::Ult, &jg, count);
+        let jcol = f.sel(&has_col, &jg, &i32c(0));
+        let hrow = picked_row(f, &jcol);
+        let h64 = f.zext(&hrow);
+        let hb = f.mul(&h64, &dim64);
+        let acc = mma_over_k(f, p, k_step, &t, &wa, &wb, &hb);
+        let j0 = f.add(first, &t2);
+        let j1 = f.add(&j0, &i32c(1));
+        for (raw, (v, j)) in acc.iter().zip([(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)]) {
+            store_logit(f, p, v, j, count, raw);
+        }
+    });
+}
+
+/// One m16n8 tile over the whole of D from global memory, lane `4g + t`'s accumulators
+/// `D[g][2t], D[g][2t + 1], D[g + 8][2t], D[g + 8][2t + 1]`: A rows `g`, `g + 8` are the W rows
+/// starting at elements `wa`, `wb`, B column `g` the hidden row at `hb` (each lane passes its
+/// own). K runs in slices of stage one's `k_step` (every 16-wide step's loads of a slice issued
+/// before its MMAs), zero-padded to a whole slice as stage one's ring pads it: the same MMA
+/// steps in the same order as every stage-one tensor schedule, so a (row, token)'s sum has
+/// stage one's bits, even an exact zero's sign.
+pub(crate) fn mma_over_k(f: &mut Func, p: &Pipeline, k_step: u32, t: &I32, wa: &I64, wb: &I64, hb: &I64) -> Vec<F32> {
     let dtype = match p.weights.dtype {
         DType::F16 => "f16",
         _ => "bf16",
@@ -123,50 +147,35 @@ fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, v0: &I32, count: &
     let ptrs: I32 = f.trunc(&ptrs);
     let mis = f.or(&odd, &ptrs);
     let aligned = f.icmp(Icmp::Eq, &mis, &i32c(0));
-    let t2 = f.shl(&t, &i32c(1));
-    // Up to 8 picked rows per pass (the MMA's n): column g multiplies picked row `first + g`;
-    // columns past the count repeat row 0 (unused).
-    f.for_loop(&i32c(0), count, &i32c(8), |f, first| {
-        let jg = f.add(first, &g);
-        let has_col = f.icmp(Icmp::Ult, &jg, count);
-        let jcol = f.sel(&has_col, &jg, &i32c(0));
-        let hrow = picked_row(f, &jcol);
-        let h64 = f.zext(&hrow);
-        let hb = f.mul(&h64, &dim64);
-        let acc: Vec<_> = (0..4).map(|_| f.var(&F32::ZERO)).collect();
-        let kloop = |f: &mut Func, aligned: bool| {
-            f.for_loop(&i32c(0), &arg::DIM, &i32c(k_step), |f, k| {
-                let mut steps = Vec::new();
-                for step in 0..k_step / 16 {
-                    let k0 = f.add(k, &i32c(16 * step));
-                    let ka = f.add(&k0, &t2);
-                    let kb = f.add(&ka, &i32c(8));
-                    let a = [
-                        pair(f, aligned, &arg::WEIGHTS, &wa, &ka),
-                        pair(f, aligned, &arg::WEIGHTS, &wb, &ka),
-                        pair(f, aligned, &arg::WEIGHTS, &wa, &kb),
-                        pair(f, aligned, &arg::WEIGHTS, &wb, &kb),
-                    ];
-                    let b = [pair(f, aligned, &arg::HIDDEN, &hb, &ka), pair(f, aligned, &arg::HIDDEN, &hb, &kb)];
-                    steps.push((a, b));
+    let t2 = f.shl(t, &i32c(1));
+    let acc: Vec<_> = (0..4).map(|_| f.var(&F32::ZERO)).collect();
+    let kloop = |f: &mut Func, aligned: bool| {
+        f.for_loop(&i32c(0), &arg::DIM, &i32c(k_step), |f, k| {
+            let mut steps = Vec::new();
+            for step in 0..k_step / 16 {
+                let k0 = f.add(k, &i32c(16 * step));
+                let ka = f.add(&k0, &t2);
+                let kb = f.add(&ka, &i32c(8));
+                let a = [
+                    pair(f, aligned, &arg::WEIGHTS, wa, &ka),
+                    pair(f, aligned, &arg::WEIGHTS, wb, &ka),
+                    pair(f, aligned, &arg::WEIGHTS, wa, &kb),
+                    pair(f, aligned, &arg::WEIGHTS, wb, &kb),
+                ];
+                let b = [pair(f, aligned, &arg::HIDDEN, hb, &ka), pair(f, aligned, &arg::HIDDEN, hb, &kb)];
+                steps.push((a, b));
+            }
+            for (a, b) in steps {
+                let cur: Vec<F32> = acc.iter().map(|v| f.get(v)).collect();
+                let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
+                for (slot, v) in acc.iter().zip(out.iter()) {
+                    f.set(slot, v);
                 }
-                for (a, b) in steps {
-                    let cur: Vec<F32> = acc.iter().map(|v| f.get(v)).collect();
-                    let out = ptx::mma_m16n8k16(f, dtype, &a, &b, &cur);
-                    for (slot, v) in acc.iter().zip(out.iter()) {
-                        f.set(slot, v);
-                    }
-                }
-            });
-        };
-        f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
-        let j0 = f.add(first, &t2);
-        let j1 = f.add(&j0, &i32c(1));
-        for (i, (v, j)) in [(&va, &j0), (&va, &j1), (&vb, &j0), (&vb, &j1)].into_iter().enumerate() {
-            let raw = f.get(&acc[i]);
-            store_logit(f, p, v, j, count, &raw);
-        }
-    });
+            }
+        });
+    };
+    f.if_else(&aligned, |f| kloop(f, true), |f| kloop(f, false));
+    acc.iter().map(|v| f.get(v)).collect()
 }
 
 /// Elements `k, k + 1` of the 16-bit matrix `ptr` from element `base` (i64) as one 32-bit
@@ -242,36 +251,8 @@ fn store_logit(f: &mut Func, p: &Pipeline, v: &I32, j: &I32, count: &I32, raw: &
     let ok = f.and(&v_ok, &j_ok);
     f.if_then(&ok, |f| {
         let r = picked_row(f, j);
-        let row = RowTransform::load(f, p, &r);
-        let words = f.add(&arg::VOCAB, &i32c(31));
-        let words = f.lshr(&words, &i32c(5));
-        let wi = f.mul(&r, &words);
-        let wcol = f.lshr(v, &i32c(5));
-        let wi = f.add(&wi, &wcol);
-        let wi64 = f.zext(&wi);
-        let word = |f: &mut Func, table: &Ptr<Global>| -> I32 {
-            let a = f.gaddr(table, &wi64, 4);
-            f.load(&a, 4)
-        };
-        let pen_word = p.has_penalties().then(|| word(f, &arg::PEN_BITS));
-        let lb_word = p.has_logit_bias().then(|| word(f, &arg::LB_BITS));
-        let mask_word = p.has_mask().then(|| word(f, &arg::ALLOWED));
+        let (x, bias) = token_x(f, p, &r, v, raw);
         let v64 = f.zext(v);
-        let bias = p.has_bias().then(|| {
-            let a = f.gaddr(&arg::BIAS, &v64, 4);
-            f.load(&a, 4)
-        });
-        let bit = f.and(v, &i32c(31));
-        let bits = TokenBits { v, bit: &bit, v_ok: &I1::TRUE, pen_word: pen_word.as_ref(), lb_word: lb_word.as_ref() };
-        let xv = transform_token(f, &p.transforms, &row, raw, bias.as_ref(), &bits);
-        let x = match &mask_word {
-            Some(w) => {
-                let sh = f.lshr(w, &bit);
-                let allowed = f.trunc(&sh);
-                f.sel(&allowed, &xv, &F32::NEG_INF)
-            }
-            None => xv,
-        };
         let e = store_x(f, v, &v64, j, &x);
         let has_raw = f.non_null(&arg::RAW);
         f.if_then(&has_raw, |f| {

@@ -11,13 +11,13 @@
 //!    over the lanes and warps, stored as the tile's candidate (steps 5–6).
 //!
 //! Where lists or residual lists put the tile's `x` in shared memory, phases 4 and 5 read each
-//! column back from there where they use it ([`Logits`]). The rank pass's kernel
-//! (`flashsample_stage1_rank`, step 7c) runs phases 1–2, then [`Gen::count_ranks`] alone.
+//! column back from there where they use it ([`Logits`]). A launch that ranks its targets
+//! counts them ([`Gen::count_ranks`], step 7c) where another stores their logits (step 7b).
 //! Cross-warp values pass through the epilogue area's scratch ([`ScratchLayout`]).
 //!
 //! [`ScratchLayout`]: crate::ScratchLayout
 
-use super::{Gen, Item, Pass, Thread, SMEM};
+use super::{Gen, Item, Thread, SMEM};
 use super::lists::ListKind;
 use crate::entries::{Candidate, CandidateVar, CANDIDATE_BYTES};
 use crate::config::NoiseSkip;
@@ -191,6 +191,46 @@ pub(crate) fn transform_token(f: &mut Func, transforms: &[Transform], row: &RowT
     xv
 }
 
+/// One token of row `r` outside a tile (`v < V`, `r` inside the batch), from its matmul value
+/// `raw`: its `x` (DESIGN.md steps 3–4: the transform chain, `-inf` where the row's mask
+/// excludes it) and its global bias (loaded where the pipeline has one, for the raw logit of
+/// step 10, [`model_logit`]). The kernels that recompute a token's logit (the exact nucleus's,
+/// the targets') take it here, from the tile epilogue's own emitters, so their bits are stage
+/// one's.
+pub(crate) fn token_x(f: &mut Func, p: &Pipeline, r: &I32, v: &I32, raw: &F32) -> (F32, Option<F32>) {
+    let row = RowTransform::load(f, p, r);
+    let words = f.add(&arg::VOCAB, &i32c(31));
+    let words = f.lshr(&words, &i32c(5));
+    let wi = f.mul(r, &words);
+    let wcol = f.lshr(v, &i32c(5));
+    let wi = f.add(&wi, &wcol);
+    let wi64 = f.zext(&wi);
+    let word = |f: &mut Func, table: &Ptr<Global>| -> I32 {
+        let a = f.gaddr(table, &wi64, 4);
+        f.load(&a, 4)
+    };
+    let pen_word = p.has_penalties().then(|| word(f, &arg::PEN_BITS));
+    let lb_word = p.has_logit_bias().then(|| word(f, &arg::LB_BITS));
+    let mask_word = p.has_mask().then(|| word(f, &arg::ALLOWED));
+    let v64 = f.zext(v);
+    let bias = p.has_bias().then(|| {
+        let a = f.gaddr(&arg::BIAS, &v64, 4);
+        f.load(&a, 4)
+    });
+    let bit = f.and(v, &i32c(31));
+    let bits = TokenBits { v, bit: &bit, v_ok: &I1::TRUE, pen_word: pen_word.as_ref(), lb_word: lb_word.as_ref() };
+    let xv = transform_token(f, &p.transforms, &row, raw, bias.as_ref(), &bits);
+    let x = match &mask_word {
+        Some(w) => {
+            let sh = f.lshr(w, &bit);
+            let allowed = f.trunc(&sh);
+            f.sel(&allowed, &xv, &F32::NEG_INF)
+        }
+        None => xv,
+    };
+    (x, bias)
+}
+
 /// The transformed logits of the thread's accumulators (same indices), the non-finite flag
 /// per column and the first token of each of its quads.
 struct Transformed {
@@ -229,13 +269,7 @@ impl Gen<'_> {
         let t2 = f.shl(&th.t, &i32c(1));
         let (cols, trs) = self.columns_and_transforms(f, it, &t2);
         let t = self.transform(f, it, &cols, &trs, acc, &warp_base, &g4);
-        match self.pass {
-            // Step 7c: the rank pass counts against the first pass's target logits (left
-            // alone) and writes nothing else. It counts what the target logprob describes:
-            // the raw logits in the raw mode.
-            Pass::Rank => self.count_ranks(f, th, it, &cols, &t.quad_base, t.raw.as_ref().unwrap_or(&t.x)),
-            Pass::Sample { .. } => self.finish_epilogue(f, th, it, &cols, t),
-        }
+        self.finish_epilogue(f, th, it, &cols, t);
     }
 
     /// Steps 6b–7 after the transforms: the targets' logits, the lists, the logsumexp
@@ -245,7 +279,18 @@ impl Gen<'_> {
         self.store_nonfinite(f, th, cols, &t.nonfinite);
         // A verifying pipeline's targets are the draft tokens (each draft row's logit at its
         // draft); it is never in the raw mode (IrError::VerifyWithRawLogprobs).
-        if self.p.targets.is_some() || self.p.verify.is_some() {
+        if self.p.ranks_targets() {
+            // Step 7c: a launch that ranks took its targets' logits from
+            // `flashsample_target_logits` before this kernel, and counts against them here; one
+            // that does not stores them (7b). Both count and store what the target logprob
+            // describes: the raw logits in the raw mode.
+            let ranking = f.non_null(&arg::TARGET_RANKS);
+            f.if_else(
+                &ranking,
+                |f| self.count_ranks(f, th, it, cols, &t.quad_base, carried),
+                |f| self.store_targets(f, it, cols, &t.quad_base, carried),
+            );
+        } else if self.p.targets.is_some() || self.p.verify.is_some() {
             self.store_targets(f, it, cols, &t.quad_base, carried);
         }
         // A raw pipeline's config may hold lists for its raw top logprobs alone.
@@ -498,11 +543,11 @@ impl Gen<'_> {
         }
     }
 
-    /// Step 7c, the rank pass: per column, the thread's tokens (`< V`) whose logit (`-inf`
-    /// when excluded or NaN, as the target's is stored) is at least the row's target logit
-    /// `target_logprobs[row]`, summed over the 8 lanes sharing the column (xor 4, 8, 16) and
-    /// added to `target_ranks[row]` by one lane per warp. Integer adds: any order gives the
-    /// same count.
+    /// Step 7c, the rank: per column, the thread's tokens (`< V`) whose logit (`-inf` when
+    /// excluded or NaN, as the target's is stored) is at least the row's target logit
+    /// `target_logprobs[row]` (`flashsample_target_logits`' value, read, not written, here),
+    /// summed over the 8 lanes sharing the column (xor 4, 8, 16) and added to
+    /// `target_ranks[row]` by one lane per warp. Integer adds: any order gives the same count.
     fn count_ranks(&self, f: &mut Func, th: &Thread, it: &Item, cols: &[Col], quad_base: &[I32], x: &[F32]) {
         let first_of_column = f.icmp(Icmp::Ult, &th.lane, &i32c(4));
         for (ci, cl) in cols.iter().enumerate() {

@@ -38,13 +38,11 @@ use crate::ptx;
 use flashsample_ir::Pipeline;
 use ring::{Feed, Ring};
 
-pub(crate) use epilogue::{model_logit, transform_token, RowTransform, TokenBits};
+pub(crate) use epilogue::{model_logit, token_x};
 pub(crate) use residual::is_draft_row;
 pub(crate) use simt::load_elem;
 
 pub(crate) const NAME: &str = "flashsample_stage1";
-/// The rank pass's kernel (DESIGN.md step 7c): [`STAGE1`]'s parameters.
-pub const RANK_NAME: &str = "flashsample_stage1_rank";
 
 /// The kernel's dynamic shared memory (`lib.rs` declares it): the ring, the mbarriers, the
 /// epilogue areas.
@@ -116,21 +114,9 @@ struct Gen<'a> {
     quads: u32,
     /// 8-column n tiles per CTA.
     ntiles: u32,
-    /// Whether the epilogue computes and stores the logsumexp partials (DESIGN.md step 7).
+    /// Whether the epilogue computes and stores the logsumexp partials (DESIGN.md step 7):
+    /// the pipeline needs them and the caller did not ask to skip them.
     lse: bool,
-    /// What the kernel computes.
-    pass: Pass,
-}
-
-/// What a stage-one kernel computes. A pipeline that ranks its targets has both.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Pass {
-    /// The launch's outputs (`flashsample_stage1`); `lse`: with the logsumexp partials (the
-    /// pipeline needs them and the caller did not ask to skip them).
-    Sample { lse: bool },
-    /// DESIGN.md step 7c's count alone (`flashsample_stage1_rank`): the same mainloop and
-    /// transforms, then each row's tokens at least as likely as its target; nothing else.
-    Rank,
 }
 
 impl Gen<'_> {
@@ -155,10 +141,9 @@ enum Mma {
     Wgmma,
 }
 
-/// A stage-one kernel: `pass` says which.
-pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, pass: Pass) -> String {
-    let lse = pass == Pass::Sample { lse: true };
-    let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8, lse, pass };
+/// The stage-one kernel; `lse`: with the logsumexp partials.
+pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
+    let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8, lse };
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
     let warp = f.lshr(&tid, &i32c(5));
@@ -261,8 +246,7 @@ impl Gen<'_> {
         });
     }
 
-    /// The kernel's text: `f` as `flashsample_stage1` after the helpers it calls, or as
-    /// `flashsample_stage1_rank` (emitted after it: the helpers are defined once).
+    /// The kernel's text: `f` as `flashsample_stage1` after the helpers it calls.
     fn finish(&self, f: Func) -> String {
         let (p, c) = (self.p, self.c);
         let mut attrs = format!("\"nvvm.maxntid\"=\"{}\"", c.block_threads());
@@ -275,10 +259,6 @@ impl Gen<'_> {
             attrs.push_str(&format!(" \"nvvm.cluster_dim\"=\"{},1,1\"", c.cluster_ctas()));
         }
         let mut out = String::new();
-        if self.pass == Pass::Rank {
-            out.push_str(&f.finish(&STAGE1.llvm_header(RANK_NAME, &attrs)));
-            return out;
-        }
         if p.has_penalties() {
             out.push_str(&epilogue::penalize_token());
             out.push('\n');

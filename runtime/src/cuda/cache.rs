@@ -32,8 +32,9 @@ const DEFAULT_SMEM_LIMIT: u32 = 48 * 1024;
 /// A pipeline's kernels, loaded into one device's context.
 pub(crate) struct LoadedKernel {
     pub stage1: CudaFunction,
-    /// Stage one's rank pass (DESIGN.md step 7c), for pipelines that rank their targets.
-    pub stage1_rank: Option<CudaFunction>,
+    /// The targets' logits before stage one (DESIGN.md step 7c), for pipelines that rank
+    /// their targets.
+    pub target_logits: Option<CudaFunction>,
     pub stage2: CudaFunction,
     /// Stage three, for pipelines with lists.
     pub filter: Option<CudaFunction>,
@@ -284,7 +285,7 @@ fn write_cached(dir: &Path, key: &Key, text: &str) {
 }
 
 /// Loads PTX into the device's context and looks up its kernels (stage three, the decision
-/// kernels, the exact nucleus's and the rank pass as `kernels` says the module holds them).
+/// kernels, the exact nucleus's and the targets' logits as `kernels` says the module holds them).
 /// Stage one's dynamic shared memory is opted into here (above 48 KB a launch needs it), and
 /// its occupancy read with it.
 fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels, config: &GpuConfig) -> Result<LoadedKernel> {
@@ -300,8 +301,8 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels
         }
     };
     let stage1 = module.load_function(ptx::STAGE1).map_err(drv("cuModuleGetFunction(flashsample_stage1)"))?;
-    let stage1_rank = if rank {
-        Some(module.load_function(ptx::STAGE1_RANK).map_err(drv("cuModuleGetFunction(flashsample_stage1_rank)"))?)
+    let target_logits = if rank {
+        Some(module.load_function(ptx::TARGET_LOGITS).map_err(drv("cuModuleGetFunction(flashsample_target_logits)"))?)
     } else {
         None
     };
@@ -335,7 +336,8 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels
     };
     let smem = config.smem_bytes();
     if smem > DEFAULT_SMEM_LIMIT {
-        for f in std::iter::once(&stage1).chain(&stage1_rank) {
+        {
+            let f = &stage1;
             f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
                 .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
         }
@@ -349,7 +351,7 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels
             config.block_threads()
         )));
     }
-    Ok(LoadedKernel { stage1, stage1_rank, stage2, filter, decide, nucleus, _module: module, from_disk, stage1_per_sm })
+    Ok(LoadedKernel { stage1, target_logits, stage2, filter, decide, nucleus, _module: module, from_disk, stage1_per_sm })
 }
 
 /// Loads `text` again with the JIT's error log attached, to say *why* it was rejected.

@@ -29,7 +29,7 @@ use flashsample_abi::{Candidate, LsePartial, ParamError, RowStatus, RowStatusErr
 use flashsample_codegen_ptx::{
     DecideArgs, FilterArgs, GpuConfig, KernelArg, NucleusCutArgs, NucleusDrawArgs, NucleusHistArgs, NucleusLayout, NucleusLogitsArgs,
     NucleusPickArgs, NucleusScatterArgs, Stage1Args, Stage2Args, TensorMapWords, DECIDE_THREADS, NUCLEUS_CUT_THREADS, NUCLEUS_MAX_VOCAB, NUCLEUS_RADIX_PASSES,
-    NUCLEUS_THREADS,
+    NUCLEUS_THREADS, TARGET_LOGITS_THREADS, target_logits_rows_per_cta,
 };
 use flashsample_ir::{Pipeline, Temperature, Transform};
 use std::sync::Arc;
@@ -765,16 +765,29 @@ impl SamplingPlan {
             unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
             Ok(())
         };
+        let stage1 = match (&k.kernel.target_logits, a.target_ranks != 0) {
+            (Some(targets), true) => {
+                // Step 7c: the targets' logits first, then stage one counts each row's rank
+                // against them into the zeroed ranks.
+                // SAFETY: `target_ranks` holds `batch` words (resolve), and the memset is
+                // ordered on `stream` before stage one.
+                unsafe { cudarc::driver::result::memset_d8_async(a.target_ranks, 0, a.shape.batch * 4, stream.cu_stream()) }
+                    .map_err(drv("cuMemsetD8Async(target ranks)"))?;
+                let rows = target_logits_rows_per_cta(&k.config) as usize;
+                let grid = (a.shape.batch.div_ceil(rows) as u32, 1, 1);
+                let cfg = LaunchConfig { grid_dim: grid, block_dim: (TARGET_LOGITS_THREADS, 1, 1), shared_mem_bytes: 0 };
+                let args = stage1.args();
+                let mut b = stream.launch_builder(targets);
+                push_args(&mut b, &args);
+                // SAFETY: stage one's parameter table and arguments (the kernel reads `batch`
+                // rows of `targets`, hidden and the pipeline's row tables, and writes
+                // `target_logprobs[0..batch]`, all sized by resolve).
+                unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_target_logits)"))?;
+                Stage1Args { target_ranks: a.target_ranks, ..stage1 }
+            }
+            _ => stage1,
+        };
         launch_stage1(&k.kernel.stage1, &stage1)?;
-        if let (Some(rank), true) = (&k.kernel.stage1_rank, a.target_ranks != 0) {
-            // Step 7c: the rank pass, the same tiles and multiply, counts against the first
-            // pass's target logits into the zeroed ranks.
-            // SAFETY: `target_ranks` holds `batch` words (resolve), and the memset is ordered
-            // on `stream` between the two passes.
-            unsafe { cudarc::driver::result::memset_d8_async(a.target_ranks, 0, a.shape.batch * 4, stream.cu_stream()) }
-                .map_err(drv("cuMemsetD8Async(target ranks)"))?;
-            launch_stage1(rank, &Stage1Args { target_ranks: a.target_ranks, ..stage1 })?;
-        }
         at(Boundary::AfterStageOne)?;
 
         // Stage two.

@@ -70,7 +70,7 @@ pub(crate) fn compiler_version() -> &'static str {
 }
 
 pub(crate) const STAGE1: &str = flashsample_codegen_ptx::STAGE1.kernel;
-pub(crate) const STAGE1_RANK: &str = flashsample_codegen_ptx::STAGE1_RANK_KERNEL;
+pub(crate) const TARGET_LOGITS: &str = flashsample_codegen_ptx::TARGET_LOGITS_KERNEL;
 pub(crate) const STAGE2: &str = "flashsample_stage2";
 pub(crate) const FILTER: &str = "flashsample_filter";
 pub(crate) const DECIDE: &str = flashsample_codegen_ptx::DECIDE.kernel;

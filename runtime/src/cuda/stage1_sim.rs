@@ -13,7 +13,9 @@ use flashsample_abi::math::softcap_f32;
 use flashsample_abi::rng::{gumbel_f32, noise_bits};
 use flashsample_abi::speculative::{insert_residual, residual_bits, RESIDUAL_EMPTY};
 use flashsample_abi::{Candidate, PenaltyArg, RowFilter, SamplingParams, TemperatureArg, INDEX_NONE, INDEX_NONFINITE};
-use flashsample_codegen_ptx::{captures_logits, GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, STAGE1_RANK_KERNEL};
+use flashsample_codegen_ptx::{
+    captures_logits, target_logits_rows_per_cta, GpuConfig, Grid, NoiseSkip, ParamKind, Schedule, STAGE1, TARGET_LOGITS_KERNEL, TARGET_LOGITS_THREADS,
+};
 
 /// Capture slots of the simulated plan (`R`).
 const CAPTURE_ROWS: usize = 2;
@@ -29,7 +31,7 @@ fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
 fn stage_one_module(p: &Pipeline, c: &GpuConfig, mem: &mut Memory) -> Module {
     let ir = flashsample_codegen_ptx::llvm_ir(p, c).unwrap();
     let globals: HashMap<String, u64> = [("@fs_smem".to_string(), mem.add(vec![0; c.smem_bytes() as usize]))].into();
-    let kernels: &[&str] = if p.ranks_targets() { &[STAGE1.kernel, STAGE1_RANK_KERNEL] } else { &[STAGE1.kernel] };
+    let kernels: &[&str] = if p.ranks_targets() { &[STAGE1.kernel, TARGET_LOGITS_KERNEL] } else { &[STAGE1.kernel] };
     Module::with_callees(&ir, kernels, &globals)
 }
 
@@ -130,27 +132,25 @@ impl Launch<'_> {
         assert!(listed(&got) < listed(&want), "the list bounds cut nothing ({} entries)", listed(&want));
     }
 
-    /// DESIGN.md step 7c: stage one scoring `targets` (their logits into `target_logprobs`),
-    /// then the rank pass over the same memory, which must leave every other output alone;
-    /// the target logits and the ranks.
+    /// DESIGN.md step 7c: a launch scoring `targets` without ranks (stage one stores their
+    /// logits into `target_logprobs`), then one with ranks (`flashsample_target_logits` stores
+    /// them, stage one counts against them), which must write the same candidates, partials,
+    /// lists and target logits, bit for bit; the target logits and the ranks.
     fn run_ranks(&self, targets: &[u32]) -> (Vec<f32>, Vec<u32>) {
-        let extra = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch])), ("target_ranks", bytes(&vec![0u32; self.batch]))];
-        let (m, mut mem, bufs, args) = self.launch(NoiseSkip::CrossTile, &extra, 0);
-        let logits: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
-        let ranks = STAGE1.index("target_ranks").expect("stage one takes the ranks");
-        let mut args = args;
-        args[ranks] = bufs["target_ranks"];
-        let written = |mem: &Memory| ["candidates", "lse", "lists"].map(|b| mem.bufs[(bufs[b] >> 40) as usize - 1].clone());
-        let first = written(&mem);
-        m.run_grid(STAGE1_RANK_KERNEL, &args, self.c.grid(self.batch, self.vocab, 132), self.c.block_threads() as usize, &mut mem);
-        assert!(written(&mem) == first, "the rank pass writes only the ranks");
-        let after: Vec<f32> = bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_logprobs"] >> 40) as usize - 1]);
-        assert_eq!(bytemuck::cast_slice::<f32, u32>(&after), bytemuck::cast_slice::<f32, u32>(&logits), "the rank pass leaves the target logits");
-        (logits, bytemuck::pod_collect_to_vec(&mem.bufs[(bufs["target_ranks"] >> 40) as usize - 1]))
+        let read = |mem: &Memory, bufs: &HashMap<&str, u64>, b: &str| mem.bufs[(bufs[b] >> 40) as usize - 1].clone();
+        let scored = [("targets", bytes(targets)), ("target_logprobs", bytes(&vec![f32::NAN; self.batch]))];
+        let (_, mem, bufs, _) = self.launch(NoiseSkip::CrossTile, &scored, 0);
+        let ranked: Vec<_> = scored.iter().cloned().chain([("target_ranks", bytes(&vec![0u32; self.batch]))]).collect();
+        let (_, rmem, rbufs, _) = self.launch(NoiseSkip::CrossTile, &ranked, 0);
+        for b in ["candidates", "lse", "lists", "target_logprobs"] {
+            assert!(read(&mem, &bufs, b) == read(&rmem, &rbufs, b), "{b}: a ranking launch writes what one without ranks does");
+        }
+        let logits = bytemuck::pod_collect_to_vec(&read(&rmem, &rbufs, "target_logprobs"));
+        (logits, bytemuck::pod_collect_to_vec(&read(&rmem, &rbufs, "target_ranks")))
     }
 
-    /// One launch with `skip`, `extra` named buffers (the first pass: without `target_ranks`)
-    /// and `spec_period` (a verifying launch's draft/bonus row period; 0 = every row a draft
+    /// One launch with `skip`, `extra` named buffers (with `target_ranks`: a launch that ranks
+    /// its targets, `flashsample_target_logits` first) and `spec_period` (a verifying launch's draft/bonus row period; 0 = every row a draft
     /// row): its module, memory, the buffers' addresses and the arguments.
     fn launch<'n>(&self, skip: NoiseSkip, extra: &[(&'n str, Vec<u8>)], spec_period: u32) -> (Module, Memory, HashMap<&'n str, u64>, Vec<u64>) {
         let (p, params, batch, vocab) = (self.p, self.params, self.batch, self.vocab);
@@ -201,7 +201,6 @@ impl Launch<'_> {
             .params
             .iter()
             .map(|q| match (q.name, q.kind) {
-                ("target_ranks", _) => 0,
                 (name, ParamKind::ConstPtr | ParamKind::MutPtr) => bufs.get(name).copied().unwrap_or(0),
                 ("seed", _) => params.seed,
                 ("batch", _) => batch as u64,
@@ -213,6 +212,10 @@ impl Launch<'_> {
                 _ => 0,
             })
             .collect();
+        if bufs.contains_key("target_ranks") {
+            let grid = (batch.div_ceil(target_logits_rows_per_cta(c) as usize) as u32, 1, 1);
+            m.run_grid(TARGET_LOGITS_KERNEL, &args, grid, TARGET_LOGITS_THREADS as usize, &mut mem);
+        }
         m.run_grid(STAGE1.kernel, &args, c.grid(batch, vocab, 132), c.block_threads() as usize, &mut mem);
         (m, mem, bufs, args)
     }
@@ -517,11 +520,12 @@ fn simt_stage_one_applies_every_transform_as_the_abi_does() {
     Launch { p: &p, c: simt(&p), hidden: &hidden, weights: &weights, params: &params, batch, dim, vocab, row_base: 0 }.check();
 }
 
-/// DESIGN.md step 7c on the SIMT tile: the first pass stores each target's logit, the rank
-/// pass counts every row's tokens at least as likely (ties included, `-inf` only for an
-/// excluded target) against the host model's logits, and leaves the logits alone.
+/// DESIGN.md step 7c on the SIMT tile: `flashsample_target_logits` stores each target's
+/// logit, bit for bit what stage one stores without ranks, and stage one counts every row's
+/// tokens at least as likely (ties included, `-inf` only for an excluded target) against the
+/// host model's logits, writing everything else as it does without ranks.
 #[test]
-fn simt_rank_pass_counts_the_tokens_at_least_as_likely_as_the_target() {
+fn simt_ranks_count_the_tokens_at_least_as_likely_as_the_target() {
     let (batch, dim, vocab) = (9usize, 8usize, 600usize);
     let p = PipelineBuilder::new("Rank", DType::F32, DType::F32)
         .temperature_per_row("t")

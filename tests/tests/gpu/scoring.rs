@@ -125,9 +125,12 @@ fn target_ranks_match_the_reference_on_every_schedule_and_both_apis() {
     assert_eq!(got.target_ranks.as_deref(), Some(&[10, vocab as u32][..]));
 }
 
-/// The rank kernel on one small launch per logprob mode and schedule kind (SIMT, mma.sync,
-/// wgmma), sized for compute-sanitizer (the sweep above outlasts memcheck's slowdown): ranks
-/// and logprobs within the float64 reference's range, an odd vocabulary (a partial last tile).
+/// The ranks on one small launch per logprob mode and schedule kind (SIMT, mma.sync, wgmma),
+/// sized for compute-sanitizer (the sweep above outlasts memcheck's slowdown): ranks and
+/// logprobs within the float64 reference's range, an odd vocabulary (a partial last tile), 5
+/// rows (a partial group of 8 in `flashsample_target_logits`); and the target logprobs bit for
+/// bit those of the same pipeline without ranks, whose stage one stores the targets' logits
+/// itself (step 7b), so the targets kernel's logits are the tiles'.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn target_ranks_of_a_small_launch() {
@@ -143,11 +146,31 @@ fn target_ranks_of_a_small_launch() {
             .build()
             .unwrap();
         let sampler = Sampler::new(p.clone(), &device).unwrap();
+        let unranked = PipelineBuilder::new("SmallScorer", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .argmax()
+            .target_logprob("targets")
+            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
+            .logprob_mode(mode)
+            .build()
+            .unwrap();
+        let scorer = Sampler::new(unranked, &device).unwrap();
         let (batch, dim, vocab) = (5, 256, 4099);
         let case = Case::random(&p, batch, dim, vocab, 83, 4.0);
         let rows: Vec<usize> = (0..batch).collect();
         let got = case.run(&sampler).unwrap();
         case.check(&p, &got, &rows).unwrap_or_else(|e| panic!("{mode:?} heuristic: {e}"));
+        let bits = |v: &Option<Vec<f32>>| v.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let same_logprobs = |ranked: &Option<Vec<f32>>, config: Option<&GpuConfig>, what: &str| {
+            let plain = match config {
+                None => case.run(&scorer),
+                Some(c) => case.run_with(&scorer, &KernelConfig::Cuda(c.clone())),
+            }
+            .unwrap();
+            assert!(ranked.is_some(), "{what}: target logprobs");
+            assert_eq!(bits(ranked), bits(&plain.target_logprobs), "{what}: the ranking launch's target logprobs are the scorer's");
+        };
+        same_logprobs(&got.target_logprobs, None, &format!("{mode:?} heuristic"));
         let item = Grid::PerItem;
         for (vt, bt, warps, schedule) in [
             (128, 8, 4, Schedule::Simt { grid: item }),
@@ -156,8 +179,9 @@ fn target_ranks_of_a_small_launch() {
         ] {
             let mut c = GpuConfig::new(vt, bt, warps, schedule);
             let Some(what) = fit_to_device(&mut c, &p, &dev, 3, format!("{mode:?} small")) else { continue };
-            let sched = case.run_with(&sampler, &KernelConfig::Cuda(c)).unwrap();
+            let sched = case.run_with(&sampler, &KernelConfig::Cuda(c.clone())).unwrap();
             case.check(&p, &sched, &rows).unwrap_or_else(|e| panic!("{what}: {e}"));
+            same_logprobs(&sched.target_logprobs, Some(&c), &what);
         }
     }
 }
