@@ -137,24 +137,14 @@ fn target_ranks_of_a_small_launch() {
     use flashsample_ir::LogprobMode;
     let (device, dev) = hopper_gpu("the wgmma tile");
     for mode in [LogprobMode::Processed, LogprobMode::Raw] {
-        let p = PipelineBuilder::new("SmallRanker", DType::BF16, DType::BF16)
-            .temperature_per_row("t")
-            .argmax()
-            .target_logprob_and_rank("targets")
-            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
-            .logprob_mode(mode)
-            .build()
-            .unwrap();
+        let scorer = |name: &str, rank: bool| {
+            let b = PipelineBuilder::new(name, DType::BF16, DType::BF16).temperature_per_row("t").argmax();
+            let b = if rank { b.target_logprob_and_rank("targets") } else { b.target_logprob("targets") };
+            b.outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 }).logprob_mode(mode).build().unwrap()
+        };
+        let p = scorer("SmallRanker", true);
         let sampler = Sampler::new(p.clone(), &device).unwrap();
-        let unranked = PipelineBuilder::new("SmallScorer", DType::BF16, DType::BF16)
-            .temperature_per_row("t")
-            .argmax()
-            .target_logprob("targets")
-            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs: 0 })
-            .logprob_mode(mode)
-            .build()
-            .unwrap();
-        let scorer = Sampler::new(unranked, &device).unwrap();
+        let scorer = Sampler::new(scorer("SmallScorer", false), &device).unwrap();
         let (batch, dim, vocab) = (5, 256, 4099);
         let case = Case::random(&p, batch, dim, vocab, 83, 4.0);
         let rows: Vec<usize> = (0..batch).collect();
