@@ -59,9 +59,12 @@ if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite on an H100 at 0fdb007 (2026-12-07, twenty-sixth
-  # session). Nothing since has run only on the IR interpreter: list new work here.
-  NEW_TESTS=${NEW_TESTS:-"speculative::"}
-  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:speculative::the_device_api_decides_as_the_host_api racecheck:short_lists_overflow_and_rerun_exactly"}
+  # session). Since then only on the IR interpreter (its SIMT path) and ptxas: the ranks in
+  # one pass (`flashsample_target_logits`, d11f435), whose tensor-core path shares the exact
+  # nucleus's multiply (also refactored there): the scoring and nucleus tests, and memcheck
+  # and synccheck of the small ranked launch.
+  NEW_TESTS=${NEW_TESTS:-"scoring:: nucleus:: large_nuclei raw_logprobs_of_nuclei a_nucleus_past"}
+  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:scoring::target_ranks_of_a_small_launch synccheck:scoring::target_ranks_of_a_small_launch"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
