@@ -4,20 +4,19 @@
 //! Per row, the target token's logit `y_t` as step 7b defines it (`x`, or the raw logit in the
 //! raw logprob mode; `-inf` when excluded or not `> -inf`) to `target_logprobs[row]`: the
 //! multiply in stage one's f32 order and the transforms through the tile epilogue's emitters
-//! ([`mma_over_k`], [`token_x`]), so the value has the bits the tile holding the target would
+//! ([`mma_over_k`] or [`fma_over_k`], [`token_x`]), so the value has the bits the tile holding the target would
 //! store, and stage one then compares every token against the threshold it will see itself.
 //! Tensor cores: each warp takes 8 rows, A row `g` the target's W row of row `r0 + g` and B
 //! column `g` its hidden row; the diagonal `D[g][g]` is row `r0 + g`'s logit (lane `4g + g/2`,
-//! accumulator `g % 2`). SIMT (f32 and mixed operands): one row a thread, one `fma` per k in
-//! ascending order as `stage1/simt.rs`. `B·D` multiply-adds (`16·B·D` on the tensor path)
+//! accumulator `g % 2`). SIMT (f32 and mixed operands): one row a thread. `B·D` multiply-adds (`16·B·D` on the tensor path)
 //! instead of the second `B·V·D` pass the rank took before. Stage one's parameter table:
 //! the runtime launches it with stage one's arguments.
 
 use crate::config::GpuConfig;
 use crate::ir::{i32c, Fcmp, Func, Icmp, F32, I1, I32, I64};
-use crate::nucleus::mma_over_k;
+use crate::nucleus::{fma_over_k, mma_over_k};
 use crate::params::{arg, STAGE1};
-use crate::stage1::{load_elem, model_logit, token_x};
+use crate::stage1::{model_logit, token_x};
 use flashsample_ir::Pipeline;
 
 /// The kernel's entry name.
@@ -50,18 +49,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig) -> String {
         let wrow = f.mul(&t64, &dim64);
         let r64: I64 = f.zext(&rs);
         let hrow = f.mul(&r64, &dim64);
-        let acc = f.var(&F32::ZERO);
-        f.for_loop(&i32c(0), &arg::DIM, &i32c(1), |f, k| {
-            let k64 = f.zext(k);
-            let wi = f.add(&wrow, &k64);
-            let w = load_elem(f, &arg::WEIGHTS, &wi, p.weights.dtype);
-            let hi = f.add(&hrow, &k64);
-            let h = load_elem(f, &arg::HIDDEN, &hi, p.hidden.dtype);
-            let cur = f.get(&acc);
-            let nv = f.call("@llvm.fma.f32", &[&w, &h, &cur]);
-            f.set(&acc, &nv);
-        });
-        let raw = f.get(&acc);
+        let raw = fma_over_k(&mut f, p, &wrow, &hrow);
         let store = f.and(&has, &t_ok);
         f.if_then(&store, |f| store_target(f, p, &row, &target, &raw));
     }

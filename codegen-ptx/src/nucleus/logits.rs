@@ -221,25 +221,32 @@ fn simt(f: &mut Func, p: &Pipeline, tid: &I32, v0: &I32, count: &I32) {
     let v64 = f.zext(&vs);
     let wrow = f.mul(&v64, &dim64);
     let step = i32c(super::NUCLEUS_THREADS / super::NUCLEUS_LOGITS_TOKENS);
-    let (wd, hd) = (p.weights.dtype, p.hidden.dtype);
     f.for_loop(&half, count, &step, |f, j| {
         let r = picked_row(f, j);
         let r64 = f.zext(&r);
         let hrow = f.mul(&r64, &dim64);
-        let acc = f.var(&F32::ZERO);
-        f.for_loop(&i32c(0), &arg::DIM, &i32c(1), |f, k| {
-            let k64 = f.zext(k);
-            let wi = f.add(&wrow, &k64);
-            let w = load_elem(f, &arg::WEIGHTS, &wi, wd);
-            let hi = f.add(&hrow, &k64);
-            let h = load_elem(f, &arg::HIDDEN, &hi, hd);
-            let cur = f.get(&acc);
-            let nv = f.call("@llvm.fma.f32", &[&w, &h, &cur]);
-            f.set(&acc, &nv);
-        });
-        let raw = f.get(&acc);
+        let raw = fma_over_k(f, p, &wrow, &hrow);
         store_logit(f, p, &v, j, count, &raw);
     });
+}
+
+/// The SIMT schedule's multiply of one (row, token): the W row at element `wrow` by the hidden
+/// row at `hrow`, one `fma` per k in ascending order into one f32 accumulator, as
+/// `stage1/simt.rs` walks it.
+pub(crate) fn fma_over_k(f: &mut Func, p: &Pipeline, wrow: &I64, hrow: &I64) -> F32 {
+    let (wd, hd) = (p.weights.dtype, p.hidden.dtype);
+    let acc = f.var(&F32::ZERO);
+    f.for_loop(&i32c(0), &arg::DIM, &i32c(1), |f, k| {
+        let k64 = f.zext(k);
+        let wi = f.add(wrow, &k64);
+        let w = load_elem(f, &arg::WEIGHTS, &wi, wd);
+        let hi = f.add(hrow, &k64);
+        let h = load_elem(f, &arg::HIDDEN, &hi, hd);
+        let cur = f.get(&acc);
+        let nv = f.call("@llvm.fma.f32", &[&w, &h, &cur]);
+        f.set(&acc, &nv);
+    });
+    f.get(&acc)
 }
 
 /// Token `v` of picked row `j` (when both exist): DESIGN.md steps 3–4 on its matmul value

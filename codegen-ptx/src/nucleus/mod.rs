@@ -18,7 +18,7 @@
 mod cut;
 mod draw;
 mod logits;
-pub(crate) use logits::mma_over_k;
+pub(crate) use logits::{fma_over_k, mma_over_k};
 mod pick;
 mod sort;
 

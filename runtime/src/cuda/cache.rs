@@ -336,11 +336,9 @@ fn load(device: &CudaDevice, text: &str, from_disk: bool, kernels: ModuleKernels
     };
     let smem = config.smem_bytes();
     if smem > DEFAULT_SMEM_LIMIT {
-        {
-            let f = &stage1;
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
-        }
+        stage1
+            .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(drv("cuFuncSetAttribute(flashsample_stage1, MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
     }
     let stage1_per_sm = stage1
         .occupancy_max_active_blocks_per_multiprocessor(config.block_threads(), smem as usize, None)

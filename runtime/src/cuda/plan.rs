@@ -754,7 +754,8 @@ impl SamplingPlan {
             target_ranks: 0,
             list_bounds,
         };
-        let launch_stage1 = |kernel: &CudaFunction, args: &Stage1Args| -> Result<()> {
+        // Stage one and the targets' logits take the same parameter table.
+        let launch_stage1 = |kernel: &CudaFunction, cfg: LaunchConfig, args: &Stage1Args, call: &'static str| -> Result<()> {
             let args = args.args();
             let mut b = stream.launch_builder(kernel);
             push_args(&mut b, &args);
@@ -762,7 +763,7 @@ impl SamplingPlan {
             // (`Stage1Args`); every buffer is sized for the plan's max batch and the largest
             // tiles of its configs (build), and the caller's were checked against this
             // launch's shape (resolve).
-            unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_stage1)"))?;
+            unsafe { b.launch(cfg) }.map_err(drv(call))?;
             Ok(())
         };
         let stage1 = match (&k.kernel.target_logits, a.target_ranks != 0) {
@@ -775,19 +776,13 @@ impl SamplingPlan {
                     .map_err(drv("cuMemsetD8Async(target ranks)"))?;
                 let rows = target_logits_rows_per_cta(&k.config) as usize;
                 let grid = (a.shape.batch.div_ceil(rows) as u32, 1, 1);
-                let cfg = LaunchConfig { grid_dim: grid, block_dim: (TARGET_LOGITS_THREADS, 1, 1), shared_mem_bytes: 0 };
-                let args = stage1.args();
-                let mut b = stream.launch_builder(targets);
-                push_args(&mut b, &args);
-                // SAFETY: stage one's parameter table and arguments (the kernel reads `batch`
-                // rows of `targets`, hidden and the pipeline's row tables, and writes
-                // `target_logprobs[0..batch]`, all sized by resolve).
-                unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(flashsample_target_logits)"))?;
+                let targets_cfg = LaunchConfig { grid_dim: grid, block_dim: (TARGET_LOGITS_THREADS, 1, 1), shared_mem_bytes: 0 };
+                launch_stage1(targets, targets_cfg, &stage1, "cuLaunchKernel(flashsample_target_logits)")?;
                 Stage1Args { target_ranks: a.target_ranks, ..stage1 }
             }
             _ => stage1,
         };
-        launch_stage1(&k.kernel.stage1, &stage1)?;
+        launch_stage1(&k.kernel.stage1, cfg, &stage1, "cuLaunchKernel(flashsample_stage1)")?;
         at(Boundary::AfterStageOne)?;
 
         // Stage two.
