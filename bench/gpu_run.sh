@@ -58,11 +58,9 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite on an H100 at 0fdb007 (2026-12-07, twenty-sixth
-  # session). Since then only on the IR interpreter (its SIMT path) and ptxas: the ranks in
-  # one pass (`flashsample_target_logits`, d11f435), whose tensor-core path shares the exact
-  # nucleus's multiply (also refactored there): the scoring and nucleus tests, and memcheck
-  # and synccheck of the small ranked launch.
+  # Main's GPU code passed the whole suite on an H100 at 0fdb007 (2026-12-07), and the ranks
+  # in one pass (`flashsample_target_logits`) their scoring and nucleus tests and sanitizers at
+  # affb4e0. List here what changed on the GPU since; the default repeats that last list.
   NEW_TESTS=${NEW_TESTS:-"scoring:: nucleus:: large_nuclei raw_logprobs_of_nuclei a_nucleus_past"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:scoring::target_ranks_of_a_small_launch synccheck:scoring::target_ranks_of_a_small_launch"}
   start=$SECONDS
