@@ -63,9 +63,10 @@ pub(crate) struct KernelArgs {
     /// holding it (`-inf` when excluded); null without `target_logprob`.
     pub targets: *const u32,
     pub target_logits: *mut f32,
-    /// The rank pass (DESIGN.md step 7c): `[B * tiles]` per (row, tile) counts of the tokens
-    /// whose logit is at least `target_logits[row]`, which the pass then only reads; null
-    /// outside it (and without `target_logprob(.., rank)`).
+    /// DESIGN.md step 7c: `[B]` each row's threshold (its target's logit, known before the
+    /// launch) and `[B * tiles]` per (row, tile) counts of the tokens whose logit is at least
+    /// it, both null unless the launch ranks (`target_logprob(.., rank)`).
+    pub rank_thresholds: *const f32,
     pub rank_counts: *mut u32,
     /// `[B, S]` per (row, sample) the best score a finished tile of this launch reached (f32
     /// bits, `-inf` at the start; `publish_row_bounds` raises it): the noise skips' cross-tile
@@ -316,11 +317,12 @@ pub struct CpuLaunch<'a> {
     /// `[batch]` tokens to score (each `< vocab`) and `[batch]` where their transformed logits
     /// go (`-inf` for an excluded target), iff the pipeline has `target_logprob`.
     pub targets: Option<(&'a [u32], &'a mut [f32])>,
-    /// The rank pass (DESIGN.md step 7c), only for a pipeline that ranks its targets:
-    /// `[batch * tiles]` zeroed counts; `targets`' logits then hold the first pass's values,
-    /// which this pass reads as each row's threshold and leaves alone. Every other output of
-    /// the pass is written as in the first (give it scratch buffers).
-    pub rank_counts: Option<&'a mut [u32]>,
+    /// The ranks (DESIGN.md step 7c), only for a pipeline that ranks its targets: each row's
+    /// threshold and the counts against it, besides every other output.
+    pub ranks: Option<RankCounts<'a>>,
+    /// Only these vocabulary tiles run (`None`: all of them); the other tiles' slots of every
+    /// output are left as given. The ranks' thresholds are a launch of each target's tile.
+    pub vocab_tiles: Option<std::ops::Range<usize>>,
     /// `[batch, tiles, per_tile]` iff `pipeline.list_capacity() > 0`, any `per_tile >= 1`:
     /// shorter than the capacity, a tile's list may drop a token of the row's top `capacity`,
     /// which stage three's merge reports (`abi::ListError::Overflow`); the runtime's exact
@@ -338,6 +340,15 @@ pub struct CpuLaunch<'a> {
     pub raw: Option<CpuRawOutputs<'a>>,
     /// Rows whose whole row of logits the launch keeps (only for a pipeline with lists).
     pub capture: Option<Capture<'a>>,
+}
+
+/// What a ranking launch counts (DESIGN.md step 7c).
+pub struct RankCounts<'a> {
+    /// `[batch]` each row's target logit (raw in the raw mode), the bits this launch computes
+    /// for it: a token counts iff its logit is at least this.
+    pub thresholds: &'a [f32],
+    /// `[batch * tiles]` zeroed per (row, tile) counts.
+    pub counts: &'a mut [u32],
 }
 
 /// A row slot of [`Capture::slots`] that captures nothing.
@@ -635,14 +646,21 @@ impl CpuKernel {
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("targets")),
             (false, None) => (std::ptr::null(), std::ptr::null_mut()),
         };
-        let rank_counts = match (p.ranks_targets(), a.rank_counts) {
-            (true, Some(c)) => {
-                expect_len("rank counts", c.len(), checked(a.batch, tiles, "rank counts")?)?;
-                c.as_mut_ptr()
+        let (rank_thresholds, rank_counts) = match (p.ranks_targets(), a.ranks) {
+            (true, Some(r)) => {
+                expect_len("rank thresholds", r.thresholds.len(), a.batch)?;
+                expect_len("rank counts", r.counts.len(), checked(a.batch, tiles, "rank counts")?)?;
+                (r.thresholds.as_ptr(), r.counts.as_mut_ptr())
             }
             (false, Some(_)) => return Err(CpuCodegenError::Unexpected("rank counts")),
-            (_, None) => std::ptr::null_mut(),
+            (_, None) => (std::ptr::null(), std::ptr::null_mut()),
         };
+        let run_tiles = a.vocab_tiles.unwrap_or(0..tiles);
+        if run_tiles.start > run_tiles.end || run_tiles.end > tiles {
+            return Err(CpuCodegenError::BadArgument(format!(
+                "vocabulary tiles {run_tiles:?} of a launch with {tiles} tiles"
+            )));
+        }
         let (residual_lists, residual_per_tile, streams) = match (p.verify.is_some(), a.residual) {
             (true, Some(r)) => {
                 expect_len("residual streams", r.streams.len(), a.batch)?;
@@ -809,6 +827,7 @@ impl CpuKernel {
             add_logit_bias: apply_quad::<LogitBiasTable>,
             targets,
             target_logits,
+            rank_thresholds,
             rank_counts,
             lists,
             per_tile: per_tile as u64,
@@ -862,9 +881,8 @@ impl CpuKernel {
                     (engine.tiles)(&job, &mut scratch);
                     // The scratch now holds this tile's logits in the layout `tiles` documents.
                     epilogue(shared.get(), tile as u64, tile as u64 + 1, scratch.as_mut_ptr());
-                    // The rank pass keeps no partials (its epilogue stops before step 7).
                     let args = &*shared.get();
-                    if self.lse_sums == LseSums::ScratchPass && args.rank_counts.is_null() {
+                    if self.lse_sums == LseSums::ScratchPass {
                         let (tiles, quads) = (args.tiles as usize, (v_end - v_begin).div_ceil(4));
                         // `lse_pass::available` held at compile; the scratch holds the tile's
                         // quads (and the raw half after them); row r's partial of this tile is
@@ -881,10 +899,10 @@ impl CpuKernel {
                 }
             }
         };
-        if tiles == 1 {
-            run(0);
+        if run_tiles.len() == 1 {
+            run(run_tiles.start);
         } else {
-            self.pool.install(|| (0..tiles).into_par_iter().with_max_len(1).for_each(run));
+            self.pool.install(|| run_tiles.into_par_iter().with_max_len(1).for_each(run));
         }
         Ok(())
     }

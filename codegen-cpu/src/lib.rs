@@ -21,5 +21,5 @@ mod tiles;
 
 pub use config::{CpuConfig, CpuEngine, NoiseSkip, MAX_THREADS};
 pub use error::CpuCodegenError;
-pub use kernel::{capture_stride, Capture, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists, CAPTURE_NONE};
+pub use kernel::{capture_stride, Capture, CpuKernel, CpuLaunch, CpuRawOutputs, RankCounts, ResidualLists, CAPTURE_NONE};
 pub use pool::thread_pool;

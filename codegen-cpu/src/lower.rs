@@ -66,7 +66,7 @@ pub(crate) struct Plan {
     pub needs_lse: bool,
     /// `target_logprob`: the tile holding a row's target writes its transformed logit.
     pub targets: bool,
-    /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` is the rank pass.
+    /// `target_logprob(.., rank)`: a launch with `KernelArgs::rank_counts` also counts.
     pub ranks: bool,
     /// Entries of each (row, tile) top list; 0 = no lists.
     pub list_capacity: u32,
@@ -250,8 +250,9 @@ struct Launch {
     logit_bias: Option<[Value; 3]>,
     /// `[targets, target_logits]`, loaded iff the plan scores targets.
     targets: Option<[Value; 2]>,
-    /// `rank_counts` (null outside the rank pass), loaded iff the plan ranks targets.
-    rank_counts: Option<Value>,
+    /// `[rank_thresholds, rank_counts]` (null unless the launch ranks), loaded iff the plan
+    /// ranks targets.
+    ranks: Option<[Value; 2]>,
     lists: Value,
     per_tile: Value,
     insert: Value,
@@ -444,7 +445,10 @@ impl<'a, 'p> Lowering<'a, 'p> {
             .plan
             .targets
             .then(|| [self.arg(offset_of!(KernelArgs, targets)), self.arg(offset_of!(KernelArgs, target_logits))]);
-        let rank_counts = self.plan.ranks.then(|| self.arg(offset_of!(KernelArgs, rank_counts)));
+        let ranks = self
+            .plan
+            .ranks
+            .then(|| [self.arg(offset_of!(KernelArgs, rank_thresholds)), self.arg(offset_of!(KernelArgs, rank_counts))]);
         let raw = self.plan.raw.is_some().then(|| RawLaunch {
             lse: self.arg(offset_of!(KernelArgs, raw_lse)),
             lists: self.arg(offset_of!(KernelArgs, raw_lists)),
@@ -484,7 +488,7 @@ impl<'a, 'p> Lowering<'a, 'p> {
             penalize,
             logit_bias,
             targets,
-            rank_counts,
+            ranks,
             lists,
             residual,
             row_bounds,
@@ -1082,9 +1086,9 @@ impl<'a, 'p> Lowering<'a, 'p> {
         };
         let allowed = lane_mask(b, allowed_bits);
 
-        if let (Some(counts), Some([_, target_logits])) = (l.rank_counts, l.targets) {
-            // Step 7c, the rank pass: count against the row's target logit (raw in the raw
-            // mode) and nothing else; the first pass goes on below.
+        if let Some([thresholds, counts]) = l.ranks {
+            // Step 7c: count against the row's target logit (raw in the raw mode), when the
+            // launch ranks; everything else goes on below.
             let (count, rest) = (self.b.create_block(), self.b.create_block());
             self.b.ins().brif(counts, count, &[], rest, &[]);
             self.b.switch_to_block(count);
@@ -1092,8 +1096,8 @@ impl<'a, 'p> Lowering<'a, 'p> {
                 Some(rx) => (rx, lane_mask(&mut self.b, q.valid_bits)),
                 None => (x, allowed),
             };
-            self.emit_rank_count(l, q, row, tx, tallowed, target_logits, counts);
-            self.b.ins().jump(next, &[]);
+            self.emit_rank_count(l, q, row, tx, tallowed, thresholds, counts);
+            self.b.ins().jump(rest, &[]);
             self.b.switch_to_block(rest);
         }
 
@@ -1607,15 +1611,15 @@ impl<'a, 'p> Lowering<'a, 'p> {
         b.switch_to_block(done);
     }
 
-    /// Step 7c, the rank pass: adds the quad's tokens whose eligible logit (`-inf` when
-    /// excluded) is at least the row's target logit `target_logits[row]` (the first pass's)
-    /// to the (row, tile) count; only this tile's task touches that count.
+    /// Step 7c: adds the quad's tokens whose eligible logit (`-inf` when excluded) is at least
+    /// the row's threshold `thresholds[row]` (its target's logit) to the (row, tile) count;
+    /// only this tile's task touches that count.
     #[allow(clippy::too_many_arguments)]
-    fn emit_rank_count(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value, target_logits: Value, counts: Value) {
+    fn emit_rank_count(&mut self, l: &Launch, q: &Quad, row: Value, x: Value, allowed: Value, thresholds: Value, counts: Value) {
         let tile = self.b.use_var(self.tile);
         let b = &mut self.b;
         let row4 = b.ins().ishl_imm_u(row, 2);
-        let at = b.ins().iadd(target_logits, row4);
+        let at = b.ins().iadd(thresholds, row4);
         let threshold = b.ins().load(F32, input(), at, 0);
         let threshold = b.ins().splat(F32X4, threshold);
         let xs = eligible(b, x, allowed);

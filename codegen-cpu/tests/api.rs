@@ -67,7 +67,7 @@ fn launch_rejects_mismatched_buffers() {
     let mut lse = vec![LsePartial::EMPTY; batch * tiles];
     let launch = |hidden: &[f32], weights: &[u8], temps: &[f32], bias: Option<&[f32]>, allowed: Option<&[u32]>,
                   cands: &mut [Candidate], lse: Option<&mut [LsePartial]>| {
-        kernel.launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
+        kernel.launch(CpuLaunch { targets: None, ranks: None, vocab_tiles: None, residual: None, raw: None, capture: None,
             hidden, weights, batch, dim, vocab, temperatures: temps, filters: None, bias, allowed, seed: 1, candidates: cands, lse,
             row_seeds: None, row_steps: None, vocab_offset: 0, row_offset: 0, penalties: None, logit_bias: None, lists: None,
         })
@@ -110,7 +110,7 @@ fn launch_checks_the_capture() {
         let mut logits = vec![0.0f32; floats];
         let mut lse = vec![LsePartial::EMPTY; batch * tiles];
         kernel.launch(CpuLaunch {
-            targets: None, rank_counts: None, residual: None, raw: None,
+            targets: None, ranks: None, vocab_tiles: None, residual: None, raw: None,
             capture: Some(Capture { slots, logits: &mut logits, raws: None }),
             hidden: &vec![0.5; batch * dim], weights: &vec![0; vocab * dim * 4], batch, dim, vocab,
             temperatures: &vec![1.0; batch], filters: p.filter_max_k().map(|_| &top_p[..]), bias: None, allowed: None, seed: 1, candidates: &mut cands,
@@ -137,7 +137,7 @@ fn empty_launches_write_nothing() {
     let mut none: [Candidate; 0] = [];
     for (batch, vocab) in [(0, 10), (2, 0)] {
         kernel
-            .launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
+            .launch(CpuLaunch { targets: None, ranks: None, vocab_tiles: None, residual: None, raw: None, capture: None,
                 hidden: &vec![0.0; batch * 3],
                 weights: &vec![0; vocab * 3 * 4],
                 batch,

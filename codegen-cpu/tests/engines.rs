@@ -382,7 +382,7 @@ fn avx512bf16_refuses_what_it_cannot_compute_exactly() {
     inp.hidden[2 * 5 + 1] = 1.0 + f32::EPSILON;
     let mut cands = vec![flashsample_abi::Candidate { score: 0.0, index: 0, logit: 0.0 }; 3 * kernel.tiles(20)];
     let err = kernel
-        .launch(flashsample_codegen_cpu::CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
+        .launch(flashsample_codegen_cpu::CpuLaunch { targets: None, ranks: None, vocab_tiles: None, residual: None, raw: None, capture: None,
             hidden: &inp.hidden,
             weights: &inp.weights,
             batch: 3,

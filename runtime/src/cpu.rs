@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
-use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, ResidualLists};
+use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, RankCounts, ResidualLists};
 use flashsample_ir::Pipeline;
 use std::sync::{Arc, Mutex};
 
@@ -140,7 +140,7 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<StageOne> {
-        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize, Pass::Sample)
+        self.stage_one_with_lists(hidden_f32, weights, params, allowed, shape, config, self.pipeline.list_capacity() as usize, Pass::Sample { ranks: None })
     }
 
     /// [`Self::stage_one`] with top lists of `per_tile` entries (at least the pipeline's
@@ -157,10 +157,11 @@ impl CpuBackend {
         per_tile: usize,
         pass: Pass<'_>,
     ) -> Result<StageOne> {
-        let (residual, rank_thresholds) = match pass {
-            Pass::Sample | Pass::Exact => (None, None),
-            Pass::Verify(r) => (Some(r), None),
-            Pass::Rank(t) => (None, Some(t)),
+        let (residual, rank_thresholds, vocab_tiles) = match pass {
+            Pass::Sample { ranks } => (None, ranks, None),
+            Pass::Exact => (None, None, None),
+            Pass::Verify(r) => (Some(r), None, None),
+            Pass::TargetTile(t) => (None, None, Some(t..t + 1)),
         };
         let weight_bytes =
             weights.host_bytes().ok_or_else(|| Error::WrongDevice { tensor: weights.location(), sampler: "the CPU".into() })?;
@@ -190,16 +191,12 @@ impl CpuBackend {
         let token_streams = vec![NoiseStream::Token; shape.batch];
         let residual = verifying.then(|| residual.unwrap_or(ResidualPlan { streams: &token_streams, per_tile: 1 }));
         let mut residual_lists = residual.map(|r| vec![RESIDUAL_EMPTY; shape.batch * layout.tiles * r.per_tile]);
-        // Poisoned, like the candidates: every row's target lies in exactly one tile. The rank
-        // pass reads them (the first pass's) as its thresholds.
-        let mut target_logits = match rank_thresholds {
-            Some(t) => Some(t.to_vec()),
-            None => targets.map(|_| vec![f32::NAN; shape.batch]),
-        };
+        // Poisoned, like the candidates: every row's target lies in exactly one tile.
+        let mut target_logits = targets.map(|_| vec![f32::NAN; shape.batch]);
         let mut rank_counts = rank_thresholds.map(|_| vec![0u32; shape.batch * layout.tiles]);
         let mut raw = p.needs_raw_logsumexp().then(|| RawStageOne::buffers(p, lists_layout));
         let mut captured = match pass {
-            Pass::Sample if p.list_capacity() > 0 => Captured::buffers(p, params, shape.batch, shape.vocab),
+            Pass::Sample { .. } if p.list_capacity() > 0 => Captured::buffers(p, params, shape.batch, shape.vocab),
             _ => None,
         };
         kernel.launch(CpuLaunch {
@@ -220,7 +217,8 @@ impl CpuBackend {
             penalties: penalties.as_ref(),
             logit_bias: logit_bias.as_ref(),
             targets: targets.zip(target_logits.as_deref_mut()),
-            rank_counts: rank_counts.as_deref_mut(),
+            ranks: rank_thresholds.zip(rank_counts.as_deref_mut()).map(|(thresholds, counts)| RankCounts { thresholds, counts }),
+            vocab_tiles,
             residual: residual.zip(residual_lists.as_deref_mut()).map(|(r, lists)| ResidualLists { streams: r.streams, lists }),
             lists: lists.as_deref_mut(),
             candidates: &mut candidates,
@@ -293,8 +291,14 @@ impl CpuBackend {
         // runs again with lists of the capacity, which cannot overflow (stage three merges
         // `capacity` entries a row).
         let mut per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
+        // Step 7c: each row's target logit before the pass, so that the pass counts against it.
+        let thresholds = match self.pipeline.ranks_targets() {
+            true => Some(self.target_tile_logits(hidden_f32, weights, params, shape, config)?),
+            false => None,
+        };
+        let ranks = thresholds.as_deref();
         let (one, mut reduced, mut status, mut top_logprobs) = loop {
-            let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample)?;
+            let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample { ranks })?;
             let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
             let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
             let top_logprobs = match &one.lists {
@@ -327,12 +331,20 @@ impl CpuBackend {
             (Some(t), Some(lse)) => Some(t.iter().zip(lse).map(|(x, l)| x - l).collect()),
             _ => None,
         };
-        // Step 7c: a second pass over the same tiles counts each row's tokens at least as
-        // likely as its target, against the first pass's target logit (the same bits).
-        let target_ranks = match (&one.target_logits, self.pipeline.ranks_targets()) {
-            (Some(t), true) => {
-                let rank = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, capacity, Pass::Rank(t))?;
-                let counts = rank.rank_counts.ok_or_else(|| Error::Unsupported("the rank pass keeps counts".into()))?;
+        // Step 7c: the pass counted each row's tokens at least as likely as its threshold. A
+        // threshold is the row's target logit iff it has the pass's bits (batch invariance
+        // says it always does); where one does not, a second pass counts against the pass's.
+        let target_ranks = match (&one.target_logits, &thresholds) {
+            (Some(t), Some(th)) => {
+                let same = t.iter().zip(th).all(|(a, b)| a.to_bits() == b.to_bits());
+                let counts = match same {
+                    true => one.rank_counts,
+                    false => {
+                        let again = Pass::Sample { ranks: Some(t) };
+                        self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, again)?.rank_counts
+                    }
+                };
+                let counts = counts.ok_or_else(|| Error::Unsupported("a ranking launch keeps counts".into()))?;
                 Some(counts.chunks(one.layout.tiles.max(1)).map(|c| c.iter().sum()).collect())
             }
             _ => None,
@@ -379,6 +391,36 @@ impl CpuBackend {
             pool.install(|| stage_three::finish_exact(&self.pipeline, params, &rows, whole, reduced, status));
         }
         Ok(())
+    }
+
+    /// Step 7c's thresholds: each row's target logit (raw in the raw mode), from stage one of
+    /// the rows whose targets share a [`TARGET_TILE`]-token vocabulary tile over that tile
+    /// alone. Batch invariance (DESIGN.md: the rows, the tile and the row block do not change
+    /// a token's bits) makes them the bits of `config`'s launch of every row and tile;
+    /// `sample_rows` checks that. Costs `TARGET_TILE` weight rows per distinct target tile.
+    fn target_tile_logits(&self, hidden_f32: &[f32], weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &CpuConfig) -> Result<Vec<f32>> {
+        let targets = params.targets.ok_or(flashsample_abi::ParamError::Missing("targets"))?;
+        let config = CpuConfig { vocab_tile: TARGET_TILE as u32, ..config.clone() };
+        let vocab_tile = TARGET_TILE;
+        let mut by_tile: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
+        for (row, &t) in targets[..shape.batch].iter().enumerate() {
+            by_tile.entry(t as usize / vocab_tile).or_default().push(row);
+        }
+        let per_tile = (self.pipeline.list_capacity() as usize).min(LIST_PER_TILE);
+        let mut logits = vec![f32::NAN; shape.batch];
+        for (tile, rows) in by_tile {
+            let subset = params.select_rows(&rows, shape.vocab);
+            let sub = subset.params();
+            let hidden: Vec<f32> = rows.iter().flat_map(|&r| hidden_f32[r * shape.dim..][..shape.dim].iter().copied()).collect();
+            let sub_shape = Shape { batch: rows.len(), ..shape };
+            let allowed = sub.allowed_bitset(sub_shape.batch, shape.vocab);
+            let one = self.stage_one_with_lists(&hidden, weights, &sub, allowed.as_deref(), sub_shape, &config, per_tile, Pass::TargetTile(tile))?;
+            let tile_logits = one.target_logits.ok_or_else(|| Error::Unsupported("a scoring launch keeps its targets' logits".into()))?;
+            for (&row, x) in rows.iter().zip(tile_logits) {
+                logits[row] = x;
+            }
+        }
+        Ok(logits)
     }
 
     /// The heuristic config for `shape` with a vocabulary tile that a list of
@@ -434,6 +476,10 @@ fn chunk_rows(shape: Shape, config: &CpuConfig, p: &Pipeline) -> usize {
     (CHUNK_SCRATCH_BYTES / row.max(1)).max(CHUNK_MIN_ROWS)
 }
 
+/// Vocabulary tile of the launches that find step 7c's thresholds: each reads this many
+/// weight rows per distinct target tile.
+const TARGET_TILE: usize = 16;
+
 /// Vocabulary tile of the exact nucleus path's stage one (unless the capacity is larger): the
 /// whole-tile lists cost `vocab_tile` list moves per token.
 const WHOLE_TILE: usize = 64;
@@ -448,7 +494,7 @@ pub(crate) struct StageOne {
     /// `[B]` the scored targets' transformed logits (raw in the raw mode), iff the pipeline
     /// has `target_logprob` (or verifies drafts: the draft tokens' logits).
     pub target_logits: Option<Vec<f32>>,
-    /// `[B * tiles]` the rank pass's counts (DESIGN.md step 7c), iff this was one.
+    /// `[B * tiles]` the per (row, tile) rank counts (DESIGN.md step 7c), iff the launch ranked.
     pub rank_counts: Option<Vec<u32>>,
     /// The residual lists (`Candidate`s in the `TopLists` layout), iff the pipeline verifies.
     pub residual_lists: Option<(TopLists, Vec<Candidate>)>,
@@ -462,17 +508,18 @@ pub(crate) struct StageOne {
 /// What a stage-one launch is for.
 #[derive(Clone, Copy)]
 pub(crate) enum Pass<'a> {
-    /// Sampling (and scoring): the pipeline's outputs, and the capture of the rows whose
-    /// nucleus may outgrow the lists ([`Captured`]).
-    Sample,
+    /// Sampling (and scoring): the pipeline's outputs, the capture of the rows whose nucleus
+    /// may outgrow the lists ([`Captured`]), and with `ranks` (`[B]` each row's target logit)
+    /// the counts of DESIGN.md step 7c.
+    Sample { ranks: Option<&'a [f32]> },
     /// Sampling rows again with lists of whole tiles (the exact nucleus of rows the first
     /// pass did not capture): the outputs alone.
     Exact,
     /// Verifying drafts: also the residual lists.
     Verify(ResidualPlan<'a>),
-    /// The rank pass of a pipeline that ranks its targets (DESIGN.md step 7c): `[B]` the first
-    /// pass's target logits as thresholds; the counts are its result.
-    Rank(&'a [f32]),
+    /// The targets' logits alone, by this one vocabulary tile (every row's target lies in it):
+    /// the thresholds of step 7c.
+    TargetTile(usize),
 }
 
 /// What a verifying launch asks of stage one: each row's noise stream and the entries of its
@@ -537,5 +584,73 @@ mod tests {
         assert_eq!(backend.cached_kernels(), KERNEL_CACHE);
         assert!(second.upgrade().is_none(), "the least recently used kernel was dropped");
         assert!(Arc::ptr_eq(&first, &backend.kernel(&config(4), false).unwrap()));
+    }
+
+    /// Step 7c's thresholds are each row's target logit from a launch of its target's tile
+    /// alone: they must be the bits the whole launch computes (batch invariance), on every
+    /// engine the host runs, or the launch pays a second pass. Rows share tiles, a target
+    /// sits in the last (partial) tile, one is masked (its logit `-inf`), and the transforms
+    /// read per-token and per-row tables.
+    #[test]
+    fn target_tile_logits_are_the_bits_of_the_whole_launch() {
+        use flashsample_ir::LogprobMode;
+        let (batch, dim, vocab) = (9usize, 96usize, 1000usize);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let hidden: Vec<half::bf16> = (0..batch * dim).map(|_| half::bf16::from_f32(next() * 4.0)).collect();
+        let weights: Vec<half::bf16> = (0..vocab * dim).map(|_| half::bf16::from_f32(next())).collect();
+        let hidden_f32: Vec<f32> = hidden.iter().map(|h| h.to_f32()).collect();
+        let w = Tensor::host(&weights, vocab, dim).unwrap();
+        let targets: Vec<u32> = vec![3, 5, 130, 999, 998, 640, 64, 65, 500];
+        let temperatures: Vec<f32> = (0..batch).map(|r| 0.5 + r as f32 * 0.25).collect();
+        let logit_bias: Vec<Vec<(u32, f32)>> = (0..batch).map(|r| vec![(targets[r], 1.5), (7, -2.0)]).collect();
+        let mut mask = vec![u32::MAX; batch * vocab.div_ceil(32)];
+        mask[2 * vocab.div_ceil(32) + 130 / 32] &= !(1 << (130 % 32));
+        for mode in [LogprobMode::Processed, LogprobMode::Raw] {
+            let pipeline = PipelineBuilder::new("Ranker", DType::BF16, DType::BF16)
+                .logit_bias("logit_bias")
+                .temperature_per_row("t")
+                .mask("allowed")
+                .softcap(25.0)
+                .argmax()
+                .target_logprob_and_rank("targets")
+                .logprob_mode(mode)
+                .build()
+                .unwrap();
+            let params = SamplingParams {
+                temperature: flashsample_abi::TemperatureArg::PerRow(&temperatures),
+                logit_bias: Some(&logit_bias),
+                mask: Some(&mask),
+                targets: Some(&targets),
+                ..Default::default()
+            };
+            params.validate(&pipeline, batch, vocab).unwrap();
+            let shape = Shape { batch, dim, vocab };
+            let allowed = params.allowed_bitset(batch, vocab);
+            for engine in CpuEngine::ALL {
+                if let Some(missing) = engine.missing_host_feature() {
+                    eprintln!("{engine:?} skipped: no {missing}");
+                    continue;
+                }
+                engine.check(&pipeline).unwrap();
+                let backend = CpuBackend::new(Arc::new(pipeline.clone()), 2);
+                for (vocab_tile, row_block) in [(64, 2), (260, 3)] {
+                    let config = CpuConfig { vocab_tile, row_block, threads: 2, engine, noise_skip: Default::default() };
+                    let whole = backend.stage_one(&hidden_f32, &w, &params, allowed.as_deref(), shape, &config).unwrap();
+                    let whole = whole.target_logits.unwrap();
+                    let alone = backend.target_tile_logits(&hidden_f32, &w, &params, shape, &config).unwrap();
+                    assert!(whole.iter().all(|x| !x.is_nan()));
+                    // Raw logprobs are the model's: the mask does not reach them.
+                    assert_eq!(whole[2] == f32::NEG_INFINITY, mode == LogprobMode::Processed, "{engine:?} {mode:?}: the masked target");
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&alone), bits(&whole), "{engine:?} {mode:?} tile {vocab_tile}");
+                }
+            }
+        }
     }
 }

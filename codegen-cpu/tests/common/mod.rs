@@ -186,7 +186,7 @@ pub fn run_with_lists(kernel: &CpuKernel, p: &Pipeline, inp: &Inputs) -> (Vec<Ca
     let per_tile = p.list_capacity() as usize;
     let mut lists = (per_tile > 0).then(|| vec![Scored::EMPTY; inp.batch * tiles * per_tile]);
     kernel
-        .launch(CpuLaunch { targets: None, rank_counts: None, residual: None, raw: None, capture: None,
+        .launch(CpuLaunch { targets: None, ranks: None, vocab_tiles: None, residual: None, raw: None, capture: None,
             hidden: &inp.hidden,
             weights: &inp.weights,
             batch: inp.batch,
