@@ -13,7 +13,9 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 
 const ROWS: usize = 5;
-const TILES: usize = 6;
+/// More tiles than `NEED`: the merge finds its head threshold (a radix select over the tiles'
+/// first entries) before staging 1120 entries a row.
+const TILES: usize = 140;
 const PER_TILE: usize = 8;
 const VOCAB_TILE: usize = 128;
 /// The pipeline's `max_k`: what stage three merges per row.

@@ -78,7 +78,7 @@ enum Val {
     Imm(u64),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Intr {
     AddD,
     MulD,
@@ -93,6 +93,8 @@ enum Intr {
     NctaidX,
     NctaidY,
     Shfl,
+    /// `shfl.sync.down` with the whole warp as its segment (clamp 31).
+    ShflDown,
     Ballot,
     WarpSync,
     /// `match.any.sync.b32`: the lanes holding the same value.
@@ -407,6 +409,7 @@ impl Parser<'_> {
                     "@llvm.nvvm.read.ptx.sreg.ctaid.y" => Some(Intr::CtaidY),
                     "@llvm.nvvm.read.ptx.sreg.nctaid.x" => Some(Intr::NctaidX),
                     "@llvm.nvvm.shfl.sync.bfly.i32" => Some(Intr::Shfl),
+                    "@llvm.nvvm.shfl.sync.down.i32" => Some(Intr::ShflDown),
                     "@llvm.nvvm.vote.ballot.sync" => Some(Intr::Ballot),
                     "@llvm.ctpop.i32" => Some(Intr::Ctpop),
                     "@llvm.cttz.i32" => Some(Intr::Cttz),
@@ -567,7 +570,8 @@ pub(super) struct Cta {
 /// Why a thread stopped.
 enum Stop {
     Barrier,
-    Shuffle { d: usize, v: u64, lane_mask: u32 },
+    /// `down`: lane `l` reads lane `l + lane_mask` (itself past lane 31); else lane `l ^ lane_mask`.
+    Shuffle { d: usize, v: u64, lane_mask: u32, down: bool },
     Ballot { d: usize, pred: bool },
     MatchAny { d: usize, v: u64 },
     Redux { d: usize, v: u64 },
@@ -630,7 +634,7 @@ impl Module {
                     !collective.contains(*name)
                         && f.blocks.iter().flatten().any(|i| match i {
                             Inst::Intrinsic { which, .. } => {
-                                matches!(which, Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax)
+                                matches!(which, Intr::Shfl | Intr::ShflDown | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax)
                             }
                             Inst::Call { callee, .. } => collective.contains(callee),
                             _ => false,
@@ -881,7 +885,7 @@ impl Module {
                     Intr::UminI => (a[0] as u32).min(a[1] as u32).into(),
                     Intr::FptosiSatI32F => mask(ff(a[0]) as i32 as u32 as u64, Ty::I32),
                     Intr::FptouiSatI64F => ff(a[0]) as u64,
-                    Intr::Shfl | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax => {
+                    Intr::Shfl | Intr::ShflDown | Intr::Ballot | Intr::WarpSync | Intr::MatchAny | Intr::ReduxUmax => {
                         unreachable!("warp collectives synchronize the warp")
                     }
                 };
@@ -1012,11 +1016,14 @@ impl Module {
                     t.stop = Some(Stop::Ballot { d: *d, pred });
                     return;
                 }
-                Inst::Intrinsic { d, which: Intr::Shfl, args } => {
+                Inst::Intrinsic { d, which: which @ (Intr::Shfl | Intr::ShflDown), args } => {
                     let v = Self::get(&t.regs, args[1]);
                     let lane_mask = Self::get(&t.regs, args[2]) as u32;
+                    if *which == Intr::ShflDown {
+                        assert_eq!(Self::get(&t.regs, args[3]), 31, "shfl.sync.down over a segment other than the warp");
+                    }
                     t.pc += 1;
-                    t.stop = Some(Stop::Shuffle { d: *d, v, lane_mask });
+                    t.stop = Some(Stop::Shuffle { d: *d, v, lane_mask, down: *which == Intr::ShflDown });
                     return;
                 }
                 inst => {
@@ -1114,15 +1121,22 @@ impl Module {
                 }
             } else if shuffles {
                 for warp in threads.chunks_mut(32) {
-                    let lanes: Vec<Option<(usize, u64, u32)>> =
-                        warp.iter().map(|t| if let Some(Stop::Shuffle { d, v, lane_mask }) = t.stop { Some((d, v, lane_mask)) } else { None }).collect();
+                    let lanes: Vec<Option<(usize, u64, u32, bool)>> = warp
+                        .iter()
+                        .map(|t| if let Some(Stop::Shuffle { d, v, lane_mask, down }) = t.stop { Some((d, v, lane_mask, down)) } else { None })
+                        .collect();
                     if lanes.iter().all(Option::is_none) {
                         continue;
                     }
                     assert!(lanes.iter().all(Option::is_some), "a warp shuffle reached by only some lanes");
                     for (lane, t) in warp.iter_mut().enumerate() {
-                        let (d, _, m) = lanes[lane].unwrap();
-                        t.regs[d][0] = lanes[lane ^ m as usize].unwrap().1;
+                        let (d, _, m, down) = lanes[lane].unwrap();
+                        let src = match down {
+                            true if lane + (m as usize) < 32 => lane + m as usize,
+                            true => lane,
+                            false => lane ^ m as usize,
+                        };
+                        t.regs[d][0] = lanes[src].unwrap().1;
                         t.stop = None;
                     }
                 }
