@@ -285,17 +285,31 @@ impl CpuBackend {
         shape: Shape,
         config: &CpuConfig,
     ) -> Result<RowsOut> {
+        // Step 7c: each row's target logit before the pass, so that the pass counts against it.
+        let thresholds = match self.pipeline.ranks_targets() {
+            true => Some(self.target_tile_logits(hidden_f32, weights, params, shape, config)?),
+            false => None,
+        };
+        self.sample_rows_against(hidden_f32, weights, params, shape, config, thresholds)
+    }
+
+    /// [`Self::sample_rows`] with the ranks' thresholds given (`None` unless the pipeline
+    /// ranks its targets).
+    fn sample_rows_against(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &CpuConfig,
+        thresholds: Option<Vec<f32>>,
+    ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
         // Short lists first (past a recent overflow's holdoff); a launch where one overflowed
         // runs again with lists of the capacity, which cannot overflow (stage three merges
         // `capacity` entries a row).
         let mut per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
-        // Step 7c: each row's target logit before the pass, so that the pass counts against it.
-        let thresholds = match self.pipeline.ranks_targets() {
-            true => Some(self.target_tile_logits(hidden_f32, weights, params, shape, config)?),
-            false => None,
-        };
         let ranks = thresholds.as_deref();
         let (one, mut reduced, mut status, mut top_logprobs) = loop {
             let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample { ranks })?;
@@ -649,6 +663,13 @@ mod tests {
                     assert_eq!(whole[2] == f32::NEG_INFINITY, mode == LogprobMode::Processed, "{engine:?} {mode:?}: the masked target");
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&alone), bits(&whole), "{engine:?} {mode:?} tile {vocab_tile}");
+                    // Thresholds that are not the launch's target logits make it count again
+                    // against the launch's own: the same ranks.
+                    let ranks = backend.sample_rows(&hidden_f32, &w, &params, shape, &config).unwrap().target_ranks.unwrap();
+                    let off: Vec<f32> = whole.iter().map(|&x| if x.is_finite() { x + 0.5 } else { 0.0 }).collect();
+                    let again = backend.sample_rows_against(&hidden_f32, &w, &params, shape, &config, Some(off)).unwrap();
+                    assert_eq!(again.target_ranks.unwrap(), ranks, "{engine:?} {mode:?} tile {vocab_tile}");
+                    assert!(ranks.iter().all(|&k| (1..=vocab as u32).contains(&k)), "{ranks:?}");
                 }
             }
         }
