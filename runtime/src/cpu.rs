@@ -414,10 +414,11 @@ impl CpuBackend {
     /// `sample_rows` checks that. Costs `TARGET_TILE` weight rows per distinct target tile.
     fn target_tile_logits(&self, hidden_f32: &[f32], weights: &Tensor<'_>, params: &SamplingParams<'_>, shape: Shape, config: &CpuConfig) -> Result<Vec<f32>> {
         let targets = params.targets.ok_or(flashsample_abi::ParamError::Missing("targets"))?;
+        let targets = targets.get(..shape.batch).ok_or(flashsample_abi::ParamError::Length { what: "targets", expected: shape.batch, got: targets.len() })?;
         let config = CpuConfig { vocab_tile: TARGET_TILE as u32, ..config.clone() };
         let vocab_tile = TARGET_TILE;
         let mut by_tile: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
-        for (row, &t) in targets[..shape.batch].iter().enumerate() {
+        for (row, &t) in targets.iter().enumerate() {
             by_tile.entry(t as usize / vocab_tile).or_default().push(row);
         }
         let per_tile = (self.pipeline.list_capacity() as usize).min(LIST_PER_TILE);
