@@ -58,10 +58,9 @@ pub struct KernelParams {
 }
 
 impl KernelParams {
-    /// `define ptx_kernel void @kernel(<params>) <attrs>`.
+    /// `define ptx_kernel void @name(<params>) <attrs>`: the table's own kernel, or one launched
+    /// with the same arguments (stage one's table also serves `flashsample_target_logits`).
     pub(crate) fn llvm_header(&self, name: &str, attrs: &str) -> String {
-        // A variant of the kernel (the stage-one rank pass) shares its table.
-        debug_assert!(name.starts_with(self.kernel));
         let params: Vec<String> = self.params.iter().map(|p| format!("{} %{}", p.kind.llvm(), p.name)).collect();
         format!("define ptx_kernel void @{name}({}) {attrs}", params.join(", "))
     }
@@ -260,8 +259,8 @@ kernel_params! {
         /// Stage one's `f32 [B]` target logits, turned in place into `x − lse` (NaN for a
         /// failed row), or 0.
         target_logprobs: MutPtr,
-        /// The rank pass's `u32 [B]` target ranks (DESIGN.md step 7c), set to 0 for a failed
-        /// row, or 0.
+        /// Stage one's `u32 [B]` target ranks (DESIGN.md step 7c), set to 0 for a failed row,
+        /// or 0.
         target_ranks: MutPtr,
         /// Stage one's raw logsumexp partials (DESIGN.md step 10) or 0. When given, the
         /// target logprobs take the raw row logsumexp instead of the processed one.

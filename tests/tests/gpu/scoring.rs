@@ -44,8 +44,8 @@ fn target_logprobs_match_the_reference_on_every_schedule() {
 }
 
 /// DESIGN.md step 7c on the GPU: every row's target rank within the float64 reference's range
-/// in both logprob modes, on the heuristic's tile and on every schedule (the rank pass reruns
-/// the launch's own stage one), through many row chunks; the device API writes the same ranks
+/// in both logprob modes, on the heuristic's tile and on every schedule (the targets kernel's
+/// thresholds have each schedule's bits), through many row chunks; the device API writes the same ranks
 /// and logprobs as the host API; tied tokens share the larger rank and an excluded target ranks V.
 #[test]
 #[ignore = "needs a CUDA GPU"]
