@@ -254,7 +254,7 @@ impl CpuBackend {
         let p = &*self.pipeline;
         let chunk = chunk_rows(shape, config, p);
         let out = if shape.batch <= chunk {
-            self.sample_rows(&hidden_f32, weights, params, shape, config)?
+            self.sample_rows(&hidden_f32, weights, params, shape, config, Thresholds::TargetTiles)?
         } else {
             let mut out: Option<RowsOut> = None;
             for first in (0..shape.batch).step_by(chunk) {
@@ -262,7 +262,7 @@ impl CpuBackend {
                 let subset = params.select_rows(&rows, shape.vocab);
                 let part_shape = Shape { batch: rows.len(), ..shape };
                 let h = &hidden_f32[first * shape.dim..][..rows.len() * shape.dim];
-                let part = self.sample_rows(h, weights, &subset.params(), part_shape, config)?;
+                let part = self.sample_rows(h, weights, &subset.params(), part_shape, config, Thresholds::TargetTiles)?;
                 match &mut out {
                     None => out = Some(part),
                     Some(o) => o.append(part),
@@ -276,7 +276,8 @@ impl CpuBackend {
         Ok(samples)
     }
 
-    /// [`CpuBackend::sample`] of one launch: everything `Samples` is assembled from.
+    /// [`CpuBackend::sample`] of one launch: everything `Samples` is assembled from. A ranking
+    /// pipeline counts against `thresholds` (only tests give others than the launch's own).
     fn sample_rows(
         &self,
         hidden_f32: &[f32],
@@ -284,26 +285,15 @@ impl CpuBackend {
         params: &SamplingParams<'_>,
         shape: Shape,
         config: &CpuConfig,
+        thresholds: Thresholds,
     ) -> Result<RowsOut> {
         // Step 7c: each row's target logit before the pass, so that the pass counts against it.
-        let thresholds = match self.pipeline.ranks_targets() {
-            true => Some(self.target_tile_logits(hidden_f32, weights, params, shape, config)?),
-            false => None,
+        let thresholds = match (self.pipeline.ranks_targets(), thresholds) {
+            (false, _) => None,
+            (true, Thresholds::TargetTiles) => Some(self.target_tile_logits(hidden_f32, weights, params, shape, config)?),
+            #[cfg(test)]
+            (true, Thresholds::Given(t)) => Some(t),
         };
-        self.sample_rows_against(hidden_f32, weights, params, shape, config, thresholds)
-    }
-
-    /// [`Self::sample_rows`] with the ranks' thresholds given (`None` unless the pipeline
-    /// ranks its targets).
-    fn sample_rows_against(
-        &self,
-        hidden_f32: &[f32],
-        weights: &Tensor<'_>,
-        params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &CpuConfig,
-        thresholds: Option<Vec<f32>>,
-    ) -> Result<RowsOut> {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
         // Short lists first (past a recent overflow's holdoff); a launch where one overflowed
@@ -520,6 +510,15 @@ pub(crate) struct StageOne {
     pub captured: Option<Captured>,
 }
 
+/// Where a ranking launch's thresholds (DESIGN.md step 7c) come from.
+pub(crate) enum Thresholds {
+    /// [`CpuBackend::target_tile_logits`]: the launch's own bits.
+    TargetTiles,
+    /// Given: a test's thresholds that are not the launch's, which make it count again.
+    #[cfg(test)]
+    Given(Vec<f32>),
+}
+
 /// What a stage-one launch is for.
 #[derive(Clone, Copy)]
 pub(crate) enum Pass<'a> {
@@ -666,9 +665,9 @@ mod tests {
                     assert_eq!(bits(&alone), bits(&whole), "{engine:?} {mode:?} tile {vocab_tile}");
                     // Thresholds that are not the launch's target logits make it count again
                     // against the launch's own: the same ranks.
-                    let ranks = backend.sample_rows(&hidden_f32, &w, &params, shape, &config).unwrap().target_ranks.unwrap();
+                    let ranks = backend.sample_rows(&hidden_f32, &w, &params, shape, &config, Thresholds::TargetTiles).unwrap().target_ranks.unwrap();
                     let off: Vec<f32> = whole.iter().map(|&x| if x.is_finite() { x + 0.5 } else { 0.0 }).collect();
-                    let again = backend.sample_rows_against(&hidden_f32, &w, &params, shape, &config, Some(off)).unwrap();
+                    let again = backend.sample_rows(&hidden_f32, &w, &params, shape, &config, Thresholds::Given(off)).unwrap();
                     assert_eq!(again.target_ranks.unwrap(), ranks, "{engine:?} {mode:?} tile {vocab_tile}");
                     assert!(ranks.iter().all(|&k| (1..=vocab as u32).contains(&k)), "{ranks:?}");
                 }
