@@ -149,6 +149,25 @@ pub(crate) fn ldmatrix(f: &mut Func, count: u32, row: &SharedAddr) -> Vec<I32> {
     (0..count as usize).map(|i| f.extract(&r, i)).collect()
 }
 
+/// Thread `tid`'s place in the MMA fragment layouts: its warp, its lane `4g + t`, the
+/// fragment row group `g` (rows `g`, `g + 8`) and the column pair `t` (columns `2t`, `2t + 1`).
+pub(crate) struct MmaLane {
+    pub warp: I32,
+    pub lane: I32,
+    pub g: I32,
+    pub t: I32,
+}
+
+impl MmaLane {
+    pub(crate) fn of(f: &mut Func, tid: &I32) -> MmaLane {
+        let warp = f.lshr(tid, &i32c(5));
+        let lane = f.and(tid, &i32c(31));
+        let g = f.lshr(&lane, &i32c(2));
+        let t = f.and(&lane, &i32c(3));
+        MmaLane { warp, lane, g, t }
+    }
+}
+
 /// `mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32`: `c + a·b` on one m16n8k16
 /// tile (`dtype` `bf16` or `f16`).
 pub(crate) fn mma_m16n8k16(f: &mut Func, dtype: &str, a: &[I32], b: &[I32], c: &[F32]) -> [F32; 4] {

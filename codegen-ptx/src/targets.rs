@@ -16,6 +16,7 @@ use crate::config::GpuConfig;
 use crate::ir::{i32c, Fcmp, Func, Icmp, F32, I1, I32, I64};
 use crate::nucleus::{fma_over_k, mma_over_k};
 use crate::params::{arg, STAGE1};
+use crate::ptx;
 use crate::stage1::{model_logit, token_x};
 use flashsample_ir::Pipeline;
 
@@ -74,10 +75,7 @@ fn row_target(f: &mut Func, row: &I32) -> (I1, I32, I32, I1) {
 /// The tensor-core multiply: lane `4g + t` of warp `w` loads row `r0 + g`'s target W row (as
 /// A rows `g` and `g + 8`) and hidden row (B column `g`), `r0 = first + 8w`.
 fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, first: &I32) {
-    let warp = f.lshr(tid, &i32c(5));
-    let lane = f.and(tid, &i32c(31));
-    let g = f.lshr(&lane, &i32c(2));
-    let t = f.and(&lane, &i32c(3));
+    let ptx::MmaLane { warp, g, t, .. } = ptx::MmaLane::of(f, tid);
     let w8 = f.shl(&warp, &i32c(3));
     let r0 = f.add(first, &w8);
     let row = f.add(&r0, &g);

@@ -90,10 +90,7 @@ fn copy_captured(f: &mut Func, tid: &I32, lane: &I32, v0: &I32, count: &I32) {
 /// accumulators of tokens `16w + g` and `16w + g + 8` for picked rows `2t` and `2t + 1` of each
 /// group of 8 ([`mma_over_k`]).
 fn tensor(f: &mut Func, p: &Pipeline, k_step: u32, tid: &I32, v0: &I32, count: &I32) {
-    let warp = f.lshr(tid, &i32c(5));
-    let lane = f.and(tid, &i32c(31));
-    let g = f.lshr(&lane, &i32c(2));
-    let t = f.and(&lane, &i32c(3));
+    let ptx::MmaLane { warp, g, t, .. } = ptx::MmaLane::of(f, tid);
     let w16 = f.shl(&warp, &i32c(4));
     let m0 = f.add(v0, &w16);
     let va = f.add(&m0, &g);

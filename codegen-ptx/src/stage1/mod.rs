@@ -146,10 +146,7 @@ pub(crate) fn emit(p: &Pipeline, c: &GpuConfig, lse: bool) -> String {
     let g = Gen { p, c, quads: c.quads_per_thread(), ntiles: c.batch_tile / 8, lse };
     let mut f = Func::new();
     let tid = f.sreg("tid.x");
-    let warp = f.lshr(&tid, &i32c(5));
-    let lane = f.and(&tid, &i32c(31));
-    let lg = f.lshr(&lane, &i32c(2));
-    let lt = f.and(&lane, &i32c(3));
+    let ptx::MmaLane { warp, lane, g: lg, t: lt } = ptx::MmaLane::of(&mut f, &tid);
     let th = Thread { tid, warp, lane, g: lg, t: lt, scratch: i32c(c.smem_layout().epilogue) };
 
     let vt = c.vocab_tile;
