@@ -303,9 +303,14 @@ const MAX_REGS_PER_THREAD: u32 = 248;
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
 pub const MAX_STAGGER_US: u32 = 200;
 
-/// Default `list_per_tile` (capped by the capacity and the tile): 8 keeps stage one's list
-/// epilogue cheap, and a row overflows only when 8 of its top `need` tokens share one tile.
-pub const DEFAULT_LIST_PER_TILE: u32 = 8;
+/// Default `list_per_tile` of a `vocab_tile`-token tile (before the capacity's and the tile's
+/// caps): one entry per 32 tokens, 4 to 8. Lists cost stage one an insertion per entry and
+/// stage three a merge over tiles × entries, so their density (entries per token), not their
+/// length, sets both costs; a row overflows (status 3, one rerun) only when more than that
+/// many of its top `need` tokens share one tile.
+pub fn default_list_per_tile(vocab_tile: u32) -> u32 {
+    (vocab_tile / 32).clamp(4, 8)
+}
 
 /// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
 pub const MAX_ACCUMULATORS_PER_THREAD: u32 = 128;
@@ -575,7 +580,7 @@ impl GpuConfig {
         } else if (1..=max).contains(&self.list_per_tile) {
             self.list_per_tile
         } else {
-            DEFAULT_LIST_PER_TILE.min(max)
+            default_list_per_tile(self.vocab_tile).min(max)
         };
     }
 
