@@ -42,6 +42,8 @@ pub(crate) const CANDIDATES: u32 = 4096;
 /// Staged candidates up to which the merge rank-sorts them (`cnt²` shared reads spread over
 /// the CTA, no barriers); more run `need` rounds of block argmax over the staged entries.
 const RANK_SORT_MAX: u32 = 2048;
+/// Entries each thread loads per step of the merge's staging pass (before their atomics).
+const STAGE_UNROLL: u32 = 4;
 // The head threshold's histograms have one bin per thread.
 const _: () = assert!(FILTER_THREADS == 256);
 
@@ -626,22 +628,38 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &Ptr<Global>, r64: &I64, need_r: &I
         f.store(&i32c(0), &ovf_a, 4);
     });
     f.barrier();
-    f.for_loop(&k.tid, &len, &threads, |f, e| {
-        let entry = all_load(f, e);
-        let real = f.icmp(Icmp::Ne, &entry.index, &none);
-        // 0 unless x > -inf.
-        let key = f.order_key(&entry.logit);
-        let live = f.icmp(Icmp::Ne, &key, &i32c(0));
-        let below = f.icmp(Icmp::Ult, &key, &tkey);
-        let below = f.and(&ton, &below);
-        let within = f.not(&below);
-        let keep = f.and(&real, &live);
-        let keep = f.and(&keep, &within);
-        f.if_then(&keep, |f| {
-            let pos = f.atomic(Atomic::Add, &cnt_a, &i32c(1), None);
-            let fits = f.icmp(Icmp::Ult, &pos, &i32c(CANDIDATES));
-            f.if_then(&fits, |f| store_shared_scored(f, &CAND, &pos, &entry));
-        });
+    // Each step issues STAGE_UNROLL loads before any atomic: a load after the previous
+    // entry's shared atomic would wait out its own latency alone, and a row's lists are
+    // tiles · per_tile entries (thousands), so the staging is latency-bound, not bandwidth-bound.
+    // Past the row's end a lane reloads the row's last entry (in bounds) and drops it.
+    let last = f.sub(&len, &i32c(1));
+    let step = i32c(FILTER_THREADS * STAGE_UNROLL);
+    f.for_loop(&k.tid, &len, &step, |f, e| {
+        let loaded: Vec<(Scored, I1)> = (0..STAGE_UNROLL)
+            .map(|u| {
+                let at = f.add(e, &i32c(u * FILTER_THREADS));
+                let inside = f.icmp(Icmp::Ult, &at, &len);
+                let at = f.umin(&at, &last);
+                (all_load(f, &at), inside)
+            })
+            .collect();
+        for (entry, inside) in &loaded {
+            let real = f.icmp(Icmp::Ne, &entry.index, &none);
+            // 0 unless x > -inf.
+            let key = f.order_key(&entry.logit);
+            let live = f.icmp(Icmp::Ne, &key, &i32c(0));
+            let below = f.icmp(Icmp::Ult, &key, &tkey);
+            let below = f.and(&ton, &below);
+            let within = f.not(&below);
+            let keep = f.and(&real, &live);
+            let keep = f.and(&keep, &within);
+            let keep = f.and(&keep, inside);
+            f.if_then(&keep, |f| {
+                let pos = f.atomic(Atomic::Add, &cnt_a, &i32c(1), None);
+                let fits = f.icmp(Icmp::Ult, &pos, &i32c(CANDIDATES));
+                f.if_then(&fits, |f| store_shared_scored(f, &CAND, &pos, entry));
+            });
+        }
     });
     f.barrier();
     let cnt: I32 = f.load(&cnt_a, 4);

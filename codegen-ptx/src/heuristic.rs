@@ -16,6 +16,7 @@ impl GpuConfig {
     /// | when | tile (vocab × batch, warps) | schedule | why |
     /// |---|---|---|---|
     /// | f32 or mixed dtypes | 128 × 8, 4 | SIMT | the only path |
+    /// | B ≥ 2048, cc 9.0, maps fit, no lists, scoring targets | 256 × 128, 8 | wgmma + TMA, cooperative pair, 4 stages | as below; a cluster of two shares each W slice |
     /// | B ≥ 192, cc 9.0, maps fit, no lists | 256 × 128, 8 | wgmma + TMA, persistent, 4 stages | fewest L2 bytes per logit |
     /// | B ≥ 192, cc 9.0, maps fit, verifying, no filter | 128 × 64, 4 | wgmma + TMA, ping-pong, 4 stages | the residual epilogue runs under the other set's mainloop |
     /// | B ≥ 192, cc 9.0, maps fit, lists (a filter, verifying or not) | 256 × 128, 8 | wgmma + TMA, one CTA per item, 4 stages | fewest L2 bytes per logit; the lists alias the ring |
@@ -98,6 +99,15 @@ impl GpuConfig {
         // carry ~1.35× the L2 bytes, and stage one is L2-bound there). Lists would leave
         // this tile too few stages; they keep the ping-pong rows below.
         let wide = || list_free_sm90(GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::Persistent }));
+        // A scorer of 2048 rows or more (no noise, no lists: its epilogue is a logsumexp and a
+        // target compare) takes the same tile as cooperative CTAs in clusters of two along the
+        // batch, so a W slice crosses L2 once per pair instead of twice. H100, twenty-eighth
+        // session (BENCHMARKS.md): 6 % / 4 % faster than the persistent tile at D 4096, 2048 /
+        // 8192 rows, 1 % / 0 % at D 8192.
+        let scorer_pair = || {
+            let c = GpuConfig::new(256, 128, 8, Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair });
+            (pipeline.targets.is_some() && batch >= 2048).then(|| list_free_sm90(c)).flatten()
+        };
         // With lists the same tile runs one CTA per item: its epilogue scratch and lists then
         // alias the ring (beside a persistent 4-stage ring they would need ~360 KB). It gives up
         // the overlap of an item's epilogue with the next item's loads, but reads W B/128 times
@@ -149,7 +159,7 @@ impl GpuConfig {
             // Where neither 256 × 128 tile validates (less shared memory): a pipeline's lists
             // leave no room for three 128-column slots next to two 64 KiB list tiles, so the
             // 64-column tile keeps the ping-pong overlap instead.
-            192.. => wide().or_else(verify_pingpong).or_else(wide_lists).or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
+            192.. => scorer_pair().or_else(wide).or_else(verify_pingpong).or_else(wide_lists).or_else(|| pingpong(128, 6)).or_else(|| pingpong(64, 8)),
             _ => None,
         } {
             return c;

@@ -955,6 +955,35 @@ fn heuristic_takes_the_tma_ring_above_batch_32_where_the_maps_fit() {
 }
 
 #[test]
+fn heuristic_gives_large_scorers_the_cooperative_pair() {
+    let h200 = GpuLimits::H200;
+    let scorer = |top_logprobs| {
+        PipelineBuilder::new("Scorer", DType::BF16, DType::BF16)
+            .argmax()
+            .target_logprob("targets")
+            .outputs(Outputs { score: false, logsumexp: true, logprob: false, top_logprobs })
+            .build()
+            .unwrap()
+    };
+    let pair = Schedule::WgmmaTma { stages: 4, grid: GridKind::CooperativePair };
+    for (d, v) in [(4096, 151_936), (8192, 128_256)] {
+        for (rows, paired) in [(256, false), (2047, false), (2048, true), (8192, true)] {
+            let p = scorer(0);
+            let c = GpuConfig::heuristic(&p, rows, d, v, &h200);
+            c.validate(&p, &h200).unwrap_or_else(|e| panic!("{rows}: {c:?}: {e}"));
+            assert_eq!((c.schedule == pair, c.vocab_tile, c.batch_tile), (paired, 256, 128), "{rows} rows at D {d}: {c:?}");
+        }
+        // Top logprobs (lists) keep the list tiles; a sampler keeps the persistent tile.
+        for p in [scorer(5), greedy(DType::BF16)] {
+            let c = GpuConfig::heuristic(&p, 4096, d, v, &h200);
+            assert_ne!(c.schedule.grid(), GridKind::CooperativePair, "{c:?}");
+        }
+    }
+    // A vocabulary the TMA maps cannot describe keeps the cp.async tiles.
+    assert!(!GpuConfig::heuristic(&scorer(0), 4096, 4096, 151_937, &h200).uses_tma());
+}
+
+#[test]
 fn pingpong_splits_the_cta_into_a_producer_warp_and_two_consumer_sets() {
     let p = full(DType::BF16);
     let c = GpuConfig::new(128, 64, 4, Schedule::WgmmaTma { stages: 8, grid: GridKind::PingPong });
