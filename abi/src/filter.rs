@@ -217,18 +217,25 @@ pub fn blocked_sum_depth(n: usize) -> usize {
 
 /// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
 /// Shorter than `need` exactly when the row has fewer eligible tokens.
+///
+/// `ListError::Overflow` when a list may have dropped one of them: a full list (its last slot
+/// holds a token) may have dropped tokens, all ranking after its last entry, and one of those
+/// belongs if that entry ranks before the `need`-th token merged, or if fewer than `need`
+/// were merged at all (a mask that leaves a row a few dozen tokens, digits say, may put more
+/// of them in one tile than its list holds). Lists holding their whole tile drop nothing: the
+/// GPU skips the test for them (`per_tile ≥ vocab_tile`); the host merges only lists shorter
+/// than their tiles.
 pub fn merge_row(row_lists: &[Scored], per_tile: usize, need: usize, row: usize) -> Result<Vec<Scored>, ListError> {
     let mut all = whole_row(row_lists);
     all.truncate(need);
     if per_tile < need {
         if let Some(last) = all.last() {
-            // A full tile whose last entry ranks before the cut may have dropped a token that
-            // belongs (anything it dropped ranks after its last entry, nothing more is known).
+            let short = all.len() < need;
             let overflow = row_lists.chunks(per_tile).any(|tile| {
                 let tail = tile[per_tile - 1];
-                !tail.is_empty() && tail.ranks_before(last)
+                !tail.is_empty() && (short || tail.ranks_before(last))
             });
-            if overflow && all.len() == need {
+            if overflow {
                 return Err(ListError::Overflow { row });
             }
         }
@@ -488,6 +495,12 @@ mod tests {
         // Fewer eligible tokens than asked: a short, exact answer.
         let lists = [sc(2.0, 3), Scored::EMPTY, Scored::EMPTY, Scored::EMPTY];
         assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(2.0, 3)]);
+        // Fewer merged than asked, but tile 0's list is full: it may have dropped a third token
+        // that would be in the answer (a mask leaving a row three tokens, all in tile 0).
+        let lists = [sc(9.0, 0), sc(8.0, 1), Scored::EMPTY, Scored::EMPTY];
+        assert_eq!(merge_row(&lists, 2, 3, 0), Err(ListError::Overflow { row: 0 }));
+        let lists = [sc(9.0, 0), Scored::EMPTY, sc(8.0, 5), Scored::EMPTY];
+        assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(9.0, 0), sc(8.0, 5)]);
     }
 
     #[test]

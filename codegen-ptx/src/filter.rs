@@ -712,16 +712,18 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &Ptr<Global>, r64: &I64, need_r: &I
     f.barrier();
     let found = f.get(&found);
 
-    // merge_row's overflow test: a tile whose last entry ranks before the
-    // `need`-th selected token may have dropped one. Lists that hold whole tiles
-    // (per_tile >= vocab_tile) cannot have dropped anything.
+    // merge_row's overflow test: a full list (its last slot real) whose last entry ranks
+    // before the last selected token, or any full list when fewer than `need` were found,
+    // may have dropped one. Lists that hold whole tiles (per_tile >= vocab_tile) cannot have
+    // dropped anything.
     let short = f.icmp(Icmp::Ult, &arg::PER_TILE, need_r);
     let partial = f.icmp(Icmp::Ult, &arg::PER_TILE, &i32c(vocab_tile));
-    let filled = f.icmp(Icmp::Eq, &found, need_r);
+    let any = f.icmp(Icmp::Ne, &found, &i32c(0));
+    let lacking = f.icmp(Icmp::Ult, &found, need_r);
     let check = f.and(&short, &partial);
-    let check = f.and(&check, &filled);
+    let check = f.and(&check, &any);
     f.if_then(&check, |f| {
-        let lastk = f.add(need_r, &i32c(-1));
+        let lastk = f.add(&found, &i32c(-1));
         let last = load_shared_scored(f, &TOP, &lastk);
         let pt1 = f.add(&arg::PER_TILE, &i32c(-1));
         f.for_loop(&k.tid, &arg::TILES, &threads, |f, t| {
@@ -730,6 +732,7 @@ fn merge_lists(f: &mut Func, k: &Ctx, lists: &Ptr<Global>, r64: &I64, need_r: &I
             let entry = all_load(f, &e);
             let real = f.icmp(Icmp::Ne, &entry.index, &none);
             let before = beats(f, &entry.logit, &entry.index, &last.logit, &last.index);
+            let before = f.or(&before, &lacking);
             let bad = f.and(&real, &before);
             f.if_then(&bad, |f| f.store(&i32c(1), &ovf_a, 4));
         });

@@ -58,6 +58,9 @@ impl MatrixData {
 }
 
 /// One random launch: matrices and every run-time parameter a pipeline may declare.
+/// The tokens [`Case::clustered_mask_top_k`] allows.
+const CLUSTERED_TOKENS: std::ops::Range<usize> = 1000..1020;
+
 pub struct Case {
     pub batch: usize,
     pub dim: usize,
@@ -416,6 +419,46 @@ impl Case {
             let tokens: Vec<u32> = top.iter().map(|t| t.0).collect();
             if tokens != (0..32).collect::<Vec<u32>>() {
                 return Err(format!("row {row}: top logprob tokens {tokens:?}, not 0..32"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Both backends' clustered-mask test: a grammar-like mask leaves every row of 8 (D 64,
+    /// V 5000) only the 20 tokens 1000..1020 (digits, say, whose ids sit side by side, so one
+    /// vocabulary tile holds them all), on top-k 32 with 24 top logprobs. Each tile list is
+    /// shorter than 20, so the merge finds fewer than `need` tokens while a list is full: that
+    /// is an overflow and a rerun, never a short, wrong top-k.
+    pub fn clustered_mask_top_k() -> (Pipeline, Case) {
+        let p = flashsample_ir::PipelineBuilder::new("Digits", DType::BF16, DType::BF16)
+            .temperature_per_row("t")
+            .mask("allowed")
+            .filter("f", 32)
+            .gumbel("seed", 2)
+            .outputs(flashsample_ir::Outputs { score: true, logsumexp: true, logprob: true, top_logprobs: 24 })
+            .build()
+            .expect("a valid pipeline");
+        let (batch, vocab) = (8, 5000);
+        let mut case = Case::random(&p, batch, 64, vocab, 13, 3.0).with_filter(RowFilter { top_k: 32, top_p: 1.0, min_p: 0.0 });
+        let words = vocab.div_ceil(32);
+        case.mask = vec![0; batch * words];
+        for row in 0..batch {
+            for t in CLUSTERED_TOKENS {
+                case.mask[row * words + t / 32] |= 1 << (t % 32);
+            }
+        }
+        (p, case)
+    }
+
+    /// [`Case::clustered_mask_top_k`]'s checks of one run: pathwise the reference, and every
+    /// row's top logprobs are all 20 allowed tokens.
+    pub fn check_clustered_mask_top_k(&self, p: &Pipeline, got: &Samples) -> Result<(), String> {
+        self.check(p, got, &(0..self.batch).collect::<Vec<_>>())?;
+        for (row, top) in got.top_logprobs.as_ref().ok_or("no top logprobs")?.iter().enumerate() {
+            let mut tokens: Vec<usize> = top.iter().map(|t| t.0 as usize).collect();
+            tokens.sort_unstable();
+            if tokens != CLUSTERED_TOKENS.collect::<Vec<_>>() {
+                return Err(format!("row {row}: top logprob tokens {tokens:?}, not the 20 allowed"));
             }
         }
         Ok(())

@@ -137,6 +137,16 @@ fn short_lists_overflow_and_rerun_exactly() {
     case.check_hot_tile_top_k(&p, &got).unwrap();
 }
 
+/// A mask leaving each row 20 side-by-side tokens, more than a tile list holds, on top-k 32:
+/// the short merge is an overflow and the launch reruns exactly (it was a silent top-20 cut to
+/// the list's 16 before).
+#[test]
+fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
+    let (p, case) = Case::clustered_mask_top_k();
+    let got = case.run(&Sampler::new(p.clone(), &cpu()).unwrap()).unwrap();
+    case.check_clustered_mask_top_k(&p, &got).unwrap();
+}
+
 #[test]
 fn chi_square_for_every_transform() {
     for pipeline in &chi_square_pipelines() {

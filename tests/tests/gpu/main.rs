@@ -591,6 +591,20 @@ fn short_lists_overflow_and_rerun_exactly() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
+    let (device, _dev) = gpu();
+    let (p, case) = Case::clustered_mask_top_k();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let KernelConfig::Cuda(config) = gpu.config_for(case.batch, case.dim, case.vocab) else { panic!("a CUDA config") };
+    assert!(config.list_per_tile < 20, "the heuristic's lists are shorter than the allowed run: {config:?}");
+    let g = case.run(&gpu).unwrap();
+    case.check_clustered_mask_top_k(&p, &g).unwrap();
+    let c = case.run(&Sampler::new(p.clone(), &Device::cpu()).unwrap()).unwrap();
+    assert_eq!(c.tokens, g.tokens);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn large_nuclei_are_served_exactly() {
     let (device, _dev) = gpu();
     let p = serving();
