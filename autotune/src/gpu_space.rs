@@ -52,7 +52,7 @@ pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
                 let mut lists: Vec<u32> = if cap == 0 {
                     vec![0]
                 } else {
-                    [default_list_per_tile, 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
+                    [default_list_per_tile(vocab_tile), 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
                 };
                 lists.dedup();
                 let (k_steps, depths): (&[u32], &[u32]) = if tensor { (&[64, 128], &[2, 3, 4, 6, 8]) } else { (&[0], &[1]) };
