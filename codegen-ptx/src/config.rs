@@ -306,8 +306,12 @@ pub const MAX_STAGGER_US: u32 = 200;
 /// Default `list_per_tile` of a `vocab_tile`-token tile (before the capacity's and the tile's
 /// caps): one entry per 32 tokens, 4 to 8. Lists cost stage one an insertion per entry and
 /// stage three a merge over tiles × entries, so their density (entries per token), not their
-/// length, sets both costs; a row overflows (status 3, one rerun) only when more than that
-/// many of its top `need` tokens share one tile.
+/// length, sets both costs; a row overflows (status 3, a rerun, and exact lists for the host
+/// API's next launches) only when more than that many of its top `need` tokens share one tile.
+/// H100 (BENCHMARKS.md, twenty-ninth session): 4 entries instead of 8 on the 128-token
+/// ping-pong tile took 4–13 % off filtered B 64 / 128; on the 256-token tile they took 2–7 %
+/// off B 256 / 512 but would overflow a top-k 50 row about 15× as often as 4 on 128 tokens
+/// (≈ 2·10⁻⁵ a row with its top 50 spread uniformly), so that tile keeps 8.
 pub fn default_list_per_tile(vocab_tile: u32) -> u32 {
     (vocab_tile / 32).clamp(4, 8)
 }
