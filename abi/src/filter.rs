@@ -215,6 +215,20 @@ pub fn blocked_sum_depth(n: usize) -> usize {
     n.min(SUM_BLOCK) + n / SUM_BLOCK
 }
 
+/// How many of a row's best tokens stage three merges (`merge_row`'s `need`): what the row's
+/// outputs read. Its `top_n` processed top logprobs; and, for a row drawn in stage three
+/// (`drawn`: its filter is on and it is not greedy), its top-k when it has one (its survivors
+/// are a prefix of those, so more would change nothing but the chance of an overflow), else
+/// `capacity` (a top-p or min-p nucleus may reach that far). 0: the row is not merged.
+pub fn row_need(filter: &RowFilter, drawn: bool, top_n: usize, capacity: usize) -> usize {
+    let filtered = match (drawn, filter.top_k) {
+        (false, _) => 0,
+        (true, 0) => capacity,
+        (true, k) => (k as usize).min(capacity),
+    };
+    filtered.max(top_n)
+}
+
 /// The row's global top `need` tokens, sorted, from its tiles' lists (`per_tile` each).
 /// Shorter than `need` exactly when the row has fewer eligible tokens.
 ///
@@ -501,6 +515,23 @@ mod tests {
         assert_eq!(merge_row(&lists, 2, 3, 0), Err(ListError::Overflow { row: 0 }));
         let lists = [sc(9.0, 0), Scored::EMPTY, sc(8.0, 5), Scored::EMPTY];
         assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(9.0, 0), sc(8.0, 5)]);
+    }
+
+    #[test]
+    fn a_row_merges_what_its_outputs_read() {
+        let cap = 50;
+        assert_eq!(row_need(&RowFilter::top_k(5), true, 0, cap), 5);
+        assert_eq!(row_need(&RowFilter::top_k(5), true, 8, cap), 8);
+        assert_eq!(row_need(&RowFilter { top_k: 5, top_p: 0.9, min_p: 0.1 }, true, 0, cap), 5);
+        assert_eq!(row_need(&RowFilter::top_p(0.9), true, 0, cap), cap);
+        assert_eq!(row_need(&RowFilter::top_k(5), false, 0, cap), 0, "a greedy or unfiltered row");
+        assert_eq!(row_need(&RowFilter::OFF, false, 3, cap), 3);
+        // A tile holding the row's best three of 2-entry lists: an overflow for a top-k 3 row,
+        // not for a top-k 2 row, whose survivors are the same either way.
+        let lists = [sc(9.0, 0), sc(8.0, 1), sc(1.0, 5), sc(0.0, 6)];
+        let need = |k| row_need(&RowFilter::top_k(k), true, 0, cap);
+        assert_eq!(merge_row(&lists, 2, need(3), 0), Err(ListError::Overflow { row: 0 }));
+        assert_eq!(merge_row(&lists, 2, need(2), 0).unwrap(), vec![sc(9.0, 0), sc(8.0, 1)]);
     }
 
     #[test]

@@ -791,7 +791,13 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
             let has_raw = f.non_null(&arg::RAW_LISTS);
             let raw_ok = raw_top_logprobs(f, &k, &row, &r64, &sa, &has_raw, vocab_tile);
             let top_n = f.sel(&has_raw, &i32c(0), &arg::TOP_N);
-            let need_r = f.sel(&filtered, &arg::NEED, &top_n);
+            // abi::filter::row_need: a drawn row's top-k (capped by NEED) when it has one,
+            // else NEED; at least the top logprobs.
+            let k_on = f.icmp(Icmp::Ne, &filt.top_k, &i32c(0));
+            let k_need = f.umin(&filt.top_k, &arg::NEED);
+            let filter_need = f.sel(&k_on, &k_need, &arg::NEED);
+            let filter_need = f.sel(&filtered, &filter_need, &i32c(0));
+            let need_r = f.umax(&filter_need, &top_n);
             let need_r = f.umin(&need_r, &i32c(MAX_LIST_CAPACITY));
             let any = f.icmp(Icmp::Ne, &need_r, &i32c(0));
             let any = f.and(&any, &raw_ok);
@@ -806,7 +812,7 @@ pub(crate) fn emit(c: &GpuConfig) -> String {
                         // (no top logprobs, no lone top-p); a stray read poisons, never faults.
                         let lse = row_f32_or_nan(f, &arg::LSE, &r64);
                         write_top_logprobs(f, &k, &row, &found, &lse, &top_n);
-                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, &filt, &lse));
+                        f.if_then(&filtered, |f| draw_filtered(f, &k, &row, &r64, &sa, &found, &need_r, &filt, &lse));
                     },
                 );
             });
@@ -857,15 +863,16 @@ fn exp_terms(f: &mut Func, k: &Ctx, found: &I32, need: &I32, filt: &RowFilter, l
 }
 
 /// Survivors (thread 0, broadcast through shared memory), then per sample the Gumbel-max
-/// draw over them (`abi::filter::draw`), overwriting stage two's outputs.
+/// draw over them (`abi::filter::draw`), overwriting stage two's outputs. `found` of the
+/// row's `need` (`abi::filter::row_need`) were merged.
 #[allow(clippy::too_many_arguments)]
-fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<Global>, found: &I32, filt: &RowFilter, lse: &F32) {
+fn draw_filtered(f: &mut Func, k: &Ctx, row: &I32, r64: &I64, status_addr: &Ptr<Global>, found: &I32, need: &I32, filt: &RowFilter, lse: &F32) {
     let none = i32c(INDEX_NONE as i32);
     let kept_a = misc(f, 2);
     let err_a = misc(f, 3);
-    exp_terms(f, k, found, &arg::NEED, filt, lse);
+    exp_terms(f, k, found, need, filt, lse);
     f.if_then(&k.tid0, |f| {
-        let (n, err) = survivors(f, found, &arg::NEED, filt);
+        let (n, err) = survivors(f, found, need, filt);
         let e: I32 = f.zext(&err);
         f.store(&n, &kept_a, 4);
         f.store(&e, &err_a, 4);

@@ -6,7 +6,7 @@
 //! Both host APIs start a launch on short lists and rerun one whose lists overflowed with
 //! lists that cannot ([`ShortListGate`] says when to skip the short ones).
 
-use flashsample_abi::filter::{better_draw, draw, merge_row, survivors, whole_row_with, KeptByToken};
+use flashsample_abi::filter::{better_draw, draw, merge_row, row_need, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::raw::raw_logit_of;
 use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
@@ -71,13 +71,17 @@ pub(crate) fn finish(
 ) -> Option<TopLogprobs> {
     // Lists at least as long as the capacity are merged to their own length: a longer list is
     // exact for a larger nucleus.
-    let need = layout.per_tile.max(pipeline.list_capacity() as usize);
+    let capacity = layout.per_tile.max(pipeline.list_capacity() as usize);
     let samples = pipeline.samples_per_row() as usize;
     // The raw mode's top logprobs come from the raw lists ([`raw_top_logprobs`]).
     let top_n = if pipeline.logprob_mode.is_processed() { pipeline.outputs.top_logprobs as usize } else { 0 };
     let mut top_logprobs = (top_n > 0).then(|| Vec::with_capacity(layout.batch));
     for row in 0..layout.batch {
-        if status[row] != RowStatus::Ok {
+        let filter = params.row_filter(row);
+        let greedy = pipeline.is_greedy() || params.row_temperature(pipeline, row) == 0.0;
+        let drawn = filter.is_drawn_in_stage_three(greedy) && pipeline.filter_max_k().is_some();
+        let need = row_need(&filter, drawn, top_n, capacity);
+        if status[row] != RowStatus::Ok || need == 0 {
             if let Some(out) = top_logprobs.as_mut() {
                 out.push(Vec::new());
             }
@@ -97,9 +101,7 @@ pub(crate) fn finish(
         if let Some(out) = top_logprobs.as_mut() {
             out.push(top.iter().take(top_n).map(|s| (s.index, s.logit - lse)).collect());
         }
-        let filter = params.row_filter(row);
-        let greedy = pipeline.is_greedy() || params.row_temperature(pipeline, row) == 0.0;
-        if !filter.is_drawn_in_stage_three(greedy) || pipeline.filter_max_k().is_none() {
+        if !drawn {
             continue;
         }
         let kept = match survivors(&top, &filter, lse, top.len() < need, row) {
@@ -309,6 +311,26 @@ fn list_status(e: ListError) -> RowStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flashsample_abi::{RowFilter, TemperatureArg};
+    use flashsample_ir::{DType, PipelineBuilder};
+
+    /// Two rows whose best three tokens share tile 0 of two 2-entry lists: the top-k 2 row
+    /// merges two (`row_need`) and is served from them; the top-k 3 row overflows.
+    #[test]
+    fn a_row_merges_its_own_top_k() {
+        let p = PipelineBuilder::new("TopK", DType::BF16, DType::BF16).temperature_per_row("t").filter("f", 8).gumbel("seed", 1).build().unwrap();
+        let sc = |logit, index| Scored { logit, index };
+        let row = [sc(9.0, 0), sc(8.0, 1), sc(1.0, 5), sc(0.0, 6)];
+        let lists: Vec<Scored> = row.iter().chain(&row).copied().collect();
+        let layout = TopLists { batch: 2, tiles: 2, per_tile: 2 };
+        let (filters, temperatures) = ([RowFilter::top_k(2), RowFilter::top_k(3)], [1.0f32; 2]);
+        let params = SamplingParams { temperature: TemperatureArg::PerRow(&temperatures), filter: Some(&filters), seed: 3, ..Default::default() };
+        let mut reduced = RowResult { tokens: vec![7; 2], scores: vec![0.0; 2], logits: vec![0.0; 2], logsumexp: Some(vec![9.5; 2]) };
+        let mut status = vec![RowStatus::Ok; 2];
+        finish(&p, &params, layout, &lists, None, &mut reduced, &mut status);
+        assert_eq!(status, [RowStatus::Ok, RowStatus::ListOverflow]);
+        assert!(reduced.tokens[0] < 2, "row 0 drew from its top 2: {}", reduced.tokens[0]);
+    }
 
     #[test]
     fn an_overflow_holds_short_lists_off_for_the_next_launches() {

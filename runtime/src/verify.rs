@@ -7,7 +7,7 @@
 
 use crate::cpu::{host_f32, CpuBackend, Pass, ResidualPlan};
 use crate::{launch::Shape, stage_three, Error, Result, Tensor};
-use flashsample_abi::filter::{merge_row, survivors, whole_row, Scored};
+use flashsample_abi::filter::{merge_row, row_need, survivors, whole_row, Scored};
 use flashsample_abi::rng::{gumbel_f64, uniform_f64, NoiseStream};
 use flashsample_abi::math::{exp_f64, ln_f64};
 use flashsample_abi::speculative::{accept_bits, draft_of_row, drafts_per_sequence, residual_bits, residual_upper_bound, RESIDUAL_PER_TILE};
@@ -233,7 +233,7 @@ pub(crate) fn decide(
                 Target::Greedy(reduced.tokens[r])
             } else if pipeline.filter_max_k().is_some() && !filter.is_off() {
                 let (layout, lists) = run.lists.ok_or_else(|| Error::Unsupported("a filter pipeline's launch keeps lists".into()))?;
-                let need = layout.per_tile.max(capacity);
+                let need = row_need(&filter, true, 0, layout.per_tile.max(capacity));
                 let listed = merge_row(layout.row(lists, r), layout.per_tile, need, r)
                     .ok()
                     .and_then(|top| survivors(&top, &filter, lse[r], top.len() < need, r).ok().map(|n| top[..n].to_vec()));

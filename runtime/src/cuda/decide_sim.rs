@@ -5,7 +5,7 @@
 
 use super::ir_sim::{Memory, Module};
 use crate::verify::{decide, DraftProbs, Verified, VerifyRun};
-use flashsample_abi::filter::{merge_row, survivors, Scored, TopLists};
+use flashsample_abi::filter::{merge_row, row_need, survivors, Scored, TopLists};
 use flashsample_abi::rng::gumbel_f32;
 use flashsample_abi::speculative::{residual_bits, SpecStatus};
 use flashsample_abi::{Candidate, RowFilter, RowResult, RowStatus, SamplingParams, TemperatureArg, INDEX_NONE};
@@ -204,7 +204,7 @@ impl Scenario {
 
     /// The filter's lists (each tile's best [`FILTER_PER_TILE`] tokens by logit) and what
     /// stage three keeps of them for the decision (`FilterArgs::kept`, `Scored [B, need]`):
-    /// each drawn, ok row's survivors (`merge_row` + `survivors`), `EMPTY` after them, and an
+    /// each drawn, ok row's survivors (`merge_row` of its `row_need` + `survivors`), `EMPTY` after them, and an
     /// `EMPTY` first entry for every other row.
     fn filter_outputs(&self, lse: &[f32]) -> (Vec<Scored>, Vec<Scored>) {
         let need = self.pipeline.list_capacity() as usize;
@@ -224,8 +224,9 @@ impl Scenario {
                 continue;
             }
             let filter = self.filters.as_ref().unwrap()[r];
-            let top = merge_row(layout.row(&lists, r), FILTER_PER_TILE, need, r).ok();
-            if let Some(n) = top.as_ref().and_then(|top| survivors(top, &filter, lse[r], top.len() < need, r).ok()) {
+            let row_need = row_need(&filter, true, 0, need);
+            let top = merge_row(layout.row(&lists, r), FILTER_PER_TILE, row_need, r).ok();
+            if let Some(n) = top.as_ref().and_then(|top| survivors(top, &filter, lse[r], top.len() < row_need, r).ok()) {
                 kept[r * need..][..n].copy_from_slice(&top.unwrap()[..n]);
             }
         }

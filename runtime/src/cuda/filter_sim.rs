@@ -4,7 +4,7 @@
 //! lists and rows that are filtered, greedy (temperature 0), unfiltered or failed in stage two.
 
 use super::ir_sim::{arg_words, Memory, Module};
-use flashsample_abi::filter::{merge_row, survivors, TopLists};
+use flashsample_abi::filter::{merge_row, row_need, survivors, TopLists};
 use flashsample_abi::{RowFilter, RowStatus, Scored, INDEX_NONE};
 use super::glue_sim::finalize;
 use flashsample_codegen_ptx::{FilterArgs, FinalizeArgs, GpuConfig, Grid, Schedule, FILTER, FILTER_THREADS};
@@ -18,12 +18,13 @@ const ROWS: usize = 5;
 const TILES: usize = 140;
 const PER_TILE: usize = 8;
 const VOCAB_TILE: usize = 128;
-/// The pipeline's `max_k`: what stage three merges per row.
+/// The pipeline's `max_k`: what stage three merges of a row without a top-k
+/// (`abi::filter::row_need`).
 const NEED: u32 = 16;
 /// Row 1 is greedy (its temperature is 0) and row 3 fails in stage two, so rows 0, 2 and 4
 /// are drawn in stage three.
 const FILTERS: [RowFilter; ROWS] = [
-    RowFilter { top_k: 5, top_p: 1.0, min_p: 0.0 },
+    RowFilter { top_k: 0, top_p: 0.95, min_p: 0.0 },
     RowFilter { top_k: 0, top_p: 0.9, min_p: 0.0 },
     RowFilter { top_k: 3, top_p: 0.8, min_p: 0.0 },
     RowFilter { top_k: 0, top_p: 1.0, min_p: 0.0 },
@@ -41,7 +42,8 @@ fn read(mem: &Memory, addr: u64) -> Vec<u32> {
 /// Per (row, tile) its best `PER_TILE` tokens by logit (descending, a tile's tokens distinct),
 /// and per row the logsumexp of every listed logit. Row 0's only tokens (its other tiles'
 /// lists are empty) fill its last tile's list: fewer than `NEED` merged with a full list, an
-/// overflow (`merge_row`), which stage three must report, not a short top list.
+/// overflow (`merge_row`), which stage three must report, not a short top list. Row 2's tile 7
+/// holds its best `PER_TILE` tokens: an overflow at `NEED`, not at the row's own top-k 3.
 fn lists(seed: u64) -> (Vec<Scored>, Vec<f32>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
@@ -53,8 +55,9 @@ fn lists(seed: u64) -> (Vec<Scored>, Vec<f32>) {
                 out.extend([Scored::EMPTY; PER_TILE]);
                 continue;
             }
+            let range = if row == 2 && tile == 7 { 4.5..6.0 } else { -8.0..4.0 };
             let mut entries: Vec<Scored> =
-                (0..PER_TILE).map(|j| Scored { logit: rng.random_range(-8.0..4.0), index: (tile * VOCAB_TILE + j * 7) as u32 }).collect();
+                (0..PER_TILE).map(|j| Scored { logit: rng.random_range(range.clone()), index: (tile * VOCAB_TILE + j * 7) as u32 }).collect();
             entries.sort_by(|a, b| b.logit.total_cmp(&a.logit));
             sum += entries.iter().map(|e| f64::from(e.logit).exp()).sum::<f64>();
             out.extend(entries);
@@ -137,9 +140,13 @@ fn stage_three_keeps_each_filtered_rows_survivors_for_the_decision() {
         let mut served = 0;
         for (r, drawn) in filters {
             let row = &kept[r * NEED as usize..][..NEED as usize];
-            // A drawn row's status is the abi's: an overflow where merge_row finds one.
-            let overflows = merge_row(layout.row(&entries, r), PER_TILE, NEED as usize, r).is_err();
+            // A drawn row's status is the abi's: an overflow where merge_row of the row's own
+            // need finds one.
+            let need = row_need(&FILTERS[r], drawn, 0, NEED as usize);
+            let overflows = merge_row(layout.row(&entries, r), PER_TILE, need, r).is_err();
             assert!(r != 0 || overflows, "seed {seed}: row 0's one full list overflows");
+            let at_capacity = merge_row(layout.row(&entries, r), PER_TILE, NEED as usize, r).is_err();
+            assert!(r != 2 || (at_capacity && !overflows), "seed {seed}: row 2 overflows at NEED, not at its top-k");
             if drawn && status[r] != RowStatus::NonFinite.code() {
                 let want = if overflows { RowStatus::ListOverflow } else { RowStatus::Ok };
                 assert_eq!(status[r], want.code(), "seed {seed} row {r}: status");
@@ -148,8 +155,8 @@ fn stage_three_keeps_each_filtered_rows_survivors_for_the_decision() {
                 assert_eq!(row[0].index, INDEX_NONE, "seed {seed} row {r}: no survivors kept");
                 continue;
             }
-            let top = merge_row(layout.row(&entries, r), PER_TILE, NEED as usize, r).unwrap();
-            let n = survivors(&top, &FILTERS[r], row_lse[r], top.len() < NEED as usize, r).unwrap();
+            let top = merge_row(layout.row(&entries, r), PER_TILE, need, r).unwrap();
+            let n = survivors(&top, &FILTERS[r], row_lse[r], top.len() < need, r).unwrap();
             let want: Vec<Scored> = top[..n].iter().copied().chain(std::iter::repeat(Scored::EMPTY)).take(NEED as usize).collect();
             assert_eq!(bytes(row), bytes(&want), "seed {seed} row {r}: {n} survivors");
             served += 1;
