@@ -28,7 +28,7 @@ mod speculative;
 
 use flashsample::{
     bf16, cuda, f16, CudaDevice, Device, DeviceTensor, Error, GpuConfig, Grid, GridKind, KernelConfig, Matrix, RowError, RowFilter,
-    Sampler, SamplingParams, Schedule, Tensor,
+    Samples, Sampler, SamplingParams, Schedule, Tensor,
 };
 use flashsample_abi::{Candidate, INDEX_NONE, INDEX_NONFINITE};
 use flashsample_ir::{DType, Outputs, Pipeline, PipelineBuilder};
@@ -575,32 +575,33 @@ fn row_seeds_and_vocab_offset_pathwise_and_equal_to_cpu() {
     }
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn short_lists_overflow_and_rerun_exactly() {
+/// A case whose rows need more of one tile's tokens than the heuristic's lists hold (`longer`
+/// than `list_per_tile`), run on the GPU: the lists overflow, the launch reruns with lists that
+/// cannot, and `check` (pathwise the reference, the expected top logprobs) holds; the tokens
+/// equal the CPU's.
+fn short_lists_rerun_exactly(p: &Pipeline, case: &Case, longer: u32, check: impl Fn(&Samples) -> Result<(), String>) {
     let (device, _dev) = gpu();
-    let (p, case) = Case::hot_tile_top_k();
     let gpu = Sampler::new(p.clone(), &device).unwrap();
-    let KernelConfig::Cuda(config) = gpu.config_for(12, 128, 20_000) else { panic!("a CUDA config") };
-    assert!(config.list_per_tile < 32, "the heuristic keeps short lists: {config:?}");
+    let KernelConfig::Cuda(config) = gpu.config_for(case.batch, case.dim, case.vocab) else { panic!("a CUDA config") };
+    assert!(config.list_per_tile < longer, "the heuristic's lists are shorter than {longer}: {config:?}");
     let g = case.run(&gpu).unwrap();
-    case.check_hot_tile_top_k(&p, &g).unwrap();
+    check(&g).unwrap();
     let c = case.run(&Sampler::new(p.clone(), &Device::cpu()).unwrap()).unwrap();
     assert_eq!(c.tokens, g.tokens);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn short_lists_overflow_and_rerun_exactly() {
+    let (p, case) = Case::hot_tile_top_k();
+    short_lists_rerun_exactly(&p, &case, 32, |g| case.check_hot_tile_top_k(&p, g));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
-    let (device, _dev) = gpu();
     let (p, case) = Case::clustered_mask_top_k();
-    let gpu = Sampler::new(p.clone(), &device).unwrap();
-    let KernelConfig::Cuda(config) = gpu.config_for(case.batch, case.dim, case.vocab) else { panic!("a CUDA config") };
-    assert!(config.list_per_tile < 20, "the heuristic's lists are shorter than the allowed run: {config:?}");
-    let g = case.run(&gpu).unwrap();
-    case.check_clustered_mask_top_k(&p, &g).unwrap();
-    let c = case.run(&Sampler::new(p.clone(), &Device::cpu()).unwrap()).unwrap();
-    assert_eq!(c.tokens, g.tokens);
+    short_lists_rerun_exactly(&p, &case, 20, |g| case.check_clustered_mask_top_k(&p, g));
 }
 
 #[test]
