@@ -58,11 +58,12 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite on an H100 at 0fdb007 (2026-12-07), and the ranks
-  # in one pass (`flashsample_target_logits`) their scoring and nucleus tests and sanitizers at
-  # affb4e0. List here what changed on the GPU since; the default repeats that last list.
-  NEW_TESTS=${NEW_TESTS:-"scoring:: nucleus:: large_nuclei raw_logprobs_of_nuclei a_nucleus_past"}
-  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:scoring::target_ranks_of_a_small_launch synccheck:scoring::target_ranks_of_a_small_launch"}
+  # Main's GPU code passed the whole suite on an H100 at a2dde4e plus the list-overflow rule's
+  # tests at b863d0a (2026-12-07, twenty-ninth session). Since then stage three merges each
+  # row's own need (`abi::filter::row_need`, 1a1b194), checked on the host only (filter_sim,
+  # decide_sim): its filter and decision tests first. List here what changed on the GPU since.
+  NEW_TESTS=${NEW_TESTS:-"short_lists filtered_gpu_tokens clustered rows_overflowing odd_shapes speculative:: chi_square_for_every_filter nucleus::"}
+  NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:filtered_gpu_tokens_match_cpu_tokens racecheck:filtered_gpu_tokens_match_cpu_tokens"}
   start=$SECONDS
   timeout "${TEST_TIMEOUT:-540}" "$GPU_TEST" --include-ignored --test-threads="${TEST_THREADS:-16}" $NEW_TESTS >"$OUT/new-tests.log" 2>&1
   summary+=("new tests rc=$? ($((SECONDS - start)) s): $(grep -E '^test result' "$OUT/new-tests.log" | tail -1)")
