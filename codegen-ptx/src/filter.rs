@@ -14,7 +14,8 @@
 //! select over the heads' order keys (`head_threshold`) gives a key `t` with at least `need`
 //! heads at or above it, so the `need`-th best head, and with it every token of the row's
 //! global top `need`, has a key ≥ `t`. Only entries with a key ≥ `t` are copied to shared
-//! memory (typically a little more than `need` of them, at most [`CANDIDATES`]) and
+//! memory (each thread loading [`STAGE_UNROLL`] entries before their atomics; typically a
+//! little more than `need` of them pass, at most [`CANDIDATES`] are kept) and
 //! rank-sorted there (each entry's rank is the number of staged entries that beat it); past
 //! [`RANK_SORT_MAX`] staged entries, `need` rounds of block argmax run over them instead,
 //! and if more than [`CANDIDATES`] pass (heavy ties) the rounds run over all entries in
