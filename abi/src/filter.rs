@@ -517,6 +517,68 @@ mod tests {
         assert_eq!(merge_row(&lists, 2, 3, 0).unwrap(), vec![sc(9.0, 0), sc(8.0, 5)]);
     }
 
+    /// The lists' contract on random rows (random vocabularies, tile and list lengths, masks
+    /// scattered or in one run, ties, filters, top logprobs): a row's merge of short lists is
+    /// either an overflow or exactly its true top `row_need` (that of lists holding whole
+    /// tiles), and `row_need` cuts no survivor: merging the capacity gives the same ones.
+    #[test]
+    fn short_lists_give_the_true_top_or_an_overflow() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(29);
+        let (mut served, mut overflowed) = (0, 0);
+        for trial in 0..6000 {
+            let vocab = rng.random_range(1..300usize);
+            let tile = rng.random_range(1..=64usize);
+            let per_tile = rng.random_range(1..=8usize);
+            let capacity = rng.random_range(1..=24usize);
+            let top_n = if rng.random_bool(0.3) { rng.random_range(1..=capacity) } else { 0 };
+            let eligible: Vec<bool> = if rng.random_bool(0.3) {
+                let (start, len) = (rng.random_range(0..vocab), rng.random_range(1..=40));
+                (0..vocab).map(|v| (start..start + len).contains(&v)).collect()
+            } else {
+                let p = rng.random_range(0.05..=1.0);
+                (0..vocab).map(|_| rng.random_bool(p)).collect()
+            };
+            // Logits on a coarse grid, so that ties are common.
+            let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-16..16) as f32 / 4.0).collect();
+            let lists = |per: usize| -> Vec<Scored> {
+                (0..vocab.div_ceil(tile))
+                    .flat_map(|t| {
+                        let tokens: Vec<Scored> = (t * tile..((t + 1) * tile).min(vocab)).filter(|&v| eligible[v]).map(|v| sc(logits[v], v as u32)).collect();
+                        whole_row(&tokens).into_iter().chain(std::iter::repeat(Scored::EMPTY)).take(per)
+                    })
+                    .collect()
+            };
+            let all = whole_row(&lists(tile));
+            let lse = all.iter().map(|s| f64::from(s.logit).exp()).sum::<f64>().ln() as f32;
+            let filter = RowFilter {
+                top_k: if rng.random_bool(0.6) { rng.random_range(1..=capacity as u32) } else { 0 },
+                top_p: [1.0, 0.9, 0.5][rng.random_range(0..3)],
+                min_p: [0.0, 0.1][rng.random_range(0..2)],
+            };
+            let drawn = filter.is_drawn_in_stage_three(false);
+            let need = row_need(&filter, drawn, top_n, capacity);
+            if need == 0 {
+                continue;
+            }
+            let truth: Vec<Scored> = all.iter().copied().take(need).collect();
+            match merge_row(&lists(per_tile), per_tile, need, 0) {
+                Err(ListError::Overflow { .. }) => overflowed += 1,
+                Err(e) => panic!("trial {trial}: {e:?}"),
+                Ok(top) => {
+                    assert_eq!(top, truth, "trial {trial}: V {vocab} tile {tile} per_tile {per_tile} need {need}");
+                    served += 1;
+                }
+            }
+            if drawn {
+                let wide: Vec<Scored> = all.iter().copied().take(capacity).collect();
+                let kept = |top: &[Scored], n: usize| survivors(top, &filter, lse, top.len() < n, 0).map(|k| top[..k].to_vec());
+                assert_eq!(kept(&truth, need), kept(&wide, capacity), "trial {trial}: {filter:?} need {need} of {capacity}");
+            }
+        }
+        assert!(served > 1000 && overflowed > 500, "{served} served, {overflowed} overflowed");
+    }
+
     #[test]
     fn a_row_merges_what_its_outputs_read() {
         let cap = 50;
