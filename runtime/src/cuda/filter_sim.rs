@@ -244,8 +244,8 @@ fn random_lists_keep_the_abis_statuses_and_survivors() {
                 _ => (vec![true; tiles], Some(rng.random_range(0..tiles))),
             };
             let mut sum = 0f64;
-            for t in 0..tiles {
-                let count = if !live[t] { 0 } else if rng.random_bool(0.8) { per_tile } else { rng.random_range(0..per_tile) };
+            for (t, &live) in live.iter().enumerate() {
+                let count = if !live { 0 } else if rng.random_bool(0.8) { per_tile } else { rng.random_range(0..per_tile) };
                 let lift = if hot == Some(t) { 12.0 } else { 0.0 };
                 let tokens: Vec<Scored> =
                     (0..count).map(|j| Scored { logit: rng.random_range(-32..16) as f32 / 4.0 + lift, index: (t * VOCAB_TILE + j * 7) as u32 }).collect();
