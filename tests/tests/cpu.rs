@@ -138,8 +138,8 @@ fn short_lists_overflow_and_rerun_exactly() {
 }
 
 /// A mask leaving each row 20 side-by-side tokens, more than a tile list holds, on top-k 32:
-/// the short merge is an overflow and the launch reruns exactly (it was a silent top-20 cut to
-/// the list's 16 before).
+/// the short merge is an overflow and the launch reruns exactly, never a top-k cut to the
+/// list's 16.
 #[test]
 fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
     let (p, case) = Case::clustered_mask_top_k();
