@@ -49,6 +49,16 @@ impl RowStatus {
     }
 }
 
+impl From<ListError> for RowStatus {
+    /// The status stage three writes for a list error (the inverse of [`RowStatus::error`]).
+    fn from(e: ListError) -> RowStatus {
+        match e {
+            ListError::Overflow { .. } => RowStatus::ListOverflow,
+            ListError::NucleusTooLarge { .. } => RowStatus::NucleusTooLarge,
+        }
+    }
+}
+
 /// The typed error a non-ok [`RowStatus`] stands for.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RowStatusError {

@@ -297,8 +297,8 @@ impl CpuBackend {
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
         let capacity = self.pipeline.list_capacity() as usize;
         // Short lists first (past a recent overflow's holdoff); a launch where one overflowed
-        // runs again with lists of the capacity, which cannot overflow (stage three merges
-        // `capacity` entries a row).
+        // runs again with lists of the capacity, which cannot overflow (stage three merges at
+        // most `capacity` entries a row, `abi::filter::row_need`).
         let mut per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
         let ranks = thresholds.as_deref();
         let (one, mut reduced, mut status, mut top_logprobs) = loop {
@@ -406,10 +406,9 @@ impl CpuBackend {
         let targets = params.targets.ok_or(flashsample_abi::ParamError::Missing("targets"))?;
         let targets = targets.get(..shape.batch).ok_or(flashsample_abi::ParamError::Length { what: "targets", expected: shape.batch, got: targets.len() })?;
         let config = CpuConfig { vocab_tile: TARGET_TILE as u32, ..config.clone() };
-        let vocab_tile = TARGET_TILE;
         let mut by_tile: std::collections::BTreeMap<usize, Vec<usize>> = std::collections::BTreeMap::new();
         for (row, &t) in targets.iter().enumerate() {
-            by_tile.entry(t as usize / vocab_tile).or_default().push(row);
+            by_tile.entry(t as usize / TARGET_TILE).or_default().push(row);
         }
         let per_tile = (self.pipeline.list_capacity() as usize).min(LIST_PER_TILE);
         let mut logits = vec![f32::NAN; shape.batch];

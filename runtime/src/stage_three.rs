@@ -8,7 +8,7 @@
 
 use flashsample_abi::filter::{better_draw, draw, merge_row, row_need, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::raw::raw_logit_of;
-use flashsample_abi::{ListError, RowResult, RowStatus, SamplingParams, Scored, TopLists};
+use flashsample_abi::{RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -90,7 +90,7 @@ pub(crate) fn finish(
         let top = match merge_row(layout.row(lists, row), layout.per_tile, need, row) {
             Ok(top) => top,
             Err(e) => {
-                status[row] = list_status(e);
+                status[row] = RowStatus::from(e);
                 if let Some(out) = top_logprobs.as_mut() {
                     out.push(Vec::new());
                 }
@@ -107,7 +107,7 @@ pub(crate) fn finish(
         let kept = match survivors(&top, &filter, lse, top.len() < need, row) {
             Ok(k) => k,
             Err(e) => {
-                status[row] = list_status(e);
+                status[row] = RowStatus::from(e);
                 continue;
             }
         };
@@ -296,15 +296,8 @@ pub(crate) fn finish_exact(
                 status[row] = RowStatus::Ok;
                 draw_samples(params, row, &top[..kept], samples, &carried, reduced, status);
             }
-            Err(e) => status[row] = list_status(e),
+            Err(e) => status[row] = RowStatus::from(e),
         }
-    }
-}
-
-fn list_status(e: ListError) -> RowStatus {
-    match e {
-        ListError::Overflow { .. } => RowStatus::ListOverflow,
-        ListError::NucleusTooLarge { .. } => RowStatus::NucleusTooLarge,
     }
 }
 

@@ -5,7 +5,6 @@
 
 use super::ir_sim::{arg_words, Memory, Module};
 use flashsample_abi::filter::{merge_row, row_need, survivors, TopLists};
-use flashsample_abi::ListError;
 use flashsample_abi::{RowFilter, RowStatus, Scored, INDEX_NONE};
 use super::glue_sim::finalize;
 use flashsample_codegen_ptx::{FilterArgs, FinalizeArgs, GpuConfig, Grid, Schedule, FILTER, FILTER_THREADS};
@@ -168,17 +167,13 @@ impl Launch {
             let row = &kept[r * need_max..][..need_max];
             let drawn = self.status[r] == 0 && self.filters[r].is_drawn_in_stage_three(self.temperatures[r] == 0.0);
             let need = row_need(&self.filters[r], drawn, 0, need_max);
-            let refused = |e: ListError| match e {
-                ListError::Overflow { .. } => RowStatus::ListOverflow,
-                ListError::NucleusTooLarge { .. } => RowStatus::NucleusTooLarge,
-            };
             // A row that is not drawn keeps stage two's status (not checked here).
             let want = match (drawn, merge_row(layout.row(&self.entries, r), self.per_tile, need, r)) {
                 (false, _) => Err(RowStatus::Ok),
-                (true, Err(e)) => Err(refused(e)),
+                (true, Err(e)) => Err(RowStatus::from(e)),
                 (true, Ok(top)) => match survivors(&top, &self.filters[r], self.lse[r], top.len() < need, r) {
                     Ok(n) => Ok(top[..n].to_vec()),
-                    Err(e) => Err(refused(e)),
+                    Err(e) => Err(RowStatus::from(e)),
                 },
             };
             match want {
