@@ -567,11 +567,29 @@ pub(super) struct Cta {
     pub(super) grid_y: u64,
 }
 
+/// The lane a warp shuffle reads.
+#[derive(Clone, Copy)]
+enum ShuffleFrom {
+    /// `shfl.sync.bfly`: lane `l` reads lane `l ^ mask`.
+    Xor(usize),
+    /// `shfl.sync.down` over the whole warp: lane `l` reads lane `l + delta`, itself past lane 31.
+    Down(usize),
+}
+
+impl ShuffleFrom {
+    fn source(self, lane: usize) -> usize {
+        match self {
+            ShuffleFrom::Xor(mask) => lane ^ mask,
+            ShuffleFrom::Down(delta) if lane + delta < 32 => lane + delta,
+            ShuffleFrom::Down(_) => lane,
+        }
+    }
+}
+
 /// Why a thread stopped.
 enum Stop {
     Barrier,
-    /// `down`: lane `l` reads lane `l + lane_mask` (itself past lane 31); else lane `l ^ lane_mask`.
-    Shuffle { d: usize, v: u64, lane_mask: u32, down: bool },
+    Shuffle { d: usize, v: u64, from: ShuffleFrom },
     Ballot { d: usize, pred: bool },
     MatchAny { d: usize, v: u64 },
     Redux { d: usize, v: u64 },
@@ -1018,12 +1036,15 @@ impl Module {
                 }
                 Inst::Intrinsic { d, which: which @ (Intr::Shfl | Intr::ShflDown), args } => {
                     let v = Self::get(&t.regs, args[1]);
-                    let lane_mask = Self::get(&t.regs, args[2]) as u32;
-                    if *which == Intr::ShflDown {
+                    let b = Self::get(&t.regs, args[2]) as usize;
+                    let from = if *which == Intr::ShflDown {
                         assert_eq!(Self::get(&t.regs, args[3]), 31, "shfl.sync.down over a segment other than the warp");
-                    }
+                        ShuffleFrom::Down(b)
+                    } else {
+                        ShuffleFrom::Xor(b)
+                    };
                     t.pc += 1;
-                    t.stop = Some(Stop::Shuffle { d: *d, v, lane_mask, down: *which == Intr::ShflDown });
+                    t.stop = Some(Stop::Shuffle { d: *d, v, from });
                     return;
                 }
                 inst => {
@@ -1121,22 +1142,15 @@ impl Module {
                 }
             } else if shuffles {
                 for warp in threads.chunks_mut(32) {
-                    let lanes: Vec<Option<(usize, u64, u32, bool)>> = warp
-                        .iter()
-                        .map(|t| if let Some(Stop::Shuffle { d, v, lane_mask, down }) = t.stop { Some((d, v, lane_mask, down)) } else { None })
-                        .collect();
+                    let lanes: Vec<Option<(usize, u64, ShuffleFrom)>> =
+                        warp.iter().map(|t| if let Some(Stop::Shuffle { d, v, from }) = t.stop { Some((d, v, from)) } else { None }).collect();
                     if lanes.iter().all(Option::is_none) {
                         continue;
                     }
                     assert!(lanes.iter().all(Option::is_some), "a warp shuffle reached by only some lanes");
                     for (lane, t) in warp.iter_mut().enumerate() {
-                        let (d, _, m, down) = lanes[lane].unwrap();
-                        let src = match down {
-                            true if lane + (m as usize) < 32 => lane + m as usize,
-                            true => lane,
-                            false => lane ^ m as usize,
-                        };
-                        t.regs[d][0] = lanes[src].unwrap().1;
+                        let (d, _, from) = lanes[lane].unwrap();
+                        t.regs[d][0] = lanes[from.source(lane)].unwrap().1;
                         t.stop = None;
                     }
                 }
