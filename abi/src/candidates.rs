@@ -63,6 +63,20 @@ pub struct RowResult {
     pub logsumexp: Option<Vec<f32>>,
 }
 
+impl RowResult {
+    /// Writes `part`, the results of consecutive rows from `first` on (`samples` a row), over
+    /// this launch's: a range of rows run again as a launch of its own.
+    pub fn overwrite_rows(&mut self, first: usize, samples: usize, part: RowResult) {
+        let at = first * samples;
+        self.tokens[at..][..part.tokens.len()].copy_from_slice(&part.tokens);
+        self.scores[at..][..part.scores.len()].copy_from_slice(&part.scores);
+        self.logits[at..][..part.logits.len()].copy_from_slice(&part.logits);
+        if let (Some(all), Some(some)) = (&mut self.logsumexp, part.logsumexp) {
+            all[first..][..some.len()].copy_from_slice(&some);
+        }
+    }
+}
+
 impl StageTwo {
     /// Number of vocab tiles of `tile` tokens covering `vocab`.
     pub fn tiles_for(vocab: usize, tile: usize) -> usize {
@@ -166,6 +180,21 @@ mod tests {
 
     fn c(score: f32, index: u32) -> Candidate {
         Candidate { score, index, logit: score }
+    }
+
+    #[test]
+    fn overwriting_rows_touches_those_rows_only() {
+        let launch = |v: f32, rows: usize| RowResult {
+            tokens: vec![v as u32; rows * 2],
+            scores: vec![v; rows * 2],
+            logits: vec![-v; rows * 2],
+            logsumexp: Some(vec![v; rows]),
+        };
+        let mut all = launch(0.0, 4);
+        all.overwrite_rows(1, 2, launch(7.0, 2));
+        assert_eq!(all.tokens, [0, 0, 7, 7, 7, 7, 0, 0]);
+        assert_eq!(all.logits, [0.0, 0.0, -7.0, -7.0, -7.0, -7.0, 0.0, 0.0]);
+        assert_eq!(all.logsumexp, Some(vec![0.0, 7.0, 7.0, 0.0]));
     }
 
     #[test]

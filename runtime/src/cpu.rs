@@ -13,6 +13,7 @@ use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, RankCounts, ResidualLists};
 use flashsample_ir::Pipeline;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// A compiled kernel's config and whether it writes logsumexp partials.
@@ -278,6 +279,9 @@ impl CpuBackend {
 
     /// [`CpuBackend::sample`] of one launch: everything `Samples` is assembled from. A ranking
     /// pipeline counts against `thresholds` (only tests give others than the launch's own).
+    /// Short lists first (past a recurring overflow's holdoff); the rows where one overflowed
+    /// run again as a launch of their own with lists of the capacity, which cannot overflow
+    /// (stage three merges at most `capacity` entries a row, `abi::filter::row_need`).
     fn sample_rows(
         &self,
         hidden_f32: &[f32],
@@ -287,6 +291,34 @@ impl CpuBackend {
         config: &CpuConfig,
         thresholds: Thresholds,
     ) -> Result<RowsOut> {
+        let capacity = self.pipeline.list_capacity() as usize;
+        let per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
+        let ranges = thresholds.clone();
+        let mut out = self.launch_rows(hidden_f32, weights, params, shape, config, thresholds, per_tile)?;
+        if let (Some(rows), true) = (stage_three::overflowed_rows(&out.status), per_tile < capacity) {
+            self.short_lists.overflowed();
+            let picked: Vec<usize> = rows.clone().collect();
+            let subset = params.select_rows(&picked, shape.vocab);
+            let h = &hidden_f32[rows.start * shape.dim..][..rows.len() * shape.dim];
+            let sub_shape = Shape { batch: rows.len(), ..shape };
+            let part = self.launch_rows(h, weights, &subset.params(), sub_shape, config, ranges.rows(rows.clone()), capacity)?;
+            out.overwrite(rows.start, self.pipeline.samples_per_row() as usize, part);
+        }
+        Ok(out)
+    }
+
+    /// One launch of stage one with `per_tile` entries a list, and what follows it.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rows(
+        &self,
+        hidden_f32: &[f32],
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &CpuConfig,
+        thresholds: Thresholds,
+        per_tile: usize,
+    ) -> Result<RowsOut> {
         // Step 7c: each row's target logit before the pass, so that the pass counts against it.
         let thresholds = match (self.pipeline.ranks_targets(), thresholds) {
             (false, _) => None,
@@ -295,26 +327,13 @@ impl CpuBackend {
             (true, Thresholds::Given(t)) => Some(t),
         };
         let allowed = params.allowed_bitset(shape.batch, shape.vocab);
-        let capacity = self.pipeline.list_capacity() as usize;
-        // Short lists first (past a recent overflow's holdoff); a launch where one overflowed
-        // runs again with lists of the capacity, which cannot overflow (stage three merges at
-        // most `capacity` entries a row, `abi::filter::row_need`).
-        let mut per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
         let ranks = thresholds.as_deref();
-        let (one, mut reduced, mut status, mut top_logprobs) = loop {
-            let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample { ranks })?;
-            let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
-            let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
-            let top_logprobs = match &one.lists {
-                Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, raws, &mut reduced, &mut status),
-                None => None,
-            };
-            if per_tile < capacity && status.contains(&RowStatus::ListOverflow) {
-                self.short_lists.overflowed();
-                per_tile = capacity;
-                continue;
-            }
-            break (one, reduced, status, top_logprobs);
+        let one = self.stage_one_with_lists(hidden_f32, weights, params, allowed.as_deref(), shape, config, per_tile, Pass::Sample { ranks })?;
+        let (mut reduced, mut status) = one.layout.reduce_rows(&one.candidates, one.lse.as_deref());
+        let raws = one.raw.as_ref().and_then(RawStageOne::list_raws);
+        let mut top_logprobs = match &one.lists {
+            Some((layout, lists)) => stage_three::finish(&self.pipeline, params, *layout, lists, raws, &mut reduced, &mut status),
+            None => None,
         };
         let rows = stage_three::nucleus_rows(&status);
         if !rows.is_empty() {
@@ -446,6 +465,23 @@ struct RowsOut {
 }
 
 impl RowsOut {
+    /// Writes `part`, the results of consecutive rows from `first` on (`samples` a row), over
+    /// these rows' (the rows run again on longer lists).
+    fn overwrite(&mut self, first: usize, samples: usize, part: RowsOut) {
+        let rows = first..first + part.status.len();
+        self.reduced.overwrite_rows(first, samples, part.reduced);
+        self.status[rows.clone()].copy_from_slice(&part.status);
+        if let (Some(a), Some(b)) = (&mut self.top_logprobs, part.top_logprobs) {
+            a.splice(rows.clone(), b);
+        }
+        if let (Some(a), Some(b)) = (&mut self.target_logprobs, part.target_logprobs) {
+            a[rows.clone()].copy_from_slice(&b);
+        }
+        if let (Some(a), Some(b)) = (&mut self.target_ranks, part.target_ranks) {
+            a[rows].copy_from_slice(&b);
+        }
+    }
+
     /// Appends the next rows' results.
     fn append(&mut self, next: RowsOut) {
         let r = &mut self.reduced;
@@ -510,12 +546,26 @@ pub(crate) struct StageOne {
 }
 
 /// Where a ranking launch's thresholds (DESIGN.md step 7c) come from.
+#[derive(Clone)]
 pub(crate) enum Thresholds {
     /// [`CpuBackend::target_tile_logits`]: the launch's own bits.
     TargetTiles,
     /// Given: a test's thresholds that are not the launch's, which make it count again.
     #[cfg(test)]
     Given(Vec<f32>),
+}
+
+impl Thresholds {
+    /// Those of consecutive `rows` of the launch, for those rows run as a launch of their own.
+    #[cfg_attr(not(test), allow(unused_variables))]
+    fn rows(self, rows: Range<usize>) -> Thresholds {
+        match self {
+            // The range's own bits, which batch invariance makes the whole launch's.
+            Thresholds::TargetTiles => Thresholds::TargetTiles,
+            #[cfg(test)]
+            Thresholds::Given(t) => Thresholds::Given(t[rows].to_vec()),
+        }
+    }
 }
 
 /// What a stage-one launch is for.

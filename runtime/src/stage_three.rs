@@ -3,8 +3,9 @@
 //! CUDA backend runs the same steps in its `flashsample_filter` kernel. Rows whose nucleus
 //! outgrew the lists are then served exactly from the launch's capture of their logits (CPU)
 //! or from whole-tile lists of those rows alone ([`finish_exact`], both backends' host API).
-//! Both host APIs start a launch on short lists and rerun one whose lists overflowed with
-//! lists that cannot ([`ShortListGate`] says when to skip the short ones).
+//! Both host APIs start a launch on short lists and rerun the rows whose lists overflowed
+//! ([`overflowed_rows`]) with lists that cannot ([`ShortListGate`] says when to skip the short
+//! ones).
 
 use flashsample_abi::filter::{better_draw, draw, merge_row, row_need, survivors, whole_row_with, KeptByToken};
 use flashsample_abi::raw::raw_logit_of;
@@ -12,29 +13,67 @@ use flashsample_abi::{RowResult, RowStatus, SamplingParams, Scored, TopLists};
 use flashsample_ir::Pipeline;
 use rayon::prelude::*;
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::ops::Range;
+use std::sync::Mutex;
 
-/// Launches that run lists of the capacity after one whose short lists overflowed: a
-/// workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most frequent
-/// tokens the lowest ids) then pays a rerun once per this many launches, not on most of them.
+/// Launches that run lists of the capacity once short lists overflowed twice within this many
+/// launches: a workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its
+/// most frequent tokens the lowest ids; a request whose mask leaves a run of digits) then pays
+/// two reruns per this many launches and two more, not one on most of them.
 pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
 
 /// Whether a host-API launch starts on short lists (the CPU's `LIST_PER_TILE`, the GPU
-/// config's `list_per_tile`): yes, unless one of the last [`SHORT_LIST_HOLDOFF`] launches of
-/// the sampler overflowed them. Only speed depends on it: every launch's samples are exact.
+/// config's `list_per_tile`). An isolated overflow reruns only its rows ([`overflowed_rows`])
+/// and changes nothing else: rows of scattered top tokens overflow short lists at random and
+/// rarely (≈ 2·10⁻⁵ a top-k 50 row on 4-entry lists of 256 tokens). A second overflow within
+/// [`SHORT_LIST_HOLDOFF`] launches of the first says they recur, and the next
+/// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only speed depends on it: every
+/// launch's samples are exact.
 #[derive(Debug, Default)]
-pub(crate) struct ShortListGate(AtomicU32);
+pub(crate) struct ShortListGate(Mutex<GateState>);
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Launches left that run lists of the capacity.
+    holdoff: u32,
+    /// Launches since the last overflow, while fewer than [`SHORT_LIST_HOLDOFF`].
+    since_overflow: Option<u32>,
+}
 
 impl ShortListGate {
     /// Whether this launch runs short lists (counts down the holdoff otherwise).
     pub(crate) fn take(&self) -> bool {
-        self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(1)).is_err()
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        g.since_overflow = g.since_overflow.map(|n| n + 1).filter(|&n| n < SHORT_LIST_HOLDOFF);
+        match g.holdoff.checked_sub(1) {
+            Some(left) => {
+                g.holdoff = left;
+                false
+            }
+            None => true,
+        }
     }
 
-    /// A launch's short lists overflowed: the next launches run lists of the capacity.
+    /// This launch's short lists overflowed: a recurrence ([`ShortListGate`]) holds them off.
     pub(crate) fn overflowed(&self) {
-        self.0.store(SHORT_LIST_HOLDOFF, Ordering::Relaxed);
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if g.since_overflow.is_some() {
+            g.holdoff = SHORT_LIST_HOLDOFF;
+        }
+        g.since_overflow = Some(0);
     }
+}
+
+/// The rows a launch whose short lists overflowed runs again on lists that cannot: the
+/// consecutive rows from its first overflowed row to its last, `None` where none overflowed.
+/// A range of a launch keeps its rows' noise streams ([`flashsample_abi::RowSubset`]), so
+/// its samples are those the whole launch would draw on exact lists; one launch over the
+/// range reads the weights once, where a launch per overflowed row would read them per row.
+pub(crate) fn overflowed_rows(status: &[RowStatus]) -> Option<Range<usize>> {
+    let overflowed = |s: &RowStatus| *s == RowStatus::ListOverflow;
+    let first = status.iter().position(overflowed)?;
+    let last = status.iter().rposition(overflowed)?;
+    Some(first..last + 1)
 }
 
 /// Per row, (token, logprob) of its most likely tokens.
@@ -326,15 +365,30 @@ mod tests {
     }
 
     #[test]
-    fn an_overflow_holds_short_lists_off_for_the_next_launches() {
+    fn only_a_recurring_overflow_holds_short_lists_off() {
         let gate = ShortListGate::default();
         assert!(gate.take() && gate.take(), "short lists until one overflows");
+        gate.overflowed();
+        for launch in 0..SHORT_LIST_HOLDOFF - 1 {
+            assert!(gate.take(), "launch {launch} after an isolated overflow keeps short lists");
+        }
         gate.overflowed();
         for launch in 0..SHORT_LIST_HOLDOFF {
             assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
         }
         assert!(gate.take(), "short lists again after the holdoff");
         gate.overflowed();
-        assert!(!gate.take());
+        assert!(gate.take(), "the holdoff's launches count: an overflow after it is isolated");
+        gate.overflowed();
+        assert!(!gate.take(), "and one right after that recurs");
+    }
+
+    #[test]
+    fn the_rerun_covers_the_overflowed_rows_and_what_lies_between() {
+        use RowStatus::{ListOverflow as O, NucleusTooLarge as N, Ok};
+        assert_eq!(overflowed_rows(&[Ok, N, Ok]), None);
+        assert_eq!(overflowed_rows(&[Ok, O, Ok]), Some(1..2));
+        assert_eq!(overflowed_rows(&[Ok, O, N, Ok, O, Ok]), Some(1..5));
+        assert_eq!(overflowed_rows(&[O]), Some(0..1));
     }
 }

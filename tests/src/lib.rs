@@ -424,12 +424,13 @@ impl Case {
         Ok(())
     }
 
-    /// Both backends' clustered-mask test: a grammar-like mask leaves every row of 8 (D 64,
-    /// V 5000) only the 20 tokens 1000..1020 (digits, say, whose ids sit side by side, so one
-    /// vocabulary tile holds them all), on top-k 32 with 24 top logprobs. Each tile list is
-    /// shorter than 20, so the merge finds fewer than `need` tokens while a list is full: that
-    /// is an overflow and a rerun, never a short, wrong top-k.
-    pub fn clustered_mask_top_k() -> (Pipeline, Case) {
+    /// Both backends' clustered-mask tests: a grammar-like mask leaves each of `masked` of 8
+    /// rows (D 64, V 5000) only the 20 tokens 1000..1020 (digits, say, whose ids sit side by
+    /// side, so one vocabulary tile holds them all), on top-k 32 with 24 top logprobs; the
+    /// other rows allow every token. Each tile list is shorter than 20, so a masked row's merge
+    /// finds fewer than `need` tokens while a list is full: that is an overflow and a rerun of
+    /// the rows from the first masked one to the last, never a short, wrong top-k.
+    pub fn clustered_mask_top_k(masked: &[usize]) -> (Pipeline, Case) {
         let p = flashsample_ir::PipelineBuilder::new("Digits", DType::BF16, DType::BF16)
             .temperature_per_row("t")
             .mask("allowed")
@@ -441,24 +442,33 @@ impl Case {
         let (batch, vocab) = (8, 5000);
         let mut case = Case::random(&p, batch, 64, vocab, 13, 3.0).with_filter(RowFilter { top_k: 32, top_p: 1.0, min_p: 0.0 });
         let words = vocab.div_ceil(32);
-        case.mask = vec![0; batch * words];
         for row in 0..batch {
-            for t in CLUSTERED_TOKENS {
-                case.mask[row * words + t / 32] |= 1 << (t % 32);
+            let allowed = &mut case.mask[row * words..][..words];
+            if masked.contains(&row) {
+                allowed.fill(0);
+                for t in CLUSTERED_TOKENS {
+                    allowed[t / 32] |= 1 << (t % 32);
+                }
+            } else {
+                allowed.fill(u32::MAX);
             }
         }
         (p, case)
     }
 
-    /// [`Case::clustered_mask_top_k`]'s checks of one run: pathwise the reference, and every
-    /// row's top logprobs are all 20 allowed tokens.
-    pub fn check_clustered_mask_top_k(&self, p: &Pipeline, got: &Samples) -> Result<(), String> {
+    /// [`Case::clustered_mask_top_k`]'s checks of one run: pathwise the reference, every
+    /// `masked` row's top logprobs are all 20 allowed tokens and every other row's are 24.
+    pub fn check_clustered_mask_top_k(&self, p: &Pipeline, got: &Samples, masked: &[usize]) -> Result<(), String> {
         self.check(p, got, &(0..self.batch).collect::<Vec<_>>())?;
         for (row, top) in got.top_logprobs.as_ref().ok_or("no top logprobs")?.iter().enumerate() {
             let mut tokens: Vec<usize> = top.iter().map(|t| t.0 as usize).collect();
             tokens.sort_unstable();
-            if tokens != CLUSTERED_TOKENS.collect::<Vec<_>>() {
-                return Err(format!("row {row}: top logprob tokens {tokens:?}, not the 20 allowed"));
+            match masked.contains(&row) {
+                true if tokens != CLUSTERED_TOKENS.collect::<Vec<_>>() => {
+                    return Err(format!("row {row}: top logprob tokens {tokens:?}, not the 20 allowed"));
+                }
+                false if tokens.len() != 24 => return Err(format!("row {row}: {} top logprobs, not 24", tokens.len())),
+                _ => {}
             }
         }
         Ok(())

@@ -142,9 +142,24 @@ fn short_lists_overflow_and_rerun_exactly() {
 /// list's 16.
 #[test]
 fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
-    let (p, case) = Case::clustered_mask_top_k();
+    let masked: Vec<usize> = (0..8).collect();
+    let (p, case) = Case::clustered_mask_top_k(&masked);
     let got = case.run(&Sampler::new(p.clone(), &cpu()).unwrap()).unwrap();
-    case.check_clustered_mask_top_k(&p, &got).unwrap();
+    case.check_clustered_mask_top_k(&p, &got, &masked).unwrap();
+}
+
+/// Rows 2 and 5 of 8 masked so: rows 2..6 run again as a launch of their own, whose noise
+/// streams and outputs must be those of the whole launch (pathwise the reference), and the
+/// rows around them keep the first launch's.
+#[test]
+fn rows_overflowing_mid_batch_rerun_alone_exactly() {
+    let masked = [2, 5];
+    let (p, case) = Case::clustered_mask_top_k(&masked);
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    for launch in 0..3 {
+        let got = case.run(&sampler).unwrap();
+        case.check_clustered_mask_top_k(&p, &got, &masked).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
+    }
 }
 
 #[test]

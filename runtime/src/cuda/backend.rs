@@ -34,6 +34,7 @@ use flashsample_abi::{Candidate, LsePartial, RowFilter, RowResult, RowStatus, Sa
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// The tile lists of a device-API plan, which cannot rerun a launch.
@@ -468,11 +469,15 @@ impl CudaSampler {
             config = exact.clone();
         }
         let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
-        // Whole-tile lists never overflow: a second overflow is reported, never rerun.
-        if r.status.contains(&RowStatus::ListOverflow) && exact.list_per_tile > config.list_per_tile {
+        // Exact lists never overflow: a second overflow is reported, never rerun.
+        if let (Some(range), true) = (stage_three::overflowed_rows(&r.status), exact.list_per_tile > config.list_per_tile) {
             self.short_lists.overflowed();
             config = exact;
-            r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
+            if range.len() == shape.batch {
+                r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
+            } else {
+                self.rerun_rows(hidden, weights, params, shape, &config, need, range, &mut r)?;
+            }
         }
         let rows = stage_three::nucleus_rows(&r.status);
         if !rows.is_empty() {
@@ -492,6 +497,45 @@ impl CudaSampler {
                 .collect()
         });
         Ok(samples)
+    }
+
+    /// Runs the consecutive `rows` of a launch again on `config` and writes their results over
+    /// `r`'s ([`stage_three::overflowed_rows`]): a range keeps its rows' noise streams, and
+    /// every output is batch invariant (DESIGN.md "Batch invariance").
+    #[allow(clippy::too_many_arguments)]
+    fn rerun_rows(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        config: &GpuConfig,
+        need: u32,
+        rows: Range<usize>,
+        r: &mut Readback,
+    ) -> Result<()> {
+        let picked: Vec<usize> = rows.clone().collect();
+        let bytes = hidden_rows(hidden, &picked, shape.dim)?;
+        let sub_hidden = Tensor { dtype: hidden.dtype, rows: picked.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
+        let subset = params.select_rows(&picked, shape.vocab);
+        let sub = subset.params();
+        let sub_shape = Shape { batch: picked.len(), ..shape };
+        let lse = self.launch_lse(&sub, sub_shape.batch);
+        let part = self.sample_once(&sub_hidden, weights, &sub, sub_shape, config, need, lse, false, None)?;
+        let samples = self.pipeline.samples_per_row() as usize;
+        let top_n = self.pipeline.outputs.top_logprobs as usize;
+        r.reduced.overwrite_rows(rows.start, samples, part.reduced);
+        r.status[rows.clone()].copy_from_slice(&part.status);
+        if let (Some(all), Some(some)) = (&mut r.target_logprobs, part.target_logprobs) {
+            all[rows.start..][..some.len()].copy_from_slice(&some);
+        }
+        if let (Some(all), Some(some)) = (&mut r.target_ranks, part.target_ranks) {
+            all[rows.start..][..some.len()].copy_from_slice(&some);
+        }
+        if let (Some(all), Some(some)) = (&mut r.top, part.top) {
+            all[rows.start * top_n..][..some.len()].copy_from_slice(&some);
+        }
+        Ok(())
     }
 
     /// Serves `rows` (their nucleus outgrew the lists) exactly: stage one of those rows alone

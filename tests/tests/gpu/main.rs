@@ -600,8 +600,29 @@ fn short_lists_overflow_and_rerun_exactly() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
-    let (p, case) = Case::clustered_mask_top_k();
-    short_lists_rerun_exactly(&p, &case, 20, |g| case.check_clustered_mask_top_k(&p, g));
+    let masked: Vec<usize> = (0..8).collect();
+    let (p, case) = Case::clustered_mask_top_k(&masked);
+    short_lists_rerun_exactly(&p, &case, 20, |g| case.check_clustered_mask_top_k(&p, g, &masked));
+}
+
+/// Rows 2 and 5 of 8 overflow: rows 2..6 run again alone, with the whole launch's noise
+/// streams (pathwise the reference, the CPU's tokens). Three launches of one sampler: the
+/// first reruns the rows, the second's overflow recurs and reruns them, and the third runs
+/// exact lists from the start (`stage_three::ShortListGate`); all three are the same.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn rows_overflowing_mid_batch_rerun_alone_exactly() {
+    let masked = [2, 5];
+    let (p, case) = Case::clustered_mask_top_k(&masked);
+    short_lists_rerun_exactly(&p, &case, 20, |g| case.check_clustered_mask_top_k(&p, g, &masked));
+    let (device, _dev) = gpu();
+    let gpu = Sampler::new(p.clone(), &device).unwrap();
+    let first = case.run(&gpu).unwrap();
+    for launch in 1..3 {
+        let again = case.run(&gpu).unwrap();
+        case.check_clustered_mask_top_k(&p, &again, &masked).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
+        assert_eq!(again.tokens, first.tokens, "launch {launch}");
+    }
 }
 
 #[test]
