@@ -303,18 +303,15 @@ const MAX_REGS_PER_THREAD: u32 = 248;
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
 pub const MAX_STAGGER_US: u32 = 200;
 
-/// Default `list_per_tile` of a `vocab_tile`-token tile (before the capacity's and the tile's
-/// caps): one entry per 32 tokens, 4 to 8. Lists cost stage one an insertion per entry and
-/// stage three a merge over tiles × entries, so their density (entries per token), not their
-/// length, sets both costs; a row overflows (status 3, a rerun, and exact lists for the host
-/// API's next launches) only when more than that many of its top `need` tokens share one tile.
-/// H100 (BENCHMARKS.md, twenty-ninth session): 4 entries instead of 8 on the 128-token
-/// ping-pong tile took 4–13 % off filtered B 64 / 128; on the 256-token tile they took 2–7 %
-/// off B 256 / 512 but would overflow a top-k 50 row about 15× as often as 4 on 128 tokens
-/// (≈ 2·10⁻⁵ a row with its top 50 spread uniformly), so that tile keeps 8.
-pub fn default_list_per_tile(vocab_tile: u32) -> u32 {
-    (vocab_tile / 32).clamp(4, 8)
-}
+/// Default `list_per_tile` (before the capacity's and the tile's caps). Lists cost stage one a
+/// selection round per entry and stage three a merge over tiles × entries; a row overflows
+/// (status 3, a rerun of the overflowed rows) only when more than this many of its top `need`
+/// tokens share one tile, and the host API holds short lists off only when overflows recur
+/// (`runtime::stage_three::ShortListGate`). H100 (BENCHMARKS.md, twenty-ninth session): 4
+/// entries instead of 8 took 4–13 % off filtered B 64 / 128 on the 128-token ping-pong tile
+/// and 2–7 % off B 256 / 512 on the 256-token tile, where a top-k 50 row with its top 50
+/// spread uniformly overflows them with probability ≈ 2·10⁻⁵.
+pub const DEFAULT_LIST_PER_TILE: u32 = 4;
 
 /// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
 pub const MAX_ACCUMULATORS_PER_THREAD: u32 = 128;
@@ -569,7 +566,7 @@ impl GpuConfig {
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
-    /// already in range is kept, anything else becomes `min(capacity, 8, vocab_tile)`. A
+    /// already in range is kept, anything else becomes `min(capacity, DEFAULT_LIST_PER_TILE, vocab_tile)`. A
     /// verifying pipeline also gets its `residual_per_tile` ([`GPU_RESIDUAL_PER_TILE`]).
     pub fn fit_lists(&mut self, pipeline: &Pipeline) {
         self.residual_per_tile = if pipeline.verify.is_some() {
@@ -584,7 +581,7 @@ impl GpuConfig {
         } else if (1..=max).contains(&self.list_per_tile) {
             self.list_per_tile
         } else {
-            default_list_per_tile(self.vocab_tile).min(max)
+            DEFAULT_LIST_PER_TILE.min(max)
         };
     }
 

@@ -27,8 +27,9 @@ pub(crate) const KERNEL_CACHE: usize = 8;
 /// A row inserts about `n·(1 + ln(T / n))` times into an `n`-entry list over a `T`-token tile
 /// (~286 times at n = 64, T = 2048; ~94 at 16), and a list overflows only when 16 of the row's
 /// top `capacity` tokens share one tile (capacity 50 over 75 tiles, tokens placed at random:
-/// below 1e-14 a row); the launch then runs again with lists of the capacity
-/// (`ListError::Overflow`), and so do the next launches ([`ShortListGate`]).
+/// below 1e-14 a row); the overflowed rows then run again with lists of the capacity
+/// (`ListError::Overflow`), and where overflows recur so do the next launches
+/// ([`ShortListGate`]).
 pub(crate) const LIST_PER_TILE: usize = 16;
 
 /// Shapes whose config a sampler remembers; past this the memo starts over (a lookup is cheap).

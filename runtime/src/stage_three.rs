@@ -16,19 +16,19 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 
-/// Launches that run lists of the capacity once short lists overflowed twice within this many
-/// launches: a workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its
-/// most frequent tokens the lowest ids; a request whose mask leaves a run of digits) then pays
-/// two reruns per this many launches and two more, not one on most of them.
+/// Launches that run lists of the capacity once short lists overflowed in two launches in a
+/// row: a workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most
+/// frequent tokens the lowest ids; a request whose mask leaves a run of digits) then pays two
+/// reruns per this many launches and two more, not one on most of them.
 pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
 
 /// Whether a host-API launch starts on short lists (the CPU's `LIST_PER_TILE`, the GPU
 /// config's `list_per_tile`). An isolated overflow reruns only its rows ([`overflowed_rows`])
-/// and changes nothing else: rows of scattered top tokens overflow short lists at random and
-/// rarely (≈ 2·10⁻⁵ a top-k 50 row on 4-entry lists of 256 tokens). A second overflow within
-/// [`SHORT_LIST_HOLDOFF`] launches of the first says they recur, and the next
-/// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only speed depends on it: every
-/// launch's samples are exact.
+/// and changes nothing else: rows whose top tokens scatter overflow short lists at random and
+/// rarely (≈ 2·10⁻⁵ a top-k 50 row on 4-entry lists of 256 tokens, so ≈ 1 % of launches of
+/// 512 such rows, and two in a row ≈ 10⁻⁴). An overflow in the launch right after one says
+/// they recur, and the next [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only
+/// speed depends on it: every launch's samples are exact.
 #[derive(Debug, Default)]
 pub(crate) struct ShortListGate(Mutex<GateState>);
 
@@ -36,15 +36,16 @@ pub(crate) struct ShortListGate(Mutex<GateState>);
 struct GateState {
     /// Launches left that run lists of the capacity.
     holdoff: u32,
-    /// Launches since the last overflow, while fewer than [`SHORT_LIST_HOLDOFF`].
-    since_overflow: Option<u32>,
+    /// Whether the launch before this one overflowed, and whether this one did.
+    previous_overflowed: bool,
+    overflowed: bool,
 }
 
 impl ShortListGate {
-    /// Whether this launch runs short lists (counts down the holdoff otherwise).
+    /// Starts a launch: whether it runs short lists (counts down the holdoff otherwise).
     pub(crate) fn take(&self) -> bool {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        g.since_overflow = g.since_overflow.map(|n| n + 1).filter(|&n| n < SHORT_LIST_HOLDOFF);
+        g.previous_overflowed = std::mem::take(&mut g.overflowed);
         match g.holdoff.checked_sub(1) {
             Some(left) => {
                 g.holdoff = left;
@@ -54,13 +55,14 @@ impl ShortListGate {
         }
     }
 
-    /// This launch's short lists overflowed: a recurrence ([`ShortListGate`]) holds them off.
+    /// The launch's short lists overflowed: if the previous launch's did too, the next
+    /// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity.
     pub(crate) fn overflowed(&self) {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if g.since_overflow.is_some() {
+        g.overflowed = true;
+        if g.previous_overflowed {
             g.holdoff = SHORT_LIST_HOLDOFF;
         }
-        g.since_overflow = Some(0);
     }
 }
 
@@ -365,22 +367,23 @@ mod tests {
     }
 
     #[test]
-    fn only_a_recurring_overflow_holds_short_lists_off() {
+    fn only_overflows_in_launches_in_a_row_hold_short_lists_off() {
         let gate = ShortListGate::default();
         assert!(gate.take() && gate.take(), "short lists until one overflows");
         gate.overflowed();
-        for launch in 0..SHORT_LIST_HOLDOFF - 1 {
-            assert!(gate.take(), "launch {launch} after an isolated overflow keeps short lists");
-        }
+        assert!(gate.take(), "an isolated overflow keeps short lists");
+        assert!(gate.take());
+        gate.overflowed();
+        assert!(gate.take(), "the last overflow was two launches back");
         gate.overflowed();
         for launch in 0..SHORT_LIST_HOLDOFF {
             assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
         }
         assert!(gate.take(), "short lists again after the holdoff");
         gate.overflowed();
-        assert!(gate.take(), "the holdoff's launches count: an overflow after it is isolated");
+        assert!(gate.take(), "the holdoff's last launch did not overflow");
         gate.overflowed();
-        assert!(!gate.take(), "and one right after that recurs");
+        assert!(!gate.take(), "and two in a row recur again");
     }
 
     #[test]

@@ -7,10 +7,11 @@
 //! short lists and retries their two list statuses, each at most once, never returning one
 //! while a retry can still give the exact answer:
 //! - Overflow (3): some tile's `list_per_tile` entries may have dropped a top token; rerun
-//!   with [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its
-//!   whole tile cannot have dropped anything, so this rerun cannot overflow), and start the
-//!   next launches on those (`stage_three::ShortListGate`). Where the launch ran the exact
-//!   nucleus kernels, they served the first `R` such rows already.
+//!   the rows from the first such row to the last as a launch of their own with
+//!   [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its whole
+//!   tile cannot have dropped anything, so this rerun cannot overflow), and where overflows
+//!   recur start the next launches on those (`stage_three::ShortListGate`). Where the launch
+//!   ran the exact nucleus kernels, they served the first `R` such rows already.
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; those rows alone run stage one again with whole-tile lists, which are
 //!   read back and cut exactly on the host (`stage_three::finish_exact`, DESIGN.md step 9
@@ -288,9 +289,10 @@ impl CudaSampler {
     ///
     /// A device launch cannot rerun, so its lists must serve every row: where the nucleus
     /// kernels serve a row whose top-k overflowed its tile lists, the plan keeps the tuned
-    /// short lists (8 entries a tile; `backend::DeviceLists`), and a chunk with more than `R` such
-    /// rows reports the rest as status 3 (with 8 of a row's top-k tokens needed in one tile,
-    /// rare); otherwise it takes [`GpuConfig::exact_lists`], which never overflow.
+    /// short lists (`DEFAULT_LIST_PER_TILE` entries a tile; `backend::DeviceLists`), and a chunk
+    /// with more than `R` such rows reports the rest as status 3 (with more of a row's top-k
+    /// tokens than that in one tile, rare unless a mask clusters them); otherwise it takes
+    /// [`GpuConfig::exact_lists`], which never overflow.
     pub fn plan_with_nucleus_rows(&self, max_batch: usize, dim: usize, vocab: usize, nucleus_rows: usize) -> Result<SamplingPlan> {
         let shape = check_shape(max_batch, dim, vocab, dim)?;
         let capacity = flashsample_codegen_ptx::list_capacity(&self.pipeline);
