@@ -35,7 +35,6 @@ use flashsample_abi::{Candidate, LsePartial, RowFilter, RowResult, RowStatus, Sa
 use flashsample_codegen_ptx::GpuConfig;
 use flashsample_ir::{Pipeline, Temperature, MAX_LIST_CAPACITY};
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// The tile lists of a device-API plan, which cannot rerun a launch.
@@ -211,6 +210,24 @@ pub(super) struct Readback {
     pub(super) list_raws: Option<Vec<f32>>,
     /// The device's decision (`SpecRun::Decide`).
     pub(super) decision: Option<Decision>,
+}
+
+impl Readback {
+    /// Writes `part`, a launch of consecutive rows from `first` on, over those rows' results.
+    fn overwrite_rows(&mut self, first: usize, part: Readback, pipeline: &Pipeline) {
+        let top_n = pipeline.outputs.top_logprobs as usize;
+        self.reduced.overwrite_rows(first, pipeline.samples_per_row() as usize, part.reduced);
+        self.status[first..][..part.status.len()].copy_from_slice(&part.status);
+        if let (Some(all), Some(some)) = (&mut self.target_logprobs, part.target_logprobs) {
+            all[first..][..some.len()].copy_from_slice(&some);
+        }
+        if let (Some(all), Some(some)) = (&mut self.target_ranks, part.target_ranks) {
+            all[first..][..some.len()].copy_from_slice(&some);
+        }
+        if let (Some(all), Some(some)) = (&mut self.top, part.top) {
+            all[first * top_n..][..some.len()].copy_from_slice(&some);
+        }
+    }
 }
 
 impl CudaSampler {
@@ -478,7 +495,11 @@ impl CudaSampler {
             if range.len() == shape.batch {
                 r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
             } else {
-                self.rerun_rows(hidden, weights, params, shape, &config, need, range, &mut r)?;
+                // A range keeps its rows' noise streams, and every output is batch invariant
+                // (DESIGN.md "Batch invariance").
+                let rows: Vec<usize> = range.collect();
+                let part = self.launch_rows(hidden, weights, params, shape, &rows, &config, need, false)?;
+                r.overwrite_rows(rows[0], part, &self.pipeline);
             }
         }
         let rows = stage_three::nucleus_rows(&r.status);
@@ -501,45 +522,6 @@ impl CudaSampler {
         Ok(samples)
     }
 
-    /// Runs the consecutive `rows` of a launch again on `config` and writes their results over
-    /// `r`'s ([`stage_three::overflowed_rows`]): a range keeps its rows' noise streams, and
-    /// every output is batch invariant (DESIGN.md "Batch invariance").
-    #[allow(clippy::too_many_arguments)]
-    fn rerun_rows(
-        &self,
-        hidden: &Tensor<'_>,
-        weights: &Tensor<'_>,
-        params: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
-        need: u32,
-        rows: Range<usize>,
-        r: &mut Readback,
-    ) -> Result<()> {
-        let picked: Vec<usize> = rows.clone().collect();
-        let bytes = hidden_rows(hidden, &picked, shape.dim)?;
-        let sub_hidden = Tensor { dtype: hidden.dtype, rows: picked.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
-        let subset = params.select_rows(&picked, shape.vocab);
-        let sub = subset.params();
-        let sub_shape = Shape { batch: picked.len(), ..shape };
-        let lse = self.launch_lse(&sub, sub_shape.batch);
-        let part = self.sample_once(&sub_hidden, weights, &sub, sub_shape, config, need, lse, false, None)?;
-        let samples = self.pipeline.samples_per_row() as usize;
-        let top_n = self.pipeline.outputs.top_logprobs as usize;
-        r.reduced.overwrite_rows(rows.start, samples, part.reduced);
-        r.status[rows.clone()].copy_from_slice(&part.status);
-        if let (Some(all), Some(some)) = (&mut r.target_logprobs, part.target_logprobs) {
-            all[rows.start..][..some.len()].copy_from_slice(&some);
-        }
-        if let (Some(all), Some(some)) = (&mut r.target_ranks, part.target_ranks) {
-            all[rows.start..][..some.len()].copy_from_slice(&some);
-        }
-        if let (Some(all), Some(some)) = (&mut r.top, part.top) {
-            all[rows.start * top_n..][..some.len()].copy_from_slice(&some);
-        }
-        Ok(())
-    }
-
     /// Serves `rows` (their nucleus outgrew the lists) exactly: stage one of those rows alone
     /// with whole-tile lists, read back and cut on the host ([`stage_three::finish_exact`]).
     #[allow(clippy::too_many_arguments)]
@@ -558,13 +540,7 @@ impl CudaSampler {
             // No list holds a whole tile of this config: the rows keep their status.
             return Ok(());
         }
-        let bytes = hidden_rows(hidden, rows, shape.dim)?;
-        let sub_hidden = Tensor { dtype: hidden.dtype, rows: rows.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
-        let subset = params.select_rows(rows, shape.vocab);
-        let sub = subset.params();
-        let sub_shape = Shape { batch: rows.len(), ..shape };
-        let lse = self.launch_lse(&sub, sub_shape.batch);
-        let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, MAX_LIST_CAPACITY, lse, true, None)?;
+        let one = self.launch_rows(hidden, weights, params, shape, rows, &whole, MAX_LIST_CAPACITY, true)?;
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
             let raws = one.list_raws.as_deref().map(stage_three::ListRaws);
@@ -572,6 +548,29 @@ impl CudaSampler {
             stage_three::finish_exact(&self.pipeline, params, rows, whole, &mut r.reduced, &mut r.status);
         }
         Ok(())
+    }
+
+    /// [`CudaSampler::sample_once`] of some `rows` of a launch as a launch of their own
+    /// ([`SamplingParams::select_rows`]).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rows(
+        &self,
+        hidden: &Tensor<'_>,
+        weights: &Tensor<'_>,
+        params: &SamplingParams<'_>,
+        shape: Shape,
+        rows: &[usize],
+        config: &GpuConfig,
+        need: u32,
+        lists: bool,
+    ) -> Result<Readback> {
+        let bytes = hidden_rows(hidden, rows, shape.dim)?;
+        let sub_hidden = Tensor { dtype: hidden.dtype, rows: rows.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
+        let subset = params.select_rows(rows, shape.vocab);
+        let sub = subset.params();
+        let sub_shape = Shape { batch: rows.len(), ..shape };
+        let lse = self.launch_lse(&sub, sub_shape.batch);
+        self.sample_once(&sub_hidden, weights, &sub, sub_shape, config, need, lse, lists, None)
     }
 
     /// One host launch of every stage with `config` and stage three merging `need` per row;
