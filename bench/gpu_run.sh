@@ -58,12 +58,9 @@ fi
 if has new; then
   # The GPU tests of work built since the last GPU run (keep this list to what is unverified),
   # then memcheck on the new kernels: the first thing a lent GPU should run.
-  # Main's GPU code passed the whole suite on an H100 at a2dde4e plus the list-overflow rule's
-  # tests at b863d0a (2026-12-07, twenty-ninth session). Since then stage three merges each
-  # row's own need (`abi::filter::row_need`, 1a1b194), checked on the host only (filter_sim,
-  # decide_sim): its filter and decision tests first. Since 6fd6372 the host API reruns only
-  # an overflow's rows (mid_batch) and every tile keeps 4-entry lists (throughput_batch: B 256
-  # on the 256-token tile). List here what changed on the GPU since.
+  # Main's GPU code passed the whole suite on an H100 at 539293b (2026-12-08, thirtieth
+  # session: 68 of 68), with the range rerun of overflowed rows and 4-entry lists on every tile.
+  # The default list is the list and overflow tests; list here what changes on the GPU next.
   NEW_TESTS=${NEW_TESTS:-"short_lists filtered_gpu_tokens clustered rows_overflowing mid_batch throughput_batch odd_shapes speculative:: chi_square_for_every_filter nucleus::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:filtered_gpu_tokens_match_cpu_tokens racecheck:filtered_gpu_tokens_match_cpu_tokens"}
   start=$SECONDS

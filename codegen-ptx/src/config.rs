@@ -307,10 +307,11 @@ pub const MAX_STAGGER_US: u32 = 200;
 /// selection round per entry and stage three a merge over tiles × entries; a row overflows
 /// (status 3, a rerun of the overflowed rows) only when more than this many of its top `need`
 /// tokens share one tile, and the host API holds short lists off only when overflows recur
-/// (`runtime::stage_three::ShortListGate`). H100 (BENCHMARKS.md, twenty-ninth session): 4
-/// entries instead of 8 took 4–13 % off filtered B 64 / 128 on the 128-token ping-pong tile
-/// and 2–7 % off B 256 / 512 on the 256-token tile, where a top-k 50 row with its top 50
-/// spread uniformly overflows them with probability ≈ 2·10⁻⁵.
+/// (`runtime::stage_three::ShortListGate`). H100 (BENCHMARKS.md, twenty-ninth and thirtieth
+/// sessions): 4 entries instead of 8 took 4–13 % off filtered B 64 / 128 on the 128-token
+/// ping-pong tile and 1–2 % off B 256 / 512 on the 256-token tile (three runs each; none at
+/// D 8192 B 256), where a top-k 50 row with its top 50 spread uniformly overflows them with
+/// probability ≈ 2·10⁻⁵.
 pub const DEFAULT_LIST_PER_TILE: u32 = 4;
 
 /// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
