@@ -26,6 +26,17 @@ pub fn verifier(kind: DraftKind, filtered: bool, penalties: bool) -> Pipeline {
     b.outputs(Outputs { logprob: true, ..Outputs::default() }).build().unwrap()
 }
 
+/// A filtered verification whose rows' top 12 tokens share vocabulary tile 0 ([`Case::hot_tile`]),
+/// each row on top-k 8: 8 sequences of k = 3 drafts (32 rows, D 64, V 20000). Lists shorter
+/// than 8 entries a tile overflow (the GPU's 4), and the verification must still be the
+/// reference's; returns the pipeline, the case and k.
+pub fn hot_tile_verification(kind: DraftKind) -> (Pipeline, Case, usize) {
+    let p = verifier(kind, true, false);
+    let k = 3;
+    let case = Case::hot_tile(&p, 8 * (k + 1), 64, 20_000, 12).with_filter(flashsample::RowFilter::top_k(8));
+    (p, case, k)
+}
+
 /// The verifying pipelines the pathwise tests run: (draft kind, filtered, penalties).
 pub const VERIFIERS: [(DraftKind, bool, bool); 4] =
     [(DraftKind::Sampled, false, true), (DraftKind::Sampled, true, false), (DraftKind::Greedy, false, false), (DraftKind::Greedy, true, true)];

@@ -32,6 +32,17 @@ fn cpu_verification_is_pathwise_the_reference() {
     assert!(rejected_from_lists > 0, "no rejection was served from the residual lists");
 }
 
+/// [`spec::hot_tile_verification`] on the CPU (whose lists hold the capacity here): the
+/// fixture the GPU's overflow test shares is pathwise the reference.
+#[test]
+fn a_verification_of_rows_crowding_one_tile_is_exact() {
+    for kind in [DraftKind::Sampled, DraftKind::Greedy] {
+        let (p, case, k) = spec::hot_tile_verification(kind);
+        let (drafts, q) = spec::case_drafts(&p, &case, k, 7);
+        compare(&p, &case, k, &drafts, (kind == DraftKind::Sampled).then_some(&q[..]));
+    }
+}
+
 /// Drafts close to the target (`q = 0.97·p + 0.03·δ(d)`): the residual is 3 % of `p`
 /// spread over the vocabulary, the listed scores rarely beat the tiles' bounds, and the rows
 /// are recomputed over their vocabulary, still pathwise the reference.

@@ -9,12 +9,12 @@
 
 use super::gpu;
 use flashsample::cuda::SamplingPlan;
-use flashsample::{Device, Error, ParamError, Sampler, SamplingParams};
+use flashsample::{Device, Error, KernelConfig, ParamError, Sampler, SamplingParams};
 use flashsample_abi::speculative::{DraftKind, SequenceError, SpecError};
 use flashsample_abi::{ListError, RowStatus, RowStatusError, INDEX_NONE};
 use flashsample_ir::{DType, PipelineBuilder};
 use flashsample_tests::gpu::{addr, DeviceCase, DeviceVerify, ToyKernels, VerifyResults};
-use flashsample_tests::spec::{VERIFIERS, case_drafts, close_drafts, compare, random_drafts, verifier};
+use flashsample_tests::spec::{VERIFIERS, case_drafts, close_drafts, compare, hot_tile_verification, random_drafts, verifier};
 use flashsample_tests::Case;
 use rand::{rngs::StdRng, SeedableRng};
 
@@ -59,6 +59,26 @@ fn a_failed_residual_bound_recomputes_the_row_on_the_gpu() {
     let (drafts, q) = close_drafts(&p, &case, k, 1e-4, &mut StdRng::seed_from_u64(10));
     let got = compare(&Sampler::new(p.clone(), &device).unwrap(), &p, &case, k, &drafts, Some(&q));
     assert!(got.recomputed_rows > 0, "no row was recomputed: {got:?}");
+}
+
+/// Every row's top 8 in tile 0 under top-k 8 ([`hot_tile_verification`]): the device launch's
+/// 4-entry lists overflow, the host path starts on exact lists, and the verification is
+/// pathwise the reference and the CPU's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_verification_overflowing_the_lists_decides_on_exact_lists() {
+    let (device, _) = gpu();
+    for kind in [DraftKind::Sampled, DraftKind::Greedy] {
+        let (p, case, k) = hot_tile_verification(kind);
+        let (drafts, q) = case_drafts(&p, &case, k, 7);
+        let q = (kind == DraftKind::Sampled).then_some(&q[..]);
+        let gpu_sampler = Sampler::new(p.clone(), &device).unwrap();
+        let KernelConfig::Cuda(c) = gpu_sampler.config_for(case.batch, case.dim, case.vocab) else { panic!("a CUDA config") };
+        assert!(c.list_per_tile < 8, "the heuristic's lists hold the top-k: {c:?}");
+        let on_gpu = compare(&gpu_sampler, &p, &case, k, &drafts, q);
+        let on_cpu = compare(&Sampler::new(p.clone(), &Device::cpu()).unwrap(), &p, &case, k, &drafts, q);
+        assert_eq!((&on_gpu.accepted, &on_gpu.tokens), (&on_cpu.accepted, &on_cpu.tokens), "{kind:?}");
+    }
 }
 
 /// `CudaSampler::time_verify_stages` (spec_bench's `--stages`) times the launch the host API
