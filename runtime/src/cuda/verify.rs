@@ -98,17 +98,7 @@ impl CudaSampler {
     /// The decisions on the host from read-back lists (see the module docs), starting on the
     /// config's short lists or on exact ones.
     #[allow(clippy::too_many_arguments)]
-    fn verify_on_host(
-        &self,
-        hidden: &Tensor<'_>,
-        weights: &Tensor<'_>,
-        params: &SamplingParams<'_>,
-        inner: &SamplingParams<'_>,
-        shape: Shape,
-        config: &GpuConfig,
-        k: usize,
-        start: HostLists,
-    ) -> Result<Verified> {
+    fn verify_on_host(&self, hidden: &Tensor<'_>, weights: &Tensor<'_>, params: &SamplingParams<'_>, inner: &SamplingParams<'_>, shape: Shape, config: &GpuConfig, k: usize, start: HostLists) -> Result<Verified> {
         let pipeline = self.pipeline();
         let lse = self.launch_lse(inner, shape.batch);
         let mut config = config.for_shape(shape.dim, shape.vocab);
