@@ -294,7 +294,7 @@ impl CpuBackend {
     ) -> Result<RowsOut> {
         let capacity = self.pipeline.list_capacity() as usize;
         let per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
-        let ranges = thresholds.clone();
+        let rerun_thresholds = thresholds.clone();
         let mut out = self.launch_rows(hidden_f32, weights, params, shape, config, thresholds, per_tile)?;
         if let (Some(rows), true) = (stage_three::overflowed_rows(&out.status), per_tile < capacity) {
             self.short_lists.overflowed();
@@ -302,7 +302,7 @@ impl CpuBackend {
             let subset = params.select_rows(&picked, shape.vocab);
             let h = &hidden_f32[rows.start * shape.dim..][..rows.len() * shape.dim];
             let sub_shape = Shape { batch: rows.len(), ..shape };
-            let part = self.launch_rows(h, weights, &subset.params(), sub_shape, config, ranges.rows(rows.clone()), capacity)?;
+            let part = self.launch_rows(h, weights, &subset.params(), sub_shape, config, rerun_thresholds.rows(rows.clone()), capacity)?;
             out.overwrite(rows.start, self.pipeline.samples_per_row() as usize, part);
         }
         Ok(out)
