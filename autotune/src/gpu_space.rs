@@ -17,7 +17,7 @@
 //! adds to the stream's time (about a quarter of the warp time at B = 64, BENCHMARKS.md).
 
 use flashsample::{ir::Pipeline, GpuConfig};
-use flashsample_codegen_ptx::{uses_tensor_cores, GpuLimits, Grid, GridKind, Schedule, DEFAULT_LIST_PER_TILE, HEURISTIC_STAGGER_US};
+use flashsample_codegen_ptx::{uses_tensor_cores, GpuLimits, Grid, GridKind, Schedule, default_list_per_tile, HEURISTIC_STAGGER_US};
 
 /// The staggers tried (besides 0) on tiles of which two fit on an SM.
 pub const STAGGER_CANDIDATES_US: [u32; 3] = [20, 30, 40];
@@ -38,7 +38,7 @@ fn schedules(stages: u32, k_step: u32, grid: Grid) -> Vec<Schedule> {
 
 /// The autotuner's search space for `pipeline` on a device, pruned by [`GpuConfig::validate`]
 /// (which also drops wgmma off compute capability 9.0). Pipelines with lists also try
-/// `list_per_tile` [`DEFAULT_LIST_PER_TILE`] and 32 (capped): longer lists cost stage one time but overflow (and
+/// `list_per_tile` [`default_list_per_tile`] and 32 (capped): longer lists cost stage one time but overflow (and
 /// rerun) less. Staggers ([`STAGGER_CANDIDATES_US`]) only where two CTAs share an SM.
 pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
     let mut out = Vec::new();
@@ -52,7 +52,7 @@ pub fn enumerate(pipeline: &Pipeline, limits: &GpuLimits) -> Vec<GpuConfig> {
                 let mut lists: Vec<u32> = if cap == 0 {
                     vec![0]
                 } else {
-                    [DEFAULT_LIST_PER_TILE, 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
+                    [default_list_per_tile(vocab_tile), 32].iter().map(|&l| l.min(cap).min(vocab_tile)).collect()
                 };
                 lists.dedup();
                 let (k_steps, depths): (&[u32], &[u32]) = if tensor { (&[64, 128], &[2, 3, 4, 6, 8]) } else { (&[0], &[1]) };
@@ -204,7 +204,7 @@ mod tests {
         // Pipelines with lists try two list lengths.
         let lists = PipelineBuilder::new("l", DType::BF16, DType::BF16).filter("f", 64).build().unwrap();
         let all = enumerate(&lists, &h200);
-        assert!(all.iter().any(|c| c.list_per_tile == DEFAULT_LIST_PER_TILE) && all.iter().any(|c| c.list_per_tile == 32));
+        assert!(all.iter().any(|c| c.list_per_tile == 8) && all.iter().any(|c| c.list_per_tile == 32));
         assert!(all.iter().all(|c| c.validate(&lists, &h200).is_ok()));
     }
 

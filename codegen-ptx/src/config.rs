@@ -303,16 +303,21 @@ const MAX_REGS_PER_THREAD: u32 = 248;
 /// Longest [`GpuConfig::stagger_us`] accepted: about a tile's time at the largest shapes.
 pub const MAX_STAGGER_US: u32 = 200;
 
-/// Default `list_per_tile` (before the capacity's and the tile's caps). Lists cost stage one a
-/// selection round per entry and stage three a merge over tiles × entries; a row overflows
-/// (status 3, a rerun of the overflowed rows) only when more than this many of its top `need`
-/// tokens share one tile, and the host API holds short lists off only when overflows recur
-/// (`runtime::stage_three::ShortListGate`). H100 (BENCHMARKS.md, twenty-ninth and thirtieth
-/// sessions): 4 entries instead of 8 took 4–13 % off filtered B 64 / 128 on the 128-token
-/// ping-pong tile and 1–2 % off B 256 / 512 on the 256-token tile (three runs each; none at
-/// D 8192 B 256), where a top-k 50 row with its top 50 spread uniformly overflows them with
-/// probability ≈ 2·10⁻⁵.
-pub const DEFAULT_LIST_PER_TILE: u32 = 4;
+/// Default `list_per_tile` of a `vocab_tile`-token tile (before the capacity's and the tile's
+/// caps): one entry per 32 tokens, 4 to 8. Lists cost stage one a selection round per entry
+/// and stage three a merge over tiles × entries, so their density (entries per token), not
+/// their length, sets both costs, and sets how often a row overflows them (status 3, a rerun
+/// of the overflowed rows): when more than that many of its top `need` tokens share one tile.
+/// H100 (BENCHMARKS.md, twenty-ninth and thirtieth sessions): 4 entries instead of 8 took
+/// 4–13 % off filtered B 64 / 128 on the 128-token ping-pong tile, but only 1–2 % off B 256 /
+/// 512 on the 256-token tile (none at D 8192 B 256), where halving the density would make
+/// overflows far likelier on a trained LM's rows: a BPE vocabulary gives its most frequent
+/// tokens the lowest ids, so a row's top 50 crowd a few tiles, and a workload whose rows
+/// overflow in launch after launch runs exact lists (`need` entries) for the host API's next
+/// launches (`runtime::stage_three::ShortListGate`), far slower than 8.
+pub fn default_list_per_tile(vocab_tile: u32) -> u32 {
+    (vocab_tile / 32).clamp(4, 8)
+}
 
 /// Most f32 accumulators one thread may hold (`vocab_tile / (8·warps) · batch_tile / 2 ·…`).
 pub const MAX_ACCUMULATORS_PER_THREAD: u32 = 128;
@@ -567,7 +572,7 @@ impl GpuConfig {
     }
 
     /// The `list_per_tile` this config should use for `pipeline`: 0 without lists; a value
-    /// already in range is kept, anything else becomes `min(capacity, DEFAULT_LIST_PER_TILE, vocab_tile)`. A
+    /// already in range is kept, anything else becomes `min(capacity, default_list_per_tile(vocab_tile), vocab_tile)`. A
     /// verifying pipeline also gets its `residual_per_tile` ([`GPU_RESIDUAL_PER_TILE`]).
     pub fn fit_lists(&mut self, pipeline: &Pipeline) {
         self.residual_per_tile = if pipeline.verify.is_some() {
@@ -582,7 +587,7 @@ impl GpuConfig {
         } else if (1..=max).contains(&self.list_per_tile) {
             self.list_per_tile
         } else {
-            DEFAULT_LIST_PER_TILE.min(max)
+            default_list_per_tile(self.vocab_tile).min(max)
         };
     }
 

@@ -29,7 +29,7 @@ mod stage2;
 mod targets;
 
 pub use config::{
-    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, DEFAULT_LIST_PER_TILE, GPU_RESIDUAL_PER_TILE,
+    uses_tensor_cores, Arch, GpuConfig, GpuLimits, Grid, GridKind, NoiseSkip, Schedule, default_list_per_tile, GPU_RESIDUAL_PER_TILE,
     FILTER_THREADS, MAX_ACCUMULATORS_PER_THREAD, MAX_STAGGER_US, STAGE2_THREADS, WGMMA_K_STEP,
 };
 pub use heuristic::HEURISTIC_STAGGER_US;

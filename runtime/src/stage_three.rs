@@ -25,10 +25,11 @@ pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
 /// Whether a host-API launch starts on short lists (the CPU's `LIST_PER_TILE`, the GPU
 /// config's `list_per_tile`). An isolated overflow reruns only its rows ([`overflowed_rows`])
 /// and changes nothing else: rows whose top tokens scatter overflow short lists at random and
-/// rarely (≈ 2·10⁻⁵ a top-k 50 row on 4-entry lists of 256 tokens, so ≈ 1 % of launches of
-/// 512 such rows, and two in a row ≈ 10⁻⁴). An overflow in the launch right after one says
-/// they recur, and the next [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only
-/// speed depends on it: every launch's samples are exact.
+/// rarely (≈ 10⁻⁶ a top-k 50 row on the GPU's lists of one entry per 32 tokens, so two
+/// launches in a row almost never). An overflow in the launch right after one says they
+/// recur (rows whose top tokens crowd a tile, launch after launch), and the next
+/// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only speed depends on it: every
+/// launch's samples are exact.
 #[derive(Debug, Default)]
 pub(crate) struct ShortListGate(Mutex<GateState>);
 

@@ -306,7 +306,7 @@ impl CudaSampler {
     ///
     /// A device launch cannot rerun, so its lists must serve every row: where the nucleus
     /// kernels serve a row whose top-k overflowed its tile lists, the plan keeps the tuned
-    /// short lists (`DEFAULT_LIST_PER_TILE` entries a tile; `backend::DeviceLists`), and a chunk
+    /// short lists (`default_list_per_tile`: 4 to 8 entries a tile; `backend::DeviceLists`), and a chunk
     /// with more than `R` such rows reports the rest as status 3 (with more of a row's top-k
     /// tokens than that in one tile, rare unless a mask clusters them); otherwise it takes
     /// [`GpuConfig::exact_lists`], which never overflow.
