@@ -312,9 +312,10 @@ pub const MAX_STAGGER_US: u32 = 200;
 /// 4–13 % off filtered B 64 / 128 on the 128-token ping-pong tile, but only 1–2 % off B 256 /
 /// 512 on the 256-token tile (none at D 8192 B 256), where halving the density would make
 /// overflows far likelier on a trained LM's rows: a BPE vocabulary gives its most frequent
-/// tokens the lowest ids, so a row's top 50 crowd a few tiles, and a workload whose rows
-/// overflow in launch after launch runs exact lists (`need` entries) for the host API's next
-/// launches (`runtime::stage_three::ShortListGate`), far slower than 8.
+/// tokens the lowest ids, so a row's top 50 crowd a few tiles; a workload whose rows overflow
+/// in launch after launch reruns them, then runs doubled lists for the host API's next
+/// launches, exact ones (`need` entries) if those overflow too
+/// (`runtime::stage_three::ShortListGate`), and the device API cannot rerun.
 pub fn default_list_per_tile(vocab_tile: u32) -> u32 {
     (vocab_tile / 32).clamp(4, 8)
 }

@@ -2,7 +2,7 @@
 
 use crate::{
     launch::{row_scratch_bytes, Shape, CHUNK_SCRATCH_BYTES},
-    stage_three::{self, Captured, ShortListGate, WholeRows},
+    stage_three::{self, Captured, ListLength, ShortListGate, WholeRows},
     tensor::widen_to_f32,
     tuning::{self, DeviceIdentity, ShapeKey},
     Error, Result, Samples, Tensor,
@@ -28,7 +28,7 @@ pub(crate) const KERNEL_CACHE: usize = 8;
 /// (~286 times at n = 64, T = 2048; ~94 at 16), and a list overflows only when 16 of the row's
 /// top `capacity` tokens share one tile (capacity 50 over 75 tiles, tokens placed at random:
 /// below 1e-14 a row); the overflowed rows then run again with lists of the capacity
-/// (`ListError::Overflow`), and where overflows recur so do the next launches
+/// (`ListError::Overflow`), and where overflows recur the next launches run longer lists
 /// ([`ShortListGate`]).
 pub(crate) const LIST_PER_TILE: usize = 16;
 
@@ -280,9 +280,10 @@ impl CpuBackend {
 
     /// [`CpuBackend::sample`] of one launch: everything `Samples` is assembled from. A ranking
     /// pipeline counts against `thresholds` (only tests give others than the launch's own).
-    /// Short lists first (past a recurring overflow's holdoff); the rows where one overflowed
-    /// run again as a launch of their own with lists of the capacity, which cannot overflow
-    /// (stage three merges at most `capacity` entries a row, `abi::filter::row_need`).
+    /// Short lists first (longer ones in a recurring overflow's holdoff, [`ShortListGate`]); the
+    /// rows where one overflowed run again as a launch of their own with lists of the capacity,
+    /// which cannot overflow (stage three merges at most `capacity` entries a row,
+    /// `abi::filter::row_need`).
     fn sample_rows(
         &self,
         hidden_f32: &[f32],
@@ -293,11 +294,12 @@ impl CpuBackend {
         thresholds: Thresholds,
     ) -> Result<RowsOut> {
         let capacity = self.pipeline.list_capacity() as usize;
-        let per_tile = if capacity > LIST_PER_TILE && self.short_lists.take() { LIST_PER_TILE } else { capacity };
+        let lists = if capacity > LIST_PER_TILE { self.short_lists.take() } else { ListLength::Exact };
+        let per_tile = lists.per_tile(LIST_PER_TILE, capacity);
         let rerun_thresholds = thresholds.clone();
         let mut out = self.launch_rows(hidden_f32, weights, params, shape, config, thresholds, per_tile)?;
         if let (Some(rows), true) = (stage_three::overflowed_rows(&out.status), per_tile < capacity) {
-            self.short_lists.overflowed();
+            self.short_lists.overflowed(lists);
             let picked: Vec<usize> = rows.clone().collect();
             let subset = params.select_rows(&picked, shape.vocab);
             let h = &hidden_f32[rows.start * shape.dim..][..rows.len() * shape.dim];

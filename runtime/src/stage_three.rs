@@ -16,52 +16,90 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 
-/// Launches that run lists of the capacity once short lists overflowed in two launches in a
-/// row: a workload whose rows' top tokens cluster in a tile (a BPE vocabulary gives its most
-/// frequent tokens the lowest ids; a request whose mask leaves a run of digits) then pays two
-/// reruns per this many launches and two more, not one on most of them.
+/// Launches that run longer lists once lists overflowed in two launches in a row: a workload
+/// whose rows' top tokens crowd a tile (a BPE vocabulary gives its most frequent tokens the
+/// lowest ids; a request whose mask leaves a run of digits) then pays two reruns per this
+/// many launches and two more, not one on most of them.
 pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
 
-/// Whether a host-API launch starts on short lists (the CPU's `LIST_PER_TILE`, the GPU
-/// config's `list_per_tile`). An isolated overflow reruns only its rows ([`overflowed_rows`])
-/// and changes nothing else: rows whose top tokens scatter overflow short lists at random and
-/// rarely (≈ 10⁻⁶ a top-k 50 row on the GPU's lists of one entry per 32 tokens, so two
-/// launches in a row almost never). An overflow in the launch right after one says they
-/// recur (rows whose top tokens crowd a tile, launch after launch), and the next
-/// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity. Only speed depends on it: every
-/// launch's samples are exact.
+/// The tile lists a host-API launch runs, shortest first: the backend's short lists (the
+/// CPU's `LIST_PER_TILE`, the GPU config's `list_per_tile`), twice that, or lists that cannot
+/// overflow (the capacity, or a whole tile).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum ListLength {
+    Short,
+    Doubled,
+    Exact,
+}
+
+impl ListLength {
+    /// Entries a tile: `short`, `2·short` or `exact`, never more than `exact`.
+    pub(crate) fn per_tile(self, short: usize, exact: usize) -> usize {
+        match self {
+            ListLength::Short => short.min(exact),
+            ListLength::Doubled => (2 * short).min(exact),
+            ListLength::Exact => exact,
+        }
+    }
+
+    /// The next longer length.
+    fn longer(self) -> ListLength {
+        match self {
+            ListLength::Short => ListLength::Doubled,
+            ListLength::Doubled | ListLength::Exact => ListLength::Exact,
+        }
+    }
+}
+
+/// Which lists a host-API launch starts on. An isolated overflow reruns only its rows
+/// ([`overflowed_rows`]) and changes nothing else: rows whose top tokens scatter overflow
+/// short lists at random and rarely (≈ 10⁻⁶ a top-k 50 row on the GPU's lists of one entry
+/// per 32 tokens, so two launches in a row almost never). An overflow in the launch right
+/// after one says they recur (rows whose top tokens crowd a tile, launch after launch), and
+/// the next [`SHORT_LIST_HOLDOFF`] launches run the next longer [`ListLength`]: twice the
+/// short lists first, which a crowded row overflows far less often (a Poisson count of a row's
+/// top tokens in a tile exceeds 2n much more rarely than n), then exact ones if overflows
+/// recur on those too. The sampler thus pays the doubled lists' cost where its rows crowd
+/// tiles, not the exact lists' (the capacity's entries, 50 for a top-k 50). Only speed
+/// depends on it: every launch's samples are exact.
 #[derive(Debug, Default)]
 pub(crate) struct ShortListGate(Mutex<GateState>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct GateState {
-    /// Launches left that run lists of the capacity.
+    /// The holdoff's lists and the launches it has left; `Short` after it.
+    length: ListLength,
     holdoff: u32,
     /// Whether the launch before this one overflowed, and whether this one did.
     previous_overflowed: bool,
     overflowed: bool,
 }
 
+impl Default for GateState {
+    fn default() -> Self {
+        GateState { length: ListLength::Short, holdoff: 0, previous_overflowed: false, overflowed: false }
+    }
+}
+
 impl ShortListGate {
-    /// Starts a launch: whether it runs short lists (counts down the holdoff otherwise).
-    pub(crate) fn take(&self) -> bool {
+    /// Starts a launch: the lists it runs (counts down the holdoff).
+    pub(crate) fn take(&self) -> ListLength {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         g.previous_overflowed = std::mem::take(&mut g.overflowed);
         match g.holdoff.checked_sub(1) {
-            Some(left) => {
-                g.holdoff = left;
-                false
-            }
-            None => true,
+            Some(left) => g.holdoff = left,
+            None => g.length = ListLength::Short,
         }
+        g.length
     }
 
-    /// The launch's short lists overflowed: if the previous launch's did too, the next
-    /// [`SHORT_LIST_HOLDOFF`] launches run lists of the capacity.
-    pub(crate) fn overflowed(&self) {
+    /// The launch's `lists` overflowed: if the previous launch's lists did too, the next
+    /// [`SHORT_LIST_HOLDOFF`] launches run longer ones.
+    pub(crate) fn overflowed(&self, lists: ListLength) {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         g.overflowed = true;
         if g.previous_overflowed {
+            g.length = lists.longer();
             g.holdoff = SHORT_LIST_HOLDOFF;
         }
     }
@@ -368,23 +406,38 @@ mod tests {
     }
 
     #[test]
-    fn only_overflows_in_launches_in_a_row_hold_short_lists_off() {
+    fn only_overflows_in_launches_in_a_row_lengthen_the_lists() {
+        use ListLength::{Doubled, Exact, Short};
         let gate = ShortListGate::default();
-        assert!(gate.take() && gate.take(), "short lists until one overflows");
-        gate.overflowed();
-        assert!(gate.take(), "an isolated overflow keeps short lists");
-        assert!(gate.take());
-        gate.overflowed();
-        assert!(gate.take(), "the last overflow was two launches back");
-        gate.overflowed();
+        assert_eq!([gate.take(), gate.take()], [Short, Short], "short lists until one overflows");
+        gate.overflowed(Short);
+        assert_eq!(gate.take(), Short, "an isolated overflow keeps short lists");
+        assert_eq!(gate.take(), Short);
+        gate.overflowed(Short);
+        assert_eq!(gate.take(), Short, "the last overflow was two launches back");
+        gate.overflowed(Short);
         for launch in 0..SHORT_LIST_HOLDOFF {
-            assert!(!gate.take(), "launch {launch} of the holdoff runs full lists");
+            assert_eq!(gate.take(), Doubled, "launch {launch} of the holdoff runs doubled lists");
         }
-        assert!(gate.take(), "short lists again after the holdoff");
-        gate.overflowed();
-        assert!(gate.take(), "the holdoff's last launch did not overflow");
-        gate.overflowed();
-        assert!(!gate.take(), "and two in a row recur again");
+        assert_eq!(gate.take(), Short, "short lists again after the holdoff");
+        gate.overflowed(Short);
+        assert_eq!(gate.take(), Short, "the holdoff's last launch did not overflow");
+        gate.overflowed(Short);
+        assert_eq!(gate.take(), Doubled, "two in a row recur again");
+        assert_eq!(gate.take(), Doubled, "the first launch on doubled lists did not overflow");
+        gate.overflowed(Doubled);
+        assert_eq!(gate.take(), Doubled, "an isolated overflow of the doubled lists keeps them");
+        gate.overflowed(Doubled);
+        for launch in 0..SHORT_LIST_HOLDOFF {
+            assert_eq!(gate.take(), Exact, "launch {launch}: doubled lists overflowing in a row give exact ones");
+        }
+        assert_eq!(gate.take(), Short, "and the next launch starts over");
+    }
+
+    #[test]
+    fn list_lengths_never_pass_the_exact_lists() {
+        assert_eq!([ListLength::Short, ListLength::Doubled, ListLength::Exact].map(|l| l.per_tile(4, 50)), [4, 8, 50]);
+        assert_eq!([ListLength::Short, ListLength::Doubled, ListLength::Exact].map(|l| l.per_tile(16, 20)), [16, 20, 20]);
     }
 
     #[test]

@@ -150,7 +150,8 @@ fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
 
 /// Rows 2 and 5 of 8 masked so: rows 2..6 run again as a launch of their own, whose noise
 /// streams and outputs must be those of the whole launch (pathwise the reference), and the
-/// rows around them keep the first launch's.
+/// rows around them keep the first launch's. The second launch's overflow recurs, so the
+/// third runs doubled lists (here the capacity) from the start.
 #[test]
 fn rows_overflowing_mid_batch_rerun_alone_exactly() {
     let masked = [2, 5];

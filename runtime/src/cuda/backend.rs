@@ -10,8 +10,9 @@
 //!   the rows from the first such row to the last as a launch of their own with
 //!   [`GpuConfig::exact_lists`] (`min(need, vocab_tile)` per tile: a list holding its whole
 //!   tile cannot have dropped anything, so this rerun cannot overflow), and where overflows
-//!   recur start the next launches on those (`stage_three::ShortListGate`). Where the launch
-//!   ran the exact nucleus kernels, they served the first `R` such rows already.
+//!   recur start the next launches on longer lists (`stage_three::ShortListGate`: twice as
+//!   long, then exact). Where the launch ran the exact nucleus kernels, they served the first
+//!   `R` such rows already.
 //! - NucleusTooLarge (4): a row without top-k whose top-p / min-p nucleus outgrew `need =
 //!   list_capacity`; those rows alone run stage one again with whole-tile lists, which are
 //!   read back and cut exactly on the host (`stage_three::finish_exact`, DESIGN.md step 9
@@ -26,7 +27,7 @@ use super::device::drv;
 use super::plan::{from_bytes, runs_nucleus, Args, Boundary, DecideLaunch, NucleusPass, SamplingPlan, DEFAULT_NUCLEUS_ROWS};
 use super::{CudaDevice, DeviceTensor};
 use crate::launch::{check_operands, check_shape, KernelConfig, Samples, Shape};
-use crate::stage_three;
+use crate::stage_three::{self, ListLength};
 use crate::tensor::Storage;
 use crate::tuning::{self, DeviceIdentity, ShapeKey};
 use crate::{Error, Result, Tensor};
@@ -484,13 +485,14 @@ impl CudaSampler {
         let need = flashsample_codegen_ptx::list_capacity(&self.pipeline);
         let exact = config.exact_lists(need);
         let short = need > 0 && exact.list_per_tile > config.list_per_tile;
-        if short && !self.short_lists.take() {
-            config = exact.clone();
+        let lists = if short { self.short_lists.take() } else { ListLength::Exact };
+        if short {
+            config.list_per_tile = lists.per_tile(config.list_per_tile as usize, exact.list_per_tile as usize) as u32;
         }
         let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
         // Exact lists never overflow: a second overflow is reported, never rerun.
         if let (Some(range), true) = (stage_three::overflowed_rows(&r.status), exact.list_per_tile > config.list_per_tile) {
-            self.short_lists.overflowed();
+            self.short_lists.overflowed(lists);
             config = exact;
             if range.len() == shape.batch {
                 r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;

@@ -606,9 +606,11 @@ fn a_mask_of_clustered_tokens_overflows_the_lists_and_reruns_exactly() {
 }
 
 /// Rows 2 and 5 of 8 overflow: rows 2..6 run again alone, with the whole launch's noise
-/// streams (pathwise the reference, the CPU's tokens). Three launches of one sampler: the
-/// first reruns the rows, the second's overflow recurs and reruns them, and the third runs
-/// exact lists from the start (`stage_three::ShortListGate`); all three are the same.
+/// streams (pathwise the reference, the CPU's tokens). Four launches of one sampler
+/// (`stage_three::ShortListGate`): the first reruns the rows; the second's overflow recurs,
+/// reruns them and doubles the lists; the third's doubled lists (shorter than the masked rows'
+/// 20 tokens in one tile) overflow again and rerun; the fourth runs exact lists from the
+/// start. All four are the same.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn rows_overflowing_mid_batch_rerun_alone_exactly() {
@@ -618,7 +620,7 @@ fn rows_overflowing_mid_batch_rerun_alone_exactly() {
     let (device, _dev) = gpu();
     let gpu = Sampler::new(p.clone(), &device).unwrap();
     let first = case.run(&gpu).unwrap();
-    for launch in 1..3 {
+    for launch in 1..4 {
         let again = case.run(&gpu).unwrap();
         case.check_clustered_mask_top_k(&p, &again, &masked).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
         assert_eq!(again.tokens, first.tokens, "launch {launch}");
