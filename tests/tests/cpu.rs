@@ -163,6 +163,35 @@ fn rows_overflowing_mid_batch_rerun_alone_exactly() {
     }
 }
 
+/// Rows 1 and 6 of 8 allowed only 40 side-by-side tokens (one CPU tile) under top-k 64: the
+/// short lists (16) and the doubled ones (32) both fill and overflow, exact ones (64) do not.
+/// Five launches of one sampler walk every `ListLength`: short and rerun, short and rerun
+/// (recurring: doubled next), doubled and rerun (recurring: exact next), then exact twice;
+/// every launch pathwise the reference and all the same tokens.
+#[test]
+fn recurring_overflows_lengthen_the_lists_step_by_step() {
+    let p = PipelineBuilder::new("Wide", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed").filter("f", 64).gumbel("seed", 1).outputs(SCORE).build().unwrap();
+    let (batch, vocab) = (8, 3000);
+    let mut case = Case::random(&p, batch, 32, vocab, 21, 2.0).with_filter(RowFilter::top_k(64));
+    let words = vocab.div_ceil(32);
+    for row in 0..batch {
+        let allowed = &mut case.mask[row * words..][..words];
+        allowed.fill(if [1, 6].contains(&row) { 0 } else { u32::MAX });
+        if [1, 6].contains(&row) {
+            (500..540).for_each(|t| allowed[t / 32] |= 1 << (t % 32));
+        }
+    }
+    let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
+    let rows: Vec<usize> = (0..batch).collect();
+    let first = case.run(&sampler).unwrap();
+    for launch in 0..5 {
+        let got = if launch == 0 { first.clone() } else { case.run(&sampler).unwrap() };
+        case.check(&p, &got, &rows).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
+        assert_eq!(got.tokens, first.tokens, "launch {launch}");
+        assert!([1, 6].iter().all(|&r| (500..540).contains(&got.tokens[r])), "launch {launch}: {:?}", got.tokens);
+    }
+}
+
 #[test]
 fn chi_square_for_every_transform() {
     for pipeline in &chi_square_pipelines() {
