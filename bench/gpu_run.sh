@@ -60,9 +60,10 @@ if has new; then
   # then memcheck on the new kernels: the first thing a lent GPU should run.
   # Main's GPU code passed the whole suite on an H100 at 539293b (2026-12-08, thirtieth
   # session: 68 of 68), with the range rerun of overflowed rows and 4-entry lists on every tile.
-  # After it the CUDA verifier's host path starts on exact lists when the device launch's
-  # overflowed (speculative::a_verification_overflowing_the_lists_decides_on_exact_lists, not
-  # yet run on a GPU). The rest of the default list is the list and overflow tests.
+  # Since then, not yet run on a GPU: the CUDA verifier's host path starts on exact lists when
+  # the device launch's overflowed (speculative::a_verification_overflowing_the_lists_decides_on_exact_lists);
+  # the 256-token tile is back on 8-entry lists; a recurring overflow doubles the lists before
+  # exact ones (mid_batch: four launches walk the lengths). The rest is the list tests.
   NEW_TESTS=${NEW_TESTS:-"speculative:: short_lists filtered_gpu_tokens clustered rows_overflowing mid_batch throughput_batch odd_shapes chi_square_for_every_filter nucleus::"}
   NEW_SANITIZE=${NEW_SANITIZE:-"memcheck:filtered_gpu_tokens_match_cpu_tokens racecheck:filtered_gpu_tokens_match_cpu_tokens"}
   start=$SECONDS
