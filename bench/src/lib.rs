@@ -74,9 +74,10 @@ pub struct BenchArgs {
     /// top (gpu_bench's default is 3).
     #[arg(long)]
     pub logit_std: Option<f32>,
-    /// The shape of the hidden states' logits: `gaussian` (independent of W), or `lm-like`
-    /// (a trained LM's: a power-law head far above a Gaussian bulk; `flashsample_bench::logits`
-    /// says how they are built). W is the same either way.
+    /// The shape of the hidden states' logits: `gaussian` (independent of W), `lm-like` (a
+    /// trained LM's: a power-law head far above a Gaussian bulk; `flashsample_bench::logits`
+    /// says how they are built), or `lm-like-low-ids` (half of that head among the low ids).
+    /// W is the same either way.
     #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
     pub logits: LogitShape,
 }
@@ -184,7 +185,7 @@ impl LmHead {
     pub fn hidden(&self, rng: &mut StdRng, rows: usize, shape: LogitShape) -> Vec<bf16> {
         match shape {
             LogitShape::Gaussian => self.random_hidden(rng, rows),
-            LogitShape::LmLike => logits::lm_like_hidden(&self.host, self.dim, rows, rng.random()),
+            lm_like => lm_like.hidden(&self.host, self.dim, rows, rng.random(), Vec::new),
         }
     }
 

@@ -16,6 +16,11 @@
 //! `Σ c_j² / D` (~3.5 at D = 4096), plus `⟨n_r, w_v⟩`, scaled to bring the bulk's standard
 //! deviation to [`BULK_STD`]. `top_r` is uniform in [`TOP`], so rows range from flat (the top token's
 //! probability ~0.05 at T = 1) to peaked (~0.99).
+//!
+//! [`LogitShape::LmLikeLowIds`] draws half of each head from the first [`LOW_IDS`] token ids:
+//! a BPE vocabulary numbers its tokens by merge order, so the frequent ones, which fill a
+//! trained LM's top, have low ids and crowd the first vocabulary tiles. How much they crowd
+//! is a model here, not a measurement of a trained LM.
 
 use flashsample::bf16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -40,22 +45,34 @@ pub enum LogitShape {
     Gaussian,
     /// Trained-LM-like rows ([module docs](self)).
     LmLike,
+    /// [`LogitShape::LmLike`] with half of each row's head among the first [`LOW_IDS`] ids.
+    LmLikeLowIds,
 }
 
+/// The ids [`LogitShape::LmLikeLowIds`] draws half of each head from (16 tiles of 256 tokens).
+pub const LOW_IDS: usize = 4096;
+
 impl LogitShape {
+    /// Whether the rows are built from W's rows (every shape but [`LogitShape::Gaussian`]).
+    pub fn is_lm_like(self) -> bool {
+        self != LogitShape::Gaussian
+    }
+
     /// `rows` hidden states of dimension `dim` for the head `w` (`[vocab, dim]` bf16): for
     /// [`LogitShape::Gaussian`] `gaussian()` itself (the bench's own generator, so its rows
     /// stay as they were), else [`lm_like_hidden`] seeded by `seed`.
     pub fn hidden(self, w: &[bf16], dim: usize, rows: usize, seed: u64, gaussian: impl FnOnce() -> Vec<bf16>) -> Vec<bf16> {
         match self {
             LogitShape::Gaussian => gaussian(),
-            LogitShape::LmLike => lm_like_hidden(w, dim, rows, seed),
+            LogitShape::LmLike => lm_like_hidden(w, dim, rows, seed, 0),
+            LogitShape::LmLikeLowIds => lm_like_hidden(w, dim, rows, seed, HEAD / 2),
         }
     }
 }
 
-/// [`LogitShape::LmLike`]'s hidden states for `rows` rows against `w` (`[vocab, dim]`).
-pub fn lm_like_hidden(w: &[bf16], dim: usize, rows: usize, seed: u64) -> Vec<bf16> {
+/// [`LogitShape::LmLike`]'s hidden states for `rows` rows against `w` (`[vocab, dim]`), the
+/// first `low` head tokens of each row drawn from the first [`LOW_IDS`] ids.
+pub fn lm_like_hidden(w: &[bf16], dim: usize, rows: usize, seed: u64, low: usize) -> Vec<bf16> {
     let vocab = w.len() / dim;
     let row_of = |v: usize| -> Vec<f32> { w[v * dim..][..dim].iter().map(|x| x.to_f32()).collect() };
     let mut rng = StdRng::seed_from_u64(seed);
@@ -68,7 +85,8 @@ pub fn lm_like_hidden(w: &[bf16], dim: usize, rows: usize, seed: u64) -> Vec<bf1
         let mut cross = 0f64;
         let mut heads: Vec<usize> = Vec::with_capacity(HEAD);
         while heads.len() < HEAD.min(vocab) {
-            let t = rng.random_range(0..vocab);
+            let ids = if heads.len() < low { LOW_IDS.min(vocab) } else { vocab };
+            let t = rng.random_range(0..ids);
             if !heads.contains(&t) {
                 heads.push(t);
             }
@@ -178,7 +196,7 @@ mod tests {
         let (vocab, dim, rows) = (4096, 4096, 6);
         for std in [0.01f32, 0.1] {
             let w = weights(vocab, dim, std);
-            let h = lm_like_hidden(&w, dim, rows, 9);
+            let h = lm_like_hidden(&w, dim, rows, 9, 0);
             let logits = host_logits(&w, &h, dim, rows);
             for r in 0..rows {
                 let row = &logits[r * vocab..][..vocab];
@@ -199,6 +217,22 @@ mod tests {
                 assert!(s.near_top < vocab / 4, "std {std} row {r}: {s:?}");
             }
         }
+    }
+
+    /// [`LogitShape::LmLikeLowIds`] puts each row's top token (its head's first) among the low
+    /// ids; [`LogitShape::LmLike`] puts it anywhere (all 6 rows below `LOW_IDS` of 16384 ids by
+    /// chance: 4⁻⁶).
+    #[test]
+    fn low_id_rows_put_their_top_token_among_the_low_ids() {
+        let (vocab, dim, rows) = (4 * LOW_IDS, 1024, 6);
+        let w = weights(vocab, dim, 0.05);
+        let top_ids = |low| {
+            let h = lm_like_hidden(&w, dim, rows, 3, low);
+            let logits = host_logits(&w, &h, dim, rows);
+            (0..rows).map(|r| (0..vocab).max_by(|&a, &b| logits[r * vocab + a].total_cmp(&logits[r * vocab + b])).unwrap()).collect::<Vec<_>>()
+        };
+        assert!(top_ids(HEAD / 2).iter().all(|&t| t < LOW_IDS));
+        assert!(!top_ids(0).iter().all(|&t| t < LOW_IDS));
     }
 
     /// `RowShape` on a row it can be checked by hand: one token 10 nats above 3 others at 0.

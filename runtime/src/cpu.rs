@@ -275,6 +275,7 @@ impl CpuBackend {
         let capacity = p.list_capacity() as usize;
         let mut samples = Samples::from_reduced(p, shape.batch, out.reduced, &out.status, capacity, out.target_logprobs, out.target_ranks);
         samples.top_logprobs = out.top_logprobs;
+        samples.list_reruns = out.list_reruns;
         Ok(samples)
     }
 
@@ -306,6 +307,7 @@ impl CpuBackend {
             let sub_shape = Shape { batch: rows.len(), ..shape };
             let part = self.launch_rows(h, weights, &subset.params(), sub_shape, config, rerun_thresholds.rows(rows.clone()), capacity)?;
             out.overwrite(rows.start, self.pipeline.samples_per_row() as usize, part);
+            out.list_reruns += rows.len();
         }
         Ok(out)
     }
@@ -375,7 +377,7 @@ impl CpuBackend {
             }
             _ => None,
         };
-        Ok(RowsOut { reduced, status, top_logprobs, target_logprobs, target_ranks })
+        Ok(RowsOut { reduced, status, top_logprobs, target_logprobs, target_ranks, list_reruns: 0 })
     }
 
     /// Serves `rows` (their top-p / min-p nucleus outgrew the lists) exactly
@@ -465,6 +467,8 @@ struct RowsOut {
     top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
     target_logprobs: Option<Vec<f32>>,
     target_ranks: Option<Vec<u32>>,
+    /// Rows run again on longer lists (`Samples::list_reruns`).
+    list_reruns: usize,
 }
 
 impl RowsOut {
@@ -504,6 +508,7 @@ impl RowsOut {
         if let (Some(a), Some(b)) = (&mut self.target_ranks, next.target_ranks) {
             a.extend(b);
         }
+        self.list_reruns += next.list_reruns;
     }
 }
 

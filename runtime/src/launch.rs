@@ -75,6 +75,10 @@ pub struct Samples {
     pub target_ranks: Option<Vec<u32>>,
     /// Per row: `None` when the row was sampled, else why it was not.
     pub row_errors: Vec<Option<RowStatusError>>,
+    /// Rows the host API ran a second time because short tile lists overflowed (the range
+    /// from the first such row to the last, DESIGN.md step 6b): what short lists cost this
+    /// launch, 0 where they held (and on pipelines without lists).
+    pub list_reruns: usize,
 }
 
 impl Samples {
@@ -153,6 +157,7 @@ impl Samples {
             target_logprobs,
             target_ranks,
             row_errors,
+            list_reruns: 0,
         }
     }
 }

@@ -107,6 +107,7 @@ impl ShardedSampler {
             logprobs: self.pipeline.outputs.logprob.then(Vec::new),
             top_logprobs: None,
             row_errors: vec![None; batch],
+            list_reruns: 0,
         };
         for row in 0..batch {
             let greedy = self.pipeline.is_greedy() || params.row_temperature(&self.pipeline, row) == 0.0;

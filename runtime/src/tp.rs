@@ -208,6 +208,7 @@ pub fn merge_summaries(summaries: &[RankSummary], batch: usize, samples: usize, 
         logprobs,
         top_logprobs: None,
         row_errors: vec![None; batch],
+        list_reruns: 0,
     })
 }
 

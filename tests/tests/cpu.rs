@@ -157,9 +157,10 @@ fn rows_overflowing_mid_batch_rerun_alone_exactly() {
     let masked = [2, 5];
     let (p, case) = Case::clustered_mask_top_k(&masked);
     let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
-    for launch in 0..3 {
+    for (launch, reruns) in [4, 4, 0].into_iter().enumerate() {
         let got = case.run(&sampler).unwrap();
         case.check_clustered_mask_top_k(&p, &got, &masked).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
+        assert_eq!(got.list_reruns, reruns, "launch {launch}: rows 2..6, then none on the doubled lists (the capacity)");
     }
 }
 
@@ -184,12 +185,15 @@ fn recurring_overflows_lengthen_the_lists_step_by_step() {
     let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
     let rows: Vec<usize> = (0..batch).collect();
     let first = case.run(&sampler).unwrap();
+    let mut reruns = Vec::new();
     for launch in 0..5 {
         let got = if launch == 0 { first.clone() } else { case.run(&sampler).unwrap() };
         case.check(&p, &got, &rows).unwrap_or_else(|e| panic!("launch {launch}: {e}"));
         assert_eq!(got.tokens, first.tokens, "launch {launch}");
         assert!([1, 6].iter().all(|&r| (500..540).contains(&got.tokens[r])), "launch {launch}: {:?}", got.tokens);
+        reruns.push(got.list_reruns);
     }
+    assert_eq!(reruns, [6, 6, 6, 0, 0], "rows 1..7 rerun on short, short and doubled lists, then none on exact ones");
 }
 
 #[test]

@@ -513,8 +513,8 @@ fn main() -> flashsample::Result<()> {
         args.vocab,
         args.logit_std.map_or(String::new(), |s| format!(", raw logit std {s}")),
         match (args.logits, args.noise_skip) {
-            (LogitShape::LmLike, Some(skip)) => format!(", LM-like rows, noise skip {skip:?}"),
-            (LogitShape::LmLike, None) => ", LM-like rows".into(),
+            (shape, Some(skip)) if shape.is_lm_like() => format!(", {shape:?} rows, noise skip {skip:?}"),
+            (shape, None) if shape.is_lm_like() => format!(", {shape:?} rows"),
             (_, Some(skip)) => format!(", noise skip {skip:?}"),
             _ => String::new(),
         },
@@ -545,7 +545,7 @@ fn main() -> flashsample::Result<()> {
         };
         for &batch in &args.batches {
             let hidden = args.logits.hidden(&weights[0], dim, batch, 100 + batch as u64, || (0..batch * dim).map(|_| bf16::from_f32(rng.random_range(-1.0..1.0))).collect());
-            if args.logits == LogitShape::LmLike {
+            if args.logits.is_lm_like() {
                 println!("D {dim} B {batch}, LM-like rows 0–2: {}", flashsample_bench::logits::describe_rows(&weights[0], &hidden, dim, &[0.7; 3], 3));
             }
             let h = Tensor::host(&hidden, batch, dim)?;

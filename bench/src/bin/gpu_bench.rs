@@ -88,8 +88,10 @@ struct Args {
     logit_std: f32,
     /// The shape of the sampled and filtered rows' logits: `gaussian` (hidden states
     /// independent of W, spread `--logit-std`), or `lm-like` (a trained LM's: a power-law head
-    /// 14–28 above a Gaussian bulk, built from the same W: `flashsample_bench::logits`). The
-    /// logprob-mode and nucleus rows stay Gaussian.
+    /// 14–28 above a Gaussian bulk, built from the same W: `flashsample_bench::logits`), or
+    /// `lm-like-low-ids` (half of that head among the first 4096 ids, as a BPE vocabulary's
+    /// frequent tokens: the filtered rows' lists then overflow more often, and the log says how
+    /// many rows the host API reran). The logprob-mode and nucleus rows stay Gaussian.
     #[arg(long, value_enum, default_value_t = LogitShape::Gaussian)]
     logits: LogitShape,
     /// Batches of the logprob-mode table (DESIGN.md step 10): stage one and the whole launch
@@ -222,7 +224,7 @@ fn main() {
     };
     let Device::Cuda(dev) = &device else { unreachable!() };
     println!("device: {}", device.describe());
-    if args.logits == LogitShape::LmLike {
+    if args.logits.is_lm_like() {
         println!("logits: LM-like rows (flashsample_bench::logits), W as --logit-std {}", args.logit_std);
     }
     let shapes: Vec<(usize, usize)> = args
@@ -284,7 +286,7 @@ fn main() {
             .map(|_| dev.upload(&host_w, vocab, dim).expect("upload weights"))
             .collect();
         // LM-like hidden states are built from W's rows.
-        let shape_w = (args.logits == LogitShape::LmLike).then_some(host_w);
+        let shape_w = (args.logits.is_lm_like()).then_some(host_w);
         let hidden_for = |batch: usize| -> Vec<bf16> {
             let seed = 11 + batch as u64;
             args.logits.hidden(shape_w.as_deref().unwrap_or(&[]), dim, batch, seed, || random_bf16(batch * dim, 1.0, seed))
@@ -366,7 +368,8 @@ fn main() {
                 KernelConfig::Cuda(c) => format!("{c:?}"),
                 other => format!("{other:?}"),
             };
-            eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config})", fused_s * 1e6);
+            // The host API's launch above: rows it ran again because their short lists overflowed.
+            eprintln!("fused top-k 50 top-p 0.9 D={dim} V={vocab} B={batch}: {:.1} us ({config}); host API reran {} rows", fused_s * 1e6, s.list_reruns);
             // Where the time goes: stage one (with its list epilogue), two, three.
             let kc = filtered.config_for(batch, dim, vocab);
             let split = filtered.cuda().expect("a CUDA sampler").time_fused_stages(ht, &wt, &params, Some(&kc), 3, args.reps.max(50))

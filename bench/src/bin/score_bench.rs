@@ -13,7 +13,7 @@
 use clap::Parser;
 use flashsample::{ir::PipelineBuilder, KernelConfig, Sampler, SamplingParams, Tensor};
 use flashsample_abi::{Candidate, LsePartial};
-use flashsample_bench::{comma_list, fmt_opt, print_table, target_header, target_ms, BenchArgs, LmHead, LogitShape};
+use flashsample_bench::{comma_list, fmt_opt, print_table, target_header, target_ms, BenchArgs, LmHead};
 use flashsample_ir::DType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -91,7 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut config_table = Vec::new();
         for &rows in &args.rows {
             let h = head.hidden(&mut rng, rows, args.bench.logits);
-            if args.bench.logits == LogitShape::LmLike {
+            if args.bench.logits.is_lm_like() {
                 println!("{rows}-row LM-like logits at D {dim}: {}", head.describe_rows(&h, &[1.0; 3], 3));
             }
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();

@@ -23,7 +23,7 @@
 
 use clap::Parser;
 use flashsample::{bf16, ir::PipelineBuilder, KernelConfig, RowFilter, Sampler, SamplingParams, Tensor};
-use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, target_ms, BenchArgs, LmHead, LogitShape};
+use flashsample_bench::{comma_list, fmt_opt, median_secs, print_table, target_header, target_ms, BenchArgs, LmHead};
 use flashsample_ir::{DType, Pipeline};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -276,7 +276,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for &k in &args.ks {
                 let rows = batch * (k + 1);
                 let h = head.hidden(&mut rng, rows, args.bench.logits);
-                if args.bench.logits == LogitShape::LmLike {
+                if args.bench.logits.is_lm_like() {
                     println!("{rows}-row LM-like logits at D {dim}: {}", head.describe_rows(&h, &[1.0; 3], 3));
                 }
                 let (drafts, q) = match args.draft_noise {

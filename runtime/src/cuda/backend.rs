@@ -491,8 +491,10 @@ impl CudaSampler {
         }
         let mut r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
         // Exact lists never overflow: a second overflow is reported, never rerun.
+        let mut list_reruns = 0;
         if let (Some(range), true) = (stage_three::overflowed_rows(&r.status), exact.list_per_tile > config.list_per_tile) {
             self.short_lists.overflowed(lists);
+            list_reruns = range.len();
             config = exact;
             if range.len() == shape.batch {
                 r = self.sample_once(hidden, weights, params, shape, &config, need, lse, false, None)?;
@@ -511,6 +513,7 @@ impl CudaSampler {
         let top_n = self.pipeline.outputs.top_logprobs as usize;
         // Stage two turned the targets' logits into logprobs.
         let mut samples = Samples::from_reduced(&self.pipeline, shape.batch, r.reduced, &r.status, need as usize, r.target_logprobs, r.target_ranks);
+        samples.list_reruns = list_reruns;
         samples.top_logprobs = r.top.map(|top| {
             top.chunks(top_n.max(1))
                 .take(shape.batch)
