@@ -581,11 +581,15 @@ fn main() -> flashsample::Result<()> {
             };
             // Paired reps: a fused launch, a read of W and one call of each peer, in turn, so
             // the ratios compare runs that shared the machine's bandwidth of the moment.
+            // Rows the host API ran again because short lists overflowed, over the launches.
+            let reruns = std::cell::Cell::new(0);
             let launch = || -> flashsample::Result<f64> {
                 let w = ws[next()];
                 let start = std::time::Instant::now();
-                sampler.sample_with(h, w, &params, &config)?;
-                Ok(start.elapsed().as_secs_f64())
+                let s = sampler.sample_with(h, w, &params, &config)?;
+                let elapsed = start.elapsed().as_secs_f64();
+                reruns.set(reruns.get() + s.list_reruns);
+                Ok(elapsed)
             };
             launch()?;
             with_peers(&mut peers, |server| server.warm(batch));
@@ -602,6 +606,9 @@ fn main() -> flashsample::Result<()> {
                 fused.push(launch()?);
                 floor = floor.min(read());
                 peer_reps.extend(with_peers(&mut peers, |server| server.time(batch)));
+            }
+            if args.filter {
+                println!("D {dim} B {batch}: the host API reran {} rows over {} launches (short lists overflowed)", reruns.get(), args.reps + 1);
             }
             let nucleus = if args.nucleus {
                 // The last row on a lone top-p: `top_p` at temperature `t`; every row must be
