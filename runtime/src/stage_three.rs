@@ -405,33 +405,29 @@ mod tests {
         assert!(reduced.tokens[0] < 2, "row 0 drew from its top 2: {}", reduced.tokens[0]);
     }
 
+    /// Launch by launch: the lists the gate starts each on, and whether they overflow.
     #[test]
     fn only_overflows_in_launches_in_a_row_lengthen_the_lists() {
         use ListLength::{Doubled, Exact, Short};
+        let holdoff = |lists| std::iter::repeat_n((lists, false), SHORT_LIST_HOLDOFF as usize);
+        let launches = [(Short, false), (Short, true), (Short, false), (Short, true), (Short, false)]
+            .into_iter()
+            // Two in a row: the next 64 launches run doubled lists, then short ones again.
+            .chain([(Short, true), (Short, true)])
+            .chain(holdoff(Doubled))
+            // The holdoff's last launch did not overflow: one more overflow is isolated.
+            .chain([(Short, true), (Short, true), (Doubled, false), (Doubled, true), (Doubled, true)])
+            // Doubled lists overflowing in a row: exact ones, then the gate starts over.
+            .chain(holdoff(Exact))
+            .chain([(Short, false)]);
         let gate = ShortListGate::default();
-        assert_eq!([gate.take(), gate.take()], [Short, Short], "short lists until one overflows");
-        gate.overflowed(Short);
-        assert_eq!(gate.take(), Short, "an isolated overflow keeps short lists");
-        assert_eq!(gate.take(), Short);
-        gate.overflowed(Short);
-        assert_eq!(gate.take(), Short, "the last overflow was two launches back");
-        gate.overflowed(Short);
-        for launch in 0..SHORT_LIST_HOLDOFF {
-            assert_eq!(gate.take(), Doubled, "launch {launch} of the holdoff runs doubled lists");
+        for (launch, (want, overflows)) in launches.enumerate() {
+            let lists = gate.take();
+            assert_eq!(lists, want, "launch {launch}");
+            if overflows {
+                gate.overflowed(lists);
+            }
         }
-        assert_eq!(gate.take(), Short, "short lists again after the holdoff");
-        gate.overflowed(Short);
-        assert_eq!(gate.take(), Short, "the holdoff's last launch did not overflow");
-        gate.overflowed(Short);
-        assert_eq!(gate.take(), Doubled, "two in a row recur again");
-        assert_eq!(gate.take(), Doubled, "the first launch on doubled lists did not overflow");
-        gate.overflowed(Doubled);
-        assert_eq!(gate.take(), Doubled, "an isolated overflow of the doubled lists keeps them");
-        gate.overflowed(Doubled);
-        for launch in 0..SHORT_LIST_HOLDOFF {
-            assert_eq!(gate.take(), Exact, "launch {launch}: doubled lists overflowing in a row give exact ones");
-        }
-        assert_eq!(gate.take(), Short, "and the next launch starts over");
     }
 
     #[test]
