@@ -115,6 +115,8 @@ pub struct SampledTensors {
     /// `U32 [B]`: each scored token's rank, if the pipeline ranks them
     /// (`target_logprob(logits, targets[B], rank)`).
     pub target_ranks: Option<Tensor>,
+    /// Rows the launch ran again because short tile lists overflowed (`Samples::list_reruns`).
+    pub list_reruns: usize,
 }
 
 impl SampledTensors {
@@ -130,6 +132,7 @@ impl SampledTensors {
             top_logprobs: samples.top_logprobs,
             target_logprobs: samples.target_logprobs.map(|v| Tensor::from_vec(v, samples.batch, device)).transpose()?,
             target_ranks: samples.target_ranks.map(|v| Tensor::from_vec(v, samples.batch, device)).transpose()?,
+            list_reruns: samples.list_reruns,
         })
     }
 }
