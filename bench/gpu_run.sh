@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split tiles decode before_after peers profile ptxas score spec
+STAGES=${STAGES:-"info tests cache sanitizer bench"}  # also: new split tiles crowded decode before_after peers profile ptxas score spec
 SAN_FILTER=${SAN_FILTER:-stage_one_writes_every_candidate_slot}
 BIN=.carry
 # Every carried folder (.carry, .carry-before, further before_after sides such as .carry-b).
@@ -91,6 +91,17 @@ if has split; then
     --overhead-batches= --nucleus-batches= --logprob-batches= --configs "[$WP,$PP8,$WP]" --greedy >"$OUT/split.txt" 2>"$OUT/split.log"
   summary+=("split rc=$?")
   summary+=("$(grep -E '^  config' "$OUT/split.log" | sed 's/ GpuConfig.*grid: \([A-Za-z]*\).*/ \1/')")
+fi
+if has crowded; then
+  # Filtered rows whose top tokens crowd the low ids (`--logits lm-like-low-ids`, a model of a
+  # BPE vocabulary): how many rows three host-API launches rerun on each batch, and the kernel
+  # times, next to the same rows placed at random (`lm-like`).
+  for logits in lm-like lm-like-low-ids; do
+    timeout 200 "$BIN/gpu_bench" --python none --reps 20 --warmup 3 --batches 64 --filter-batches ${CROWDED_BATCHES:-16,64,128,256} \
+      --overhead-batches= --nucleus-batches= --logprob-batches= --logits $logits >"$OUT/crowded-$logits.txt" 2>"$OUT/crowded-$logits.log"
+    summary+=("crowded $logits rc=$?")
+    summary+=("$(grep -E '^fused top-k' "$OUT/crowded-$logits.log" | sed 's/ (GpuConfig.*);/;/')")
+  done
 fi
 if has tiles; then
   # The heuristic's tile choices from B = 192 against their alternatives (BENCHMARKS.md, GPU
