@@ -25,7 +25,7 @@ pub(crate) const SHORT_LIST_HOLDOFF: u32 = 64;
 /// The tile lists a host-API launch runs, shortest first: the backend's short lists (the
 /// CPU's `LIST_PER_TILE`, the GPU config's `list_per_tile`), twice that, or lists that cannot
 /// overflow (the capacity, or a whole tile).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ListLength {
     Short,
     Doubled,
@@ -65,20 +65,13 @@ impl ListLength {
 #[derive(Debug, Default)]
 pub(crate) struct ShortListGate(Mutex<GateState>);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct GateState {
-    /// The holdoff's lists and the launches it has left; `Short` after it.
-    length: ListLength,
-    holdoff: u32,
+    /// The running holdoff's lists and the launches it has left (at least 1).
+    holdoff: Option<(ListLength, u32)>,
     /// Whether the launch before this one overflowed, and whether this one did.
     previous_overflowed: bool,
     overflowed: bool,
-}
-
-impl Default for GateState {
-    fn default() -> Self {
-        GateState { length: ListLength::Short, holdoff: 0, previous_overflowed: false, overflowed: false }
-    }
 }
 
 impl ShortListGate {
@@ -86,11 +79,12 @@ impl ShortListGate {
     pub(crate) fn take(&self) -> ListLength {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         g.previous_overflowed = std::mem::take(&mut g.overflowed);
-        match g.holdoff.checked_sub(1) {
-            Some(left) => g.holdoff = left,
-            None => g.length = ListLength::Short,
-        }
-        g.length
+        let (lists, rest) = match g.holdoff {
+            Some((lists, left)) => (lists, (left > 1).then_some((lists, left - 1))),
+            None => (ListLength::Short, None),
+        };
+        g.holdoff = rest;
+        lists
     }
 
     /// The launch's `lists` overflowed: if the previous launch's lists did too, the next
@@ -99,8 +93,7 @@ impl ShortListGate {
         let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
         g.overflowed = true;
         if g.previous_overflowed {
-            g.length = lists.longer();
-            g.holdoff = SHORT_LIST_HOLDOFF;
+            g.holdoff = Some((lists.longer(), SHORT_LIST_HOLDOFF));
         }
     }
 }
