@@ -8,7 +8,7 @@ use crate::{
     Error, Result, Samples, Tensor,
 };
 use std::collections::HashMap;
-use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, SamplingParams, Scored, StageTwo, TopLists};
+use flashsample_abi::{Candidate, LsePartial, RowResult, RowStatus, RowSubset, SamplingParams, Scored, StageTwo, TopLists};
 use flashsample_abi::rng::NoiseStream;
 use flashsample_abi::speculative::RESIDUAL_EMPTY;
 use flashsample_codegen_cpu::{CpuConfig, CpuEngine, CpuKernel, CpuLaunch, CpuRawOutputs, RankCounts, ResidualLists};
@@ -260,10 +260,7 @@ impl CpuBackend {
         } else {
             let mut out: Option<RowsOut> = None;
             for first in (0..shape.batch).step_by(chunk) {
-                let rows: Vec<usize> = (first..(first + chunk).min(shape.batch)).collect();
-                let subset = params.select_rows(&rows, shape.vocab);
-                let part_shape = Shape { batch: rows.len(), ..shape };
-                let h = &hidden_f32[first * shape.dim..][..rows.len() * shape.dim];
+                let (h, subset, part_shape) = row_range(&hidden_f32, params, shape, first..(first + chunk).min(shape.batch));
                 let part = self.sample_rows(h, weights, &subset.params(), part_shape, config, Thresholds::TargetTiles)?;
                 match &mut out {
                     None => out = Some(part),
@@ -301,10 +298,7 @@ impl CpuBackend {
         let mut out = self.launch_rows(hidden_f32, weights, params, shape, config, thresholds, per_tile)?;
         if let (Some(rows), true) = (stage_three::overflowed_rows(&out.status), per_tile < capacity) {
             self.short_lists.overflowed(lists);
-            let picked: Vec<usize> = rows.clone().collect();
-            let subset = params.select_rows(&picked, shape.vocab);
-            let h = &hidden_f32[rows.start * shape.dim..][..rows.len() * shape.dim];
-            let sub_shape = Shape { batch: rows.len(), ..shape };
+            let (h, subset, sub_shape) = row_range(hidden_f32, params, shape, rows.clone());
             let part = self.launch_rows(h, weights, &subset.params(), sub_shape, config, rerun_thresholds.rows(rows.clone()), capacity)?;
             out.overwrite(rows.start, self.pipeline.samples_per_row() as usize, part);
             out.list_reruns += rows.len();
@@ -510,6 +504,14 @@ impl RowsOut {
         }
         self.list_reruns += next.list_reruns;
     }
+}
+
+/// Consecutive `rows` of a launch as a launch of their own: their hidden states, their
+/// parameters ([`SamplingParams::select_rows`], which keeps a range's noise streams) and shape.
+fn row_range<'h, 'p>(hidden_f32: &'h [f32], params: &SamplingParams<'p>, shape: Shape, rows: Range<usize>) -> (&'h [f32], RowSubset<'p>, Shape) {
+    let picked: Vec<usize> = rows.clone().collect();
+    let hidden = &hidden_f32[rows.start * shape.dim..][..rows.len() * shape.dim];
+    (hidden, params.select_rows(&picked, shape.vocab), Shape { batch: rows.len(), ..shape })
 }
 
 /// Launches of up to this many rows run whole.
