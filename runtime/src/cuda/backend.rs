@@ -502,7 +502,7 @@ impl CudaSampler {
                 // A range keeps its rows' noise streams, and every output is batch invariant
                 // (DESIGN.md "Batch invariance").
                 let rows: Vec<usize> = range.collect();
-                let part = self.launch_rows(hidden, weights, params, shape, &rows, &config, need, false)?;
+                let part = self.launch_rows(hidden, weights, params, shape, &rows, &config, need, false, None)?;
                 r.overwrite_rows(rows[0], part, &self.pipeline);
             }
         }
@@ -545,7 +545,7 @@ impl CudaSampler {
             // No list holds a whole tile of this config: the rows keep their status.
             return Ok(());
         }
-        let one = self.launch_rows(hidden, weights, params, shape, rows, &whole, MAX_LIST_CAPACITY, true)?;
+        let one = self.launch_rows(hidden, weights, params, shape, rows, &whole, MAX_LIST_CAPACITY, true, None)?;
         if let Some((layout, lists)) = &one.lists {
             // The draw over a large nucleus runs on rayon's global pool (one per process).
             let raws = one.list_raws.as_deref().map(stage_three::ListRaws);
@@ -558,7 +558,7 @@ impl CudaSampler {
     /// [`CudaSampler::sample_once`] of some `rows` of a launch as a launch of their own
     /// ([`SamplingParams::select_rows`]).
     #[allow(clippy::too_many_arguments)]
-    fn launch_rows(
+    pub(super) fn launch_rows(
         &self,
         hidden: &Tensor<'_>,
         weights: &Tensor<'_>,
@@ -568,6 +568,7 @@ impl CudaSampler {
         config: &GpuConfig,
         need: u32,
         lists: bool,
+        spec: Option<SpecRun<'_>>,
     ) -> Result<Readback> {
         let bytes = hidden_rows(hidden, rows, shape.dim)?;
         let sub_hidden = Tensor { dtype: hidden.dtype, rows: rows.len(), cols: shape.dim, storage: Storage::Host(&bytes) };
@@ -575,7 +576,7 @@ impl CudaSampler {
         let sub = subset.params();
         let sub_shape = Shape { batch: rows.len(), ..shape };
         let lse = self.launch_lse(&sub, sub_shape.batch);
-        self.sample_once(&sub_hidden, weights, &sub, sub_shape, config, need, lse, lists, None)
+        self.sample_once(&sub_hidden, weights, &sub, sub_shape, config, need, lse, lists, spec)
     }
 
     /// One host launch of every stage with `config` and stage three merging `need` per row;
@@ -980,7 +981,7 @@ impl CudaSampler {
 
 /// The bytes of `rows` of a hidden-state tensor `[B, dim]` (a device tensor is copied to the
 /// host first: the exact nucleus path uploads these rows as a launch of their own).
-pub(super) fn hidden_rows(hidden: &Tensor<'_>, rows: &[usize], dim: usize) -> Result<Vec<u8>> {
+fn hidden_rows(hidden: &Tensor<'_>, rows: &[usize], dim: usize) -> Result<Vec<u8>> {
     let copied;
     let bytes = match hidden.storage {
         Storage::Host(b) => b,

@@ -11,7 +11,6 @@
 
 use super::backend::{CudaSampler, SpecRun};
 use crate::launch::Shape;
-use crate::tensor::Storage;
 use crate::verify::{decide, draft_targets, sequence_failure, whole_row_entries, DraftProbs, Verified, VerifyRun};
 use crate::{stage_three, Error, Result, Tensor};
 use flashsample_abi::speculative::{draft_of_row, SpecStatus};
@@ -131,12 +130,8 @@ impl CudaSampler {
         };
         let whole = config.whole_tile_residuals();
         let mut whole_row_of = |row: usize| -> Result<Vec<Scored>> {
-            let bytes = super::backend::hidden_rows(hidden, &[row], shape.dim)?;
-            let sub_hidden = Tensor { dtype: hidden.dtype, rows: 1, cols: shape.dim, storage: Storage::Host(&bytes) };
-            let subset = inner.select_rows(&[row], shape.vocab);
-            let sub = subset.params();
-            let sub_shape = Shape { batch: 1, ..shape };
-            let one = self.sample_once(&sub_hidden, weights, &sub, sub_shape, &whole, need, lse, false, Some(SpecRun::Lists { period: 0 }))?;
+            // A verifying pipeline's launches all compute the logsumexp, as this one did.
+            let one = self.launch_rows(hidden, weights, inner, shape, &[row], &whole, need, false, Some(SpecRun::Lists { period: 0 }))?;
             let (_, lists) = one.residual.ok_or_else(|| missing("whole-tile residual lists"))?;
             Ok(whole_row_entries(&lists))
         };
