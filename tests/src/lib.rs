@@ -441,19 +441,20 @@ impl Case {
             .expect("a valid pipeline");
         let (batch, vocab) = (8, 5000);
         let mut case = Case::random(&p, batch, 64, vocab, 13, 3.0).with_filter(RowFilter { top_k: 32, top_p: 1.0, min_p: 0.0 });
-        let words = vocab.div_ceil(32);
-        for row in 0..batch {
-            let allowed = &mut case.mask[row * words..][..words];
-            if masked.contains(&row) {
-                allowed.fill(0);
-                for t in CLUSTERED_TOKENS {
-                    allowed[t / 32] |= 1 << (t % 32);
-                }
-            } else {
-                allowed.fill(u32::MAX);
+        case.allow_only(masked, CLUSTERED_TOKENS);
+        (p, case)
+    }
+
+    /// Masks each of `rows` to allow only `tokens` and every other row to allow every token.
+    pub fn allow_only(&mut self, rows: &[usize], tokens: std::ops::Range<usize>) {
+        let words = self.vocab.div_ceil(32);
+        for row in 0..self.batch {
+            let allowed = &mut self.mask[row * words..][..words];
+            allowed.fill(if rows.contains(&row) { 0 } else { u32::MAX });
+            if rows.contains(&row) {
+                tokens.clone().for_each(|t| allowed[t / 32] |= 1 << (t % 32));
             }
         }
-        (p, case)
     }
 
     /// [`Case::clustered_mask_top_k`]'s checks of one run: pathwise the reference, every

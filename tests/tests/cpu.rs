@@ -174,14 +174,7 @@ fn recurring_overflows_lengthen_the_lists_step_by_step() {
     let p = PipelineBuilder::new("Wide", DType::BF16, DType::BF16).temperature_per_row("t").mask("allowed").filter("f", 64).gumbel("seed", 1).outputs(SCORE).build().unwrap();
     let (batch, vocab) = (8, 3000);
     let mut case = Case::random(&p, batch, 32, vocab, 21, 2.0).with_filter(RowFilter::top_k(64));
-    let words = vocab.div_ceil(32);
-    for row in 0..batch {
-        let allowed = &mut case.mask[row * words..][..words];
-        allowed.fill(if [1, 6].contains(&row) { 0 } else { u32::MAX });
-        if [1, 6].contains(&row) {
-            (500..540).for_each(|t| allowed[t / 32] |= 1 << (t % 32));
-        }
-    }
+    case.allow_only(&[1, 6], 500..540);
     let sampler = Sampler::new(p.clone(), &cpu()).unwrap();
     let rows: Vec<usize> = (0..batch).collect();
     let first = case.run(&sampler).unwrap();
